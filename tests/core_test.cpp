@@ -1,0 +1,137 @@
+#include <gtest/gtest.h>
+
+#include "hetpar/core/check.h"
+#include "hetpar/core/format.h"
+#include "hetpar/core/ids.h"
+#include "hetpar/core/json_reader.h"
+#include "hetpar/core/status.h"
+#include "hetpar/core/units.h"
+
+namespace hetpar {
+namespace {
+
+TEST(Time, IsExactIntegerPicoseconds) {
+  EXPECT_EQ(Time::us(1).count_ps(), 1'000'000);
+  EXPECT_EQ(Time::ms(12.5).count_ps(), 12'500'000'000);
+  EXPECT_EQ(Time::ns(0.4).count_ps(), 400);
+  // Adding a million 1 ps steps is exact (no float drift).
+  Time t;
+  for (int i = 0; i < 1'000'000; ++i) t += Time::ps(1);
+  EXPECT_EQ(t, Time::us(1));
+  EXPECT_LT(Time::ps(1), Time::ps(2));
+  EXPECT_DOUBLE_EQ(Time::ms(3) / Time::ms(12), 0.25);
+}
+
+TEST(Units, CrossUnitOperators) {
+  // 1 GB at 100 GB/s is 10 ms.
+  EXPECT_EQ(Bytes::GB(1) / Bandwidth::GBps(100), Time::ms(10));
+  // 989 TFLOP at 989 TFLOP/s is one second.
+  EXPECT_EQ(Flops(989e12) / FlopRate::tflops(989), Time::seconds(1));
+  EXPECT_DOUBLE_EQ((Flops(2e12) / Time::seconds(2)).to_tflops(), 1.0);
+  EXPECT_DOUBLE_EQ(Bandwidth::gbit_per_s(400).to_GBps(), 50.0);
+  EXPECT_DOUBLE_EQ((Bytes::GB(50) / Time::seconds(1)).to_GBps(), 50.0);
+}
+
+TEST(Format, PrintsThreeSignificantDigitsWithUnits) {
+  EXPECT_EQ(fmt::format("{}", Time::ms(12.5)), "12.5 ms");
+  EXPECT_EQ(fmt::format("{}", Bytes::GiB(3.2)), "3.2 GiB");
+  EXPECT_EQ(fmt::format("{}", Bandwidth::GBps(450)), "450 GB/s");
+  EXPECT_EQ(fmt::format("{}", FlopRate::tflops(989.4)), "989 TFLOP/s");
+  EXPECT_EQ(fmt::format("{}", Flops(1.5e18)), "1.5 EFLOP");
+  EXPECT_EQ(fmt::format("{}", Time::us(1)), "1 us");
+  EXPECT_EQ(fmt::format("{}", Time::ps(999'960)), "1 us");  // rounds into the next unit
+  EXPECT_EQ(fmt::format("{}", Bytes(512)), "512 B");
+  EXPECT_EQ(fmt::format("{}", Time::zero()), "0 ps");
+  EXPECT_EQ(fmt::format("{:>10}", Time::ms(1)), "      1 ms");
+  EXPECT_EQ(format_significant(0.012345), "0.0123");
+}
+
+TEST(Ids, AreTypedAndOrdered) {
+  RankId a(3), b(4);
+  EXPECT_LT(a, b);
+  EXPECT_FALSE(RankId().valid());
+  EXPECT_EQ(fmt::format("{}", a), "3");
+  static_assert(!std::is_convertible_v<RankId, LinkId>);
+}
+
+Result<int> parse_positive(int x) {
+  if (x <= 0) return Status::invalid_argument(fmt::format("x: must be > 0, got {}", x));
+  return x;
+}
+Status use_macros(int x, int* out) {
+  HETPAR_ASSIGN_OR_RETURN(int v, parse_positive(x));
+  *out = v;
+  return Status::ok();
+}
+
+TEST(Status, ResultCarriesValueOrStatus) {
+  auto good = parse_positive(3);
+  ASSERT_TRUE(good.is_ok());
+  EXPECT_EQ(*good, 3);
+  auto bad = parse_positive(-1);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_EQ(bad.status().code(), Status::Code::kInvalidArgument);
+  EXPECT_EQ(bad.status().to_string(), "invalid argument: x: must be > 0, got -1");
+  int out = 0;
+  EXPECT_TRUE(use_macros(5, &out).is_ok());
+  EXPECT_EQ(out, 5);
+  EXPECT_FALSE(use_macros(0, &out).is_ok());
+  EXPECT_EQ(Status::not_found("a").with_context("file.json").message(), "file.json: a");
+}
+
+TEST(CheckDeathTest, AbortsWithMessage) {
+  EXPECT_DEATH(HETPAR_CHECK(1 + 1 == 3, "math is {}", "broken"), "math is broken");
+}
+
+TEST(JsonReader, ReadsFieldsAndNamesPathsInErrors) {
+  auto j = parse_json(R"({"layers": 32, "act": "gelu", "moe": {"experts": 0}, "$comment": "x"})",
+                      "t");
+  ASSERT_TRUE(j.is_ok());
+  JsonReader r(*j, "model");
+  EXPECT_EQ(r.required_int("layers", 1), 32);
+  EXPECT_EQ(r.required_enum("act", {"gelu", "swiglu"}), "gelu");
+  JsonReader moe = r.object("moe");
+  moe.required_int("experts", 1);
+  EXPECT_FALSE(moe.ok());
+  EXPECT_EQ(moe.status().message(), "model.moe.experts: must be >= 1, got 0");
+  r.merge(moe.status());
+  EXPECT_FALSE(r.ok());
+}
+
+TEST(JsonReader, RejectsUnknownMissingAndWrongTypes) {
+  auto j = parse_json(R"({"layers": "many", "hiden": 4})", "t");
+  {
+    JsonReader r(*j, "m");
+    r.required_int("layers");
+    EXPECT_EQ(r.status().message(), "m.layers: expected an integer, got string \"many\"");
+  }
+  {
+    JsonReader r(*j, "m");
+    r.optional_string("layers", "");
+    r.finish();
+    EXPECT_EQ(r.status().message(), "m.hiden: unknown field");
+  }
+  {
+    JsonReader r(*j, "m");
+    r.required_int("hidden");
+    EXPECT_EQ(r.status().message(), "m.hidden: missing required field (an integer)");
+  }
+  {
+    JsonReader r(*j, "m");
+    r.raw("layers");
+    r.raw("hiden");
+    r.optional_enum("act", "gelu", {"gelu"});
+    EXPECT_TRUE(r.ok());
+  }
+}
+
+TEST(JsonReader, MalformedJsonNamesSourceAndOffset) {
+  auto j = parse_json("{\"a\": 1,", "scenario.json");
+  ASSERT_FALSE(j.is_ok());
+  EXPECT_NE(j.status().message().find("scenario.json: malformed JSON at byte"), std::string::npos);
+  auto f = read_json_file("/nonexistent/x.json");
+  EXPECT_EQ(f.status().code(), Status::Code::kIoError);
+}
+
+}  // namespace
+}  // namespace hetpar
