@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "hetpar/core/check.h"
+#include "hetpar/core/file_io.h"
 #include "hetpar/core/format.h"
 #include "hetpar/core/ids.h"
 #include "hetpar/core/json_reader.h"
@@ -44,6 +45,9 @@ TEST(Format, PrintsThreeSignificantDigitsWithUnits) {
   EXPECT_EQ(fmt::format("{}", Time::zero()), "0 ps");
   EXPECT_EQ(fmt::format("{:>10}", Time::ms(1)), "      1 ms");
   EXPECT_EQ(format_significant(0.012345), "0.0123");
+  EXPECT_EQ(format_count(6.738e9), "6.74B");
+  EXPECT_EQ(format_count(303e6), "303M");
+  EXPECT_EQ(format_count(12), "12");
 }
 
 TEST(Ids, AreTypedAndOrdered) {
@@ -131,6 +135,24 @@ TEST(JsonReader, MalformedJsonNamesSourceAndOffset) {
   EXPECT_NE(j.status().message().find("scenario.json: malformed JSON at byte"), std::string::npos);
   auto f = read_json_file("/nonexistent/x.json");
   EXPECT_EQ(f.status().code(), Status::Code::kIoError);
+}
+
+}  // namespace
+}  // namespace hetpar
+
+namespace hetpar {
+namespace {
+
+TEST(FileIo, AtomicWriteLeavesNothingOnFailure) {
+  std::string dir = ::testing::TempDir();
+  std::string path = dir + "/hetpar_io_test.txt";
+  ASSERT_TRUE(write_file_atomically(path, "hello").is_ok());
+  auto back = read_file(path);
+  ASSERT_TRUE(back.is_ok());
+  EXPECT_EQ(*back, "hello");
+  Status bad = write_file_atomically("/nonexistent-dir/x.txt", "data");
+  EXPECT_EQ(bad.code(), Status::Code::kIoError);
+  EXPECT_NE(bad.message().find("/nonexistent-dir/x.txt"), std::string::npos);
 }
 
 }  // namespace

@@ -2,9 +2,9 @@
 
 #include <fmt/format.h>
 
+#include "hetpar/core/file_io.h"
+
 #include <cmath>
-#include <fstream>
-#include <sstream>
 
 namespace hetpar {
 
@@ -24,12 +24,8 @@ Result<nlohmann::json> parse_json(std::string_view text, std::string_view source
 }
 
 Result<nlohmann::json> read_json_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::io_error(fmt::format("{}: cannot open file", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return Status::io_error(fmt::format("{}: read failed", path));
-  return parse_json(ss.str(), path);
+  HETPAR_ASSIGN_OR_RETURN(std::string text, read_file(path));
+  return parse_json(text, path);
 }
 
 std::string json_index_path(const std::string& parent, std::string_view key, size_t i) {

@@ -54,6 +54,13 @@ constexpr Scale kBandwidth[] = {{1.0, "B/s"},   {1e3, "kB/s"},  {1e6, "MB/s"},
 
 }  // namespace
 
+std::string format_count(double v) {
+  constexpr Scale kCount[] = {{1.0, ""}, {1e3, "K"}, {1e6, "M"}, {1e9, "B"}, {1e12, "T"}};
+  std::string s = scaled(v, kCount);
+  s.erase(s.find(' '), 1);
+  return s;
+}
+
 std::string to_string(Time t) { return scaled(t.to_seconds(), kTime); }
 std::string to_string(Bytes b) { return scaled(b.as_double(), kBytes); }
 std::string to_string(Flops f) { return scaled(f.count(), kFlops); }

@@ -18,6 +18,8 @@ std::string to_string(Bytes b);
 std::string to_string(Flops f);
 std::string to_string(FlopRate r);
 std::string to_string(Bandwidth bw);
+/// A count such as a parameter number, ML style: "6.74B", "303M", "51.2K", "12".
+std::string format_count(double v);
 /// `v` with three significant digits and trailing zeros dropped ("3.2", "450", "0.0123").
 std::string format_significant(double v);
 

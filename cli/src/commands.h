@@ -1,0 +1,28 @@
+// The hetpar subcommands. Each takes its parsed options and returns the process exit
+// code (see exit_code_for); all real work happens in the libraries.
+#pragma once
+
+#include <string>
+
+#include "hetpar/core/status.h"
+
+namespace hetpar::cli {
+
+struct InspectOptions {
+  std::string scenario_path;
+  bool json = false;
+};
+int run_inspect(const InspectOptions& opts);
+
+struct CatalogOptions {
+  bool json = false;
+};
+int run_models(const CatalogOptions& opts);
+int run_hardware(const CatalogOptions& opts);
+
+/// 2 for bad input (invalid argument, not found, unreadable file), 1 otherwise.
+int exit_code_for(const Status& s);
+/// Prints `hetpar: <message>` to stderr and returns exit_code_for(s).
+int report_error(const Status& s);
+
+}  // namespace hetpar::cli

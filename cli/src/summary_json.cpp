@@ -1,0 +1,92 @@
+#include <nlohmann/json.hpp>
+
+#include "hetpar/hardware/hardware_json.h"
+#include "hetpar/models/load.h"
+#include "hetpar/models/totals.h"
+#include "render.h"
+
+namespace hetpar::cli {
+
+namespace {
+nlohmann::json params_json(const models::ParamCounts& p) {
+  return {{"total", p.total}, {"embedding", p.embedding}, {"active", p.active}};
+}
+}  // namespace
+
+std::string summary_to_json(const planner::ScenarioSummary& s) {
+  nlohmann::json modules = nlohmann::json::array();
+  for (const auto& m : s.modules) {
+    modules.push_back({{"name", m.name},
+                       {"kind", models::to_string(m.kind)},
+                       {"params", params_json(m.params)},
+                       {"layers", m.layers},
+                       {"items_per_sample", m.items_per_sample},
+                       {"tokens_per_sample", m.tokens_per_sample},
+                       {"forward_flops_per_sample", m.forward_per_sample.count()},
+                       {"backward_flops_per_sample", m.backward_per_sample.count()},
+                       {"activation_bytes_per_layer", m.activations_per_layer.count()},
+                       {"activation_bytes_per_sample", m.activations_per_sample.count()}});
+  }
+  nlohmann::json groups = nlohmann::json::array();
+  for (const auto& g : s.groups) {
+    groups.push_back({{"profile", g.profile},
+                      {"gpu", g.gpu_model},
+                      {"nodes", g.nodes},
+                      {"gpus_per_node", g.gpus_per_node},
+                      {"peak_flops_per_gpu", g.peak_per_gpu.per_second()},
+                      {"memory_bytes_per_gpu", g.memory_per_gpu.count()},
+                      {"memory_bandwidth_Bps", g.memory_bandwidth_per_gpu.bytes_per_s()},
+                      {"intra_node_bandwidth_Bps", g.intra_node_per_gpu.bytes_per_s()},
+                      {"nics_per_node", g.nics_per_node},
+                      {"nic_bandwidth_Bps", g.nic_bandwidth.bytes_per_s()}});
+  }
+  const planner::Workload& w = s.workload;
+  nlohmann::json j = {
+      {"scenario", s.name},
+      {"model", s.model_name},
+      {"workload",
+       {{"seq_len", w.seq_len},
+        {"global_batch", w.global_batch},
+        {"images_per_sample", w.images_per_sample},
+        {"audio_clips_per_sample", w.audio_clips_per_sample},
+        {"precision", hardware::to_string(w.precision)}}},
+      {"modules", modules},
+      {"params", params_json(s.total_params)},
+      {"model_flops_per_sample", s.model_flops_per_sample.count()},
+      {"model_flops_per_iteration", s.model_flops_per_iteration.count()},
+      {"llm_tokens_per_iteration", s.llm_tokens_per_iteration},
+      {"flop_convention",
+       "model FLOPs: GEMMs + attention core, backward = 2x forward, causal attention as half, "
+       "no recompute"},
+      {"cluster",
+       {{"gpus", s.total_gpus},
+        {"groups", groups},
+        {"peak_flops", s.cluster_peak.per_second()},
+        {"ideal_iteration_time_s", s.ideal_iteration_time.to_seconds()}}}};
+  return j.dump(2);
+}
+
+std::string zoo_to_json() {
+  nlohmann::json out = nlohmann::json::array();
+  for (const models::ZooEntry& e : models::zoo_entries()) {
+    nlohmann::json entry = {
+        {"name", e.name}, {"kind", e.kind}, {"description", e.description}, {"source", e.source}};
+    if (auto model = models::load_zoo_model(e.name); model.is_ok())
+      entry["params"] = params_json(models::count_params(*model));
+    else if (auto module = models::load_zoo_module(e.name); module.is_ok())
+      entry["params"] = params_json(models::count_params(*module));
+    out.push_back(entry);
+  }
+  return out.dump(2);
+}
+
+std::string profiles_to_json() {
+  nlohmann::json out = nlohmann::json::array();
+  for (const std::string& name : hardware::builtin_profile_names()) {
+    auto p = hardware::load_profile(name);
+    if (p.is_ok()) out.push_back(hardware::profile_to_json(*p));
+  }
+  return out.dump(2);
+}
+
+}  // namespace hetpar::cli

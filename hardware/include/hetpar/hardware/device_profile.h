@@ -1,0 +1,71 @@
+// DeviceProfile: one GPU type — datasheet peaks plus the efficiencies cost models apply
+// (GEMM wave-quantization model, flash-attention and memory-bound fractions of peak).
+// Plain data with cheap, deterministic, allocation-free cost functions that are safe to
+// call from many threads; the numbers come from profiles/*.json (see system_profile.h).
+#pragma once
+
+#include <array>
+#include <compare>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "hetpar/core/units.h"
+#include "hetpar/hardware/precision.h"
+
+namespace hetpar::hardware {
+
+/// Dense (no sparsity) tensor-core peak of one precision and the largest fraction of it
+/// a well-shaped GEMM reaches (measured "maximum achievable matmul FLOPS" / peak).
+struct PrecisionRate {
+  FlopRate peak;
+  double eta_max = 0;
+  bool operator==(const PrecisionRate&) const = default;
+};
+
+/// One output tile shape the GEMM library may pick (one CTA per tile), with its
+/// throughput relative to the best tile (smaller tiles reuse less data).
+struct GemmTile {
+  int m = 0;
+  int n = 0;
+  double efficiency = 1.0;
+  bool operator==(const GemmTile&) const = default;
+};
+
+struct DeviceProfile {
+  std::string model;
+  int sm_count = 0;
+  Bytes l2;
+  Bytes memory_capacity;
+  Bandwidth memory_bandwidth;    // datasheet peak
+  double memory_efficiency = 0;  // achievable fraction of peak for streaming kernels
+  Bandwidth host_link;           // PCIe, per direction, achievable
+  std::array<std::optional<PrecisionRate>, kAllPrecisions.size()> compute;
+  std::vector<GemmTile> gemm_tiles;
+  Time gemm_launch_overhead;
+  bool gemm_split_k = true;
+  double attention_fwd_efficiency = 0;  // fraction of the precision's peak
+  double attention_bwd_efficiency = 0;
+
+  bool operator==(const DeviceProfile&) const = default;
+
+  bool supports(Precision p) const { return compute[precision_index(p)].has_value(); }
+  /// REQUIRES: supports(p).
+  FlopRate peak(Precision p) const;
+  double eta_max(Precision p) const;
+
+  /// Predicted time of `batch` independent (m x k)·(k x n) GEMMs in precision `p`:
+  /// the best tile of max(waves · tile time at eta_max, bytes / (HBM bw · mem eff))
+  /// plus the launch overhead, with split-K when the tiles cannot fill the SMs.
+  /// REQUIRES: supports(p), all sizes >= 1.
+  Time gemm_time(int64_t m, int64_t n, int64_t k, int64_t batch, Precision p) const;
+  /// Achieved fraction of peak(p) implied by gemm_time().
+  double gemm_efficiency(int64_t m, int64_t n, int64_t k, int64_t batch, Precision p) const;
+  /// Flash attention: `flops` at the forward or backward fraction of peak(p), plus launch.
+  Time attention_time(Flops flops, Precision p, bool backward) const;
+  /// A memory-bound kernel moving `bytes` (reads + writes) through HBM.
+  Time memory_time(Bytes bytes) const;
+  Bandwidth effective_memory_bandwidth() const { return memory_bandwidth * memory_efficiency; }
+};
+
+}  // namespace hetpar::hardware

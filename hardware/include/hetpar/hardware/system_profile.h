@@ -1,0 +1,145 @@
+// SystemProfile: one node type — its GPU (DeviceProfile), intra-node fabric, NICs,
+// optional WAN link, and per-(scope, collective) latency and achievable bus bandwidth —
+// plus a provenance map naming the source of every default number. Built-in profiles
+// are profiles/*.json compiled into the binary; user files use the same schema:
+//
+//   {
+//     "name": "dgx-h100", "description": "...", "gpus_per_node": 8,
+//     "gpu": {"model": "H100-SXM5-80GB", "sm_count": 132, "l2_MiB": 50, "memory_GiB": 80,
+//             "memory_GBps": 3350,          // HBM datasheet peak
+//             "memory_efficiency": 0.90,    // achievable fraction for streaming kernels
+//             "host_link_GBps": 55.4,       // PCIe per direction, achievable
+//             "compute": {"bf16": {"peak_tflops": 989.4, "eta_max": 0.803}, ...},
+//                                           // dense peaks; keys fp32|tf32|bf16|fp16|fp8;
+//                                           // bf16 required, absent = unsupported
+//             "gemm": {"tiles": [[256, 128, 1.0], ...],   // [Tm, Tn, relative efficiency]
+//                      "launch_us": 4, "split_k": true},
+//             "attention": {"fwd_efficiency": 0.6, "bwd_efficiency": 0.45}},
+//     "intra_node": {"fabric": "nvswitch|pcie|none",
+//                    "GBps": 450,            // per GPU, one direction
+//                    "latency_us": 0.6,      // GPU to GPU through the fabric
+//                    "nvls": true, "nvls_min_group": 5},  // in-switch reduction
+//     "inter_node": {"nics_per_node": 8, "nic_gbps": 400,  // per NIC, one direction
+//                    "latency_us": 2.7},     // GPU to GPU across the network
+//     "wan": {"up_gbps": 0.02, "down_gbps": 0.1, "latency_ms": 50},  // optional
+//     "collectives": [{"scope": "intra_node|inter_node",
+//                      "op": "all_reduce|all_gather|reduce_scatter|all_to_all|broadcast|send_recv",
+//                      "alpha_us": 15,       // latency of a tiny call
+//                      "busbw_GBps": [[4, 363.3], [8, 473.1]]}, ...],
+//                                            // [group size, nccl-tests busbw]; group size
+//                                            // counts GPUs (intra_node) or nodes (inter_node)
+//     "provenance": {"gpu.memory_GBps": "source ...", "collectives.inter_node": "..."}
+//   }
+//
+// Every scope/op pair must appear once (intra_node ones only when gpus_per_node > 1).
+// Units: GB/s = 1e9 B/s, gb/s = 1e9 bit/s, one direction; memory in GiB; latencies are
+// one-way. A provenance key covers its own field and every field below it.
+#pragma once
+
+#include <array>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "hetpar/core/status.h"
+#include "hetpar/core/units.h"
+#include "hetpar/hardware/device_profile.h"
+
+namespace hetpar::hardware {
+
+enum class FabricKind { kNvSwitch, kPcie, kNone };
+enum class CollectiveScope { kIntraNode, kInterNode };
+enum class Collective { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kBroadcast, kSendRecv };
+
+inline constexpr std::array<CollectiveScope, 2> kAllScopes = {CollectiveScope::kIntraNode,
+                                                              CollectiveScope::kInterNode};
+inline constexpr std::array<Collective, 6> kAllCollectives = {
+    Collective::kAllReduce, Collective::kAllGather, Collective::kReduceScatter,
+    Collective::kAllToAll,  Collective::kBroadcast, Collective::kSendRecv};
+
+std::string_view to_string(FabricKind k);
+std::string_view to_string(CollectiveScope s);
+std::string_view to_string(Collective c);
+std::optional<FabricKind> parse_fabric_kind(std::string_view name);
+std::optional<CollectiveScope> parse_collective_scope(std::string_view name);
+std::optional<Collective> parse_collective(std::string_view name);
+
+struct IntraNodeFabric {
+  FabricKind kind = FabricKind::kNone;
+  Bandwidth bandwidth;  // per GPU, one direction
+  Time latency;         // GPU to GPU
+  bool nvls = false;    // in-switch reduction (NVLink SHARP)
+  int nvls_min_group = 0;
+  bool operator==(const IntraNodeFabric&) const = default;
+};
+
+struct InterNodeNetwork {
+  int nics_per_node = 0;
+  Bandwidth nic_bandwidth;  // per NIC, one direction
+  Time latency;             // GPU to GPU across the network
+  bool operator==(const InterNodeNetwork&) const = default;
+};
+
+/// A node's internet link: separate upload and download rates.
+struct WanLink {
+  Bandwidth up;
+  Bandwidth down;
+  Time latency;  // one-way node to node
+  bool operator==(const WanLink&) const = default;
+};
+
+/// Measured behaviour of one collective in one scope (nccl-tests conventions).
+struct CollectiveFigure {
+  CollectiveScope scope = CollectiveScope::kIntraNode;
+  Collective op = Collective::kAllReduce;
+  Time alpha;  // latency of a tiny call
+  /// (group size, bus bandwidth), sorted by group size, at least one entry.
+  std::vector<std::pair<int, Bandwidth>> busbw;
+  bool operator==(const CollectiveFigure&) const = default;
+
+  /// Bus bandwidth of the largest listed group size <= `group_size` (the smallest listed
+  /// one when `group_size` is below all of them).
+  Bandwidth bus_bandwidth(int group_size) const;
+};
+
+struct SystemProfile {
+  std::string name;
+  std::string description;
+  DeviceProfile gpu;
+  int gpus_per_node = 0;
+  IntraNodeFabric intra_node;
+  InterNodeNetwork inter_node;
+  std::optional<WanLink> wan;
+  /// Sorted by (scope, op); each pair at most once.
+  std::vector<CollectiveFigure> collectives;
+  /// JSON field path ("gpu.compute.bf16.eta_max") -> where the number comes from.
+  std::map<std::string, std::string> provenance;
+
+  bool operator==(const SystemProfile&) const = default;
+
+  bool has_collective(CollectiveScope scope, Collective op) const;
+  /// REQUIRES: has_collective(scope, op) (always true for a validated profile, except
+  /// intra_node figures of a one-GPU node).
+  const CollectiveFigure& collective(CollectiveScope scope, Collective op) const;
+};
+
+/// Checks the invariants the parser enforces (positive rates, fractions in (0, 1],
+/// every collective figure present, consistent fabric); errors name the JSON field.
+Status validate_profile(const SystemProfile& p);
+/// JSON field paths of the numbers in `p` that no provenance entry covers.
+std::vector<std::string> missing_provenance(const SystemProfile& p);
+
+/// Names of the built-in profiles, sorted.
+std::vector<std::string> builtin_profile_names();
+/// A built-in profile by name, else a profile JSON file at that path (relative paths
+/// resolve against `base_dir` when it is not empty).
+Result<SystemProfile> load_profile(std::string_view name_or_path, std::string_view base_dir = "");
+/// Parses profile JSON text; errors are prefixed by `source`.
+Result<SystemProfile> parse_profile_text(std::string_view text, std::string_view source);
+/// The profile as pretty-printed JSON in the schema above (parses back to an equal profile).
+std::string profile_to_json_text(const SystemProfile& p);
+
+}  // namespace hetpar::hardware

@@ -1,0 +1,115 @@
+#include "hetpar/hardware/cluster.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "hetpar/core/check.h"
+
+namespace hetpar::hardware {
+
+namespace {
+
+void apply_nic_override(SystemProfile& p, const ClusterOverrides& o) {
+  const InterNodeNetwork before = p.inter_node;
+  if (o.nics_per_node) p.inter_node.nics_per_node = *o.nics_per_node;
+  if (o.nic_bandwidth) p.inter_node.nic_bandwidth = *o.nic_bandwidth;
+  if (p.inter_node == before) return;
+  const double per_nic = p.inter_node.nic_bandwidth / before.nic_bandwidth;
+  const double aggregate = per_nic * p.inter_node.nics_per_node / before.nics_per_node;
+  for (CollectiveFigure& f : p.collectives) {
+    if (f.scope != CollectiveScope::kInterNode) continue;
+    const bool one_nic = f.op == Collective::kAllToAll || f.op == Collective::kSendRecv;
+    for (auto& entry : f.busbw) entry.second = entry.second * (one_nic ? per_nic : aggregate);
+  }
+  const std::string note = fmt::format(
+      "cluster override: {} x {} Gb/s NICs; inter-node bus bandwidths rescaled from the profile's "
+      "{} x {} Gb/s",
+      p.inter_node.nics_per_node, p.inter_node.nic_bandwidth.bytes_per_s() * 8e-9,
+      before.nics_per_node, before.nic_bandwidth.bytes_per_s() * 8e-9);
+  p.provenance["inter_node.nics_per_node"] = note;
+  p.provenance["inter_node.nic_gbps"] = note;
+  p.provenance["collectives.inter_node"] = note;
+}
+
+}  // namespace
+
+Result<ClusterSpec> ClusterSpec::create(std::vector<NodeGroup> groups, ClusterOverrides overrides) {
+  if (groups.empty()) return Status::invalid_argument("node_groups: must list at least one group");
+  if (overrides.nics_per_node && *overrides.nics_per_node < 1)
+    return Status::invalid_argument(
+        fmt::format("nics_per_node: must be >= 1, got {}", *overrides.nics_per_node));
+  if (overrides.nic_bandwidth && !(overrides.nic_bandwidth->bytes_per_s() > 0))
+    return Status::invalid_argument(fmt::format(
+        "nic_gbps: must be > 0, got {}", overrides.nic_bandwidth->bytes_per_s() * 8e-9));
+
+  ClusterSpec c;
+  c.group_first_node_.push_back(0);
+  c.group_first_gpu_.push_back(0);
+  for (size_t i = 0; i < groups.size(); ++i) {
+    NodeGroup& g = groups[i];
+    if (g.nodes < 1)
+      return Status::invalid_argument(
+          fmt::format("node_groups[{}].nodes: must be >= 1, got {}", i, g.nodes));
+    apply_nic_override(g.profile, overrides);
+    if (overrides.wan) {
+      g.profile.wan = overrides.wan;
+      g.profile.provenance["wan"] = "cluster override";
+    }
+    if (Status st = validate_profile(g.profile); !st.is_ok())
+      return st.with_context(fmt::format("node_groups[{}].profile {}", i, g.profile_ref));
+    const int64_t nodes = int64_t{c.group_first_node_.back()} + g.nodes;
+    const int64_t gpus = int64_t{c.group_first_gpu_.back()} + int64_t{g.nodes} * g.profile.gpus_per_node;
+    if (gpus > (int64_t{1} << 30))
+      return Status::invalid_argument(fmt::format("node_groups[{}]: too many GPUs ({})", i, gpus));
+    c.group_first_node_.push_back(static_cast<int>(nodes));
+    c.group_first_gpu_.push_back(static_cast<int>(gpus));
+  }
+  c.groups_ = std::move(groups);
+  c.overrides_ = std::move(overrides);
+  return c;
+}
+
+bool ClusterSpec::homogeneous() const {
+  return std::all_of(groups_.begin(), groups_.end(),
+                     [&](const NodeGroup& g) { return g.profile == groups_.front().profile; });
+}
+
+size_t ClusterSpec::group_of_node(int node) const {
+  HETPAR_CHECK(node >= 0 && node < num_nodes(), "node {} of {}", node, num_nodes());
+  auto it = std::upper_bound(group_first_node_.begin(), group_first_node_.end(), node);
+  return static_cast<size_t>(it - group_first_node_.begin()) - 1;
+}
+
+size_t ClusterSpec::group_of_gpu(int gpu) const {
+  HETPAR_CHECK(gpu >= 0 && gpu < total_gpus(), "gpu {} of {}", gpu, total_gpus());
+  auto it = std::upper_bound(group_first_gpu_.begin(), group_first_gpu_.end(), gpu);
+  return static_cast<size_t>(it - group_first_gpu_.begin()) - 1;
+}
+
+NodeId ClusterSpec::node_of_gpu(int gpu) const {
+  const size_t g = group_of_gpu(gpu);
+  return NodeId(group_first_node_[g] +
+                (gpu - group_first_gpu_[g]) / groups_[g].profile.gpus_per_node);
+}
+
+int ClusterSpec::local_index(int gpu) const {
+  const size_t g = group_of_gpu(gpu);
+  return (gpu - group_first_gpu_[g]) % groups_[g].profile.gpus_per_node;
+}
+
+const SystemProfile& ClusterSpec::profile_of_gpu(int gpu) const {
+  return groups_[group_of_gpu(gpu)].profile;
+}
+
+const SystemProfile& ClusterSpec::profile_of_node(NodeId node) const {
+  return groups_[group_of_node(node.value())].profile;
+}
+
+int ClusterSpec::first_gpu_of_node(NodeId node) const {
+  const size_t g = group_of_node(node.value());
+  return group_first_gpu_[g] +
+         (node.value() - group_first_node_[g]) * groups_[g].profile.gpus_per_node;
+}
+
+}  // namespace hetpar::hardware

@@ -1,0 +1,70 @@
+#include "hetpar/hardware/device_profile.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "hetpar/core/check.h"
+
+namespace hetpar::hardware {
+
+namespace {
+// Split-K never cuts K below this many elements per split (one split must still stream
+// several K-tiles to amortize its prologue and the partial-sum write).
+constexpr int64_t kMinSplitK = 256;
+
+constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+}  // namespace
+
+FlopRate DeviceProfile::peak(Precision p) const {
+  HETPAR_CHECK(supports(p), "{} does not support {}", model, to_string(p));
+  return compute[precision_index(p)]->peak;
+}
+
+double DeviceProfile::eta_max(Precision p) const {
+  HETPAR_CHECK(supports(p), "{} does not support {}", model, to_string(p));
+  return compute[precision_index(p)]->eta_max;
+}
+
+Time DeviceProfile::gemm_time(int64_t m, int64_t n, int64_t k, int64_t batch, Precision p) const {
+  HETPAR_CHECK(m >= 1 && n >= 1 && k >= 1 && batch >= 1, "gemm {}x{}x{} batch {}", m, n, k, batch);
+  HETPAR_CHECK(supports(p), "{} does not support {}", model, to_string(p));
+  const PrecisionRate& rate = *compute[precision_index(p)];
+  const double sm_flops = rate.peak.per_second() * rate.eta_max / sm_count;
+  const double mem_bps = memory_bandwidth.bytes_per_s() * memory_efficiency;
+  const double b = static_cast<double>(batch);
+  const double md = static_cast<double>(m), nd = static_cast<double>(n), kd = static_cast<double>(k);
+  const double operand_bytes =
+      static_cast<double>(bytes_per_element(p)) * b * (md * kd + kd * nd + md * nd);
+
+  double best = std::numeric_limits<double>::infinity();
+  for (const GemmTile& t : gemm_tiles) {
+    const int64_t tiles = ceil_div(m, t.m) * ceil_div(n, t.n) * batch;
+    int64_t split = 1;
+    if (gemm_split_k)
+      while (tiles * split * 2 <= sm_count && k / (split * 2) >= kMinSplitK) split *= 2;
+    const int64_t waves = ceil_div(tiles * split, sm_count);
+    const double tile_s = 2.0 * t.m * t.n * static_cast<double>(ceil_div(k, split)) /
+                          (sm_flops * t.efficiency);
+    // Split-K writes fp32 partial sums and reads them back for the final reduction.
+    const double partial_bytes = split > 1 ? 2.0 * 4.0 * static_cast<double>(split) * md * nd * b : 0;
+    best = std::min(best, std::max(static_cast<double>(waves) * tile_s,
+                                   (operand_bytes + partial_bytes) / mem_bps));
+  }
+  return Time::seconds(best) + gemm_launch_overhead;
+}
+
+double DeviceProfile::gemm_efficiency(int64_t m, int64_t n, int64_t k, int64_t batch,
+                                      Precision p) const {
+  const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) *
+                       static_cast<double>(k) * static_cast<double>(batch);
+  return flops / (gemm_time(m, n, k, batch, p).to_seconds() * peak(p).per_second());
+}
+
+Time DeviceProfile::attention_time(Flops flops, Precision p, bool backward) const {
+  const double eff = backward ? attention_bwd_efficiency : attention_fwd_efficiency;
+  return flops / (peak(p) * eff) + gemm_launch_overhead;
+}
+
+Time DeviceProfile::memory_time(Bytes bytes) const { return bytes / effective_memory_bandwidth(); }
+
+}  // namespace hetpar::hardware

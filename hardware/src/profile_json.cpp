@@ -1,0 +1,296 @@
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include "builtin_profiles.h"
+#include "hetpar/core/json_reader.h"
+#include "hetpar/hardware/hardware_json.h"
+
+namespace hetpar::hardware {
+
+namespace {
+
+// Unit conversions round to whole bytes/s, FLOP/s and bytes, so that writing a profile
+// in JSON units and reading it back reproduces the same values exactly.
+Bandwidth from_GBps(double v) { return Bandwidth::bytes_per_s(std::round(v * 1e9)); }
+Bandwidth from_gbps(double v) { return Bandwidth::bytes_per_s(std::round(v * 1e9 / 8.0)); }
+double to_gbps(Bandwidth b) { return b.bytes_per_s() * 8.0 / 1e9; }
+Bytes from_scaled_bytes(double v, double unit) { return Bytes(std::llround(v * unit)); }
+constexpr double kMiB = 1048576.0;
+constexpr double kGiB = 1073741824.0;
+constexpr int64_t kMaxCount = int64_t{1} << 30;
+
+int read_count(JsonReader& r, std::string_view key) {
+  return static_cast<int>(r.required_int(key, -kMaxCount, kMaxCount));
+}
+
+// `[[a, b, ...], ...]`: arrays of `width` numbers.
+std::vector<std::vector<double>> read_rows(JsonReader& r, std::string_view key, size_t width,
+                                           std::string_view shape) {
+  std::vector<std::vector<double>> rows;
+  const nlohmann::json& arr = r.array(key, /*required=*/true);
+  for (size_t i = 0; i < arr.size() && r.ok(); ++i) {
+    const nlohmann::json& row = arr[i];
+    bool good = row.is_array() && row.size() == width &&
+                std::all_of(row.begin(), row.end(), [](const auto& v) { return v.is_number(); });
+    if (!good) {
+      r.fail(fmt::format("{}[{}]", key, i), fmt::format("expected {}, got {}", shape, row.dump()));
+      break;
+    }
+    rows.emplace_back();
+    for (const auto& v : row) rows.back().push_back(v.get<double>());
+  }
+  return rows;
+}
+
+bool is_whole(double v) { return v == std::floor(v) && std::fabs(v) < 1e9; }
+
+void read_gpu(JsonReader r, DeviceProfile& g, JsonReader& parent) {
+  g.model = r.required_string("model");
+  g.sm_count = read_count(r, "sm_count");
+  g.l2 = from_scaled_bytes(r.required_double("l2_MiB"), kMiB);
+  g.memory_capacity = from_scaled_bytes(r.required_double("memory_GiB"), kGiB);
+  g.memory_bandwidth = from_GBps(r.required_double("memory_GBps"));
+  g.memory_efficiency = r.required_double("memory_efficiency");
+  g.host_link = from_GBps(r.required_double("host_link_GBps"));
+
+  JsonReader compute = r.object("compute");
+  if (const nlohmann::json* cj = r.raw("compute"); cj && cj->is_object()) {
+    for (auto it = cj->begin(); it != cj->end() && compute.ok(); ++it) {
+      if (!it.key().empty() && it.key()[0] == '$') continue;
+      std::optional<Precision> prec = parse_precision(it.key());
+      compute.raw(it.key());
+      if (!prec) {
+        compute.fail(it.key(), "unknown precision (expected fp32|tf32|bf16|fp16|fp8)");
+        break;
+      }
+      JsonReader pr(it.value(), compute.path_of(it.key()));
+      PrecisionRate rate;
+      rate.peak = FlopRate::per_second(std::round(pr.required_double("peak_tflops") * 1e12));
+      rate.eta_max = pr.required_double("eta_max");
+      pr.finish();
+      compute.merge(pr.status());
+      g.compute[precision_index(*prec)] = rate;
+    }
+  }
+  compute.finish();
+  r.merge(compute.status());
+
+  JsonReader gemm = r.object("gemm");
+  for (const auto& row : read_rows(gemm, "tiles", 3, "[Tm, Tn, efficiency]")) {
+    if (!is_whole(row[0]) || !is_whole(row[1])) {
+      gemm.fail("tiles", fmt::format("tile sizes must be integers, got {}x{}", row[0], row[1]));
+      break;
+    }
+    g.gemm_tiles.push_back({static_cast<int>(row[0]), static_cast<int>(row[1]), row[2]});
+  }
+  g.gemm_launch_overhead = Time::us(gemm.required_double("launch_us"));
+  g.gemm_split_k = gemm.optional_bool("split_k", true);
+  gemm.finish();
+  r.merge(gemm.status());
+
+  JsonReader att = r.object("attention");
+  g.attention_fwd_efficiency = att.required_double("fwd_efficiency");
+  g.attention_bwd_efficiency = att.required_double("bwd_efficiency");
+  att.finish();
+  r.merge(att.status());
+
+  r.finish();
+  parent.merge(r.status());
+}
+
+void read_collectives(JsonReader& r, std::vector<CollectiveFigure>& out) {
+  const nlohmann::json& arr = r.array("collectives", /*required=*/true);
+  for (size_t i = 0; i < arr.size() && r.ok(); ++i) {
+    JsonReader c(arr[i], json_index_path(r.path(), "collectives", i));
+    CollectiveFigure f;
+    std::string scope = c.required_enum("scope", {"intra_node", "inter_node"});
+    std::string op = c.required_enum(
+        "op", {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv"});
+    f.alpha = Time::us(c.required_double("alpha_us"));
+    for (const auto& row : read_rows(c, "busbw_GBps", 2, "[group size, GB/s]")) {
+      if (!is_whole(row[0])) {
+        c.fail("busbw_GBps", fmt::format("group size must be an integer, got {}", row[0]));
+        break;
+      }
+      f.busbw.emplace_back(static_cast<int>(row[0]), from_GBps(row[1]));
+    }
+    c.finish();
+    if (c.ok()) {
+      f.scope = *parse_collective_scope(scope);
+      f.op = *parse_collective(op);
+      if (std::any_of(out.begin(), out.end(),
+                      [&](const auto& o) { return o.scope == f.scope && o.op == f.op; }))
+        c.fail("op", fmt::format("duplicate {} {}", scope, op));
+    }
+    r.merge(c.status());
+    out.push_back(std::move(f));
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+    return std::pair(a.scope, a.op) < std::pair(b.scope, b.op);
+  });
+}
+
+nlohmann::json rows_json(const std::vector<std::pair<int, Bandwidth>>& rows) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const auto& [g, bw] : rows) j.push_back({g, bw.to_GBps()});
+  return j;
+}
+
+}  // namespace
+
+Result<WanLink> parse_wan(const nlohmann::json& j, const std::string& path) {
+  JsonReader r(j, path);
+  WanLink w;
+  w.up = from_gbps(r.required_double("up_gbps"));
+  w.down = from_gbps(r.required_double("down_gbps"));
+  w.latency = Time::ms(r.required_double("latency_ms"));
+  r.finish();
+  if (!r.ok()) return r.status();
+  if (!(w.up.bytes_per_s() > 0)) r.fail("up_gbps", fmt::format("must be > 0, got {}", to_gbps(w.up)));
+  if (!(w.down.bytes_per_s() > 0))
+    r.fail("down_gbps", fmt::format("must be > 0, got {}", to_gbps(w.down)));
+  if (w.latency < Time::zero())
+    r.fail("latency_ms", fmt::format("must be >= 0, got {}", w.latency.to_ms()));
+  if (!r.ok()) return r.status();
+  return w;
+}
+
+nlohmann::json wan_to_json(const WanLink& w) {
+  return {{"up_gbps", to_gbps(w.up)}, {"down_gbps", to_gbps(w.down)}, {"latency_ms", w.latency.to_ms()}};
+}
+
+Result<SystemProfile> parse_profile(const nlohmann::json& j, const std::string& path) {
+  JsonReader r(j, path);
+  SystemProfile p;
+  p.name = r.required_string("name");
+  p.description = r.optional_string("description", "");
+  p.gpus_per_node = read_count(r, "gpus_per_node");
+  read_gpu(r.object("gpu"), p.gpu, r);
+
+  JsonReader intra = r.object("intra_node");
+  p.intra_node.kind = parse_fabric_kind(intra.required_enum("fabric", {"nvswitch", "pcie", "none"}))
+                          .value_or(FabricKind::kNone);
+  p.intra_node.bandwidth = from_GBps(intra.optional_double("GBps", 0));
+  p.intra_node.latency = Time::us(intra.optional_double("latency_us", 0));
+  p.intra_node.nvls = intra.optional_bool("nvls", false);
+  p.intra_node.nvls_min_group =
+      static_cast<int>(intra.optional_int("nvls_min_group", 0, -kMaxCount, kMaxCount));
+  intra.finish();
+  r.merge(intra.status());
+
+  JsonReader inter = r.object("inter_node");
+  p.inter_node.nics_per_node = read_count(inter, "nics_per_node");
+  p.inter_node.nic_bandwidth = from_gbps(inter.required_double("nic_gbps"));
+  p.inter_node.latency = Time::us(inter.required_double("latency_us"));
+  inter.finish();
+  r.merge(inter.status());
+
+  if (const nlohmann::json* wan = r.raw("wan"); wan && r.ok()) {
+    Result<WanLink> w = parse_wan(*wan, r.path_of("wan"));
+    r.merge(w.status());
+    if (w) p.wan = *w;
+  }
+  read_collectives(r, p.collectives);
+
+  if (const nlohmann::json* prov = r.raw("provenance"); prov && r.ok()) {
+    if (!prov->is_object()) r.fail("provenance", "expected an object of field -> source strings");
+    for (auto it = prov->begin(); prov->is_object() && it != prov->end() && r.ok(); ++it) {
+      if (!it.value().is_string())
+        r.fail(fmt::format("provenance.{}", it.key()), "expected a source string");
+      else
+        p.provenance[it.key()] = it.value().get<std::string>();
+    }
+  }
+  r.finish();
+  if (!r.ok()) return r.status();
+  if (Status st = validate_profile(p); !st.is_ok())
+    return path.empty() ? st : Status::invalid_argument(fmt::format("{}.{}", path, st.message()));
+  return p;
+}
+
+nlohmann::json profile_to_json(const SystemProfile& p) {
+  const DeviceProfile& g = p.gpu;
+  nlohmann::json compute = nlohmann::json::object();
+  for (Precision prec : kAllPrecisions)
+    if (g.supports(prec))
+      compute[std::string(to_string(prec))] = {{"peak_tflops", g.peak(prec).to_tflops()},
+                                               {"eta_max", g.eta_max(prec)}};
+  nlohmann::json tiles = nlohmann::json::array();
+  for (const GemmTile& t : g.gemm_tiles) tiles.push_back({t.m, t.n, t.efficiency});
+
+  nlohmann::json j = {
+      {"name", p.name},
+      {"description", p.description},
+      {"gpus_per_node", p.gpus_per_node},
+      {"gpu",
+       {{"model", g.model},
+        {"sm_count", g.sm_count},
+        {"l2_MiB", g.l2.as_double() / kMiB},
+        {"memory_GiB", g.memory_capacity.as_double() / kGiB},
+        {"memory_GBps", g.memory_bandwidth.to_GBps()},
+        {"memory_efficiency", g.memory_efficiency},
+        {"host_link_GBps", g.host_link.to_GBps()},
+        {"compute", compute},
+        {"gemm",
+         {{"tiles", tiles},
+          {"launch_us", g.gemm_launch_overhead.to_us()},
+          {"split_k", g.gemm_split_k}}},
+        {"attention",
+         {{"fwd_efficiency", g.attention_fwd_efficiency},
+          {"bwd_efficiency", g.attention_bwd_efficiency}}}}},
+      {"intra_node",
+       {{"fabric", to_string(p.intra_node.kind)},
+        {"GBps", p.intra_node.bandwidth.to_GBps()},
+        {"latency_us", p.intra_node.latency.to_us()},
+        {"nvls", p.intra_node.nvls},
+        {"nvls_min_group", p.intra_node.nvls_min_group}}},
+      {"inter_node",
+       {{"nics_per_node", p.inter_node.nics_per_node},
+        {"nic_gbps", to_gbps(p.inter_node.nic_bandwidth)},
+        {"latency_us", p.inter_node.latency.to_us()}}},
+      {"provenance", p.provenance},
+  };
+  if (p.wan) j["wan"] = wan_to_json(*p.wan);
+  nlohmann::json colls = nlohmann::json::array();
+  for (const CollectiveFigure& f : p.collectives)
+    colls.push_back({{"scope", to_string(f.scope)},
+                     {"op", to_string(f.op)},
+                     {"alpha_us", f.alpha.to_us()},
+                     {"busbw_GBps", rows_json(f.busbw)}});
+  j["collectives"] = colls;
+  return j;
+}
+
+Result<SystemProfile> parse_profile_text(std::string_view text, std::string_view source) {
+  Result<nlohmann::json> j = parse_json(text, source);
+  if (!j) return j.status();
+  Result<SystemProfile> p = parse_profile(*j, "");
+  if (!p) return p.status().with_context(source);
+  return p;
+}
+
+std::string profile_to_json_text(const SystemProfile& p) { return profile_to_json(p).dump(2); }
+
+Result<SystemProfile> load_profile(std::string_view name_or_path, std::string_view base_dir) {
+  for (const EmbeddedFile& f : detail::builtin_profile_files())
+    if (f.name == name_or_path)
+      return parse_profile_text(f.text, fmt::format("built-in profile {}", f.name));
+  std::filesystem::path file(name_or_path);
+  if (file.is_relative() && !base_dir.empty()) file = std::filesystem::path(base_dir) / file;
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(file, ec)) {
+    return Status::not_found(fmt::format("unknown profile \"{}\" (built-ins: {}) and no such file",
+                                         name_or_path, fmt::join(builtin_profile_names(), ", ")));
+  }
+  Result<nlohmann::json> j = read_json_file(file.string());
+  if (!j) return j.status();
+  Result<SystemProfile> p = parse_profile(*j, "");
+  if (!p) return p.status().with_context(file.string());
+  return p;
+}
+
+}  // namespace hetpar::hardware

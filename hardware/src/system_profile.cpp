@@ -1,0 +1,220 @@
+#include "hetpar/hardware/system_profile.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "builtin_profiles.h"
+#include "hetpar/core/check.h"
+
+namespace hetpar::hardware {
+
+std::string_view to_string(FabricKind k) {
+  switch (k) {
+    case FabricKind::kNvSwitch: return "nvswitch";
+    case FabricKind::kPcie: return "pcie";
+    case FabricKind::kNone: return "none";
+  }
+  return "?";
+}
+
+std::string_view to_string(CollectiveScope s) {
+  return s == CollectiveScope::kIntraNode ? "intra_node" : "inter_node";
+}
+
+std::string_view to_string(Collective c) {
+  switch (c) {
+    case Collective::kAllReduce: return "all_reduce";
+    case Collective::kAllGather: return "all_gather";
+    case Collective::kReduceScatter: return "reduce_scatter";
+    case Collective::kAllToAll: return "all_to_all";
+    case Collective::kBroadcast: return "broadcast";
+    case Collective::kSendRecv: return "send_recv";
+  }
+  return "?";
+}
+
+namespace {
+template <class E, size_t N>
+std::optional<E> parse_enum(std::string_view name, const std::array<E, N>& all) {
+  for (E e : all)
+    if (to_string(e) == name) return e;
+  return std::nullopt;
+}
+}  // namespace
+
+std::optional<FabricKind> parse_fabric_kind(std::string_view name) {
+  return parse_enum(name, std::array{FabricKind::kNvSwitch, FabricKind::kPcie, FabricKind::kNone});
+}
+std::optional<CollectiveScope> parse_collective_scope(std::string_view name) {
+  return parse_enum(name, kAllScopes);
+}
+std::optional<Collective> parse_collective(std::string_view name) {
+  return parse_enum(name, kAllCollectives);
+}
+
+Bandwidth CollectiveFigure::bus_bandwidth(int group_size) const {
+  HETPAR_CHECK(!busbw.empty());
+  Bandwidth bw = busbw.front().second;
+  for (const auto& [g, b] : busbw)
+    if (g <= group_size) bw = b;
+  return bw;
+}
+
+bool SystemProfile::has_collective(CollectiveScope scope, Collective op) const {
+  return std::any_of(collectives.begin(), collectives.end(),
+                     [&](const CollectiveFigure& f) { return f.scope == scope && f.op == op; });
+}
+
+const CollectiveFigure& SystemProfile::collective(CollectiveScope scope, Collective op) const {
+  for (const CollectiveFigure& f : collectives)
+    if (f.scope == scope && f.op == op) return f;
+  HETPAR_CHECK(false, "profile {} has no {} {} figure", name, to_string(scope), to_string(op));
+  return collectives.front();
+}
+
+namespace {
+
+std::string collective_key(const CollectiveFigure& f) {
+  return fmt::format("collectives.{}.{}", to_string(f.scope), to_string(f.op));
+}
+
+// First violation wins; messages name the JSON field.
+class Checker {
+ public:
+  void positive(const std::string& field, double v) {
+    if (!(v > 0)) fail(field, fmt::format("must be > 0, got {}", v));
+  }
+  void non_negative(const std::string& field, double v) {
+    if (!(v >= 0)) fail(field, fmt::format("must be >= 0, got {}", v));
+  }
+  void fraction(const std::string& field, double v) {
+    if (!(v > 0 && v <= 1)) fail(field, fmt::format("must be in (0, 1], got {}", v));
+  }
+  void fail(const std::string& field, std::string message) {
+    if (status.is_ok()) status = Status::invalid_argument(fmt::format("{}: {}", field, message));
+  }
+  Status status;
+};
+
+}  // namespace
+
+Status validate_profile(const SystemProfile& p) {
+  Checker c;
+  if (p.name.empty()) c.fail("name", "must not be empty");
+  if (p.gpus_per_node < 1) c.fail("gpus_per_node", fmt::format("must be >= 1, got {}", p.gpus_per_node));
+
+  const DeviceProfile& g = p.gpu;
+  if (g.model.empty()) c.fail("gpu.model", "must not be empty");
+  if (g.sm_count < 1) c.fail("gpu.sm_count", fmt::format("must be >= 1, got {}", g.sm_count));
+  c.positive("gpu.l2_MiB", g.l2.as_double() / 1048576.0);
+  c.positive("gpu.memory_GiB", g.memory_capacity.to_GiB());
+  c.positive("gpu.memory_GBps", g.memory_bandwidth.to_GBps());
+  c.fraction("gpu.memory_efficiency", g.memory_efficiency);
+  c.positive("gpu.host_link_GBps", g.host_link.to_GBps());
+  if (!g.supports(Precision::kBf16)) c.fail("gpu.compute.bf16", "missing required precision");
+  for (Precision prec : kAllPrecisions) {
+    if (!g.supports(prec)) continue;
+    const std::string key = fmt::format("gpu.compute.{}", to_string(prec));
+    c.positive(key + ".peak_tflops", g.peak(prec).to_tflops());
+    c.fraction(key + ".eta_max", g.eta_max(prec));
+  }
+  if (g.gemm_tiles.empty()) c.fail("gpu.gemm.tiles", "must list at least one tile");
+  for (size_t i = 0; i < g.gemm_tiles.size(); ++i) {
+    const GemmTile& t = g.gemm_tiles[i];
+    const std::string key = fmt::format("gpu.gemm.tiles[{}]", i);
+    if (t.m < 1 || t.n < 1) c.fail(key, fmt::format("tile {}x{} must be at least 1x1", t.m, t.n));
+    c.fraction(key + "[2]", t.efficiency);
+  }
+  c.non_negative("gpu.gemm.launch_us", g.gemm_launch_overhead.to_us());
+  c.fraction("gpu.attention.fwd_efficiency", g.attention_fwd_efficiency);
+  c.fraction("gpu.attention.bwd_efficiency", g.attention_bwd_efficiency);
+
+  const IntraNodeFabric& f = p.intra_node;
+  if (p.gpus_per_node > 1) {
+    if (f.kind == FabricKind::kNone)
+      c.fail("intra_node.fabric", "\"none\" needs gpus_per_node == 1");
+    c.positive("intra_node.GBps", f.bandwidth.to_GBps());
+  }
+  c.non_negative("intra_node.latency_us", f.latency.to_us());
+  if (f.nvls && f.kind != FabricKind::kNvSwitch) c.fail("intra_node.nvls", "needs fabric \"nvswitch\"");
+  if (f.nvls && (f.nvls_min_group < 2 || f.nvls_min_group > p.gpus_per_node))
+    c.fail("intra_node.nvls_min_group",
+           fmt::format("must be in [2, gpus_per_node={}], got {}", p.gpus_per_node, f.nvls_min_group));
+
+  if (p.inter_node.nics_per_node < 1)
+    c.fail("inter_node.nics_per_node", fmt::format("must be >= 1, got {}", p.inter_node.nics_per_node));
+  c.positive("inter_node.nic_gbps", p.inter_node.nic_bandwidth.bytes_per_s() * 8e-9);
+  c.non_negative("inter_node.latency_us", p.inter_node.latency.to_us());
+
+  if (p.wan) {
+    c.positive("wan.up_gbps", p.wan->up.bytes_per_s() * 8e-9);
+    c.positive("wan.down_gbps", p.wan->down.bytes_per_s() * 8e-9);
+    c.non_negative("wan.latency_ms", p.wan->latency.to_ms());
+  }
+
+  for (const CollectiveFigure& fig : p.collectives) {
+    const std::string key = collective_key(fig);
+    c.non_negative(key + ".alpha_us", fig.alpha.to_us());
+    if (fig.busbw.empty()) c.fail(key + ".busbw_GBps", "must list at least one [group, GB/s] entry");
+    for (size_t i = 0; i < fig.busbw.size(); ++i) {
+      const std::string at = fmt::format("{}.busbw_GBps[{}]", key, i);
+      if (fig.busbw[i].first < 1) c.fail(at, fmt::format("group size must be >= 1, got {}", fig.busbw[i].first));
+      if (i > 0 && fig.busbw[i].first <= fig.busbw[i - 1].first)
+        c.fail(at, "group sizes must increase");
+      c.positive(at, fig.busbw[i].second.to_GBps());
+    }
+  }
+  for (CollectiveScope scope : kAllScopes) {
+    if (scope == CollectiveScope::kIntraNode && p.gpus_per_node == 1) continue;
+    for (Collective op : kAllCollectives)
+      if (!p.has_collective(scope, op))
+        c.fail("collectives", fmt::format("missing {} {}", to_string(scope), to_string(op)));
+  }
+  return c.status;
+}
+
+std::vector<std::string> missing_provenance(const SystemProfile& p) {
+  std::vector<std::string> fields = {
+      "gpu.sm_count",       "gpu.l2_MiB",         "gpu.memory_GiB",
+      "gpu.memory_GBps",    "gpu.memory_efficiency", "gpu.host_link_GBps",
+      "gpu.gemm.tiles",     "gpu.gemm.launch_us", "gpu.attention.fwd_efficiency",
+      "gpu.attention.bwd_efficiency", "intra_node.GBps", "intra_node.latency_us",
+      "inter_node.nics_per_node", "inter_node.nic_gbps", "inter_node.latency_us"};
+  for (Precision prec : kAllPrecisions) {
+    if (!p.gpu.supports(prec)) continue;
+    fields.push_back(fmt::format("gpu.compute.{}.peak_tflops", to_string(prec)));
+    fields.push_back(fmt::format("gpu.compute.{}.eta_max", to_string(prec)));
+  }
+  if (p.intra_node.nvls) fields.push_back("intra_node.nvls_min_group");
+  if (p.wan) {
+    fields.push_back("wan.up_gbps");
+    fields.push_back("wan.down_gbps");
+    fields.push_back("wan.latency_ms");
+  }
+  for (const CollectiveFigure& f : p.collectives) {
+    fields.push_back(collective_key(f) + ".alpha_us");
+    fields.push_back(collective_key(f) + ".busbw_GBps");
+  }
+  auto covered = [&](std::string field) {
+    for (;;) {
+      if (p.provenance.count(field)) return true;
+      const size_t dot = field.rfind('.');
+      if (dot == std::string::npos) return false;
+      field.resize(dot);
+    }
+  };
+  std::vector<std::string> missing;
+  for (const std::string& f : fields)
+    if (!covered(f)) missing.push_back(f);
+  return missing;
+}
+
+std::vector<std::string> builtin_profile_names() {
+  std::vector<std::string> names;
+  for (const EmbeddedFile& f : detail::builtin_profile_files()) names.emplace_back(f.name);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+}  // namespace hetpar::hardware

@@ -1,0 +1,114 @@
+// OpGraph: one module's forward pass for one micro-batch as a list of ops in execution
+// order, each with its FLOPs (forward, backward split into dgrad and wgrad), forward bytes
+// read/written, parameters, activation bytes saved for backward, and GEMM / attention
+// shapes for shape-dependent cost models. No parallelism here: the planner splits ops by
+// layer (pipeline stages) and shards them (TP/CP/EP).
+//
+// Conventions
+// - A multiply-add is 2 FLOPs. GEMM backward = dgrad (input gradient) + wgrad (weight
+//   gradient), each equal to the forward FLOPs; bias adds are fused into GEMM epilogues and
+//   not counted. Attention core: forward = 4*b*h*s_q*s_kv*d (QK^T and AV), halved when
+//   causal; backward = dgrad = 2x forward (model-FLOPs convention; the flash kernel's extra
+//   QK^T recompute, +0.5x forward, belongs to its efficiency). Pointwise ops (norms,
+//   activations, adds, loss) carry rough per-element FLOPs and backward = dgrad = 2x forward;
+//   they are memory bound and never enter model-FLOP totals (totals.h).
+// - Activations saved for backward follow Korthikanti et al. 2022 (arXiv 2205.05198, sec.
+//   4.1) with s tokens per sample, b samples, h hidden, a heads, e dtype bytes (2 for bf16),
+//   per layer: input norm 2sbh (its input), QKV GEMM 2sbh (its input), attention core Q,K,V
+//   (4sbh + 2sbh; (a+2g)/a times less K,V with g kv heads), plus without flash attention
+//   softmax output 2as^2b, with dropout also its mask as^2b and output 2as^2b (flash
+//   attention keeps only fp32 log-sum-exp stats, 4asb bytes); output projection 2sbh (its
+//   input); residual dropout mask sbh; MLP norm 2sbh; MLP fc1 2sbh; activation input 2sbf
+//   (swiglu: gate and up, 4sbf); fc2 input 2sbf; residual dropout mask sbh. With f = 4h,
+//   dropout and no flash this is 34sbh + 5as^2b. Outside layers: logits GEMM input 2sbh,
+//   loss fp32 logits 4sbv, embedding dropout mask sbh.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "hetpar/core/units.h"
+#include "hetpar/models/spec.h"
+
+namespace hetpar::models {
+
+enum class OpKind { kGemm, kAttention, kNorm, kElementwise, kEmbedding, kLoss };
+std::string_view to_string(OpKind kind);
+/// GEMMs and the attention core: the ops whose FLOPs count as model FLOPs.
+bool is_matmul(OpKind kind);
+
+/// `batch` independent products C[m,n] = A[m,k] * B[k,n]; FLOPs 2*m*n*k*batch.
+struct GemmShape {
+  int64_t m = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+  int64_t batch = 1;
+  double flops() const { return 2.0 * m * n * k * batch; }
+};
+
+struct AttentionShape {
+  int64_t batch = 0;
+  int64_t heads = 0;
+  int64_t kv_heads = 0;
+  int64_t seq_q = 0;
+  int64_t seq_kv = 0;
+  int64_t head_dim = 0;
+  bool causal = false;
+};
+/// QK^T and AV: 4*batch*heads*seq_q*seq_kv*head_dim, half that when causal.
+Flops attention_forward_flops(const AttentionShape& s);
+
+struct Op {
+  std::string name;  // "qkv", "attention", "mlp_fc1", ... (unique within a layer)
+  OpKind kind = OpKind::kElementwise;
+  int layer = -1;  // transformer layer index, -1 outside the layers
+  Flops forward;
+  Flops dgrad;  // input-gradient part of backward
+  Flops wgrad;  // weight-gradient part (zero-bubble schedules defer it)
+  Bytes read;   // forward
+  Bytes written;
+  int64_t params = 0;
+  Bytes saved;  // activations kept for backward (no recompute)
+  std::vector<GemmShape> gemms;
+  std::optional<AttentionShape> attention;
+  Flops backward() const { return dgrad + wgrad; }
+};
+
+/// The work of one micro-batch. LLM: micro_batch samples of seq_len tokens. Encoders:
+/// micro_batch * items_per_sample images or clips (seq_len unused). Projector: seq_len is
+/// the tokens per item entering it (module_input() fills it from the upstream encoder).
+struct ModuleInput {
+  int64_t micro_batch = 1;
+  int64_t seq_len = 0;
+  int64_t items_per_sample = 1;
+  int dtype_bytes = 2;
+  bool flash_attention = true;
+};
+
+struct OpGraph {
+  ModuleKind kind = ModuleKind::kLlm;
+  int64_t layers = 0;        // transformer layers (0 for a projector)
+  int64_t layer_tokens = 0;  // tokens per micro-batch inside a layer (0 for a projector)
+  int64_t hidden = 0;        // width of the residual stream
+  int dtype_bytes = 2;
+  std::vector<Op> ops;  // forward order
+};
+
+/// REQUIRES: validate_module(spec) passed; positive sizes in `in`; a projector's seq_len
+/// divisible by downsample^2.
+OpGraph build_op_graph(const ModuleSpec& spec, const ModuleInput& in);
+
+/// `model_input` (LLM seq_len, items per sample for every encoder) adapted to module i:
+/// a projector gets its upstream encoder's tokens per item as seq_len.
+/// REQUIRES: validate_model(model) passed.
+ModuleInput module_input(const ModelSpec& model, size_t i, const ModuleInput& model_input);
+
+/// Activation recompute: none; selective (the attention core, Korthikanti et al.); full
+/// (each layer's whole forward, keeping only the layer input).
+enum class Recompute { kNone, kSelective, kFull };
+/// Whether the backward pass re-runs op's forward under `policy`.
+bool is_recomputed(const Op& op, Recompute policy);
+
+}  // namespace hetpar::models

@@ -1,0 +1,137 @@
+// Architecture specs: a decoder-only LLM (dense or MoE), a ViT or Whisper-style audio
+// encoder, an MLP projector, and a ModelSpec wiring them (encoder -> projector -> the one
+// LLM). Plain data. validate_module()/validate_model() check every rule and name the field
+// by its JSON path (`model.modules[2].spec.heads: ...`), so specs built in code get the
+// same checks as parsed ones. Every transformer block is pre-norm.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "hetpar/core/status.h"
+
+namespace hetpar::models {
+
+enum class Activation { kGelu, kSwiglu };
+enum class Norm { kLayerNorm, kRmsNorm };
+enum class PositionEmbedding { kRope, kLearned, kSinusoidal };
+
+/// The transformer stack every encoder and the LLM share.
+struct TransformerSpec {
+  int64_t layers = 0;
+  int64_t hidden = 0;
+  int64_t ffn_hidden = 0;  // 0 for an MoE LLM (experts have their own width)
+  int64_t heads = 0;
+  int64_t kv_heads = 0;  // == heads without grouped-query attention
+  Activation activation = Activation::kGelu;
+  Norm norm = Norm::kLayerNorm;
+  bool qkv_bias = false;     // biases on the Q, K, V projections
+  bool linear_bias = false;  // biases on the attention output projection and MLP linears
+  bool dropout = false;      // training with dropout: its masks are saved for backward
+  int64_t head_dim() const { return hidden / heads; }
+};
+
+/// Mixture of experts replacing every layer's MLP. Each token goes to `top_k` of `experts`
+/// routed experts; `shared_experts` experts (run as one MLP of width
+/// shared_experts * expert_ffn_hidden) see every token.
+struct MoeSpec {
+  int64_t experts = 0;
+  int64_t top_k = 0;
+  int64_t expert_ffn_hidden = 0;
+  int64_t shared_experts = 0;
+};
+
+struct LlmSpec {
+  TransformerSpec block;
+  int64_t vocab = 0;
+  bool tied_embeddings = false;
+  PositionEmbedding positions = PositionEmbedding::kRope;  // rope or learned
+  int64_t max_positions = 0;                               // learned positions only
+  std::optional<MoeSpec> moe;
+};
+
+/// ViT: non-overlapping patches (a conv with stride = kernel = patch_size) plus an optional
+/// class token, learned positions. The class token takes part in attention, but only the
+/// patch tokens go downstream (as LLaVA and InternVL take them).
+struct VisionEncoderSpec {
+  TransformerSpec block;
+  int64_t patch_size = 0;
+  int64_t image_size = 0;
+  int64_t channels = 3;
+  bool class_token = false;
+  int64_t patches() const { return (image_size / patch_size) * (image_size / patch_size); }
+  int64_t seq_len() const { return patches() + (class_token ? 1 : 0); }
+};
+
+/// Whisper-style audio encoder: conv1d(mel_bins -> hidden, kernel 3) + GELU, conv1d(hidden ->
+/// hidden, kernel 3, stride 2) + GELU, then the transformer over frames / 2 positions.
+struct AudioEncoderSpec {
+  TransformerSpec block;
+  int64_t mel_bins = 0;
+  int64_t frames = 3000;
+  PositionEmbedding positions = PositionEmbedding::kSinusoidal;  // learned or sinusoidal
+  int64_t seq_len() const { return frames / 2; }
+};
+
+/// MLP from an encoder's hidden size to the LLM's: one Linear, or Linear, activation,
+/// Linear (all with bias). `downsample` d > 1 first merges d x d neighbouring tokens into
+/// one (InternVL's pixel shuffle): tokens / d^2, input width input_hidden * d^2.
+struct ProjectorSpec {
+  int64_t input_hidden = 0;
+  int64_t output_hidden = 0;
+  int64_t layers = 2;      // 1 or 2
+  int64_t ffn_hidden = 0;  // width between the two linears (layers == 2)
+  Activation activation = Activation::kGelu;
+  int64_t downsample = 1;
+};
+
+/// The variant order matches ModuleKind.
+using ModuleSpec = std::variant<LlmSpec, VisionEncoderSpec, AudioEncoderSpec, ProjectorSpec>;
+enum class ModuleKind { kLlm, kVisionEncoder, kAudioEncoder, kProjector };
+
+ModuleKind kind_of(const ModuleSpec& spec);
+bool is_encoder(ModuleKind kind);
+/// The JSON spellings: "llm", "vision_encoder", "audio_encoder", "projector".
+std::string_view to_string(ModuleKind kind);
+std::string_view to_string(Activation a);         // "gelu", "swiglu"
+std::string_view to_string(Norm n);               // "layernorm", "rmsnorm"
+std::string_view to_string(PositionEmbedding p);  // "rope", "learned", "sinusoidal"
+/// Tokens one image or clip becomes at an encoder's output. REQUIRES: an encoder spec.
+int64_t encoder_tokens_per_item(const ModuleSpec& encoder);
+
+struct Module {
+  std::string name;  // its role in the model: "vision", "projector", "llm", ...
+  ModuleSpec spec;
+};
+
+/// Data flows from `from` to `to` (indices into ModelSpec::modules).
+struct Edge {
+  size_t from = 0;
+  size_t to = 0;
+};
+
+/// A trainable model: exactly one LLM; every encoder feeds the LLM directly or through one
+/// projector. A plain LLM is the one-module case.
+struct ModelSpec {
+  std::string name;
+  std::vector<Module> modules;
+  std::vector<Edge> edges;
+  /// Index of the LLM module. REQUIRES: validate_model() passed.
+  size_t llm_index() const;
+  /// Index of the module named `name`, if any.
+  std::optional<size_t> find(std::string_view name) const;
+};
+
+/// Checks one module's sizes and their divisibility; errors read `<path>.<field>: ...`.
+Status validate_module(const ModuleSpec& spec, std::string_view path);
+/// Checks every module (at `<path>.modules[i].spec`), then the wiring: one LLM, unique
+/// names, edges encoder -> projector -> llm or encoder -> llm, hidden sizes that match
+/// across each edge, and projector downsampling that divides the encoder's tokens.
+Status validate_model(const ModelSpec& model, std::string_view path);
+
+}  // namespace hetpar::models

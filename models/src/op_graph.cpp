@@ -1,0 +1,307 @@
+#include "hetpar/models/op_graph.h"
+
+#include <fmt/format.h>
+
+#include <utility>
+
+#include "hetpar/core/check.h"
+
+namespace hetpar::models {
+
+std::string_view to_string(OpKind kind) {
+  switch (kind) {
+    case OpKind::kGemm:
+      return "gemm";
+    case OpKind::kAttention:
+      return "attention";
+    case OpKind::kNorm:
+      return "norm";
+    case OpKind::kElementwise:
+      return "elementwise";
+    case OpKind::kEmbedding:
+      return "embedding";
+    case OpKind::kLoss:
+      return "loss";
+  }
+  return "?";
+}
+
+bool is_matmul(OpKind kind) {
+  return kind == OpKind::kGemm || kind == OpKind::kAttention;
+}
+
+Flops attention_forward_flops(const AttentionShape& s) {
+  double full = 4.0 * s.batch * s.heads * s.seq_q * s.seq_kv * s.head_dim;
+  return Flops(s.causal ? full / 2 : full);
+}
+
+bool is_recomputed(const Op& op, Recompute policy) {
+  switch (policy) {
+    case Recompute::kNone:
+      return false;
+    case Recompute::kSelective:
+      return op.kind == OpKind::kAttention;
+    case Recompute::kFull:
+      return op.layer >= 0;
+  }
+  return false;
+}
+
+namespace {
+
+// Rough FLOPs per element of the pointwise ops (memory bound; see op_graph.h).
+constexpr double kNormFlops = 5;
+constexpr double kGeluFlops = 8;
+constexpr double kSwigluFlops = 5;
+constexpr double kAddFlops = 1;
+constexpr double kRopeFlops = 3;
+constexpr double kLossFlops = 5;
+
+int64_t norm_params(Norm n, int64_t h) {
+  return n == Norm::kLayerNorm ? 2 * h : h;
+}
+
+// Appends ops to a graph; sizes in elements are turned into bytes with the dtype.
+class Builder {
+ public:
+  Builder(OpGraph& g, const ModuleInput& in)
+      : g_(g), e_(in.dtype_bytes), flash_(in.flash_attention) {}
+
+  Bytes elems(double n) const { return Bytes(static_cast<int64_t>(n) * e_); }
+
+  /// A GEMM (or several, e.g. gate and up) owning weights k*n*batch (+ bias n*batch) unless
+  /// `owns_weights` is false (tied logits); saves `saved_elems` activations.
+  void gemm(std::string name, int layer, std::vector<GemmShape> shapes, bool bias,
+            double saved_elems, bool owns_weights = true) {
+    Op op = make(std::move(name), OpKind::kGemm, layer);
+    double flops = 0, in = 0, weights = 0, out = 0;
+    for (const GemmShape& s : shapes) {
+      flops += s.flops();
+      in += static_cast<double>(s.m) * s.k * s.batch;
+      weights += static_cast<double>(s.k) * s.n * s.batch;
+      out += static_cast<double>(s.m) * s.n * s.batch;
+      if (owns_weights) op.params += s.k * s.n * s.batch + (bias ? s.n * s.batch : 0);
+    }
+    op.forward = op.dgrad = op.wgrad = Flops(flops);
+    op.read = elems(in + weights);
+    op.written = elems(out);
+    op.saved = elems(saved_elems);
+    op.gemms = std::move(shapes);
+    g_.ops.push_back(std::move(op));
+  }
+
+  /// A pointwise op over `in` input and `out` output elements.
+  Op& pointwise(std::string name, OpKind kind, int layer, double in, double out,
+                double flops_per_out, double saved_elems, int64_t params = 0) {
+    Op op = make(std::move(name), kind, layer);
+    op.forward = Flops(flops_per_out * out);
+    op.dgrad = op.forward * 2;
+    op.read = elems(in + static_cast<double>(params));
+    op.written = elems(out);
+    op.saved = elems(saved_elems);
+    op.params = params;
+    g_.ops.push_back(std::move(op));
+    return g_.ops.back();
+  }
+
+  void norm(std::string name, int layer, Norm n, double tokens, int64_t h) {
+    pointwise(std::move(name), OpKind::kNorm, layer, tokens * h, tokens * h, kNormFlops, tokens * h,
+              norm_params(n, h));
+  }
+
+  /// Residual add, with its dropout mask (1 byte per element) saved when training with dropout.
+  void residual(std::string name, int layer, double tokens, int64_t h, bool dropout) {
+    Op& op = pointwise(std::move(name), OpKind::kElementwise, layer, 2 * tokens * h, tokens * h,
+                       kAddFlops, 0);
+    if (dropout) op.saved = Bytes(static_cast<int64_t>(tokens * h));
+  }
+
+  /// fc1, activation, fc2 over token groups {m, batch} (one group for a dense MLP, one or
+  /// two for routed experts: batch experts with m tokens each).
+  void mlp(const std::string& prefix, int layer,
+           const std::vector<std::pair<int64_t, int64_t>>& groups, int64_t h, int64_t f,
+           int64_t out, Activation act, bool bias) {
+    std::vector<GemmShape> fc1, fc2;
+    double tokens = 0;
+    for (auto [m, batch] : groups) {
+      fc1.push_back({m, f, h, batch});
+      if (act == Activation::kSwiglu) fc1.push_back({m, f, h, batch});  // gate and up
+      fc2.push_back({m, out, f, batch});
+      tokens += static_cast<double>(m) * batch;
+    }
+    int64_t branches = act == Activation::kSwiglu ? 2 : 1;
+    gemm(prefix + "fc1", layer, std::move(fc1), bias, tokens * h);
+    pointwise(prefix + "act", OpKind::kElementwise, layer, branches * tokens * f, tokens * f,
+              act == Activation::kSwiglu ? kSwigluFlops : kGeluFlops, branches * tokens * f);
+    gemm(prefix + "fc2", layer, std::move(fc2), bias, tokens * f);
+  }
+
+  void attention(int layer, const AttentionShape& s, bool dropout) {
+    Op op = make("attention", OpKind::kAttention, layer);
+    double qkv = static_cast<double>(s.batch) * s.seq_q * (s.heads + 2 * s.kv_heads) * s.head_dim;
+    double o = static_cast<double>(s.batch) * s.seq_q * s.heads * s.head_dim;
+    double scores = static_cast<double>(s.batch) * s.heads * s.seq_q * s.seq_kv;
+    op.forward = attention_forward_flops(s);
+    op.dgrad = op.forward * 2;
+    op.read = elems(qkv);
+    op.written = elems(o);
+    op.saved = elems(qkv);
+    if (flash_) {
+      op.saved += Bytes(static_cast<int64_t>(4 * s.batch * s.heads * s.seq_q));  // fp32 LSE
+    } else {
+      // The score matrix goes out and back twice (scores, then probabilities).
+      op.read += elems(2 * scores);
+      op.written += elems(2 * scores);
+      op.saved += elems(scores);  // softmax output
+      if (dropout) op.saved += elems(scores) + Bytes(static_cast<int64_t>(scores));
+    }
+    op.attention = s;
+    g_.ops.push_back(std::move(op));
+  }
+
+ private:
+  Op make(std::string name, OpKind kind, int layer) const {
+    Op op;
+    op.name = std::move(name);
+    op.kind = kind;
+    op.layer = layer;
+    return op;
+  }
+  OpGraph& g_;
+  int e_;
+  bool flash_;
+};
+
+// One pre-norm transformer layer over `batch` sequences of `seq` tokens.
+void add_layer(Builder& b, const TransformerSpec& t, const std::optional<MoeSpec>& moe, int layer,
+               int64_t batch, int64_t seq, bool causal, bool rope) {
+  const int64_t h = t.hidden, a = t.heads, g = t.kv_heads, d = t.head_dim();
+  const int64_t tokens = batch * seq;
+  const double T = static_cast<double>(tokens);
+  b.norm("attn_norm", layer, t.norm, T, h);
+  b.gemm("qkv", layer, {{tokens, (a + 2 * g) * d, h}}, t.qkv_bias, T * h);
+  if (rope)
+    b.pointwise("rope", OpKind::kElementwise, layer, T * (a + g) * d, T * (a + g) * d, kRopeFlops,
+                0);
+  b.attention(layer, {batch, a, g, seq, seq, d, causal}, t.dropout);
+  b.gemm("attn_out", layer, {{tokens, h, a * d}}, t.linear_bias, T * a * d);
+  b.residual("attn_residual", layer, T, h, t.dropout);
+  b.norm("mlp_norm", layer, t.norm, T, h);
+  if (!moe) {
+    b.mlp("mlp_", layer, {{tokens, 1}}, h, t.ffn_hidden, h, t.activation, t.linear_bias);
+  } else {
+    const int64_t E = moe->experts, k = moe->top_k, routed = tokens * k;
+    b.gemm("router", layer, {{tokens, E, h}}, false, T * h);
+    b.pointwise("moe_dispatch", OpKind::kElementwise, layer, T * h, T * k * h, 0, 0);
+    // Expected load, spread as evenly as integers allow: r experts get one token more.
+    const int64_t q = routed / E, r = routed % E;
+    std::vector<std::pair<int64_t, int64_t>> groups;
+    if (r > 0) groups.emplace_back(q + 1, r);
+    if (q > 0) groups.emplace_back(q, E - r);
+    b.mlp("expert_", layer, groups, h, moe->expert_ffn_hidden, h, t.activation, t.linear_bias);
+    b.pointwise("moe_combine", OpKind::kElementwise, layer, T * k * h, T * h, 2.0 * k, T * k * h);
+    if (moe->shared_experts > 0)
+      b.mlp("shared_expert_", layer, {{tokens, 1}}, h, moe->shared_experts * moe->expert_ffn_hidden,
+            h, t.activation, t.linear_bias);
+  }
+  b.residual("mlp_residual", layer, T, h, t.dropout);
+}
+
+void add_layers(Builder& b, OpGraph& g, const TransformerSpec& t, const std::optional<MoeSpec>& moe,
+                int64_t batch, int64_t seq, bool causal, bool rope) {
+  g.layers = t.layers;
+  g.layer_tokens = batch * seq;
+  g.hidden = t.hidden;
+  for (int64_t l = 0; l < t.layers; ++l)
+    add_layer(b, t, moe, static_cast<int>(l), batch, seq, causal, rope);
+  b.norm("final_norm", -1, t.norm, static_cast<double>(batch * seq), t.hidden);
+}
+
+void build(Builder& b, OpGraph& g, const LlmSpec& s, const ModuleInput& in) {
+  const TransformerSpec& t = s.block;
+  const int64_t tokens = in.micro_batch * in.seq_len, h = t.hidden;
+  const double T = static_cast<double>(tokens);
+  const bool learned = s.positions == PositionEmbedding::kLearned;
+  Op& emb = b.pointwise("embedding", OpKind::kEmbedding, -1, T * h, T * h, learned ? kAddFlops : 0,
+                        0, s.vocab * h + (learned ? s.max_positions * h : 0));
+  emb.read = b.elems(T * h * (learned ? 2 : 1));  // gathered rows (and positions), not the table
+  emb.dgrad = Flops(0);
+  emb.wgrad = Flops(T * h);  // scatter-add into the table
+  if (t.dropout) emb.saved = Bytes(tokens * h);
+  add_layers(b, g, t, s.moe, in.micro_batch, in.seq_len, true,
+             s.positions == PositionEmbedding::kRope);
+  b.gemm("logits", -1, {{tokens, s.vocab, h}}, false, T * h, !s.tied_embeddings);
+  Op& loss = b.pointwise("loss", OpKind::kLoss, -1, T * s.vocab, T, kLossFlops * s.vocab, 0);
+  loss.written = Bytes(tokens * 4);
+  loss.saved = Bytes(tokens * s.vocab * 4);  // fp32 logits (Korthikanti 4sbv)
+}
+
+void build(Builder& b, OpGraph& g, const VisionEncoderSpec& s, const ModuleInput& in) {
+  const TransformerSpec& t = s.block;
+  const int64_t images = in.micro_batch * in.items_per_sample, h = t.hidden;
+  const int64_t pixels = s.channels * s.patch_size * s.patch_size;
+  b.gemm("patch_embed", -1, {{images * s.patches(), h, pixels}}, t.linear_bias,
+         static_cast<double>(images * s.patches() * pixels));
+  const double seq_elems = static_cast<double>(images * s.seq_len() * h);
+  b.pointwise("pos_embed", OpKind::kElementwise, -1, seq_elems, seq_elems, kAddFlops, 0,
+              s.seq_len() * h + (s.class_token ? h : 0));
+  add_layers(b, g, t, std::nullopt, images, s.seq_len(), false, false);
+}
+
+void build(Builder& b, OpGraph& g, const AudioEncoderSpec& s, const ModuleInput& in) {
+  const TransformerSpec& t = s.block;
+  const int64_t clips = in.micro_batch * in.items_per_sample, h = t.hidden;
+  const double F = static_cast<double>(clips * s.frames),
+               S = static_cast<double>(clips * s.seq_len());
+  b.gemm("conv1", -1, {{clips * s.frames, h, s.mel_bins * 3}}, t.linear_bias, F * s.mel_bins);
+  b.pointwise("conv1_act", OpKind::kElementwise, -1, F * h, F * h, kGeluFlops, F * h);
+  b.gemm("conv2", -1, {{clips * s.seq_len(), h, h * 3}}, t.linear_bias, F * h);
+  b.pointwise("conv2_act", OpKind::kElementwise, -1, S * h, S * h, kGeluFlops, S * h);
+  b.pointwise("pos_embed", OpKind::kElementwise, -1, S * h, S * h, kAddFlops, 0,
+              s.positions == PositionEmbedding::kLearned ? s.seq_len() * h : 0);
+  add_layers(b, g, t, std::nullopt, clips, s.seq_len(), false, false);
+}
+
+void build(Builder& b, OpGraph& g, const ProjectorSpec& s, const ModuleInput& in) {
+  const int64_t d2 = s.downsample * s.downsample;
+  HETPAR_CHECK(in.seq_len % d2 == 0, "projector input of {} tokens per item is not divisible by {}",
+               in.seq_len, d2);
+  const int64_t tokens_in = in.micro_batch * in.items_per_sample * in.seq_len;
+  const int64_t tokens = tokens_in / d2, width = s.input_hidden * d2;
+  g.hidden = s.output_hidden;
+  if (d2 > 1) {
+    const double elems = static_cast<double>(tokens_in * s.input_hidden);
+    b.pointwise("pixel_shuffle", OpKind::kElementwise, -1, elems, elems, 0, 0);
+  }
+  if (s.layers == 1)
+    b.gemm("fc1", -1, {{tokens, s.output_hidden, width}}, true,
+           static_cast<double>(tokens * width));
+  else
+    b.mlp("", -1, {{tokens, 1}}, width, s.ffn_hidden, s.output_hidden, s.activation, true);
+}
+
+}  // namespace
+
+OpGraph build_op_graph(const ModuleSpec& spec, const ModuleInput& in) {
+  HETPAR_CHECK(in.micro_batch >= 1 && in.items_per_sample >= 1 && in.dtype_bytes >= 1,
+               "bad module input");
+  HETPAR_CHECK(kind_of(spec) == ModuleKind::kVisionEncoder ||
+                   kind_of(spec) == ModuleKind::kAudioEncoder || in.seq_len >= 1,
+               "seq_len must be >= 1, got {}", in.seq_len);
+  OpGraph g;
+  g.kind = kind_of(spec);
+  g.dtype_bytes = in.dtype_bytes;
+  Builder b(g, in);
+  std::visit([&](const auto& s) { build(b, g, s, in); }, spec);
+  return g;
+}
+
+ModuleInput module_input(const ModelSpec& model, size_t i, const ModuleInput& model_input) {
+  ModuleInput in = model_input;
+  if (kind_of(model.modules[i].spec) != ModuleKind::kProjector) return in;
+  for (const Edge& e : model.edges)
+    if (e.to == i) in.seq_len = encoder_tokens_per_item(model.modules[e.from].spec);
+  return in;
+}
+
+}  // namespace hetpar::models

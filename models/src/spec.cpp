@@ -1,0 +1,254 @@
+#include "hetpar/models/spec.h"
+
+#include <fmt/format.h>
+
+#include <type_traits>
+
+#include "hetpar/core/check.h"
+
+namespace hetpar::models {
+
+ModuleKind kind_of(const ModuleSpec& spec) {
+  return static_cast<ModuleKind>(spec.index());
+}
+
+bool is_encoder(ModuleKind kind) {
+  return kind == ModuleKind::kVisionEncoder || kind == ModuleKind::kAudioEncoder;
+}
+
+std::string_view to_string(ModuleKind kind) {
+  switch (kind) {
+    case ModuleKind::kLlm:
+      return "llm";
+    case ModuleKind::kVisionEncoder:
+      return "vision_encoder";
+    case ModuleKind::kAudioEncoder:
+      return "audio_encoder";
+    case ModuleKind::kProjector:
+      return "projector";
+  }
+  return "?";
+}
+
+std::string_view to_string(Activation a) {
+  return a == Activation::kGelu ? "gelu" : "swiglu";
+}
+std::string_view to_string(Norm n) {
+  return n == Norm::kLayerNorm ? "layernorm" : "rmsnorm";
+}
+std::string_view to_string(PositionEmbedding p) {
+  switch (p) {
+    case PositionEmbedding::kRope:
+      return "rope";
+    case PositionEmbedding::kLearned:
+      return "learned";
+    case PositionEmbedding::kSinusoidal:
+      return "sinusoidal";
+  }
+  return "?";
+}
+
+int64_t encoder_tokens_per_item(const ModuleSpec& encoder) {
+  if (const auto* v = std::get_if<VisionEncoderSpec>(&encoder)) return v->patches();
+  const auto* a = std::get_if<AudioEncoderSpec>(&encoder);
+  HETPAR_CHECK(a != nullptr, "encoder_tokens_per_item on a {}", to_string(kind_of(encoder)));
+  return a->seq_len();
+}
+
+size_t ModelSpec::llm_index() const {
+  for (size_t i = 0; i < modules.size(); ++i)
+    if (kind_of(modules[i].spec) == ModuleKind::kLlm) return i;
+  HETPAR_CHECK(false, "model \"{}\" has no llm module", name);
+  return 0;
+}
+
+std::optional<size_t> ModelSpec::find(std::string_view module_name) const {
+  for (size_t i = 0; i < modules.size(); ++i)
+    if (modules[i].name == module_name) return i;
+  return std::nullopt;
+}
+
+namespace {
+
+// `path.key`, or `key` at the document root.
+std::string join(std::string_view path, std::string_view key) {
+  return path.empty() ? std::string(key) : fmt::format("{}.{}", path, key);
+}
+
+// Collects the first failed rule as `<path>.<field>: <message>`.
+class Checker {
+ public:
+  explicit Checker(std::string_view path) : path_(path) {}
+  void fail(std::string_view field, std::string message) {
+    if (status_.is_ok())
+      status_ = Status::invalid_argument(fmt::format("{}: {}", join(path_, field), message));
+  }
+  void positive(std::string_view field, int64_t v) {
+    if (v < 1) fail(field, fmt::format("must be >= 1, got {}", v));
+  }
+  /// `field` (value v) must divide `what` (value total).
+  void divides(std::string_view field, int64_t v, std::string_view what, int64_t total) {
+    if (v >= 1 && total % v != 0)
+      fail(field, fmt::format("must divide {} ({}), got {}", what, total, v));
+  }
+  Status status() const { return status_; }
+
+ private:
+  std::string_view path_;
+  Status status_;
+};
+
+void check_block(Checker& c, const TransformerSpec& t, bool moe = false) {
+  c.positive("layers", t.layers);
+  c.positive("hidden", t.hidden);
+  if (!moe) c.positive("ffn_hidden", t.ffn_hidden);
+  if (moe && t.ffn_hidden != 0)
+    c.fail("ffn_hidden", "unused with moe (experts take moe.expert_ffn_hidden)");
+  c.positive("heads", t.heads);
+  c.positive("kv_heads", t.kv_heads);
+  c.divides("heads", t.heads, "hidden", t.hidden);
+  c.divides("kv_heads", t.kv_heads, "heads", t.heads);
+}
+
+void check(Checker& c, const LlmSpec& s) {
+  check_block(c, s.block, s.moe.has_value());
+  c.positive("vocab", s.vocab);
+  if (s.positions == PositionEmbedding::kSinusoidal)
+    c.fail("position_embedding", "an llm takes rope or learned positions");
+  if (s.positions == PositionEmbedding::kLearned) c.positive("max_positions", s.max_positions);
+  if (!s.moe) return;
+  c.positive("moe.experts", s.moe->experts);
+  c.positive("moe.top_k", s.moe->top_k);
+  c.positive("moe.expert_ffn_hidden", s.moe->expert_ffn_hidden);
+  if (s.moe->shared_experts < 0)
+    c.fail("moe.shared_experts", fmt::format("must be >= 0, got {}", s.moe->shared_experts));
+  if (s.moe->top_k > s.moe->experts)
+    c.fail("moe.top_k",
+           fmt::format("must be <= experts ({}), got {}", s.moe->experts, s.moe->top_k));
+}
+
+void check(Checker& c, const VisionEncoderSpec& s) {
+  check_block(c, s.block);
+  c.positive("patch_size", s.patch_size);
+  c.positive("image_size", s.image_size);
+  c.positive("channels", s.channels);
+  if (s.patch_size >= 1 && s.image_size % s.patch_size != 0)
+    c.fail("image_size", fmt::format("must be a multiple of patch_size ({}), got {}", s.patch_size,
+                                     s.image_size));
+}
+
+void check(Checker& c, const AudioEncoderSpec& s) {
+  check_block(c, s.block);
+  c.positive("mel_bins", s.mel_bins);
+  c.positive("frames", s.frames);
+  if (s.frames % 2 != 0)
+    c.fail("frames", fmt::format("must be even (the second conv has stride 2), got {}", s.frames));
+  if (s.positions == PositionEmbedding::kRope)
+    c.fail("position_embedding", "an audio encoder takes learned or sinusoidal positions");
+}
+
+void check(Checker& c, const ProjectorSpec& s) {
+  c.positive("input_hidden", s.input_hidden);
+  c.positive("output_hidden", s.output_hidden);
+  if (s.layers != 1 && s.layers != 2)
+    c.fail("layers", fmt::format("must be 1 or 2, got {}", s.layers));
+  if (s.layers == 2) c.positive("ffn_hidden", s.ffn_hidden);
+  c.positive("downsample", s.downsample);
+}
+
+int64_t output_hidden(const ModuleSpec& spec) {
+  return std::visit(
+      [](const auto& s) -> int64_t {
+        if constexpr (std::is_same_v<std::decay_t<decltype(s)>, ProjectorSpec>)
+          return s.output_hidden;
+        else
+          return s.block.hidden;
+      },
+      spec);
+}
+
+}  // namespace
+
+Status validate_module(const ModuleSpec& spec, std::string_view path) {
+  Checker c(path);
+  std::visit([&](const auto& s) { check(c, s); }, spec);
+  return c.status();
+}
+
+Status validate_model(const ModelSpec& m, std::string_view path) {
+  auto module_path = [&](size_t i) { return join(path, fmt::format("modules[{}]", i)); };
+  auto edge_path = [&](size_t j) { return join(path, fmt::format("edges[{}]", j)); };
+  auto error = [](std::string where, std::string_view what) {
+    return Status::invalid_argument(fmt::format("{}: {}", where, what));
+  };
+  if (m.modules.empty()) return error(join(path, "modules"), "a model needs modules");
+  std::optional<size_t> llm;
+  for (size_t i = 0; i < m.modules.size(); ++i) {
+    const Module& mod = m.modules[i];
+    HETPAR_RETURN_IF_ERROR(validate_module(mod.spec, module_path(i) + ".spec"));
+    if (mod.name.empty()) return error(module_path(i) + ".name", "must not be empty");
+    if (m.find(mod.name) != i)
+      return error(module_path(i) + ".name", fmt::format("duplicate module name \"{}\"", mod.name));
+    if (kind_of(mod.spec) != ModuleKind::kLlm) continue;
+    if (llm)
+      return error(module_path(i), fmt::format("second llm module (a model has exactly one; the "
+                                               "first is \"{}\")",
+                                               m.modules[*llm].name));
+    llm = i;
+  }
+  if (!llm) return error(join(path, "modules"), "no llm module (a model has exactly one)");
+
+  std::vector<int> out_degree(m.modules.size()), in_degree(m.modules.size());
+  for (size_t j = 0; j < m.edges.size(); ++j) {
+    const Edge& e = m.edges[j];
+    if (e.from >= m.modules.size() || e.to >= m.modules.size())
+      return error(edge_path(j), fmt::format("module index out of range (there are {} modules)",
+                                             m.modules.size()));
+    const Module& from = m.modules[e.from];
+    const Module& to = m.modules[e.to];
+    ModuleKind fk = kind_of(from.spec), tk = kind_of(to.spec);
+    bool allowed = (is_encoder(fk) && (tk == ModuleKind::kProjector || tk == ModuleKind::kLlm)) ||
+                   (fk == ModuleKind::kProjector && tk == ModuleKind::kLlm);
+    if (!allowed)
+      return error(edge_path(j),
+                   fmt::format("{} -> {} is not allowed (edges run encoder -> projector -> llm or "
+                               "encoder -> llm)",
+                               to_string(fk), to_string(tk)));
+    ++out_degree[e.from];
+    ++in_degree[e.to];
+    if (tk == ModuleKind::kProjector) {
+      const auto& p = std::get<ProjectorSpec>(to.spec);
+      if (p.input_hidden != output_hidden(from.spec))
+        return error(module_path(e.to) + ".spec.input_hidden",
+                     fmt::format("{} does not match the hidden size {} of \"{}\" it reads from",
+                                 p.input_hidden, output_hidden(from.spec), from.name));
+      int64_t tokens = encoder_tokens_per_item(from.spec);
+      if (tokens % (p.downsample * p.downsample) != 0)
+        return error(module_path(e.to) + ".spec.downsample",
+                     fmt::format("{0}x{0} token merging needs the {1} tokens per item of \"{2}\" "
+                                 "to be divisible by {3}",
+                                 p.downsample, tokens, from.name, p.downsample * p.downsample));
+    } else if (output_hidden(from.spec) != output_hidden(to.spec)) {
+      std::string field =
+          fk == ModuleKind::kProjector ? module_path(e.from) + ".spec.output_hidden" : edge_path(j);
+      return error(field, fmt::format("hidden size {} of \"{}\" does not match the llm hidden "
+                                      "size {}{}",
+                                      output_hidden(from.spec), from.name, output_hidden(to.spec),
+                                      fk == ModuleKind::kProjector ? "" : "; add a projector"));
+    }
+  }
+  for (size_t i = 0; i < m.modules.size(); ++i) {
+    if (i == *llm) continue;
+    if (out_degree[i] != 1)
+      return error(module_path(i), fmt::format("\"{}\" feeds {} modules; every encoder and "
+                                               "projector feeds exactly one",
+                                               m.modules[i].name, out_degree[i]));
+    if (kind_of(m.modules[i].spec) == ModuleKind::kProjector && in_degree[i] != 1)
+      return error(module_path(i), fmt::format("projector \"{}\" reads from {} encoders; it needs "
+                                               "exactly one",
+                                               m.modules[i].name, in_degree[i]));
+  }
+  return Status::ok();
+}
+
+}  // namespace hetpar::models

@@ -1,0 +1,153 @@
+#include "hetpar/models/totals.h"
+
+namespace hetpar::models {
+
+namespace {
+
+int64_t norm_params(Norm n, int64_t h) {
+  return n == Norm::kLayerNorm ? 2 * h : h;
+}
+
+int64_t mlp_params(int64_t in, int64_t f, int64_t out, Activation act, bool bias) {
+  int64_t branches = act == Activation::kSwiglu ? 2 : 1;
+  return branches * in * f + f * out + (bias ? branches * f + out : 0);
+}
+
+int64_t attention_params(const TransformerSpec& t) {
+  const int64_t h = t.hidden, d = t.head_dim(), qkv = (t.heads + 2 * t.kv_heads) * d;
+  return h * qkv + (t.qkv_bias ? qkv : 0) + t.heads * d * h + (t.linear_bias ? h : 0);
+}
+
+// Layers plus the final norm; `active` as one token sees them.
+ParamCounts block_params(const TransformerSpec& t, const std::optional<MoeSpec>& moe) {
+  const int64_t h = t.hidden;
+  int64_t layer = attention_params(t) + 2 * norm_params(t.norm, h);
+  int64_t skipped = 0;
+  if (!moe) {
+    layer += mlp_params(h, t.ffn_hidden, h, t.activation, t.linear_bias);
+  } else {
+    int64_t expert = mlp_params(h, moe->expert_ffn_hidden, h, t.activation, t.linear_bias);
+    layer += h * moe->experts + moe->experts * expert +
+             (moe->shared_experts > 0 ? mlp_params(h, moe->shared_experts * moe->expert_ffn_hidden,
+                                                   h, t.activation, t.linear_bias)
+                                      : 0);
+    skipped = (moe->experts - moe->top_k) * expert;
+  }
+  ParamCounts c;
+  c.total = t.layers * layer + norm_params(t.norm, h);
+  c.active = c.total - t.layers * skipped;
+  return c;
+}
+
+ParamCounts params(const LlmSpec& s) {
+  ParamCounts c = block_params(s.block, s.moe);
+  const int64_t h = s.block.hidden;
+  c.embedding = s.vocab * h * (s.tied_embeddings ? 1 : 2) +
+                (s.positions == PositionEmbedding::kLearned ? s.max_positions * h : 0);
+  c.total += c.embedding;
+  c.active += c.embedding;
+  return c;
+}
+
+ParamCounts params(const VisionEncoderSpec& s) {
+  ParamCounts c = block_params(s.block, std::nullopt);
+  const int64_t h = s.block.hidden;
+  c.embedding = s.seq_len() * h + (s.class_token ? h : 0);
+  int64_t patch = s.channels * s.patch_size * s.patch_size * h + (s.block.linear_bias ? h : 0);
+  c.total += c.embedding + patch;
+  c.active = c.total;
+  return c;
+}
+
+ParamCounts params(const AudioEncoderSpec& s) {
+  ParamCounts c = block_params(s.block, std::nullopt);
+  const int64_t h = s.block.hidden, bias = s.block.linear_bias ? h : 0;
+  c.embedding = s.positions == PositionEmbedding::kLearned ? s.seq_len() * h : 0;
+  c.total += c.embedding + (s.mel_bins * 3 * h + bias) + (h * 3 * h + bias);
+  c.active = c.total;
+  return c;
+}
+
+ParamCounts params(const ProjectorSpec& s) {
+  const int64_t in = s.input_hidden * s.downsample * s.downsample;
+  ParamCounts c;
+  c.total = s.layers == 1 ? in * s.output_hidden + s.output_hidden
+                          : mlp_params(in, s.ffn_hidden, s.output_hidden, s.activation, true);
+  c.active = c.total;
+  return c;
+}
+
+template <class Get>
+Flops sum_matmul(const OpGraph& g, Get get) {
+  Flops f;
+  for (const Op& op : g.ops)
+    if (is_matmul(op.kind)) f += get(op);
+  return f;
+}
+
+}  // namespace
+
+ParamCounts count_params(const ModuleSpec& spec) {
+  return std::visit([](const auto& s) { return params(s); }, spec);
+}
+
+ParamCounts count_params(const ModelSpec& model) {
+  ParamCounts c;
+  for (const Module& m : model.modules) {
+    ParamCounts p = count_params(m.spec);
+    c.total += p.total;
+    c.embedding += p.embedding;
+    c.active += p.active;
+  }
+  return c;
+}
+
+Flops forward_flops(const OpGraph& g) {
+  return sum_matmul(g, [](const Op& op) { return op.forward; });
+}
+
+Flops backward_flops(const OpGraph& g) {
+  return sum_matmul(g, [](const Op& op) { return op.backward(); });
+}
+
+Flops recompute_flops(const OpGraph& g, Recompute policy) {
+  return sum_matmul(g,
+                    [&](const Op& op) { return is_recomputed(op, policy) ? op.forward : Flops(); });
+}
+
+Flops model_flops(const OpGraph& g) {
+  return forward_flops(g) + backward_flops(g);
+}
+
+Bytes activation_bytes(const OpGraph& g, Recompute policy) {
+  Bytes total;
+  for (const Op& op : g.ops) {
+    if (!is_recomputed(op, policy)) {
+      total += op.saved;
+    } else if (policy == Recompute::kSelective) {
+      const AttentionShape& s = *op.attention;
+      total += Bytes(s.batch * s.seq_q * (s.heads + 2 * s.kv_heads) * s.head_dim * g.dtype_bytes);
+    }
+  }
+  if (policy == Recompute::kFull)
+    total += Bytes(g.layers * g.layer_tokens * g.hidden * g.dtype_bytes);
+  return total;
+}
+
+int64_t llm_tokens_per_item(const ModelSpec& model, size_t encoder) {
+  int64_t tokens = encoder_tokens_per_item(model.modules[encoder].spec);
+  for (const Edge& e : model.edges) {
+    if (e.from != encoder) continue;
+    if (const auto* p = std::get_if<ProjectorSpec>(&model.modules[e.to].spec))
+      tokens /= p->downsample * p->downsample;
+  }
+  return tokens;
+}
+
+double model_flops_per_token(const LlmSpec& llm, int64_t seq_len) {
+  ModuleInput in;
+  in.seq_len = seq_len;
+  return model_flops(build_op_graph(ModuleSpec(llm), in)).count() / static_cast<double>(seq_len);
+}
+
+}  // namespace hetpar::models

@@ -1,0 +1,64 @@
+// Scenario: what a user asks hetpar about — a model (zoo name or inline modules), a
+// workload (fused sequence length, global batch, images/clips per sample, precision)
+// and a cluster. Loaded from a scenario JSON file (docs/scenario.md); every error names
+// the JSON path. The workload decides each module's input size (module_input()).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "hetpar/core/status.h"
+#include "hetpar/hardware/cluster.h"
+#include "hetpar/hardware/precision.h"
+#include "hetpar/models/op_graph.h"
+#include "hetpar/models/spec.h"
+
+namespace hetpar::planner {
+
+/// What one training iteration processes. Samples are multimodal sequences: each holds
+/// images_per_sample images (audio_clips_per_sample clips) whose encoder tokens are spliced
+/// into a fused LLM sequence of seq_len tokens.
+struct Workload {
+  int64_t seq_len = 0;       // fused LLM sequence length (text + modality tokens)
+  int64_t global_batch = 0;  // samples per iteration
+  int64_t images_per_sample = 0;
+  int64_t audio_clips_per_sample = 0;
+  /// Overrides the vision encoder's native resolution (must divide by its patch size).
+  std::optional<int64_t> image_size;
+  /// Modality tokens per image as the LLM sees them, another way to give the resolution:
+  /// the parser turns it into the image size that yields it (through the projector's
+  /// downsampling). Derived from the encoder when absent.
+  std::optional<int64_t> tokens_per_image;
+  hardware::Precision precision = hardware::Precision::kBf16;
+};
+
+struct Scenario {
+  std::string name;
+  std::string source;  // file it came from ("" when built in code)
+  models::ModelSpec model;
+  Workload workload;
+  hardware::ClusterSpec cluster;
+};
+
+/// Parses a scenario file; relative profile paths resolve against the file's directory.
+Result<Scenario> load_scenario(const std::string& path);
+/// Parses scenario JSON text; `source` prefixes syntax errors, `base_dir` resolves paths.
+Result<Scenario> parse_scenario_text(std::string_view text, std::string_view source,
+                                     std::string_view base_dir = "");
+
+/// Checks that what the workload asks for fits the model: an encoder for each modality it
+/// uses, modality tokens of a sample within seq_len. Errors name `workload.<field>`.
+/// REQUIRES: the image-size override is already applied to `model` (the parser does it).
+Status validate_workload(const models::ModelSpec& model, const Workload& w);
+
+/// Tokens one image (one clip) of encoder `encoder_index` contributes to the fused LLM
+/// sequence.
+int64_t modality_tokens_per_item(const models::ModelSpec& model, size_t encoder_index);
+
+/// Input of module `index` for `micro_batch` samples: LLM sequences of seq_len, encoder
+/// batches of images (clips) per sample times micro_batch, projector tokens likewise.
+models::ModuleInput module_input(const Scenario& s, size_t index, int64_t micro_batch);
+
+}  // namespace hetpar::planner

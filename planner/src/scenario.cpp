@@ -1,0 +1,72 @@
+#include <fmt/format.h>
+
+#include "hetpar/models/totals.h"
+#include "hetpar/planner/scenario.h"
+
+namespace hetpar::planner {
+
+namespace {
+int64_t items_per_sample(const models::ModuleSpec& encoder, const Workload& w) {
+  return models::kind_of(encoder) == models::ModuleKind::kAudioEncoder ? w.audio_clips_per_sample
+                                                                        : w.images_per_sample;
+}
+}  // namespace
+
+int64_t modality_tokens_per_item(const models::ModelSpec& model, size_t encoder_index) {
+  return models::llm_tokens_per_item(model, encoder_index);
+}
+
+Status validate_workload(const models::ModelSpec& model, const Workload& w) {
+  bool has_vision = false, has_audio = false;
+  int64_t modality_tokens = 0;
+  for (size_t i = 0; i < model.modules.size(); ++i) {
+    models::ModuleKind kind = models::kind_of(model.modules[i].spec);
+    if (!models::is_encoder(kind)) continue;
+    (kind == models::ModuleKind::kAudioEncoder ? has_audio : has_vision) = true;
+    modality_tokens += items_per_sample(model.modules[i].spec, w) * modality_tokens_per_item(model, i);
+  }
+  if (w.images_per_sample > 0 && !has_vision)
+    return Status::invalid_argument(fmt::format(
+        "workload.images_per_sample: {} images per sample, but model \"{}\" has no vision encoder",
+        w.images_per_sample, model.name));
+  if (w.audio_clips_per_sample > 0 && !has_audio)
+    return Status::invalid_argument(fmt::format(
+        "workload.audio_clips_per_sample: {} clips per sample, but model \"{}\" has no audio "
+        "encoder",
+        w.audio_clips_per_sample, model.name));
+  if ((w.tokens_per_image || w.image_size) && !has_vision)
+    return Status::invalid_argument(w.tokens_per_image ? "workload.tokens_per_image: the model has no vision encoder"
+                                                       : "workload.image_size: the model has no vision encoder");
+  if (modality_tokens > w.seq_len)
+    return Status::invalid_argument(fmt::format(
+        "workload.seq_len: {} modality tokens per sample do not fit in a fused sequence of {}",
+        modality_tokens, w.seq_len));
+  return Status::ok();
+}
+
+models::ModuleInput module_input(const Scenario& s, size_t index, int64_t micro_batch) {
+  const auto& spec = s.model.modules[index].spec;
+  models::ModuleInput in;
+  in.micro_batch = micro_batch;
+  in.seq_len = s.workload.seq_len;
+  in.dtype_bytes = static_cast<int>(hardware::bytes_per_element(s.workload.precision));
+  switch (models::kind_of(spec)) {
+    case models::ModuleKind::kVisionEncoder:
+    case models::ModuleKind::kAudioEncoder:
+      in.items_per_sample = items_per_sample(spec, s.workload);
+      return in;
+    case models::ModuleKind::kProjector: {
+      // A projector processes the tokens of the encoder feeding it.
+      for (const auto& e : s.model.edges) {
+        if (e.to != index) continue;
+        in.items_per_sample = items_per_sample(s.model.modules[e.from].spec, s.workload);
+        return models::module_input(s.model, index, in);
+      }
+      return models::module_input(s.model, index, in);
+    }
+    case models::ModuleKind::kLlm: return in;
+  }
+  return in;
+}
+
+}  // namespace hetpar::planner

@@ -1,0 +1,121 @@
+// Scenario JSON parsing (schema: docs/scenario.md).
+#include <cmath>
+#include <filesystem>
+
+#include "hetpar/core/file_io.h"
+#include "hetpar/core/json_reader.h"
+#include "hetpar/hardware/hardware_json.h"
+#include "hetpar/models/model_json.h"
+#include "hetpar/planner/scenario.h"
+
+namespace hetpar::planner {
+
+namespace {
+
+Workload parse_workload(JsonReader& r) {
+  Workload w;
+  w.seq_len = r.required_int("seq_len", 1, int64_t{1} << 24);
+  w.global_batch = r.required_int("global_batch", 1, int64_t{1} << 30);
+  w.images_per_sample = r.optional_int("images_per_sample", 0, 0, 4096);
+  w.audio_clips_per_sample = r.optional_int("audio_clips_per_sample", 0, 0, 4096);
+  if (r.has("image_size")) w.image_size = r.optional_int("image_size", 0, 1, 1 << 16);
+  if (r.has("tokens_per_image"))
+    w.tokens_per_image = r.optional_int("tokens_per_image", 0, 1, int64_t{1} << 24);
+  std::string precision = r.optional_enum("precision", "bf16", {"bf16", "fp16", "fp8"});
+  if (r.ok()) w.precision = *hardware::parse_precision(precision);
+  r.finish();
+  return w;
+}
+
+// Downsampling of the projector fed by module `encoder` (1 when there is none).
+int64_t downsample_after(const models::ModelSpec& model, size_t encoder) {
+  for (const auto& e : model.edges)
+    if (e.from == encoder)
+      if (const auto* p = std::get_if<models::ProjectorSpec>(&model.modules[e.to].spec))
+        return p->downsample;
+  return 1;
+}
+
+// Resolves workload.tokens_per_image into the image size that produces it (ViTs see
+// (image/patch)^2 patches, a projector merges downsample^2 of them into one token) and
+// applies workload.image_size to every vision encoder, so the model is self-consistent.
+Status apply_image_size(models::ModelSpec& model, Workload& w) {
+  if (!w.image_size && !w.tokens_per_image) return Status::ok();
+  for (size_t i = 0; i < model.modules.size(); ++i) {
+    auto* v = std::get_if<models::VisionEncoderSpec>(&model.modules[i].spec);
+    if (!v) continue;
+    int64_t size = w.image_size.value_or(0);
+    if (w.tokens_per_image) {
+      int64_t d = downsample_after(model, i);
+      int64_t patches = *w.tokens_per_image * d * d;
+      auto side = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(patches))));
+      if (side * side != patches)
+        return Status::invalid_argument(fmt::format(
+            "workload.tokens_per_image: {} tokens need {} patches per image, not a square "
+            "grid for module \"{}\"",
+            *w.tokens_per_image, patches, model.modules[i].name));
+      if (w.image_size && *w.image_size != side * v->patch_size)
+        return Status::invalid_argument(fmt::format(
+            "workload.tokens_per_image: {} tokens mean {}px images, but workload.image_size "
+            "is {}",
+            *w.tokens_per_image, side * v->patch_size, *w.image_size));
+      size = side * v->patch_size;
+    }
+    if (size % v->patch_size != 0)
+      return Status::invalid_argument(
+          fmt::format("workload.image_size: {} is not divisible by the patch size {} of "
+                      "module \"{}\"",
+                      size, v->patch_size, model.modules[i].name));
+    v->image_size = size;
+  }
+  return models::validate_model(model, "model");
+}
+
+}  // namespace
+
+Result<Scenario> parse_scenario_text(std::string_view text, std::string_view source,
+                                     std::string_view base_dir) {
+  HETPAR_ASSIGN_OR_RETURN(nlohmann::json j, parse_json(text, source));
+  JsonReader root(j, "");
+  Scenario s;
+  s.source = std::string(source);
+  s.name = root.optional_string("name", "");
+
+  const nlohmann::json* model = root.raw("model");
+  if (!model && root.ok()) root.fail("model", "missing required field (a zoo name or an object)");
+  if (model && root.ok()) {
+    auto parsed = models::parse_model(*model, "model");
+    root.merge(parsed.status());
+    if (parsed.is_ok()) s.model = std::move(parsed).value();
+  }
+
+  JsonReader workload = root.object("workload");
+  if (root.ok()) {
+    s.workload = parse_workload(workload);
+    root.merge(workload.status());
+  }
+
+  const nlohmann::json* cluster = root.raw("cluster");
+  if (!cluster && root.ok()) root.fail("cluster", "missing required object");
+  if (cluster && root.ok()) {
+    auto parsed = hardware::parse_cluster(*cluster, "cluster", base_dir);
+    root.merge(parsed.status());
+    if (parsed.is_ok()) s.cluster = std::move(parsed).value();
+  }
+  root.finish();
+  if (!root.ok()) return root.status().with_context(source);
+
+  if (s.name.empty()) s.name = s.model.name;
+  Status st = apply_image_size(s.model, s.workload);
+  if (st.is_ok()) st = validate_workload(s.model, s.workload);
+  if (!st.is_ok()) return st.with_context(source);
+  return s;
+}
+
+Result<Scenario> load_scenario(const std::string& path) {
+  HETPAR_ASSIGN_OR_RETURN(std::string text, read_file(path));
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  return parse_scenario_text(text, path, dir);
+}
+
+}  // namespace hetpar::planner

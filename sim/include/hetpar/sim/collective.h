@@ -1,0 +1,90 @@
+// Collective algorithms as NCCL runs them, reduced to their steady state: the flows a
+// collective keeps busy while it streams, plus a latency term (NCCL tuner formulas,
+// calibration.md §3.3). The simulator starts all flows of a collective at once and
+// finishes it `latency` after the last one is delivered, so on an idle network
+//   time = latency + max over flows (share x S / rate)
+// and under contention each flow gets its max-min share. This is the pipelined ring (every
+// ring edge carries its whole (n-1)/n·S-type volume at once) rather than 2(n-1) separately
+// synchronised steps: a ring runs at the pace of its slowest edge either way, and it costs
+// one rate solve per collective instead of one per step. The cost of the shortcut: edges
+// that finish early free their links a little sooner than a lock-step ring would.
+//
+// Ring: ranks ordered node by node (nodes in order of first appearance in the group), so
+// only one hop per node crosses the network. C channels run C parallel rings, each moving
+// S/C; channel c rotates every node's local order by c, so its inter-node hop leaves
+// through local GPU c-1's NIC and enters through GPU c's: with one NIC per GPU and C = GPUs
+// per node, every NIC carries one ring. Per ring edge: all_reduce 2(n-1)/n·S/C,
+// all_gather / reduce_scatter (n-1)/n·S/C; broadcast / reduce: a chain from / to the root
+// (n-1 edges of S/C). all_to_all: every rank sends S/n to every other rank at once.
+// Tree (all_reduce only): NCCL's double binary tree over the channel order (the bottom
+// levels stay inside nodes); each of the two trees carries S/2, up (reduce) and down
+// (broadcast) at once, so every rank sends and receives about 2·S: algbw = busbw / 2.
+#pragma once
+
+#include <span>
+#include <vector>
+
+#include "hetpar/core/ids.h"
+#include "hetpar/core/units.h"
+#include "hetpar/sim/network.h"
+#include "hetpar/sim/task_graph.h"
+
+namespace hetpar::sim {
+
+/// Latency constants from NCCL's tuner (src/graph/tuning.cc, LL protocol, calibration.md
+/// §3.3). They give ~15 us for an 8-GPU NVLink all_reduce and ~29 us across 2 nodes x 8,
+/// inside the measured 10-15 us intra-node and 25-50 us inter-node floors (§2.4).
+struct CollectiveConfig {
+  Time ring_base = Time::us(6.6);
+  Time tree_base = Time::us(6.8);
+  Time intra_hop = Time::us(0.6);       // one step over NVLink
+  Time ring_inter_hop = Time::us(2.7);  // one ring step over the network
+  Time tree_inter_hop = Time::us(5.0);  // one tree level over the network
+  /// Parallel rings/trees. 0 = automatic: within one node 1 (one ring already fills every
+  /// GPU's link), across nodes the smallest number of group members on one node (one
+  /// ring per NIC when every GPU has its own NIC).
+  int channels = 0;
+};
+
+/// One flow of a collective: src sends share x S bytes to dst.
+struct CollectiveFlow {
+  RankId src{};
+  RankId dst{};
+  double share = 0;
+};
+
+struct CollectivePattern {
+  std::vector<CollectiveFlow> flows;
+  Time latency{};
+  Algorithm algorithm = Algorithm::kRing;
+};
+
+/// The flows and latency of `kind` over `group` with `algorithm` (kRing or kTree; kTree
+/// applies to all_reduce only). REQUIRES: group non-empty with distinct ranks, root in it
+/// (broadcast / reduce). A group of one rank has no flows and no latency.
+CollectivePattern collective_pattern(CollectiveKind kind, Algorithm algorithm,
+                                     std::span<const RankId> group, RankId root,
+                                     const Network& net, const CollectiveConfig& config);
+
+/// Seconds per byte of S that `pattern`'s flows need on an otherwise idle network
+/// (max over flows of share / max-min rate). Time on an idle network is
+/// pattern.latency + S x this.
+double idle_seconds_per_byte(const CollectivePattern& pattern, const Network& net);
+
+/// Time of `pattern` moving `bytes` on an idle network.
+Time idle_time(const CollectivePattern& pattern, Bytes bytes, const Network& net);
+
+/// nccl-tests busbw = algbw x factor (calibration.md §2.5): all_reduce 2(n-1)/n;
+/// all_gather, reduce_scatter, all_to_all (n-1)/n; broadcast, reduce 1.
+double bus_bandwidth_factor(CollectiveKind kind, int n);
+
+/// Whether kAuto weighs the tree at all: only all_reduce over more than one node (NCCL
+/// builds its trees across nodes); everything else is a ring.
+bool auto_considers_tree(CollectiveKind kind, std::span<const RankId> group, const Network& net);
+
+/// What kAuto resolves to, like NCCL's tuner: of the algorithms considered, the one with
+/// the smaller predicted idle-network time (ring on a tie).
+Algorithm choose_algorithm(CollectiveKind kind, std::span<const RankId> group, RankId root,
+                           Bytes bytes, const Network& net, const CollectiveConfig& config);
+
+}  // namespace hetpar::sim

@@ -1,0 +1,45 @@
+// MaxMinSolver: max-min fair rates for flows that each cross a set of links (SimGrid's
+// lmm, without weights). Given capacities C_l and flows f with link sets L_f, it finds
+// rates x_f with sum_{f uses l} x_f <= C_l for every link such that no flow can go
+// faster without slowing a flow that is already slower or as slow (progressive filling:
+// raise all unfixed rates together; when a link saturates, fix its flows at its share).
+// Pure numerics in bytes/s as doubles; no time, no events. Reuse one solver to avoid
+// allocations: clear() keeps the buffers.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace hetpar::sim {
+
+class MaxMinSolver {
+ public:
+  void clear();
+  /// Adds a link and returns its index (0, 1, ...). REQUIRES: capacity >= 0.
+  int32_t add_link(double capacity);
+  /// Adds a flow over `links` (indices from add_link, each at most once) and returns its
+  /// index. A flow over no link is unconstrained: its rate is +infinity.
+  int32_t add_flow(std::span<const int32_t> links);
+  /// Computes every flow's rate. O(bottleneck levels x links + sum of route lengths).
+  void solve();
+  /// Rate of `flow` after solve().
+  double rate(int32_t flow) const { return rate_[flow]; }
+  int32_t num_links() const { return static_cast<int32_t>(capacity_.size()); }
+  int32_t num_flows() const { return static_cast<int32_t>(flow_begin_.size()) - 1; }
+
+ private:
+  std::vector<double> capacity_;
+  std::vector<int32_t> flow_begin_{0};  // flow f uses flow_links_[flow_begin_[f] .. [f+1])
+  std::vector<int32_t> flow_links_;
+  std::vector<double> rate_;
+  // solve() scratch: per link, the capacity left, the flows not fixed yet, and the flows
+  // using it (CSR, link_begin_[l] .. link_begin_[l+1] into link_flows_).
+  std::vector<double> remaining_;
+  std::vector<int32_t> unfixed_;
+  std::vector<int32_t> link_begin_;
+  std::vector<int32_t> link_flows_;
+  std::vector<int32_t> fill_;
+};
+
+}  // namespace hetpar::sim

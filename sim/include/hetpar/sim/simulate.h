@@ -1,0 +1,64 @@
+// simulate(): replays a TaskGraph on a Network and reports when everything ran. One call
+// builds its own engine (event queue, flow network, stream states), so concurrent calls
+// on different threads are independent; the graph and network are only read.
+// Compute tasks take their given duration; P2P tasks are one flow (route latency + bytes
+// at the max-min share); collectives are the flow patterns of collective.h.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "hetpar/core/status.h"
+#include "hetpar/core/units.h"
+#include "hetpar/sim/collective.h"
+#include "hetpar/sim/network.h"
+#include "hetpar/sim/task_graph.h"
+#include "hetpar/sim/trace.h"
+
+namespace hetpar::sim {
+
+struct SimOptions {
+  CollectiveConfig collectives;
+  /// Fill SimResult::tasks (costs 16 bytes per task).
+  bool record_tasks = false;
+};
+
+struct RankStats {
+  std::vector<Time> compute_stream_busy;  // per compute stream index
+  std::vector<Time> comm_stream_busy;     // per comm stream index
+  Time compute{};     // time at least one compute stream was busy
+  Time comm{};        // time at least one comm stream was busy
+  Time exposed_comm{};  // time a comm stream was busy and no compute stream was
+};
+
+struct TaskTiming {
+  Time start{};
+  Time end{};
+};
+
+/// Stream time of one category: the durations of its tasks summed over every rank they
+/// occupy (a collective over 8 ranks counts 8 times its duration).
+struct CategoryTotal {
+  std::string category;  // "" collects tasks without a category
+  Time rank_time{};
+  int64_t tasks = 0;
+};
+
+struct SimResult {
+  Time makespan{};
+  std::vector<RankStats> ranks;
+  std::vector<CategoryTotal> categories;  // sorted by category name
+  std::vector<TaskTiming> tasks;          // indexed by TaskId; empty unless record_tasks
+  /// Resolved algorithm per task (kAuto resolved; kRing for non-collectives) when
+  /// record_tasks, else empty.
+  std::vector<Algorithm> algorithms;
+};
+
+/// Busy time of a stream is counted from the task's start (all participants there) to
+/// its end; time a participant waits at a collective for the others is idle time.
+/// Errors: the graph does not validate against the network's ranks, or the network has
+/// no router.
+Result<SimResult> simulate(const TaskGraph& graph, const Network& net, const SimOptions& options,
+                           TraceSink* sink = nullptr);
+
+}  // namespace hetpar::sim

@@ -1,0 +1,65 @@
+// TraceSink: observes a simulation task by task (SimGrid's signals, reduced to one
+// interface), so the simulator never depends on what watches it. ChromeTraceWriter turns
+// the observations into Chrome / Perfetto Trace Event JSON: one process per rank, one
+// thread per stream ("compute 0", "comm 1"), an "X" (complete) event per task per stream,
+// timestamps and durations in microseconds.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string_view>
+#include <unordered_set>
+
+#include "hetpar/core/ids.h"
+#include "hetpar/core/units.h"
+#include "hetpar/sim/task_graph.h"
+
+namespace hetpar::sim {
+
+/// One task on one of its streams. A multi-rank task is reported once per stream.
+struct TaskSpan {
+  TaskId task;
+  StreamRef stream;
+  std::string_view category;  // "" when the task has none
+  std::string_view name;      // the task's name, or its kind ("compute", "all_reduce", "p2p")
+  Time start;
+  Time end;  // in task_started: not known yet, equals start
+};
+
+class TraceSink {
+ public:
+  virtual ~TraceSink() = default;
+  virtual void task_started(const TaskSpan& span) = 0;
+  virtual void task_finished(const TaskSpan& span) = 0;
+};
+
+/// Writes {"displayTimeUnit":"ns","traceEvents":[...]} to `out`; the closing brackets
+/// come with finish() (or the destructor). Process/thread name metadata is emitted the
+/// first time a rank/stream shows up.
+class ChromeTraceWriter final : public TraceSink {
+ public:
+  explicit ChromeTraceWriter(std::ostream& out);
+  ~ChromeTraceWriter() override;
+  ChromeTraceWriter(const ChromeTraceWriter&) = delete;
+  ChromeTraceWriter& operator=(const ChromeTraceWriter&) = delete;
+
+  void task_started(const TaskSpan&) override {}
+  void task_finished(const TaskSpan& span) override;
+  /// Closes the JSON document; later calls do nothing.
+  void finish();
+
+  /// The Trace Event thread id of a stream: compute streams 0.., comm streams 1000...
+  static int64_t thread_id(const StreamRef& s) {
+    return (s.kind == StreamKind::kComm ? 1000 : 0) + s.index;
+  }
+
+ private:
+  void begin_event();
+  std::ostream& out_;
+  bool first_ = true;
+  bool finished_ = false;
+  std::unordered_set<int64_t> seen_ranks_;
+  std::unordered_set<int64_t> seen_threads_;  // rank << 32 | thread id
+};
+
+}  // namespace hetpar::sim

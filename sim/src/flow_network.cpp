@@ -1,0 +1,133 @@
+#include "hetpar/sim/flow_network.h"
+
+#include <algorithm>
+
+#include "hetpar/core/check.h"
+
+namespace hetpar::sim {
+
+// Tags: 2f = flow f drained its bytes, 2f+1 = flow f delivered, kCommitTag = re-solve.
+FlowNetwork::FlowNetwork(EventQueue& queue, const Network& net, Observer& observer)
+    : queue_(queue),
+      observer_(observer),
+      on_link_(net.num_links()),
+      link_mark_(net.num_links(), 0),
+      local_(net.num_links(), -1) {
+  capacity_.reserve(net.num_links());
+  for (int l = 0; l < net.num_links(); ++l) capacity_.push_back(net.link(LinkId(l)).capacity.bytes_per_s());
+}
+
+void FlowNetwork::start(std::span<const LinkId> route, Bytes bytes, Time latency, uint32_t cookie) {
+  int32_t f;
+  if (free_.empty()) {
+    f = static_cast<int32_t>(flows_.size());
+    flows_.emplace_back();
+    flow_mark_.push_back(0);
+  } else {
+    f = free_.back();
+    free_.pop_back();
+  }
+  Flow& fl = flows_[f];
+  fl.links.clear();
+  for (LinkId l : route) fl.links.push_back(l.value());
+  fl.remaining = bytes.as_double();
+  fl.rate = 0;
+  fl.since = queue_.now();
+  fl.latency = latency;
+  fl.cookie = cookie;
+  if (fl.links.empty() || bytes.count() <= 0) {
+    queue_.schedule_in(latency, *this, 2 * f + 1);
+    return;
+  }
+  for (int32_t l : fl.links) {
+    on_link_[l].push_back(f);
+    mark_dirty(l);
+  }
+}
+
+void FlowNetwork::mark_dirty(int32_t link) {
+  dirty_.push_back(link);
+  if (!commit_pending_) {
+    commit_pending_ = true;
+    queue_.schedule_in(Time::zero(), *this, kCommitTag);
+  }
+}
+
+void FlowNetwork::on_event(Time now, uint32_t tag) {
+  if (tag == kCommitTag) {
+    commit_pending_ = false;
+    commit(now);
+    return;
+  }
+  int32_t f = static_cast<int32_t>(tag / 2);
+  if (tag % 2 == 0) {
+    drain(now, f);
+    return;
+  }
+  uint32_t cookie = flows_[f].cookie;
+  free_.push_back(f);
+  observer_.on_flow_done(now, cookie);
+}
+
+void FlowNetwork::drain(Time now, int32_t f) {
+  Flow& fl = flows_[f];
+  for (int32_t l : fl.links) {
+    auto& v = on_link_[l];
+    *std::find(v.begin(), v.end(), f) = v.back();
+    v.pop_back();
+    mark_dirty(l);
+  }
+  fl.remaining = 0;
+  fl.rate = 0;
+  queue_.schedule_at(now + fl.latency, *this, 2 * f + 1);
+}
+
+void FlowNetwork::commit(Time now) {
+  // The connected component of the dirty links: links <-> flows draining through them.
+  ++epoch_;
+  comp_links_.clear();
+  comp_flows_.clear();
+  for (int32_t l : dirty_) {
+    if (link_mark_[l] == epoch_) continue;
+    link_mark_[l] = epoch_;
+    comp_links_.push_back(l);
+  }
+  dirty_.clear();
+  for (size_t i = 0; i < comp_links_.size(); ++i) {
+    for (int32_t f : on_link_[comp_links_[i]]) {
+      if (flow_mark_[f] == epoch_) continue;
+      flow_mark_[f] = epoch_;
+      comp_flows_.push_back(f);
+      for (int32_t l : flows_[f].links) {
+        if (link_mark_[l] == epoch_) continue;
+        link_mark_[l] = epoch_;
+        comp_links_.push_back(l);
+      }
+    }
+  }
+  if (comp_flows_.empty()) return;
+
+  solver_.clear();
+  for (int32_t l : comp_links_) local_[l] = solver_.add_link(capacity_[l]);
+  for (int32_t f : comp_flows_) {
+    local_route_.clear();
+    for (int32_t l : flows_[f].links) local_route_.push_back(local_[l]);
+    solver_.add_flow(local_route_);
+  }
+  solver_.solve();
+
+  for (size_t i = 0; i < comp_flows_.size(); ++i) {
+    Flow& fl = flows_[comp_flows_[i]];
+    double rate = solver_.rate(static_cast<int32_t>(i));
+    if (rate == fl.rate) continue;
+    fl.remaining = std::max(0.0, fl.remaining - fl.rate * (now - fl.since).to_seconds());
+    fl.since = now;
+    fl.rate = rate;
+    queue_.cancel(fl.drained);
+    HETPAR_CHECK(rate > 0, "flow {} got no bandwidth", comp_flows_[i]);
+    fl.drained = queue_.schedule_at(now + Time::seconds(fl.remaining / rate), *this,
+                                    static_cast<uint32_t>(2 * comp_flows_[i]));
+  }
+}
+
+}  // namespace hetpar::sim

@@ -1,0 +1,185 @@
+#include "hetpar/sim/task_graph.h"
+
+#include <algorithm>
+
+#include "hetpar/core/format.h"
+
+namespace hetpar::sim {
+
+std::string_view to_string(StreamKind k) { return k == StreamKind::kCompute ? "compute" : "comm"; }
+
+std::string_view to_string(TaskKind k) {
+  switch (k) {
+    case TaskKind::kCompute: return "compute";
+    case TaskKind::kCollective: return "collective";
+    case TaskKind::kP2P: return "p2p";
+  }
+  return "?";
+}
+
+std::string_view to_string(CollectiveKind k) {
+  switch (k) {
+    case CollectiveKind::kAllReduce: return "all_reduce";
+    case CollectiveKind::kAllGather: return "all_gather";
+    case CollectiveKind::kReduceScatter: return "reduce_scatter";
+    case CollectiveKind::kAllToAll: return "all_to_all";
+    case CollectiveKind::kBroadcast: return "broadcast";
+    case CollectiveKind::kReduce: return "reduce";
+  }
+  return "?";
+}
+
+std::string_view to_string(Algorithm a) {
+  switch (a) {
+    case Algorithm::kAuto: return "auto";
+    case Algorithm::kRing: return "ring";
+    case Algorithm::kTree: return "tree";
+  }
+  return "?";
+}
+
+LabelId TaskGraph::label(std::string_view text) {
+  auto it = label_ids_.find(text);
+  if (it != label_ids_.end()) return it->second;
+  LabelId id(num_labels());
+  label_text_.emplace_back(text);
+  label_ids_.emplace(std::string(text), id);
+  return id;
+}
+
+std::string_view TaskGraph::label_text(LabelId id) const {
+  return id.valid() && id.value() < num_labels() ? std::string_view(label_text_[id.value()])
+                                                 : std::string_view();
+}
+
+TaskId TaskGraph::push(const Task& t) {
+  tasks_.push_back(t);
+  stream_begin_.push_back(static_cast<int32_t>(stream_refs_.size()));
+  return TaskId(num_tasks() - 1);
+}
+
+GroupId TaskGraph::intern_group(std::span<const RankId> group) {
+  std::vector<RankId> key(group.begin(), group.end());
+  auto it = group_ids_.find(key);
+  if (it != group_ids_.end()) return it->second;
+  GroupId id(num_groups());
+  groups_.push_back(key);
+  group_ids_.emplace(std::move(key), id);
+  return id;
+}
+
+TaskId TaskGraph::add_compute(RankId rank, int32_t stream, Time duration, Flops flops, Label label) {
+  stream_refs_.push_back({rank, StreamKind::kCompute, stream});
+  return push({.kind = TaskKind::kCompute, .label = label, .duration = duration, .flops = flops});
+}
+
+TaskId TaskGraph::add_collective(const CollectiveSpec& spec, Label label) {
+  for (RankId r : spec.group) stream_refs_.push_back({r, StreamKind::kComm, spec.stream});
+  return push({.kind = TaskKind::kCollective,
+               .label = label,
+               .bytes = spec.bytes,
+               .collective = spec.kind,
+               .algorithm = spec.algorithm,
+               .group = intern_group(spec.group),
+               .root = spec.root.valid() || spec.group.empty() ? spec.root : spec.group[0]});
+}
+
+TaskId TaskGraph::add_p2p(RankId src, RankId dst, Bytes bytes, int32_t src_stream,
+                          int32_t dst_stream, Label label) {
+  stream_refs_.push_back({src, StreamKind::kComm, src_stream});
+  stream_refs_.push_back({dst, StreamKind::kComm, dst_stream});
+  return push({.kind = TaskKind::kP2P, .label = label, .bytes = bytes});
+}
+
+void TaskGraph::add_dependency(TaskId before, TaskId after) { deps_.emplace_back(before, after); }
+
+Status TaskGraph::validate(int num_ranks) const {
+  const int n = num_tasks();
+  auto fail = [&](int t, std::string_view what) {
+    std::string_view name = label_text(tasks_[t].label.name);
+    return Status::invalid_argument(fmt::format("task {} ({} \"{}\"): {}", t,
+                                                to_string(tasks_[t].kind), name, what));
+  };
+  // Per task: sizes, ranks, streams, groups; and how many streams of each kind a rank has.
+  std::vector<int32_t> num_compute(num_ranks, 0), num_comm(num_ranks, 0);
+  std::vector<RankId> members;
+  for (int t = 0; t < n; ++t) {
+    const Task& task = tasks_[t];
+    if (task.duration < Time::zero()) return fail(t, "negative duration");
+    if (task.bytes.count() < 0) return fail(t, "negative bytes");
+    auto refs = streams(TaskId(t));
+    if (refs.empty()) return fail(t, "empty group");
+    for (const StreamRef& s : refs) {
+      if (!s.rank.valid() || s.rank.value() >= num_ranks)
+        return fail(t, fmt::format("rank {} out of range (world {})", s.rank, num_ranks));
+      if (s.index < 0) return fail(t, fmt::format("negative stream index {}", s.index));
+      auto& count = s.kind == StreamKind::kCompute ? num_compute : num_comm;
+      count[s.rank.value()] = std::max(count[s.rank.value()], s.index + 1);
+    }
+    if (task.kind == TaskKind::kP2P && refs[0].rank == refs[1].rank)
+      return fail(t, "p2p from a rank to itself");
+    if (task.kind == TaskKind::kCollective) {
+      members.clear();
+      for (const StreamRef& s : refs) members.push_back(s.rank);
+      std::sort(members.begin(), members.end());
+      if (std::adjacent_find(members.begin(), members.end()) != members.end())
+        return fail(t, "a rank appears twice in the group");
+      if (!std::binary_search(members.begin(), members.end(), task.root))
+        return fail(t, fmt::format("root {} is not in the group", task.root));
+    }
+  }
+  for (auto [before, after] : deps_)
+    if (!before.valid() || before.value() >= n || !after.valid() || after.value() >= n)
+      return Status::invalid_argument(
+          fmt::format("dependency {} -> {}: unknown task (graph has {})", before, after, n));
+
+  // Edges (CSR): explicit dependencies, then each stream's program order (consecutive
+  // tasks on one stream). Streams get dense ids: rank by rank, compute before comm.
+  std::vector<int32_t> stream_base(num_ranks + 1, 0);
+  for (int r = 0; r < num_ranks; ++r) stream_base[r + 1] = stream_base[r] + num_compute[r] + num_comm[r];
+  auto stream_id = [&](const StreamRef& s) {
+    const int32_t r = s.rank.value();
+    return stream_base[r] + (s.kind == StreamKind::kComm ? num_compute[r] : 0) + s.index;
+  };
+  std::vector<std::pair<int32_t, int32_t>> edges;
+  edges.reserve(deps_.size() + stream_refs_.size());
+  for (auto [before, after] : deps_) edges.emplace_back(before.value(), after.value());
+  std::vector<int32_t> last_on_stream(stream_base[num_ranks], -1);
+  for (int t = 0; t < n; ++t)
+    for (const StreamRef& s : streams(TaskId(t))) {
+      int32_t& last = last_on_stream[stream_id(s)];
+      if (last >= 0) edges.emplace_back(last, t);
+      last = t;
+    }
+  std::vector<int32_t> succ_begin(n + 1, 0), succ(edges.size()), indeg(n, 0);
+  for (auto [from, to] : edges) {
+    ++succ_begin[from + 1];
+    ++indeg[to];
+  }
+  for (int t = 0; t < n; ++t) succ_begin[t + 1] += succ_begin[t];
+  {
+    std::vector<int32_t> fill(succ_begin.begin(), succ_begin.end() - 1);
+    for (auto [from, to] : edges) succ[fill[from]++] = to;
+  }
+  // Kahn's algorithm: whatever never reaches in-degree 0 sits on a cycle.
+  std::vector<int32_t> ready;
+  for (int t = 0; t < n; ++t)
+    if (indeg[t] == 0) ready.push_back(t);
+  int done = 0;
+  while (!ready.empty()) {
+    int32_t t = ready.back();
+    ready.pop_back();
+    ++done;
+    for (int32_t i = succ_begin[t]; i < succ_begin[t + 1]; ++i)
+      if (--indeg[succ[i]] == 0) ready.push_back(succ[i]);
+  }
+  if (done < n) {
+    int t = static_cast<int>(std::find_if(indeg.begin(), indeg.end(), [](int32_t d) { return d > 0; }) -
+                             indeg.begin());
+    return fail(t, fmt::format("on a cycle of dependencies and stream order ({} of {} tasks "
+                               "can never start)", n - done, n));
+  }
+  return Status::ok();
+}
+
+}  // namespace hetpar::sim

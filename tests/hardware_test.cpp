@@ -1,0 +1,521 @@
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "hetpar/hardware/cluster.h"
+#include "hetpar/hardware/device_profile.h"
+#include "hetpar/hardware/hardware_json.h"
+#include "hetpar/hardware/precision.h"
+#include "hetpar/hardware/system_profile.h"
+#include "hetpar/hardware/topology.h"
+
+namespace hetpar::hardware {
+namespace {
+
+SystemProfile builtin(std::string_view name) {
+  Result<SystemProfile> p = load_profile(name);
+  EXPECT_TRUE(p.is_ok()) << p.status().to_string();
+  return p.is_ok() ? *p : SystemProfile{};
+}
+
+ClusterSpec cluster_of(std::string_view json) {
+  Result<ClusterSpec> c = parse_cluster_text(json, "test");
+  EXPECT_TRUE(c.is_ok()) << c.status().to_string();
+  return *c;
+}
+
+TEST(Precision, SizesAndNames) {
+  EXPECT_EQ(bytes_per_element(Precision::kFp32), 4);
+  EXPECT_EQ(bytes_per_element(Precision::kTf32), 4);
+  EXPECT_EQ(bytes_per_element(Precision::kBf16), 2);
+  EXPECT_EQ(bytes_per_element(Precision::kFp8), 1);
+  for (Precision p : kAllPrecisions) EXPECT_EQ(parse_precision(to_string(p)), p);
+  EXPECT_FALSE(parse_precision("fp4").has_value());
+  EXPECT_FALSE(parse_precision("BF16").has_value());
+}
+
+TEST(BuiltinProfiles, AllLoadValidateAndCarryProvenance) {
+  const std::vector<std::string> expected = {"dgx-a100-80gb", "dgx-b200", "dgx-h100", "dgx-h200",
+                                             "rtx4090-node"};
+  ASSERT_EQ(builtin_profile_names(), expected);
+  for (const std::string& name : expected) {
+    SCOPED_TRACE(name);
+    SystemProfile p = builtin(name);
+    EXPECT_EQ(p.name, name);
+    EXPECT_TRUE(validate_profile(p).is_ok()) << validate_profile(p).to_string();
+    EXPECT_EQ(missing_provenance(p), std::vector<std::string>{});
+    EXPECT_EQ(p.gpus_per_node, 8);
+    EXPECT_GT(p.gpu.memory_bandwidth.to_GBps(), 0);
+    EXPECT_GT(p.gpu.memory_efficiency, 0.5);
+    EXPECT_LE(p.gpu.memory_efficiency, 1.0);
+    EXPECT_GT(p.gpu.attention_fwd_efficiency, p.gpu.attention_bwd_efficiency);
+    EXPECT_FALSE(p.wan.has_value());
+    for (Precision prec : kAllPrecisions) {
+      if (!p.gpu.supports(prec)) continue;
+      EXPECT_GT(p.gpu.peak(prec).to_tflops(), 1);
+      EXPECT_GT(p.gpu.eta_max(prec), 0.5);
+      EXPECT_LT(p.gpu.eta_max(prec), 0.9);
+    }
+    for (CollectiveScope scope : kAllScopes) {
+      for (Collective op : kAllCollectives) {
+        const CollectiveFigure& f = p.collective(scope, op);
+        EXPECT_GT(f.alpha, Time::zero());
+        // Bus bandwidths never exceed the wire they run on.
+        const Bandwidth wire = scope == CollectiveScope::kIntraNode
+                                   ? p.intra_node.bandwidth * 1.1  // NVLS may exceed the wire
+                                   : p.inter_node.nic_bandwidth * p.inter_node.nics_per_node;
+        for (const auto& [group, bw] : f.busbw) {
+          EXPECT_GT(bw.to_GBps(), 0);
+          EXPECT_LE(bw, wire) << to_string(scope) << " " << to_string(op);
+        }
+      }
+    }
+    // all_to_all across nodes cannot aggregate NICs: one NIC's worth at most.
+    EXPECT_LE(p.collective(CollectiveScope::kInterNode, Collective::kAllToAll).bus_bandwidth(4),
+              p.inter_node.nic_bandwidth);
+  }
+}
+
+TEST(BuiltinProfiles, DatasheetPeaks) {
+  SystemProfile h100 = builtin("dgx-h100");
+  EXPECT_DOUBLE_EQ(h100.gpu.peak(Precision::kBf16).to_tflops(), 989.4);
+  EXPECT_DOUBLE_EQ(h100.gpu.peak(Precision::kFp8).to_tflops(), 1978.9);
+  EXPECT_EQ(h100.gpu.memory_capacity, Bytes::GiB(80));
+  EXPECT_DOUBLE_EQ(h100.gpu.memory_bandwidth.to_GBps(), 3350);
+  EXPECT_EQ(h100.gpu.sm_count, 132);
+  EXPECT_DOUBLE_EQ(h100.intra_node.bandwidth.to_GBps(), 450);
+  EXPECT_DOUBLE_EQ(h100.inter_node.nic_bandwidth.to_GBps(), 50);  // 400 Gb/s
+  EXPECT_TRUE(h100.intra_node.nvls);
+
+  SystemProfile a100 = builtin("dgx-a100-80gb");
+  EXPECT_DOUBLE_EQ(a100.gpu.peak(Precision::kBf16).to_tflops(), 312);
+  EXPECT_FALSE(a100.gpu.supports(Precision::kFp8));
+  EXPECT_EQ(a100.gpu.memory_capacity, Bytes::GiB(80));
+  EXPECT_DOUBLE_EQ(a100.gpu.memory_bandwidth.to_GBps(), 2039);
+  EXPECT_DOUBLE_EQ(a100.intra_node.bandwidth.to_GBps(), 300);
+  EXPECT_DOUBLE_EQ(a100.inter_node.nic_bandwidth.to_GBps(), 25);  // 200 Gb/s HDR
+  EXPECT_FALSE(a100.intra_node.nvls);
+
+  SystemProfile h200 = builtin("dgx-h200");
+  EXPECT_EQ(h200.gpu.memory_capacity, Bytes::GiB(141));
+  EXPECT_DOUBLE_EQ(h200.gpu.memory_bandwidth.to_GBps(), 4800);
+  EXPECT_DOUBLE_EQ(h200.gpu.peak(Precision::kBf16).to_tflops(), 989.4);
+
+  SystemProfile b200 = builtin("dgx-b200");
+  EXPECT_DOUBLE_EQ(b200.gpu.peak(Precision::kBf16).to_tflops(), 2250);
+  EXPECT_DOUBLE_EQ(b200.gpu.memory_bandwidth.to_GBps(), 8000);
+  EXPECT_DOUBLE_EQ(b200.intra_node.bandwidth.to_GBps(), 900);
+  EXPECT_EQ(b200.intra_node.nvls_min_group, 6);
+
+  SystemProfile rtx = builtin("rtx4090-node");
+  EXPECT_DOUBLE_EQ(rtx.gpu.peak(Precision::kBf16).to_tflops(), 165.2);
+  EXPECT_EQ(rtx.gpu.memory_capacity, Bytes::GiB(24));
+  EXPECT_EQ(rtx.intra_node.kind, FabricKind::kPcie);
+  EXPECT_FALSE(rtx.intra_node.nvls);
+  EXPECT_DOUBLE_EQ(rtx.intra_node.bandwidth.to_GBps(), 25);
+}
+
+TEST(CollectiveFigure, BusBandwidthStepsWithGroupSize) {
+  const CollectiveFigure& ar =
+      builtin("dgx-h200").collective(CollectiveScope::kIntraNode, Collective::kAllReduce);
+  EXPECT_DOUBLE_EQ(ar.bus_bandwidth(2).to_GBps(), 363.3);  // below the table: smallest entry
+  EXPECT_DOUBLE_EQ(ar.bus_bandwidth(4).to_GBps(), 363.3);  // Ring
+  EXPECT_DOUBLE_EQ(ar.bus_bandwidth(5).to_GBps(), 414.2);  // NVLS from 5 GPUs
+  EXPECT_DOUBLE_EQ(ar.bus_bandwidth(8).to_GBps(), 473.1);
+  EXPECT_DOUBLE_EQ(ar.bus_bandwidth(64).to_GBps(), 473.1);
+}
+
+TEST(GemmModel, LargeAlignedGemmReachesEtaMax) {
+  for (const char* name : {"dgx-h100", "dgx-a100-80gb", "dgx-b200"}) {
+    SCOPED_TRACE(name);
+    const DeviceProfile gpu = builtin(name).gpu;
+    const double eff = gpu.gemm_efficiency(8192, 8192, 8192, 1, Precision::kBf16);
+    EXPECT_GT(eff, 0.95 * gpu.eta_max(Precision::kBf16));
+    EXPECT_LE(eff, gpu.eta_max(Precision::kBf16));
+  }
+  const DeviceProfile h100 = builtin("dgx-h100").gpu;
+  // 8192^3 bf16 at 0.803 x 989.4 TF takes about 1.38 ms.
+  EXPECT_NEAR(h100.gemm_time(8192, 8192, 8192, 1, Precision::kBf16).to_ms(), 1.42, 0.05);
+  // fp8 runs at its own (lower) eta_max on twice the peak.
+  const double fp8 = h100.gemm_efficiency(8192, 8192, 8192, 1, Precision::kFp8);
+  EXPECT_GT(fp8, 0.95 * h100.eta_max(Precision::kFp8));
+}
+
+TEST(GemmModel, SkinnyGemmIsMemoryBound) {
+  const DeviceProfile h100 = builtin("dgx-h100").gpu;
+  const int64_t m = 16, n = 8192, k = 8192;
+  const Bytes bytes(2 * (m * k + k * n + m * n));
+  const Time roofline = h100.memory_time(bytes) + h100.gemm_launch_overhead;
+  const Time t = h100.gemm_time(m, n, k, 1, Precision::kBf16);
+  EXPECT_NEAR(t / roofline, 1.0, 0.05);
+  EXPECT_LT(h100.gemm_efficiency(m, n, k, 1, Precision::kBf16), 0.06);  // about 5% of peak
+}
+
+TEST(GemmModel, WaveQuantizationPenalizesShapesPastAWaveBoundary) {
+  const DeviceProfile h100 = builtin("dgx-h100").gpu;
+  // 12 x 11 tiles of 256x128 = 132 tiles: exactly one wave on 132 SMs.
+  const double full = h100.gemm_efficiency(12 * 256, 11 * 128, 8192, 1, Precision::kBf16);
+  // One more row of tiles spills into a second, mostly empty wave.
+  const double spill = h100.gemm_efficiency(13 * 256, 11 * 128, 8192, 1, Precision::kBf16);
+  EXPECT_GT(full, 0.95 * h100.eta_max(Precision::kBf16));
+  EXPECT_LT(spill, 0.8 * full);
+  // Batching fills the waves again.
+  EXPECT_GT(h100.gemm_efficiency(13 * 256, 11 * 128, 8192, 12, Precision::kBf16), 0.95 * full);
+}
+
+TEST(GemmModel, SplitKFillsTheMachineForSmallOutputs) {
+  DeviceProfile gpu = builtin("dgx-h100").gpu;
+  const double with_split = gpu.gemm_efficiency(256, 256, 65536, 1, Precision::kBf16);
+  gpu.gemm_split_k = false;
+  const double without = gpu.gemm_efficiency(256, 256, 65536, 1, Precision::kBf16);
+  EXPECT_GT(with_split, 4 * without);
+  EXPECT_LT(with_split, gpu.eta_max(Precision::kBf16));
+}
+
+TEST(DeviceProfile, AttentionAndMemoryTimes) {
+  const DeviceProfile h100 = builtin("dgx-h100").gpu;
+  const Flops f(1e12);
+  const Time fwd = h100.attention_time(f, Precision::kBf16, false);
+  const Time bwd = h100.attention_time(f, Precision::kBf16, true);
+  EXPECT_EQ(fwd, f / (h100.peak(Precision::kBf16) * 0.6) + h100.gemm_launch_overhead);
+  EXPECT_GT(bwd, fwd);
+  // 3 GB at 0.9 x 3.35 TB/s.
+  EXPECT_NEAR(h100.memory_time(Bytes::GB(3)).to_ms(), 3.0 / (0.9 * 3.35), 1e-6);
+}
+
+// --- Profile JSON: round trip and the error corpus -------------------------------------
+
+TEST(ProfileJson, RoundTripsEveryBuiltin) {
+  for (const std::string& name : builtin_profile_names()) {
+    SCOPED_TRACE(name);
+    SystemProfile p = builtin(name);
+    Result<SystemProfile> back = parse_profile(profile_to_json(p), "");
+    ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+    EXPECT_EQ(*back, p);
+    Result<SystemProfile> text = parse_profile_text(profile_to_json_text(p), "text");
+    ASSERT_TRUE(text.is_ok()) << text.status().to_string();
+    EXPECT_EQ(*text, p);
+  }
+  SystemProfile with_wan = builtin("rtx4090-node");
+  with_wan.wan = WanLink{Bandwidth::gbit_per_s(0.02), Bandwidth::gbit_per_s(0.1), Time::ms(50)};
+  with_wan.provenance["wan"] = "test";
+  Result<SystemProfile> back = parse_profile(profile_to_json(with_wan), "");
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+  EXPECT_EQ(*back, with_wan);
+}
+
+struct BadProfileCase {
+  const char* label;
+  void (*mutate)(nlohmann::json&);
+  const char* expected;  // must appear in the error message
+};
+
+TEST(ProfileJson, RejectsBadProfilesNamingTheField) {
+  const nlohmann::json base = profile_to_json(builtin("dgx-h100"));
+  const BadProfileCase cases[] = {
+      {"negative NIC bandwidth", [](nlohmann::json& j) { j["inter_node"]["nic_gbps"] = -400; },
+       "inter_node.nic_gbps: must be > 0, got -400"},
+      {"zero HBM bandwidth", [](nlohmann::json& j) { j["gpu"]["memory_GBps"] = 0; },
+       "gpu.memory_GBps: must be > 0"},
+      {"missing peak", [](nlohmann::json& j) { j["gpu"]["compute"]["bf16"].erase("peak_tflops"); },
+       "gpu.compute.bf16.peak_tflops: missing required field"},
+      {"missing bf16", [](nlohmann::json& j) { j["gpu"]["compute"].erase("bf16"); },
+       "gpu.compute.bf16: missing required precision"},
+      {"unknown precision",
+       [](nlohmann::json& j) { j["gpu"]["compute"]["fp4"] = {{"peak_tflops", 1}, {"eta_max", 0.5}}; },
+       "gpu.compute.fp4: unknown precision"},
+      {"unknown field", [](nlohmann::json& j) { j["gpu"]["hbm_gbps"] = 3; }, "gpu.hbm_gbps: unknown field"},
+      {"eta above one", [](nlohmann::json& j) { j["gpu"]["compute"]["fp8"]["eta_max"] = 1.5; },
+       "gpu.compute.fp8.eta_max: must be in (0, 1]"},
+      {"bad tile", [](nlohmann::json& j) { j["gpu"]["gemm"]["tiles"][1] = {128, 256}; },
+       "gpu.gemm.tiles[1]: expected [Tm, Tn, efficiency]"},
+      {"unknown collective",
+       [](nlohmann::json& j) { j["collectives"][2]["op"] = "all_reduce_scatter"; },
+       "collectives[2].op: unknown value \"all_reduce_scatter\""},
+      {"duplicate collective", [](nlohmann::json& j) { j["collectives"][1] = j["collectives"][0]; },
+       "collectives[1].op: duplicate intra_node all_reduce"},
+      {"missing collective", [](nlohmann::json& j) { j["collectives"].erase(j["collectives"].size() - 1); },
+       "collectives: missing inter_node send_recv"},
+      {"decreasing groups",
+       [](nlohmann::json& j) { j["collectives"][0]["busbw_GBps"] = {{8, 400}, {4, 300}}; },
+       "collectives.intra_node.all_reduce.busbw_GBps[1]: group sizes must increase"},
+      {"nvls on pcie", [](nlohmann::json& j) { j["intra_node"]["fabric"] = "pcie"; },
+       "intra_node.nvls: needs fabric \"nvswitch\""},
+      {"bad fabric", [](nlohmann::json& j) { j["intra_node"]["fabric"] = "infiniband"; },
+       "intra_node.fabric: unknown value \"infiniband\""},
+      {"bad WAN", [](nlohmann::json& j) { j["wan"] = {{"up_gbps", -1}, {"down_gbps", 1}, {"latency_ms", 5}}; },
+       "wan.up_gbps: must be > 0"},
+      {"wrong type", [](nlohmann::json& j) { j["gpus_per_node"] = "eight"; },
+       "gpus_per_node: expected an integer"},
+  };
+  for (const BadProfileCase& c : cases) {
+    SCOPED_TRACE(c.label);
+    nlohmann::json j = base;
+    c.mutate(j);
+    Result<SystemProfile> p = parse_profile_text(j.dump(), "bad.json");
+    ASSERT_FALSE(p.is_ok());
+    EXPECT_NE(p.status().message().find(c.expected), std::string::npos) << p.status().message();
+    EXPECT_EQ(p.status().message().rfind("bad.json: ", 0), 0u) << p.status().message();
+  }
+  Result<SystemProfile> malformed = parse_profile_text("{\"name\": \"x\",", "broken.json");
+  ASSERT_FALSE(malformed.is_ok());
+  EXPECT_NE(malformed.status().message().find("broken.json: malformed JSON"), std::string::npos);
+
+  // A JSON path given by the caller prefixes the field.
+  nlohmann::json j = base;
+  j["gpu"]["memory_efficiency"] = 0;
+  Result<SystemProfile> nested = parse_profile(j, "hardware.profiles[0]");
+  ASSERT_FALSE(nested.is_ok());
+  EXPECT_NE(nested.status().message().find("hardware.profiles[0].gpu.memory_efficiency"),
+            std::string::npos)
+      << nested.status().message();
+}
+
+TEST(ProfileJson, UnknownProfileNameListsBuiltins) {
+  Result<SystemProfile> p = load_profile("h300");
+  ASSERT_FALSE(p.is_ok());
+  EXPECT_EQ(p.status().code(), Status::Code::kNotFound);
+  EXPECT_EQ(p.status().message(),
+            "unknown profile \"h300\" (built-ins: dgx-a100-80gb, dgx-b200, dgx-h100, dgx-h200, "
+            "rtx4090-node) and no such file");
+}
+
+// --- ClusterSpec ----------------------------------------------------------------------
+
+TEST(Cluster, ShortFormAndHelpers) {
+  ClusterSpec c = cluster_of(R"({"profile": "dgx-h100", "nodes": 8})");
+  EXPECT_EQ(c.num_nodes(), 8);
+  EXPECT_EQ(c.total_gpus(), 64);
+  EXPECT_TRUE(c.homogeneous());
+  EXPECT_EQ(c.node_of_gpu(17), NodeId(2));
+  EXPECT_EQ(c.local_index(17), 1);
+  EXPECT_EQ(c.first_gpu_of_node(NodeId(3)), 24);
+  EXPECT_EQ(c.gpus_per_node_of(63), 8);
+  EXPECT_EQ(c.profile_of_node(NodeId(7)).name, "dgx-h100");
+}
+
+TEST(Cluster, MixedGroupsFromBuiltinsAndFiles) {
+  // A user profile file: a 4-GPU H100 box, referenced relative to base_dir.
+  SystemProfile small = builtin("dgx-h100");
+  small.name = "h100x4";
+  small.gpus_per_node = 4;
+  small.intra_node.nvls_min_group = 4;
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "hetpar_hw_test";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "h100x4.json") << profile_to_json_text(small);
+
+  Result<ClusterSpec> r = parse_cluster_text(
+      R"({"node_groups": [{"profile": "dgx-a100-80gb", "nodes": 2},
+                          {"profile": "h100x4.json", "nodes": 3}]})",
+      "scenario.json", dir.string());
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  const ClusterSpec& c = *r;
+  EXPECT_FALSE(c.homogeneous());
+  EXPECT_EQ(c.num_nodes(), 5);
+  EXPECT_EQ(c.total_gpus(), 2 * 8 + 3 * 4);
+  EXPECT_EQ(c.node_of_gpu(15), NodeId(1));
+  EXPECT_EQ(c.node_of_gpu(16), NodeId(2));
+  EXPECT_EQ(c.node_of_gpu(27), NodeId(4));
+  EXPECT_EQ(c.local_index(21), 1);
+  EXPECT_EQ(c.gpus_per_node_of(3), 8);
+  EXPECT_EQ(c.gpus_per_node_of(20), 4);
+  EXPECT_EQ(c.first_gpu_of_node(NodeId(3)), 20);
+  EXPECT_EQ(c.profile_of_gpu(20).name, "h100x4");
+  EXPECT_EQ(c.groups()[1].profile_ref, "h100x4.json");
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Cluster, OverridesApplyToEveryNode) {
+  ClusterSpec c = cluster_of(R"({"node_groups": [{"profile": "dgx-h100", "nodes": 2},
+                                                 {"profile": "dgx-a100-80gb", "nodes": 1}],
+                                 "nics_per_node": 4, "nic_gbps": 100,
+                                 "wan": {"up_gbps": 0.02, "down_gbps": 0.1, "latency_ms": 50}})");
+  const SystemProfile h100 = builtin("dgx-h100");
+  for (const NodeGroup& g : c.groups()) {
+    EXPECT_EQ(g.profile.inter_node.nics_per_node, 4);
+    EXPECT_DOUBLE_EQ(g.profile.inter_node.nic_bandwidth.to_GBps(), 12.5);
+    ASSERT_TRUE(g.profile.wan.has_value());
+    EXPECT_DOUBLE_EQ(g.profile.wan->up.bytes_per_s(), 2.5e6);
+    EXPECT_DOUBLE_EQ(g.profile.wan->down.bytes_per_s(), 12.5e6);
+    EXPECT_EQ(g.profile.wan->latency, Time::ms(50));
+    EXPECT_TRUE(missing_provenance(g.profile).empty());
+  }
+  // 8 x 400G -> 4 x 100G: ring collectives see 1/8 of the aggregate, all_to_all 1/4 of a NIC.
+  const SystemProfile& o = c.groups()[0].profile;
+  EXPECT_NEAR(o.collective(CollectiveScope::kInterNode, Collective::kAllReduce).bus_bandwidth(2) /
+                  h100.collective(CollectiveScope::kInterNode, Collective::kAllReduce).bus_bandwidth(2),
+              1.0 / 8, 1e-12);
+  EXPECT_NEAR(o.collective(CollectiveScope::kInterNode, Collective::kAllToAll).bus_bandwidth(2) /
+                  h100.collective(CollectiveScope::kInterNode, Collective::kAllToAll).bus_bandwidth(2),
+              1.0 / 4, 1e-12);
+  EXPECT_EQ(o.collective(CollectiveScope::kIntraNode, Collective::kAllReduce),
+            h100.collective(CollectiveScope::kIntraNode, Collective::kAllReduce));
+}
+
+struct BadClusterCase {
+  const char* json;
+  const char* expected;
+};
+
+TEST(Cluster, RejectsBadClustersNamingThePath) {
+  const BadClusterCase cases[] = {
+      {R"({"node_groups": [{"profile": "dgx-h100", "nodes": 1}, {"profile": "h300", "nodes": 2}]})",
+       "cluster.node_groups[1].profile: unknown profile \"h300\" (built-ins: dgx-a100-80gb, "
+       "dgx-b200, dgx-h100, dgx-h200, rtx4090-node) and no such file"},
+      {R"({"profile": "dgx-h100", "nodes": 0})", "cluster.nodes: must be >= 1, got 0"},
+      {R"({"node_groups": [{"profile": "dgx-h100", "nodes": -2}]})",
+       "cluster.node_groups[0].nodes: must be >= 1"},
+      {R"({"node_groups": []})", "cluster.node_groups: must list at least one group"},
+      {R"({"profile": "dgx-h100"})", "cluster.nodes: missing required field"},
+      {R"({"profile": "dgx-h100", "nodes": 2, "gpus": 8})", "cluster.gpus: unknown field"},
+      {R"({"profile": "dgx-h100", "nodes": 2, "node_groups": [{"profile": "dgx-h100", "nodes": 1}]})",
+       "cluster.node_groups: give either"},
+      {R"({"profile": "dgx-h100", "nodes": 2, "wan": {"up_gbps": 0.02, "latency_ms": 50}})",
+       "cluster.wan.down_gbps: missing required field"},
+      {R"({"profile": "dgx-h100", "nodes": 2, "wan": {"up_gbps": 0, "down_gbps": 1, "latency_ms": 5}})",
+       "cluster.wan.up_gbps: must be > 0"},
+      {R"({"profile": "dgx-h100", "nodes": 2, "wan": {"up_gbps": 1, "down_gbps": 1, "latency_ms": -5}})",
+       "cluster.wan.latency_ms: must be >= 0"},
+      {R"({"profile": "dgx-h100", "nodes": 2, "nic_gbps": -1})", "cluster.nic_gbps: must be > 0"},
+      {R"({"profile": "dgx-h100", "nodes": 2, "nics_per_node": 0})", "cluster.nics_per_node: must be >= 1"},
+      {R"([1, 2])", "cluster: expected an object"},
+  };
+  for (const BadClusterCase& c : cases) {
+    SCOPED_TRACE(c.json);
+    Result<ClusterSpec> r = parse_cluster(nlohmann::json::parse(c.json), "cluster");
+    ASSERT_FALSE(r.is_ok());
+    EXPECT_NE(r.status().message().find(c.expected), std::string::npos) << r.status().message();
+  }
+}
+
+// --- Topology -------------------------------------------------------------------------
+
+std::vector<LinkKind> kinds(const Topology& t, const std::vector<LinkId>& route) {
+  std::vector<LinkKind> out;
+  for (LinkId l : route) out.push_back(t.link(l).kind);
+  return out;
+}
+
+TEST(Topology, IntraNodeRouteCrossesTheSwitchAtNvlinkBandwidth) {
+  const Topology t = build_topology(cluster_of(R"({"profile": "dgx-h100", "nodes": 2})"));
+  EXPECT_EQ(t.num_gpus(), 16);
+  EXPECT_EQ(t.num_nodes(), 2);
+  const std::vector<LinkId> r = t.route(t.gpu(1), t.gpu(6));
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(t.link(r[0]).src, t.gpu(1));
+  EXPECT_EQ(t.device(t.link(r[0]).dst).kind, DeviceKind::kSwitch);
+  EXPECT_EQ(t.link(r[0]).dst, t.link(r[1]).src);
+  EXPECT_EQ(t.link(r[1]).dst, t.gpu(6));
+  EXPECT_EQ(kinds(t, r), (std::vector{LinkKind::kNvLink, LinkKind::kNvLink}));
+  EXPECT_DOUBLE_EQ(t.bottleneck(r).to_GBps(), 450);
+  EXPECT_EQ(t.latency(r), Time::us(0.6));
+  EXPECT_TRUE(t.route(t.gpu(3), t.gpu(3)).empty());
+}
+
+TEST(Topology, InterNodeRouteUsesTheRailNics) {
+  const Topology t = build_topology(cluster_of(R"({"profile": "dgx-h100", "nodes": 2})"));
+  const std::vector<LinkId> r = t.route(t.gpu(3), t.gpu(8 + 5));
+  ASSERT_EQ(r.size(), 4u);
+  EXPECT_EQ(kinds(t, r), (std::vector{LinkKind::kPcie, LinkKind::kNic, LinkKind::kNic, LinkKind::kPcie}));
+  const Device& src_nic = t.device(t.link(r[0]).dst);
+  EXPECT_EQ(src_nic.kind, DeviceKind::kNic);
+  EXPECT_EQ(src_nic.node, NodeId(0));
+  EXPECT_EQ(src_nic.index, 3);
+  EXPECT_EQ(t.link(r[1]).dst, t.core());
+  const Device& dst_nic = t.device(t.link(r[2]).dst);
+  EXPECT_EQ(dst_nic.node, NodeId(1));
+  EXPECT_EQ(dst_nic.index, 5);
+  EXPECT_DOUBLE_EQ(t.bottleneck(r).to_GBps(), 50);
+  EXPECT_EQ(t.latency(r), Time::us(2.7));
+  // Consecutive links chain.
+  for (size_t i = 1; i < r.size(); ++i) EXPECT_EQ(t.link(r[i - 1]).dst, t.link(r[i]).src);
+}
+
+TEST(Topology, NicsAreSharedRoundRobinWhenFewerThanGpus) {
+  const Topology t = build_topology(cluster_of(
+      R"({"profile": "dgx-h100", "nodes": 2, "nics_per_node": 2, "nic_gbps": 200})"));
+  const std::vector<LinkId> r = t.route(t.gpu(5), t.gpu(8 + 2));
+  EXPECT_EQ(t.device(t.link(r[0]).dst).index, 1);  // 5 mod 2
+  EXPECT_EQ(t.device(t.link(r[2]).dst).index, 0);  // 2 mod 2
+  EXPECT_DOUBLE_EQ(t.bottleneck(r).to_GBps(), 25);
+}
+
+TEST(Topology, WanRouteGoesUpThenDownWithAsymmetricBandwidth) {
+  const Topology t = build_topology(cluster_of(
+      R"({"profile": "rtx4090-node", "nodes": 3,
+          "wan": {"up_gbps": 0.02, "down_gbps": 0.1, "latency_ms": 50}})"));
+  const std::vector<LinkId> r = t.route(t.gpu(2), t.gpu(8 + 7));
+  EXPECT_EQ(kinds(t, r), (std::vector{LinkKind::kPcie, LinkKind::kNic, LinkKind::kWan, LinkKind::kWan,
+                                      LinkKind::kNic, LinkKind::kPcie}));
+  const Link& up = t.link(r[2]);
+  const Link& down = t.link(r[3]);
+  EXPECT_EQ(t.device(up.src).kind, DeviceKind::kWanGateway);
+  EXPECT_EQ(t.device(up.src).node, NodeId(0));
+  EXPECT_EQ(up.dst, t.core());
+  EXPECT_EQ(t.device(down.dst).node, NodeId(1));
+  EXPECT_DOUBLE_EQ(up.bandwidth.bytes_per_s(), 2.5e6);     // 20 Mb/s up
+  EXPECT_DOUBLE_EQ(down.bandwidth.bytes_per_s(), 12.5e6);  // 100 Mb/s down
+  EXPECT_EQ(t.bottleneck(r), up.bandwidth);
+  // The WAN latency plus the 10 GbE hop of both nodes.
+  EXPECT_EQ(t.latency(r), Time::ms(50) + Time::us(20));
+  // The reverse direction uses the other node's up link.
+  const std::vector<LinkId> back = t.route(t.gpu(8 + 7), t.gpu(2));
+  EXPECT_EQ(t.device(t.link(back[2]).src).node, NodeId(1));
+  // Inside a node the WAN is not involved: GPU -> host bridge -> GPU over PCIe.
+  EXPECT_EQ(kinds(t, t.route(t.gpu(0), t.gpu(1))), (std::vector{LinkKind::kPcie, LinkKind::kPcie}));
+}
+
+TEST(Topology, MixedDatacenterAndWanNodes) {
+  SystemProfile home = builtin("rtx4090-node");
+  home.wan = WanLink{Bandwidth::gbit_per_s(0.05), Bandwidth::gbit_per_s(0.5), Time::ms(40)};
+  home.provenance["wan"] = "test";
+  Result<ClusterSpec> c = ClusterSpec::create(
+      {{"dgx-h100", builtin("dgx-h100"), 1}, {"home", home, 1}});
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  const Topology t = build_topology(*c);
+  // Datacenter node -> home node: its NIC into the core, then the home node's WAN down link.
+  EXPECT_EQ(kinds(t, t.route(t.gpu(0), t.gpu(9))),
+            (std::vector{LinkKind::kPcie, LinkKind::kNic, LinkKind::kWan, LinkKind::kNic,
+                         LinkKind::kPcie}));
+  EXPECT_DOUBLE_EQ(t.bottleneck(t.route(t.gpu(0), t.gpu(9))).bytes_per_s(), 0.5e9 / 8);
+  EXPECT_DOUBLE_EQ(t.bottleneck(t.route(t.gpu(9), t.gpu(0))).bytes_per_s(), 0.05e9 / 8);
+}
+
+TEST(Topology, ClosedFormRoutesMatchDijkstra) {
+  for (const char* json :
+       {R"({"node_groups": [{"profile": "dgx-h100", "nodes": 2}, {"profile": "rtx4090-node", "nodes": 1}]})",
+        R"({"profile": "rtx4090-node", "nodes": 2, "wan": {"up_gbps": 1, "down_gbps": 2, "latency_ms": 5}})"}) {
+    SCOPED_TRACE(json);
+    const Topology t = build_topology(cluster_of(json));
+    for (int a = 0; a < t.num_gpus(); a += 3)
+      for (int b = 0; b < t.num_gpus(); b += 5)
+        EXPECT_EQ(t.route(t.gpu(a), t.gpu(b)), t.shortest_path(t.gpu(a), t.gpu(b))) << a << "->" << b;
+  }
+}
+
+TEST(Topology, LargeClusterHasTheExpectedShape) {
+  const Topology t = build_topology(cluster_of(R"({"profile": "dgx-h100", "nodes": 128})"));
+  EXPECT_EQ(t.num_gpus(), 1024);
+  // Core + per node 8 GPUs, 1 NVSwitch, 8 NICs.
+  EXPECT_EQ(t.devices().size(), 1u + 128 * 17);
+  // Per node: 2 x 8 NVLink, 2 x 8 GPU-NIC, 2 x 8 NIC-core.
+  EXPECT_EQ(t.links().size(), 128u * 48);
+  std::set<int> gpu_ids;
+  for (int i = 0; i < t.num_gpus(); ++i) {
+    const Device& d = t.device(t.gpu(i));
+    EXPECT_EQ(d.kind, DeviceKind::kGpu);
+    EXPECT_EQ(d.index, i);
+    EXPECT_EQ(d.node, NodeId(i / 8));
+    gpu_ids.insert(t.gpu(i).value());
+  }
+  EXPECT_EQ(gpu_ids.size(), 1024u);
+  const std::vector<LinkId> r = t.route(t.gpu(0), t.gpu(1023));
+  EXPECT_EQ(r, t.shortest_path(t.gpu(0), t.gpu(1023)));
+  EXPECT_EQ(t.device(t.link(r.back()).src).index, 7);
+}
+
+}  // namespace
+}  // namespace hetpar::hardware

@@ -1,0 +1,474 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "hetpar/models/load.h"
+#include "hetpar/models/model_json.h"
+#include "hetpar/models/op_graph.h"
+#include "hetpar/models/spec.h"
+#include "hetpar/models/totals.h"
+
+namespace hetpar::models {
+namespace {
+
+ModelSpec zoo_model(std::string_view name) {
+  auto m = load_zoo_model(name);
+  EXPECT_TRUE(m.is_ok()) << m.status().message();
+  return m.is_ok() ? *m : ModelSpec{};
+}
+
+ModuleSpec zoo_module(std::string_view name) {
+  auto m = load_zoo_module(name);
+  EXPECT_TRUE(m.is_ok()) << m.status().message();
+  return m.is_ok() ? *m : ModuleSpec{};
+}
+
+LlmSpec zoo_llm(std::string_view name) {
+  ModuleSpec spec = zoo_module(name);
+  EXPECT_TRUE(std::holds_alternative<LlmSpec>(spec)) << name;
+  return std::holds_alternative<LlmSpec>(spec) ? std::get<LlmSpec>(spec) : LlmSpec{};
+}
+
+ModuleInput input(int64_t micro_batch, int64_t seq_len, bool flash = true) {
+  ModuleInput in;
+  in.micro_batch = micro_batch;
+  in.seq_len = seq_len;
+  in.flash_attention = flash;
+  return in;
+}
+
+double rel_err(double got, double want) {
+  return std::fabs(got - want) / std::fabs(want);
+}
+
+// Published parameter counts. LLMs: the exact safetensors totals shown on the Hugging Face
+// model pages (config.json URLs in each zoo file's "source"); Mixtral active 12.9B and
+// LLaVA-1.5-7B 7.06B from the Mistral announcement / HF page; CLIP ViT-L/14 vision tower 304M
+// (CLIP paper, arXiv 2103.00020, and EVA-CLIP's table); InternViT-6B-448px-V1-5 5540M (its HF
+// model card: "the last 3 blocks are discarded" of the 5903M InternViT-6B); Whisper large-v3
+// encoder ~635M (of 1.55B total, arXiv 2212.04356); GPT-3 175B (arXiv 2005.14165).
+TEST(Zoo, ParameterCountsMatchPublished) {
+  struct Case {
+    const char* name;
+    double published;
+  };
+  // Exact published totals: the closed form reproduces them to the parameter.
+  const std::vector<Case> exact = {
+      {"llama-2-7b", 6'738'415'616.0},       {"vicuna-7b", 6'738'415'616.0},
+      {"llama-3.1-8b", 8'030'261'248.0},     {"llama-3.1-70b", 70'553'706'496.0},
+      {"llama-3.1-405b", 405'853'388'800.0}, {"qwen2.5-7b", 7'615'616'512.0},
+      {"qwen2.5-72b", 72'706'203'648.0},     {"mixtral-8x7b", 46'702'792'704.0},
+  };
+  for (const Case& c : exact)
+    EXPECT_EQ(static_cast<double>(count_params(zoo_model(c.name)).total), c.published) << c.name;
+  const std::vector<Case> rounded = {{"gpt3-175b", 175e9}, {"llava-1.5-7b", 7.06e9}};
+  for (const Case& c : rounded) {
+    ParamCounts p = count_params(zoo_model(c.name));
+    EXPECT_LT(rel_err(static_cast<double>(p.total), c.published), 0.005)
+        << c.name << " " << p.total;
+  }
+  EXPECT_LT(rel_err(static_cast<double>(count_params(zoo_model("mixtral-8x7b")).active), 12.9e9),
+            0.005);
+
+  const std::vector<Case> encoders = {
+      {"clip-vit-l-14-336", 304e6},
+      {"internvit-6b", 5540e6},
+      {"whisper-large-v3-encoder", 635e6},
+      // HF SiglipVisionModel counts 428,225,600 including the attention-pooling ("MAP") head
+      // that VLMs switch off (vision_use_head=false); the zoo models the tower without it.
+      // Head: probe h, MHA 4h^2 + 4h, layernorm 2h, MLP 2*h*f + f + h (h=1152, f=4304).
+      {"siglip-so400m-patch14-384", 428'225'600.0 - (1152 + 4 * 1152 * 1152 + 4 * 1152 + 2 * 1152 +
+                                                     2 * 1152 * 4304 + 4304 + 1152)},
+  };
+  for (const Case& c : encoders) {
+    ParamCounts p = count_params(zoo_module(c.name));
+    EXPECT_LT(rel_err(static_cast<double>(p.total), c.published), 0.005)
+        << c.name << " " << p.total;
+  }
+}
+
+// The smaller GPT-3 sizes are nominal in the paper (1.3B is 1.32B with Megatron's padded
+// vocabulary), so they are checked against Narayanan et al. 2021's closed form
+// P = 12lh^2 (1 + 13/(12h) + (V+s)/(12lh)), which leaves out only the final layernorm (2h).
+TEST(Zoo, GptParameterCountsMatchMegatronFormula) {
+  for (const char* name : {"gpt3-1.3b", "gpt3-2.7b", "gpt3-6.7b", "gpt3-13b", "gpt3-175b"}) {
+    const LlmSpec llm = zoo_llm(name);
+    const int64_t l = llm.block.layers, h = llm.block.hidden, V = llm.vocab, s = llm.max_positions;
+    EXPECT_EQ(count_params(ModuleSpec(llm)).total,
+              12 * l * h * h + 13 * l * h + (V + s) * h + 2 * h)
+        << name;
+  }
+}
+
+TEST(Zoo, EntriesAreDocumentedAndLoad) {
+  std::vector<ZooEntry> entries = zoo_entries();
+  EXPECT_GE(entries.size(), 18u);
+  for (const ZooEntry& e : entries) {
+    EXPECT_FALSE(e.description.empty()) << e.name;
+    EXPECT_EQ(e.source.rfind("https://", 0), 0u) << e.name;
+    bool loads = e.kind == "model" || e.kind == "llm" ? load_zoo_model(e.name).is_ok()
+                                                      : load_zoo_module(e.name).is_ok();
+    EXPECT_TRUE(loads) << e.name;
+  }
+  auto clip = load_zoo_model("clip-vit-l-14-336");
+  ASSERT_FALSE(clip.is_ok());
+  EXPECT_NE(clip.status().message().find("is a vision_encoder"), std::string::npos);
+}
+
+TEST(Zoo, LlavaWiring) {
+  ModelSpec m = zoo_model("llava-1.5-7b");
+  ASSERT_EQ(m.modules.size(), 3u);
+  EXPECT_EQ(m.modules[m.llm_index()].name, "llm");
+  EXPECT_EQ(llm_tokens_per_item(m, *m.find("vision")), 576);
+  ModuleInput in = module_input(m, *m.find("projector"), input(1, 2048));
+  EXPECT_EQ(in.seq_len, 576);
+  OpGraph proj = build_op_graph(m.modules[*m.find("projector")].spec, in);
+  ASSERT_EQ(proj.ops.front().gemms.size(), 1u);
+  const GemmShape& fc1 = proj.ops.front().gemms[0];
+  EXPECT_EQ(fc1.m, 576);
+  EXPECT_EQ(fc1.n, 4096);
+  EXPECT_EQ(fc1.k, 1024);
+  EXPECT_EQ(count_params(m.modules[*m.find("projector")].spec).total,
+            1024 * 4096 + 4096 + 4096 * 4096 + 4096);
+}
+
+// 6N: Kaplan et al. 2020 count training FLOPs per token as 6 N (N without embeddings) plus
+// 6 l s h for causal attention. Our accounting adds the untied output layer, 6 V h, and
+// leaves out only the norm weights (not matmuls), so it matches 6(N - Vh_input) + 6lsh to
+// 1e-4; Kaplan's estimate alone is low by the logits share, under 8% for Llama 3.1 8B at 4096.
+TEST(Flops, SixNRule) {
+  const LlmSpec llm = zoo_llm("llama-3.1-8b");
+  const double l = 32, s = 4096, h = 4096, V = 128256;
+  ParamCounts p = count_params(ModuleSpec(llm));
+  double per_token = model_flops_per_token(llm, 4096);
+  double exact = 6.0 * (static_cast<double>(p.total) - V * h) + 6 * l * s * h;
+  EXPECT_LT(rel_err(per_token, exact), 1e-4);
+  double kaplan = 6.0 * static_cast<double>(p.non_embedding()) + 6 * l * s * h;
+  EXPECT_LT(rel_err(per_token, kaplan), 0.08);
+  EXPECT_GT(per_token, kaplan);
+}
+
+// Narayanan et al. 2021 (arXiv 2104.04473), eq. in sec. 5.1: per iteration
+//   no recompute:   72 B s l h^2 (1 + s/(6h) + V/(12 l h))
+//   full recompute: 96 B s l h^2 (1 + s/(6h) + V/(16 l h))  (the logits are not recomputed).
+// The formula counts full (non-causal) attention, so the test adds the halved attention
+// back explicitly: each attention op's forward once more in forward, backward and recompute.
+TEST(Flops, MatchesMegatronGptFormulaExactly) {
+  for (const char* name : {"gpt3-175b", "gpt3-1.3b"}) {
+    const LlmSpec llm = zoo_llm(name);
+    const double B = 4, s = 2048, l = static_cast<double>(llm.block.layers),
+                 h = static_cast<double>(llm.block.hidden), V = static_cast<double>(llm.vocab);
+    OpGraph g = build_op_graph(ModuleSpec(llm), input(4, 2048));
+    double attention = 0;
+    for (const Op& op : g.ops)
+      if (op.kind == OpKind::kAttention) attention += op.forward.count();
+    double no_recompute = model_flops(g).count() + 3 * attention;
+    double full_recompute = no_recompute + recompute_flops(g, Recompute::kFull).count() + attention;
+    EXPECT_LT(rel_err(no_recompute, 72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))),
+              1e-9)
+        << name;
+    EXPECT_LT(
+        rel_err(full_recompute, 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))),
+        1e-9)
+        << name;
+  }
+}
+
+TEST(Flops, CausalAttentionIsHalf) {
+  AttentionShape s{2, 32, 8, 4096, 4096, 128, false};
+  Flops full = attention_forward_flops(s);
+  EXPECT_DOUBLE_EQ(full.count(), 4.0 * 2 * 32 * 4096 * 4096 * 128);
+  s.causal = true;
+  EXPECT_DOUBLE_EQ(attention_forward_flops(s).count(), full.count() / 2);
+
+  OpGraph llm = build_op_graph(zoo_module("llama-3.1-8b"), input(1, 1024));
+  OpGraph vit = build_op_graph(zoo_module("clip-vit-l-14-336"), input(1, 0));
+  for (const OpGraph* g : {&llm, &vit})
+    for (const Op& op : g->ops) {
+      if (op.attention) {
+        EXPECT_EQ(op.attention->causal, g == &llm);
+      }
+    }
+}
+
+TEST(Flops, RecomputeViews) {
+  OpGraph g = build_op_graph(zoo_module("llama-3.1-8b"), input(1, 4096));
+  double attention = 0, layers = 0;
+  for (const Op& op : g.ops) {
+    if (op.kind == OpKind::kAttention) attention += op.forward.count();
+    if (op.layer >= 0 && is_matmul(op.kind)) layers += op.forward.count();
+  }
+  EXPECT_EQ(recompute_flops(g, Recompute::kNone).count(), 0);
+  EXPECT_DOUBLE_EQ(recompute_flops(g, Recompute::kSelective).count(), attention);
+  EXPECT_DOUBLE_EQ(recompute_flops(g, Recompute::kFull).count(), layers);
+  EXPECT_DOUBLE_EQ(backward_flops(g).count(), 2 * forward_flops(g).count());
+}
+
+// Every zoo module, through its op graph: parameters sum to the closed-form count, GEMM
+// FLOPs equal their shapes, GEMM backward splits into dgrad = wgrad = forward, attention
+// backward is all dgrad, and every layer has the same ops.
+TEST(OpGraph, InvariantsHoldForEveryZooModule) {
+  for (const ZooEntry& e : zoo_entries()) {
+    if (e.kind == "model") continue;
+    ModuleSpec spec = zoo_module(e.name);
+    ModuleInput in = input(2, 1000);
+    in.items_per_sample = 2;
+    OpGraph g = build_op_graph(spec, in);
+    int64_t params = 0;
+    std::vector<int> ops_per_layer(g.layers);
+    for (const Op& op : g.ops) {
+      params += op.params;
+      if (op.layer >= 0) ++ops_per_layer[op.layer];
+      EXPECT_DOUBLE_EQ(op.backward().count(), op.dgrad.count() + op.wgrad.count());
+      if (op.kind == OpKind::kGemm) {
+        double shapes = 0;
+        for (const GemmShape& s : op.gemms) shapes += s.flops();
+        EXPECT_DOUBLE_EQ(op.forward.count(), shapes) << e.name << " " << op.name;
+        EXPECT_DOUBLE_EQ(op.dgrad.count(), op.forward.count());
+        EXPECT_DOUBLE_EQ(op.wgrad.count(), op.forward.count());
+      } else {
+        EXPECT_TRUE(op.gemms.empty());
+      }
+      if (op.kind == OpKind::kAttention) {
+        ASSERT_TRUE(op.attention.has_value());
+        EXPECT_DOUBLE_EQ(op.forward.count(), attention_forward_flops(*op.attention).count());
+        EXPECT_DOUBLE_EQ(op.dgrad.count(), 2 * op.forward.count());
+        EXPECT_EQ(op.wgrad.count(), 0);
+      }
+    }
+    EXPECT_EQ(params, count_params(spec).total) << e.name;
+    for (int n : ops_per_layer) EXPECT_EQ(n, ops_per_layer.front()) << e.name;
+  }
+}
+
+// Tokens are routed to top_k of E experts; expected load tokens*top_k/E, spread over
+// integer GEMM shapes without losing a token.
+TEST(OpGraph, MoeExpertShapes) {
+  ModuleSpec spec = zoo_module("mixtral-8x7b");
+  OpGraph g = build_op_graph(spec, input(1, 1001));  // 2002 routed tokens = 250 * 8 + 2
+  const Op* fc1 = nullptr;
+  for (const Op& op : g.ops)
+    if (op.layer == 0 && op.name == "expert_fc1") fc1 = &op;
+  ASSERT_NE(fc1, nullptr);
+  ASSERT_EQ(fc1->gemms.size(), 4u);  // {gate, up} x {251 tokens on 2 experts, 250 on 6}
+  EXPECT_EQ(fc1->gemms[0].m, 251);
+  EXPECT_EQ(fc1->gemms[0].batch, 2);
+  EXPECT_EQ(fc1->gemms[2].m, 250);
+  EXPECT_EQ(fc1->gemms[2].batch, 6);
+  EXPECT_DOUBLE_EQ(fc1->forward.count(), 2.0 * 2 * 2002 * 4096 * 14336);
+  // Forward GEMM FLOPs per token (without attention) are 2x the active matmul parameters.
+  ParamCounts p = count_params(spec);
+  double gemm = 0;
+  for (const Op& op : g.ops)
+    if (op.kind == OpKind::kGemm) gemm += op.forward.count();
+  double active_matmul = static_cast<double>(p.active) - 32000.0 * 4096 - 65 * 4096;
+  EXPECT_DOUBLE_EQ(gemm / 1001, 2 * active_matmul);
+}
+
+// Korthikanti et al. 2022, sec. 4.1: 34sbh + 5as^2b bytes per layer (bf16, dropout, GeLU
+// MLP of 4h, no tensor parallelism); flash attention keeps 4asb bytes of softmax stats
+// instead of the 5as^2b. Selective recompute leaves 34sbh; full keeps the 2sbh layer input.
+TEST(Activations, MatchKorthikanti) {
+  const LlmSpec llm = zoo_llm("gpt3-1.3b");
+  const int64_t s = 2048, b = 2, h = llm.block.hidden, a = llm.block.heads, l = llm.block.layers;
+  for (bool flash : {false, true}) {
+    OpGraph g = build_op_graph(ModuleSpec(llm), input(b, s, flash));
+    int64_t layer0 = 0, outside = 0;
+    for (const Op& op : g.ops) {
+      if (op.layer == 0) layer0 += op.saved.count();
+      if (op.layer < 0) outside += op.saved.count();
+    }
+    EXPECT_EQ(layer0, 34 * s * b * h + (flash ? 4 * a * s * b : 5 * a * s * s * b)) << flash;
+    EXPECT_EQ(activation_bytes(g, Recompute::kSelective).count(), l * 34 * s * b * h + outside);
+    EXPECT_EQ(activation_bytes(g, Recompute::kFull).count(), l * 2 * s * b * h + outside);
+    EXPECT_EQ(activation_bytes(g, Recompute::kNone).count(), l * layer0 + outside);
+  }
+}
+
+TEST(OpGraph, EncoderFrontEnds) {
+  OpGraph whisper = build_op_graph(zoo_module("whisper-large-v3-encoder"), input(3, 0));
+  EXPECT_EQ(whisper.layer_tokens, 3 * 1500);
+  ASSERT_EQ(whisper.ops[0].name, "conv1");
+  const GemmShape& conv1 = whisper.ops[0].gemms[0];
+  EXPECT_EQ(conv1.m, 3 * 3000);
+  EXPECT_EQ(conv1.n, 1280);
+  EXPECT_EQ(conv1.k, 128 * 3);
+  const GemmShape& conv2 = whisper.ops[2].gemms[0];
+  EXPECT_EQ(conv2.m, 3 * 1500);
+  EXPECT_EQ(conv2.k, 1280 * 3);
+
+  ModuleInput in = input(2, 0);
+  in.items_per_sample = 3;
+  OpGraph clip = build_op_graph(zoo_module("clip-vit-l-14-336"), in);
+  EXPECT_EQ(clip.layer_tokens, 6 * 577);  // 24 x 24 patches + class token, 6 images
+  const GemmShape& patch = clip.ops[0].gemms[0];
+  EXPECT_EQ(patch.m, 6 * 576);
+  EXPECT_EQ(patch.k, 3 * 14 * 14);
+}
+
+// InternVL-style 2x2 pixel shuffle: 1024 patches -> 256 tokens of width 4 * 3200.
+TEST(Json, InlineModelWithDownsamplingProjector) {
+  auto m = model_from_json_text(R"({
+    "name": "internvl-like",
+    "modules": [
+      {"name": "vision", "spec": "internvit-6b"},
+      {"name": "mlp", "kind": "projector",
+       "spec": {"input_hidden": 3200, "output_hidden": 5120, "ffn_hidden": 5120, "downsample": 2}},
+      {"name": "llm", "kind": "llm", "spec": {"layers": 2, "hidden": 5120, "ffn_hidden": 8192,
+       "heads": 40, "kv_heads": 8, "vocab": 1000, "activation": "swiglu", "norm": "rmsnorm"}}]})",
+                                "test");
+  ASSERT_TRUE(m.is_ok()) << m.status().message();
+  EXPECT_EQ(llm_tokens_per_item(*m, 0), 256);
+  OpGraph proj = build_op_graph(m->modules[1].spec, module_input(*m, 1, input(1, 4096)));
+  EXPECT_EQ(proj.ops[0].name, "pixel_shuffle");
+  EXPECT_EQ(proj.ops[1].gemms[0].m, 256);
+  EXPECT_EQ(proj.ops[1].gemms[0].k, 4 * 3200);
+}
+
+struct GraphTotals {
+  double forward, backward;
+  int64_t activations, params;
+  size_t ops;
+  bool operator==(const GraphTotals&) const = default;
+};
+
+GraphTotals totals(const ModelSpec& m, size_t i) {
+  OpGraph g = build_op_graph(m.modules[i].spec, module_input(m, i, input(2, 2048)));
+  return {forward_flops(g).count(), backward_flops(g).count(),
+          activation_bytes(g, Recompute::kNone).count(), count_params(m.modules[i].spec).total,
+          g.ops.size()};
+}
+
+// An inline spec with the zoo entry's fields behaves exactly like the zoo name; without
+// "edges" the encoder -> projector -> llm chain is inferred.
+TEST(Json, InlineSpecEqualsZoo) {
+  auto inline_model = model_from_json_text(R"({
+    "name": "my-llava",
+    "modules": [
+      {"name": "llm", "kind": "llm", "spec": {"layers": 32, "hidden": 4096, "ffn_hidden": 11008,
+       "heads": 32, "vocab": 32000, "activation": "swiglu", "norm": "rmsnorm"}},
+      {"name": "vision", "kind": "vision_encoder", "spec": {"layers": 24, "hidden": 1024,
+       "ffn_hidden": 4096, "heads": 16, "patch_size": 14, "image_size": 336, "class_token": true,
+       "activation": "gelu", "norm": "layernorm", "qkv_bias": true, "linear_bias": true}},
+      {"name": "projector", "kind": "projector", "spec": {"input_hidden": 1024,
+       "output_hidden": 4096, "ffn_hidden": 4096}}]})",
+                                           "inline.json");
+  ASSERT_TRUE(inline_model.is_ok()) << inline_model.status().message();
+  ModelSpec zoo = zoo_model("llava-1.5-7b");
+  ASSERT_EQ(inline_model->edges.size(), 2u);
+  for (const Module& mod : zoo.modules) {
+    auto i = inline_model->find(mod.name);
+    ASSERT_TRUE(i.has_value()) << mod.name;
+    EXPECT_EQ(totals(*inline_model, *i), totals(zoo, *zoo.find(mod.name))) << mod.name;
+  }
+  EXPECT_EQ(count_params(*inline_model).total, count_params(zoo).total);
+}
+
+// Malformed models: each error names the exact JSON path of the problem.
+TEST(Json, BadInputsNameTheirPath) {
+  const std::string llm =
+      R"("layers": 2, "hidden": 256, "ffn_hidden": 512, "heads": 4, "vocab": 1000, "activation": "swiglu", "norm": "rmsnorm")";
+  auto one = [](const std::string& fields) {
+    return R"({"name": "m", "modules": [{"name": "llm", "kind": "llm", "spec": {)" + fields +
+           "}}]}";
+  };
+  auto vlm = [&](const std::string& projector, const std::string& edges) {
+    return R"({"name": "m", "modules": [{"name": "vision", "spec": "clip-vit-l-14-336"},
+      {"name": "proj", "kind": "projector", "spec": {)" +
+           projector + R"(}}, {"name": "llm", "kind": "llm", "spec": {)" + llm + "}}]" + edges +
+           "}";
+  };
+  struct Case {
+    std::string json;
+    std::string path;
+    std::string problem;
+  };
+  const std::vector<Case> cases = {
+      {R"("llama-3.1-8")", "model", "unknown zoo entry \"llama-3.1-8\" (closest: llama-3.1-8b"},
+      {R"({"name": "m", "modules": [{"name": "v", "spec": "clip-vit-l-14"}]})",
+       "model.modules[0].spec", "closest: clip-vit-l-14-336"},
+      {one(R"("layers": 2, "hidden": 1000, "ffn_hidden": 512, "heads": 24, "vocab": 10, "activation": "gelu", "norm": "rmsnorm")"),
+       "model.modules[0].spec.heads", "must divide hidden (1000), got 24"},
+      {one(llm + R"(, "kv_heads": 3)"), "model.modules[0].spec.kv_heads",
+       "must divide heads (4), got 3"},
+      {one(R"("layers": 0, "hidden": 256, "ffn_hidden": 512, "heads": 4, "vocab": 10, "activation": "gelu", "norm": "rmsnorm")"),
+       "model.modules[0].spec.layers", "must be >= 1, got 0"},
+      {one(R"("layers": 2, "hidden": 256, "ffn_hidden": -512, "heads": 4, "vocab": 10, "activation": "gelu", "norm": "rmsnorm")"),
+       "model.modules[0].spec.ffn_hidden", "must be >= 1, got -512"},
+      {one(R"("layers": 2, "ffn_hidden": 512, "heads": 4, "vocab": 10, "activation": "gelu", "norm": "rmsnorm")"),
+       "model.modules[0].spec.hidden", "missing required field"},
+      {one(llm + R"(, "hiden": 4)"), "model.modules[0].spec.hiden", "unknown field"},
+      {one(R"("layers": 2, "hidden": 256, "ffn_hidden": 512, "heads": "4", "vocab": 10, "activation": "gelu", "norm": "rmsnorm")"),
+       "model.modules[0].spec.heads", "expected an integer"},
+      {one(llm + R"(, "activation": "relu")"), "model.modules[0].spec.activation", "unknown value"},
+      {one(R"("layers": 2, "hidden": 256, "heads": 4, "vocab": 10, "activation": "swiglu", "norm": "rmsnorm", "moe": {"experts": 4, "top_k": 5, "expert_ffn_hidden": 64})"),
+       "model.modules[0].spec.moe.top_k", "must be <= experts (4), got 5"},
+      {one(llm + R"(, "position_embedding": "learned")"), "model.modules[0].spec.max_positions",
+       "must be >= 1"},
+      {R"({"name": "m", "modules": [{"name": "v", "kind": "vision_encoder", "spec": {"layers": 1, "hidden": 64, "ffn_hidden": 64, "heads": 2, "patch_size": 14, "image_size": 330, "activation": "gelu", "norm": "layernorm"}}, {"name": "llm", "kind": "llm", "spec": {)" +
+           llm + "}}]}",
+       "model.modules[0].spec.image_size", "must be a multiple of patch_size (14), got 330"},
+      {R"({"name": "m", "modules": [{"name": "a", "kind": "audio_encoder", "spec": {"layers": 1, "hidden": 256, "ffn_hidden": 64, "heads": 2, "mel_bins": 80, "frames": 3001, "activation": "gelu", "norm": "layernorm"}}, {"name": "llm", "kind": "llm", "spec": {)" +
+           llm + "}}]}",
+       "model.modules[0].spec.frames", "must be even"},
+      {vlm(R"("input_hidden": 1152, "output_hidden": 256)", ""),
+       "model.modules[1].spec.input_hidden",
+       "1152 does not match the hidden size 1024 of \"vision\""},
+      {vlm(R"("input_hidden": 1024, "output_hidden": 512)", ""),
+       "model.modules[1].spec.output_hidden", "does not match the llm hidden size 256"},
+      {vlm(R"("input_hidden": 1024, "output_hidden": 256, "downsample": 5)", ""),
+       "model.modules[1].spec.downsample", "576 tokens per item"},
+      {vlm(R"("input_hidden": 1024, "output_hidden": 256)",
+           R"(, "edges": [["vision", "proj"], ["proj", "lm"]])"),
+       "model.edges[1][1]", "unknown module \"lm\" (modules: vision, proj, llm)"},
+      {vlm(R"("input_hidden": 1024, "output_hidden": 256)", R"(, "edges": [["llm", "vision"]])"),
+       "model.edges[0]", "llm -> vision_encoder is not allowed"},
+      {vlm(R"("input_hidden": 1024, "output_hidden": 256)", R"(, "edges": [["vision"]])"),
+       "model.edges[0]", "expected [\"from\", \"to\"]"},
+      {vlm(R"("input_hidden": 1024, "output_hidden": 256)", R"(, "edges": [["vision", "proj"]])"),
+       "model.modules[1]", "\"proj\" feeds 0 modules"},
+      {R"({"name": "m", "modules": [{"name": "a", "spec": "llama-2-7b"}, {"name": "b", "spec": "vicuna-7b"}]})",
+       "model.modules[1]", "second llm module"},
+      {R"({"name": "m", "modules": [{"name": "v", "spec": "clip-vit-l-14-336"}]})", "model.modules",
+       "no llm module"},
+      {R"({"name": "m", "modules": [{"name": "v", "kind": "llm", "spec": "clip-vit-l-14-336"}]})",
+       "model.modules[0].spec", "is a vision_encoder, not a llm"},
+      {R"({"name": "m", "modules": [{"name": "v", "spec": "llava-1.5-7b"}]})",
+       "model.modules[0].spec", "is a whole model"},
+      {R"({"name": "m", "modules": [{"name": "llm", "spec": "llama-2-7b"}, {"name": "llm", "spec": "clip-vit-l-14-336"}]})",
+       "model.modules[1].name", "duplicate module name"},
+      {R"({"name": "m", "modules": [{"name": "v", "spec": "clip-vit-l-14-336"}, {"name": "w", "spec": "siglip-so400m-patch14-384"}, {"name": "llm", "spec": "llama-2-7b"}]})",
+       "model.edges", "required when a model has more than one encoder"},
+      {R"({"name": "m", "modules": [{"name": "llm", "spec": "llama-2-7b"}], "edge": []})",
+       "model.edge", "unknown field"},
+      {R"({"name": "m"})", "model.modules", "missing required array"},
+      {R"({"name": "m", "modules": [{"name": "x", "spec": {"layers": 2}}]})",
+       "model.modules[0].kind", "an inline spec needs one of"},
+  };
+  for (const Case& c : cases) {
+    auto m = parse_model(nlohmann::json::parse(c.json), "model");
+    ASSERT_FALSE(m.is_ok()) << c.json;
+    const std::string& msg = m.status().message();
+    EXPECT_EQ(msg.rfind(c.path + ": ", 0), 0u) << "want path " << c.path << ", got: " << msg;
+    EXPECT_NE(msg.find(c.problem), std::string::npos)
+        << "want \"" << c.problem << "\", got: " << msg;
+  }
+}
+
+TEST(Json, TextEntryNamesItsSource) {
+  auto bad = model_from_json_text(R"({"name": "m", "modules": 3})", "scenario.json");
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_EQ(bad.status().message(), "scenario.json: modules: expected an array, got number");
+  auto syntax = model_from_json_text("{", "scenario.json");
+  ASSERT_FALSE(syntax.is_ok());
+  EXPECT_EQ(syntax.status().message().rfind("scenario.json: malformed JSON", 0), 0u);
+  auto good = model_from_json_text(R"("llama-3.1-8b")", "scenario.json");
+  ASSERT_TRUE(good.is_ok());
+  EXPECT_EQ(good->name, "llama-3.1-8b");
+}
+
+}  // namespace
+}  // namespace hetpar::models

@@ -1,0 +1,649 @@
+// Tests of the simulation kernel: event queue, max-min solver, flow network, task graph,
+// collectives against their closed forms, simulate(), trace output, determinism.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <set>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "hetpar/core/format.h"
+#include "hetpar/sim/collective.h"
+#include "hetpar/sim/event_queue.h"
+#include "hetpar/sim/flow_network.h"
+#include "hetpar/sim/max_min.h"
+#include "hetpar/sim/network.h"
+#include "hetpar/sim/simulate.h"
+#include "hetpar/sim/task_graph.h"
+#include "hetpar/sim/trace.h"
+
+namespace hetpar::sim {
+namespace {
+
+// ---------------------------------------------------------------- EventQueue
+
+struct Recorder final : EventSource {
+  std::vector<std::pair<int64_t, uint32_t>> seen;  // (time in ps, tag)
+  void on_event(Time now, uint32_t tag) override { seen.emplace_back(now.count_ps(), tag); }
+};
+
+TEST(EventQueueTest, EqualTimesRunInScheduleOrder) {
+  EventQueue q;
+  Recorder r;
+  q.schedule_at(Time::ps(5), r, 0);
+  q.schedule_at(Time::ps(3), r, 1);
+  q.schedule_at(Time::ps(5), r, 2);
+  q.schedule_at(Time::ps(3), r, 3);
+  q.schedule_at(Time::ps(5), r, 4);
+  q.run();
+  std::vector<std::pair<int64_t, uint32_t>> want = {{3, 1}, {3, 3}, {5, 0}, {5, 2}, {5, 4}};
+  EXPECT_EQ(r.seen, want);
+  EXPECT_EQ(q.now(), Time::ps(5));
+}
+
+// An event scheduled for "now" from inside a handler runs after the events already due now.
+TEST(EventQueueTest, EventsScheduledNowRunAfterThoseAlreadyDue) {
+  struct Chain final : EventSource {
+    EventQueue* q;
+    std::vector<uint32_t> order;
+    void on_event(Time, uint32_t tag) override {
+      order.push_back(tag);
+      if (tag == 0) q->schedule_in(Time::zero(), *this, 9);
+    }
+  } c;
+  EventQueue q;
+  c.q = &q;
+  q.schedule_at(Time::ps(1), c, 0);
+  q.schedule_at(Time::ps(1), c, 1);
+  q.run();
+  EXPECT_EQ(c.order, (std::vector<uint32_t>{0, 1, 9}));
+}
+
+TEST(EventQueueTest, CancelledEventsNeverRun) {
+  EventQueue q;
+  Recorder r;
+  q.schedule_at(Time::ps(1), r, 1);
+  EventHandle h = q.schedule_at(Time::ps(2), r, 2);
+  EventHandle done = q.schedule_at(Time::ps(0), r, 0);
+  EXPECT_TRUE(q.run_next());  // runs tag 0
+  EXPECT_FALSE(q.cancel(done)) << "already ran";
+  EXPECT_EQ(q.pending(), 2u);
+  EXPECT_TRUE(q.cancel(h));
+  EXPECT_FALSE(q.cancel(h)) << "cancelling twice is a no-op";
+  EXPECT_FALSE(q.cancel(EventHandle())) << "an empty handle names nothing";
+  EXPECT_EQ(q.pending(), 1u);
+  q.run();
+  EXPECT_EQ(r.seen, (std::vector<std::pair<int64_t, uint32_t>>{{0, 0}, {1, 1}}));
+  // The slot of the cancelled event is reused; the stale handle must not cancel the new one.
+  q.schedule_at(Time::ps(3), r, 3);
+  EXPECT_FALSE(q.cancel(h));
+  q.run();
+  EXPECT_EQ(r.seen.back(), (std::pair<int64_t, uint32_t>{3, 3}));
+}
+
+TEST(EventQueueDeathTest, TimeNeverGoesBackwards) {
+  EventQueue q;
+  Recorder r;
+  q.schedule_at(Time::ps(10), r);
+  q.run();
+  EXPECT_DEATH(q.schedule_at(Time::ps(9), r), "past");
+}
+
+// ---------------------------------------------------------------- MaxMinSolver
+
+TEST(MaxMinSolverTest, SingleBottleneckSharesEqually) {
+  // Three flows on one link of 90: x1 = x2 = x3 = 30.
+  MaxMinSolver s;
+  int32_t l = s.add_link(90);
+  for (int i = 0; i < 3; ++i) s.add_flow(std::vector<int32_t>{l});
+  s.solve();
+  for (int i = 0; i < 3; ++i) EXPECT_DOUBLE_EQ(s.rate(i), 30);
+}
+
+TEST(MaxMinSolverTest, ClassicTwoLinkExample) {
+  // A uses L0 (10); B uses L0 and L1; C uses L1 (15). L0 saturates first at share 5:
+  // A = B = 5. Then C gets what B left on L1: C = 15 - 5 = 10.
+  MaxMinSolver s;
+  int32_t l0 = s.add_link(10), l1 = s.add_link(15);
+  int32_t a = s.add_flow(std::vector<int32_t>{l0});
+  int32_t b = s.add_flow(std::vector<int32_t>{l0, l1});
+  int32_t c = s.add_flow(std::vector<int32_t>{l1});
+  s.solve();
+  EXPECT_DOUBLE_EQ(s.rate(a), 5);
+  EXPECT_DOUBLE_EQ(s.rate(b), 5);
+  EXPECT_DOUBLE_EQ(s.rate(c), 10);
+}
+
+TEST(MaxMinSolverTest, FlowLimitedElsewhereFreesCapacity) {
+  // A and B share L0 (100), but B is held to 10 by L1: A takes the other 90.
+  MaxMinSolver s;
+  int32_t l0 = s.add_link(100), l1 = s.add_link(10);
+  int32_t a = s.add_flow(std::vector<int32_t>{l0});
+  int32_t b = s.add_flow(std::vector<int32_t>{l0, l1});
+  s.solve();
+  EXPECT_DOUBLE_EQ(s.rate(b), 10);
+  EXPECT_DOUBLE_EQ(s.rate(a), 90);
+}
+
+TEST(MaxMinSolverTest, FlowOverNoLinkIsUnconstrained) {
+  MaxMinSolver s;
+  s.add_flow({});
+  s.solve();
+  EXPECT_TRUE(std::isinf(s.rate(0)));
+}
+
+// Random instances (fixed seed): capacities are respected, and every flow has a
+// bottleneck, a saturated link on which no other flow is faster (the max-min condition).
+TEST(MaxMinSolverTest, RandomInstancesAreFeasibleAndMaxMinFair) {
+  std::mt19937 rng(301);
+  MaxMinSolver s;
+  for (int round = 0; round < 50; ++round) {
+    s.clear();
+    const int nl = 1 + static_cast<int>(rng() % 12), nf = 1 + static_cast<int>(rng() % 20);
+    std::vector<double> cap(nl);
+    for (int l = 0; l < nl; ++l) s.add_link(cap[l] = 1 + static_cast<double>(rng() % 100));
+    std::vector<std::vector<int32_t>> routes(nf);
+    for (auto& r : routes) {
+      for (int l = 0; l < nl; ++l)
+        if (rng() % 3 == 0) r.push_back(l);
+      if (r.empty()) r.push_back(static_cast<int32_t>(rng() % nl));
+      s.add_flow(r);
+    }
+    s.solve();
+    std::vector<double> load(nl, 0);
+    for (int f = 0; f < nf; ++f)
+      for (int32_t l : routes[f]) load[l] += s.rate(f);
+    for (int l = 0; l < nl; ++l) EXPECT_LE(load[l], cap[l] * (1 + 1e-9)) << "link " << l;
+    for (int f = 0; f < nf; ++f) {
+      bool has_bottleneck = false;
+      for (int32_t l : routes[f]) {
+        if (load[l] < cap[l] * (1 - 1e-9)) continue;
+        bool fastest = true;
+        for (int g = 0; g < nf; ++g)
+          if (std::count(routes[g].begin(), routes[g].end(), l) && s.rate(g) > s.rate(f) * (1 + 1e-9))
+            fastest = false;
+        has_bottleneck |= fastest;
+      }
+      EXPECT_TRUE(has_bottleneck) << "round " << round << " flow " << f;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- Network, flows
+
+TEST(NetworkTest, BuildersRouteThroughTheExpectedLinks) {
+  Network sw = single_switch_network(4, Bandwidth::GBps(100), Time::us(1));
+  std::vector<LinkId> route;
+  sw.route(RankId(1), RankId(3), route);
+  ASSERT_EQ(route.size(), 2u);
+  EXPECT_EQ(sw.link(route[0]).name, "up 1");
+  EXPECT_EQ(sw.link(route[1]).name, "down 3");
+  EXPECT_EQ(sw.latency(route), Time::us(2));
+  sw.route(RankId(2), RankId(2), route);
+  EXPECT_TRUE(route.empty());
+
+  Network c = cluster_network({.nodes = 2, .gpus_per_node = 4});
+  EXPECT_EQ(c.node_of(RankId(5)), NodeId(1));
+  c.route(RankId(0), RankId(3), route);
+  EXPECT_EQ(c.link(route[0]).name, "nvlink up 0");
+  c.route(RankId(1), RankId(6), route);
+  EXPECT_EQ(c.link(route[0]).name, "nic up 1");
+  EXPECT_EQ(c.link(route[1]).name, "nic down 6");
+  EXPECT_FALSE(Network(2).validate().is_ok()) << "no router";
+}
+
+struct DoneLog final : FlowNetwork::Observer {
+  std::vector<std::pair<uint32_t, Time>> done;
+  void on_flow_done(Time now, uint32_t cookie) override { done.emplace_back(cookie, now); }
+};
+
+TEST(FlowNetworkTest, IdleTransferTakesLatencyPlusBytesOverBandwidthExactly) {
+  // Completion = now + latency(route) + bytes / bottleneck, rounded to the nearest ps.
+  Network net = single_switch_network(2, Bandwidth::GBps(100), Time::us(1));
+  EventQueue q;
+  DoneLog log;
+  FlowNetwork flows(q, net, log);
+  std::vector<LinkId> route;
+  net.route(RankId(0), RankId(1), route);
+  flows.start(route, Bytes(123'456'789), net.latency(route), 7);
+  q.run();
+  ASSERT_EQ(log.done.size(), 1u);
+  EXPECT_EQ(log.done[0].first, 7u);
+  EXPECT_EQ(log.done[0].second, Time::us(2) + Bytes(123'456'789) / Bandwidth::GBps(100));
+  EXPECT_EQ(flows.active(), 0);
+}
+
+TEST(FlowNetworkTest, ConcurrentFlowsShareAndAFinishedFlowFreesItsShare) {
+  // Both leave rank 0's up link (100 GB/s): 50 GB/s each. The 0.5 GB flow is done at
+  // 10 ms; the 1 GB flow then has 0.5 GB left at 100 GB/s: done at 15 ms.
+  Network net = single_switch_network(3, Bandwidth::GBps(100), Time::zero());
+  EventQueue q;
+  DoneLog log;
+  FlowNetwork flows(q, net, log);
+  std::vector<LinkId> route;
+  net.route(RankId(0), RankId(1), route);
+  flows.start(route, Bytes::GB(1), Time::zero(), 1);
+  net.route(RankId(0), RankId(2), route);
+  flows.start(route, Bytes::GB(0.5), Time::zero(), 2);
+  q.run();
+  ASSERT_EQ(log.done.size(), 2u);
+  EXPECT_EQ(log.done[0], (std::pair<uint32_t, Time>{2, Time::ms(10)}));
+  EXPECT_EQ(log.done[1], (std::pair<uint32_t, Time>{1, Time::ms(15)}));
+}
+
+// ---------------------------------------------------------------- TaskGraph
+
+TEST(TaskGraphTest, ValidateReportsBadInputInsteadOfCrashing) {
+  {
+    TaskGraph g;
+    TaskId a = g.add_compute(RankId(0), 0, Time::us(1), Flops(0));
+    TaskId b = g.add_compute(RankId(1), 0, Time::us(1), Flops(0));
+    g.add_dependency(a, b);
+    g.add_dependency(b, a);
+    Status st = g.validate(2);
+    EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+    EXPECT_NE(st.message().find("cycle"), std::string::npos) << st.message();
+  }
+  {
+    // Stream order makes a cycle too: on rank 0's comm stream B comes after A, yet A
+    // waits for B.
+    TaskGraph g;
+    std::vector<RankId> grp = {RankId(0), RankId(1)};
+    TaskId a = g.add_collective({.group = grp, .bytes = Bytes(8)});
+    TaskId b = g.add_collective({.group = grp, .bytes = Bytes(8)});
+    g.add_dependency(b, a);
+    EXPECT_FALSE(g.validate(2).is_ok());
+  }
+  {
+    TaskGraph g;
+    g.add_compute(RankId(5), 0, Time::us(1), Flops(0), {.name = g.label("oops")});
+    Status st = g.validate(4);
+    EXPECT_NE(st.message().find("rank 5 out of range"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("\"oops\""), std::string::npos) << st.message();
+  }
+  {
+    TaskGraph g;
+    TaskId a = g.add_compute(RankId(0), 0, Time::us(1), Flops(0));
+    g.add_dependency(a, TaskId(42));
+    EXPECT_FALSE(g.validate(1).is_ok());
+  }
+  {
+    TaskGraph g;
+    std::vector<RankId> dup = {RankId(0), RankId(0)};
+    g.add_collective({.group = dup, .bytes = Bytes(8)});
+    EXPECT_FALSE(g.validate(2).is_ok());
+  }
+  {
+    TaskGraph g;
+    g.add_p2p(RankId(0), RankId(1), Bytes(-1), 0, 0);
+    EXPECT_FALSE(g.validate(2).is_ok());
+  }
+  {
+    TaskGraph g;
+    g.add_compute(RankId(0), 0, Time::us(1), Flops(0));
+    g.add_dependency(TaskId(0), TaskId(0));
+    Network net = single_switch_network(1, Bandwidth::GBps(1), Time::zero());
+    EXPECT_FALSE(simulate(g, net, {}).is_ok()) << "simulate() validates first";
+  }
+}
+
+TEST(TaskGraphTest, LabelsAndGroupsAreInterned) {
+  TaskGraph g;
+  EXPECT_EQ(g.label("fwd"), g.label("fwd"));
+  EXPECT_NE(g.label("fwd"), g.label("bwd"));
+  EXPECT_EQ(g.label_text(g.label("bwd")), "bwd");
+  std::vector<RankId> grp = {RankId(0), RankId(1)};
+  TaskId a = g.add_collective({.group = grp, .bytes = Bytes(1)});
+  TaskId b = g.add_collective({.kind = CollectiveKind::kBroadcast, .group = grp, .bytes = Bytes(1)});
+  EXPECT_EQ(g.task(a).group, g.task(b).group);
+  EXPECT_EQ(g.task(b).root, RankId(0)) << "root defaults to group[0]";
+  EXPECT_EQ(g.streams(a).size(), 2u);
+}
+
+// ---------------------------------------------------------------- simulate(): streams
+
+const Bandwidth kB = Bandwidth::GBps(100);
+
+SimResult run(const TaskGraph& g, const Network& net, SimOptions opt = {}) {
+  opt.record_tasks = true;
+  Result<SimResult> r = simulate(g, net, opt);
+  EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+  return r.is_ok() ? std::move(r).value() : SimResult{};
+}
+
+TEST(SimulateTest, P2PTakesRouteLatencyPlusBytesOverBandwidth) {
+  Network net = single_switch_network(2, kB, Time::us(1));
+  TaskGraph g;
+  g.add_p2p(RankId(0), RankId(1), Bytes::GB(1), 0, 0);
+  SimResult r = run(g, net);
+  EXPECT_EQ(r.makespan, Time::us(2) + Bytes::GB(1) / kB);
+}
+
+TEST(SimulateTest, ComputeAndCommOnSeparateStreamsOverlap) {
+  // 10 ms compute || 5 ms + 2 us transfer: makespan is the max, not the sum; the
+  // transfer is hidden (no exposed comm).
+  Network net = single_switch_network(2, kB, Time::us(1));
+  TaskGraph g;
+  g.add_compute(RankId(0), 0, Time::ms(10), Flops(1e12));
+  g.add_p2p(RankId(0), RankId(1), Bytes::GB(0.5), 0, 0);
+  SimResult r = run(g, net);
+  EXPECT_EQ(r.makespan, Time::ms(10));
+  EXPECT_EQ(r.ranks[0].compute, Time::ms(10));
+  EXPECT_EQ(r.ranks[0].comm, Time::ms(5) + Time::us(2));
+  EXPECT_EQ(r.ranks[0].exposed_comm, Time::zero());
+  EXPECT_EQ(r.ranks[1].exposed_comm, Time::ms(5) + Time::us(2)) << "rank 1 only communicates";
+}
+
+TEST(SimulateTest, TasksOnOneStreamRunInProgramOrder) {
+  Network net = single_switch_network(1, kB, Time::zero());
+  TaskGraph g;
+  TaskId a = g.add_compute(RankId(0), 0, Time::ms(3), Flops(0));
+  TaskId b = g.add_compute(RankId(0), 0, Time::ms(4), Flops(0));
+  TaskId c = g.add_compute(RankId(0), 1, Time::ms(2), Flops(0));
+  SimResult r = run(g, net);
+  EXPECT_EQ(r.makespan, Time::ms(7));
+  EXPECT_EQ(r.tasks[a.value()].end, Time::ms(3));
+  EXPECT_EQ(r.tasks[b.value()].start, Time::ms(3));
+  EXPECT_EQ(r.tasks[c.value()].start, Time::zero()) << "stream 1 runs concurrently";
+  EXPECT_EQ(r.ranks[0].compute_stream_busy, (std::vector<Time>{Time::ms(7), Time::ms(2)}));
+  EXPECT_EQ(r.ranks[0].compute, Time::ms(7));
+}
+
+TEST(SimulateTest, DependencyAcrossRanksWaitsForTheTransfer) {
+  // Rank 0 computes 1 ms, sends 1 GB (10 ms + 2 us) to rank 1, which then computes 1 ms.
+  Network net = single_switch_network(2, kB, Time::us(1));
+  TaskGraph g;
+  LabelId fwd = g.label("fwd"), pp = g.label("pp_comm");
+  TaskId a = g.add_compute(RankId(0), 0, Time::ms(1), Flops(0), {.category = fwd});
+  TaskId send = g.add_p2p(RankId(0), RankId(1), Bytes::GB(1), 0, 0, {.category = pp});
+  TaskId b = g.add_compute(RankId(1), 0, Time::ms(1), Flops(0), {.category = fwd});
+  g.add_dependency(a, send);
+  g.add_dependency(send, b);
+  SimResult r = run(g, net);
+  const Time transfer = Time::ms(10) + Time::us(2);
+  EXPECT_EQ(r.tasks[b.value()].start, Time::ms(1) + transfer);
+  EXPECT_EQ(r.makespan, Time::ms(2) + transfer);
+  ASSERT_EQ(r.categories.size(), 2u);
+  EXPECT_EQ(r.categories[0].category, "fwd");
+  EXPECT_EQ(r.categories[0].rank_time, Time::ms(2));
+  EXPECT_EQ(r.categories[1].category, "pp_comm");
+  EXPECT_EQ(r.categories[1].rank_time, transfer * 2) << "counted on both ranks";
+}
+
+TEST(SimulateTest, CollectiveStartsWhenTheLastParticipantArrives) {
+  Network net = single_switch_network(2, kB, Time::zero());
+  TaskGraph g;
+  TaskId slow = g.add_compute(RankId(1), 0, Time::ms(4), Flops(0));
+  std::vector<RankId> grp = {RankId(0), RankId(1)};
+  TaskId ar = g.add_collective({.group = grp, .bytes = Bytes(0)});
+  g.add_dependency(slow, ar);
+  SimResult r = run(g, net);
+  EXPECT_EQ(r.tasks[ar.value()].start, Time::ms(4));
+  EXPECT_EQ(r.ranks[0].comm, r.tasks[ar.value()].end - Time::ms(4)) << "waiting is not busy";
+}
+
+// ---------------------------------------------------------------- collectives
+
+std::vector<RankId> ranks(int n, int first = 0) {
+  std::vector<RankId> v;
+  for (int i = 0; i < n; ++i) v.push_back(RankId(first + i));
+  return v;
+}
+
+// Simulated time of one collective alone on `net`.
+Time collective_time(const Network& net, CollectiveKind kind, std::span<const RankId> grp, Bytes s,
+                     Algorithm algo = Algorithm::kRing) {
+  TaskGraph g;
+  g.add_collective({.kind = kind, .group = grp, .bytes = s, .algorithm = algo});
+  return run(g, net).makespan;
+}
+
+TEST(CollectiveTest, RingAllReduceOnOneSwitchMatchesClosedForm) {
+  // t = ring_base + 2(n-1) intra hops + 2(n-1)/n * S / B.
+  const int n = 8;
+  Network net = single_switch_network(n, kB, Time::zero());
+  const Bytes s = Bytes::GiB(1);
+  auto grp = ranks(n);
+  CollectiveConfig cfg;
+  const Time latency = cfg.ring_base + cfg.intra_hop * (2 * (n - 1));
+  EXPECT_EQ(latency, Time::us(15)) << "NCCL tuner: 6.6 + 14 x 0.6 us";
+  const double bw_seconds = 2.0 * (n - 1) / n * s.as_double() / kB.bytes_per_s();
+  const Time t = collective_time(net, CollectiveKind::kAllReduce, grp, s);
+  EXPECT_NEAR(t.to_seconds(), latency.to_seconds() + bw_seconds, 1e-3 * t.to_seconds());
+  EXPECT_EQ(t, idle_time(collective_pattern(CollectiveKind::kAllReduce, Algorithm::kRing, grp,
+                                            RankId(0), net, cfg),
+                         s, net));
+}
+
+TEST(CollectiveTest, RingAllGatherAndReduceScatterMatchClosedForm) {
+  // t = ring_base + (n-1) intra hops + (n-1)/n * S / B, S = the total array.
+  const int n = 4;
+  Network net = single_switch_network(n, kB, Time::zero());
+  const Bytes s = Bytes::GiB(2);
+  CollectiveConfig cfg;
+  const double want = (cfg.ring_base + cfg.intra_hop * (n - 1)).to_seconds() +
+                      (n - 1.0) / n * s.as_double() / kB.bytes_per_s();
+  for (CollectiveKind k : {CollectiveKind::kAllGather, CollectiveKind::kReduceScatter}) {
+    Time t = collective_time(net, k, ranks(n), s);
+    EXPECT_NEAR(t.to_seconds(), want, 1e-3 * want) << to_string(k);
+  }
+}
+
+TEST(CollectiveTest, BusBandwidthEqualsLinkBandwidthForRingAlgorithms) {
+  // nccl-tests: busbw = S / t x factor; for ring-based algorithms on one switch it is the
+  // link bandwidth (latency removed, large S).
+  const int n = 8;
+  Network net = single_switch_network(n, kB, Time::zero());
+  const Bytes s = Bytes::GiB(4);
+  auto grp = ranks(n);
+  for (CollectiveKind k : {CollectiveKind::kAllReduce, CollectiveKind::kAllGather,
+                           CollectiveKind::kReduceScatter, CollectiveKind::kAllToAll,
+                           CollectiveKind::kBroadcast, CollectiveKind::kReduce}) {
+    auto pattern = collective_pattern(k, Algorithm::kRing, grp, RankId(3), net, {});
+    Time t = collective_time(net, k, grp, s) - pattern.latency;
+    double busbw = s.as_double() / t.to_seconds() * bus_bandwidth_factor(k, n);
+    EXPECT_NEAR(busbw / kB.bytes_per_s(), 1.0, 1e-3) << to_string(k);
+  }
+}
+
+TEST(CollectiveTest, TwoConcurrentCollectivesOnTheSameLinksEachTakeTwiceAsLong) {
+  const int n = 4;
+  Network net = single_switch_network(n, kB, Time::zero());
+  const Bytes s = Bytes::GiB(1);
+  auto grp = ranks(n);
+  const Time alone = collective_time(net, CollectiveKind::kAllReduce, grp, s);
+  const Time latency = collective_pattern(CollectiveKind::kAllReduce, Algorithm::kRing, grp,
+                                          RankId(0), net, {}).latency;
+  TaskGraph g;
+  TaskId a = g.add_collective({.group = grp, .bytes = s, .stream = 0, .algorithm = Algorithm::kRing});
+  TaskId b = g.add_collective({.group = grp, .bytes = s, .stream = 1, .algorithm = Algorithm::kRing});
+  SimResult r = run(g, net);
+  for (TaskId t : {a, b}) {
+    Time took = r.tasks[t.value()].end - r.tasks[t.value()].start;
+    EXPECT_NEAR((took - latency) / (alone - latency), 2.0, 1e-3);
+  }
+}
+
+TEST(CollectiveTest, CrossNodeAllReduceIsLimitedByTheNics) {
+  // 2 nodes x 8 GPUs, one 400 Gb/s NIC per GPU, NVLink 450 GB/s. NCCL runs one ring per
+  // NIC (8 channels) ordered node by node; busbw ~ 8 NICs x 50 GB/s = 400 GB/s
+  // (calibration.md §2.4: flat ring busbw ~ rails x per-NIC bandwidth).
+  ClusterShape shape{.nodes = 2, .gpus_per_node = 8};
+  Network net = cluster_network(shape);
+  const Bytes s = Bytes::GiB(8);
+  auto grp = ranks(16);
+  auto pattern = collective_pattern(CollectiveKind::kAllReduce, Algorithm::kRing, grp, RankId(0), net, {});
+  EXPECT_EQ(pattern.flows.size(), 16u * 8u) << "16 ring edges x 8 channels";
+  EXPECT_NEAR(pattern.latency.to_us(), 6.6 + 28 * 0.6 + 2 * 2.7, 1e-6) << "inside the 25-50 us floor";
+  Time t = collective_time(net, CollectiveKind::kAllReduce, grp, s) - pattern.latency;
+  double busbw = s.as_double() / t.to_seconds() * bus_bandwidth_factor(CollectiveKind::kAllReduce, 16);
+  EXPECT_NEAR(busbw / 1e9, 8 * shape.nic.to_GBps(), 0.01 * 400);
+  // With one channel the ring crosses each way through a single NIC: 8x slower.
+  Network same = cluster_network(shape);
+  SimOptions one;
+  one.collectives.channels = 1;
+  TaskGraph g;
+  g.add_collective({.group = grp, .bytes = s, .algorithm = Algorithm::kRing});
+  Time t1 = run(g, same, one).makespan - pattern.latency;
+  EXPECT_NEAR(t1 / t, 8.0, 0.05);
+}
+
+TEST(CollectiveTest, AllToAllAcrossNodesRunsAtOneNicPerRank) {
+  // Each rank sends S/n to every peer at once; the 8 remote shares leave through its own
+  // NIC: t ~ (S/2) / 50 GB/s (busbw ~ one NIC, calibration.md §2.4).
+  Network net = cluster_network({.nodes = 2, .gpus_per_node = 8});
+  const Bytes s = Bytes::GiB(1);
+  auto grp = ranks(16);
+  auto pattern = collective_pattern(CollectiveKind::kAllToAll, Algorithm::kRing, grp, RankId(0), net, {});
+  Time t = collective_time(net, CollectiveKind::kAllToAll, grp, s) - pattern.latency;
+  EXPECT_NEAR(t.to_seconds(), s.as_double() / 2 / 50e9, 1e-3 * t.to_seconds());
+}
+
+TEST(CollectiveTest, TreeAllReduceMovesAboutTwiceTheBufferPerRank) {
+  // Double binary tree: each tree carries S/2 up and down every edge; summed over ranks
+  // the shares are 2(n-1) (each of the 2 trees x (n-1) edges x 2 directions x 1/2).
+  Network net = cluster_network({.nodes = 4, .gpus_per_node = 8});
+  auto grp = ranks(32);
+  auto p = collective_pattern(CollectiveKind::kAllReduce, Algorithm::kTree, grp, RankId(0), net, {});
+  double total = 0;
+  for (const auto& f : p.flows) total += f.share;
+  EXPECT_NEAR(total, 2.0 * 31, 1e-9);
+  CollectiveConfig cfg;
+  EXPECT_EQ(p.latency, cfg.tree_base + (cfg.intra_hop * 7 + cfg.tree_inter_hop * 2) * 2);
+}
+
+TEST(CollectiveTest, AutoPicksTreeForSmallMessagesAcrossManyNodesAndRingOtherwise) {
+  Network net = cluster_network({.nodes = 16, .gpus_per_node = 8});
+  auto grp = ranks(128);
+  auto one_node = ranks(8);
+  const CollectiveConfig cfg;
+  const auto ar = CollectiveKind::kAllReduce;
+  EXPECT_EQ(choose_algorithm(ar, grp, RankId(0), Bytes::KiB(64), net, cfg), Algorithm::kTree);
+  EXPECT_EQ(choose_algorithm(ar, grp, RankId(0), Bytes::GiB(16), net, cfg), Algorithm::kRing);
+  EXPECT_EQ(choose_algorithm(ar, one_node, RankId(0), Bytes::KiB(64), net, cfg), Algorithm::kRing);
+  EXPECT_EQ(choose_algorithm(CollectiveKind::kAllGather, grp, RankId(0), Bytes::KiB(64), net, cfg),
+            Algorithm::kRing);
+  // simulate() resolves kAuto the same way.
+  TaskGraph g;
+  TaskId small = g.add_collective({.group = grp, .bytes = Bytes::KiB(64)});
+  SimResult r = run(g, net);
+  EXPECT_EQ(r.algorithms[small.value()], Algorithm::kTree);
+}
+
+TEST(CollectiveTest, SingleRankCollectiveIsFree) {
+  Network net = single_switch_network(2, kB, Time::zero());
+  EXPECT_EQ(collective_time(net, CollectiveKind::kAllReduce, ranks(1), Bytes::GiB(1)), Time::zero());
+}
+
+// ---------------------------------------------------------------- trace
+
+TEST(TraceTest, ChromeTraceIsValidJsonWithOneEventPerTaskStream) {
+  Network net = single_switch_network(2, kB, Time::us(1));
+  TaskGraph g;
+  TaskId a = g.add_compute(RankId(0), 0, Time::us(1.5), Flops(0),
+                           {.category = g.label("fwd"), .name = g.label("layer \"0\"\n")});
+  std::vector<RankId> grp = {RankId(0), RankId(1)};
+  TaskId ar = g.add_collective({.group = grp, .bytes = Bytes::MiB(1), .stream = 1},
+                               {.category = g.label("dp_comm")});
+  g.add_dependency(a, ar);
+  std::ostringstream out;
+  {
+    ChromeTraceWriter writer(out);
+    ASSERT_TRUE(simulate(g, net, {}, &writer).is_ok());
+  }
+  nlohmann::json doc = nlohmann::json::parse(out.str());  // throws if invalid
+  std::vector<nlohmann::json> complete;
+  std::set<std::string> processes, threads;
+  for (const auto& e : doc["traceEvents"]) {
+    if (e["ph"] == "X") complete.push_back(e);
+    if (e["ph"] == "M" && e["name"] == "process_name") processes.insert(e["args"]["name"]);
+    if (e["ph"] == "M" && e["name"] == "thread_name")
+      threads.insert(fmt::format("{}/{}", e["pid"].get<int>(), e["args"]["name"].get<std::string>()));
+  }
+  ASSERT_EQ(complete.size(), 3u) << "compute on rank 0 + all_reduce on ranks 0 and 1";
+  EXPECT_EQ(complete[0]["name"], "layer \"0\"\n");
+  EXPECT_EQ(complete[0]["cat"], "fwd");
+  EXPECT_DOUBLE_EQ(complete[0]["ts"].get<double>(), 0.0);
+  EXPECT_DOUBLE_EQ(complete[0]["dur"].get<double>(), 1.5);
+  EXPECT_EQ(complete[1]["name"], "all_reduce");
+  EXPECT_EQ(complete[1]["cat"], "dp_comm");
+  EXPECT_DOUBLE_EQ(complete[1]["ts"].get<double>(), 1.5);
+  EXPECT_EQ(complete[1]["tid"], ChromeTraceWriter::thread_id({RankId(0), StreamKind::kComm, 1}));
+  EXPECT_EQ(processes, (std::set<std::string>{"rank 0", "rank 1"}));
+  EXPECT_EQ(threads, (std::set<std::string>{"0/compute 0", "0/comm 1", "1/comm 1"}));
+}
+
+// ---------------------------------------------------------------- determinism
+
+// A small pipeline: 4 stages x 2 DP replicas on 2 nodes, forward/backward microbatches
+// with P2P between stages, DP all-reduce at the end overlapping the next compute.
+TaskGraph pipeline_graph() {
+  TaskGraph g;
+  const int stages = 4, dp = 2, micro = 6;
+  LabelId fwd = g.label("fwd"), bwd = g.label("bwd"), pp = g.label("pp_comm"), dpc = g.label("dp_comm");
+  auto rank = [&](int stage, int replica) { return RankId(stage * dp + replica); };
+  for (int rep = 0; rep < dp; ++rep) {
+    std::vector<TaskId> prev(micro);
+    for (int s = 0; s < stages; ++s)
+      for (int m = 0; m < micro; ++m) {
+        TaskId f = g.add_compute(rank(s, rep), 0, Time::us(300 + 10 * s), Flops(1e12), {.category = fwd});
+        if (s > 0) {
+          TaskId x = g.add_p2p(rank(s - 1, rep), rank(s, rep), Bytes::MiB(64), 0, 0, {.category = pp});
+          g.add_dependency(prev[m], x);
+          g.add_dependency(x, f);
+        }
+        prev[m] = f;
+      }
+    for (int s = stages - 1; s >= 0; --s)
+      for (int m = 0; m < micro; ++m) {
+        TaskId b = g.add_compute(rank(s, rep), 0, Time::us(600), Flops(2e12), {.category = bwd});
+        g.add_dependency(prev[m], b);
+        prev[m] = b;
+      }
+  }
+  for (int s = 0; s < stages; ++s) {
+    std::vector<RankId> grp = {rank(s, 0), rank(s, 1)};
+    g.add_collective({.group = grp, .bytes = Bytes::MiB(512), .stream = 1}, {.category = dpc});
+  }
+  return g;
+}
+
+void expect_same(const SimResult& a, const SimResult& b) {
+  EXPECT_EQ(a.makespan, b.makespan);
+  ASSERT_EQ(a.tasks.size(), b.tasks.size());
+  for (size_t t = 0; t < a.tasks.size(); ++t) {
+    EXPECT_EQ(a.tasks[t].start, b.tasks[t].start) << "task " << t;
+    EXPECT_EQ(a.tasks[t].end, b.tasks[t].end) << "task " << t;
+  }
+  ASSERT_EQ(a.ranks.size(), b.ranks.size());
+  for (size_t r = 0; r < a.ranks.size(); ++r) {
+    EXPECT_EQ(a.ranks[r].comm, b.ranks[r].comm);
+    EXPECT_EQ(a.ranks[r].exposed_comm, b.ranks[r].exposed_comm);
+  }
+}
+
+TEST(DeterminismTest, SameInputsGiveIdenticalResultsAcrossRunsAndThreads) {
+  const TaskGraph g = pipeline_graph();
+  const Network net = cluster_network({.nodes = 2, .gpus_per_node = 4});
+  SimOptions opt;
+  opt.record_tasks = true;
+  SimResult first = run(g, net, opt);
+  EXPECT_GT(first.makespan, Time::ms(10));
+  expect_same(first, run(g, net, opt));
+
+  SimResult on_thread[2];
+  std::thread t0([&] { on_thread[0] = *simulate(g, net, opt); });
+  std::thread t1([&] { on_thread[1] = *simulate(g, net, opt); });
+  t0.join();
+  t1.join();
+  expect_same(first, on_thread[0]);
+  expect_same(first, on_thread[1]);
+}
+
+}  // namespace
+}  // namespace hetpar::sim
