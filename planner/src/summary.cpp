@@ -8,14 +8,14 @@ namespace {
 
 ModuleSummary summarize_module(const Scenario& s, size_t i) {
   const models::Module& m = s.model.modules[i];
-  models::OpGraph g = models::build_op_graph(m.spec, module_input(s, i, /*micro_batch=*/1));
+  const models::ModuleInput in = module_input(s, i, /*micro_batch=*/1);
+  const models::OpGraph g = models::build_op_graph(m.spec, in);
   ModuleSummary out;
   out.name = m.name;
   out.kind = models::kind_of(m.spec);
   out.params = models::count_params(m.spec);
   out.layers = g.layers;
   out.items_per_sample = in.items_per_sample;
-  models::ModuleInput in = module_input(s, i, 1);
   // Layers see layer_tokens; a projector (no layers) sees its encoder's tokens.
   out.tokens_per_sample = out.kind == models::ModuleKind::kProjector
                               ? in.seq_len * in.items_per_sample
