@@ -88,8 +88,8 @@ TEST(CheckDeathTest, AbortsWithMessage) {
 }
 
 TEST(JsonReader, ReadsFieldsAndNamesPathsInErrors) {
-  auto j = parse_json(R"({"layers": 32, "act": "gelu", "moe": {"experts": 0}, "$comment": "x"})",
-                      "t");
+  auto j =
+      parse_json(R"({"layers": 32, "act": "gelu", "moe": {"experts": 0}, "$comment": "x"})", "t");
   ASSERT_TRUE(j.is_ok());
   JsonReader r(*j, "model");
   EXPECT_EQ(r.required_int("layers", 1), 32);

@@ -199,6 +199,13 @@ TEST(ProfileJson, RoundTripsEveryBuiltin) {
     ASSERT_TRUE(text.is_ok()) << text.status().to_string();
     EXPECT_EQ(*text, p);
   }
+  // JSON carries the numbers as written in the profile files (no 1e-9 rounding noise).
+  const nlohmann::json h100 = profile_to_json(builtin("dgx-h100"));
+  EXPECT_EQ(h100["collectives"][0]["busbw_GBps"][0][1].get<double>(), 363.3);
+  EXPECT_EQ(h100["collectives"][1]["alpha_us"].get<double>(), 10.8);
+  EXPECT_EQ(h100["gpu"]["compute"]["fp8"]["peak_tflops"].get<double>(), 1978.9);
+  EXPECT_EQ(h100["provenance"]["gpu.compute.bf16.eta_max"].get<std::string>().rfind("MAMF", 0), 0u);
+
   SystemProfile with_wan = builtin("rtx4090-node");
   with_wan.wan = WanLink{Bandwidth::gbit_per_s(0.02), Bandwidth::gbit_per_s(0.1), Time::ms(50)};
   with_wan.provenance["wan"] = "test";
@@ -225,28 +232,40 @@ TEST(ProfileJson, RejectsBadProfilesNamingTheField) {
       {"missing bf16", [](nlohmann::json& j) { j["gpu"]["compute"].erase("bf16"); },
        "gpu.compute.bf16: missing required precision"},
       {"unknown precision",
-       [](nlohmann::json& j) { j["gpu"]["compute"]["fp4"] = {{"peak_tflops", 1}, {"eta_max", 0.5}}; },
+       [](nlohmann::json& j) {
+         j["gpu"]["compute"]["fp4"] = {{"peak_tflops", 1}, {"eta_max", 0.5}};
+       },
        "gpu.compute.fp4: unknown precision"},
-      {"unknown field", [](nlohmann::json& j) { j["gpu"]["hbm_gbps"] = 3; }, "gpu.hbm_gbps: unknown field"},
+      {"unknown field", [](nlohmann::json& j) { j["gpu"]["hbm_gbps"] = 3; },
+       "gpu.hbm_gbps: unknown field"},
       {"eta above one", [](nlohmann::json& j) { j["gpu"]["compute"]["fp8"]["eta_max"] = 1.5; },
        "gpu.compute.fp8.eta_max: must be in (0, 1]"},
-      {"bad tile", [](nlohmann::json& j) { j["gpu"]["gemm"]["tiles"][1] = {128, 256}; },
+      {"bad tile",
+       [](nlohmann::json& j) {
+         j["gpu"]["gemm"]["tiles"][1] = {128, 256};
+       },
        "gpu.gemm.tiles[1]: expected [Tm, Tn, efficiency]"},
       {"unknown collective",
        [](nlohmann::json& j) { j["collectives"][2]["op"] = "all_reduce_scatter"; },
        "collectives[2].op: unknown value \"all_reduce_scatter\""},
       {"duplicate collective", [](nlohmann::json& j) { j["collectives"][1] = j["collectives"][0]; },
        "collectives[1].op: duplicate intra_node all_reduce"},
-      {"missing collective", [](nlohmann::json& j) { j["collectives"].erase(j["collectives"].size() - 1); },
+      {"missing collective",
+       [](nlohmann::json& j) { j["collectives"].erase(j["collectives"].size() - 1); },
        "collectives: missing inter_node send_recv"},
       {"decreasing groups",
-       [](nlohmann::json& j) { j["collectives"][0]["busbw_GBps"] = {{8, 400}, {4, 300}}; },
+       [](nlohmann::json& j) {
+         j["collectives"][0]["busbw_GBps"] = {{8, 400}, {4, 300}};
+       },
        "collectives.intra_node.all_reduce.busbw_GBps[1]: group sizes must increase"},
       {"nvls on pcie", [](nlohmann::json& j) { j["intra_node"]["fabric"] = "pcie"; },
        "intra_node.nvls: needs fabric \"nvswitch\""},
       {"bad fabric", [](nlohmann::json& j) { j["intra_node"]["fabric"] = "infiniband"; },
        "intra_node.fabric: unknown value \"infiniband\""},
-      {"bad WAN", [](nlohmann::json& j) { j["wan"] = {{"up_gbps", -1}, {"down_gbps", 1}, {"latency_ms", 5}}; },
+      {"bad WAN",
+       [](nlohmann::json& j) {
+         j["wan"] = {{"up_gbps", -1}, {"down_gbps", 1}, {"latency_ms", 5}};
+       },
        "wan.up_gbps: must be > 0"},
       {"wrong type", [](nlohmann::json& j) { j["gpus_per_node"] = "eight"; },
        "gpus_per_node: expected an integer"},
@@ -345,14 +364,28 @@ TEST(Cluster, OverridesApplyToEveryNode) {
   }
   // 8 x 400G -> 4 x 100G: ring collectives see 1/8 of the aggregate, all_to_all 1/4 of a NIC.
   const SystemProfile& o = c.groups()[0].profile;
-  EXPECT_NEAR(o.collective(CollectiveScope::kInterNode, Collective::kAllReduce).bus_bandwidth(2) /
-                  h100.collective(CollectiveScope::kInterNode, Collective::kAllReduce).bus_bandwidth(2),
-              1.0 / 8, 1e-12);
-  EXPECT_NEAR(o.collective(CollectiveScope::kInterNode, Collective::kAllToAll).bus_bandwidth(2) /
-                  h100.collective(CollectiveScope::kInterNode, Collective::kAllToAll).bus_bandwidth(2),
-              1.0 / 4, 1e-12);
+  EXPECT_NEAR(
+      o.collective(CollectiveScope::kInterNode, Collective::kAllReduce).bus_bandwidth(2) /
+          h100.collective(CollectiveScope::kInterNode, Collective::kAllReduce).bus_bandwidth(2),
+      1.0 / 8, 1e-12);
+  EXPECT_NEAR(
+      o.collective(CollectiveScope::kInterNode, Collective::kAllToAll).bus_bandwidth(2) /
+          h100.collective(CollectiveScope::kInterNode, Collective::kAllToAll).bus_bandwidth(2),
+      1.0 / 4, 1e-12);
   EXPECT_EQ(o.collective(CollectiveScope::kIntraNode, Collective::kAllReduce),
             h100.collective(CollectiveScope::kIntraNode, Collective::kAllReduce));
+  // The overridden numbers name the override as their source.
+  EXPECT_EQ(o.provenance.count("collectives.inter_node.all_reduce"), 0u);
+  EXPECT_NE(o.provenance.at("collectives.inter_node").find("cluster override"), std::string::npos);
+  EXPECT_EQ(o.provenance.at("wan"), "cluster override");
+}
+
+TEST(Cluster, DefaultConstructedIsEmpty) {
+  ClusterSpec c;
+  EXPECT_EQ(c.num_nodes(), 0);
+  EXPECT_EQ(c.total_gpus(), 0);
+  EXPECT_EQ(build_topology(c).num_gpus(), 0);
+  EXPECT_EQ(Topology().devices().size(), 0u);
 }
 
 struct BadClusterCase {
@@ -380,7 +413,8 @@ TEST(Cluster, RejectsBadClustersNamingThePath) {
       {R"({"profile": "dgx-h100", "nodes": 2, "wan": {"up_gbps": 1, "down_gbps": 1, "latency_ms": -5}})",
        "cluster.wan.latency_ms: must be >= 0"},
       {R"({"profile": "dgx-h100", "nodes": 2, "nic_gbps": -1})", "cluster.nic_gbps: must be > 0"},
-      {R"({"profile": "dgx-h100", "nodes": 2, "nics_per_node": 0})", "cluster.nics_per_node: must be >= 1"},
+      {R"({"profile": "dgx-h100", "nodes": 2, "nics_per_node": 0})",
+       "cluster.nics_per_node: must be >= 1"},
       {R"([1, 2])", "cluster: expected an object"},
   };
   for (const BadClusterCase& c : cases) {
@@ -419,7 +453,8 @@ TEST(Topology, InterNodeRouteUsesTheRailNics) {
   const Topology t = build_topology(cluster_of(R"({"profile": "dgx-h100", "nodes": 2})"));
   const std::vector<LinkId> r = t.route(t.gpu(3), t.gpu(8 + 5));
   ASSERT_EQ(r.size(), 4u);
-  EXPECT_EQ(kinds(t, r), (std::vector{LinkKind::kPcie, LinkKind::kNic, LinkKind::kNic, LinkKind::kPcie}));
+  EXPECT_EQ(kinds(t, r),
+            (std::vector{LinkKind::kPcie, LinkKind::kNic, LinkKind::kNic, LinkKind::kPcie}));
   const Device& src_nic = t.device(t.link(r[0]).dst);
   EXPECT_EQ(src_nic.kind, DeviceKind::kNic);
   EXPECT_EQ(src_nic.node, NodeId(0));
@@ -435,8 +470,8 @@ TEST(Topology, InterNodeRouteUsesTheRailNics) {
 }
 
 TEST(Topology, NicsAreSharedRoundRobinWhenFewerThanGpus) {
-  const Topology t = build_topology(cluster_of(
-      R"({"profile": "dgx-h100", "nodes": 2, "nics_per_node": 2, "nic_gbps": 200})"));
+  const Topology t = build_topology(
+      cluster_of(R"({"profile": "dgx-h100", "nodes": 2, "nics_per_node": 2, "nic_gbps": 200})"));
   const std::vector<LinkId> r = t.route(t.gpu(5), t.gpu(8 + 2));
   EXPECT_EQ(t.device(t.link(r[0]).dst).index, 1);  // 5 mod 2
   EXPECT_EQ(t.device(t.link(r[2]).dst).index, 0);  // 2 mod 2
@@ -448,8 +483,8 @@ TEST(Topology, WanRouteGoesUpThenDownWithAsymmetricBandwidth) {
       R"({"profile": "rtx4090-node", "nodes": 3,
           "wan": {"up_gbps": 0.02, "down_gbps": 0.1, "latency_ms": 50}})"));
   const std::vector<LinkId> r = t.route(t.gpu(2), t.gpu(8 + 7));
-  EXPECT_EQ(kinds(t, r), (std::vector{LinkKind::kPcie, LinkKind::kNic, LinkKind::kWan, LinkKind::kWan,
-                                      LinkKind::kNic, LinkKind::kPcie}));
+  EXPECT_EQ(kinds(t, r), (std::vector{LinkKind::kPcie, LinkKind::kNic, LinkKind::kWan,
+                                      LinkKind::kWan, LinkKind::kNic, LinkKind::kPcie}));
   const Link& up = t.link(r[2]);
   const Link& down = t.link(r[3]);
   EXPECT_EQ(t.device(up.src).kind, DeviceKind::kWanGateway);
@@ -472,8 +507,8 @@ TEST(Topology, MixedDatacenterAndWanNodes) {
   SystemProfile home = builtin("rtx4090-node");
   home.wan = WanLink{Bandwidth::gbit_per_s(0.05), Bandwidth::gbit_per_s(0.5), Time::ms(40)};
   home.provenance["wan"] = "test";
-  Result<ClusterSpec> c = ClusterSpec::create(
-      {{"dgx-h100", builtin("dgx-h100"), 1}, {"home", home, 1}});
+  Result<ClusterSpec> c =
+      ClusterSpec::create({{"dgx-h100", builtin("dgx-h100"), 1}, {"home", home, 1}});
   ASSERT_TRUE(c.is_ok()) << c.status().to_string();
   const Topology t = build_topology(*c);
   // Datacenter node -> home node: its NIC into the core, then the home node's WAN down link.
@@ -485,14 +520,16 @@ TEST(Topology, MixedDatacenterAndWanNodes) {
 }
 
 TEST(Topology, ClosedFormRoutesMatchDijkstra) {
-  for (const char* json :
-       {R"({"node_groups": [{"profile": "dgx-h100", "nodes": 2}, {"profile": "rtx4090-node", "nodes": 1}]})",
-        R"({"profile": "rtx4090-node", "nodes": 2, "wan": {"up_gbps": 1, "down_gbps": 2, "latency_ms": 5}})"}) {
+  for (
+      const char* json :
+      {R"({"node_groups": [{"profile": "dgx-h100", "nodes": 2}, {"profile": "rtx4090-node", "nodes": 1}]})",
+       R"({"profile": "rtx4090-node", "nodes": 2, "wan": {"up_gbps": 1, "down_gbps": 2, "latency_ms": 5}})"}) {
     SCOPED_TRACE(json);
     const Topology t = build_topology(cluster_of(json));
     for (int a = 0; a < t.num_gpus(); a += 3)
       for (int b = 0; b < t.num_gpus(); b += 5)
-        EXPECT_EQ(t.route(t.gpu(a), t.gpu(b)), t.shortest_path(t.gpu(a), t.gpu(b))) << a << "->" << b;
+        EXPECT_EQ(t.route(t.gpu(a), t.gpu(b)), t.shortest_path(t.gpu(a), t.gpu(b)))
+            << a << "->" << b;
   }
 }
 

@@ -2,10 +2,9 @@
 // collectives against their closed forms, simulate(), trace output, determinism.
 #include <gtest/gtest.h>
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cmath>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <set>
 #include <sstream>
@@ -165,7 +164,8 @@ TEST(MaxMinSolverTest, RandomInstancesAreFeasibleAndMaxMinFair) {
         if (load[l] < cap[l] * (1 - 1e-9)) continue;
         bool fastest = true;
         for (int g = 0; g < nf; ++g)
-          if (std::count(routes[g].begin(), routes[g].end(), l) && s.rate(g) > s.rate(f) * (1 + 1e-9))
+          if (std::count(routes[g].begin(), routes[g].end(), l) &&
+              s.rate(g) > s.rate(f) * (1 + 1e-9))
             fastest = false;
         has_bottleneck |= fastest;
       }
@@ -299,7 +299,8 @@ TEST(TaskGraphTest, LabelsAndGroupsAreInterned) {
   EXPECT_EQ(g.label_text(g.label("bwd")), "bwd");
   std::vector<RankId> grp = {RankId(0), RankId(1)};
   TaskId a = g.add_collective({.group = grp, .bytes = Bytes(1)});
-  TaskId b = g.add_collective({.kind = CollectiveKind::kBroadcast, .group = grp, .bytes = Bytes(1)});
+  TaskId b =
+      g.add_collective({.kind = CollectiveKind::kBroadcast, .group = grp, .bytes = Bytes(1)});
   EXPECT_EQ(g.task(a).group, g.task(b).group);
   EXPECT_EQ(g.task(b).root, RankId(0)) << "root defaults to group[0]";
   EXPECT_EQ(g.streams(a).size(), 2u);
@@ -337,6 +338,18 @@ TEST(SimulateTest, ComputeAndCommOnSeparateStreamsOverlap) {
   EXPECT_EQ(r.ranks[0].comm, Time::ms(5) + Time::us(2));
   EXPECT_EQ(r.ranks[0].exposed_comm, Time::zero());
   EXPECT_EQ(r.ranks[1].exposed_comm, Time::ms(5) + Time::us(2)) << "rank 1 only communicates";
+  EXPECT_DOUBLE_EQ(r.ranks[0].flops.count(), 1e12);
+}
+
+TEST(SimulateTest, ExposedCommIsTheCommNotHiddenByCompute) {
+  // 4 ms of compute under a 10 ms + 2 us transfer: 6 ms + 2 us of it is exposed.
+  Network net = single_switch_network(2, kB, Time::us(1));
+  TaskGraph g;
+  g.add_compute(RankId(0), 0, Time::ms(4), Flops(0));
+  g.add_p2p(RankId(0), RankId(1), Bytes::GB(1), 0, 0);
+  SimResult r = run(g, net);
+  EXPECT_EQ(r.ranks[0].exposed_comm, Time::ms(6) + Time::us(2));
+  EXPECT_EQ(r.ranks[0].comm_stream_busy, (std::vector<Time>{Time::ms(10) + Time::us(2)}));
 }
 
 TEST(SimulateTest, TasksOnOneStreamRunInProgramOrder) {
@@ -441,9 +454,9 @@ TEST(CollectiveTest, BusBandwidthEqualsLinkBandwidthForRingAlgorithms) {
   Network net = single_switch_network(n, kB, Time::zero());
   const Bytes s = Bytes::GiB(4);
   auto grp = ranks(n);
-  for (CollectiveKind k : {CollectiveKind::kAllReduce, CollectiveKind::kAllGather,
-                           CollectiveKind::kReduceScatter, CollectiveKind::kAllToAll,
-                           CollectiveKind::kBroadcast, CollectiveKind::kReduce}) {
+  for (CollectiveKind k :
+       {CollectiveKind::kAllReduce, CollectiveKind::kAllGather, CollectiveKind::kReduceScatter,
+        CollectiveKind::kAllToAll, CollectiveKind::kBroadcast, CollectiveKind::kReduce}) {
     auto pattern = collective_pattern(k, Algorithm::kRing, grp, RankId(3), net, {});
     Time t = collective_time(net, k, grp, s) - pattern.latency;
     double busbw = s.as_double() / t.to_seconds() * bus_bandwidth_factor(k, n);
@@ -457,11 +470,14 @@ TEST(CollectiveTest, TwoConcurrentCollectivesOnTheSameLinksEachTakeTwiceAsLong) 
   const Bytes s = Bytes::GiB(1);
   auto grp = ranks(n);
   const Time alone = collective_time(net, CollectiveKind::kAllReduce, grp, s);
-  const Time latency = collective_pattern(CollectiveKind::kAllReduce, Algorithm::kRing, grp,
-                                          RankId(0), net, {}).latency;
+  const Time latency =
+      collective_pattern(CollectiveKind::kAllReduce, Algorithm::kRing, grp, RankId(0), net, {})
+          .latency;
   TaskGraph g;
-  TaskId a = g.add_collective({.group = grp, .bytes = s, .stream = 0, .algorithm = Algorithm::kRing});
-  TaskId b = g.add_collective({.group = grp, .bytes = s, .stream = 1, .algorithm = Algorithm::kRing});
+  TaskId a =
+      g.add_collective({.group = grp, .bytes = s, .stream = 0, .algorithm = Algorithm::kRing});
+  TaskId b =
+      g.add_collective({.group = grp, .bytes = s, .stream = 1, .algorithm = Algorithm::kRing});
   SimResult r = run(g, net);
   for (TaskId t : {a, b}) {
     Time took = r.tasks[t.value()].end - r.tasks[t.value()].start;
@@ -477,11 +493,14 @@ TEST(CollectiveTest, CrossNodeAllReduceIsLimitedByTheNics) {
   Network net = cluster_network(shape);
   const Bytes s = Bytes::GiB(8);
   auto grp = ranks(16);
-  auto pattern = collective_pattern(CollectiveKind::kAllReduce, Algorithm::kRing, grp, RankId(0), net, {});
+  auto pattern =
+      collective_pattern(CollectiveKind::kAllReduce, Algorithm::kRing, grp, RankId(0), net, {});
   EXPECT_EQ(pattern.flows.size(), 16u * 8u) << "16 ring edges x 8 channels";
-  EXPECT_NEAR(pattern.latency.to_us(), 6.6 + 28 * 0.6 + 2 * 2.7, 1e-6) << "inside the 25-50 us floor";
+  EXPECT_NEAR(pattern.latency.to_us(), 6.6 + 28 * 0.6 + 2 * 2.7, 1e-6)
+      << "inside the 25-50 us floor";
   Time t = collective_time(net, CollectiveKind::kAllReduce, grp, s) - pattern.latency;
-  double busbw = s.as_double() / t.to_seconds() * bus_bandwidth_factor(CollectiveKind::kAllReduce, 16);
+  double busbw =
+      s.as_double() / t.to_seconds() * bus_bandwidth_factor(CollectiveKind::kAllReduce, 16);
   EXPECT_NEAR(busbw / 1e9, 8 * shape.nic.to_GBps(), 0.01 * 400);
   // With one channel the ring crosses each way through a single NIC: 8x slower.
   Network same = cluster_network(shape);
@@ -499,7 +518,8 @@ TEST(CollectiveTest, AllToAllAcrossNodesRunsAtOneNicPerRank) {
   Network net = cluster_network({.nodes = 2, .gpus_per_node = 8});
   const Bytes s = Bytes::GiB(1);
   auto grp = ranks(16);
-  auto pattern = collective_pattern(CollectiveKind::kAllToAll, Algorithm::kRing, grp, RankId(0), net, {});
+  auto pattern =
+      collective_pattern(CollectiveKind::kAllToAll, Algorithm::kRing, grp, RankId(0), net, {});
   Time t = collective_time(net, CollectiveKind::kAllToAll, grp, s) - pattern.latency;
   EXPECT_NEAR(t.to_seconds(), s.as_double() / 2 / 50e9, 1e-3 * t.to_seconds());
 }
@@ -509,7 +529,8 @@ TEST(CollectiveTest, TreeAllReduceMovesAboutTwiceTheBufferPerRank) {
   // the shares are 2(n-1) (each of the 2 trees x (n-1) edges x 2 directions x 1/2).
   Network net = cluster_network({.nodes = 4, .gpus_per_node = 8});
   auto grp = ranks(32);
-  auto p = collective_pattern(CollectiveKind::kAllReduce, Algorithm::kTree, grp, RankId(0), net, {});
+  auto p =
+      collective_pattern(CollectiveKind::kAllReduce, Algorithm::kTree, grp, RankId(0), net, {});
   double total = 0;
   for (const auto& f : p.flows) total += f.share;
   EXPECT_NEAR(total, 2.0 * 31, 1e-9);
@@ -537,7 +558,8 @@ TEST(CollectiveTest, AutoPicksTreeForSmallMessagesAcrossManyNodesAndRingOtherwis
 
 TEST(CollectiveTest, SingleRankCollectiveIsFree) {
   Network net = single_switch_network(2, kB, Time::zero());
-  EXPECT_EQ(collective_time(net, CollectiveKind::kAllReduce, ranks(1), Bytes::GiB(1)), Time::zero());
+  EXPECT_EQ(collective_time(net, CollectiveKind::kAllReduce, ranks(1), Bytes::GiB(1)),
+            Time::zero());
 }
 
 // ---------------------------------------------------------------- trace
@@ -563,7 +585,8 @@ TEST(TraceTest, ChromeTraceIsValidJsonWithOneEventPerTaskStream) {
     if (e["ph"] == "X") complete.push_back(e);
     if (e["ph"] == "M" && e["name"] == "process_name") processes.insert(e["args"]["name"]);
     if (e["ph"] == "M" && e["name"] == "thread_name")
-      threads.insert(fmt::format("{}/{}", e["pid"].get<int>(), e["args"]["name"].get<std::string>()));
+      threads.insert(
+          fmt::format("{}/{}", e["pid"].get<int>(), e["args"]["name"].get<std::string>()));
   }
   ASSERT_EQ(complete.size(), 3u) << "compute on rank 0 + all_reduce on ranks 0 and 1";
   EXPECT_EQ(complete[0]["name"], "layer \"0\"\n");
@@ -585,15 +608,18 @@ TEST(TraceTest, ChromeTraceIsValidJsonWithOneEventPerTaskStream) {
 TaskGraph pipeline_graph() {
   TaskGraph g;
   const int stages = 4, dp = 2, micro = 6;
-  LabelId fwd = g.label("fwd"), bwd = g.label("bwd"), pp = g.label("pp_comm"), dpc = g.label("dp_comm");
+  LabelId fwd = g.label("fwd"), bwd = g.label("bwd"), pp = g.label("pp_comm"),
+          dpc = g.label("dp_comm");
   auto rank = [&](int stage, int replica) { return RankId(stage * dp + replica); };
   for (int rep = 0; rep < dp; ++rep) {
     std::vector<TaskId> prev(micro);
     for (int s = 0; s < stages; ++s)
       for (int m = 0; m < micro; ++m) {
-        TaskId f = g.add_compute(rank(s, rep), 0, Time::us(300 + 10 * s), Flops(1e12), {.category = fwd});
+        TaskId f =
+            g.add_compute(rank(s, rep), 0, Time::us(300 + 10 * s), Flops(1e12), {.category = fwd});
         if (s > 0) {
-          TaskId x = g.add_p2p(rank(s - 1, rep), rank(s, rep), Bytes::MiB(64), 0, 0, {.category = pp});
+          TaskId x =
+              g.add_p2p(rank(s - 1, rep), rank(s, rep), Bytes::MiB(64), 0, 0, {.category = pp});
           g.add_dependency(prev[m], x);
           g.add_dependency(x, f);
         }

@@ -44,8 +44,9 @@ int run_hardware(const CatalogOptions& opts) {
                p->gpu.memory_bandwidth, p->intra_node.bandwidth,
                fmt::format("{} x {}", p->inter_node.nics_per_node, p->inter_node.nic_bandwidth));
   }
-  fmt::print("(bandwidths per GPU or per NIC, one direction; `hetpar hardware --json` gives "
-             "every number with its source)\n");
+  fmt::print(
+      "(bandwidths per GPU or per NIC, one direction; `hetpar hardware --json` gives "
+      "every number with its source)\n");
   return 0;
 }
 

@@ -11,9 +11,10 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "hetpar 0.1.0");
 
   InspectOptions inspect;
-  auto* cmd_inspect = app.add_subcommand(
-      "inspect", "Parameters, FLOPs and activation bytes per module of a scenario's model, "
-                 "and the cluster's peak numbers");
+  auto* cmd_inspect =
+      app.add_subcommand("inspect",
+                         "Parameters, FLOPs and activation bytes per module of a scenario's model, "
+                         "and the cluster's peak numbers");
   cmd_inspect->add_option("scenario", inspect.scenario_path, "Scenario JSON file")->required();
   cmd_inspect->add_flag("--json", inspect.json, "Print JSON instead of tables");
 

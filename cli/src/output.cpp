@@ -8,11 +8,14 @@ namespace hetpar::cli {
 
 int exit_code_for(const Status& s) {
   switch (s.code()) {
-    case Status::Code::kOk: return 0;
+    case Status::Code::kOk:
+      return 0;
     case Status::Code::kInvalidArgument:
     case Status::Code::kNotFound:
-    case Status::Code::kIoError: return 2;
-    default: return 1;
+    case Status::Code::kIoError:
+      return 2;
+    default:
+      return 1;
   }
 }
 

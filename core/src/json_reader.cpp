@@ -2,16 +2,18 @@
 
 #include <fmt/format.h>
 
-#include "hetpar/core/file_io.h"
-
 #include <cmath>
+
+#include "hetpar/core/file_io.h"
 
 namespace hetpar {
 
 namespace {
 const nlohmann::json kEmptyArray = nlohmann::json::array();
 
-std::string type_name(const nlohmann::json& v) { return v.type_name(); }
+std::string type_name(const nlohmann::json& v) {
+  return v.type_name();
+}
 }  // namespace
 
 Result<nlohmann::json> parse_json(std::string_view text, std::string_view source) {
@@ -35,8 +37,8 @@ std::string json_index_path(const std::string& parent, std::string_view key, siz
 
 JsonReader::JsonReader(const nlohmann::json& j, std::string path) : j_(j), path_(std::move(path)) {
   if (!j_.is_object())
-    status_ = Status::invalid_argument(fmt::format("{}: expected an object, got {}",
-                                                   path_.empty() ? "<root>" : path_, type_name(j_)));
+    status_ = Status::invalid_argument(fmt::format(
+        "{}: expected an object, got {}", path_.empty() ? "<root>" : path_, type_name(j_)));
 }
 
 std::string JsonReader::path_of(std::string_view key) const {
@@ -64,7 +66,9 @@ const nlohmann::json* JsonReader::find(std::string_view key) {
   return &*it;
 }
 
-const nlohmann::json* JsonReader::raw(std::string_view key) { return find(key); }
+const nlohmann::json* JsonReader::raw(std::string_view key) {
+  return find(key);
+}
 
 int64_t JsonReader::optional_int(std::string_view key, int64_t fallback, int64_t min, int64_t max) {
   const nlohmann::json* v = find(key);

@@ -10,12 +10,23 @@ namespace hetpar {
 std::string Status::to_string() const {
   const char* name = "ok";
   switch (code_) {
-    case Code::kOk: return "ok";
-    case Code::kInvalidArgument: name = "invalid argument"; break;
-    case Code::kNotFound: name = "not found"; break;
-    case Code::kIoError: name = "I/O error"; break;
-    case Code::kUnavailable: name = "unavailable"; break;
-    case Code::kInternal: name = "internal error"; break;
+    case Code::kOk:
+      return "ok";
+    case Code::kInvalidArgument:
+      name = "invalid argument";
+      break;
+    case Code::kNotFound:
+      name = "not found";
+      break;
+    case Code::kIoError:
+      name = "I/O error";
+      break;
+    case Code::kUnavailable:
+      name = "unavailable";
+      break;
+    case Code::kInternal:
+      name = "internal error";
+      break;
   }
   return fmt::format("{}: {}", name, message_);
 }

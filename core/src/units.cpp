@@ -46,11 +46,10 @@ constexpr Scale kBytes[] = {{1.0, "B"},
                             {1125899906842624.0, "PiB"}};
 constexpr Scale kFlops[] = {{1.0, "FLOP"},   {1e3, "kFLOP"},  {1e6, "MFLOP"}, {1e9, "GFLOP"},
                             {1e12, "TFLOP"}, {1e15, "PFLOP"}, {1e18, "EFLOP"}};
-constexpr Scale kRate[] = {{1.0, "FLOP/s"},   {1e3, "kFLOP/s"},  {1e6, "MFLOP/s"},
-                           {1e9, "GFLOP/s"},  {1e12, "TFLOP/s"}, {1e15, "PFLOP/s"},
-                           {1e18, "EFLOP/s"}};
-constexpr Scale kBandwidth[] = {{1.0, "B/s"},   {1e3, "kB/s"},  {1e6, "MB/s"},
-                                {1e9, "GB/s"},  {1e12, "TB/s"}};
+constexpr Scale kRate[] = {{1.0, "FLOP/s"},   {1e3, "kFLOP/s"},  {1e6, "MFLOP/s"}, {1e9, "GFLOP/s"},
+                           {1e12, "TFLOP/s"}, {1e15, "PFLOP/s"}, {1e18, "EFLOP/s"}};
+constexpr Scale kBandwidth[] = {
+    {1.0, "B/s"}, {1e3, "kB/s"}, {1e6, "MB/s"}, {1e9, "GB/s"}, {1e12, "TB/s"}};
 
 }  // namespace
 
@@ -61,10 +60,20 @@ std::string format_count(double v) {
   return s;
 }
 
-std::string to_string(Time t) { return scaled(t.to_seconds(), kTime); }
-std::string to_string(Bytes b) { return scaled(b.as_double(), kBytes); }
-std::string to_string(Flops f) { return scaled(f.count(), kFlops); }
-std::string to_string(FlopRate r) { return scaled(r.per_second(), kRate); }
-std::string to_string(Bandwidth bw) { return scaled(bw.bytes_per_s(), kBandwidth); }
+std::string to_string(Time t) {
+  return scaled(t.to_seconds(), kTime);
+}
+std::string to_string(Bytes b) {
+  return scaled(b.as_double(), kBytes);
+}
+std::string to_string(Flops f) {
+  return scaled(f.count(), kFlops);
+}
+std::string to_string(FlopRate r) {
+  return scaled(r.per_second(), kRate);
+}
+std::string to_string(Bandwidth bw) {
+  return scaled(bw.bytes_per_s(), kBandwidth);
+}
 
 }  // namespace hetpar

@@ -10,6 +10,14 @@ namespace hetpar::hardware {
 
 namespace {
 
+// Replaces the sources of `prefix` and every field below it by `note`.
+void replace_provenance(SystemProfile& p, const std::string& prefix, const std::string& note) {
+  std::erase_if(p.provenance, [&](const auto& entry) {
+    return entry.first == prefix || entry.first.rfind(prefix + ".", 0) == 0;
+  });
+  p.provenance[prefix] = note;
+}
+
 void apply_nic_override(SystemProfile& p, const ClusterOverrides& o) {
   const InterNodeNetwork before = p.inter_node;
   if (o.nics_per_node) p.inter_node.nics_per_node = *o.nics_per_node;
@@ -27,9 +35,9 @@ void apply_nic_override(SystemProfile& p, const ClusterOverrides& o) {
       "{} x {} Gb/s",
       p.inter_node.nics_per_node, p.inter_node.nic_bandwidth.bytes_per_s() * 8e-9,
       before.nics_per_node, before.nic_bandwidth.bytes_per_s() * 8e-9);
-  p.provenance["inter_node.nics_per_node"] = note;
-  p.provenance["inter_node.nic_gbps"] = note;
-  p.provenance["collectives.inter_node"] = note;
+  replace_provenance(p, "inter_node.nics_per_node", note);
+  replace_provenance(p, "inter_node.nic_gbps", note);
+  replace_provenance(p, "collectives.inter_node", note);
 }
 
 }  // namespace
@@ -40,12 +48,10 @@ Result<ClusterSpec> ClusterSpec::create(std::vector<NodeGroup> groups, ClusterOv
     return Status::invalid_argument(
         fmt::format("nics_per_node: must be >= 1, got {}", *overrides.nics_per_node));
   if (overrides.nic_bandwidth && !(overrides.nic_bandwidth->bytes_per_s() > 0))
-    return Status::invalid_argument(fmt::format(
-        "nic_gbps: must be > 0, got {}", overrides.nic_bandwidth->bytes_per_s() * 8e-9));
+    return Status::invalid_argument(fmt::format("nic_gbps: must be > 0, got {}",
+                                                overrides.nic_bandwidth->bytes_per_s() * 8e-9));
 
   ClusterSpec c;
-  c.group_first_node_.push_back(0);
-  c.group_first_gpu_.push_back(0);
   for (size_t i = 0; i < groups.size(); ++i) {
     NodeGroup& g = groups[i];
     if (g.nodes < 1)
@@ -54,12 +60,13 @@ Result<ClusterSpec> ClusterSpec::create(std::vector<NodeGroup> groups, ClusterOv
     apply_nic_override(g.profile, overrides);
     if (overrides.wan) {
       g.profile.wan = overrides.wan;
-      g.profile.provenance["wan"] = "cluster override";
+      replace_provenance(g.profile, "wan", "cluster override");
     }
     if (Status st = validate_profile(g.profile); !st.is_ok())
       return st.with_context(fmt::format("node_groups[{}].profile {}", i, g.profile_ref));
     const int64_t nodes = int64_t{c.group_first_node_.back()} + g.nodes;
-    const int64_t gpus = int64_t{c.group_first_gpu_.back()} + int64_t{g.nodes} * g.profile.gpus_per_node;
+    const int64_t gpus =
+        int64_t{c.group_first_gpu_.back()} + int64_t{g.nodes} * g.profile.gpus_per_node;
     if (gpus > (int64_t{1} << 30))
       return Status::invalid_argument(fmt::format("node_groups[{}]: too many GPUs ({})", i, gpus));
     c.group_first_node_.push_back(static_cast<int>(nodes));

@@ -58,7 +58,8 @@ Result<ClusterSpec> parse_cluster(const nlohmann::json& j, const std::string& pa
   r.finish();
   if (!r.ok()) return r.status();
   Result<ClusterSpec> c = ClusterSpec::create(std::move(groups), std::move(o));
-  if (!c && !path.empty()) return Status::invalid_argument(fmt::format("{}.{}", path, c.status().message()));
+  if (!c && !path.empty())
+    return Status::invalid_argument(fmt::format("{}.{}", path, c.status().message()));
   return c;
 }
 

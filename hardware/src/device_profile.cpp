@@ -12,7 +12,9 @@ namespace {
 // several K-tiles to amortize its prologue and the partial-sum write).
 constexpr int64_t kMinSplitK = 256;
 
-constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+constexpr int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
 }  // namespace
 
 FlopRate DeviceProfile::peak(Precision p) const {
@@ -32,7 +34,8 @@ Time DeviceProfile::gemm_time(int64_t m, int64_t n, int64_t k, int64_t batch, Pr
   const double sm_flops = rate.peak.per_second() * rate.eta_max / sm_count;
   const double mem_bps = memory_bandwidth.bytes_per_s() * memory_efficiency;
   const double b = static_cast<double>(batch);
-  const double md = static_cast<double>(m), nd = static_cast<double>(n), kd = static_cast<double>(k);
+  const double md = static_cast<double>(m), nd = static_cast<double>(n),
+               kd = static_cast<double>(k);
   const double operand_bytes =
       static_cast<double>(bytes_per_element(p)) * b * (md * kd + kd * nd + md * nd);
 
@@ -43,10 +46,11 @@ Time DeviceProfile::gemm_time(int64_t m, int64_t n, int64_t k, int64_t batch, Pr
     if (gemm_split_k)
       while (tiles * split * 2 <= sm_count && k / (split * 2) >= kMinSplitK) split *= 2;
     const int64_t waves = ceil_div(tiles * split, sm_count);
-    const double tile_s = 2.0 * t.m * t.n * static_cast<double>(ceil_div(k, split)) /
-                          (sm_flops * t.efficiency);
+    const double tile_s =
+        2.0 * t.m * t.n * static_cast<double>(ceil_div(k, split)) / (sm_flops * t.efficiency);
     // Split-K writes fp32 partial sums and reads them back for the final reduction.
-    const double partial_bytes = split > 1 ? 2.0 * 4.0 * static_cast<double>(split) * md * nd * b : 0;
+    const double partial_bytes =
+        split > 1 ? 2.0 * 4.0 * static_cast<double>(split) * md * nd * b : 0;
     best = std::min(best, std::max(static_cast<double>(waves) * tile_s,
                                    (operand_bytes + partial_bytes) / mem_bps));
   }
@@ -65,6 +69,8 @@ Time DeviceProfile::attention_time(Flops flops, Precision p, bool backward) cons
   return flops / (peak(p) * eff) + gemm_launch_overhead;
 }
 
-Time DeviceProfile::memory_time(Bytes bytes) const { return bytes / effective_memory_bandwidth(); }
+Time DeviceProfile::memory_time(Bytes bytes) const {
+  return bytes / effective_memory_bandwidth();
+}
 
 }  // namespace hetpar::hardware

@@ -15,10 +15,31 @@ namespace {
 
 // Unit conversions round to whole bytes/s, FLOP/s and bytes, so that writing a profile
 // in JSON units and reading it back reproduces the same values exactly.
-Bandwidth from_GBps(double v) { return Bandwidth::bytes_per_s(std::round(v * 1e9)); }
-Bandwidth from_gbps(double v) { return Bandwidth::bytes_per_s(std::round(v * 1e9 / 8.0)); }
-double to_gbps(Bandwidth b) { return b.bytes_per_s() * 8.0 / 1e9; }
-Bytes from_scaled_bytes(double v, double unit) { return Bytes(std::llround(v * unit)); }
+Bandwidth from_GBps(double v) {
+  return Bandwidth::bytes_per_s(std::round(v * 1e9));
+}
+Bandwidth from_gbps(double v) {
+  return Bandwidth::bytes_per_s(std::round(v * 1e9 / 8.0));
+}
+// JSON units by division (not by multiplying with 1e-9), so 234.6e9 B/s prints as 234.6.
+double to_gbps(Bandwidth b) {
+  return b.bytes_per_s() * 8.0 / 1e9;
+}
+double to_GBps(Bandwidth b) {
+  return b.bytes_per_s() / 1e9;
+}
+double to_tflops(FlopRate r) {
+  return r.per_second() / 1e12;
+}
+double to_us(Time t) {
+  return static_cast<double>(t.count_ps()) / 1e6;
+}
+double to_ms(Time t) {
+  return static_cast<double>(t.count_ps()) / 1e9;
+}
+Bytes from_scaled_bytes(double v, double unit) {
+  return Bytes(std::llround(v * unit));
+}
 constexpr double kMiB = 1048576.0;
 constexpr double kGiB = 1073741824.0;
 constexpr int64_t kMaxCount = int64_t{1} << 30;
@@ -46,7 +67,9 @@ std::vector<std::vector<double>> read_rows(JsonReader& r, std::string_view key, 
   return rows;
 }
 
-bool is_whole(double v) { return v == std::floor(v) && std::fabs(v) < 1e9; }
+bool is_whole(double v) {
+  return v == std::floor(v) && std::fabs(v) < 1e9;
+}
 
 void read_gpu(JsonReader r, DeviceProfile& g, JsonReader& parent) {
   g.model = r.required_string("model");
@@ -108,8 +131,8 @@ void read_collectives(JsonReader& r, std::vector<CollectiveFigure>& out) {
     JsonReader c(arr[i], json_index_path(r.path(), "collectives", i));
     CollectiveFigure f;
     std::string scope = c.required_enum("scope", {"intra_node", "inter_node"});
-    std::string op = c.required_enum(
-        "op", {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv"});
+    std::string op = c.required_enum("op", {"all_reduce", "all_gather", "reduce_scatter",
+                                            "all_to_all", "broadcast", "send_recv"});
     f.alpha = Time::us(c.required_double("alpha_us"));
     for (const auto& row : read_rows(c, "busbw_GBps", 2, "[group size, GB/s]")) {
       if (!is_whole(row[0])) {
@@ -136,7 +159,7 @@ void read_collectives(JsonReader& r, std::vector<CollectiveFigure>& out) {
 
 nlohmann::json rows_json(const std::vector<std::pair<int, Bandwidth>>& rows) {
   nlohmann::json j = nlohmann::json::array();
-  for (const auto& [g, bw] : rows) j.push_back({g, bw.to_GBps()});
+  for (const auto& [g, bw] : rows) j.push_back({g, to_GBps(bw)});
   return j;
 }
 
@@ -150,17 +173,19 @@ Result<WanLink> parse_wan(const nlohmann::json& j, const std::string& path) {
   w.latency = Time::ms(r.required_double("latency_ms"));
   r.finish();
   if (!r.ok()) return r.status();
-  if (!(w.up.bytes_per_s() > 0)) r.fail("up_gbps", fmt::format("must be > 0, got {}", to_gbps(w.up)));
+  if (!(w.up.bytes_per_s() > 0))
+    r.fail("up_gbps", fmt::format("must be > 0, got {}", to_gbps(w.up)));
   if (!(w.down.bytes_per_s() > 0))
     r.fail("down_gbps", fmt::format("must be > 0, got {}", to_gbps(w.down)));
   if (w.latency < Time::zero())
-    r.fail("latency_ms", fmt::format("must be >= 0, got {}", w.latency.to_ms()));
+    r.fail("latency_ms", fmt::format("must be >= 0, got {}", to_ms(w.latency)));
   if (!r.ok()) return r.status();
   return w;
 }
 
 nlohmann::json wan_to_json(const WanLink& w) {
-  return {{"up_gbps", to_gbps(w.up)}, {"down_gbps", to_gbps(w.down)}, {"latency_ms", w.latency.to_ms()}};
+  return {
+      {"up_gbps", to_gbps(w.up)}, {"down_gbps", to_gbps(w.down)}, {"latency_ms", to_ms(w.latency)}};
 }
 
 Result<SystemProfile> parse_profile(const nlohmann::json& j, const std::string& path) {
@@ -217,7 +242,7 @@ nlohmann::json profile_to_json(const SystemProfile& p) {
   nlohmann::json compute = nlohmann::json::object();
   for (Precision prec : kAllPrecisions)
     if (g.supports(prec))
-      compute[std::string(to_string(prec))] = {{"peak_tflops", g.peak(prec).to_tflops()},
+      compute[std::string(to_string(prec))] = {{"peak_tflops", to_tflops(g.peak(prec))},
                                                {"eta_max", g.eta_max(prec)}};
   nlohmann::json tiles = nlohmann::json::array();
   for (const GemmTile& t : g.gemm_tiles) tiles.push_back({t.m, t.n, t.efficiency});
@@ -231,27 +256,27 @@ nlohmann::json profile_to_json(const SystemProfile& p) {
         {"sm_count", g.sm_count},
         {"l2_MiB", g.l2.as_double() / kMiB},
         {"memory_GiB", g.memory_capacity.as_double() / kGiB},
-        {"memory_GBps", g.memory_bandwidth.to_GBps()},
+        {"memory_GBps", to_GBps(g.memory_bandwidth)},
         {"memory_efficiency", g.memory_efficiency},
-        {"host_link_GBps", g.host_link.to_GBps()},
+        {"host_link_GBps", to_GBps(g.host_link)},
         {"compute", compute},
         {"gemm",
          {{"tiles", tiles},
-          {"launch_us", g.gemm_launch_overhead.to_us()},
+          {"launch_us", to_us(g.gemm_launch_overhead)},
           {"split_k", g.gemm_split_k}}},
         {"attention",
          {{"fwd_efficiency", g.attention_fwd_efficiency},
           {"bwd_efficiency", g.attention_bwd_efficiency}}}}},
       {"intra_node",
        {{"fabric", to_string(p.intra_node.kind)},
-        {"GBps", p.intra_node.bandwidth.to_GBps()},
-        {"latency_us", p.intra_node.latency.to_us()},
+        {"GBps", to_GBps(p.intra_node.bandwidth)},
+        {"latency_us", to_us(p.intra_node.latency)},
         {"nvls", p.intra_node.nvls},
         {"nvls_min_group", p.intra_node.nvls_min_group}}},
       {"inter_node",
        {{"nics_per_node", p.inter_node.nics_per_node},
         {"nic_gbps", to_gbps(p.inter_node.nic_bandwidth)},
-        {"latency_us", p.inter_node.latency.to_us()}}},
+        {"latency_us", to_us(p.inter_node.latency)}}},
       {"provenance", p.provenance},
   };
   if (p.wan) j["wan"] = wan_to_json(*p.wan);
@@ -259,7 +284,7 @@ nlohmann::json profile_to_json(const SystemProfile& p) {
   for (const CollectiveFigure& f : p.collectives)
     colls.push_back({{"scope", to_string(f.scope)},
                      {"op", to_string(f.op)},
-                     {"alpha_us", f.alpha.to_us()},
+                     {"alpha_us", to_us(f.alpha)},
                      {"busbw_GBps", rows_json(f.busbw)}});
   j["collectives"] = colls;
   return j;
@@ -273,7 +298,9 @@ Result<SystemProfile> parse_profile_text(std::string_view text, std::string_view
   return p;
 }
 
-std::string profile_to_json_text(const SystemProfile& p) { return profile_to_json(p).dump(2); }
+std::string profile_to_json_text(const SystemProfile& p) {
+  return profile_to_json(p).dump(2);
+}
 
 Result<SystemProfile> load_profile(std::string_view name_or_path, std::string_view base_dir) {
   for (const EmbeddedFile& f : detail::builtin_profile_files())

@@ -11,9 +11,12 @@ namespace hetpar::hardware {
 
 std::string_view to_string(FabricKind k) {
   switch (k) {
-    case FabricKind::kNvSwitch: return "nvswitch";
-    case FabricKind::kPcie: return "pcie";
-    case FabricKind::kNone: return "none";
+    case FabricKind::kNvSwitch:
+      return "nvswitch";
+    case FabricKind::kPcie:
+      return "pcie";
+    case FabricKind::kNone:
+      return "none";
   }
   return "?";
 }
@@ -24,12 +27,18 @@ std::string_view to_string(CollectiveScope s) {
 
 std::string_view to_string(Collective c) {
   switch (c) {
-    case Collective::kAllReduce: return "all_reduce";
-    case Collective::kAllGather: return "all_gather";
-    case Collective::kReduceScatter: return "reduce_scatter";
-    case Collective::kAllToAll: return "all_to_all";
-    case Collective::kBroadcast: return "broadcast";
-    case Collective::kSendRecv: return "send_recv";
+    case Collective::kAllReduce:
+      return "all_reduce";
+    case Collective::kAllGather:
+      return "all_gather";
+    case Collective::kReduceScatter:
+      return "reduce_scatter";
+    case Collective::kAllToAll:
+      return "all_to_all";
+    case Collective::kBroadcast:
+      return "broadcast";
+    case Collective::kSendRecv:
+      return "send_recv";
   }
   return "?";
 }
@@ -102,7 +111,8 @@ class Checker {
 Status validate_profile(const SystemProfile& p) {
   Checker c;
   if (p.name.empty()) c.fail("name", "must not be empty");
-  if (p.gpus_per_node < 1) c.fail("gpus_per_node", fmt::format("must be >= 1, got {}", p.gpus_per_node));
+  if (p.gpus_per_node < 1)
+    c.fail("gpus_per_node", fmt::format("must be >= 1, got {}", p.gpus_per_node));
 
   const DeviceProfile& g = p.gpu;
   if (g.model.empty()) c.fail("gpu.model", "must not be empty");
@@ -137,13 +147,15 @@ Status validate_profile(const SystemProfile& p) {
     c.positive("intra_node.GBps", f.bandwidth.to_GBps());
   }
   c.non_negative("intra_node.latency_us", f.latency.to_us());
-  if (f.nvls && f.kind != FabricKind::kNvSwitch) c.fail("intra_node.nvls", "needs fabric \"nvswitch\"");
+  if (f.nvls && f.kind != FabricKind::kNvSwitch)
+    c.fail("intra_node.nvls", "needs fabric \"nvswitch\"");
   if (f.nvls && (f.nvls_min_group < 2 || f.nvls_min_group > p.gpus_per_node))
-    c.fail("intra_node.nvls_min_group",
-           fmt::format("must be in [2, gpus_per_node={}], got {}", p.gpus_per_node, f.nvls_min_group));
+    c.fail("intra_node.nvls_min_group", fmt::format("must be in [2, gpus_per_node={}], got {}",
+                                                    p.gpus_per_node, f.nvls_min_group));
 
   if (p.inter_node.nics_per_node < 1)
-    c.fail("inter_node.nics_per_node", fmt::format("must be >= 1, got {}", p.inter_node.nics_per_node));
+    c.fail("inter_node.nics_per_node",
+           fmt::format("must be >= 1, got {}", p.inter_node.nics_per_node));
   c.positive("inter_node.nic_gbps", p.inter_node.nic_bandwidth.bytes_per_s() * 8e-9);
   c.non_negative("inter_node.latency_us", p.inter_node.latency.to_us());
 
@@ -156,10 +168,12 @@ Status validate_profile(const SystemProfile& p) {
   for (const CollectiveFigure& fig : p.collectives) {
     const std::string key = collective_key(fig);
     c.non_negative(key + ".alpha_us", fig.alpha.to_us());
-    if (fig.busbw.empty()) c.fail(key + ".busbw_GBps", "must list at least one [group, GB/s] entry");
+    if (fig.busbw.empty())
+      c.fail(key + ".busbw_GBps", "must list at least one [group, GB/s] entry");
     for (size_t i = 0; i < fig.busbw.size(); ++i) {
       const std::string at = fmt::format("{}.busbw_GBps[{}]", key, i);
-      if (fig.busbw[i].first < 1) c.fail(at, fmt::format("group size must be >= 1, got {}", fig.busbw[i].first));
+      if (fig.busbw[i].first < 1)
+        c.fail(at, fmt::format("group size must be >= 1, got {}", fig.busbw[i].first));
       if (i > 0 && fig.busbw[i].first <= fig.busbw[i - 1].first)
         c.fail(at, "group sizes must increase");
       c.positive(at, fig.busbw[i].second.to_GBps());
@@ -175,12 +189,21 @@ Status validate_profile(const SystemProfile& p) {
 }
 
 std::vector<std::string> missing_provenance(const SystemProfile& p) {
-  std::vector<std::string> fields = {
-      "gpu.sm_count",       "gpu.l2_MiB",         "gpu.memory_GiB",
-      "gpu.memory_GBps",    "gpu.memory_efficiency", "gpu.host_link_GBps",
-      "gpu.gemm.tiles",     "gpu.gemm.launch_us", "gpu.attention.fwd_efficiency",
-      "gpu.attention.bwd_efficiency", "intra_node.GBps", "intra_node.latency_us",
-      "inter_node.nics_per_node", "inter_node.nic_gbps", "inter_node.latency_us"};
+  std::vector<std::string> fields = {"gpu.sm_count",
+                                     "gpu.l2_MiB",
+                                     "gpu.memory_GiB",
+                                     "gpu.memory_GBps",
+                                     "gpu.memory_efficiency",
+                                     "gpu.host_link_GBps",
+                                     "gpu.gemm.tiles",
+                                     "gpu.gemm.launch_us",
+                                     "gpu.attention.fwd_efficiency",
+                                     "gpu.attention.bwd_efficiency",
+                                     "intra_node.GBps",
+                                     "intra_node.latency_us",
+                                     "inter_node.nics_per_node",
+                                     "inter_node.nic_gbps",
+                                     "inter_node.latency_us"};
   for (Precision prec : kAllPrecisions) {
     if (!p.gpu.supports(prec)) continue;
     fields.push_back(fmt::format("gpu.compute.{}.peak_tflops", to_string(prec)));

@@ -1,9 +1,8 @@
 #include "hetpar/hardware/topology.h"
 
+#include <algorithm>
 #include <boost/graph/adjacency_list.hpp>
 #include <boost/graph/dijkstra_shortest_paths.hpp>
-
-#include <algorithm>
 #include <limits>
 
 #include "hetpar/core/check.h"
@@ -13,21 +12,30 @@ namespace hetpar::hardware {
 
 std::string_view to_string(DeviceKind k) {
   switch (k) {
-    case DeviceKind::kGpu: return "gpu";
-    case DeviceKind::kSwitch: return "switch";
-    case DeviceKind::kNic: return "nic";
-    case DeviceKind::kWanGateway: return "wan_gateway";
-    case DeviceKind::kCore: return "core";
+    case DeviceKind::kGpu:
+      return "gpu";
+    case DeviceKind::kSwitch:
+      return "switch";
+    case DeviceKind::kNic:
+      return "nic";
+    case DeviceKind::kWanGateway:
+      return "wan_gateway";
+    case DeviceKind::kCore:
+      return "core";
   }
   return "?";
 }
 
 std::string_view to_string(LinkKind k) {
   switch (k) {
-    case LinkKind::kNvLink: return "nvlink";
-    case LinkKind::kPcie: return "pcie";
-    case LinkKind::kNic: return "nic";
-    case LinkKind::kWan: return "wan";
+    case LinkKind::kNvLink:
+      return "nvlink";
+    case LinkKind::kPcie:
+      return "pcie";
+    case LinkKind::kNic:
+      return "nic";
+    case LinkKind::kWan:
+      return "wan";
   }
   return "?";
 }
@@ -38,8 +46,8 @@ struct EdgeProp {
   int32_t link = -1;
   int64_t weight = 0;  // latency in ps + 1, so equal latencies prefer fewer hops
 };
-using Graph = boost::adjacency_list<boost::vecS, boost::vecS, boost::directedS,
-                                    boost::no_property, EdgeProp>;
+using Graph =
+    boost::adjacency_list<boost::vecS, boost::vecS, boost::directedS, boost::no_property, EdgeProp>;
 
 // The links of one node, indexed by local GPU or NIC, for closed-form routing.
 struct NodeLinks {
@@ -51,7 +59,9 @@ struct NodeLinks {
   LinkId wan_up, wan_down;                     // invalid without a WAN link
 };
 
-Time fraction(Time t, int parts) { return Time::ps(t.count_ps() / parts); }
+Time fraction(Time t, int parts) {
+  return Time::ps(t.count_ps() / parts);
+}
 
 }  // namespace
 
@@ -127,8 +137,10 @@ Topology build_topology(const ClusterSpec& cluster) {
       nl.wan_down = t.add_link(t.core, uplink, LinkKind::kWan, p.wan->down, lat);
     }
     for (DeviceId nic : nics) {
-      nl.nic_out.push_back(t.add_link(nic, uplink, LinkKind::kNic, p.inter_node.nic_bandwidth, net_lat));
-      nl.nic_in.push_back(t.add_link(uplink, nic, LinkKind::kNic, p.inter_node.nic_bandwidth, net_lat));
+      nl.nic_out.push_back(
+          t.add_link(nic, uplink, LinkKind::kNic, p.inter_node.nic_bandwidth, net_lat));
+      nl.nic_in.push_back(
+          t.add_link(uplink, nic, LinkKind::kNic, p.inter_node.nic_bandwidth, net_lat));
     }
   }
   Topology topo;
@@ -136,14 +148,27 @@ Topology build_topology(const ClusterSpec& cluster) {
   return topo;
 }
 
-int Topology::num_gpus() const { return static_cast<int>(impl_->gpu_device.size()); }
-int Topology::num_nodes() const { return static_cast<int>(impl_->nodes.size()); }
-std::span<const Device> Topology::devices() const { return impl_->devices; }
-std::span<const Link> Topology::links() const { return impl_->links; }
-DeviceId Topology::core() const { return impl_->core; }
+Topology::Topology() : impl_(std::make_shared<Impl>()) {}
+
+int Topology::num_gpus() const {
+  return static_cast<int>(impl_->gpu_device.size());
+}
+int Topology::num_nodes() const {
+  return static_cast<int>(impl_->nodes.size());
+}
+std::span<const Device> Topology::devices() const {
+  return impl_->devices;
+}
+std::span<const Link> Topology::links() const {
+  return impl_->links;
+}
+DeviceId Topology::core() const {
+  return impl_->core;
+}
 
 const Device& Topology::device(DeviceId id) const {
-  HETPAR_CHECK(id.valid() && static_cast<size_t>(id.value()) < impl_->devices.size(), "device {}", id);
+  HETPAR_CHECK(id.valid() && static_cast<size_t>(id.value()) < impl_->devices.size(), "device {}",
+               id);
   return impl_->devices[static_cast<size_t>(id.value())];
 }
 
@@ -153,7 +178,8 @@ const Link& Topology::link(LinkId id) const {
 }
 
 DeviceId Topology::gpu(int global_index) const {
-  HETPAR_CHECK(global_index >= 0 && global_index < num_gpus(), "gpu {} of {}", global_index, num_gpus());
+  HETPAR_CHECK(global_index >= 0 && global_index < num_gpus(), "gpu {} of {}", global_index,
+               num_gpus());
   return impl_->gpu_device[static_cast<size_t>(global_index)];
 }
 

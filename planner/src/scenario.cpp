@@ -1,14 +1,15 @@
+#include "hetpar/planner/scenario.h"
+
 #include <fmt/format.h>
 
 #include "hetpar/models/totals.h"
-#include "hetpar/planner/scenario.h"
 
 namespace hetpar::planner {
 
 namespace {
 int64_t items_per_sample(const models::ModuleSpec& encoder, const Workload& w) {
   return models::kind_of(encoder) == models::ModuleKind::kAudioEncoder ? w.audio_clips_per_sample
-                                                                        : w.images_per_sample;
+                                                                       : w.images_per_sample;
 }
 }  // namespace
 
@@ -23,7 +24,8 @@ Status validate_workload(const models::ModelSpec& model, const Workload& w) {
     models::ModuleKind kind = models::kind_of(model.modules[i].spec);
     if (!models::is_encoder(kind)) continue;
     (kind == models::ModuleKind::kAudioEncoder ? has_audio : has_vision) = true;
-    modality_tokens += items_per_sample(model.modules[i].spec, w) * modality_tokens_per_item(model, i);
+    modality_tokens +=
+        items_per_sample(model.modules[i].spec, w) * modality_tokens_per_item(model, i);
   }
   if (w.images_per_sample > 0 && !has_vision)
     return Status::invalid_argument(fmt::format(
@@ -35,8 +37,9 @@ Status validate_workload(const models::ModelSpec& model, const Workload& w) {
         "encoder",
         w.audio_clips_per_sample, model.name));
   if ((w.tokens_per_image || w.image_size) && !has_vision)
-    return Status::invalid_argument(w.tokens_per_image ? "workload.tokens_per_image: the model has no vision encoder"
-                                                       : "workload.image_size: the model has no vision encoder");
+    return Status::invalid_argument(
+        w.tokens_per_image ? "workload.tokens_per_image: the model has no vision encoder"
+                           : "workload.image_size: the model has no vision encoder");
   if (modality_tokens > w.seq_len)
     return Status::invalid_argument(fmt::format(
         "workload.seq_len: {} modality tokens per sample do not fit in a fused sequence of {}",
@@ -64,7 +67,8 @@ models::ModuleInput module_input(const Scenario& s, size_t index, int64_t micro_
       }
       return models::module_input(s.model, index, in);
     }
-    case models::ModuleKind::kLlm: return in;
+    case models::ModuleKind::kLlm:
+      return in;
   }
   return in;
 }

@@ -11,7 +11,8 @@ namespace hetpar::sim {
 namespace {
 
 // Group members per node, nodes in order of first appearance, members in group order.
-std::vector<std::vector<RankId>> members_by_node(std::span<const RankId> group, const Network& net) {
+std::vector<std::vector<RankId>> members_by_node(std::span<const RankId> group,
+                                                 const Network& net) {
   std::vector<NodeId> node_ids;
   std::vector<std::vector<RankId>> out;
   for (RankId r : group) {
@@ -74,8 +75,8 @@ Time ring_latency(CollectiveKind kind, int n, const std::vector<std::vector<Rank
 }  // namespace
 
 CollectivePattern collective_pattern(CollectiveKind kind, Algorithm algorithm,
-                                     std::span<const RankId> group, RankId root,
-                                     const Network& net, const CollectiveConfig& config) {
+                                     std::span<const RankId> group, RankId root, const Network& net,
+                                     const CollectiveConfig& config) {
   HETPAR_CHECK(!group.empty(), "collective over an empty group");
   HETPAR_CHECK(algorithm != Algorithm::kAuto, "collective_pattern needs a resolved algorithm");
   HETPAR_CHECK(algorithm == Algorithm::kRing || kind == CollectiveKind::kAllReduce,
@@ -91,10 +92,10 @@ CollectivePattern collective_pattern(CollectiveKind kind, Algorithm algorithm,
   if (algorithm == Algorithm::kTree) {
     size_t per_node = 0;
     for (const auto& members : nodes) per_node = std::max(per_node, members.size());
-    p.latency = config.tree_base +
-                (config.intra_hop * static_cast<int64_t>(per_node - 1) +
-                 config.tree_inter_hop * ceil_log2(static_cast<int>(nodes.size()))) *
-                    2;
+    p.latency =
+        config.tree_base + (config.intra_hop * static_cast<int64_t>(per_node - 1) +
+                            config.tree_inter_hop * ceil_log2(static_cast<int>(nodes.size()))) *
+                               2;
     // Tree 0 over positions 0..n-1; tree 1 mirrors it (n even) or shifts it by one (n odd).
     auto position = [n](int tree, int label) {
       if (tree == 0) return label;
@@ -138,7 +139,8 @@ CollectivePattern collective_pattern(CollectiveKind kind, Algorithm algorithm,
       // towards (reduce) the root.
       for (int c = 0; c < channels; ++c) {
         const auto order = channel_order(nodes, c);
-        const int at = static_cast<int>(std::find(order.begin(), order.end(), root) - order.begin());
+        const int at =
+            static_cast<int>(std::find(order.begin(), order.end(), root) - order.begin());
         HETPAR_CHECK(at < n, "root {} is not in the group", root);
         for (int i = 0; i + 1 < n; ++i) {
           RankId a = order[(at + i) % n];
@@ -183,12 +185,15 @@ Time idle_time(const CollectivePattern& pattern, Bytes bytes, const Network& net
 
 double bus_bandwidth_factor(CollectiveKind kind, int n) {
   switch (kind) {
-    case CollectiveKind::kAllReduce: return 2.0 * (n - 1) / n;
+    case CollectiveKind::kAllReduce:
+      return 2.0 * (n - 1) / n;
     case CollectiveKind::kAllGather:
     case CollectiveKind::kReduceScatter:
-    case CollectiveKind::kAllToAll: return (n - 1.0) / n;
+    case CollectiveKind::kAllToAll:
+      return (n - 1.0) / n;
     case CollectiveKind::kBroadcast:
-    case CollectiveKind::kReduce: return 1.0;
+    case CollectiveKind::kReduce:
+      return 1.0;
   }
   return 1.0;
 }
@@ -203,8 +208,10 @@ bool auto_considers_tree(CollectiveKind kind, std::span<const RankId> group, con
 Algorithm choose_algorithm(CollectiveKind kind, std::span<const RankId> group, RankId root,
                            Bytes bytes, const Network& net, const CollectiveConfig& config) {
   if (!auto_considers_tree(kind, group, net)) return Algorithm::kRing;
-  Time ring = idle_time(collective_pattern(kind, Algorithm::kRing, group, root, net, config), bytes, net);
-  Time tree = idle_time(collective_pattern(kind, Algorithm::kTree, group, root, net, config), bytes, net);
+  Time ring =
+      idle_time(collective_pattern(kind, Algorithm::kRing, group, root, net, config), bytes, net);
+  Time tree =
+      idle_time(collective_pattern(kind, Algorithm::kTree, group, root, net, config), bytes, net);
   return tree < ring ? Algorithm::kTree : Algorithm::kRing;
 }
 

@@ -14,7 +14,8 @@ FlowNetwork::FlowNetwork(EventQueue& queue, const Network& net, Observer& observ
       link_mark_(net.num_links(), 0),
       local_(net.num_links(), -1) {
   capacity_.reserve(net.num_links());
-  for (int l = 0; l < net.num_links(); ++l) capacity_.push_back(net.link(LinkId(l)).capacity.bytes_per_s());
+  for (int l = 0; l < net.num_links(); ++l)
+    capacity_.push_back(net.link(LinkId(l)).capacity.bytes_per_s());
 }
 
 void FlowNetwork::start(std::span<const LinkId> route, Bytes bytes, Time latency, uint32_t cookie) {

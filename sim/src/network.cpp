@@ -57,7 +57,8 @@ Network cluster_network(const ClusterShape& s) {
   const int n = s.nodes * s.gpus_per_node;
   Network net(n);
   // Link ids: [0,n) nvlink up, [n,2n) nvlink down, [2n,3n) nic up, [3n,4n) nic down.
-  for (int r = 0; r < n; ++r) net.add_link(s.nvlink, s.nvlink_latency, fmt::format("nvlink up {}", r));
+  for (int r = 0; r < n; ++r)
+    net.add_link(s.nvlink, s.nvlink_latency, fmt::format("nvlink up {}", r));
   for (int r = 0; r < n; ++r)
     net.add_link(s.nvlink, s.nvlink_latency, fmt::format("nvlink down {}", r));
   for (int r = 0; r < n; ++r) net.add_link(s.nic, s.nic_latency, fmt::format("nic up {}", r));

@@ -65,10 +65,11 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
 
   // Streams: rank r owns streams stream_base_[r] .. +num_compute_[r] (compute) and the
   // comm streams after them. Each stream's tasks in program order (CSR) and its head.
-  std::vector<int32_t> stream_base_, num_compute_, num_comm_;
+  std::vector<int32_t> stream_base_, num_compute_;
   std::vector<int32_t> stream_task_begin_, stream_tasks_, stream_head_;
   std::vector<Time> stream_busy_;
   std::vector<RankClock> clocks_;
+  std::vector<Flops> flops_;
 
   // Tasks: what each still waits for (dependencies + streams not yet at it), successors
   // (CSR), start times, flows in flight and the latency paid after the last one.
@@ -90,14 +91,15 @@ Engine::Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, Tr
   const int nr = net.num_ranks();
   const int nt = g.num_tasks();
   num_compute_.assign(nr, 0);
-  num_comm_.assign(nr, 0);
+  std::vector<int32_t> num_comm(nr, 0);
   for (int t = 0; t < nt; ++t)
     for (const StreamRef& s : g.streams(TaskId(t))) {
-      auto& count = s.kind == StreamKind::kCompute ? num_compute_ : num_comm_;
+      auto& count = s.kind == StreamKind::kCompute ? num_compute_ : num_comm;
       count[s.rank.value()] = std::max(count[s.rank.value()], s.index + 1);
     }
   stream_base_.assign(nr + 1, 0);
-  for (int r = 0; r < nr; ++r) stream_base_[r + 1] = stream_base_[r] + num_compute_[r] + num_comm_[r];
+  for (int r = 0; r < nr; ++r)
+    stream_base_[r + 1] = stream_base_[r] + num_compute_[r] + num_comm[r];
   const int ns = stream_base_[nr];
 
   // Program order per stream, and per task the number of things it waits for.
@@ -134,11 +136,14 @@ Engine::Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, Tr
   algorithm_.assign(nt, Algorithm::kRing);
   category_time_.assign(g.num_labels() + 1, Time::zero());  // last slot: no category
   category_tasks_.assign(g.num_labels() + 1, 0);
+  flops_.assign(nr, Flops(0));
+  if (opt.record_tasks) result_.tasks.resize(nt);
 }
 
 SimResult Engine::run() {
   for (size_t s = 0; s + 1 < stream_task_begin_.size(); ++s)
-    if (stream_task_begin_[s] < stream_task_begin_[s + 1]) arrive(stream_tasks_[stream_task_begin_[s]]);
+    if (stream_task_begin_[s] < stream_task_begin_[s + 1])
+      arrive(stream_tasks_[stream_task_begin_[s]]);
   queue_.run();
   HETPAR_CHECK(finished_ == g_.num_tasks(), "{} of {} tasks never ran on a validated graph",
                g_.num_tasks() - finished_, g_.num_tasks());
@@ -156,18 +161,16 @@ SimResult Engine::run() {
     st.compute = clocks_[rank].compute;
     st.comm = clocks_[rank].comm;
     st.exposed_comm = clocks_[rank].exposed;
+    st.flops = flops_[rank];
   }
   for (int c = 0; c <= g_.num_labels(); ++c) {
     if (category_tasks_[c] == 0) continue;
-    r.categories.push_back({std::string(g_.label_text(LabelId(c))), category_time_[c], category_tasks_[c]});
+    r.categories.push_back(
+        {std::string(g_.label_text(LabelId(c))), category_time_[c], category_tasks_[c]});
   }
   std::sort(r.categories.begin(), r.categories.end(),
             [](const CategoryTotal& a, const CategoryTotal& b) { return a.category < b.category; });
-  if (opt_.record_tasks) {
-    r.algorithms = algorithm_;
-    r.tasks.resize(g_.num_tasks());  // ends were filled by finish()
-    for (int t = 0; t < g_.num_tasks(); ++t) r.tasks[t].start = start_[t];
-  }
+  if (opt_.record_tasks) r.algorithms = algorithm_;
   return std::move(result_);
 }
 
@@ -215,7 +218,8 @@ void Engine::start(int32_t t) {
 }
 
 const Plan& Engine::plan(const Task& task, Algorithm algorithm) {
-  const bool rooted = task.collective == CollectiveKind::kBroadcast || task.collective == CollectiveKind::kReduce;
+  const bool rooted =
+      task.collective == CollectiveKind::kBroadcast || task.collective == CollectiveKind::kReduce;
   const uint64_t key = (static_cast<uint64_t>(task.group.value()) << 37) |
                        (static_cast<uint64_t>(task.collective) << 34) |
                        (static_cast<uint64_t>(algorithm) << 32) |
@@ -259,7 +263,8 @@ void Engine::start_collective(int32_t t) {
   }
   for (size_t i = 0; i < flows.size(); ++i) {
     Bytes bytes(std::llround(flows[i].share * task.bytes.as_double()));
-    std::span<const LinkId> route(p.links.data() + p.route_begin[i], p.links.data() + p.route_begin[i + 1]);
+    std::span<const LinkId> route(p.links.data() + p.route_begin[i],
+                                  p.links.data() + p.route_begin[i + 1]);
     flows_.start(route, bytes, Time::zero(), static_cast<uint32_t>(t));
   }
 }
@@ -277,12 +282,10 @@ void Engine::finish(Time now, int32_t t) {
   ++finished_;
   makespan_ = std::max(makespan_, now);
   const Time span = now - start_[t];
-  if (opt_.record_tasks) {
-    if (result_.tasks.empty()) result_.tasks.resize(g_.num_tasks());
-    result_.tasks[t].end = now;
-  }
+  if (opt_.record_tasks) result_.tasks[t] = {start_[t], now};
   const Task& task = g_.task(TaskId(t));
   auto refs = g_.streams(TaskId(t));
+  if (task.kind == TaskKind::kCompute) flops_[refs[0].rank.value()] += task.flops;
   const int32_t cat = task.label.category.valid() ? task.label.category.value() : g_.num_labels();
   category_time_[cat] += span * static_cast<int64_t>(refs.size());
   ++category_tasks_[cat];
@@ -293,7 +296,8 @@ void Engine::finish(Time now, int32_t t) {
     if (sink_) report(t, s, now, false);
     const int32_t stream = stream_of(s);
     stream_busy_[stream] += span;
-    if (++stream_head_[stream] < stream_task_begin_[stream + 1]) arrive(stream_tasks_[stream_head_[stream]]);
+    if (++stream_head_[stream] < stream_task_begin_[stream + 1])
+      arrive(stream_tasks_[stream_head_[stream]]);
   }
   for (int32_t i = succ_begin_[t]; i < succ_begin_[t + 1]; ++i) arrive(succ_[i]);
 }

@@ -6,34 +6,48 @@
 
 namespace hetpar::sim {
 
-std::string_view to_string(StreamKind k) { return k == StreamKind::kCompute ? "compute" : "comm"; }
+std::string_view to_string(StreamKind k) {
+  return k == StreamKind::kCompute ? "compute" : "comm";
+}
 
 std::string_view to_string(TaskKind k) {
   switch (k) {
-    case TaskKind::kCompute: return "compute";
-    case TaskKind::kCollective: return "collective";
-    case TaskKind::kP2P: return "p2p";
+    case TaskKind::kCompute:
+      return "compute";
+    case TaskKind::kCollective:
+      return "collective";
+    case TaskKind::kP2P:
+      return "p2p";
   }
   return "?";
 }
 
 std::string_view to_string(CollectiveKind k) {
   switch (k) {
-    case CollectiveKind::kAllReduce: return "all_reduce";
-    case CollectiveKind::kAllGather: return "all_gather";
-    case CollectiveKind::kReduceScatter: return "reduce_scatter";
-    case CollectiveKind::kAllToAll: return "all_to_all";
-    case CollectiveKind::kBroadcast: return "broadcast";
-    case CollectiveKind::kReduce: return "reduce";
+    case CollectiveKind::kAllReduce:
+      return "all_reduce";
+    case CollectiveKind::kAllGather:
+      return "all_gather";
+    case CollectiveKind::kReduceScatter:
+      return "reduce_scatter";
+    case CollectiveKind::kAllToAll:
+      return "all_to_all";
+    case CollectiveKind::kBroadcast:
+      return "broadcast";
+    case CollectiveKind::kReduce:
+      return "reduce";
   }
   return "?";
 }
 
 std::string_view to_string(Algorithm a) {
   switch (a) {
-    case Algorithm::kAuto: return "auto";
-    case Algorithm::kRing: return "ring";
-    case Algorithm::kTree: return "tree";
+    case Algorithm::kAuto:
+      return "auto";
+    case Algorithm::kRing:
+      return "ring";
+    case Algorithm::kTree:
+      return "tree";
   }
   return "?";
 }
@@ -68,7 +82,8 @@ GroupId TaskGraph::intern_group(std::span<const RankId> group) {
   return id;
 }
 
-TaskId TaskGraph::add_compute(RankId rank, int32_t stream, Time duration, Flops flops, Label label) {
+TaskId TaskGraph::add_compute(RankId rank, int32_t stream, Time duration, Flops flops,
+                              Label label) {
   stream_refs_.push_back({rank, StreamKind::kCompute, stream});
   return push({.kind = TaskKind::kCompute, .label = label, .duration = duration, .flops = flops});
 }
@@ -91,14 +106,16 @@ TaskId TaskGraph::add_p2p(RankId src, RankId dst, Bytes bytes, int32_t src_strea
   return push({.kind = TaskKind::kP2P, .label = label, .bytes = bytes});
 }
 
-void TaskGraph::add_dependency(TaskId before, TaskId after) { deps_.emplace_back(before, after); }
+void TaskGraph::add_dependency(TaskId before, TaskId after) {
+  deps_.emplace_back(before, after);
+}
 
 Status TaskGraph::validate(int num_ranks) const {
   const int n = num_tasks();
   auto fail = [&](int t, std::string_view what) {
     std::string_view name = label_text(tasks_[t].label.name);
-    return Status::invalid_argument(fmt::format("task {} ({} \"{}\"): {}", t,
-                                                to_string(tasks_[t].kind), name, what));
+    return Status::invalid_argument(
+        fmt::format("task {} ({} \"{}\"): {}", t, to_string(tasks_[t].kind), name, what));
   };
   // Per task: sizes, ranks, streams, groups; and how many streams of each kind a rank has.
   std::vector<int32_t> num_compute(num_ranks, 0), num_comm(num_ranks, 0);
@@ -136,7 +153,8 @@ Status TaskGraph::validate(int num_ranks) const {
   // Edges (CSR): explicit dependencies, then each stream's program order (consecutive
   // tasks on one stream). Streams get dense ids: rank by rank, compute before comm.
   std::vector<int32_t> stream_base(num_ranks + 1, 0);
-  for (int r = 0; r < num_ranks; ++r) stream_base[r + 1] = stream_base[r] + num_compute[r] + num_comm[r];
+  for (int r = 0; r < num_ranks; ++r)
+    stream_base[r + 1] = stream_base[r] + num_compute[r] + num_comm[r];
   auto stream_id = [&](const StreamRef& s) {
     const int32_t r = s.rank.value();
     return stream_base[r] + (s.kind == StreamKind::kComm ? num_compute[r] : 0) + s.index;
@@ -174,10 +192,11 @@ Status TaskGraph::validate(int num_ranks) const {
       if (--indeg[succ[i]] == 0) ready.push_back(succ[i]);
   }
   if (done < n) {
-    int t = static_cast<int>(std::find_if(indeg.begin(), indeg.end(), [](int32_t d) { return d > 0; }) -
-                             indeg.begin());
+    int t = static_cast<int>(
+        std::find_if(indeg.begin(), indeg.end(), [](int32_t d) { return d > 0; }) - indeg.begin());
     return fail(t, fmt::format("on a cycle of dependencies and stream order ({} of {} tasks "
-                               "can never start)", n - done, n));
+                               "can never start)",
+                               n - done, n));
   }
   return Status::ok();
 }

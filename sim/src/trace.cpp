@@ -12,11 +12,21 @@ std::string json_string(std::string_view s) {
   for (char ch : s) {
     auto c = static_cast<unsigned char>(ch);
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (c < 0x20)
           out += fmt::format("\\u{:04x}", c);
@@ -40,7 +50,9 @@ ChromeTraceWriter::ChromeTraceWriter(std::ostream& out) : out_(out) {
   out_ << R"({"displayTimeUnit":"ns","traceEvents":[)";
 }
 
-ChromeTraceWriter::~ChromeTraceWriter() { finish(); }
+ChromeTraceWriter::~ChromeTraceWriter() {
+  finish();
+}
 
 void ChromeTraceWriter::begin_event() {
   out_ << (first_ ? "\n" : ",\n");
@@ -62,8 +74,9 @@ void ChromeTraceWriter::task_finished(const TaskSpan& span) {
                pid, tid, to_string(span.stream.kind), span.stream.index);
   }
   begin_event();
-  fmt::print(out_, R"({{"ph":"X","name":{},"cat":{},"pid":{},"tid":{},"ts":{},"dur":{},)"
-                   R"("args":{{"task":{}}}}})",
+  fmt::print(out_,
+             R"({{"ph":"X","name":{},"cat":{},"pid":{},"tid":{},"ts":{},"dur":{},)"
+             R"("args":{{"task":{}}}}})",
              json_string(span.name), json_string(span.category), pid, tid, micros(span.start),
              micros(span.end - span.start), span.task.value());
 }

@@ -6,8 +6,11 @@
 #include <fmt/format.h>
 
 namespace hetpar::detail {
-[[noreturn]] void check_failed(const char* cond, const char* file, int line, const std::string& msg);
-inline std::string check_message() { return {}; }
+[[noreturn]] void check_failed(const char* cond, const char* file, int line,
+                               const std::string& msg);
+inline std::string check_message() {
+  return {};
+}
 template <class... Args>
 std::string check_message(fmt::format_string<Args...> f, Args&&... args) {
   return fmt::format(f, std::forward<Args>(args)...);
@@ -18,5 +21,5 @@ std::string check_message(fmt::format_string<Args...> f, Args&&... args) {
   do {                                                                              \
     if (!(cond)) [[unlikely]]                                                       \
       ::hetpar::detail::check_failed(#cond, __FILE__, __LINE__,                     \
-                                     ::hetpar::detail::check_message(__VA_ARGS__));   \
+                                     ::hetpar::detail::check_message(__VA_ARGS__)); \
   } while (0)

@@ -25,13 +25,13 @@ std::string format_significant(double v);
 
 }  // namespace hetpar
 
-#define HETPAR_UNIT_FORMATTER(T)                                               \
-  template <>                                                                  \
-  struct fmt::formatter<T> : fmt::formatter<std::string_view> {                \
-    template <class Ctx>                                                       \
-    auto format(const T& v, Ctx& ctx) const {                                  \
+#define HETPAR_UNIT_FORMATTER(T)                                                  \
+  template <>                                                                     \
+  struct fmt::formatter<T> : fmt::formatter<std::string_view> {                   \
+    template <class Ctx>                                                          \
+    auto format(const T& v, Ctx& ctx) const {                                     \
       return fmt::formatter<std::string_view>::format(hetpar::to_string(v), ctx); \
-    }                                                                          \
+    }                                                                             \
   };
 HETPAR_UNIT_FORMATTER(hetpar::Time)
 HETPAR_UNIT_FORMATTER(hetpar::Bytes)

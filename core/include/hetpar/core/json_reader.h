@@ -6,10 +6,9 @@
 // Only *_json.cpp files include this header: nlohmann/json stays out of public APIs.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
 #include <initializer_list>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <string>

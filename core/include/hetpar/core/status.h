@@ -19,7 +19,9 @@ class Status {
 
   Status() = default;
   static Status ok() { return Status(); }
-  static Status invalid_argument(std::string msg) { return {Code::kInvalidArgument, std::move(msg)}; }
+  static Status invalid_argument(std::string msg) {
+    return {Code::kInvalidArgument, std::move(msg)};
+  }
   static Status not_found(std::string msg) { return {Code::kNotFound, std::move(msg)}; }
   static Status io_error(std::string msg) { return {Code::kIoError, std::move(msg)}; }
   static Status unavailable(std::string msg) { return {Code::kUnavailable, std::move(msg)}; }
@@ -67,17 +69,17 @@ class Result {
 }  // namespace hetpar
 
 /// Return early from a function returning Status or Result<T> when `expr` fails.
-#define HETPAR_RETURN_IF_ERROR(expr)               \
-  do {                                             \
-    ::hetpar::Status _hp_st = (expr);              \
-    if (!_hp_st.is_ok()) return _hp_st;            \
+#define HETPAR_RETURN_IF_ERROR(expr)    \
+  do {                                  \
+    ::hetpar::Status _hp_st = (expr);   \
+    if (!_hp_st.is_ok()) return _hp_st; \
   } while (0)
 
 #define HETPAR_CONCAT_INNER(a, b) a##b
 #define HETPAR_CONCAT(a, b) HETPAR_CONCAT_INNER(a, b)
 /// `HETPAR_ASSIGN_OR_RETURN(auto x, make_x());` unwraps a Result or returns its Status.
-#define HETPAR_ASSIGN_OR_RETURN(lhs, expr)                                 \
-  auto HETPAR_CONCAT(_hp_res_, __LINE__) = (expr);                         \
-  if (!HETPAR_CONCAT(_hp_res_, __LINE__).is_ok())                          \
-    return HETPAR_CONCAT(_hp_res_, __LINE__).status();                     \
+#define HETPAR_ASSIGN_OR_RETURN(lhs, expr)             \
+  auto HETPAR_CONCAT(_hp_res_, __LINE__) = (expr);     \
+  if (!HETPAR_CONCAT(_hp_res_, __LINE__).is_ok())      \
+    return HETPAR_CONCAT(_hp_res_, __LINE__).status(); \
   lhs = std::move(HETPAR_CONCAT(_hp_res_, __LINE__)).value()

@@ -32,8 +32,14 @@ class Time {
   constexpr auto operator<=>(const Time&) const = default;
   constexpr Time operator+(Time o) const { return Time(ps_ + o.ps_); }
   constexpr Time operator-(Time o) const { return Time(ps_ - o.ps_); }
-  constexpr Time& operator+=(Time o) { ps_ += o.ps_; return *this; }
-  constexpr Time& operator-=(Time o) { ps_ -= o.ps_; return *this; }
+  constexpr Time& operator+=(Time o) {
+    ps_ += o.ps_;
+    return *this;
+  }
+  constexpr Time& operator-=(Time o) {
+    ps_ -= o.ps_;
+    return *this;
+  }
   constexpr Time operator*(int64_t k) const { return Time(ps_ * k); }
   /// Ratio of two spans (e.g. bubble fraction).
   constexpr double operator/(Time o) const {
@@ -66,8 +72,14 @@ class Bytes {
   constexpr auto operator<=>(const Bytes&) const = default;
   constexpr Bytes operator+(Bytes o) const { return Bytes(v_ + o.v_); }
   constexpr Bytes operator-(Bytes o) const { return Bytes(v_ - o.v_); }
-  constexpr Bytes& operator+=(Bytes o) { v_ += o.v_; return *this; }
-  constexpr Bytes& operator-=(Bytes o) { v_ -= o.v_; return *this; }
+  constexpr Bytes& operator+=(Bytes o) {
+    v_ += o.v_;
+    return *this;
+  }
+  constexpr Bytes& operator-=(Bytes o) {
+    v_ -= o.v_;
+    return *this;
+  }
   constexpr Bytes operator*(int64_t k) const { return Bytes(v_ * k); }
   constexpr Bytes operator/(int64_t k) const { return Bytes(v_ / k); }
   constexpr double operator/(Bytes o) const { return as_double() / o.as_double(); }
@@ -86,7 +98,10 @@ class Flops {
   constexpr auto operator<=>(const Flops&) const = default;
   constexpr Flops operator+(Flops o) const { return Flops(v_ + o.v_); }
   constexpr Flops operator-(Flops o) const { return Flops(v_ - o.v_); }
-  constexpr Flops& operator+=(Flops o) { v_ += o.v_; return *this; }
+  constexpr Flops& operator+=(Flops o) {
+    v_ += o.v_;
+    return *this;
+  }
   constexpr Flops operator*(double k) const { return Flops(v_ * k); }
   constexpr Flops operator/(double k) const { return Flops(v_ / k); }
   constexpr double operator/(Flops o) const { return v_ / o.v_; }
@@ -137,9 +152,13 @@ constexpr Time operator/(Bytes b, Bandwidth bw) {
   return Time::seconds(b.as_double() / bw.bytes_per_s());
 }
 /// Time to execute `f` at rate `r`. REQUIRES: r > 0.
-constexpr Time operator/(Flops f, FlopRate r) { return Time::seconds(f.count() / r.per_second()); }
+constexpr Time operator/(Flops f, FlopRate r) {
+  return Time::seconds(f.count() / r.per_second());
+}
 /// Achieved rate of `f` done in `t`.
-constexpr FlopRate operator/(Flops f, Time t) { return FlopRate::per_second(f.count() / t.to_seconds()); }
+constexpr FlopRate operator/(Flops f, Time t) {
+  return FlopRate::per_second(f.count() / t.to_seconds());
+}
 /// Achieved rate of `b` moved in `t`.
 constexpr Bandwidth operator/(Bytes b, Time t) {
   return Bandwidth::bytes_per_s(b.as_double() / t.to_seconds());

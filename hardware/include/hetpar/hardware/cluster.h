@@ -36,6 +36,7 @@ struct ClusterOverrides {
   bool operator==(const ClusterOverrides&) const = default;
 };
 
+/// A default-constructed ClusterSpec is empty (no nodes); create() makes real ones.
 class ClusterSpec {
  public:
   /// Validates the groups and applies `overrides` to each group's profile. A NIC override
@@ -67,8 +68,8 @@ class ClusterSpec {
 
   std::vector<NodeGroup> groups_;
   ClusterOverrides overrides_;
-  std::vector<int> group_first_node_;  // prefix sums; size groups + 1
-  std::vector<int> group_first_gpu_;
+  std::vector<int> group_first_node_ = {0};  // prefix sums; size groups + 1
+  std::vector<int> group_first_gpu_ = {0};
 };
 
 /// Parses cluster JSON text (schema above); errors are prefixed by `source`.

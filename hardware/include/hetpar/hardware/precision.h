@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string_view>
@@ -16,7 +17,9 @@ inline constexpr std::array<Precision, 5> kAllPrecisions = {
     Precision::kFp32, Precision::kTf32, Precision::kBf16, Precision::kFp16, Precision::kFp8};
 
 /// Index of `p` in kAllPrecisions (for per-precision tables).
-constexpr size_t precision_index(Precision p) { return static_cast<size_t>(p); }
+constexpr size_t precision_index(Precision p) {
+  return static_cast<size_t>(p);
+}
 
 /// Bytes one element occupies in memory (tf32 is stored as fp32).
 int64_t bytes_per_element(Precision p);

@@ -40,6 +40,8 @@ struct Link {
 
 class Topology {
  public:
+  /// An empty topology (no devices); build_topology() makes real ones.
+  Topology();
   int num_gpus() const;
   int num_nodes() const;
   std::span<const Device> devices() const;
@@ -48,7 +50,7 @@ class Topology {
   const Link& link(LinkId id) const;
   /// The vertex of global GPU `global_index` (node-major, as in ClusterSpec).
   DeviceId gpu(int global_index) const;
-  /// The network core vertex.
+  /// The network core vertex (invalid in an empty topology).
   DeviceId core() const;
 
   /// Links from one GPU to another: GPU -> switch -> GPU inside a node; across nodes

@@ -17,9 +17,9 @@ struct ModuleSummary {
   models::ModuleKind kind = models::ModuleKind::kLlm;
   models::ParamCounts params;
   int64_t layers = 0;
-  int64_t items_per_sample = 0;  // images or clips (encoders and projectors)
-  int64_t tokens_per_sample = 0; // tokens one sample puts through the module's layers
-  Flops forward_per_sample;      // model FLOPs (GEMMs + attention core)
+  int64_t items_per_sample = 0;   // images or clips (encoders and projectors)
+  int64_t tokens_per_sample = 0;  // tokens one sample puts through the module's layers
+  Flops forward_per_sample;       // model FLOPs (GEMMs + attention core)
   Flops backward_per_sample;
   Bytes activations_per_layer;   // one sample, no recompute (Korthikanti et al.)
   Bytes activations_per_sample;  // whole module, one sample, no recompute
@@ -35,7 +35,7 @@ struct NodeGroupSummary {
   Bandwidth memory_bandwidth_per_gpu;
   Bandwidth intra_node_per_gpu;  // one direction
   int nics_per_node = 0;
-  Bandwidth nic_bandwidth;       // per NIC, one direction
+  Bandwidth nic_bandwidth;  // per NIC, one direction
 };
 
 struct ScenarioSummary {

@@ -1,24 +1,26 @@
 // Collective algorithms as NCCL runs them, reduced to their steady state: the flows a
-// collective keeps busy while it streams, plus a latency term (NCCL tuner formulas,
-// calibration.md §3.3). The simulator starts all flows of a collective at once and
-// finishes it `latency` after the last one is delivered, so on an idle network
-//   time = latency + max over flows (share x S / rate)
-// and under contention each flow gets its max-min share. This is the pipelined ring (every
-// ring edge carries its whole (n-1)/n·S-type volume at once) rather than 2(n-1) separately
-// synchronised steps: a ring runs at the pace of its slowest edge either way, and it costs
-// one rate solve per collective instead of one per step. The cost of the shortcut: edges
-// that finish early free their links a little sooner than a lock-step ring would.
+// collective keeps busy while it streams, plus a latency term from NCCL's tuner formulas
+// (calibration.md §3.3). simulate() starts all flows of a collective at once and ends it
+// `latency` after the last one is delivered; link latencies are not added on top (the
+// tuner's per-hop latencies stand for them).
+//
+// Why flows, not steps: on an idle network this gives latency + max over flows of
+// share·S / rate, and under contention every flow gets its max-min share. It is the
+// pipelined ring (each ring edge carries its whole 2(n-1)/n·S-type volume at once), not
+// 2(n-1) lock-step steps: a ring runs at the pace of its slowest edge either way, and this
+// costs one rate solve per collective instead of one per step. The price: edges that
+// finish early free their links slightly sooner than a lock-step ring would.
 //
 // Ring: ranks ordered node by node (nodes in order of first appearance in the group), so
-// only one hop per node crosses the network. C channels run C parallel rings, each moving
-// S/C; channel c rotates every node's local order by c, so its inter-node hop leaves
-// through local GPU c-1's NIC and enters through GPU c's: with one NIC per GPU and C = GPUs
-// per node, every NIC carries one ring. Per ring edge: all_reduce 2(n-1)/n·S/C,
-// all_gather / reduce_scatter (n-1)/n·S/C; broadcast / reduce: a chain from / to the root
-// (n-1 edges of S/C). all_to_all: every rank sends S/n to every other rank at once.
-// Tree (all_reduce only): NCCL's double binary tree over the channel order (the bottom
-// levels stay inside nodes); each of the two trees carries S/2, up (reduce) and down
-// (broadcast) at once, so every rank sends and receives about 2·S: algbw = busbw / 2.
+// only one hop per node crosses the network. C channels run C parallel rings of S/C each;
+// channel c rotates every node's local order by c, so its inter-node hop leaves through
+// local GPU c-1's NIC and enters through GPU c's: with one NIC per GPU and C = GPUs per
+// node, every NIC carries one ring. Per ring edge: all_reduce 2(n-1)/n·S/C, all_gather /
+// reduce_scatter (n-1)/n·S/C; broadcast / reduce: the ring cut open at the root, a chain
+// of n-1 edges of S/C. all_to_all: every rank sends S/n to every other rank at once.
+// Tree (all_reduce only): NCCL's double binary tree over the channel order (its bottom
+// levels stay inside nodes); each of the two trees carries S/2 up (reduce) and down
+// (broadcast) at once, so a rank sends and receives about 2·S: algbw = busbw / 2.
 #pragma once
 
 #include <span>
@@ -63,8 +65,8 @@ struct CollectivePattern {
 /// applies to all_reduce only). REQUIRES: group non-empty with distinct ranks, root in it
 /// (broadcast / reduce). A group of one rank has no flows and no latency.
 CollectivePattern collective_pattern(CollectiveKind kind, Algorithm algorithm,
-                                     std::span<const RankId> group, RankId root,
-                                     const Network& net, const CollectiveConfig& config);
+                                     std::span<const RankId> group, RankId root, const Network& net,
+                                     const CollectiveConfig& config);
 
 /// Seconds per byte of S that `pattern`'s flows need on an otherwise idle network
 /// (max over flows of share / max-min rate). Time on an idle network is

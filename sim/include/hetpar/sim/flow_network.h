@@ -1,11 +1,12 @@
 // FlowNetwork: transfers in flight on a Network, as fluid flows. A flow's bytes leave at
-// its max-min fair share of every link on its route (MaxMinSolver); it is delivered one
-// route latency after its last byte left, and then the Observer is told. Rates are
-// re-solved when flows start or drain, once per instant (a commit event queued behind the
-// events already due now), and only over the links connected to the change; a flow whose
-// rate did not change keeps its scheduled completion. Completion times are rounded to
-// the nearest picosecond: on an idle route a transfer takes exactly
-// latency(route) + Bytes / min capacity (units.h rounding).
+// its max-min fair share of its route's links (MaxMinSolver) and arrive one route latency
+// after the last byte left; then the Observer is told. On an idle route a transfer takes
+// exactly latency(route) + Bytes / bottleneck capacity (rounded to the nearest ps, as
+// units.h's Bytes / Bandwidth).
+//
+// Rates are re-solved when flows start or drain: once per instant (a commit event queued
+// behind the events already due now), over the connected component of the links touched
+// only; a flow whose rate did not change keeps its scheduled completion.
 #pragma once
 
 #include <cstdint>
@@ -62,8 +63,8 @@ class FlowNetwork final : public EventSource {
 
   EventQueue& queue_;
   Observer& observer_;
-  std::vector<double> capacity_;                 // per link, bytes/s
-  std::vector<std::vector<int32_t>> on_link_;    // per link, the flows draining through it
+  std::vector<double> capacity_;               // per link, bytes/s
+  std::vector<std::vector<int32_t>> on_link_;  // per link, the flows draining through it
   std::vector<Flow> flows_;
   std::vector<int32_t> free_;
   std::vector<int32_t> dirty_;

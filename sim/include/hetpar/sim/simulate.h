@@ -26,9 +26,10 @@ struct SimOptions {
 struct RankStats {
   std::vector<Time> compute_stream_busy;  // per compute stream index
   std::vector<Time> comm_stream_busy;     // per comm stream index
-  Time compute{};     // time at least one compute stream was busy
-  Time comm{};        // time at least one comm stream was busy
-  Time exposed_comm{};  // time a comm stream was busy and no compute stream was
+  Time compute{};                         // time at least one compute stream was busy
+  Time comm{};                            // time at least one comm stream was busy
+  Time exposed_comm{};                    // time a comm stream was busy and no compute stream was
+  Flops flops{};                          // of the compute tasks that ran on this rank
 };
 
 struct TaskTiming {

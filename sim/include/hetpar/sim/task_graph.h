@@ -1,12 +1,14 @@
-// TaskGraph: the per-rank programs the simulator replays. Every task occupies one stream
-// on each rank it involves: a ComputeTask one compute stream, a P2P task one comm stream
-// on the sender and one on the receiver, a collective one comm stream on every member.
-// Contract (like CUDA streams + NCCL): a stream runs its tasks one at a time in the order
-// they were added; a task also waits for its explicit dependencies; a multi-rank task
-// starts when every participant has reached it (its dependencies done and each of its
-// streams idle and at this task). Streams of one rank run concurrently. Building never
-// fails; validate() reports bad ids, bad sizes and cycles (including deadlocks that
-// stream order creates, e.g. two ranks issuing two collectives in opposite orders).
+// TaskGraph: the per-rank programs the simulator replays. Each task occupies one stream on
+// each rank it involves; a stream runs its tasks one at a time in the order they were added
+// (program order, like CUDA streams); streams of one rank run concurrently. Building never
+// fails: validate() reports bad ids, bad sizes and cycles.
+//
+// A ComputeTask occupies one compute stream, a P2P task one comm stream on the sender and
+// one on the receiver, a collective one comm stream on every member. A task starts when
+// its explicit dependencies are done and every stream it occupies is idle and has reached
+// it; so a multi-rank task starts when its last participant arrives (NCCL semantics).
+// Cycles include deadlocks that stream order creates (a collective waiting, through
+// dependencies, for one queued behind it on some member's stream).
 #pragma once
 
 #include <cstdint>
@@ -30,7 +32,14 @@ enum class TaskKind : uint8_t { kCompute, kCollective, kP2P };
 /// Sizes follow nccl-tests (calibration.md §2.5): all_reduce, broadcast, reduce: the
 /// buffer per rank; all_gather, reduce_scatter: the total (gathered) array; all_to_all:
 /// the whole send buffer of one rank (it sends bytes/n to each member).
-enum class CollectiveKind : uint8_t { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kBroadcast, kReduce };
+enum class CollectiveKind : uint8_t {
+  kAllReduce,
+  kAllGather,
+  kReduceScatter,
+  kAllToAll,
+  kBroadcast,
+  kReduce
+};
 /// kAuto picks by predicted time, as NCCL's tuner does (see collective.h).
 enum class Algorithm : uint8_t { kAuto, kRing, kTree };
 

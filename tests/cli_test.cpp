@@ -1,0 +1,193 @@
+// End-to-end tests of the `hetpar` binary: the shipped examples work, --json output is
+// JSON, and a corpus of bad scenarios each fails with exit code 2 and a message naming
+// the JSON path of the problem.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace {
+
+struct CliRun {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+CliRun run(const std::string& args) {
+  // ctest runs tests in parallel processes: keep each process's files apart.
+  std::string dir = ::testing::TempDir();
+  std::string out = fmt::format("{}/cli_out.{}.txt", dir, ::getpid());
+  std::string err = fmt::format("{}/cli_err.{}.txt", dir, ::getpid());
+  std::string cmd = fmt::format("{} {} >{} 2>{}", HETPAR_BINARY, args, out, err);
+  int status = std::system(cmd.c_str());
+  CliRun r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(out);
+  r.err = slurp(err);
+  return r;
+}
+
+std::string write_temp(const std::string& name, const std::string& text) {
+  std::string path = fmt::format("{}/{}.{}", ::testing::TempDir(), ::getpid(), name);
+  std::ofstream(path) << text;
+  return path;
+}
+
+std::string example(const std::string& name) {
+  return std::string(HETPAR_SOURCE_DIR) + "/examples/" + name;
+}
+
+TEST(Cli, InspectsEveryShippedExample) {
+  for (const auto& entry :
+       std::filesystem::directory_iterator(std::string(HETPAR_SOURCE_DIR) + "/examples")) {
+    if (entry.path().extension() != ".json") continue;
+    CliRun r = run("inspect " + entry.path().string());
+    EXPECT_EQ(r.exit_code, 0) << entry.path() << ": " << r.err;
+    EXPECT_NE(r.out.find("Model FLOPs per iteration"), std::string::npos) << entry.path();
+  }
+}
+
+TEST(Cli, InspectJsonHasTheDefaultModelNumbers) {
+  CliRun r = run("inspect --json " + example("default.json"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["model"], "llava-1.5-7b");
+  ASSERT_EQ(j["modules"].size(), 3u);
+  // LLaVA-1.5-7B: 7.06B parameters (CLIP ViT-L/14-336 304M + projector 21M + Vicuna 6.74B).
+  EXPECT_NEAR(j["params"]["total"].get<double>(), 7.06e9, 0.5e-2 * 7.06e9);
+  EXPECT_EQ(j["modules"][0]["tokens_per_sample"], 577);  // 24x24 patches + class token
+  EXPECT_EQ(j["cluster"]["gpus"], 64);
+  EXPECT_DOUBLE_EQ(j["cluster"]["peak_flops"].get<double>(), 64 * 989.4e12);
+  // Ideal iteration time = model FLOPs / cluster peak.
+  EXPECT_NEAR(j["cluster"]["ideal_iteration_time_s"].get<double>(),
+              j["model_flops_per_iteration"].get<double>() / (64 * 989.4e12), 1e-9);
+}
+
+TEST(Cli, ListsModelsAndHardware) {
+  CliRun models = run("models --json");
+  ASSERT_EQ(models.exit_code, 0) << models.err;
+  auto zoo = nlohmann::json::parse(models.out);
+  std::set<std::string> names;
+  for (const auto& e : zoo) names.insert(e["name"]);
+  for (const char* want :
+       {"clip-vit-l-14-336", "siglip-so400m-patch14-384", "internvit-6b",
+        "whisper-large-v3-encoder", "llama-2-7b", "llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b",
+        "qwen2.5-7b", "qwen2.5-72b", "mixtral-8x7b", "gpt3-175b", "llava-1.5-7b"})
+    EXPECT_TRUE(names.count(want)) << want;
+  CliRun hw = run("hardware --json");
+  ASSERT_EQ(hw.exit_code, 0) << hw.err;
+  auto profiles = nlohmann::json::parse(hw.out);
+  std::set<std::string> pnames;
+  for (const auto& p : profiles) pnames.insert(p["name"]);
+  for (const char* want : {"dgx-a100-80gb", "dgx-h100", "dgx-h200", "dgx-b200", "rtx4090-node"})
+    EXPECT_TRUE(pnames.count(want)) << want;
+  EXPECT_EQ(run("models").exit_code, 0);
+  EXPECT_EQ(run("hardware").exit_code, 0);
+}
+
+TEST(Cli, UsageErrorsExitTwo) {
+  EXPECT_EQ(run("").exit_code, 2);
+  EXPECT_EQ(run("frobnicate").exit_code, 2);
+  EXPECT_EQ(run("inspect").exit_code, 2);
+  EXPECT_EQ(run("--help").exit_code, 0);
+  CliRun missing = run("inspect /nonexistent/scenario.json");
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_NE(missing.err.find("/nonexistent/scenario.json: cannot open file"), std::string::npos);
+}
+
+struct BadScenario {
+  const char* name;
+  const char* text;
+  const char* expect;  // substring of the error message
+};
+
+const std::string kWorkload = R"("workload": {"seq_len": 4096, "global_batch": 64})";
+const std::string kCluster = R"("cluster": {"profile": "dgx-h100", "nodes": 1})";
+
+class BadScenarioTest : public ::testing::TestWithParam<BadScenario> {};
+
+TEST_P(BadScenarioTest, FailsWithExitTwoAndNamesThePath) {
+  const BadScenario& c = GetParam();
+  std::string path = write_temp(std::string(c.name) + ".json", c.text);
+  CliRun r = run("inspect " + path);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find(c.expect), std::string::npos) << "stderr: " << r.err;
+  EXPECT_TRUE(r.out.empty()) << "stdout must stay empty on error: " << r.out;
+}
+
+const std::string kLlm = R"("model": "llama-3.1-8b", )";
+
+// Texts are built once; the params keep pointers into these strings.
+const std::vector<std::string>& bad_texts() {
+  static const std::vector<std::string> texts = {
+      "{\"model\": \"llama-3.1-8b\", ",  // 0: truncated, malformed
+      R"({"model": "llama-9", )" + kWorkload + ", " + kCluster + "}",
+      R"({"model": {"name": "m", "modules": [{"name": "llm", "kind": "llm", "spec": {"layers": 2, "hidden": 4096, "ffn_hidden": 11008, "heads": 30, "kv_heads": 30, "vocab": 32000, "activation": "swiglu", "norm": "rmsnorm"}}]}, )" +
+          kWorkload + ", " + kCluster + "}",
+      kLlm.substr(0, 0) +
+          R"({"model": "llama-3.1-8b", "workload": {"seq_len": -5, "global_batch": 64}, )" +
+          kCluster + "}",
+      R"({"model": "llama-3.1-8b", "workload": {"global_batch": 64}, )" + kCluster + "}",
+      R"({"model": "llama-3.1-8b", )" + kWorkload +
+          R"(, "cluster": {"profile": "h300", "nodes": 1}})",
+      R"({"model": "llama-3.1-8b", )" + kWorkload +
+          R"(, "cluster": {"profile": "dgx-h100", "nodes": 0}})",
+      R"({"model": "llama-3.1-8b", "workload": {"seq_len": 4096, "global_batch": 64, "precision": "fp4"}, )" +
+          kCluster + "}",
+      R"({"model": "llama-3.1-8b", "workload": {"seq_len": 4096, "global_batch": 64, "images_per_sample": 2}, )" +
+          kCluster + "}",
+      R"({"model": "llava-1.5-7b", "workload": {"seq_len": 1000, "global_batch": 64, "images_per_sample": 2}, )" +
+          kCluster + "}",
+      R"({"model": "llava-1.5-7b", "workload": {"seq_len": 4096, "global_batch": 64, "images_per_sample": 1, "image_size": 300}, )" +
+          kCluster + "}",
+      R"({"model": "llama-3.1-8b", )" + kWorkload + ", " + kCluster + R"(, "extra": 1})",
+      R"({"model": "llama-3.1-8b", "workload": {"seq_len": "long", "global_batch": 64}, )" +
+          kCluster + "}",
+      R"({"model": "llama-3.1-8b", )" + kWorkload + "}",
+      R"({"model": "llava-1.5-7b", "workload": {"seq_len": 4096, "global_batch": 64, "images_per_sample": 1, "tokens_per_image": 500}, )" +
+          kCluster + "}",
+      R"([1, 2, 3])",
+  };
+  return texts;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Corpus, BadScenarioTest,
+    ::testing::Values(
+        BadScenario{"malformed", bad_texts()[0].c_str(), "malformed JSON at byte"},
+        BadScenario{"unknown_zoo", bad_texts()[1].c_str(), "model: unknown zoo entry \"llama-9\""},
+        BadScenario{"heads_not_dividing", bad_texts()[2].c_str(), "model.modules[0].spec.heads"},
+        BadScenario{"negative_seq", bad_texts()[3].c_str(),
+                    "workload.seq_len: must be >= 1, got -5"},
+        BadScenario{"missing_seq", bad_texts()[4].c_str(),
+                    "workload.seq_len: missing required field"},
+        BadScenario{"unknown_profile", bad_texts()[5].c_str(),
+                    "cluster.profile: unknown profile \"h300\""},
+        BadScenario{"zero_nodes", bad_texts()[6].c_str(), "cluster.nodes"},
+        BadScenario{"bad_precision", bad_texts()[7].c_str(),
+                    "workload.precision: unknown value \"fp4\""},
+        BadScenario{"images_without_encoder", bad_texts()[8].c_str(), "workload.images_per_sample"},
+        BadScenario{"tokens_exceed_seq", bad_texts()[9].c_str(),
+                    "workload.seq_len: 1152 modality tokens"},
+        BadScenario{"image_size_not_patch_multiple", bad_texts()[10].c_str(),
+                    "workload.image_size: 300"},
+        BadScenario{"unknown_top_level_field", bad_texts()[11].c_str(), "extra: unknown field"},
+        BadScenario{"wrong_type", bad_texts()[12].c_str(), "workload.seq_len: expected an integer"},
+        BadScenario{"missing_cluster", bad_texts()[13].c_str(), "cluster: missing required object"},
+        BadScenario{"tokens_not_square", bad_texts()[14].c_str(), "workload.tokens_per_image: 500"},
+        BadScenario{"not_an_object", bad_texts()[15].c_str(), "expected an object"}),
+    [](const ::testing::TestParamInfo<BadScenario>& info) { return std::string(info.param.name); });
+
+}  // namespace
