@@ -45,6 +45,9 @@ void print_text(const planner::ScenarioSummary& s) {
         g.nodes, g.profile, g.gpus_per_node, g.gpu_model, g.peak_per_gpu,
         hardware::to_string(w.precision), g.memory_per_gpu, g.memory_bandwidth_per_gpu,
         g.intra_node_per_gpu, g.nics_per_node, g.nic_bandwidth);
+    if (g.wan)
+      fmt::print("    WAN link per node: up {}, down {}, latency {}\n", g.wan->up, g.wan->down,
+                 g.wan->latency);
   }
   fmt::print("  peak {} in all; one iteration at 100% MFU takes {}\n", s.cluster_peak,
              s.ideal_iteration_time);

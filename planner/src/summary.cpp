@@ -62,6 +62,7 @@ ScenarioSummary summarize(const Scenario& s) {
     gs.intra_node_per_gpu = p.intra_node.bandwidth;
     gs.nics_per_node = p.inter_node.nics_per_node;
     gs.nic_bandwidth = p.inter_node.nic_bandwidth;
+    gs.wan = p.wan;
     peak += gs.peak_per_gpu.per_second() * g.nodes * p.gpus_per_node;
     out.groups.push_back(gs);
   }

@@ -3,6 +3,7 @@
 // peak compute and memory — computed from a Scenario without choosing any layout.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,7 @@ struct NodeGroupSummary {
   Bandwidth intra_node_per_gpu;  // one direction
   int nics_per_node = 0;
   Bandwidth nic_bandwidth;  // per NIC, one direction
+  std::optional<hardware::WanLink> wan;
 };
 
 struct ScenarioSummary {

@@ -1,0 +1,91 @@
+#include <gtest/gtest.h>
+
+#include "hetpar/models/totals.h"
+#include "hetpar/planner/scenario.h"
+#include "hetpar/planner/summary.h"
+
+namespace hetpar::planner {
+namespace {
+
+Scenario parse(const std::string& text) {
+  auto s = parse_scenario_text(text, "test.json");
+  EXPECT_TRUE(s.is_ok()) << s.status().to_string();
+  return s.is_ok() ? *s : Scenario{};
+}
+
+const char* kLlava = R"({"model": "llava-1.5-7b",
+  "workload": {"seq_len": 4096, "global_batch": 256, "images_per_sample": 2},
+  "cluster": {"profile": "dgx-h100", "nodes": 8}})";
+
+TEST(Scenario, ModuleInputsFollowTheWorkload) {
+  Scenario s = parse(kLlava);
+  ASSERT_EQ(s.model.modules.size(), 3u);
+  EXPECT_EQ(s.name, "llava-1.5-7b");
+  models::ModuleInput vision = module_input(s, 0, 4);
+  EXPECT_EQ(vision.micro_batch, 4);
+  EXPECT_EQ(vision.items_per_sample, 2);
+  models::ModuleInput projector = module_input(s, 1, 4);
+  EXPECT_EQ(projector.seq_len, 576);  // the encoder's patch tokens per image
+  EXPECT_EQ(projector.items_per_sample, 2);
+  models::ModuleInput llm = module_input(s, 2, 4);
+  EXPECT_EQ(llm.seq_len, 4096);
+  EXPECT_EQ(modality_tokens_per_item(s.model, 0), 576);
+  EXPECT_EQ(s.cluster.total_gpus(), 64);
+}
+
+TEST(Scenario, TokensPerImageSetsTheResolution) {
+  Scenario s = parse(R"({"model": "llava-1.5-7b",
+    "workload": {"seq_len": 4096, "global_batch": 8, "images_per_sample": 1, "tokens_per_image": 256},
+    "cluster": {"profile": "dgx-a100-80gb", "nodes": 1}})");
+  const auto& vit = std::get<models::VisionEncoderSpec>(s.model.modules[0].spec);
+  EXPECT_EQ(vit.image_size, 16 * 14);  // 256 tokens = 16 x 16 patches of 14 px
+  EXPECT_EQ(modality_tokens_per_item(s.model, 0), 256);
+}
+
+TEST(Scenario, TokensPerImageCountsProjectorDownsampling) {
+  Scenario s = parse(R"({"model": {"name": "m", "modules": [
+      {"name": "vision", "kind": "vision_encoder", "spec": "internvit-6b"},
+      {"name": "projector", "kind": "projector",
+       "spec": {"input_hidden": 3200, "output_hidden": 4096, "downsample": 2}},
+      {"name": "llm", "kind": "llm", "spec": "llama-2-7b"}]},
+    "workload": {"seq_len": 4096, "global_batch": 8, "images_per_sample": 1, "tokens_per_image": 256},
+    "cluster": {"profile": "dgx-h100", "nodes": 1}})");
+  const auto& vit = std::get<models::VisionEncoderSpec>(s.model.modules[0].spec);
+  EXPECT_EQ(vit.image_size, 32 * 14);  // 256 tokens x 2^2 = 1024 = 32 x 32 patches
+}
+
+TEST(Scenario, ImageTokensMustFitTheSequence) {
+  auto s = parse_scenario_text(R"({"model": "llava-1.5-7b",
+    "workload": {"seq_len": 1024, "global_batch": 8, "images_per_sample": 2},
+    "cluster": {"profile": "dgx-h100", "nodes": 1}})",
+                               "x.json");
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_EQ(s.status().message(),
+            "x.json: workload.seq_len: 1152 modality tokens per sample do not fit in a fused "
+            "sequence of 1024");
+}
+
+TEST(Summary, AddsUpModulesAndClusterPeak) {
+  Scenario s = parse(kLlava);
+  ScenarioSummary sum = summarize(s);
+  ASSERT_EQ(sum.modules.size(), 3u);
+  Flops per_sample;
+  for (const auto& m : sum.modules) per_sample += m.forward_per_sample + m.backward_per_sample;
+  EXPECT_DOUBLE_EQ(sum.model_flops_per_sample.count(), per_sample.count());
+  EXPECT_DOUBLE_EQ(sum.model_flops_per_iteration.count(), 256 * per_sample.count());
+  // Backward is twice forward for the model-FLOP convention.
+  for (const auto& m : sum.modules)
+    EXPECT_NEAR(m.backward_per_sample / m.forward_per_sample, 2.0, 1e-12) << m.name;
+  // Vision: two images of 577 tokens; LLM: one 4096-token sequence.
+  EXPECT_EQ(sum.modules[0].tokens_per_sample, 2 * 577);
+  EXPECT_EQ(sum.modules[2].tokens_per_sample, 4096);
+  // LLM forward FLOPs per sample ~ 2 * N * s (+ attention), Vicuna-7B at 4096 tokens.
+  double two_n_s = 2.0 * models::count_params(s.model.modules[2].spec).non_embedding() * 4096;
+  EXPECT_GT(sum.modules[2].forward_per_sample.count(), two_n_s);
+  EXPECT_LT(sum.modules[2].forward_per_sample.count(), 1.15 * two_n_s);
+  EXPECT_DOUBLE_EQ(sum.cluster_peak.to_tflops(), 64 * 989.4);
+  EXPECT_EQ(sum.ideal_iteration_time, sum.model_flops_per_iteration / sum.cluster_peak);
+}
+
+}  // namespace
+}  // namespace hetpar::planner
