@@ -1,0 +1,55 @@
+// Layout: how one module is parallelised — tensor (tp, with optional sequence parallel),
+// context (cp), pipeline (pp stages, vpp virtual stages per rank), data (dp) and expert
+// (ep) parallelism, the micro-batch size, activation recompute, the distributed optimizer
+// and communication overlap. A Plan is a scenario's layout plus the pipeline schedule.
+// Ranks follow Megatron-LM's order: tp fastest, then cp, then dp, then pp
+// (rank = tp_i + tp*(cp_i + cp*(dp_i + dp*pp_i))); EP reuses the dp x cp ranks of a stage.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "hetpar/core/status.h"
+#include "hetpar/models/op_graph.h"
+
+namespace hetpar::planner {
+
+enum class Schedule {
+  kGpipe,        // all forwards, then all backwards
+  k1F1B,         // PipeDream-flush one-forward-one-backward (Megatron's default)
+  kInterleaved,  // 1F1B over vpp virtual stages per rank (Megatron's interleaved schedule)
+  kZeroBubble,   // ZB-H1: 1F1B with weight-gradient work deferred into the bubbles
+};
+std::string_view to_string(Schedule s);  // "gpipe", "1f1b", "interleaved", "zb-h1"
+
+std::string_view to_string(models::Recompute r);  // "none", "selective", "full"
+
+struct Layout {
+  int tp = 1;
+  bool sequence_parallel = false;  // SP: all-gather + reduce-scatter instead of all-reduce
+  int cp = 1;
+  int pp = 1;
+  int vpp = 1;  // virtual pipeline stages per rank (interleaved schedule); 1 = none
+  int dp = 1;
+  int ep = 1;   // expert parallel size (MoE only); divides dp * cp
+  int micro_batch = 1;  // samples per micro-batch
+  models::Recompute recompute = models::Recompute::kNone;
+  bool distributed_optimizer = false;  // ZeRO-1: optimizer state sharded over dp
+  bool overlap_grad_reduce = true;     // DP gradient reduction overlapped with backward
+  bool overlap_param_gather = true;    // distributed optimizer all-gather overlapped with forward
+
+  int world() const { return tp * cp * pp * dp; }
+  bool operator==(const Layout&) const = default;
+};
+
+struct Plan {
+  Layout layout;
+  Schedule schedule = Schedule::k1F1B;
+  bool operator==(const Plan&) const = default;
+};
+
+/// Micro-batches per iteration per DP replica: global_batch / (dp * micro_batch).
+int64_t num_micro_batches(const Layout& l, int64_t global_batch);
+
+}  // namespace hetpar::planner
