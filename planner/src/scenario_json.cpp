@@ -6,6 +6,7 @@
 #include "hetpar/core/json_reader.h"
 #include "hetpar/hardware/hardware_json.h"
 #include "hetpar/models/model_json.h"
+#include "hetpar/planner/plan_json.h"
 #include "hetpar/planner/scenario.h"
 
 namespace hetpar::planner {
@@ -101,6 +102,11 @@ Result<Scenario> parse_scenario_text(std::string_view text, std::string_view sou
     auto parsed = hardware::parse_cluster(*cluster, "cluster", base_dir);
     root.merge(parsed.status());
     if (parsed.is_ok()) s.cluster = std::move(parsed).value();
+  }
+  if (const nlohmann::json* plan = root.raw("plan"); plan && root.ok()) {
+    auto parsed = parse_plan(*plan, "plan");
+    root.merge(parsed.status());
+    if (parsed.is_ok()) s.plan = *parsed;
   }
   root.finish();
   if (!root.ok()) return root.status().with_context(source);

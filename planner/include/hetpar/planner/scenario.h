@@ -14,6 +14,7 @@
 #include "hetpar/hardware/precision.h"
 #include "hetpar/models/op_graph.h"
 #include "hetpar/models/spec.h"
+#include "hetpar/planner/layout.h"
 
 namespace hetpar::planner {
 
@@ -40,6 +41,8 @@ struct Scenario {
   models::ModelSpec model;
   Workload workload;
   hardware::ClusterSpec cluster;
+  /// The optional "plan" section: the layout `simulate` predicts.
+  std::optional<Plan> plan;
 };
 
 /// Parses a scenario file; relative profile paths resolve against the file's directory.

@@ -1,0 +1,23 @@
+// JSON of a Plan (the "plan" section of a scenario file), for *_json.cpp files:
+//   {"tp": 8, "sp": true, "cp": 1, "pp": 8, "vpp": 1, "dp": 16, "ep": 1, "micro_batch": 1,
+//    "recompute": "none|selective|full", "distributed_optimizer": false,
+//    "overlap_grad_reduce": true, "overlap_param_gather": true,
+//    "schedule": "gpipe|1f1b|interleaved|zb-h1"}
+// Degrees default to 1, the schedule to 1f1b (interleaved when vpp > 1). Only the shape
+// is checked here; whether the plan fits the scenario is planner::infeasibility().
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+#include "hetpar/core/status.h"
+#include "hetpar/planner/layout.h"
+
+namespace hetpar::planner {
+
+Result<Plan> parse_plan(const nlohmann::json& j, const std::string& path);
+/// parse_plan(plan_to_json(p), "") == p.
+nlohmann::json plan_to_json(const Plan& p);
+
+}  // namespace hetpar::planner

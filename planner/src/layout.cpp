@@ -1,0 +1,28 @@
+#include "hetpar/planner/layout.h"
+
+namespace hetpar::planner {
+
+std::string_view to_string(Schedule s) {
+  switch (s) {
+    case Schedule::kGpipe: return "gpipe";
+    case Schedule::k1F1B: return "1f1b";
+    case Schedule::kInterleaved: return "interleaved";
+    case Schedule::kZeroBubble: return "zb-h1";
+  }
+  return "?";
+}
+
+std::string_view to_string(models::Recompute r) {
+  switch (r) {
+    case models::Recompute::kNone: return "none";
+    case models::Recompute::kSelective: return "selective";
+    case models::Recompute::kFull: return "full";
+  }
+  return "?";
+}
+
+int64_t num_micro_batches(const Layout& l, int64_t global_batch) {
+  return global_batch / (static_cast<int64_t>(l.dp) * l.micro_batch);
+}
+
+}  // namespace hetpar::planner

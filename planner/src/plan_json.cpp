@@ -1,0 +1,75 @@
+// Plan JSON: the "plan" section of a scenario file (schema: docs/scenario.md).
+#include "hetpar/planner/plan_json.h"
+
+#include "hetpar/core/json_reader.h"
+
+namespace hetpar::planner {
+
+namespace {
+
+std::optional<Schedule> parse_schedule(std::string_view s) {
+  for (Schedule sch : {Schedule::kGpipe, Schedule::k1F1B, Schedule::kInterleaved,
+                       Schedule::kZeroBubble})
+    if (to_string(sch) == s) return sch;
+  return std::nullopt;
+}
+
+std::optional<models::Recompute> parse_recompute(std::string_view s) {
+  for (models::Recompute r :
+       {models::Recompute::kNone, models::Recompute::kSelective, models::Recompute::kFull})
+    if (to_string(r) == s) return r;
+  return std::nullopt;
+}
+
+}  // namespace
+
+Result<Plan> parse_plan(const nlohmann::json& j, const std::string& path) {
+  JsonReader r(j, path);
+  Plan p;
+  Layout& l = p.layout;
+  constexpr int64_t kMaxDegree = 1 << 20;
+  l.tp = static_cast<int>(r.optional_int("tp", 1, 1, kMaxDegree));
+  l.sequence_parallel = r.optional_bool("sp", false);
+  l.cp = static_cast<int>(r.optional_int("cp", 1, 1, kMaxDegree));
+  l.pp = static_cast<int>(r.optional_int("pp", 1, 1, kMaxDegree));
+  l.vpp = static_cast<int>(r.optional_int("vpp", 1, 1, kMaxDegree));
+  l.dp = static_cast<int>(r.optional_int("dp", 1, 1, kMaxDegree));
+  l.ep = static_cast<int>(r.optional_int("ep", 1, 1, kMaxDegree));
+  l.micro_batch = static_cast<int>(r.required_int("micro_batch", 1, kMaxDegree));
+  l.recompute = *parse_recompute(r.optional_enum("recompute", "none", {"none", "selective", "full"}));
+  l.distributed_optimizer = r.optional_bool("distributed_optimizer", false);
+  l.overlap_grad_reduce = r.optional_bool("overlap_grad_reduce", true);
+  l.overlap_param_gather = r.optional_bool("overlap_param_gather", true);
+  std::string schedule = r.optional_enum("schedule", l.vpp > 1 ? "interleaved" : "1f1b",
+                                         {"gpipe", "1f1b", "interleaved", "zb-h1"});
+  if (r.ok()) p.schedule = *parse_schedule(schedule);
+  r.finish();
+  if (!r.ok()) return r.status();
+  if (l.vpp > 1 && p.schedule != Schedule::kInterleaved)
+    return Status::invalid_argument(fmt::format(
+        "{}.vpp: {} virtual stages need the interleaved schedule, got \"{}\"", path, l.vpp,
+        schedule));
+  if (p.schedule == Schedule::kInterleaved && l.vpp < 2)
+    return Status::invalid_argument(
+        fmt::format("{}.schedule: \"interleaved\" needs vpp >= 2, got {}", path, l.vpp));
+  return p;
+}
+
+nlohmann::json plan_to_json(const Plan& p) {
+  const Layout& l = p.layout;
+  return {{"tp", l.tp},
+          {"sp", l.sequence_parallel},
+          {"cp", l.cp},
+          {"pp", l.pp},
+          {"vpp", l.vpp},
+          {"dp", l.dp},
+          {"ep", l.ep},
+          {"micro_batch", l.micro_batch},
+          {"recompute", to_string(l.recompute)},
+          {"distributed_optimizer", l.distributed_optimizer},
+          {"overlap_grad_reduce", l.overlap_grad_reduce},
+          {"overlap_param_gather", l.overlap_param_gather},
+          {"schedule", to_string(p.schedule)}};
+}
+
+}  // namespace hetpar::planner
