@@ -14,6 +14,23 @@ struct InspectOptions {
 };
 int run_inspect(const InspectOptions& opts);
 
+struct SimulateOptions {
+  std::string path;  // scenario with a "plan" section
+  bool json = false;
+  std::string trace_path;  // Perfetto / Chrome trace output, "" = none
+};
+/// Exit 3 when the plan is infeasible (the reason goes to stderr).
+int run_simulate(const SimulateOptions& opts);
+
+struct ValidationOptions {
+  std::string dir = "validation/runs";
+  bool json = false;
+  double max_mean_error = 0;  // fractions; 0 = no bound
+  double max_error = 0;
+};
+/// Exit 4 when a bound is given and missed.
+int run_validation(const ValidationOptions& opts);
+
 struct CatalogOptions {
   bool json = false;
 };

@@ -1,5 +1,6 @@
 // hetpar command-line entry point: parses arguments with CLI11 and dispatches to one
-// subcommand. Exit codes: 0 success, 2 bad input or usage, 1 internal failure.
+// subcommand. Exit codes: 0 success, 1 internal failure, 2 bad input or usage, 3 an
+// infeasible plan, 4 validation bounds missed.
 #include <CLI/CLI.hpp>
 
 #include "commands.h"
@@ -18,6 +19,30 @@ int main(int argc, char** argv) {
   cmd_inspect->add_option("scenario", inspect.scenario_path, "Scenario JSON file")->required();
   cmd_inspect->add_flag("--json", inspect.json, "Print JSON instead of tables");
 
+  SimulateOptions simulate;
+  auto* cmd_simulate =
+      app.add_subcommand("simulate",
+                         "Predict one training iteration of a scenario's plan: time, throughput, "
+                         "TFLOPS/GPU, memory, bubbles, exposed communication");
+  cmd_simulate->add_option("file", simulate.path, "Scenario JSON with a \"plan\" section")
+      ->required();
+  cmd_simulate->add_flag("--json", simulate.json, "Print JSON instead of text");
+  cmd_simulate->add_option("--trace", simulate.trace_path,
+                           "Write the iteration timeline as a Perfetto/Chrome trace JSON");
+
+  ValidationOptions validation;
+  auto* cmd_validation =
+      app.add_subcommand("validation",
+                         "Predict the published, measured training runs of validation/runs and "
+                         "print predicted vs measured");
+  cmd_validation->add_option("dir", validation.dir, "Directory of run files")
+      ->capture_default_str();
+  cmd_validation->add_flag("--json", validation.json, "Print JSON");
+  cmd_validation->add_option("--max-mean-error", validation.max_mean_error,
+                             "Fail (exit 4) when the mean |error| exceeds this fraction");
+  cmd_validation->add_option("--max-error", validation.max_error,
+                             "Fail (exit 4) when any |error| exceeds this fraction");
+
   CatalogOptions models;
   auto* cmd_models = app.add_subcommand("models", "List the model zoo");
   cmd_models->add_flag("--json", models.json, "Print JSON");
@@ -33,6 +58,8 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : 2;
   }
   if (*cmd_inspect) return run_inspect(inspect);
+  if (*cmd_simulate) return run_simulate(simulate);
+  if (*cmd_validation) return run_validation(validation);
   if (*cmd_models) return run_models(models);
   if (*cmd_hardware) return run_hardware(hardware);
   return 2;

@@ -3,11 +3,19 @@
 
 #include <string>
 
+#include "hetpar/planner/evaluate.h"
+#include "hetpar/planner/published_run.h"
 #include "hetpar/planner/summary.h"
 
 namespace hetpar::cli {
 
 std::string summary_to_json(const planner::ScenarioSummary& s);
+/// simulate --json: the metrics with at least iteration_time_s, tokens_per_s,
+/// tflops_per_gpu, mfu, peak_memory_bytes, bubble_fraction and feasible.
+std::string metrics_to_json(const planner::Scenario& s, const planner::Plan& p,
+                            const planner::PlanMetrics& m);
+std::string validation_to_json(const std::vector<planner::RunComparison>& rows, double mean_error,
+                               double max_error);
 /// The zoo with each entry's parameter count.
 std::string zoo_to_json();
 /// The built-in profiles in full (the profile file schema, provenance included).

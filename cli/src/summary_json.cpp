@@ -3,6 +3,7 @@
 #include "hetpar/hardware/hardware_json.h"
 #include "hetpar/models/load.h"
 #include "hetpar/models/totals.h"
+#include "hetpar/planner/plan_json.h"
 #include "render.h"
 
 namespace hetpar::cli {
@@ -65,6 +66,71 @@ std::string summary_to_json(const planner::ScenarioSummary& s) {
         {"peak_flops", s.cluster_peak.per_second()},
         {"ideal_iteration_time_s", s.ideal_iteration_time.to_seconds()}}}};
   return j.dump(2);
+}
+
+std::string metrics_to_json(const planner::Scenario& s, const planner::Plan& p,
+                            const planner::PlanMetrics& m) {
+  nlohmann::json j = {{"scenario", s.name},
+                      {"plan", planner::plan_to_json(p)},
+                      {"feasible", m.feasible},
+                      {"world", m.world}};
+  if (!m.feasible) {
+    j["infeasible_reason"] = m.infeasible_reason;
+    return j.dump(2);
+  }
+  nlohmann::json stages = nlohmann::json::array();
+  for (const auto& b : m.memory.per_stage)
+    stages.push_back({{"weights", b.weights.count()},
+                      {"gradients", b.gradients.count()},
+                      {"optimizer_state", b.optimizer_state.count()},
+                      {"activations", b.activations.count()},
+                      {"communication_buffers", b.communication_buffers.count()},
+                      {"workspace", b.workspace.count()},
+                      {"total", b.total().count()}});
+  nlohmann::json exposed = nlohmann::json::object();
+  for (const auto& e : m.exposed_by_kind) exposed[e.kind] = e.per_rank.to_seconds();
+  nlohmann::json phases = nlohmann::json::object();
+  for (const auto& ph : m.phases) phases[ph.phase] = ph.per_rank.to_seconds();
+  j.update({{"iteration_time_s", m.iteration_time.to_seconds()},
+            {"tokens_per_s", m.tokens_per_s},
+            {"tflops_per_gpu", m.tflops_per_gpu},
+            {"mfu", m.mfu},
+            {"flop_convention",
+             "model FLOPs of every module: 3x forward, causal attention as half, no recompute"},
+            {"model_flops_per_iteration", m.model_flops_per_iteration.count()},
+            {"peak_memory_bytes", m.memory.peak.count()},
+            {"peak_memory_stage", m.memory.peak_stage},
+            {"memory_capacity_bytes", m.memory.capacity.count()},
+            {"memory_per_stage", stages},
+            {"bubble_fraction", m.bubble_fraction},
+            {"exposed_comm_s", m.exposed_comm.to_seconds()},
+            {"exposed_comm_by_kind_s", exposed},
+            {"phase_time_per_rank_s", phases},
+            {"micro_batches", m.micro_batches},
+            {"tasks", m.tasks}});
+  return j.dump(2);
+}
+
+std::string validation_to_json(const std::vector<planner::RunComparison>& rows, double mean_error,
+                               double max_error) {
+  nlohmann::json runs = nlohmann::json::array();
+  for (const auto& r : rows) {
+    nlohmann::json row = {{"name", r.name},
+                          {"gpus", r.gpus},
+                          {"measured_iteration_time_s", r.measured.to_seconds()},
+                          {"feasible", r.predicted.feasible}};
+    if (r.predicted.feasible) {
+      row["predicted_iteration_time_s"] = r.predicted.iteration_time.to_seconds();
+      row["error"] = r.error;
+      row["predicted_mfu"] = r.predicted.mfu;
+    } else {
+      row["infeasible_reason"] = r.predicted.infeasible_reason;
+    }
+    runs.push_back(row);
+  }
+  return nlohmann::json{
+      {"runs", runs}, {"mean_abs_error", mean_error}, {"max_abs_error", max_error}}
+      .dump(2);
 }
 
 std::string zoo_to_json() {

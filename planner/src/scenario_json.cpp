@@ -1,4 +1,6 @@
 // Scenario JSON parsing (schema: docs/scenario.md).
+#include "hetpar/planner/scenario_json.h"
+
 #include <cmath>
 #include <filesystem>
 
@@ -77,6 +79,11 @@ Status apply_image_size(models::ModelSpec& model, Workload& w) {
 Result<Scenario> parse_scenario_text(std::string_view text, std::string_view source,
                                      std::string_view base_dir) {
   HETPAR_ASSIGN_OR_RETURN(nlohmann::json j, parse_json(text, source));
+  return parse_scenario(j, source, base_dir);
+}
+
+Result<Scenario> parse_scenario(const nlohmann::json& j, std::string_view source,
+                                std::string_view base_dir) {
   JsonReader root(j, "");
   Scenario s;
   s.source = std::string(source);

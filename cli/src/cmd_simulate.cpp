@@ -1,0 +1,90 @@
+// `hetpar simulate FILE [--json] [--trace OUT]`: FILE is a scenario with a "plan" section.
+#include <fmt/format.h>
+
+#include <sstream>
+
+#include "commands.h"
+#include "hetpar/core/file_io.h"
+#include "hetpar/core/format.h"
+#include "hetpar/planner/evaluate.h"
+#include "hetpar/sim/trace.h"
+#include "render.h"
+
+namespace hetpar::cli {
+
+namespace {
+
+void print_text(const planner::Scenario& s, const planner::Plan& p, const planner::PlanMetrics& m) {
+  const planner::Layout& l = p.layout;
+  fmt::print("Scenario   {} on {} GPUs\n", s.name, s.cluster.total_gpus());
+  fmt::print(
+      "Plan       tp {}{} cp {} pp {} vpp {} dp {} ep {}, micro-batch {}, {} schedule, "
+      "recompute {}, distributed optimizer {}\n",
+      l.tp, l.sequence_parallel ? " (sp)" : "", l.cp, l.pp, l.vpp, l.dp, l.ep, l.micro_batch,
+      planner::to_string(p.schedule), planner::to_string(l.recompute),
+      l.distributed_optimizer ? "on" : "off");
+  if (!m.feasible) {
+    fmt::print("Infeasible: {}\n", m.infeasible_reason);
+    return;
+  }
+  fmt::print("Micro-batches per replica {}, {} tasks simulated\n\n", m.micro_batches, m.tasks);
+  fmt::print("Iteration time     {}\n", m.iteration_time);
+  fmt::print("Tokens/s           {}\n", format_count(m.tokens_per_s));
+  fmt::print(
+      "TFLOPS/GPU         {:.1f} (model FLOPs: 3x forward, causal attention as half, "
+      "no recompute)\n",
+      m.tflops_per_gpu);
+  fmt::print("MFU                {:.1f}%\n", 100 * m.mfu);
+  fmt::print("Peak memory        {} on pipeline stage {} (of {} per GPU)\n", m.memory.peak,
+             m.memory.peak_stage, m.memory.capacity);
+  const planner::MemoryBreakdown& b = m.memory.per_stage[m.memory.peak_stage];
+  fmt::print(
+      "                   weights {}, gradients {}, optimizer {}, activations {}, "
+      "buffers {}, workspace {}\n",
+      b.weights, b.gradients, b.optimizer_state, b.activations, b.communication_buffers,
+      b.workspace);
+  fmt::print("Bubble             {:.1f}% of rank time idle\n", 100 * m.bubble_fraction);
+  fmt::print("Exposed comm       {} per rank", m.exposed_comm);
+  for (const auto& e : m.exposed_by_kind) fmt::print(", {} {}", e.kind, e.per_rank);
+  fmt::print("\n\nTime by phase (stream time per rank)\n");
+  for (const auto& ph : m.phases) fmt::print("  {:<12} {:>10}\n", ph.phase, ph.per_rank);
+}
+
+}  // namespace
+
+int run_simulate(const SimulateOptions& opts) {
+  auto scenario = planner::load_scenario(opts.path);
+  if (!scenario.is_ok()) return report_error(scenario.status());
+  if (!scenario->plan)
+    return report_error(Status::invalid_argument(
+        fmt::format("{}: plan: missing required object (simulate needs a \"plan\" section, see "
+                    "docs/scenario.md)",
+                    opts.path)));
+  const planner::Plan& plan = *scenario->plan;
+
+  std::ostringstream trace_text;
+  std::optional<sim::ChromeTraceWriter> trace;
+  planner::EvaluateOptions eo;
+  if (!opts.trace_path.empty()) {
+    trace.emplace(trace_text);
+    eo.trace = &*trace;
+  }
+  auto metrics = planner::evaluate(*scenario, plan, eo);
+  if (!metrics.is_ok()) return report_error(metrics.status());
+  if (trace) trace->finish();
+  if (metrics->feasible && !opts.trace_path.empty()) {
+    Status st = write_file_atomically(opts.trace_path, trace_text.str());
+    if (!st.is_ok()) return report_error(st);
+  }
+  if (opts.json)
+    fmt::print("{}\n", metrics_to_json(*scenario, plan, *metrics));
+  else
+    print_text(*scenario, plan, *metrics);
+  if (!metrics->feasible) {
+    fmt::print(stderr, "hetpar: plan is infeasible: {}\n", metrics->infeasible_reason);
+    return 3;
+  }
+  return 0;
+}
+
+}  // namespace hetpar::cli

@@ -1,0 +1,94 @@
+// Cost model: what one rank computes and communicates for one micro-batch of one module
+// under a Layout, as blocks (the work before a module's layers, one transformer layer, the
+// work after them) of steps in forward order: local compute (the module's ops sharded by
+// the layout and timed with DeviceProfile) and the communication points between them.
+//
+// Sharding (Megatron-LM):
+// - GEMMs: qkv, fc1 (MLP, experts, shared experts, a two-layer projector) and the logits
+//   are column-parallel (N / tp); attn_out and fc2 row-parallel (K / tp); the router, patch
+//   and conv embeddings and a one-layer projector are replicated. M is the micro-batch's
+//   tokens / cp for the LLM (encoders are not split by CP: their CP ranks replicate them).
+//   Experts: E / ep local experts, each with the tokens the ep group routes to it.
+//   Forward gemm_time(m, n, k); dgrad gemm_time(m, k, n); wgrad gemm_time(k, n, m).
+// - Attention core: FLOPs / (tp * cp) (heads / tp; causal load-balanced CP chunks) at the
+//   flash efficiency (attention_time); without flash attention plus the score traffic.
+// - Pointwise ops: memory bound, read + written bytes (backward twice that); split by tp
+//   when they act on head- / ffn- / vocab-sharded tensors (rope, activations, loss) or on
+//   sequence-parallel regions (SP: norms, residuals, dropout), by cp for the LLM.
+// - Selective recompute re-runs the attention core before its backward (cost.recompute);
+//   full recompute re-runs each layer's forward, which lower() replays from the block.
+//
+// Communication points (tp > 1): a layer's entry "f" after each norm (forward: SP
+// all-gather; backward: SP reduce-scatter, else all-reduce) and exit "g" before each
+// residual add (forward: SP reduce-scatter, else all-reduce; backward: SP all-gather),
+// over the full s·b·h/cp activation (nccl-tests size); the vocab-parallel embedding's
+// output is a "g", the logits' input an "f". MoE with ep > 1: all-to-all of the routed
+// tokens (tokens/cp/(tp with SP) · top_k · h) after dispatch and before combine, both
+// directions. CP > 1: the attention core is a ring-attention step exchanging K,V chunks.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "hetpar/core/units.h"
+#include "hetpar/hardware/device_profile.h"
+#include "hetpar/models/op_graph.h"
+#include "hetpar/planner/layout.h"
+
+namespace hetpar::planner {
+
+/// One rank's time and FLOPs of a piece of work, per pass.
+struct PassCost {
+  Time forward, dgrad, wgrad, recompute;
+  Flops forward_flops, dgrad_flops, wgrad_flops, recompute_flops;  // GEMMs + attention core
+  PassCost& operator+=(const PassCost& o);
+};
+
+enum class StepKind : uint8_t {
+  kCompute,
+  kTpEntry,      // "f": forward SP all-gather; backward SP reduce-scatter or all-reduce
+  kTpExit,       // "g": forward SP reduce-scatter or all-reduce; backward SP all-gather
+  kEpAllToAll,   // both directions
+  kCpAttention,  // ring attention over the cp group: cost split into cp steps
+};
+
+struct WorkStep {
+  StepKind kind = StepKind::kCompute;
+  PassCost cost;  // kCompute, kCpAttention
+  /// Communication size: TP: the full activation (nccl-tests all-reduce buffer /
+  /// all-gather total); all-to-all: one rank's send buffer; CP: the K,V chunk one ring
+  /// step sends forward (backward sends K,V and their gradients: twice that).
+  Bytes bytes;
+};
+
+/// The layers of a module share one Block; so do the ops before and after them.
+struct Block {
+  std::vector<WorkStep> steps;  // forward order; adjacent compute steps already merged
+  int64_t dense_params = 0;     // this rank's shard, reduced over dp x cp
+  int64_t expert_params = 0;    // this rank's experts, reduced over the expert-dp group
+  bool empty() const { return steps.empty() && dense_params == 0 && expert_params == 0; }
+};
+
+struct ModuleCost {
+  Block pre;    // before the first layer (embeddings; the whole of a projector)
+  Block layer;  // one transformer layer
+  Block post;   // after the last layer (final norm, logits, loss)
+  int64_t layers = 0;
+  /// Activation one rank sends to the next pipeline stage: s·b·h/cp (Megatron sends the
+  /// full tensor on every TP rank).
+  Bytes boundary_bytes;
+};
+
+/// One op's cost on one rank under `l`. `context_parallel`: whether cp splits the op's
+/// tokens (the LLM) or every cp rank repeats it (encoders, projector).
+PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l,
+                 bool context_parallel, const hardware::DeviceProfile& dev, hardware::Precision p);
+
+/// The blocks of module graph `g` (built for one micro-batch) under `l`.
+/// REQUIRES: the layout is feasible for the module (infeasibility() is empty).
+ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_parallel,
+                       const hardware::DeviceProfile& dev, hardware::Precision p);
+
+}  // namespace hetpar::planner

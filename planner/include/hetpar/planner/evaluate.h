@@ -1,0 +1,62 @@
+// evaluate(): predicts one training iteration of a Plan — lowers it to tasks, replays them
+// in the simulator, estimates memory — and reports what a user compares plans by:
+// iteration time, tokens/s, model TFLOPS/GPU and MFU, peak memory, pipeline bubble,
+// exposed communication by kind, and time by phase. An infeasible plan is a result with a
+// reason, not an error.
+//
+// Conventions: model FLOPs count every module's GEMMs and attention core, backward = 2x
+// forward (3x forward in all), causal attention as half, recompute not counted. tokens/s
+// counts LLM tokens (seq_len x global_batch per iteration). The bubble fraction is the
+// mean over ranks of the time a rank neither computes nor waits on exposed communication.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "hetpar/core/status.h"
+#include "hetpar/core/units.h"
+#include "hetpar/planner/layout.h"
+#include "hetpar/planner/memory.h"
+#include "hetpar/planner/scenario.h"
+#include "hetpar/sim/trace.h"
+
+namespace hetpar::planner {
+
+struct PhaseTime {
+  std::string phase;  // a task category: fwd, bwd, wgrad, recompute, optimizer, tp_comm, ...
+  Time per_rank;      // stream time of the category summed over ranks / ranks
+};
+
+struct ExposedComm {
+  std::string kind;  // tp_comm, cp_comm, pp_comm, dp_comm, ep_comm
+  Time per_rank;     // mean over ranks of the time only this kind of comm ran (no compute)
+};
+
+struct PlanMetrics {
+  bool feasible = false;
+  std::string infeasible_reason;  // why not, when !feasible
+  Time iteration_time;
+  double tokens_per_s = 0;
+  double tflops_per_gpu = 0;  // model FLOPs / (iteration time x GPUs) / 1e12
+  double mfu = 0;             // tflops_per_gpu / peak at the workload's precision
+  Flops model_flops_per_iteration;
+  MemoryReport memory;
+  double bubble_fraction = 0;
+  Time exposed_comm;  // mean over ranks
+  std::vector<ExposedComm> exposed_by_kind;
+  std::vector<PhaseTime> phases;
+  int world = 0;
+  int64_t micro_batches = 0;  // per DP replica
+  int64_t tasks = 0;          // simulated tasks
+};
+
+struct EvaluateOptions {
+  /// Receives every task's start and end (e.g. a ChromeTraceWriter); may be null.
+  sim::TraceSink* trace = nullptr;
+};
+
+/// Errors only for internal failures (a graph that does not validate); a plan that does
+/// not fit the scenario or the memory comes back with feasible = false and the reason.
+Result<PlanMetrics> evaluate(const Scenario& s, const Plan& p, const EvaluateOptions& o = {});
+
+}  // namespace hetpar::planner

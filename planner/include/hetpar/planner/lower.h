@@ -1,0 +1,80 @@
+// lower(): a Scenario and a Plan become the per-rank programs of one training iteration
+// (sim::TaskGraph) and the cluster's network (network_builder.h), so sim::simulate()
+// predicts the iteration. Every module runs under the plan's one layout (the homogeneous
+// baseline): encoders and projectors sit on the first pipeline stage, before the LLM's
+// embedding; the LLM's layers split evenly over pp·vpp virtual stages; final norm, logits
+// and loss on the last.
+//
+// What runs (Megatron-LM; cost_model.h has the per-rank compute and comm sizes):
+// - Ranks: rank = tp_i + tp*(cp_i + cp*(dp_i + dp*pp_i)). One compute stream per rank.
+// - Each pipeline op (schedule.h) of a micro-batch on a chunk runs its blocks in order
+//   (backward in reverse): one compute task per stretch of work between communication
+//   points ("mb3 llm L12 fwd"; categories "fwd", "bwd", "wgrad" for ZB-H1's W passes,
+//   "recompute" before a backward under selective or full recompute).
+// - TP/EP collectives sit on the critical path: compute -> collective (comm stream 0) ->
+//   next compute ("tp_comm", "ep_comm"). CP: ring attention, the attention core split
+//   into cp parts, part j waiting for K,V ring step j-1 (P2P to the next cp rank on comm
+//   streams 1/2), overlapping the rest ("cp_comm"; backward sends K,V and dK,dV).
+// - PP: after a chunk's forward (backward) each TP x CP rank sends s·b·h/cp to its peer
+//   on the next (previous) virtual stage ("pp_comm", comm streams 3-6: one per direction
+//   and side, so sends and receives keep each sender's order).
+// - DP: buckets of consecutive layers (backward order, >= bucket_params local params,
+//   Megatron's max(40M, 1M·dp·cp) by default; one set per chunk) reduced over the dp x cp
+//   ranks (expert weights over the expert-dp ranks) on comm stream 7 ("dp_comm"):
+//   all-reduce, or reduce-scatter with the distributed optimizer, in grad_bytes per
+//   parameter. overlap_grad_reduce: a bucket starts when the last backward touching its
+//   layers ends; otherwise after the rank's whole backward. Then the optimizer step
+//   ("optimizer"): memory-bound Adam over the rank's (sharded) parameters,
+//   kAdamBytesPerParam of HBM traffic each. Distributed optimizer: all-gather of the
+//   bf16 parameters afterwards; with overlap_param_gather only the first bucket's
+//   all-gather is exposed (the rest overlaps the next iteration's forward), so only it is
+//   simulated.
+// Not modelled: tied-embedding gradient all-reduce between first and last stage, the
+// vocab-parallel loss's small all-reduces, SP's backward re-gather of inputs for wgrad
+// (overlapped in Megatron), NVLS all-reduce (rings only), and the K,V ring of a
+// selectively recomputed CP attention.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "hetpar/core/status.h"
+#include "hetpar/core/units.h"
+#include "hetpar/planner/layout.h"
+#include "hetpar/planner/scenario.h"
+#include "hetpar/sim/network.h"
+#include "hetpar/sim/task_graph.h"
+
+namespace hetpar::planner {
+
+/// HBM bytes Adam moves per parameter: fp32 gradient read (4), fp32 master weight, first
+/// and second moments read and written (24), bf16 weight written (2).
+inline constexpr int64_t kAdamBytesPerParam = 30;
+
+struct LowerOptions {
+  bool flash_attention = true;
+  /// Bytes per gradient element reduced over DP: 4 (fp32, Megatron's default for bf16
+  /// training: accumulate_allreduce_grads_in_fp32) or 2 (--grad-reduce-in-bf16).
+  int grad_bytes = 4;
+  /// Local parameters per DP bucket; 0 = Megatron's max(40M, 1M x dp·cp).
+  int64_t bucket_params = 0;
+};
+
+struct LoweredPlan {
+  sim::TaskGraph graph;
+  sim::Network network{0};    // built from the scenario's cluster (network_builder)
+  int world = 0;              // ranks simulated
+  int64_t micro_batches = 0;  // per DP replica
+  /// Every module, 3x forward, no recompute, causal attention halved: models::model_flops
+  /// of each module's micro-batch graph x micro-batches per iteration (global batch / mbs).
+  Flops model_flops_per_iteration;
+};
+
+/// Why a plan cannot run, as a user reads it ("tp 3 does not divide llm heads 32");
+/// empty when feasible. Memory is not checked here.
+std::string infeasibility(const Scenario& s, const Plan& p);
+
+/// Errors (invalid argument): the plan is infeasible (the message of infeasibility()).
+Result<LoweredPlan> lower(const Scenario& s, const Plan& p, const LowerOptions& o = {});
+
+}  // namespace hetpar::planner

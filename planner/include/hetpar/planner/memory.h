@@ -1,0 +1,102 @@
+// Memory model: the bytes one rank of each pipeline stage holds at its peak under a Plan,
+// Megatron-LM conventions with mixed-precision Adam.
+//
+// Model state per local parameter (Megatron-LM distributed optimizer guide,
+// docs.nvidia.com/megatron-core/developer-guide/latest/api-guide/dist_optimizer.html:
+// "bf16 parameters, fp32 gradients: 18 bytes, 6 + 12/d distributed"; Rajbhandari et al.,
+// ZeRO, arXiv 1910.02054, sec. 3.1):
+// - weights: 2 B (bf16/fp16/fp8 training keeps bf16 weights); 4 B for fp32/tf32;
+// - gradients: 4 B, the fp32 main-grad buffer Megatron's DDP accumulates and reduces in;
+// - optimizer: fp32 master weights + Adam m + v = 12 B (8 B for fp32 training, whose
+//   weights are their own master copy), divided by the data-parallel group (dp * cp; for
+//   routed experts dp * cp / ep) under the distributed optimizer, which shards only this
+//   state, not the gradient or parameter buffers.
+// Which parameters a rank holds: the LLM's layers split evenly over pp * vpp model chunks
+// (chunk c on stage c % pp, the first chunks taking one more layer when pp * vpp does not
+// divide the layers), the embedding on the first stage, the final norm and output layer on
+// the last (tied embeddings: the last stage keeps its own copy of the table, as Megatron
+// does). Encoders and projectors sit whole on the first stage (the homogeneous baseline:
+// every module uses the plan's layout). TP shards GEMM weights (column/row parallel) and
+// the vocabulary; norms, the MoE router, position tables and encoder stems (patch embedding,
+// audio convolutions) are replicated. Routed experts: experts / ep per rank, each sharded by
+// tp (Megatron's expert tensor parallel size defaults to tp).
+//
+// Activations follow models::OpGraph (Korthikanti et al., arXiv 2205.05198): the saved
+// bytes of each op for one micro-batch, kept under the recompute policy, split by CP (every
+// module's tokens) and by TP: without sequence parallelism only the tensors inside the TP
+// region (attention core, the output projection's input, the MLP activation and fc2 input,
+// the vocab-parallel loss) are divided, giving Korthikanti's Table 2 sbh(10 + 24/t +
+// 5as/(ht)) per layer; with SP everything inside the layers is, sbh(34/t + 5as/(ht)).
+// Times the micro-batches the schedule holds (in_flight_micro_batches); the output layer
+// and loss (4sbv/t fp32 logits) are held as many times as the last virtual stage holds
+// micro-batches. Recompute adds its working set: one layer of one micro-batch re-materialised
+// during backward (full: the whole layer; selective: the attention scores).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "hetpar/core/units.h"
+#include "hetpar/planner/layout.h"
+#include "hetpar/planner/scenario.h"
+
+namespace hetpar::planner {
+
+struct MemoryBreakdown {  // one rank
+  Bytes weights;
+  Bytes gradients;
+  Bytes optimizer_state;
+  Bytes activations;
+  Bytes communication_buffers;
+  Bytes workspace;
+  Bytes total() const;
+};
+
+struct MemoryReport {
+  /// Index = pipeline stage; the ranks of one stage are alike. With vpp > 1 a rank holds
+  /// vpp model chunks, all counted here.
+  std::vector<MemoryBreakdown> per_stage;
+  int peak_stage = 0;  // the stage with the largest total (the first of equals)
+  Bytes peak;          // its total
+  Bytes capacity;      // device memory of the cluster's GPUs (the smallest over node groups)
+  bool fits() const { return peak <= capacity; }
+};
+
+struct MemoryOptions {
+  /// Flash attention keeps fp32 log-sum-exp stats instead of the softmax output.
+  bool flash_attention = true;
+  /// An allowance, not a measurement: CUDA context and kernel images (~0.5 GiB on Hopper),
+  /// cuBLAS/cuBLASLt workspaces (PyTorch reserves 32 MiB per handle on Hopper) and NCCL
+  /// communicator buffers (NCCL_BUFFSIZE, 4 MiB per channel and peer, for each of the TP,
+  /// DP, PP and CP communicators).
+  Bytes fixed_workspace = Bytes::GiB(1);
+  /// An allowance for the caching allocator's fragmentation, as a fraction of the
+  /// activations (the model state lives in contiguous buffers allocated once; activations
+  /// are allocated and freed every micro-batch).
+  double fragmentation = 0.1;
+};
+
+/// Per-stage memory of `p` on `s`. Communication buffers: pipeline send and receive
+/// tensors (2 x s*b*h / cp, and / tp with SP, as Megatron's P2P shapes) and, with SP, the
+/// all-gathered layer input (s*b*h / cp, Megatron's global memory buffer). DP gradient
+/// reduction works in place in the gradient buffer and adds nothing.
+/// REQUIRES: p.layout is valid for s (sizes dividing the model and cluster, at least one
+/// micro-batch per DP replica).
+MemoryReport estimate_memory(const Scenario& s, const Plan& p, const MemoryOptions& opts = {});
+
+/// Micro-batches whose activations pipeline stage `stage` (0-based, of pp) holds at its
+/// peak, in units of the stage's whole activations for one micro-batch, with m micro-batches
+/// per iteration:
+/// - GPipe: m (all forwards run before any backward);
+/// - 1F1B and ZB-H1: min(pp - stage, m) (pp - stage - 1 warm-up forwards, then one more
+///   before each backward). ZB-H1 (Qi et al. arXiv 2401.10241) holds these whole, as 1F1B;
+///   estimate_memory adds the GEMM inputs of the micro-batches whose deferred weight-
+///   gradient passes are pending (up to min(pp, m) in flight on every stage, schedule.h),
+///   so the peak, stage 0's, stays 1F1B's;
+/// - interleaved: Megatron-LM's warm-up of w = 2(pp - stage - 1) + (vpp - 1)pp chunk
+///   forwards (all m*vpp of them when m == pp), so min(w + 1, m*vpp) chunks of 1/vpp of the
+///   stage: on stage 0, pp + (pp - 1)/vpp, Korthikanti et al.'s L(1 + (p - 1)/(pm)) layers.
+/// REQUIRES: 0 <= stage < pp, vpp >= 1, m >= 1.
+double in_flight_micro_batches(Schedule sch, int stage, int pp, int vpp, int64_t m);
+
+}  // namespace hetpar::planner

@@ -1,0 +1,60 @@
+// PublishedRun: a measured training run from a paper or vendor page (validation/runs/*.json:
+// a scenario with a plan plus a "measured" block), and the comparison of hetpar's
+// prediction with it. Sources count FLOPs their own way, so every published figure is
+// turned into the iteration time it implies under the source's own convention and compared
+// as time (like with like); see docs/validation.md.
+#pragma once
+
+#include <string>
+
+#include "hetpar/core/status.h"
+#include "hetpar/core/units.h"
+#include "hetpar/planner/evaluate.h"
+#include "hetpar/planner/scenario.h"
+
+namespace hetpar::planner {
+
+enum class MeasuredMetric { kIterationTime, kTokensPerSecondPerGpu, kTflopsPerGpu, kMfu };
+
+/// How the source counted FLOPs (the TFLOPS and MFU metrics need one).
+enum class FlopConvention {
+  kNone,          // metric needs no FLOP count (iteration time, tokens/s)
+  kMegatron2021,  // Narayanan et al. 2021 eq. 3: 96·B·s·l·h²·(1 + s/6h + V/16lh), full recompute
+  kKorthikanti2022,  // Korthikanti et al. 2022: 72·B·s·l·h²·(1 + s/6h + V/12lh), model FLOPs
+  kPalm,             // Chowdhery et al. 2022 (PaLM) app. B: (6·N + 12·l·h·s) per token
+};
+
+struct Measurement {
+  MeasuredMetric metric = MeasuredMetric::kIterationTime;
+  double value = 0;
+  FlopConvention convention = FlopConvention::kNone;
+  std::string source;  // URL
+  std::string where;   // table / row
+  std::string notes;
+};
+
+struct PublishedRun {
+  std::string path;
+  Scenario scenario;  // with its plan
+  Measurement measured;
+};
+
+Result<PublishedRun> load_published_run(const std::string& path);
+
+/// FLOPs of one iteration under `c` for the scenario's LLM. REQUIRES: c != kNone.
+Flops convention_flops(const Scenario& s, FlopConvention c);
+/// The iteration time the published figure implies.
+Time measured_iteration_time(const PublishedRun& run);
+
+struct RunComparison {
+  std::string name;
+  int gpus = 0;
+  Time measured;
+  PlanMetrics predicted;  // predicted.feasible false: no prediction (reason inside)
+  /// predicted / measured - 1 (positive: hetpar predicts a slower iteration).
+  double error = 0;
+};
+
+Result<RunComparison> compare(const PublishedRun& run);
+
+}  // namespace hetpar::planner

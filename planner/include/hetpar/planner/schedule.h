@@ -1,0 +1,49 @@
+// Pipeline schedules as per-stage programs: the order in which one pipeline rank runs the
+// forward (F), backward (B) and, for zero-bubble schedules, deferred weight-gradient (W)
+// passes of every micro-batch on every model chunk it holds. A pure function of
+// (schedule, stage, pp, vpp, m), shared by lower() and the memory model (micro-batches in
+// flight per stage).
+//
+// - GPipe: all forwards, then all backwards (micro-batch order).
+// - 1F1B (PipeDream-flush): pp-stage-1 warm-up forwards, steady one-forward-one-backward,
+//   cool-down backwards.
+// - Interleaved 1F1B (Megatron-LM): vpp chunks per rank; virtual micro-batch k runs chunk
+//   (k / pp) % vpp (backward: vpp-1 minus that) of micro-batch (k / (pp*vpp))*pp + k % pp;
+//   warm-up (pp-stage-1)*2 + (vpp-1)*pp virtual forwards. REQUIRES m % pp == 0.
+// - ZB-H1 (Qi et al. 2023): the 1F1B order of F and B where B is only the input gradient;
+//   each W follows its B, except that stage s keeps up to s W passes pending and runs them
+//   at the end, where 1F1B leaves stage s idle for about s backward passes. Micro-batches in
+//   flight (F done, W not) peak at pp on every stage: 1F1B's peak (stage 0's).
+// Chunk c of stage s is virtual stage c*pp + s.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "hetpar/planner/layout.h"
+
+namespace hetpar::planner {
+
+enum class PassKind : uint8_t { kForward, kBackward, kWeight };
+
+struct PipelineOp {
+  PassKind kind = PassKind::kForward;
+  int64_t micro_batch = 0;
+  int chunk = 0;
+  bool operator==(const PipelineOp&) const = default;
+};
+
+/// Whether `s` splits the backward into B (input gradient) and W (weight gradient) passes.
+bool splits_weight_gradient(Schedule s);
+
+/// The program of pipeline stage `stage` (0-based) of `pp` with `vpp` chunks per stage
+/// and `m` micro-batches: every (kind, micro-batch, chunk) exactly once, in run order.
+/// REQUIRES: 0 <= stage < pp, m >= 1, vpp >= 1 (vpp > 1 and m % pp == 0 for interleaved;
+/// vpp == 1 otherwise).
+std::vector<PipelineOp> stage_order(Schedule s, int stage, int pp, int vpp, int64_t m);
+
+/// Most micro-batch chunks whose forward ran and whose last backward pass (B, or W when the
+/// schedule splits it) has not, over the program: the activations the stage holds at peak.
+int64_t peak_in_flight(const std::vector<PipelineOp>& order);
+
+}  // namespace hetpar::planner

@@ -1,0 +1,650 @@
+#include "hetpar/planner/lower.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "hetpar/core/check.h"
+#include "hetpar/models/totals.h"
+#include "hetpar/planner/cost_model.h"
+#include "hetpar/planner/network_builder.h"
+#include "hetpar/planner/schedule.h"
+
+namespace hetpar::planner {
+
+using sim::CollectiveKind;
+
+namespace {
+
+std::string check_module(const models::TransformerSpec& t, std::string_view name, const Layout& l) {
+  if (t.heads % l.tp != 0)
+    return fmt::format("tp {} does not divide {} heads {}", l.tp, name, t.heads);
+  if (t.kv_heads % l.tp != 0)
+    return fmt::format("tp {} does not divide {} kv_heads {}", l.tp, name, t.kv_heads);
+  if (t.ffn_hidden % l.tp != 0)
+    return fmt::format("tp {} does not divide {} ffn_hidden {}", l.tp, name, t.ffn_hidden);
+  return {};
+}
+
+const models::TransformerSpec* block_of(const models::ModuleSpec& spec) {
+  if (auto* s = std::get_if<models::LlmSpec>(&spec)) return &s->block;
+  if (auto* s = std::get_if<models::VisionEncoderSpec>(&spec)) return &s->block;
+  if (auto* s = std::get_if<models::AudioEncoderSpec>(&spec)) return &s->block;
+  return nullptr;
+}
+
+}  // namespace
+
+std::string infeasibility(const Scenario& s, const Plan& p) {
+  const Layout& l = p.layout;
+  if (l.tp < 1 || l.cp < 1 || l.pp < 1 || l.vpp < 1 || l.dp < 1 || l.ep < 1 || l.micro_batch < 1)
+    return fmt::format(
+        "parallel sizes must be >= 1 (tp {}, cp {}, pp {}, vpp {}, dp {}, ep {}, "
+        "micro_batch {})",
+        l.tp, l.cp, l.pp, l.vpp, l.dp, l.ep, l.micro_batch);
+  const int gpus = s.cluster.total_gpus();
+  if (l.world() != gpus)
+    return fmt::format("tp {} x cp {} x pp {} x dp {} = {} GPUs, the cluster has {}", l.tp, l.cp,
+                       l.pp, l.dp, l.world(), gpus);
+  for (const hardware::NodeGroup& g : s.cluster.groups()) {
+    if (g.profile.gpus_per_node % l.tp != 0)
+      return fmt::format("tp {} does not fit nodes of {} GPUs ({}): a TP group must stay in a node",
+                         l.tp, g.profile.gpus_per_node, g.profile.name);
+    if (!g.profile.gpu.supports(s.workload.precision))
+      return fmt::format("{} does not support {}", g.profile.gpu.model,
+                         hardware::to_string(s.workload.precision));
+  }
+  if (l.sequence_parallel && l.tp == 1) return "sequence parallelism needs tp > 1";
+  const auto& llm = std::get<models::LlmSpec>(s.model.modules[s.model.llm_index()].spec);
+  for (const models::Module& m : s.model.modules) {
+    if (const models::TransformerSpec* t = block_of(m.spec)) {
+      std::string why = check_module(*t, m.name, l);
+      if (!why.empty()) return why;
+    }
+  }
+  if (llm.moe && llm.moe->expert_ffn_hidden % l.tp != 0)
+    return fmt::format("tp {} does not divide expert_ffn_hidden {}", l.tp,
+                       llm.moe->expert_ffn_hidden);
+  if (llm.block.layers % (l.pp * l.vpp) != 0)
+    return fmt::format("pp {} x vpp {} does not divide llm layers {}", l.pp, l.vpp,
+                       llm.block.layers);
+  const int64_t gb = s.workload.global_batch;
+  if (gb % (static_cast<int64_t>(l.micro_batch) * l.dp) != 0)
+    return fmt::format("micro_batch {} x dp {} does not divide global_batch {}", l.micro_batch,
+                       l.dp, gb);
+  const int64_t m = gb / (static_cast<int64_t>(l.micro_batch) * l.dp);
+  if (p.schedule == Schedule::kInterleaved) {
+    if (l.vpp < 2) return "the interleaved schedule needs vpp > 1";
+    if (l.pp < 2) return "the interleaved schedule needs pp > 1";
+    if (m % l.pp != 0)
+      return fmt::format(
+          "interleaved schedule: {} micro-batches per replica not divisible by pp {}", m, l.pp);
+  } else if (l.vpp > 1) {
+    return fmt::format("vpp {} needs the interleaved schedule", l.vpp);
+  }
+  const int64_t seq = s.workload.seq_len;
+  if (l.cp > 1 && seq % (2 * l.cp) != 0)
+    return fmt::format("seq_len {} not divisible by 2 x cp {}", seq, l.cp);
+  if (l.sequence_parallel && (seq / l.cp) % l.tp != 0)
+    return fmt::format("sequence parallel: {} tokens per cp rank not divisible by tp {}",
+                       seq / l.cp, l.tp);
+  if (l.ep > 1) {
+    if (!llm.moe) return fmt::format("ep {} needs a mixture-of-experts llm", l.ep);
+    if (llm.moe->experts % l.ep != 0)
+      return fmt::format("ep {} does not divide experts {}", l.ep, llm.moe->experts);
+    if ((l.dp * l.cp) % l.ep != 0)
+      return fmt::format("ep {} does not divide dp {} x cp {}", l.ep, l.dp, l.cp);
+  }
+  return {};
+}
+
+namespace {
+
+// Comm stream indices (compute tasks use compute stream 0).
+constexpr int32_t kTpStream = 0;  // TP and EP collectives
+constexpr int32_t kCpSend = 1, kCpRecv = 2;
+constexpr int32_t kFwdSend = 3, kFwdRecv = 4, kBwdSend = 5, kBwdRecv = 6;
+constexpr int32_t kDpStream = 7;
+
+enum Pass : int { kF = 0, kB = 1, kW = 2, kR = 3 };  // forward, backward, weight, recompute
+constexpr std::string_view kPassName[] = {"fwd", "bwd", "wgrad", "recompute"};
+
+enum class Part : uint8_t { kPre, kLayer, kPost };
+
+// A block placed on a virtual stage.
+struct PlacedBlock {
+  size_t module = 0;
+  Part part = Part::kLayer;
+  std::string name;  // "llm L12", "vision pre"
+};
+
+// A block's steps as one direction runs them: without SP, "f" does nothing forward and
+// "g" nothing backward; the compute steps they separated become one task.
+Block for_direction(const Block& b, bool backward, bool sp) {
+  Block out = b;
+  out.steps.clear();
+  for (const WorkStep& s : b.steps) {
+    if (!sp && s.kind == (backward ? StepKind::kTpExit : StepKind::kTpEntry)) continue;
+    if (s.kind == StepKind::kCompute && !out.steps.empty() &&
+        out.steps.back().kind == StepKind::kCompute)
+      out.steps.back().cost += s.cost;
+    else
+      out.steps.push_back(s);
+  }
+  return out;
+}
+
+ModuleCost for_direction(const ModuleCost& m, bool backward, bool sp) {
+  ModuleCost out = m;
+  out.pre = for_direction(m.pre, backward, sp);
+  out.layer = for_direction(m.layer, backward, sp);
+  out.post = for_direction(m.post, backward, sp);
+  return out;
+}
+
+class Lowering {
+ public:
+  Lowering(const Scenario& s, const Plan& p, const LowerOptions& o, LoweredPlan& out)
+      : s_(s), p_(p), o_(o), l_(p.layout), out_(out), g_(out.graph) {}
+  void run();
+
+ private:
+  struct Labels {
+    bool ready = false;
+    sim::LabelId compute, tp, ep, cp;
+  };
+  // Per local rank of the stage being built: what its next compute waits for, its last task.
+  struct RankState {
+    TaskId need, last;
+  };
+  struct OpSpan {
+    TaskId first, last;
+  };
+
+  void build_costs();
+  void place_blocks();
+  void build_stage();
+  void run_op(const PipelineOp& op, std::vector<OpSpan>& spans);
+  void run_step(const PlacedBlock& pb, size_t s, int pass, const Labels& lb,
+                sim::LabelId recompute);
+  void compute(int j, Time d, Flops f, int pass, sim::LabelId name);
+  void collective(CollectiveKind kind, Bytes bytes, sim::Label label, bool ep);
+  void cp_ring(const PlacedBlock& pb, size_t s, int pass, const Labels& lb);
+  void pipeline_p2p(int stage);
+  void gradients_and_optimizer();
+  const Labels& labels(int v, size_t block, int pass, int64_t mb);
+
+  // Local rank j's view of a block in one direction (backward for kB passes).
+  const Block& block(int j, const PlacedBlock& pb, bool backward = false) const {
+    const ModuleCost& mc = costs_[backward][group_[j]][pb.module];
+    return pb.part == Part::kPre ? mc.pre : pb.part == Part::kLayer ? mc.layer : mc.post;
+  }
+  RankId rank(int tp_i, int cp_i, int dp_i, int pp_i) const {
+    return RankId(tp_i + l_.tp * (cp_i + l_.cp * (dp_i + l_.dp * pp_i)));
+  }
+  // Local index of a rank within its stage: j = tp_i + tp*(cp_i + cp*dp_i).
+  RankId rank_of(int j, int stage) const { return RankId(j + stage_ranks() * stage); }
+  int stage_ranks() const { return l_.tp * l_.cp * l_.dp; }
+
+  const Scenario& s_;
+  const Plan& p_;
+  const LowerOptions& o_;
+  const Layout& l_;
+  LoweredPlan& out_;
+  sim::TaskGraph& g_;
+  sim::LabelId cat_[4]{}, cat_tp_, cat_cp_, cat_pp_, cat_dp_, cat_ep_, cat_opt_;
+  int64_t m_ = 0;
+  int vstages_ = 0;
+  bool split_w_ = false;
+
+  std::vector<std::vector<ModuleCost>> costs_[2];  // [backward][node group][module]
+  std::vector<int> group_of_rank_;
+  std::vector<std::string> module_names_;
+  std::vector<std::vector<PlacedBlock>> chunks_;         // per virtual stage, forward order
+  std::vector<std::vector<Labels>> labels_;              // per virtual stage: [block][pass][mb]
+  std::vector<std::vector<PipelineOp>> orders_;          // per stage
+  std::vector<std::vector<std::vector<OpSpan>>> spans_;  // [stage][op][j]
+
+  // The stage being built.
+  int stage_ = 0;
+  std::vector<int> group_;  // node group of local rank j
+  std::vector<RankState> st_;
+  std::vector<std::vector<std::vector<TaskId>>> last_grad_;  // [chunk][block][j]
+  std::vector<RankId> members_;
+};
+
+void Lowering::run() {
+  for (int pass = 0; pass < 4; ++pass) cat_[pass] = g_.label(kPassName[pass]);
+  cat_tp_ = g_.label("tp_comm");
+  cat_cp_ = g_.label("cp_comm");
+  cat_pp_ = g_.label("pp_comm");
+  cat_dp_ = g_.label("dp_comm");
+  cat_ep_ = g_.label("ep_comm");
+  cat_opt_ = g_.label("optimizer");
+  m_ = s_.workload.global_batch / (static_cast<int64_t>(l_.micro_batch) * l_.dp);
+  vstages_ = l_.pp * l_.vpp;
+  split_w_ = splits_weight_gradient(p_.schedule);
+  out_.world = l_.world();
+  out_.micro_batches = m_;
+  out_.network = build_network(s_.cluster);
+  build_costs();
+  place_blocks();
+  orders_.resize(l_.pp);
+  spans_.resize(l_.pp);
+  for (stage_ = 0; stage_ < l_.pp; ++stage_) {
+    orders_[stage_] = stage_order(p_.schedule, stage_, l_.pp, l_.vpp, m_);
+    build_stage();
+    gradients_and_optimizer();
+  }
+  for (int stage = 0; stage < l_.pp; ++stage) pipeline_p2p(stage);
+}
+
+// Modules in execution order (encoders the workload feeds, each followed by its
+// projector, then the LLM); their graphs give the model FLOPs and, per GPU type, costs.
+void Lowering::build_costs() {
+  const models::ModelSpec& model = s_.model;
+  std::vector<size_t> order;
+  for (size_t i = 0; i < model.modules.size(); ++i) {
+    if (!models::is_encoder(models::kind_of(model.modules[i].spec))) continue;
+    if (module_input(s_, i, l_.micro_batch).items_per_sample < 1) continue;
+    order.push_back(i);
+    for (const models::Edge& e : model.edges)
+      if (e.from == i &&
+          models::kind_of(model.modules[e.to].spec) == models::ModuleKind::kProjector)
+        order.push_back(e.to);
+  }
+  order.push_back(model.llm_index());
+
+  std::vector<models::OpGraph> graphs;
+  for (size_t i : order) {
+    models::ModuleInput in = module_input(s_, i, l_.micro_batch);
+    in.flash_attention = o_.flash_attention;
+    graphs.push_back(models::build_op_graph(model.modules[i].spec, in));
+    out_.model_flops_per_iteration +=
+        models::model_flops(graphs.back()) * static_cast<double>(m_ * l_.dp);
+    module_names_.push_back(model.modules[i].name);
+  }
+  for (const hardware::NodeGroup& group : s_.cluster.groups()) {
+    std::vector<ModuleCost>& fwd = costs_[0].emplace_back();
+    std::vector<ModuleCost>& bwd = costs_[1].emplace_back();
+    for (size_t k = 0; k < graphs.size(); ++k) {
+      const ModuleCost mc = module_cost(graphs[k], l_, order[k] == model.llm_index(),
+                                        group.profile.gpu, s_.workload.precision);
+      fwd.push_back(for_direction(mc, false, l_.sequence_parallel));
+      bwd.push_back(for_direction(mc, true, l_.sequence_parallel));
+    }
+  }
+  group_of_rank_.clear();
+  const auto& groups = s_.cluster.groups();
+  for (size_t gi = 0; gi < groups.size(); ++gi)
+    group_of_rank_.insert(group_of_rank_.end(),
+                          static_cast<size_t>(groups[gi].nodes) * groups[gi].profile.gpus_per_node,
+                          static_cast<int>(gi));
+}
+
+void Lowering::place_blocks() {
+  chunks_.assign(vstages_, {});
+  const std::vector<ModuleCost>& mc = costs_[0][0];  // the block structure is GPU-independent
+  const size_t llm = mc.size() - 1;
+  auto place = [&](int v, size_t module, Part part, std::string name) {
+    const Block& b = part == Part::kPre     ? mc[module].pre
+                     : part == Part::kLayer ? mc[module].layer
+                                            : mc[module].post;
+    if (!b.empty()) chunks_[v].push_back({module, part, std::move(name)});
+  };
+  for (size_t k = 0; k < mc.size(); ++k) {
+    const std::string& name = module_names_[k];
+    place(0, k, Part::kPre, name + " pre");
+    const int64_t per_stage = k == llm ? mc[k].layers / vstages_ : mc[k].layers;
+    for (int64_t i = 0; i < mc[k].layers; ++i)
+      place(static_cast<int>(i / per_stage), k, Part::kLayer, fmt::format("{} L{}", name, i));
+    place(k == llm ? vstages_ - 1 : 0, k, Part::kPost, name + " post");
+  }
+  labels_.assign(vstages_, {});
+  for (int v = 0; v < vstages_; ++v)
+    labels_[v].resize(chunks_[v].size() * 4 * static_cast<size_t>(m_));
+}
+
+const Lowering::Labels& Lowering::labels(int v, size_t block, int pass, int64_t mb) {
+  Labels& lb = labels_[v][(block * 4 + pass) * static_cast<size_t>(m_) + mb];
+  if (lb.ready) return lb;
+  const std::string base = fmt::format("mb{} {} {}", mb, chunks_[v][block].name, kPassName[pass]);
+  lb.compute = g_.label(base);
+  lb.tp = g_.label(base + " tp");
+  lb.ep = g_.label(base + " all-to-all");
+  lb.cp = g_.label(base + " kv ring");
+  lb.ready = true;
+  return lb;
+}
+
+void Lowering::compute(int j, Time d, Flops f, int pass, sim::LabelId name) {
+  const TaskId t = g_.add_compute(rank_of(j, stage_), 0, d, f, {cat_[pass], name});
+  RankState& rs = st_[j];
+  if (rs.need.valid()) g_.add_dependency(rs.need, t);
+  rs.need = TaskId();
+  rs.last = t;
+}
+
+// A TP collective over each TP group, or (ep) an all-to-all over each EP group: ep
+// consecutive positions of the (cp, dp) index with the same tp rank.
+void Lowering::collective(CollectiveKind kind, Bytes bytes, sim::Label label, bool ep) {
+  const int size = ep ? l_.ep : l_.tp;
+  const int stride = ep ? l_.tp : 1;
+  for (int j0 = 0; j0 < stage_ranks(); ++j0) {
+    if (ep ? (j0 / l_.tp) % l_.ep != 0 : j0 % l_.tp != 0) continue;
+    members_.clear();
+    for (int i = 0; i < size; ++i) members_.push_back(rank_of(j0 + i * stride, stage_));
+    const TaskId c = g_.add_collective({kind, members_, bytes, kTpStream}, label);
+    for (int i = 0; i < size; ++i) {
+      RankState& rs = st_[j0 + i * stride];
+      if (rs.last.valid()) g_.add_dependency(rs.last, c);
+      rs.need = rs.last = c;
+    }
+  }
+}
+
+// Ring attention over each cp group: attention part i runs once the K,V chunk of ring step
+// i-1 has arrived; step i forwards the chunk received at step i-1 to the next cp rank.
+void Lowering::cp_ring(const PlacedBlock& pb, size_t s, int pass, const Labels& lb) {
+  const int cp = l_.cp;
+  const bool backward = pass == kB;
+  const Bytes bytes = block(0, pb, backward).steps[s].bytes * (backward ? 2 : 1);
+  std::vector<TaskId> arrived(cp), next(cp);
+  for (int dp_i = 0; dp_i < l_.dp; ++dp_i)
+    for (int t = 0; t < l_.tp; ++t) {
+      auto local = [&](int q) { return t + l_.tp * (q + cp * dp_i); };
+      for (int i = 0; i < cp; ++i) {
+        for (int q = 0; q < cp; ++q) {
+          const int j = local(q);
+          const PassCost& c = block(j, pb, backward).steps[s].cost;
+          if (i > 0) st_[j].need = arrived[q];
+          compute(j, Time::ps((backward ? c.dgrad : c.forward).count_ps() / cp),
+                  (backward ? c.dgrad_flops : c.forward_flops) / cp, pass, lb.compute);
+        }
+        if (i + 1 == cp) break;
+        for (int q = 0; q < cp; ++q) {
+          const int to = (q + 1) % cp;
+          const TaskId x = g_.add_p2p(rank(t, q, dp_i, stage_), rank(t, to, dp_i, stage_), bytes,
+                                      kCpSend, kCpRecv, {cat_cp_, lb.cp});
+          if (i > 0) g_.add_dependency(arrived[q], x);
+          next[to] = x;
+        }
+        std::swap(arrived, next);
+      }
+    }
+}
+
+void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels& lb,
+                        sim::LabelId recompute) {
+  const bool sp = l_.sequence_parallel;
+  const bool backward = pass == kB;
+  const WorkStep& step = block(0, pb, backward).steps[s];
+  const int n = stage_ranks();
+  switch (step.kind) {
+    case StepKind::kCompute:
+    case StepKind::kCpAttention: {
+      if (backward && step.cost.recompute > Time::zero())  // selective recompute
+        for (int j = 0; j < n; ++j) {
+          const PassCost& c = block(j, pb, true).steps[s].cost;
+          compute(j, c.recompute, c.recompute_flops, kR, recompute);
+        }
+      if (step.kind == StepKind::kCpAttention) return cp_ring(pb, s, pass, lb);
+      for (int j = 0; j < n; ++j) {
+        const PassCost& c = block(j, pb, backward).steps[s].cost;
+        if (backward)
+          compute(j, c.dgrad + (split_w_ ? Time() : c.wgrad),
+                  c.dgrad_flops + (split_w_ ? Flops() : c.wgrad_flops), pass, lb.compute);
+        else
+          compute(j, c.forward, c.forward_flops, pass, lb.compute);
+      }
+      return;
+    }
+    case StepKind::kTpEntry:
+      if (backward)
+        collective(sp ? CollectiveKind::kReduceScatter : CollectiveKind::kAllReduce, step.bytes,
+                   {cat_tp_, lb.tp}, false);
+      else if (sp)
+        collective(CollectiveKind::kAllGather, step.bytes, {cat_tp_, lb.tp}, false);
+      return;
+    case StepKind::kTpExit:
+      if (!backward)
+        collective(sp ? CollectiveKind::kReduceScatter : CollectiveKind::kAllReduce, step.bytes,
+                   {cat_tp_, lb.tp}, false);
+      else if (sp)
+        collective(CollectiveKind::kAllGather, step.bytes, {cat_tp_, lb.tp}, false);
+      return;
+    case StepKind::kEpAllToAll:
+      collective(CollectiveKind::kAllToAll, step.bytes, {cat_ep_, lb.ep}, true);
+      return;
+  }
+}
+
+void Lowering::run_op(const PipelineOp& op, std::vector<OpSpan>& spans) {
+  const int v = op.chunk * l_.pp + stage_;
+  const std::vector<PlacedBlock>& blocks = chunks_[v];
+  const int n = stage_ranks();
+  const size_t first_task = static_cast<size_t>(g_.num_tasks());
+  auto grads_done = [&](size_t b) {
+    for (int j = 0; j < n; ++j) last_grad_[op.chunk][b][j] = st_[j].last;
+  };
+  for (size_t bi = 0; bi < blocks.size(); ++bi) {
+    const size_t b = op.kind == PassKind::kForward ? bi : blocks.size() - 1 - bi;
+    const PlacedBlock& pb = blocks[b];
+    const size_t nsteps = block(0, pb, op.kind == PassKind::kBackward).steps.size();
+    switch (op.kind) {
+      case PassKind::kForward: {
+        const Labels& lb = labels(v, b, kF, op.micro_batch);
+        for (size_t s = 0; s < nsteps; ++s) run_step(pb, s, kF, lb, lb.compute);
+        break;
+      }
+      case PassKind::kBackward: {
+        const bool recompute = l_.recompute != models::Recompute::kNone;
+        const sim::LabelId rl =
+            recompute ? labels(v, b, kR, op.micro_batch).compute : sim::LabelId();
+        if (l_.recompute == models::Recompute::kFull && pb.part == Part::kLayer) {
+          const Labels& replay = labels(v, b, kR, op.micro_batch);
+          for (size_t s = 0; s < block(0, pb).steps.size(); ++s) run_step(pb, s, kR, replay, rl);
+        }
+        const Labels& lb = labels(v, b, kB, op.micro_batch);
+        for (size_t s = nsteps; s-- > 0;) run_step(pb, s, kB, lb, rl);
+        if (!split_w_) grads_done(b);
+        break;
+      }
+      case PassKind::kWeight: {
+        const Labels& lb = labels(v, b, kW, op.micro_batch);
+        for (int j = 0; j < n; ++j) {
+          PassCost sum;
+          for (const WorkStep& step : block(j, pb).steps) sum += step.cost;
+          compute(j, sum.wgrad, sum.wgrad_flops, kW, lb.compute);
+        }
+        grads_done(b);
+        break;
+      }
+    }
+  }
+  // First and last task of the op on each rank (for the pipeline P2P dependencies).
+  spans.assign(n, {});
+  for (int j = 0; j < n; ++j) spans[j].last = st_[j].last;
+  for (size_t t = first_task; t < static_cast<size_t>(g_.num_tasks()); ++t) {
+    for (const sim::StreamRef& ref : g_.streams(TaskId(static_cast<int32_t>(t)))) {
+      const int j = ref.rank.value() - stage_ranks() * stage_;
+      if (j >= 0 && j < n && !spans[j].first.valid())
+        spans[j].first = TaskId(static_cast<int32_t>(t));
+    }
+  }
+}
+
+void Lowering::build_stage() {
+  const int n = stage_ranks();
+  group_.resize(n);
+  for (int j = 0; j < n; ++j) group_[j] = group_of_rank_[rank_of(j, stage_).value()];
+  st_.assign(n, {});
+  last_grad_.assign(l_.vpp, {});
+  for (int c = 0; c < l_.vpp; ++c)
+    last_grad_[c].assign(chunks_[c * l_.pp + stage_].size(), std::vector<TaskId>(n));
+  const std::vector<PipelineOp>& order = orders_[stage_];
+  spans_[stage_].resize(order.size());
+  for (size_t i = 0; i < order.size(); ++i) run_op(order[i], spans_[stage_][i]);
+}
+
+// DP gradient buckets of this stage (see lower.h), the optimizer step, and the
+// distributed optimizer's parameter all-gather.
+void Lowering::gradients_and_optimizer() {
+  const int n = stage_ranks();
+  const int cpdp = l_.cp * l_.dp;
+  const int edp = cpdp / l_.ep;
+  const int64_t bucket_params =
+      o_.bucket_params > 0 ? o_.bucket_params : std::max<int64_t>(40'000'000, 1'000'000LL * cpdp);
+  const bool dist = l_.distributed_optimizer;
+  const CollectiveKind reduce = dist ? CollectiveKind::kReduceScatter : CollectiveKind::kAllReduce;
+
+  struct Bucket {
+    int chunk = 0;
+    size_t first = 0, last = 0;  // block range [first, last]
+    int64_t dense = 0, expert = 0;
+  };
+  std::vector<Bucket> buckets;  // in readiness order: chunks backward, blocks backward
+  for (int c = l_.vpp - 1; c >= 0; --c) {
+    const std::vector<PlacedBlock>& blocks = chunks_[c * l_.pp + stage_];
+    Bucket cur{c, blocks.size(), blocks.size(), 0, 0};
+    for (size_t b = blocks.size(); b-- > 0;) {
+      const Block& blk = block(0, blocks[b]);
+      if (cur.first == blocks.size()) cur.last = b;
+      cur.first = b;
+      cur.dense += blk.dense_params;
+      cur.expert += blk.expert_params;
+      if (cur.dense + cur.expert >= bucket_params || b == 0) {
+        if (cur.dense + cur.expert > 0) buckets.push_back(cur);
+        cur = Bucket{c, blocks.size(), blocks.size(), 0, 0};
+      }
+    }
+  }
+
+  // Groups: dense gradients over the dp x cp ranks with the same tp rank; expert
+  // gradients over the expert-dp ranks (same tp rank and ep position).
+  auto group = [&](int t, int x0, int stride, int size) {
+    members_.clear();
+    for (int i = 0; i < size; ++i) {
+      const int x = x0 + i * stride;
+      members_.push_back(rank(t, x % l_.cp, x / l_.cp, stage_));
+    }
+  };
+  auto local = [&](RankId r) { return r.value() - n * stage_; };
+  std::vector<TaskId> last_comm(n);
+  auto reduce_over = [&](Bytes bytes, const Bucket& bk, const std::vector<TaskId>& after,
+                         CollectiveKind kind, std::string_view what, int size, int stride,
+                         int starts) {
+    if (size < 2 || bytes.count() == 0) return;
+    const sim::LabelId name =
+        g_.label(fmt::format("dp {} {} bucket {}-{} stage {}", sim::to_string(kind), what,
+                             chunks_[bk.chunk * l_.pp + stage_][bk.first].name,
+                             chunks_[bk.chunk * l_.pp + stage_][bk.last].name, stage_));
+    for (int t = 0; t < l_.tp; ++t)
+      for (int x0 = 0; x0 < starts; ++x0) {
+        group(t, x0, stride, size);
+        const TaskId c = g_.add_collective({kind, members_, bytes, kDpStream}, {cat_dp_, name});
+        for (RankId r : members_) {
+          const TaskId a = after[local(r)];
+          if (a.valid()) g_.add_dependency(a, c);
+          last_comm[local(r)] = c;
+        }
+      }
+  };
+  const bool experts_apart = l_.ep > 1;
+  std::vector<TaskId> ready(n);
+  for (const Bucket& bk : buckets) {
+    for (int j = 0; j < n; ++j)  // the bucket's lowest block runs its backward last
+      ready[j] = l_.overlap_grad_reduce ? last_grad_[bk.chunk][bk.first][j]
+                                        : spans_[stage_].back()[j].last;
+    const int64_t dense = bk.dense + (experts_apart ? 0 : bk.expert);
+    reduce_over(Bytes(dense * o_.grad_bytes), bk, ready, reduce, "grads", cpdp, 1, 1);
+    if (experts_apart)
+      reduce_over(Bytes(bk.expert * o_.grad_bytes), bk, ready, reduce, "expert grads", edp, l_.ep,
+                  l_.ep);
+  }
+
+  // Adam over this rank's parameters (its dp shard with the distributed optimizer).
+  int64_t dense = 0, expert = 0;
+  for (int c = 0; c < l_.vpp; ++c)
+    for (const PlacedBlock& pb : chunks_[c * l_.pp + stage_]) {
+      dense += block(0, pb).dense_params;
+      expert += block(0, pb).expert_params;
+    }
+  const int64_t params = dist ? dense / cpdp + expert / edp : dense + expert;
+  const sim::LabelId opt_name = g_.label(fmt::format("optimizer stage {}", stage_));
+  std::vector<TaskId> opt(n);
+  for (int j = 0; j < n; ++j) {
+    const hardware::DeviceProfile& dev = s_.cluster.groups()[group_[j]].profile.gpu;
+    opt[j] =
+        g_.add_compute(rank_of(j, stage_), 0, dev.memory_time(Bytes(params * kAdamBytesPerParam)),
+                       Flops(), {cat_opt_, opt_name});
+    if (last_comm[j].valid()) g_.add_dependency(last_comm[j], opt[j]);
+  }
+  if (!dist) return;
+  // Parameter all-gather: buckets in forward order (the reverse of readiness); with
+  // overlap_param_gather only the first one, the rest hides behind the next forward.
+  const int64_t param_bytes = hardware::bytes_per_element(s_.workload.precision);
+  const size_t gathered =
+      l_.overlap_param_gather ? std::min<size_t>(buckets.size(), 1) : buckets.size();
+  for (size_t i = 0; i < gathered; ++i) {
+    const Bucket& bk = buckets[buckets.size() - 1 - i];
+    const int64_t dense_b = bk.dense + (experts_apart ? 0 : bk.expert);
+    reduce_over(Bytes(dense_b * param_bytes), bk, opt, CollectiveKind::kAllGather, "params", cpdp,
+                1, 1);
+    if (experts_apart)
+      reduce_over(Bytes(bk.expert * param_bytes), bk, opt, CollectiveKind::kAllGather,
+                  "expert params", edp, l_.ep, l_.ep);
+  }
+}
+
+// P2P of activations (gradients) from each F (B) to the next (previous) virtual stage.
+void Lowering::pipeline_p2p(int stage) {
+  const int n = stage_ranks();
+  // Op index of (kind, chunk, micro-batch) in each stage's program.
+  auto key = [&](PassKind k, int chunk, int64_t mb) {
+    return (static_cast<size_t>(k) * l_.vpp + chunk) * static_cast<size_t>(m_) + mb;
+  };
+  std::vector<std::vector<int32_t>> index(l_.pp, std::vector<int32_t>(3 * l_.vpp * m_, -1));
+  for (int st = 0; st < l_.pp; ++st)
+    for (size_t i = 0; i < orders_[st].size(); ++i) {
+      const PipelineOp& op = orders_[st][i];
+      index[st][key(op.kind, op.chunk, op.micro_batch)] = static_cast<int32_t>(i);
+    }
+  for (size_t i = 0; i < orders_[stage].size(); ++i) {
+    const PipelineOp& op = orders_[stage][i];
+    const int v = op.chunk * l_.pp + stage;
+    const bool fwd = op.kind == PassKind::kForward;
+    if (op.kind == PassKind::kWeight || (fwd && v + 1 == vstages_) || (!fwd && v == 0)) continue;
+    const int to = fwd ? v + 1 : v - 1;
+    const int to_stage = to % l_.pp;
+    const int32_t k = index[to_stage][key(op.kind, to / l_.pp, op.micro_batch)];
+    const PlacedBlock& boundary = chunks_[fwd ? v : to].back();
+    const Bytes bytes = costs_[0][0][boundary.module].boundary_bytes;
+    const sim::LabelId name = g_.label(
+        fmt::format("mb{} v{} -> v{} {}", op.micro_batch, v, to, fwd ? "activation" : "grad"));
+    for (int j = 0; j < n; ++j) {
+      const TaskId before = spans_[stage][i][j].last, after = spans_[to_stage][k][j].first;
+      const RankId src = rank_of(j, stage), dst = rank_of(j, to_stage);
+      if (src == dst) {
+        g_.add_dependency(before, after);
+        continue;
+      }
+      const TaskId x = g_.add_p2p(src, dst, bytes, fwd ? kFwdSend : kBwdSend,
+                                  fwd ? kFwdRecv : kBwdRecv, {cat_pp_, name});
+      g_.add_dependency(before, x);
+      g_.add_dependency(x, after);
+    }
+  }
+}
+
+}  // namespace
+
+Result<LoweredPlan> lower(const Scenario& s, const Plan& p, const LowerOptions& o) {
+  std::string why = infeasibility(s, p);
+  if (!why.empty()) return Status::invalid_argument(why);
+  LoweredPlan out;
+  Lowering(s, p, o, out).run();
+  return out;
+}
+
+}  // namespace hetpar::planner

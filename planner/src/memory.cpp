@@ -1,0 +1,214 @@
+#include "hetpar/planner/memory.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "hetpar/core/check.h"
+#include "hetpar/models/op_graph.h"
+
+namespace hetpar::planner {
+
+Bytes MemoryBreakdown::total() const {
+  return weights + gradients + optimizer_state + activations + communication_buffers + workspace;
+}
+
+double in_flight_micro_batches(Schedule sch, int stage, int pp, int vpp, int64_t m) {
+  HETPAR_CHECK(0 <= stage && stage < pp && vpp >= 1 && m >= 1, "stage {} of {}, vpp {}, m {}",
+               stage, pp, vpp, m);
+  switch (sch) {
+    case Schedule::kGpipe:
+      return static_cast<double>(m);
+    case Schedule::k1F1B:
+    case Schedule::kZeroBubble:
+      return static_cast<double>(std::min<int64_t>(pp - stage, m));
+    case Schedule::kInterleaved: {
+      const int64_t chunks = m * vpp;
+      const int64_t warmup = m == pp ? chunks : 2 * (pp - stage - 1) + (vpp - 1) * int64_t{pp};
+      return static_cast<double>(std::min(warmup + 1, chunks)) / vpp;
+    }
+  }
+  return 0;
+}
+
+namespace {
+
+constexpr double kGradientBytes = 4;  // fp32 main grads
+
+// What one rank of a stage accumulates, before the conversion to bytes.
+struct Tally {
+  double params = 0;            // local parameters
+  double optimizer_params = 0;  // local parameters over their optimizer shard count
+  double activations = 0;       // bytes held across micro-batches
+  double working_set = 0;       // bytes a recomputed layer re-materialises (one at a time)
+  double p2p = 0;               // pipeline send and receive buffers
+  double gathered = 0;          // the largest SP all-gather of a layer input
+};
+
+Bytes to_bytes(double b) {
+  return Bytes(std::llround(b));
+}
+
+bool is_routed_expert(const models::Op& op) {
+  return op.name.starts_with("expert_");
+}
+
+// Parameters of `op` one rank holds. `stem`: an encoder op ahead of its layers (patch
+// embedding, audio convolutions), run on full tensors. `vocab_params`: the LLM's token table.
+double local_params(const models::Op& op, bool stem, const Layout& l, double vocab_params) {
+  const double all = static_cast<double>(op.params);
+  if (op.kind == models::OpKind::kEmbedding) return all - vocab_params + vocab_params / l.tp;
+  if (op.kind != models::OpKind::kGemm || op.name == "router" || stem) return all;
+  return all / (l.tp * (is_routed_expert(op) ? l.ep : 1));
+}
+
+// Share of op's saved activations one rank keeps: CP splits every token; TP splits the
+// tensors inside its region (heads, MLP width, vocabulary), and with SP the rest too, except
+// encoder stems.
+double activation_share(const models::Op& op, bool stem, const Layout& l) {
+  const bool inside_tp = op.kind == models::OpKind::kAttention ||
+                         op.kind == models::OpKind::kLoss || op.name == "attn_out" ||
+                         op.name.ends_with("act") || op.name.ends_with("fc2");
+  const int tp = !stem && (l.sequence_parallel || inside_tp) ? l.tp : 1;
+  return 1.0 / (static_cast<double>(tp) * l.cp);
+}
+
+// Bytes of op.saved the forward pass keeps under `policy` (models::activation_bytes
+// semantics; full recompute's layer inputs are added per layer by the caller).
+double kept_bytes(const models::Op& op, models::Recompute policy, int dtype_bytes) {
+  if (!models::is_recomputed(op, policy)) return op.saved.as_double();
+  if (policy != models::Recompute::kSelective) return 0;
+  const models::AttentionShape& a = *op.attention;  // Q, K, V stay
+  return static_cast<double>(a.batch) * a.seq_q * (a.heads + 2 * a.kv_heads) * a.head_dim *
+         dtype_bytes;
+}
+
+// Stage of each layer: pp * vpp chunks of consecutive layers, chunk c on stage c % pp.
+std::vector<int> layer_stages(int64_t layers, int pp, int vpp) {
+  const int64_t chunks = int64_t{pp} * vpp, q = layers / chunks, r = layers % chunks;
+  std::vector<int> out;
+  out.reserve(static_cast<size_t>(layers));
+  for (int64_t c = 0; c < chunks; ++c)
+    out.insert(out.end(), static_cast<size_t>(q + (c < r ? 1 : 0)), static_cast<int>(c % pp));
+  return out;
+}
+
+class Estimator {
+ public:
+  Estimator(const Scenario& s, const Plan& p, const MemoryOptions& opts)
+      : s_(s), l_(p.layout), opts_(opts), stages_(static_cast<size_t>(l_.pp)) {
+    const int64_t m = num_micro_batches(l_, s.workload.global_batch);
+    HETPAR_CHECK(m >= 1, "global batch {} gives no micro-batch to dp {} x micro-batch {}",
+                 s.workload.global_batch, l_.dp, l_.micro_batch);
+    for (int st = 0; st < l_.pp; ++st) {
+      in_flight_.push_back(in_flight_micro_batches(p.schedule, st, l_.pp, l_.vpp, m));
+      // ZB-H1's stage st defers up to st weight-gradient passes past their B: up to
+      // min(pp, m) micro-batches in flight on every stage, the extra ones holding only the
+      // GEMM inputs W needs.
+      w_pending_.push_back(p.schedule == Schedule::kZeroBubble
+                               ? static_cast<double>(std::min<int64_t>(l_.pp, m)) - in_flight_[st]
+                               : 0);
+    }
+    // The output layer and loss live in the last model chunk, which behaves as the last
+    // stage of a pipeline without virtual stages.
+    head_in_flight_ = in_flight_micro_batches(p.schedule, l_.pp - 1, l_.pp, 1, m);
+  }
+
+  void add_module(size_t i) {
+    const models::ModuleSpec& spec = s_.model.modules[i].spec;
+    const models::ModuleKind kind = models::kind_of(spec);
+    models::ModuleInput in = module_input(s_, i, l_.micro_batch);
+    in.flash_attention = opts_.flash_attention;
+    const models::OpGraph g = models::build_op_graph(spec, in);
+    const auto* llm = std::get_if<models::LlmSpec>(&spec);
+    const double vocab_params =
+        llm ? static_cast<double>(llm->vocab) * static_cast<double>(llm->block.hidden) : 0;
+    const std::vector<int> stage_of = llm ? layer_stages(g.layers, l_.pp, l_.vpp)
+                                          : std::vector<int>(static_cast<size_t>(g.layers), 0);
+    const int last = l_.pp - 1;
+
+    std::vector<double> rework(static_cast<size_t>(g.layers));  // one micro-batch, per layer
+    bool before_layers = true;
+    for (const models::Op& op : g.ops) {
+      if (op.layer >= 0) before_layers = false;
+      const bool head = llm && op.layer < 0 && !before_layers;
+      const bool stem = before_layers && models::is_encoder(kind);
+      const int st = op.layer >= 0 ? stage_of[op.layer] : head ? last : 0;
+      add_params(st, local_params(op, stem, l_, vocab_params), is_routed_expert(op));
+      const double share = activation_share(op, stem, l_);
+      const double kept = kept_bytes(op, l_.recompute, g.dtype_bytes) * share;
+      stages_[st].activations += kept * (head ? head_in_flight_ : in_flight_[st]);
+      if (op.kind == models::OpKind::kGemm)
+        stages_[st].activations += op.saved.as_double() * share * w_pending_[st];
+      if (op.layer >= 0) rework[op.layer] += op.saved.as_double() * share - kept;
+    }
+    if (llm && llm->tied_embeddings && l_.pp > 1) add_params(last, vocab_params / l_.tp, false);
+
+    // A layer's input s*b*h on one CP rank; where stored for backward, SP splits it by TP.
+    const double layer_input =
+        static_cast<double>(g.layer_tokens) * g.hidden * g.dtype_bytes / l_.cp;
+    const double sp = l_.sequence_parallel ? l_.tp : 1;
+    for (int64_t layer = 0; layer < g.layers; ++layer) {
+      Tally& t = stages_[stage_of[layer]];
+      if (l_.recompute == models::Recompute::kFull)
+        t.activations += layer_input / sp * in_flight_[stage_of[layer]];
+      t.working_set = std::max(t.working_set, rework[layer]);
+      if (l_.sequence_parallel && l_.tp > 1) t.gathered = std::max(t.gathered, layer_input);
+    }
+    if (llm && l_.pp > 1)
+      for (Tally& t : stages_) t.p2p = 2 * layer_input / sp;
+  }
+
+  MemoryReport report() const {
+    const bool fp32 = s_.workload.precision == hardware::Precision::kFp32 ||
+                      s_.workload.precision == hardware::Precision::kTf32;
+    const double weight_bytes = fp32 ? 4 : 2, optimizer_bytes = fp32 ? 8 : 12;
+    MemoryReport r;
+    for (const Tally& t : stages_) {
+      MemoryBreakdown b;
+      b.weights = to_bytes(t.params * weight_bytes);
+      b.gradients = to_bytes(t.params * kGradientBytes);
+      b.optimizer_state = to_bytes(t.optimizer_params * optimizer_bytes);
+      b.activations = to_bytes(t.activations + t.working_set);
+      b.communication_buffers = to_bytes(t.p2p + t.gathered);
+      b.workspace =
+          opts_.fixed_workspace + to_bytes(opts_.fragmentation * b.activations.as_double());
+      r.per_stage.push_back(b);
+    }
+    for (size_t st = 0; st < r.per_stage.size(); ++st) {
+      if (r.per_stage[st].total() <= r.peak) continue;
+      r.peak = r.per_stage[st].total();
+      r.peak_stage = static_cast<int>(st);
+    }
+    for (const hardware::NodeGroup& g : s_.cluster.groups()) {
+      const Bytes cap = g.profile.gpu.memory_capacity;
+      if (r.capacity == Bytes() || cap < r.capacity) r.capacity = cap;
+    }
+    return r;
+  }
+
+ private:
+  // Routed experts' optimizer state is sharded over their own data-parallel group.
+  void add_params(int stage, double params, bool routed_expert) {
+    const double group = static_cast<double>(l_.dp) * l_.cp / (routed_expert ? l_.ep : 1);
+    stages_[stage].params += params;
+    stages_[stage].optimizer_params += l_.distributed_optimizer ? params / group : params;
+  }
+
+  const Scenario& s_;
+  const Layout& l_;
+  const MemoryOptions& opts_;
+  std::vector<Tally> stages_;
+  std::vector<double> in_flight_;
+  std::vector<double> w_pending_;  // ZB-H1 micro-batches holding only their GEMM inputs
+  double head_in_flight_ = 0;
+};
+
+}  // namespace
+
+MemoryReport estimate_memory(const Scenario& s, const Plan& p, const MemoryOptions& opts) {
+  Estimator e(s, p, opts);
+  for (size_t i = 0; i < s.model.modules.size(); ++i) e.add_module(i);
+  return e.report();
+}
+
+}  // namespace hetpar::planner

@@ -1,0 +1,121 @@
+#include "hetpar/planner/network_builder.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "hetpar/core/check.h"
+
+namespace hetpar::planner {
+
+using hardware::Collective;
+using hardware::CollectiveScope;
+
+namespace {
+
+// Link ids of one node.
+struct NodeLinks {
+  int first_gpu = 0;
+  int gpus = 0;
+  int nics = 0;
+  int32_t gpu_up = -1;  // + local index; down = gpu_up + gpus
+  int32_t nic_up = -1;  // + NIC index; down = nic_up + nics
+  int32_t wan_up = -1;  // down = wan_up + 1
+};
+
+Time half(Time t) {
+  return Time::ps(t.count_ps() / 2);
+}
+
+}  // namespace
+
+sim::Network build_network(const hardware::ClusterSpec& cluster) {
+  const int world = cluster.total_gpus();
+  const int nodes = cluster.num_nodes();
+  HETPAR_CHECK(world > 0, "a network needs at least one GPU");
+  sim::Network net(world);
+  std::vector<NodeLinks> links(nodes);
+  std::vector<int32_t> node_of(world);
+  for (int n = 0; n < nodes; ++n) {
+    const hardware::SystemProfile& prof = cluster.profile_of_node(NodeId(n));
+    NodeLinks& nl = links[n];
+    nl.first_gpu = cluster.first_gpu_of_node(NodeId(n));
+    nl.gpus = prof.gpus_per_node;
+    for (int i = 0; i < nl.gpus; ++i) {
+      node_of[nl.first_gpu + i] = n;
+      net.set_node(RankId(nl.first_gpu + i), NodeId(n));
+    }
+    if (nl.gpus > 1) {
+      const Bandwidth bw = prof.collective(CollectiveScope::kIntraNode, Collective::kAllGather)
+                               .bus_bandwidth(nl.gpus);
+      const Time lat =
+          half(prof.collective(CollectiveScope::kIntraNode, Collective::kSendRecv).alpha);
+      nl.gpu_up = net.num_links();
+      for (int i = 0; i < nl.gpus; ++i)
+        net.add_link(bw, lat, fmt::format("node {} gpu {} up", n, i));
+      for (int i = 0; i < nl.gpus; ++i)
+        net.add_link(bw, lat, fmt::format("node {} gpu {} down", n, i));
+    }
+    if (nodes > 1) {
+      nl.nics = std::max(prof.inter_node.nics_per_node, 1);
+      const Bandwidth bw = prof.collective(CollectiveScope::kInterNode, Collective::kAllReduce)
+                               .bus_bandwidth(nodes) *
+                           (1.0 / nl.nics);
+      const Time lat =
+          half(prof.collective(CollectiveScope::kInterNode, Collective::kSendRecv).alpha);
+      nl.nic_up = net.num_links();
+      for (int i = 0; i < nl.nics; ++i)
+        net.add_link(bw, lat, fmt::format("node {} nic {} up", n, i));
+      for (int i = 0; i < nl.nics; ++i)
+        net.add_link(bw, lat, fmt::format("node {} nic {} down", n, i));
+      if (prof.wan) {
+        nl.wan_up = net.num_links();
+        net.add_link(prof.wan->up, half(prof.wan->latency), fmt::format("node {} wan up", n));
+        net.add_link(prof.wan->down, half(prof.wan->latency), fmt::format("node {} wan down", n));
+      }
+    }
+  }
+  net.set_router([links = std::move(links), node_of = std::move(node_of)](
+                     RankId src, RankId dst, std::vector<LinkId>& out) {
+    const NodeLinks& a = links[node_of[src.value()]];
+    const NodeLinks& b = links[node_of[dst.value()]];
+    const int la = src.value() - a.first_gpu, lb = dst.value() - b.first_gpu;
+    if (&a == &b) {
+      out.push_back(LinkId(a.gpu_up + la));
+      out.push_back(LinkId(a.gpu_up + a.gpus + lb));
+      return;
+    }
+    out.push_back(LinkId(a.nic_up + la % a.nics));
+    if (a.wan_up >= 0) out.push_back(LinkId(a.wan_up));
+    if (b.wan_up >= 0) out.push_back(LinkId(b.wan_up + 1));
+    out.push_back(LinkId(b.nic_up + b.nics + lb % b.nics));
+  });
+  return net;
+}
+
+sim::CollectiveConfig collective_config(const hardware::ClusterSpec& cluster) {
+  sim::CollectiveConfig cfg;
+  Time intra, ring_inter, tree_inter;
+  auto at_least_zero = [](Time t) { return std::max(t, Time::zero()); };
+  for (const hardware::NodeGroup& group : cluster.groups()) {
+    const hardware::SystemProfile& prof = group.profile;
+    const int g = prof.gpus_per_node;
+    Time hop = cfg.intra_hop;
+    if (g > 1) {
+      const Time alpha = prof.collective(CollectiveScope::kIntraNode, Collective::kAllGather).alpha;
+      hop = Time::ps((alpha - cfg.ring_base).count_ps() / (g - 1));
+    }
+    hop = at_least_zero(hop);
+    intra = std::max(intra, hop);
+    const Time ag = prof.collective(CollectiveScope::kInterNode, Collective::kAllGather).alpha;
+    ring_inter = std::max(ring_inter, at_least_zero(ag - cfg.ring_base - hop * (2 * (g - 1))));
+    const Time ar = prof.collective(CollectiveScope::kInterNode, Collective::kAllReduce).alpha;
+    tree_inter = std::max(tree_inter, at_least_zero(half(ar - cfg.tree_base) - hop * (g - 1)));
+  }
+  cfg.intra_hop = intra;
+  cfg.ring_inter_hop = ring_inter;
+  cfg.tree_inter_hop = tree_inter;
+  return cfg;
+}
+
+}  // namespace hetpar::planner

@@ -1,0 +1,63 @@
+#include "hetpar/planner/published_run.h"
+
+#include <filesystem>
+
+#include "hetpar/core/check.h"
+#include "hetpar/models/totals.h"
+
+namespace hetpar::planner {
+
+Flops convention_flops(const Scenario& s, FlopConvention c) {
+  const auto& llm = std::get<models::LlmSpec>(s.model.modules[s.model.llm_index()].spec);
+  const double B = static_cast<double>(s.workload.global_batch);
+  const double seq = static_cast<double>(s.workload.seq_len);
+  const double l = static_cast<double>(llm.block.layers);
+  const double h = static_cast<double>(llm.block.hidden);
+  const double V = static_cast<double>(llm.vocab);
+  switch (c) {
+    case FlopConvention::kMegatron2021:
+      return Flops(96.0 * B * seq * l * h * h * (1 + seq / (6 * h) + V / (16 * l * h)));
+    case FlopConvention::kKorthikanti2022:
+      return Flops(72.0 * B * seq * l * h * h * (1 + seq / (6 * h) + V / (12 * l * h)));
+    case FlopConvention::kPalm: {
+      double n = static_cast<double>(models::count_params(s.model).total);
+      return Flops((6.0 * n + 12.0 * l * h * seq) * B * seq);
+    }
+    case FlopConvention::kNone:
+      break;
+  }
+  HETPAR_CHECK(false, "convention_flops needs a FLOP convention");
+  return Flops();
+}
+
+Time measured_iteration_time(const PublishedRun& run) {
+  const Scenario& s = run.scenario;
+  const double gpus = s.cluster.total_gpus();
+  const Measurement& m = run.measured;
+  switch (m.metric) {
+    case MeasuredMetric::kIterationTime:
+      return Time::seconds(m.value);
+    case MeasuredMetric::kTokensPerSecondPerGpu:
+      return Time::seconds(static_cast<double>(s.workload.seq_len * s.workload.global_batch) /
+                           (m.value * gpus));
+    case MeasuredMetric::kTflopsPerGpu:
+      return Time::seconds(convention_flops(s, m.convention).count() / (m.value * 1e12 * gpus));
+    case MeasuredMetric::kMfu: {
+      double peak = s.cluster.profile_of_gpu(0).gpu.peak(s.workload.precision).per_second();
+      return Time::seconds(convention_flops(s, m.convention).count() / (m.value * peak * gpus));
+    }
+  }
+  return Time();
+}
+
+Result<RunComparison> compare(const PublishedRun& run) {
+  RunComparison c;
+  c.name = run.scenario.name;
+  c.gpus = run.scenario.cluster.total_gpus();
+  c.measured = measured_iteration_time(run);
+  HETPAR_ASSIGN_OR_RETURN(c.predicted, evaluate(run.scenario, *run.scenario.plan));
+  if (c.predicted.feasible) c.error = c.predicted.iteration_time / c.measured - 1.0;
+  return c;
+}
+
+}  // namespace hetpar::planner

@@ -1,0 +1,110 @@
+#include "hetpar/planner/schedule.h"
+
+#include <algorithm>
+#include <deque>
+
+#include "hetpar/core/check.h"
+
+namespace hetpar::planner {
+
+bool splits_weight_gradient(Schedule s) {
+  return s == Schedule::kZeroBubble;
+}
+
+namespace {
+
+using Ops = std::vector<PipelineOp>;
+
+// PipeDream-flush over micro-batches 0..m-1 of one chunk, warm-up forwards first.
+void one_f_one_b(Ops& out, int64_t warmup, int64_t m) {
+  warmup = std::min(warmup, m);
+  for (int64_t i = 0; i < warmup; ++i) out.push_back({PassKind::kForward, i, 0});
+  for (int64_t i = 0; i + warmup < m; ++i) {
+    out.push_back({PassKind::kForward, i + warmup, 0});
+    out.push_back({PassKind::kBackward, i, 0});
+  }
+  for (int64_t i = std::max<int64_t>(m - warmup, 0); i < m; ++i)
+    out.push_back({PassKind::kBackward, i, 0});
+}
+
+// Megatron-LM's interleaved order: virtual micro-batch k of the forward (backward) pass.
+PipelineOp virtual_op(PassKind kind, int64_t k, int pp, int vpp) {
+  const int64_t group = static_cast<int64_t>(pp) * vpp;
+  int chunk = static_cast<int>((k / pp) % vpp);
+  if (kind == PassKind::kBackward) chunk = vpp - 1 - chunk;
+  return {kind, (k / group) * pp + k % pp, chunk};
+}
+
+void interleaved(Ops& out, int stage, int pp, int vpp, int64_t m) {
+  const int64_t total = m * vpp;
+  const int64_t warmup =
+      std::min<int64_t>(total, static_cast<int64_t>(pp - stage - 1) * 2 + (vpp - 1) * pp);
+  for (int64_t k = 0; k < warmup; ++k) out.push_back(virtual_op(PassKind::kForward, k, pp, vpp));
+  for (int64_t k = 0; k + warmup < total; ++k) {
+    out.push_back(virtual_op(PassKind::kForward, k + warmup, pp, vpp));
+    out.push_back(virtual_op(PassKind::kBackward, k, pp, vpp));
+  }
+  for (int64_t k = total - warmup; k < total; ++k)
+    out.push_back(virtual_op(PassKind::kBackward, k, pp, vpp));
+}
+
+// 1F1B's F/B order with a W after each B, up to `defer` of them held back to the end.
+void zero_bubble_h1(Ops& out, int stage, int pp, int64_t m) {
+  Ops fb;
+  one_f_one_b(fb, pp - stage - 1, m);
+  const size_t defer = static_cast<size_t>(stage);
+  std::deque<int64_t> pending;
+  for (const PipelineOp& op : fb) {
+    out.push_back(op);
+    if (op.kind != PassKind::kBackward) continue;
+    pending.push_back(op.micro_batch);
+    if (pending.size() > defer) {
+      out.push_back({PassKind::kWeight, pending.front(), 0});
+      pending.pop_front();
+    }
+  }
+  for (int64_t mb : pending) out.push_back({PassKind::kWeight, mb, 0});
+}
+
+}  // namespace
+
+std::vector<PipelineOp> stage_order(Schedule s, int stage, int pp, int vpp, int64_t m) {
+  HETPAR_CHECK(pp >= 1 && stage >= 0 && stage < pp && m >= 1 && vpp >= 1,
+               "bad pipeline: stage {} of {}, vpp {}, {} micro-batches", stage, pp, vpp, m);
+  HETPAR_CHECK((s == Schedule::kInterleaved) == (vpp > 1),
+               "vpp {} needs the interleaved schedule and it needs vpp > 1", vpp);
+  Ops out;
+  out.reserve(static_cast<size_t>(m * vpp * (splits_weight_gradient(s) ? 3 : 2)));
+  switch (s) {
+    case Schedule::kGpipe:
+      for (int64_t i = 0; i < m; ++i) out.push_back({PassKind::kForward, i, 0});
+      for (int64_t i = 0; i < m; ++i) out.push_back({PassKind::kBackward, i, 0});
+      break;
+    case Schedule::k1F1B:
+      one_f_one_b(out, pp - stage - 1, m);
+      break;
+    case Schedule::kInterleaved:
+      HETPAR_CHECK(m % pp == 0, "interleaved schedule: {} micro-batches not divisible by pp {}", m,
+                   pp);
+      interleaved(out, stage, pp, vpp, m);
+      break;
+    case Schedule::kZeroBubble:
+      zero_bubble_h1(out, stage, pp, m);
+      break;
+  }
+  return out;
+}
+
+int64_t peak_in_flight(const std::vector<PipelineOp>& order) {
+  const bool split = std::any_of(order.begin(), order.end(),
+                                 [](const PipelineOp& op) { return op.kind == PassKind::kWeight; });
+  const PassKind release = split ? PassKind::kWeight : PassKind::kBackward;
+  int64_t now = 0, peak = 0;
+  for (const PipelineOp& op : order) {
+    if (op.kind == PassKind::kForward) peak = std::max(peak, ++now);
+    if (op.kind == release) --now;
+  }
+  return peak;
+}
+
+}  // namespace hetpar::planner

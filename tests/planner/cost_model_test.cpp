@@ -1,0 +1,115 @@
+#include "hetpar/planner/cost_model.h"
+
+#include <gtest/gtest.h>
+
+#include "hetpar/hardware/system_profile.h"
+#include "hetpar/models/load.h"
+#include "hetpar/models/totals.h"
+
+namespace hetpar::planner {
+namespace {
+
+struct Fixture {
+  models::OpGraph g;
+  hardware::DeviceProfile dev;
+};
+
+Fixture gpt(int64_t micro_batch = 1) {
+  auto spec = models::load_zoo_module("gpt3-175b");
+  EXPECT_TRUE(spec.is_ok());
+  models::ModuleInput in;
+  in.micro_batch = micro_batch;
+  in.seq_len = 2048;
+  return {models::build_op_graph(*spec, in), hardware::load_profile("dgx-a100-80gb")->gpu};
+}
+
+PassCost layer_total(const ModuleCost& m) {
+  PassCost c;
+  for (const WorkStep& s : m.layer.steps) c += s.cost;
+  return c;
+}
+
+// Per rank, a layer's model FLOPs are the whole layer's / (tp·cp); time drops nearly as much.
+TEST(CostModel, TensorAndContextParallelismShardTheLayer) {
+  Fixture f = gpt();
+  Layout one, tp8;
+  tp8.tp = 8;
+  const PassCost a = layer_total(module_cost(f.g, one, true, f.dev, hardware::Precision::kBf16));
+  const PassCost b = layer_total(module_cost(f.g, tp8, true, f.dev, hardware::Precision::kBf16));
+  EXPECT_NEAR(a.forward_flops / b.forward_flops, 8.0, 1e-9);
+  EXPECT_NEAR((a.dgrad_flops + a.wgrad_flops) / a.forward_flops, 2.0, 1e-9);
+  EXPECT_GT(a.forward / b.forward, 6.0);
+  EXPECT_LT(a.forward / b.forward, 8.5);
+  // The layer's model FLOPs match the op graph's.
+  EXPECT_NEAR(a.forward_flops.count() * 96, models::forward_flops(f.g).count(),
+              0.02 * models::forward_flops(f.g).count());
+}
+
+// Without SP a layer has two "f" and two "g" points; SP does not change their number.
+TEST(CostModel, LayerCommunicationPoints) {
+  Fixture f = gpt();
+  Layout l;
+  l.tp = 8;
+  for (bool sp : {false, true}) {
+    l.sequence_parallel = sp;
+    ModuleCost m = module_cost(f.g, l, true, f.dev, hardware::Precision::kBf16);
+    int entry = 0, exit = 0, compute = 0;
+    for (const WorkStep& s : m.layer.steps) {
+      entry += s.kind == StepKind::kTpEntry;
+      exit += s.kind == StepKind::kTpExit;
+      compute += s.kind == StepKind::kCompute;
+      if (s.kind != StepKind::kCompute) {
+        EXPECT_EQ(s.bytes, Bytes(2048LL * 12288 * 2));
+      }
+    }
+    EXPECT_EQ(entry, 2);
+    EXPECT_EQ(exit, 2);
+    EXPECT_EQ(compute, 5);  // norm | qkv..attn_out | residual+norm | mlp | residual
+    // 12h^2 weights split over 8 ranks (norms replicated, a rounding error here).
+    EXPECT_NEAR(static_cast<double>(m.layer.dense_params) * 8, 12.0 * 12288 * 12288,
+                0.001 * 12 * 12288.0 * 12288);
+    EXPECT_EQ(m.boundary_bytes, Bytes(2048LL * 12288 * 2));
+  }
+}
+
+// Sequence parallelism splits norms and residuals over tp: the layer's memory-bound time drops.
+TEST(CostModel, SequenceParallelShardsPointwiseWork) {
+  Fixture f = gpt();
+  Layout l;
+  l.tp = 8;
+  const PassCost a = layer_total(module_cost(f.g, l, true, f.dev, hardware::Precision::kBf16));
+  l.sequence_parallel = true;
+  const PassCost b = layer_total(module_cost(f.g, l, true, f.dev, hardware::Precision::kBf16));
+  EXPECT_LT(b.forward, a.forward);
+  EXPECT_DOUBLE_EQ(a.forward_flops.count(), b.forward_flops.count());
+}
+
+TEST(CostModel, ContextParallelAttentionIsARingStep) {
+  Fixture f = gpt();
+  Layout l;
+  l.cp = 4;
+  ModuleCost m = module_cost(f.g, l, true, f.dev, hardware::Precision::kBf16);
+  int rings = 0;
+  for (const WorkStep& s : m.layer.steps)
+    if (s.kind == StepKind::kCpAttention) {
+      ++rings;
+      EXPECT_EQ(s.bytes, Bytes(2LL * 512 * 12288 * 2));  // K and V of 2048/4 tokens
+    }
+  EXPECT_EQ(rings, 1);
+  EXPECT_EQ(m.boundary_bytes, Bytes(512LL * 12288 * 2));
+  // Encoders are not split by CP: every cp rank repeats them.
+  ModuleCost rep = module_cost(f.g, l, false, f.dev, hardware::Precision::kBf16);
+  EXPECT_GT(layer_total(rep).forward_flops / layer_total(m).forward_flops, 3.9);
+}
+
+TEST(CostModel, SelectiveRecomputeRerunsTheAttentionCore) {
+  Fixture f = gpt();
+  Layout l;
+  l.recompute = models::Recompute::kSelective;
+  const PassCost c = layer_total(module_cost(f.g, l, true, f.dev, hardware::Precision::kBf16));
+  EXPECT_GT(c.recompute, Time::zero());
+  EXPECT_NEAR(c.recompute_flops.count(), 4.0 * 2048 * 2048 * 12288 / 2, 1.0);
+}
+
+}  // namespace
+}  // namespace hetpar::planner

@@ -1,0 +1,315 @@
+#include "hetpar/planner/lower.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "hetpar/models/totals.h"
+#include "hetpar/planner/network_builder.h"
+#include "hetpar/sim/simulate.h"
+
+namespace hetpar::planner {
+namespace {
+
+// A small dense LLM: `layers` layers of hidden 1024 and a tiny vocabulary, so pipeline
+// stages are nearly equal.
+Scenario make(int layers, int64_t global_batch, int nodes, std::string_view profile = "dgx-h100",
+              std::string_view extra_cluster = "", std::string_view moe = "") {
+  std::string text = fmt::format(
+      R"({{"model": {{"name": "tiny", "modules": [{{"name": "llm", "kind": "llm", "spec": {{
+        "layers": {}, "hidden": 1024, "ffn_hidden": 4096, "heads": 16, "kv_heads": 8,
+        "vocab": 128, "activation": "swiglu", "norm": "rmsnorm"{}}}}}]}},
+      "workload": {{"seq_len": 2048, "global_batch": {}}},
+      "cluster": {{"profile": "{}", "nodes": {}{}}}}})",
+      layers, moe, global_batch, profile, nodes, extra_cluster);
+  auto s = parse_scenario_text(text, "test.json");
+  EXPECT_TRUE(s.is_ok()) << s.status().to_string();
+  return *s;
+}
+
+Plan plan(int tp, int pp, int dp, Schedule sch = Schedule::k1F1B, int vpp = 1, int cp = 1) {
+  Plan p;
+  p.layout.tp = tp;
+  p.layout.pp = pp;
+  p.layout.dp = dp;
+  p.layout.cp = cp;
+  p.layout.vpp = vpp;
+  p.schedule = sch;
+  return p;
+}
+
+LoweredPlan lowered(const Scenario& s, const Plan& p) {
+  auto r = lower(s, p);
+  EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+  return std::move(r).value();
+}
+
+sim::SimResult run(const LoweredPlan& lp, const sim::Network& net, sim::SimOptions o = {}) {
+  auto r = sim::simulate(lp.graph, net, o);
+  EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+  return *r;
+}
+
+// Communication for free: a huge switch without latency, collectives without latency.
+sim::SimResult run_free(const LoweredPlan& lp) {
+  sim::SimOptions o;
+  o.collectives.ring_base = o.collectives.tree_base = o.collectives.intra_hop =
+      o.collectives.ring_inter_hop = o.collectives.tree_inter_hop = Time::zero();
+  return run(lp, sim::single_switch_network(lp.world, Bandwidth::GBps(1e9), Time::zero()), o);
+}
+
+// Compute time per rank and category, from the graph.
+std::map<std::string, Time> compute_time(const LoweredPlan& lp, int rank) {
+  std::map<std::string, Time> out;
+  for (int t = 0; t < lp.graph.num_tasks(); ++t) {
+    const sim::Task& task = lp.graph.task(TaskId(t));
+    if (task.kind != sim::TaskKind::kCompute || lp.graph.streams(TaskId(t))[0].rank.value() != rank)
+      continue;
+    out[std::string(lp.graph.label_text(task.label.category))] += task.duration;
+  }
+  return out;
+}
+
+Time pipeline_work(const LoweredPlan& lp, int rank) {
+  Time t;
+  for (auto& [cat, d] : compute_time(lp, rank))
+    if (cat != "optimizer") t += d;
+  return t;
+}
+
+// 1F1B with free communication: (m + p - 1) slots of a stage's F + B; here stages differ a
+// little (embedding, logits), so (m - 1) x slowest + sum over stages.
+TEST(Lower, OneFOneBBubbleMatchesClosedForm) {
+  const int pp = 4;
+  const int64_t m = 8;
+  LoweredPlan lp = lowered(make(16, m, 1), plan(2, pp, 1));
+  sim::SimResult r = run_free(lp);
+  Time slowest, sum;
+  for (int st = 0; st < pp; ++st) {
+    const Time per_mb = Time::ps(pipeline_work(lp, st * 2).count_ps() / m);
+    slowest = std::max(slowest, per_mb);
+    sum += per_mb;
+  }
+  const Time opt = compute_time(lp, 0)["optimizer"];
+  const Time expect = slowest * (m - 1) + sum + opt;
+  EXPECT_NEAR(r.makespan / expect, 1.0, 0.01);
+  // With equal stages this is the (p-1)/(m+p-1) bubble.
+  const double bubble = 1.0 - (r.makespan - opt) / (slowest * (m + pp - 1));
+  EXPECT_LT(std::abs(bubble), 0.02);
+}
+
+TEST(Lower, GpipeAndOneFOneBTakeTheSameTime) {
+  Scenario s = make(16, 8, 1);
+  sim::SimResult a = run_free(lowered(s, plan(2, 4, 1, Schedule::kGpipe)));
+  sim::SimResult b = run_free(lowered(s, plan(2, 4, 1, Schedule::k1F1B)));
+  EXPECT_NEAR(a.makespan / b.makespan, 1.0, 1e-3);
+}
+
+// Interleaving with vpp chunks shrinks the bubble (p-1)/m by about vpp.
+TEST(Lower, InterleavingShrinksTheBubbleByVpp) {
+  const int pp = 4, vpp = 2;
+  const int64_t m = 8;
+  Scenario s = make(16, m, 1);
+  LoweredPlan base = lowered(s, plan(2, pp, 1));
+  LoweredPlan inter = lowered(s, plan(2, pp, 1, Schedule::kInterleaved, vpp));
+  const Time work = pipeline_work(base, 0), opt = compute_time(base, 0)["optimizer"];
+  const double bubble_1f1b = (run_free(base).makespan - opt - work) / work;
+  const double bubble_inter = (run_free(inter).makespan - opt - work) / work;
+  EXPECT_NEAR(bubble_1f1b, (pp - 1.0) / m, 0.03);
+  EXPECT_NEAR(bubble_inter, (pp - 1.0) / (vpp * m), 0.03);
+}
+
+TEST(Lower, ZeroBubbleBeatsOneFOneB) {
+  Scenario s = make(16, 8, 1);
+  LoweredPlan base = lowered(s, plan(2, 4, 1, Schedule::k1F1B));
+  LoweredPlan zb = lowered(s, plan(2, 4, 1, Schedule::kZeroBubble));
+  const Time work = pipeline_work(base, 0), opt = compute_time(base, 0)["optimizer"];
+  const double bubble_1f1b = (run_free(base).makespan - opt - work) / work;
+  const double bubble_zb = (run_free(zb).makespan - opt - work) / work;
+  EXPECT_LT(bubble_zb, bubble_1f1b * 0.7);
+}
+
+// TP traffic per layer and micro-batch: 2 all-reduces forward and 2 backward of s·b·h
+// bytes without SP; with SP an all-gather and a reduce-scatter in each place (4 + 4).
+TEST(Lower, TensorParallelCommunicationPerLayer) {
+  Scenario s = make(4, 2, 1);
+  for (bool sp : {false, true}) {
+    Plan p = plan(8, 1, 1);
+    p.layout.sequence_parallel = sp;
+    LoweredPlan lp = lowered(s, p);
+    std::map<sim::CollectiveKind, int> count;
+    Bytes layer_bytes;
+    for (int t = 0; t < lp.graph.num_tasks(); ++t) {
+      const sim::Task& task = lp.graph.task(TaskId(t));
+      if (lp.graph.label_text(task.label.category) != "tp_comm") continue;
+      if (lp.graph.label_text(task.label.name).find(" L") == std::string_view::npos) continue;
+      ++count[task.collective];
+      EXPECT_EQ(task.bytes, Bytes(2048 * 1024 * 2));
+      layer_bytes += task.bytes;
+    }
+    const int per_layer_mb = 4 * 2;  // 4 layers x 2 micro-batches
+    if (sp) {
+      EXPECT_EQ(count[sim::CollectiveKind::kAllGather], 4 * per_layer_mb);
+      EXPECT_EQ(count[sim::CollectiveKind::kReduceScatter], 4 * per_layer_mb);
+    } else {
+      EXPECT_EQ(count[sim::CollectiveKind::kAllReduce], 4 * per_layer_mb);
+      EXPECT_EQ(count.size(), 1u);
+    }
+  }
+}
+
+// One reduction per bucket per iteration, carrying every local gradient once.
+TEST(Lower, DataParallelReducesEachBucketOnce) {
+  Scenario s = make(8, 16, 2);
+  for (bool dist : {false, true}) {
+    Plan p = plan(2, 2, 4);
+    p.layout.distributed_optimizer = dist;
+    LowerOptions o;
+    o.bucket_params = 20'000'000;  // ~1.5 layers of 12.6M / tp 2
+    auto lp = lower(s, p, o);
+    ASSERT_TRUE(lp.is_ok());
+    std::map<std::string, int> names;
+    Bytes reduced;
+    for (int t = 0; t < lp->graph.num_tasks(); ++t) {
+      const sim::Task& task = lp->graph.task(TaskId(t));
+      if (lp->graph.label_text(task.label.category) != "dp_comm") continue;
+      if (task.collective == sim::CollectiveKind::kAllGather) continue;
+      EXPECT_EQ(task.collective,
+                dist ? sim::CollectiveKind::kReduceScatter : sim::CollectiveKind::kAllReduce);
+      ++names[std::string(lp->graph.label_text(task.label.name))];
+      EXPECT_EQ(lp->graph.group(task.group).size(), 4u);
+      reduced += task.bytes;
+    }
+    for (auto& [name, n] : names) EXPECT_EQ(n, 2) << name;  // once per TP rank
+    // Every parameter's fp32 gradient once over the tp x pp shards (norms, replicated over
+    // tp, are a rounding error).
+    EXPECT_GT(names.size(), 2u);
+    const double params = static_cast<double>(models::count_params(s.model).total);
+    EXPECT_NEAR(reduced.as_double() / 4, params, 0.002 * params);
+  }
+}
+
+TEST(Lower, GraphsValidateAndAreDeterministic) {
+  Scenario s = make(8, 32, 2);
+  std::vector<Plan> plans = {
+      plan(1, 1, 16), plan(8, 2, 1), plan(2, 4, 2, Schedule::kInterleaved, 2),
+      plan(2, 2, 2, Schedule::kZeroBubble, 1, 2), plan(4, 2, 1, Schedule::kGpipe, 1, 2)};
+  plans[1].layout.sequence_parallel = true;
+  plans[3].layout.recompute = models::Recompute::kSelective;
+  plans[4].layout.recompute = models::Recompute::kFull;
+  plans[4].layout.distributed_optimizer = true;
+  for (const Plan& p : plans) {
+    LoweredPlan a = lowered(s, p), b = lowered(s, p);
+    EXPECT_TRUE(a.graph.validate(a.world).is_ok());
+    EXPECT_EQ(a.graph.num_tasks(), b.graph.num_tasks());
+    sim::SimOptions o;
+    o.collectives = collective_config(s.cluster);
+    EXPECT_EQ(run(a, a.network, o).makespan, run(b, b.network, o).makespan);
+  }
+}
+
+TEST(Lower, FasterNicsNeverSlowTheIterationDown) {
+  Plan p = plan(8, 2, 2);
+  p.layout.sequence_parallel = true;
+  Time prev = Time::max();
+  for (int gbps : {25, 50, 100, 200, 400}) {
+    Scenario s = make(8, 16, 4, "dgx-h100", fmt::format(R"(, "nic_gbps": {})", gbps));
+    LoweredPlan lp = lowered(s, p);
+    sim::SimOptions o;
+    o.collectives = collective_config(s.cluster);
+    Time t = run(lp, lp.network, o).makespan;
+    EXPECT_LE(t, prev) << gbps;
+    prev = t;
+  }
+}
+
+// Pipeline traffic: every activation sent forward comes back as a gradient of equal size.
+TEST(Lower, PipelineBytesAreConserved) {
+  Scenario s = make(8, 8, 1);
+  LoweredPlan lp = lowered(s, plan(2, 4, 1, Schedule::kInterleaved, 2));
+  Bytes fwd, bwd;
+  for (int t = 0; t < lp.graph.num_tasks(); ++t) {
+    const sim::Task& task = lp.graph.task(TaskId(t));
+    if (lp.graph.label_text(task.label.category) != "pp_comm") continue;
+    const bool act = lp.graph.label_text(task.label.name).ends_with("activation");
+    (act ? fwd : bwd) += task.bytes;
+  }
+  // 7 virtual-stage boundaries x 8 micro-batches x 2 TP ranks x s·b·h·2.
+  EXPECT_EQ(fwd, Bytes(7LL * 8 * 2 * 2048 * 1024 * 2));
+  EXPECT_EQ(fwd, bwd);
+}
+
+TEST(Lower, ModelFlopsCountEveryMicroBatchOnce) {
+  Scenario s = make(8, 16, 1);
+  LoweredPlan a = lowered(s, plan(1, 1, 8)), b = lowered(s, plan(2, 2, 2));
+  EXPECT_DOUBLE_EQ(a.model_flops_per_iteration.count(), b.model_flops_per_iteration.count());
+  EXPECT_EQ(a.micro_batches, 2);
+  EXPECT_EQ(b.micro_batches, 8);
+}
+
+TEST(Lower, InfeasiblePlansSayWhy) {
+  Scenario s = make(8, 16, 1);
+  auto why = [&](Plan p) { return infeasibility(s, p); };
+  EXPECT_EQ(why(plan(2, 2, 2)), "");
+  EXPECT_EQ(why(plan(2, 2, 1)), "tp 2 x cp 1 x pp 2 x dp 1 = 4 GPUs, the cluster has 8");
+  EXPECT_EQ(why(plan(1, 1, 8, Schedule::k1F1B, 1, 1)), "");
+  Scenario two = make(8, 16, 2);
+  EXPECT_EQ(infeasibility(two, plan(16, 1, 1)),
+            "tp 16 does not fit nodes of 8 GPUs (dgx-h100): a TP group must stay in a node");
+  Scenario odd = make(6, 16, 1);
+  EXPECT_EQ(infeasibility(odd, plan(1, 4, 2)), "pp 4 x vpp 1 does not divide llm layers 6");
+  Plan sp = plan(1, 1, 8);
+  sp.layout.sequence_parallel = true;
+  EXPECT_EQ(why(sp), "sequence parallelism needs tp > 1");
+  EXPECT_EQ(why(plan(1, 2, 4, Schedule::kInterleaved, 1)),
+            "the interleaved schedule needs vpp > 1");
+  EXPECT_EQ(why(plan(1, 2, 4, Schedule::k1F1B, 2)), "vpp 2 needs the interleaved schedule");
+  Scenario few = make(8, 12, 1);
+  EXPECT_EQ(infeasibility(few, plan(1, 4, 2, Schedule::kInterleaved, 2)),
+            "interleaved schedule: 6 micro-batches per replica not divisible by pp 4");
+  EXPECT_EQ(infeasibility(few, plan(1, 1, 8)),
+            "micro_batch 1 x dp 8 does not divide global_batch 12");
+  Plan ep = plan(1, 1, 8);
+  ep.layout.ep = 2;
+  EXPECT_EQ(why(ep), "ep 2 needs a mixture-of-experts llm");
+  EXPECT_EQ(why(plan(1, 1, 1, Schedule::k1F1B, 1, 8)), "");
+  Scenario shortseq = make(8, 16, 1);
+  shortseq.workload.seq_len = 2040;
+  EXPECT_EQ(infeasibility(shortseq, plan(1, 1, 1, Schedule::k1F1B, 1, 8)),
+            "seq_len 2040 not divisible by 2 x cp 8");
+  EXPECT_EQ(why(plan(16, 1, 1, Schedule::k1F1B, 1, 1)).substr(0, 5), "tp 16");
+  Scenario heads = make(8, 16, 1);
+  EXPECT_EQ(infeasibility(heads, plan(8, 1, 1)).find("kv_heads"), std::string::npos);
+  Scenario moe =
+      make(8, 16, 1, "dgx-h100", "",
+           R"(, "ffn_hidden": 0, "moe": {"experts": 6, "top_k": 2, "expert_ffn_hidden": 2048})");
+  Plan ep4 = plan(1, 1, 8);
+  ep4.layout.ep = 4;
+  EXPECT_EQ(infeasibility(moe, ep4), "ep 4 does not divide experts 6");
+  ASSERT_FALSE(lower(s, plan(3, 1, 1)).is_ok());
+}
+
+TEST(Lower, MixtureOfExpertsAllToAllOverTheEpGroup) {
+  Scenario moe =
+      make(4, 16, 1, "dgx-h100", "",
+           R"(, "ffn_hidden": 0, "moe": {"experts": 8, "top_k": 2, "expert_ffn_hidden": 2048})");
+  Plan p = plan(1, 1, 8);
+  p.layout.ep = 4;
+  LoweredPlan lp = lowered(moe, p);
+  int a2a = 0;
+  for (int t = 0; t < lp.graph.num_tasks(); ++t) {
+    const sim::Task& task = lp.graph.task(TaskId(t));
+    if (lp.graph.label_text(task.label.category) != "ep_comm") continue;
+    ++a2a;
+    EXPECT_EQ(task.collective, sim::CollectiveKind::kAllToAll);
+    EXPECT_EQ(lp.graph.group(task.group).size(), 4u);
+    EXPECT_EQ(task.bytes, Bytes(2048LL * 2 * 1024 * 2));  // tokens x top_k x h x 2 bytes
+  }
+  // 2 EP groups x 4 layers x 2 micro-batches x (dispatch + combine) x (fwd + bwd).
+  EXPECT_EQ(a2a, 2 * 4 * 2 * 2 * 2);
+  EXPECT_TRUE(run(lp, lp.network).makespan > Time::zero());
+}
+
+}  // namespace
+}  // namespace hetpar::planner

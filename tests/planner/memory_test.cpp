@@ -1,0 +1,272 @@
+#include "hetpar/planner/memory.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "hetpar/models/totals.h"
+
+namespace hetpar::planner {
+namespace {
+
+Scenario scenario(const std::string& model, int64_t seq_len, int64_t global_batch,
+                  const std::string& cluster = R"({"profile": "dgx-h100", "nodes": 8})",
+                  int images = 0) {
+  auto s = parse_scenario_text(
+      fmt::format(R"({{"model": {}, "workload": {{"seq_len": {}, "global_batch": {},
+                       "images_per_sample": {}}}, "cluster": {}}})",
+                  model, seq_len, global_batch, images, cluster),
+      "test.json");
+  EXPECT_TRUE(s.is_ok()) << s.status().to_string();
+  return s.is_ok() ? *s : Scenario{};
+}
+
+Plan plan(Layout l, Schedule sch = Schedule::k1F1B) {
+  return {l, sch};
+}
+
+// A GPT-style LLM in Korthikanti et al.'s setting (arXiv 2205.05198): f = 4h, GELU,
+// LayerNorm, dropout, no biases, multi-head attention.
+constexpr int64_t kL = 4, kH = 1024, kA = 16, kV = 32000, kS = 2048, kB = 2;
+const char* kGpt = R"({"name": "gpt", "modules": [{"name": "llm", "kind": "llm", "spec":
+    {"layers": 4, "hidden": 1024, "ffn_hidden": 4096, "heads": 16, "vocab": 32000,
+     "activation": "gelu", "norm": "layernorm", "position_embedding": "learned",
+     "max_positions": 2048, "dropout": true}}]})";
+
+class MemoryKorthikanti : public ::testing::Test {
+ protected:
+  // Activations of one rank, flash attention off so the softmax is materialised.
+  static double activations(Layout l) {
+    l.micro_batch = kB;
+    Scenario s = scenario(kGpt, kS, kB * l.dp);
+    return estimate_memory(s, plan(l), {.flash_attention = false})
+        .per_stage[0]
+        .activations.as_double();
+  }
+  static constexpr double sbh = double{kS} * kB * kH;
+  static constexpr double scores = 5.0 * kA * kS * kS * kB;  // 5as^2b
+  // Outside the layers: embedding dropout mask sbh, final norm and logits inputs 2sbh
+  // each (replicated across TP without SP), fp32 logits 4sbv (vocab parallel).
+  static constexpr double outside = 5 * sbh;
+  static constexpr double logits = 4.0 * kS * kB * kV;
+};
+
+TEST_F(MemoryKorthikanti, NoRecomputeIs34sbhPlus5as2bPerLayer) {
+  EXPECT_DOUBLE_EQ(activations({}), kL * (34 * sbh + scores) + outside + logits);
+}
+
+TEST_F(MemoryKorthikanti, SelectiveRecomputeKeeps34sbh) {
+  // Plus the working set: one layer's attention scores re-materialised in backward.
+  EXPECT_DOUBLE_EQ(activations({.recompute = models::Recompute::kSelective}),
+                   kL * 34 * sbh + scores + outside + logits);
+}
+
+TEST_F(MemoryKorthikanti, FullRecomputeKeepsLayerInputs) {
+  // 2sbh per layer, plus one whole layer re-materialised in backward.
+  EXPECT_DOUBLE_EQ(activations({.recompute = models::Recompute::kFull}),
+                   kL * 2 * sbh + (34 * sbh + scores) + outside + logits);
+}
+
+TEST_F(MemoryKorthikanti, TensorParallelWithoutSpFollowsTable2) {
+  // sbh(10 + 24/t + 5as/(ht)) per layer; outside the layers only the loss is split.
+  constexpr double t = 4;
+  EXPECT_DOUBLE_EQ(activations({.tp = 4}),
+                   kL * (sbh * (10 + 24 / t) + scores / t) + outside + logits / t);
+}
+
+TEST_F(MemoryKorthikanti, SequenceParallelDividesEverything) {
+  // sbh(34/t + 5as/(ht)) per layer.
+  constexpr double t = 4;
+  EXPECT_DOUBLE_EQ(activations({.tp = 4, .sequence_parallel = true}),
+                   (kL * (34 * sbh + scores) + outside + logits) / t);
+}
+
+TEST_F(MemoryKorthikanti, ContextParallelSplitsTheSequence) {
+  EXPECT_DOUBLE_EQ(activations({.cp = 2}), (kL * (34 * sbh + scores) + outside + logits) / 2);
+}
+
+TEST(MemoryInFlight, OneFOneBHoldsPpMinusStage) {
+  EXPECT_EQ(in_flight_micro_batches(Schedule::k1F1B, 0, 4, 1, 16), 4);
+  EXPECT_EQ(in_flight_micro_batches(Schedule::k1F1B, 3, 4, 1, 16), 1);
+  EXPECT_EQ(in_flight_micro_batches(Schedule::k1F1B, 0, 4, 1, 2), 2);  // fewer micro-batches
+  EXPECT_EQ(in_flight_micro_batches(Schedule::kZeroBubble, 1, 4, 1, 16), 3);
+}
+
+TEST(MemoryInFlight, GpipeHoldsEveryMicroBatch) {
+  EXPECT_EQ(in_flight_micro_batches(Schedule::kGpipe, 0, 4, 1, 16), 16);
+  EXPECT_EQ(in_flight_micro_batches(Schedule::kGpipe, 3, 4, 1, 16), 16);
+}
+
+TEST(MemoryInFlight, InterleavedMatchesKorthikanti) {
+  // Stage 0 holds L(1 + (p-1)/(pm)) layers' worth: pp + (pp-1)/vpp stage micro-batches.
+  EXPECT_DOUBLE_EQ(in_flight_micro_batches(Schedule::kInterleaved, 0, 4, 2, 16), 4 + 3.0 / 2);
+  // Last stage: (vpp-1)*pp warm-up chunks + 1 = 5 chunks of half the stage.
+  EXPECT_DOUBLE_EQ(in_flight_micro_batches(Schedule::kInterleaved, 3, 4, 2, 16), 2.5);
+  // m == pp: Megatron runs all forwards first.
+  EXPECT_DOUBLE_EQ(in_flight_micro_batches(Schedule::kInterleaved, 3, 4, 2, 4), 4);
+}
+
+TEST(MemoryPipeline, StagesHoldTheScheduledMicroBatches) {
+  // 4 layers on 4 stages, 8 micro-batches: stage 0 holds 4, the last 1 (1F1B); GPipe 8.
+  Scenario s = scenario(kGpt, 2048, 8);
+  const Layout l{.pp = 4};
+  MemoryOptions o{.flash_attention = false};
+  MemoryReport f = estimate_memory(s, plan(l), o);
+  MemoryReport g = estimate_memory(s, plan(l, Schedule::kGpipe), o);
+  ASSERT_EQ(f.per_stage.size(), 4u);
+  const double layer = 2048.0 * 1024 * (34 + 5.0 * 16 * 2048 / 1024);  // b = 1
+  const double mask = 2048.0 * 1024, head = 4 * 2048.0 * 1024 + 4.0 * 2048 * 32000;
+  EXPECT_DOUBLE_EQ(f.per_stage[0].activations.as_double(), 4 * (layer + mask));
+  EXPECT_DOUBLE_EQ(f.per_stage[1].activations.as_double(), 3 * layer);
+  EXPECT_DOUBLE_EQ(f.per_stage[3].activations.as_double(), layer + head);
+  EXPECT_DOUBLE_EQ(g.per_stage[1].activations.as_double(), 8 * layer);
+  EXPECT_DOUBLE_EQ(g.per_stage[3].activations.as_double(), 8 * (layer + head));
+  // P2P buffers: send + receive of s*b*h bf16.
+  EXPECT_EQ(f.per_stage[1].communication_buffers, Bytes(2 * 2 * 2048 * 1024));
+
+  // ZB-H1: stage s also keeps the GEMM inputs (qkv 2sbh, attn_out 2sbh, fc1 2sbh, fc2
+  // 8sbh; logits 2sbh) of the s micro-batches whose W passes it defers.
+  MemoryReport z = estimate_memory(s, plan(l, Schedule::kZeroBubble), o);
+  const double w_inputs = 14 * 2048.0 * 1024, logits_input = 2 * 2048.0 * 1024;
+  EXPECT_EQ(z.per_stage[0].activations, f.per_stage[0].activations);
+  EXPECT_DOUBLE_EQ(z.per_stage[1].activations.as_double(), 3 * layer + w_inputs);
+  EXPECT_DOUBLE_EQ(z.per_stage[3].activations.as_double(),
+                   layer + head + 3 * (w_inputs + logits_input));
+  EXPECT_EQ(z.peak, f.peak);
+
+  // Interleaved, pp 2 x vpp 2: stage 0 runs layers 0 and 2 and holds (2 + 2 + 1) / 2
+  // micro-batches of them; stage 1 layers 1 and 3, (0 + 2 + 1) / 2, and the head once.
+  MemoryReport i = estimate_memory(s, plan({.pp = 2, .vpp = 2}, Schedule::kInterleaved), o);
+  ASSERT_EQ(i.per_stage.size(), 2u);
+  EXPECT_DOUBLE_EQ(i.per_stage[0].activations.as_double(), 2.5 * (2 * layer + mask));
+  EXPECT_DOUBLE_EQ(i.per_stage[1].activations.as_double(), 1.5 * 2 * layer + head);
+}
+
+TEST(MemoryModelState, Gpt3At175BOnTp8Pp8) {
+  // 96 layers of 12h^2 + 13h parameters (GEMM weights and column biases 12h^2 + 9h split by
+  // TP, LayerNorms 4h replicated), 12 per stage; the first stage adds the vocab-parallel
+  // table (51200 x h / 8) and learned positions (2048 x h, replicated); the last the final
+  // LayerNorm and its copy of the tied table.
+  Scenario s = scenario(R"("gpt3-175b")", 2048, 1536);
+  MemoryReport r =
+      estimate_memory(s, plan({.tp = 8, .pp = 8, .recompute = models::Recompute::kFull}));
+  const double h = 12288;
+  const double middle = 12 * ((12 * h * h + 9 * h) / 8 + 4 * h);
+  const double table = 51200 * h / 8;
+  EXPECT_DOUBLE_EQ(r.per_stage[3].weights.as_double(), 2 * middle);
+  EXPECT_DOUBLE_EQ(r.per_stage[0].weights.as_double(), 2 * (middle + table + 2048 * h));
+  EXPECT_DOUBLE_EQ(r.per_stage[7].weights.as_double(), 2 * (middle + table + 2 * h));
+  // About 175e9 / 64 parameters of 2 bytes per rank; the embedding ends exceed it by ~3%.
+  const double even = 175e9 / 64 * 2;
+  EXPECT_NEAR(r.per_stage[3].weights.as_double() / even, 1, 0.01);
+  EXPECT_NEAR(r.per_stage[0].weights.as_double() / even, 1, 0.04);
+  EXPECT_GT(r.per_stage[0].weights, r.per_stage[3].weights);
+}
+
+TEST(MemoryModelState, MegatronBytesPerParameter) {
+  // Megatron-LM distributed optimizer guide: bf16 parameters with fp32 gradients take 18
+  // bytes per parameter, 6 + 12/d with the distributed optimizer over d ranks (dp * cp).
+  Scenario s = scenario(R"("llama-3.1-8b")", 4096, 64);
+  auto per_param = [&](Layout l) {
+    const MemoryBreakdown b = estimate_memory(s, plan(l)).per_stage[0];
+    return (b.weights + b.gradients + b.optimizer_state) / b.weights * 2;
+  };
+  EXPECT_NEAR(per_param({.dp = 8}), 18, 1e-9);
+  EXPECT_NEAR(per_param({.dp = 8, .distributed_optimizer = true}), 6 + 12.0 / 8, 1e-9);
+  EXPECT_NEAR(per_param({.cp = 2, .dp = 4, .distributed_optimizer = true}), 6 + 12.0 / 8, 1e-9);
+}
+
+TEST(MemoryModelState, RoutedExpertsSplitByEp) {
+  // Mixtral 8x7B: 32 layers x 8 experts x 3 x 4096 x 14336 expert parameters; EP 8 keeps
+  // one expert per layer and rank, whose optimizer state the distributed optimizer shards
+  // over dp * cp / ep = 1 rank (the dense rest over dp = 8).
+  Scenario s = scenario(R"("mixtral-8x7b")", 4096, 64);
+  const Layout ep1{.dp = 8, .distributed_optimizer = true};
+  Layout ep8 = ep1;
+  ep8.ep = 8;
+  const MemoryBreakdown a = estimate_memory(s, plan(ep1)).per_stage[0];
+  const MemoryBreakdown b = estimate_memory(s, plan(ep8)).per_stage[0];
+  const double experts = 32.0 * 8 * 3 * 4096 * 14336;
+  const double dense = a.weights.as_double() / 2 - experts;
+  EXPECT_DOUBLE_EQ(a.weights.as_double() - b.weights.as_double(), 2 * experts * 7 / 8);
+  EXPECT_DOUBLE_EQ(b.optimizer_state.as_double(), 12 * (dense / 8 + experts / 8));
+  EXPECT_DOUBLE_EQ(a.optimizer_state.as_double(), 12 * (dense + experts) / 8);
+}
+
+// Llama-3.1-70B (70.6e9 parameters) at seq 4096 on 64 H100s (80 GiB = 85.9e9 B), TP8 SP.
+class MemoryLlama70B : public ::testing::Test {
+ protected:
+  static MemoryReport estimate(Layout l) {
+    l.tp = 8;
+    l.sequence_parallel = true;
+    Scenario s = scenario(R"("llama-3.1-70b")", 4096, 64);
+    return estimate_memory(s, plan(l));
+  }
+};
+
+TEST_F(MemoryLlama70B, ReplicatedOptimizerDoesNotFit) {
+  // 70.6e9 / 8 = 8.8e9 parameters per rank x 18 B = 159e9 B before any activation.
+  MemoryReport r = estimate({.dp = 8, .recompute = models::Recompute::kSelective});
+  const MemoryBreakdown& b = r.per_stage[0];
+  EXPECT_EQ(r.capacity, Bytes::GiB(80));
+  EXPECT_GT(b.weights + b.gradients + b.optimizer_state, r.capacity);
+  EXPECT_FALSE(r.fits());
+}
+
+TEST_F(MemoryLlama70B, DistributedOptimizerAndFullRecomputeFit) {
+  // 8.8e9 x (6 + 12/8) = 66e9 B of model state; full recompute keeps 80 layers x 2sbh / 8
+  // = 0.7e9 B, the fp32 logits 4 s V / 8 = 0.26e9 B, one recomputed layer 0.14e9 B;
+  // plus the 1 GiB workspace allowance: ~68.5e9 B.
+  MemoryReport r =
+      estimate({.dp = 8, .recompute = models::Recompute::kFull, .distributed_optimizer = true});
+  EXPECT_TRUE(r.fits());
+  EXPECT_NEAR(r.peak.as_double(), 68.5e9, 0.5e9);
+  // More pipeline stages: a quarter of the parameters per rank, 6 + 12/2 B each.
+  MemoryReport pp4 = estimate(
+      {.pp = 4, .dp = 2, .recompute = models::Recompute::kFull, .distributed_optimizer = true});
+  EXPECT_TRUE(pp4.fits());
+  EXPECT_LT(pp4.peak, r.peak);
+}
+
+TEST_F(MemoryLlama70B, ActivationsWithoutSpOrRecomputeDoNotFit) {
+  // Without SP each layer keeps 8h per token replicated and 209152 B / 8 split:
+  // 91680 B x 4096 tokens x 80 layers = 30e9 B on top of 66e9 B of model state.
+  MemoryReport r = estimate({.dp = 8, .distributed_optimizer = true});
+  ASSERT_TRUE(r.fits());  // with SP (the fixture's default): 11e9 B of activations
+  Layout l{.tp = 8, .dp = 8, .distributed_optimizer = true};
+  MemoryReport no_sp = estimate_memory(scenario(R"("llama-3.1-70b")", 4096, 64), plan(l));
+  EXPECT_NEAR(no_sp.per_stage[0].activations.as_double(), 30.4e9, 0.2e9);
+  EXPECT_FALSE(no_sp.fits());
+}
+
+TEST(MemoryMultimodal, EncodersSitOnTheFirstStage) {
+  // LLaVA-1.5 with PP 2: the ViT and projector join stage 0; the last stage is the bare
+  // Vicuna's.
+  const Layout l{.tp = 2, .pp = 2, .dp = 2};
+  Scenario vlm =
+      scenario(R"("llava-1.5-7b")", 4096, 16, R"({"profile": "dgx-h100", "nodes": 1})", 1);
+  Scenario llm = scenario(R"("vicuna-7b")", 4096, 16, R"({"profile": "dgx-h100", "nodes": 1})");
+  MemoryReport a = estimate_memory(vlm, plan(l));
+  MemoryReport b = estimate_memory(llm, plan(l));
+  EXPECT_EQ(a.per_stage[1].total(), b.per_stage[1].total());
+  const double encoders =
+      static_cast<double>(models::count_params(vlm.model.modules[0].spec).total +
+                          models::count_params(vlm.model.modules[1].spec).total);
+  const double extra = (a.per_stage[0].weights - b.per_stage[0].weights).as_double() / 2;
+  // TP 2 splits the layers' GEMMs: between half and all of the encoder parameters.
+  EXPECT_GT(extra, encoders / 2);
+  EXPECT_LT(extra, encoders);
+  EXPECT_GT(a.per_stage[0].activations, b.per_stage[0].activations);
+}
+
+TEST(MemoryCapacity, SmallestGpuOfTheCluster) {
+  Scenario s = scenario(R"("llama-3.1-8b")", 4096, 64, R"({"node_groups": [
+      {"profile": "dgx-h200", "nodes": 1}, {"profile": "dgx-h100", "nodes": 1}]})");
+  MemoryReport r = estimate_memory(s, plan({.dp = 16}));
+  EXPECT_EQ(r.capacity, Bytes::GiB(80));
+  EXPECT_EQ(r.peak, r.per_stage[0].total());
+  EXPECT_EQ(r.per_stage[0].workspace,
+            Bytes::GiB(1) + Bytes(std::llround(0.1 * r.per_stage[0].activations.as_double())));
+}
+
+}  // namespace
+}  // namespace hetpar::planner

@@ -1,0 +1,95 @@
+#include "hetpar/planner/network_builder.h"
+
+#include <gtest/gtest.h>
+
+#include "hetpar/planner/scenario.h"
+#include "hetpar/sim/simulate.h"
+
+namespace hetpar::planner {
+namespace {
+
+hardware::ClusterSpec cluster(std::string_view json) {
+  auto c = hardware::parse_cluster_text(json, "cluster");
+  EXPECT_TRUE(c.is_ok()) << c.status().to_string();
+  return *c;
+}
+
+// Simulated nccl-tests busbw of one collective over `ranks` (latency removed).
+double busbw_GBps(const hardware::ClusterSpec& c, sim::CollectiveKind kind,
+                  std::vector<RankId> ranks) {
+  sim::Network net = build_network(c);
+  sim::TaskGraph g;
+  const Bytes size = Bytes::GiB(1);
+  g.add_collective({kind, ranks, size, 0, sim::Algorithm::kRing});
+  sim::SimOptions o;
+  o.collectives = collective_config(c);
+  auto r = sim::simulate(g, net, o);
+  EXPECT_TRUE(r.is_ok());
+  const sim::CollectivePattern p =
+      sim::collective_pattern(kind, sim::Algorithm::kRing, ranks, ranks[0], net, o.collectives);
+  const double seconds = (r->makespan - p.latency).to_seconds();
+  return size.as_double() / seconds *
+         sim::bus_bandwidth_factor(kind, static_cast<int>(ranks.size())) * 1e-9;
+}
+
+std::vector<RankId> range(int from, int to, int step = 1) {
+  std::vector<RankId> out;
+  for (int r = from; r < to; r += step) out.push_back(RankId(r));
+  return out;
+}
+
+TEST(NetworkBuilder, RingCollectivesReachTheProfilesBusBandwidth) {
+  auto c = cluster(R"({"profile": "dgx-h100", "nodes": 4})");
+  const auto& prof = c.profile_of_node(NodeId(0));
+  const double intra =
+      prof.collective(hardware::CollectiveScope::kIntraNode, hardware::Collective::kAllGather)
+          .bus_bandwidth(8)
+          .to_GBps();
+  EXPECT_NEAR(busbw_GBps(c, sim::CollectiveKind::kAllGather, range(0, 8)), intra, 0.01 * intra);
+  EXPECT_NEAR(busbw_GBps(c, sim::CollectiveKind::kAllReduce, range(0, 8)), intra, 0.01 * intra);
+  const double inter =
+      prof.collective(hardware::CollectiveScope::kInterNode, hardware::Collective::kAllReduce)
+          .bus_bandwidth(4)
+          .to_GBps();
+  EXPECT_NEAR(busbw_GBps(c, sim::CollectiveKind::kAllReduce, range(0, 32)), inter, 0.01 * inter);
+}
+
+TEST(NetworkBuilder, PointToPointPaysTheSendRecvAlpha) {
+  auto c = cluster(R"({"profile": "dgx-a100-80gb", "nodes": 2})");
+  sim::Network net = build_network(c);
+  std::vector<LinkId> route;
+  net.route(RankId(1), RankId(2), route);
+  EXPECT_EQ(route.size(), 2u);
+  EXPECT_EQ(net.latency(route), Time::us(7.2));
+  net.route(RankId(1), RankId(10), route);
+  EXPECT_EQ(net.latency(route), Time::us(9.3));
+  EXPECT_EQ(net.link(route[0]).name, "node 0 nic 1 up");
+  EXPECT_EQ(net.link(route[1]).name, "node 1 nic 2 down");
+  EXPECT_NEAR(net.link(route[0]).capacity.to_GBps(), 192.0 / 8, 1e-9);
+}
+
+TEST(NetworkBuilder, WanLinksSitBetweenNicsAndTheCore) {
+  auto c = cluster(R"({"profile": "dgx-h100", "nodes": 2, "nics_per_node": 1,
+                       "wan": {"up_gbps": 1, "down_gbps": 2, "latency_ms": 20}})");
+  sim::Network net = build_network(c);
+  std::vector<LinkId> route;
+  net.route(RankId(3), RankId(12), route);
+  ASSERT_EQ(route.size(), 4u);
+  EXPECT_EQ(net.link(route[1]).name, "node 0 wan up");
+  EXPECT_EQ(net.link(route[2]).name, "node 1 wan down");
+  EXPECT_NEAR(net.link(route[1]).capacity.to_GBps(), 0.125, 1e-12);
+  EXPECT_GE(net.latency(route), Time::ms(20));
+}
+
+TEST(NetworkBuilder, CollectiveLatenciesFitTheProfileAlphas) {
+  auto c = cluster(R"({"profile": "dgx-a100-80gb", "nodes": 2})");
+  sim::CollectiveConfig cfg = collective_config(c);
+  EXPECT_EQ(cfg.intra_hop, Time::us(0.6));  // (10.8 - 6.6) / 7
+  sim::Network net = build_network(c);
+  auto ag = sim::collective_pattern(sim::CollectiveKind::kAllGather, sim::Algorithm::kRing,
+                                    range(0, 16), RankId(0), net, cfg);
+  EXPECT_EQ(ag.latency, Time::us(25));  // the inter-node all_gather alpha
+}
+
+}  // namespace
+}  // namespace hetpar::planner

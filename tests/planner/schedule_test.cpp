@@ -1,0 +1,86 @@
+#include "hetpar/planner/schedule.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <tuple>
+
+namespace hetpar::planner {
+namespace {
+
+struct Case {
+  Schedule s;
+  int pp, vpp;
+  int64_t m;
+};
+
+// Every (kind, micro-batch, chunk) exactly once; per micro-batch chunk F before B before W.
+TEST(Schedule, EveryPassExactlyOnceInDependencyOrder) {
+  const Case cases[] = {{Schedule::kGpipe, 4, 1, 6},       {Schedule::k1F1B, 4, 1, 8},
+                        {Schedule::k1F1B, 4, 1, 2},        {Schedule::k1F1B, 1, 1, 3},
+                        {Schedule::kInterleaved, 4, 2, 8}, {Schedule::kInterleaved, 2, 3, 4},
+                        {Schedule::kInterleaved, 4, 2, 4}, {Schedule::kZeroBubble, 4, 1, 8},
+                        {Schedule::kZeroBubble, 3, 1, 2}};
+  for (const Case& c : cases)
+    for (int stage = 0; stage < c.pp; ++stage) {
+      auto order = stage_order(c.s, stage, c.pp, c.vpp, c.m);
+      std::map<std::tuple<int, int64_t, int>, int> pos;
+      for (size_t i = 0; i < order.size(); ++i) {
+        auto key =
+            std::tuple(static_cast<int>(order[i].kind), order[i].micro_batch, order[i].chunk);
+        EXPECT_TRUE(pos.emplace(key, static_cast<int>(i)).second) << "duplicate op";
+      }
+      const bool w = splits_weight_gradient(c.s);
+      EXPECT_EQ(order.size(), static_cast<size_t>(c.m * c.vpp * (w ? 3 : 2)));
+      for (int64_t mb = 0; mb < c.m; ++mb)
+        for (int ch = 0; ch < c.vpp; ++ch) {
+          int f = pos.at({0, mb, ch}), b = pos.at({1, mb, ch});
+          EXPECT_LT(f, b);
+          if (w) {
+            EXPECT_LT(b, pos.at({2, mb, ch}));
+          }
+        }
+    }
+}
+
+TEST(Schedule, OneFOneBWarmsUpWithPpMinusStageMinusOneForwards) {
+  auto order = stage_order(Schedule::k1F1B, 1, 4, 1, 8);
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(order[i].kind, PassKind::kForward) << i;
+  EXPECT_EQ(order[2], (PipelineOp{PassKind::kForward, 2, 0}));
+  EXPECT_EQ(order[3], (PipelineOp{PassKind::kBackward, 0, 0}));
+  EXPECT_EQ(peak_in_flight(order), 3);
+  EXPECT_EQ(peak_in_flight(stage_order(Schedule::k1F1B, 0, 4, 1, 8)), 4);
+  EXPECT_EQ(peak_in_flight(stage_order(Schedule::k1F1B, 0, 4, 1, 2)), 2);
+  EXPECT_EQ(peak_in_flight(stage_order(Schedule::kGpipe, 0, 4, 1, 8)), 8);
+}
+
+// Megatron-LM's interleaved order for pp 2, vpp 2, 4 micro-batches on stage 0: warm-up
+// (2-0-1)*2 + (2-1)*2 = 4 forwards: mb0 c0, mb1 c0, mb0 c1, mb1 c1; then 1F1B.
+TEST(Schedule, InterleavedFollowsMegatron) {
+  auto order = stage_order(Schedule::kInterleaved, 0, 2, 2, 4);
+  const PipelineOp expect[] = {
+      {PassKind::kForward, 0, 0},  {PassKind::kForward, 1, 0},  {PassKind::kForward, 0, 1},
+      {PassKind::kForward, 1, 1},  {PassKind::kForward, 2, 0},  {PassKind::kBackward, 0, 1},
+      {PassKind::kForward, 3, 0},  {PassKind::kBackward, 1, 1}, {PassKind::kForward, 2, 1},
+      {PassKind::kBackward, 0, 0}, {PassKind::kForward, 3, 1},  {PassKind::kBackward, 1, 0},
+      {PassKind::kBackward, 2, 1}, {PassKind::kBackward, 3, 1}, {PassKind::kBackward, 2, 0},
+      {PassKind::kBackward, 3, 0}};
+  ASSERT_EQ(order.size(), std::size(expect));
+  for (size_t i = 0; i < order.size(); ++i) EXPECT_EQ(order[i], expect[i]) << i;
+}
+
+// ZB-H1 keeps 1F1B's peak (pp on stage 0) on every stage; the last stage defers pp-1 Ws.
+TEST(Schedule, ZeroBubbleH1KeepsOneFOneBPeakMemory) {
+  for (int stage = 0; stage < 4; ++stage) {
+    auto order = stage_order(Schedule::kZeroBubble, stage, 4, 1, 8);
+    EXPECT_LE(peak_in_flight(order), 4) << stage;
+  }
+  auto last = stage_order(Schedule::kZeroBubble, 3, 4, 1, 8);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(last[last.size() - 1 - i].kind, PassKind::kWeight);
+  auto first = stage_order(Schedule::kZeroBubble, 0, 4, 1, 8);
+  EXPECT_EQ(first[4], (PipelineOp{PassKind::kBackward, 0, 0}));
+  EXPECT_EQ(first[5], (PipelineOp{PassKind::kWeight, 0, 0}));
+}
+
+}  // namespace
+}  // namespace hetpar::planner
