@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 
 namespace {
@@ -105,6 +106,50 @@ TEST(Cli, UsageErrorsExitTwo) {
   CliRun missing = run("inspect /nonexistent/scenario.json");
   EXPECT_EQ(missing.exit_code, 2);
   EXPECT_NE(missing.err.find("/nonexistent/scenario.json: cannot open file"), std::string::npos);
+}
+
+const char* kSmallPlan = R"({"model": "gpt3-1.3b",
+  "workload": {"seq_len": 1024, "global_batch": 16},
+  "cluster": {"profile": "dgx-a100-80gb", "nodes": 1},
+  "plan": {"tp": 2, "sp": true, "pp": 2, "dp": 2, "micro_batch": 1}})";
+
+TEST(Cli, SimulateJsonHasTheDocumentedKeysAndWritesATrace) {
+  std::string path = write_temp("small_plan.json", kSmallPlan);
+  std::string trace = fmt::format("{}/{}.trace.json", ::testing::TempDir(), ::getpid());
+  CliRun r = run(fmt::format("simulate --json --trace {} {}", trace, path));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  for (const char* key : {"iteration_time_s", "tokens_per_s", "tflops_per_gpu", "mfu",
+                          "peak_memory_bytes", "bubble_fraction", "feasible"})
+    EXPECT_TRUE(j.contains(key)) << key;
+  EXPECT_TRUE(j["feasible"].get<bool>());
+  double t = j["iteration_time_s"];
+  EXPECT_GT(t, 0);
+  EXPECT_NEAR(j["tokens_per_s"].get<double>(), 1024.0 * 16 / t, 1e-6 * 1024 * 16 / t);
+  EXPECT_GT(j["mfu"].get<double>(), 0);
+  EXPECT_LT(j["mfu"].get<double>(), 1);
+  auto events = nlohmann::json::parse(slurp(trace));
+  EXPECT_GT(events["traceEvents"].size(), 100u);
+  CliRun text = run("simulate " + path);
+  EXPECT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("Iteration time"), std::string::npos);
+}
+
+TEST(Cli, SimulateInfeasiblePlanExitsThreeAndWritesNoTrace) {
+  std::string bad = kSmallPlan;
+  bad.replace(bad.find(R"("tp": 2)"), 7, R"("tp": 3)");
+  std::string path = write_temp("infeasible_plan.json", bad);
+  std::string trace = fmt::format("{}/{}.none.json", ::testing::TempDir(), ::getpid());
+  CliRun r = run(fmt::format("simulate --trace {} {}", trace, path));
+  EXPECT_EQ(r.exit_code, 3);
+  EXPECT_NE(r.err.find("infeasible"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(trace));
+  std::string no_plan = write_temp("no_plan.json", R"({"model": "gpt3-1.3b",
+    "workload": {"seq_len": 1024, "global_batch": 16},
+    "cluster": {"profile": "dgx-a100-80gb", "nodes": 1}})");
+  CliRun missing = run("simulate " + no_plan);
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_NE(missing.err.find("plan: missing required object"), std::string::npos) << missing.err;
 }
 
 struct BadScenario {
