@@ -54,6 +54,44 @@ int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
+using hardware::Precision;
+
+// FP8 training (Transformer Engine, delayed or current scaling) runs only the GEMMs of its
+// Linear modules in fp8: activations, norms, residuals, the loss and the TP/PP/CP traffic
+// stay bf16, and dot-product attention runs in bf16 (TE's `fp8_dpa` is off by default; NeMo
+// and Megatron-Bridge recipes leave it off). The op graph stores elements in the workload
+// precision's size, so under fp8 these bytes scale by bf16 / fp8.
+Precision attention_precision(Precision p) {
+  return p == Precision::kFp8 ? Precision::kBf16 : p;
+}
+int activation_bytes(const models::OpGraph& g, Precision p) {
+  return p == Precision::kFp8 ? std::max(2, g.dtype_bytes) : g.dtype_bytes;
+}
+
+// Megatron's output layer is its own ColumnParallelLinear, not a TE module, so FP8 autocast
+// does not reach it: the logits GEMM runs in bf16.
+Precision gemm_precision(const models::Op& op, Precision p) {
+  return p == Precision::kFp8 && op.name == "logits" ? Precision::kBf16 : p;
+}
+
+// Megatron's unfused vocab-parallel cross-entropy (megatron/core/tensor_parallel/
+// cross_entropy.py, called on logits.float()): HBM bytes per logit element. Forward: bf16 ->
+// fp32 copy (2 + 4), max (4), subtract in place (4 + 4), exp (4 + 4), sum (4), divide in
+// place for the saved softmax (4 + 4). Backward: grad = softmax * dloss in place (4 + 4),
+// cast back to bf16 (4 + 2).
+constexpr int64_t kCrossEntropyForwardBytes = 38;
+constexpr int64_t kCrossEntropyBackwardBytes = 14;
+
+// Transformer Engine FP8 Linear (transformer_engine/pytorch/module/linear.py): a forward
+// fused cast + transpose of the bf16 input to fp8 (read 2, write 1 + 1 bytes per element)
+// unless a preceding LayerNorm writes fp8 itself (LayerNormLinear: qkv, fc1); backward a
+// cast + transpose of the bf16 output gradient (fp8_cast_transpose_bgrad_fused).
+constexpr int64_t kFp8CastTransposeBytes = 4;
+
+bool fp8_input_cast(const models::Op& op) {
+  return op.name == "attn_out" || ends_with(op.name, "fc2");
+}
+
 }  // namespace
 
 PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l,
@@ -63,6 +101,7 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
   switch (op.kind) {
     case models::OpKind::kGemm: {
       const Split split = gemm_split(op, g);
+      const Precision gp = gemm_precision(op, p);
       double shard = split == Split::kNone ? 1.0 : l.tp;
       std::vector<models::GemmShape> shapes = op.gemms;
       if (is_expert(op)) {
@@ -79,9 +118,14 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
         s.m = ceil_div(s.m, cp);
         if (split == Split::kColumn) s.n = ceil_div(s.n, l.tp);
         if (split == Split::kRow) s.k = ceil_div(s.k, l.tp);
-        c.forward += dev.gemm_time(s.m, s.n, s.k, s.batch, p);
-        c.dgrad += dev.gemm_time(s.m, s.k, s.n, s.batch, p);
-        c.wgrad += dev.gemm_time(s.k, s.n, s.m, s.batch, p);
+        c.forward += dev.gemm_time(s.m, s.n, s.k, s.batch, gp);
+        c.dgrad += dev.gemm_time(s.m, s.k, s.n, s.batch, gp);
+        c.wgrad += dev.gemm_time(s.k, s.n, s.m, s.batch, gp);
+        if (gp == Precision::kFp8 && op.layer >= 0 && op.name != "router") {
+          if (fp8_input_cast(op))
+            c.forward += dev.memory_time(Bytes(kFp8CastTransposeBytes * s.m * s.k * s.batch));
+          c.dgrad += dev.memory_time(Bytes(kFp8CastTransposeBytes * s.m * s.n * s.batch));
+        }
       }
       const double per_rank = shard * static_cast<double>(cp);
       c.forward_flops = op.forward / per_rank;
@@ -91,21 +135,53 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
     }
     case models::OpKind::kAttention: {
       const double per_rank = static_cast<double>(l.tp * cp);
+      const Precision ap = attention_precision(p);
       c.forward_flops = op.forward / per_rank;
       c.dgrad_flops = op.dgrad / per_rank;
-      c.forward = dev.attention_time(c.forward_flops, p, false);
-      c.dgrad = dev.attention_time(c.dgrad_flops, p, true);
-      if (op.saved > op.read) {  // no flash attention: the score matrix goes through HBM
-        const Bytes traffic = (op.read + op.written) / static_cast<int64_t>(per_rank);
-        c.forward += dev.memory_time(traffic);
-        c.dgrad += dev.memory_time(traffic * 2);
+      const models::AttentionShape& a = *op.attention;
+      const int64_t qkv = a.batch * a.seq_q * (a.heads + 2 * a.kv_heads) * a.head_dim;
+      if (op.read.count() <= qkv * g.dtype_bytes) {  // flash attention: one fused kernel
+        c.forward = dev.attention_time(c.forward_flops, ap, false);
+        c.dgrad = dev.attention_time(c.dgrad_flops, ap, true);
+        break;
       }
+      // Without flash attention (Megatron-LM before its flash integration, e.g. Narayanan et
+      // al. 2021, Korthikanti et al. 2022: baddbmm, fused scale-mask-softmax, dropout, bmm):
+      // batched GEMMs over (micro-batch x local heads) that compute the full s_q x s_kv
+      // scores (the causal mask is applied afterwards, nothing is skipped), and
+      // memory-bound passes over the materialized scores. Forward: softmax reads and writes
+      // them; dropout reads them and writes its output and a 1-byte mask. Backward: dropout
+      // reads the gradient and the mask and writes a gradient; softmax reads the gradient
+      // and its output and writes a gradient.
+      const int64_t bh = a.batch * ceil_div(a.heads, l.tp);
+      const int64_t sq = ceil_div(a.seq_q, cp), skv = a.seq_kv, d = a.head_dim;
+      c.forward = dev.gemm_time(sq, skv, d, bh, ap) + dev.gemm_time(sq, d, skv, bh, ap);
+      c.dgrad = dev.gemm_time(sq, skv, d, bh, ap) + dev.gemm_time(skv, d, sq, bh, ap) +
+                dev.gemm_time(sq, d, skv, bh, ap) + dev.gemm_time(skv, d, sq, bh, ap);
+      const int64_t e = activation_bytes(g, p);
+      const int64_t scores = a.batch * a.heads * a.seq_q * a.seq_kv;
+      const bool dropout = op.saved.count() > (qkv + 2 * scores) * g.dtype_bytes;
+      const int64_t dropout_bytes = dropout ? 2 * e + 1 : 0;
+      const auto local = [&](int64_t bytes_per_score) {
+        return Bytes(static_cast<int64_t>(static_cast<double>(scores) *
+                                          static_cast<double>(bytes_per_score) / per_rank));
+      };
+      c.forward += dev.memory_time(local(2 * e + dropout_bytes));
+      c.dgrad += dev.memory_time(local(3 * e + dropout_bytes));
+      break;
+    }
+    case models::OpKind::kLoss: {
+      // Vocab-parallel cross-entropy in fp32 over this rank's logits (T x V / (tp·cp)).
+      const int64_t logits = op.read.count() / g.dtype_bytes / (cp * l.tp);
+      c.forward = dev.memory_time(Bytes(kCrossEntropyForwardBytes * logits));
+      c.dgrad = dev.memory_time(Bytes(kCrossEntropyBackwardBytes * logits));
       break;
     }
     default: {
       int64_t shard = cp;
       if (pointwise_tp_sharded(op, l, g.kind)) shard *= l.tp;
-      const Bytes traffic = (op.read + op.written) / shard;
+      const Bytes traffic =
+          (op.read + op.written) * (activation_bytes(g, p) / g.dtype_bytes) / shard;
       c.forward = dev.memory_time(traffic);
       (op.kind == models::OpKind::kEmbedding ? c.wgrad : c.dgrad) = dev.memory_time(traffic * 2);
       break;
@@ -155,7 +231,8 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
     const models::Op& last = g.ops.back();
     tokens = last.gemms.front().m * last.gemms.front().batch;
   }
-  const Bytes activation = Bytes(tokens / cp * g.hidden * g.dtype_bytes);
+  const int64_t e = activation_bytes(g, p);  // bf16 activations under fp8
+  const Bytes activation = Bytes(tokens / cp * g.hidden * e);
   m.boundary_bytes = activation;
   const bool tp = l.tp > 1;
 
@@ -174,14 +251,14 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
     if (l.ep > 1 && op.name == "moe_combine") {
       const int64_t routed = tokens / cp / (l.sequence_parallel ? l.tp : 1) *
                              static_cast<int64_t>(op.read.count() / op.written.count());
-      b.comm(StepKind::kEpAllToAll, Bytes(routed * g.hidden * g.dtype_bytes));
+      b.comm(StepKind::kEpAllToAll, Bytes(routed * g.hidden * e));
     }
 
     const PassCost c = op_cost(op, g, l, context_parallel, dev, p);
     if (op.kind == models::OpKind::kAttention && cp > 1) {
       const auto& s = *op.attention;
       const int64_t kv = 2 * (s.batch * s.seq_q / cp) * (s.kv_heads / l.tp) * s.head_dim;
-      b.comm(StepKind::kCpAttention, Bytes(kv * g.dtype_bytes), c);
+      b.comm(StepKind::kCpAttention, Bytes(kv * e), c);
     } else {
       b.compute(c);
     }
@@ -194,7 +271,7 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
     if (l.ep > 1 && op.name == "moe_dispatch") {
       const int64_t routed = tokens / cp / (l.sequence_parallel ? l.tp : 1) *
                              static_cast<int64_t>(op.written.count() / op.read.count());
-      b.comm(StepKind::kEpAllToAll, Bytes(routed * g.hidden * g.dtype_bytes));
+      b.comm(StepKind::kEpAllToAll, Bytes(routed * g.hidden * e));
     }
   }
   HETPAR_CHECK(m.layers == 0 || seen_layer, "module graph without its layer 0");

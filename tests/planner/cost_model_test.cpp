@@ -14,13 +14,23 @@ struct Fixture {
   hardware::DeviceProfile dev;
 };
 
-Fixture gpt(int64_t micro_batch = 1) {
+Fixture gpt(int64_t micro_batch = 1, bool flash = true, int dtype_bytes = 2,
+            const char* profile = "dgx-a100-80gb") {
   auto spec = models::load_zoo_module("gpt3-175b");
   EXPECT_TRUE(spec.is_ok());
   models::ModuleInput in;
   in.micro_batch = micro_batch;
   in.seq_len = 2048;
-  return {models::build_op_graph(*spec, in), hardware::load_profile("dgx-a100-80gb")->gpu};
+  in.flash_attention = flash;
+  in.dtype_bytes = dtype_bytes;
+  return {models::build_op_graph(*spec, in), hardware::load_profile(profile)->gpu};
+}
+
+const models::Op& op_named(const models::OpGraph& g, std::string_view name) {
+  for (const models::Op& op : g.ops)
+    if (op.name == name && op.layer <= 0) return op;
+  ADD_FAILURE() << "no op " << name;
+  return g.ops.front();
 }
 
 PassCost layer_total(const ModuleCost& m) {
@@ -109,6 +119,65 @@ TEST(CostModel, SelectiveRecomputeRerunsTheAttentionCore) {
   const PassCost c = layer_total(module_cost(f.g, l, true, f.dev, hardware::Precision::kBf16));
   EXPECT_GT(c.recompute, Time::zero());
   EXPECT_NEAR(c.recompute_flops.count(), 4.0 * 2048 * 2048 * 12288 / 2, 1.0);
+}
+
+// Without flash attention the batched GEMMs compute the whole score matrix and the softmax
+// and dropout passes stream it through HBM: at s = 2048 this costs several times the flash
+// kernel, and the model FLOPs stay the causal half.
+TEST(CostModel, UnfusedAttentionMaterializesTheScores) {
+  Fixture flash = gpt(1, true), unfused = gpt(1, false);
+  Layout l;
+  l.tp = 8;
+  const auto p = hardware::Precision::kBf16;
+  const PassCost a = op_cost(op_named(flash.g, "attention"), flash.g, l, true, flash.dev, p);
+  const PassCost b = op_cost(op_named(unfused.g, "attention"), unfused.g, l, true, unfused.dev, p);
+  EXPECT_DOUBLE_EQ(a.forward_flops.count(), b.forward_flops.count());
+  EXPECT_GT(b.forward / a.forward, 2.0);
+  EXPECT_GT(b.dgrad / a.dgrad, 1.5);
+  // The memory-bound part alone: 2 (softmax) + 5 (dropout) bytes per local score forward.
+  const double scores = 96.0 / 8 * 2048 * 2048;
+  const Time softmax_dropout = unfused.dev.memory_time(Bytes(static_cast<int64_t>(9 * scores)));
+  EXPECT_GT(b.forward, softmax_dropout);
+}
+
+// FP8 runs only the layers' GEMMs in fp8: attention runs at the bf16 rate, the logits GEMM
+// in bf16, and pointwise work and TP traffic move bf16 activations.
+TEST(CostModel, Fp8LeavesAttentionActivationsAndLogitsInBf16) {
+  Fixture bf = gpt(1, true, 2, "dgx-h100"), f8 = gpt(1, true, 1, "dgx-h100");
+  Layout l;
+  l.tp = 8;
+  l.sequence_parallel = true;
+  const auto kBf16 = hardware::Precision::kBf16, kFp8 = hardware::Precision::kFp8;
+  for (std::string_view name : {"attention", "logits", "attn_norm", "mlp_act", "loss"}) {
+    const PassCost a = op_cost(op_named(bf.g, name), bf.g, l, true, bf.dev, kBf16);
+    const PassCost b = op_cost(op_named(f8.g, name), f8.g, l, true, f8.dev, kFp8);
+    EXPECT_EQ(a.forward, b.forward) << name;
+    EXPECT_EQ(a.dgrad, b.dgrad) << name;
+  }
+  // The layer GEMMs do speed up, by less than 2x (cast + transpose kernels, eta_max).
+  const PassCost a = op_cost(op_named(bf.g, "mlp_fc2"), bf.g, l, true, bf.dev, kBf16);
+  const PassCost b = op_cost(op_named(f8.g, "mlp_fc2"), f8.g, l, true, f8.dev, kFp8);
+  EXPECT_GT(a.forward / b.forward, 1.2);
+  EXPECT_LT(a.forward / b.forward, 2.0);
+  const ModuleCost m = module_cost(f8.g, l, true, f8.dev, kFp8);
+  EXPECT_EQ(m.boundary_bytes, Bytes(2048LL * 12288 * 2));
+  for (const WorkStep& s : m.layer.steps) {
+    if (s.kind != StepKind::kCompute) {
+      EXPECT_EQ(s.bytes, Bytes(2048LL * 12288 * 2));
+    }
+  }
+}
+
+// The loss is Megatron's fp32 vocab-parallel cross-entropy: 38 + 14 bytes per logit.
+TEST(CostModel, CrossEntropyStreamsFp32Logits) {
+  Fixture f = gpt();
+  Layout l;
+  l.tp = 8;
+  const PassCost c =
+      op_cost(op_named(f.g, "loss"), f.g, l, true, f.dev, hardware::Precision::kBf16);
+  const int64_t logits = 2048LL * 51200 / 8;
+  EXPECT_EQ(c.forward, f.dev.memory_time(Bytes(38 * logits)));
+  EXPECT_EQ(c.dgrad, f.dev.memory_time(Bytes(14 * logits)));
 }
 
 }  // namespace

@@ -11,10 +11,19 @@
 //   Experts: E / ep local experts, each with the tokens the ep group routes to it.
 //   Forward gemm_time(m, n, k); dgrad gemm_time(m, k, n); wgrad gemm_time(k, n, m).
 // - Attention core: FLOPs / (tp * cp) (heads / tp; causal load-balanced CP chunks) at the
-//   flash efficiency (attention_time); without flash attention plus the score traffic.
+//   flash efficiency (attention_time). Without flash attention (Megatron-LM 2021-2022):
+//   batched GEMMs over micro-batch x local heads computing the full (unmasked) score
+//   matrix, QK^T and PV forward and their four backward products, plus the memory-bound
+//   softmax (and attention dropout) passes over the materialized scores.
 // - Pointwise ops: memory bound, read + written bytes (backward twice that); split by tp
 //   when they act on head- / ffn- / vocab-sharded tensors (rope, activations, loss) or on
-//   sequence-parallel regions (SP: norms, residuals, dropout), by cp for the LLM.
+//   sequence-parallel regions (SP: norms, residuals, dropout), by cp for the LLM. The loss
+//   is Megatron's unfused fp32 vocab-parallel cross-entropy (38 bytes per logit forward,
+//   14 backward).
+// - FP8 (Transformer Engine): only the GEMMs of the layers' Linear modules run in fp8, each
+//   with its cast + transpose kernels (input of attn_out / fc2 forward, output gradient
+//   backward); attention, the logits GEMM (Megatron's own output layer), pointwise ops and
+//   all activation traffic (TP, CP, PP, EP) stay bf16.
 // - Selective recompute re-runs the attention core before its backward (cost.recompute);
 //   full recompute re-runs each layer's forward, which lower() replays from the block.
 //

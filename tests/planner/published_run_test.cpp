@@ -1,0 +1,72 @@
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "hetpar/planner/published_run.h"
+
+namespace hetpar::planner {
+namespace {
+
+std::string write_run(const std::string& measured) {
+  std::string path = fmt::format("{}/run_{}.json", ::testing::TempDir(), ::getpid());
+  std::ofstream(path) << R"({"name": "r", "model": "gpt3-175b",
+    "workload": {"seq_len": 2048, "global_batch": 1536},
+    "cluster": {"profile": "dgx-a100-80gb", "nodes": 128},
+    "plan": {"tp": 8, "pp": 8, "dp": 16, "micro_batch": 1},
+    "measured": )" << measured << "}";
+  return path;
+}
+
+TEST(PublishedRun, TokensPerSecondGivesIterationTime) {
+  auto run = load_published_run(write_run(
+      R"({"metric": "tokens_per_s_per_gpu", "value": 100, "convention": "tokens", "source": "x"})"));
+  ASSERT_TRUE(run.is_ok()) << run.status().to_string();
+  // 2048 * 1536 tokens at 100 tokens/s on each of 1024 GPUs.
+  EXPECT_EQ(measured_iteration_time(*run), Time::seconds(2048.0 * 1536 / (100.0 * 1024)));
+}
+
+TEST(PublishedRun, MegatronTflopsUseTheRecomputeFormula) {
+  auto run = load_published_run(write_run(
+      R"({"metric": "tflops_per_gpu", "value": 138, "convention": "megatron-2021", "source": "x"})"));
+  ASSERT_TRUE(run.is_ok()) << run.status().to_string();
+  const double B = 1536, s = 2048, l = 96, h = 12288, V = 51200;
+  double f = 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h));
+  EXPECT_DOUBLE_EQ(convention_flops(run->scenario, FlopConvention::kMegatron2021).count(), f);
+  EXPECT_NEAR(measured_iteration_time(*run).to_seconds(), f / (138e12 * 1024), 1e-9);
+  // Korthikanti's model FLOPs are 3/4 of the recompute count up to the logits term.
+  double k = convention_flops(run->scenario, FlopConvention::kKorthikanti2022).count();
+  EXPECT_NEAR(k / f, 0.75, 0.01);
+}
+
+TEST(PublishedRun, MfuNeedsAConventionAndNamesTheField) {
+  auto run = load_published_run(write_run(R"({"metric": "mfu", "value": 0.4, "source": "x"})"));
+  ASSERT_FALSE(run.is_ok());
+  EXPECT_NE(run.status().message().find("measured.convention"), std::string::npos)
+      << run.status().message();
+  auto bad = load_published_run(write_run(R"({"metric": "speed", "value": 1, "source": "x"})"));
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("measured.metric: unknown value \"speed\""),
+            std::string::npos)
+      << bad.status().message();
+}
+
+TEST(PublishedRun, ShippedRunsLoad) {
+  const char* src = std::getenv("HETPAR_SOURCE_DIR");
+  ASSERT_NE(src, nullptr);
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(std::string(src) + "/validation/runs")) {
+    auto run = load_published_run(e.path().string());
+    EXPECT_TRUE(run.is_ok()) << run.status().to_string();
+    if (run.is_ok()) {
+      EXPECT_EQ(run->scenario.plan->layout.world(), run->scenario.cluster.total_gpus())
+          << e.path();
+      EXPECT_GT(measured_iteration_time(*run), Time::zero());
+    }
+    ++n;
+  }
+  EXPECT_GE(n, 15);
+}
+
+}  // namespace
+}  // namespace hetpar::planner
