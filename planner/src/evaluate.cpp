@@ -51,35 +51,51 @@ Time uncovered(const std::vector<Interval>& a, const std::vector<Interval>& cove
 }
 
 // Per comm kind, the time its tasks ran on a rank while no compute task did, averaged
-// over ranks.
-std::vector<ExposedComm> exposed_by_kind(const sim::TaskGraph& g, const sim::SimResult& r,
-                                         int world) {
-  std::vector<std::vector<Interval>> compute(world);
-  std::map<std::string, std::vector<std::vector<Interval>>> comm;
+// over the world (each simulated rank weighted by its multiplicity).
+std::vector<ExposedComm> exposed_by_kind(const sim::TaskGraph& g, const sim::SimResult& r) {
+  const int ranks = static_cast<int>(r.ranks.size());
+  // Kinds by category label: index into `kinds` (-1: not seen yet).
+  std::vector<int> kind_of(static_cast<size_t>(g.num_labels()) + 1, -1);
+  std::vector<std::string> kinds;
+  std::vector<std::vector<std::vector<Interval>>> comm;  // [kind][rank]
+  std::vector<std::vector<Interval>> compute(ranks);
   for (int t = 0; t < g.num_tasks(); ++t) {
     TaskId id(t);
     const sim::Task& task = g.task(id);
     Interval iv{r.tasks[t].start, r.tasks[t].end};
-    std::string_view cat = g.label_text(task.label.category);
-    bool is_comm = task.kind != sim::TaskKind::kCompute;
-    for (const sim::StreamRef& s : g.streams(id)) {
-      if (!is_comm) {
-        compute[s.rank.value()].push_back(iv);
-        continue;
-      }
-      auto& per_rank = comm[std::string(is_comm_category(cat) ? cat : "other_comm")];
-      if (per_rank.empty()) per_rank.resize(world);
-      per_rank[s.rank.value()].push_back(iv);
+    auto refs = g.streams(id);
+    if (task.kind == sim::TaskKind::kCompute) {
+      compute[refs[0].rank.value()].push_back(iv);
+      continue;
     }
+    const size_t c = task.label.category.valid() ? task.label.category.value() : kind_of.size() - 1;
+    if (kind_of[c] < 0) {
+      std::string_view cat = g.label_text(task.label.category);
+      std::string name(is_comm_category(cat) ? cat : "other_comm");
+      auto it = std::find(kinds.begin(), kinds.end(), name);
+      kind_of[c] = static_cast<int>(it - kinds.begin());
+      if (it == kinds.end()) {
+        kinds.push_back(name);
+        comm.emplace_back(ranks);
+      }
+    }
+    for (const sim::StreamRef& s : refs) comm[kind_of[c]][s.rank.value()].push_back(iv);
   }
+  int64_t world = 0;
+  for (const sim::RankStats& rs : r.ranks) world += rs.multiplicity;
   for (auto& c : compute) c = merged(std::move(c));
   std::vector<ExposedComm> out;
-  for (auto& [kind, per_rank] : comm) {
+  for (size_t k = 0; k < kinds.size(); ++k) {
     Time sum;
-    for (int rank = 0; rank < world; ++rank)
-      sum += uncovered(merged(std::move(per_rank[rank])), compute[rank]);
-    out.push_back({kind, Time::ps(sum.count_ps() / world)});
+    for (int rank = 0; rank < ranks; ++rank) {
+      if (comm[k][rank].empty()) continue;
+      sum += uncovered(merged(std::move(comm[k][rank])), compute[rank]) *
+             int64_t{r.ranks[rank].multiplicity};
+    }
+    out.push_back({kinds[k], Time::ps(sum.count_ps() / world)});
   }
+  std::sort(out.begin(), out.end(),
+            [](const ExposedComm& a, const ExposedComm& b) { return a.kind < b.kind; });
   return out;
 }
 
@@ -101,7 +117,9 @@ Result<PlanMetrics> evaluate(const Scenario& s, const Plan& p, const EvaluateOpt
     return m;
   }
 
-  HETPAR_ASSIGN_OR_RETURN(LoweredPlan lowered, lower(s, p));
+  LowerOptions lo;
+  lo.full_ranks = o.full_ranks;
+  HETPAR_ASSIGN_OR_RETURN(LoweredPlan lowered, lower(s, p, lo));
   sim::SimOptions so;
   so.collectives = collective_config(s.cluster);
   so.record_tasks = true;
@@ -122,18 +140,21 @@ Result<PlanMetrics> evaluate(const Scenario& s, const Plan& p, const EvaluateOpt
         g.profile.gpu.peak(s.workload.precision).per_second() * g.nodes * g.profile.gpus_per_node;
   m.mfu = m.tflops_per_gpu * 1e12 / (peak / s.cluster.total_gpus());
 
+  // Means over the world: each simulated rank stands for `multiplicity` ranks.
   Time idle, exposed;
+  int64_t ranks = 0;
   for (const sim::RankStats& rs : r.ranks) {
-    exposed += rs.exposed_comm;
-    idle += r.makespan - rs.compute - rs.exposed_comm;
+    if (rs.multiplicity == 0) continue;
+    exposed += rs.exposed_comm * int64_t{rs.multiplicity};
+    idle += (r.makespan - rs.compute - rs.exposed_comm) * int64_t{rs.multiplicity};
+    ranks += rs.multiplicity;
   }
-  auto ranks = static_cast<int64_t>(r.ranks.size());
   m.exposed_comm = Time::ps(exposed.count_ps() / ranks);
   m.bubble_fraction = (idle / r.makespan) / static_cast<double>(ranks);
   for (const sim::CategoryTotal& c : r.categories)
     m.phases.push_back(
         {c.category.empty() ? "other" : c.category, Time::ps(c.rank_time.count_ps() / ranks)});
-  m.exposed_by_kind = exposed_by_kind(lowered.graph, r, lowered.world);
+  m.exposed_by_kind = exposed_by_kind(lowered.graph, r);
   return m;
 }
 

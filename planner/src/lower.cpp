@@ -65,9 +65,10 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
   if (llm.moe && llm.moe->expert_ffn_hidden % l.tp != 0)
     return fmt::format("tp {} does not divide expert_ffn_hidden {}", l.tp,
                        llm.moe->expert_ffn_hidden);
-  if (llm.block.layers % (l.pp * l.vpp) != 0)
-    return fmt::format("pp {} x vpp {} does not divide llm layers {}", l.pp, l.vpp,
-                       llm.block.layers);
+  if (l.first_stage_layers < 0 || l.last_stage_layers < 0)
+    return fmt::format("first_stage_layers {} and last_stage_layers {} must be >= 0",
+                       l.first_stage_layers, l.last_stage_layers);
+  if (std::string why; layers_per_virtual_stage(l, llm.block.layers, &why).empty()) return why;
   const int64_t gb = s.workload.global_batch;
   if (gb % (static_cast<int64_t>(l.micro_batch) * l.dp) != 0)
     return fmt::format("micro_batch {} x dp {} does not divide global_batch {}", l.micro_batch,
@@ -161,6 +162,19 @@ class Lowering {
     TaskId first, last;
   };
 
+  // Groups of local ranks of the stage being built, interned; with copies of the first one
+  // (the group holding the representative) when reduced.
+  using GroupId = sim::GroupId;
+  struct GroupSet {
+    std::vector<GroupId> ids;
+    std::vector<std::vector<int>> locals;
+    GroupId copies;
+  };
+
+  bool symmetric() const;
+  void make_groups(GroupSet& gs, const std::vector<std::vector<int>>& locals);
+  bool active(int j) const { return !reduced_ || j == 0; }
+  int active_ranks() const { return reduced_ ? 1 : stage_ranks(); }
   void build_costs();
   void place_blocks();
   void build_stage();
@@ -172,7 +186,7 @@ class Lowering {
   void cp_ring(const PlacedBlock& pb, size_t s, int pass, const Labels& lb);
   void pipeline_p2p(int stage);
   void gradients_and_optimizer();
-  const Labels& labels(int v, size_t block, int pass, int64_t mb);
+  const Labels& labels(int v, size_t block, int pass);
 
   // Local rank j's view of a block in one direction (backward for kB passes).
   const Block& block(int j, const PlacedBlock& pb, bool backward = false) const {
@@ -196,12 +210,13 @@ class Lowering {
   int64_t m_ = 0;
   int vstages_ = 0;
   bool split_w_ = false;
+  bool reduced_ = false;  // one representative rank per stage (lower.h)
 
   std::vector<std::vector<ModuleCost>> costs_[2];  // [backward][node group][module]
   std::vector<int> group_of_rank_;
   std::vector<std::string> module_names_;
   std::vector<std::vector<PlacedBlock>> chunks_;         // per virtual stage, forward order
-  std::vector<std::vector<Labels>> labels_;              // per virtual stage: [block][pass][mb]
+  std::vector<std::vector<Labels>> labels_;              // per virtual stage: [block][pass]
   std::vector<std::vector<PipelineOp>> orders_;          // per stage
   std::vector<std::vector<std::vector<OpSpan>>> spans_;  // [stage][op][j]
 
@@ -211,6 +226,9 @@ class Lowering {
   std::vector<RankState> st_;
   std::vector<std::vector<std::vector<TaskId>>> last_grad_;  // [chunk][block][j]
   std::vector<RankId> members_;
+  GroupSet tp_groups_, ep_groups_, dp_groups_, edp_groups_;
+  GroupId cp_pairs_, cp_copies_;                // the representative's ring step, the other edges
+  std::vector<std::vector<int32_t>> op_index_;  // pipeline_p2p: [stage][kind, chunk, mb]
 };
 
 void Lowering::run() {
@@ -227,6 +245,12 @@ void Lowering::run() {
   out_.world = l_.world();
   out_.micro_batches = m_;
   out_.network = build_network(s_.cluster);
+  reduced_ = !o_.full_ranks && symmetric();
+  out_.representatives = reduced_;
+  if (reduced_)
+    for (int st = 0; st < l_.pp; ++st)
+      for (int j = 0; j < stage_ranks(); ++j)
+        g_.set_multiplicity(rank_of(j, st), j == 0 ? stage_ranks() : 0);
   build_costs();
   place_blocks();
   orders_.resize(l_.pp);
@@ -235,8 +259,44 @@ void Lowering::run() {
     orders_[stage_] = stage_order(p_.schedule, stage_, l_.pp, l_.vpp, m_);
     build_stage();
     gradients_and_optimizer();
+    if (stage_ == 0 && l_.pp > 1) {  // stages are alike in size: room for the rest
+      const double scale = 1.05 * l_.pp;
+      g_.reserve(static_cast<size_t>(g_.num_tasks() * scale),
+                 static_cast<size_t>(static_cast<double>(g_.num_stream_refs()) * scale),
+                 static_cast<size_t>(static_cast<double>(g_.num_dependencies()) * scale * 1.2));
+    }
   }
   for (int stage = 0; stage < l_.pp; ++stage) pipeline_p2p(stage);
+}
+
+// Whether the ranks of each stage are alike, so one representative per stage stands for
+// all of them: one node type (equal compute and links), stages aligned to nodes (whole
+// nodes each, or several stages per node), and CP / EP groups with the same shape on every
+// node (inside one node, or one member per node for CP's ring; whole nodes for EP).
+bool Lowering::symmetric() const {
+  if (s_.cluster.groups().size() != 1) return false;
+  const int g = s_.cluster.groups()[0].profile.gpus_per_node;
+  const int n = stage_ranks();
+  if (n % g != 0 && g % n != 0) return false;
+  if (n <= g) return true;
+  const int per_node = g / l_.tp;  // (cp, dp) positions per node
+  if (l_.cp > 1 && per_node % l_.cp != 0 && per_node != 1) return false;
+  if (l_.ep > 1 && per_node % l_.ep != 0 && l_.ep % per_node != 0) return false;
+  return true;
+}
+
+void Lowering::make_groups(GroupSet& gs, const std::vector<std::vector<int>>& locals) {
+  gs.ids.clear();
+  gs.locals = locals;
+  gs.copies = GroupId();
+  std::vector<RankId> copies;
+  for (size_t k = 0; k < locals.size(); ++k) {
+    members_.clear();
+    for (int j : locals[k]) members_.push_back(rank_of(j, stage_));
+    gs.ids.push_back(g_.add_group(members_));
+    if (reduced_ && k > 0) copies.insert(copies.end(), members_.begin(), members_.end());
+  }
+  if (!copies.empty()) gs.copies = g_.add_group(copies);
 }
 
 // Modules in execution order (encoders the workload feeds, each followed by its
@@ -292,23 +352,31 @@ void Lowering::place_blocks() {
                                             : mc[module].post;
     if (!b.empty()) chunks_[v].push_back({module, part, std::move(name)});
   };
+  // The LLM's layers over the virtual stages (even or uneven split, schedule.h); other
+  // modules whole on the first.
+  const std::vector<int64_t> split = layers_per_virtual_stage(l_, mc[llm].layers, nullptr);
+  HETPAR_CHECK(!split.empty(), "infeasible pipeline split reached lower()");
   for (size_t k = 0; k < mc.size(); ++k) {
     const std::string& name = module_names_[k];
     place(0, k, Part::kPre, name + " pre");
-    const int64_t per_stage = k == llm ? mc[k].layers / vstages_ : mc[k].layers;
-    for (int64_t i = 0; i < mc[k].layers; ++i)
-      place(static_cast<int>(i / per_stage), k, Part::kLayer, fmt::format("{} L{}", name, i));
+    int v = 0;
+    int64_t end = k == llm ? split[0] : mc[k].layers;
+    for (int64_t i = 0; i < mc[k].layers; ++i) {
+      while (k == llm && i >= end && v + 1 < vstages_) end += split[++v];
+      place(v, k, Part::kLayer, fmt::format("{} L{}", name, i));
+    }
     place(k == llm ? vstages_ - 1 : 0, k, Part::kPost, name + " post");
   }
   labels_.assign(vstages_, {});
-  for (int v = 0; v < vstages_; ++v)
-    labels_[v].resize(chunks_[v].size() * 4 * static_cast<size_t>(m_));
+  for (int v = 0; v < vstages_; ++v) labels_[v].resize(chunks_[v].size() * 4);
 }
 
-const Lowering::Labels& Lowering::labels(int v, size_t block, int pass, int64_t mb) {
-  Labels& lb = labels_[v][(block * 4 + pass) * static_cast<size_t>(m_) + mb];
+// Names per (virtual stage, block, pass), not per micro-batch: the trace's timeline tells
+// micro-batches apart, and a graph does not hold a string per task.
+const Lowering::Labels& Lowering::labels(int v, size_t block, int pass) {
+  Labels& lb = labels_[v][block * 4 + pass];
   if (lb.ready) return lb;
-  const std::string base = fmt::format("mb{} {} {}", mb, chunks_[v][block].name, kPassName[pass]);
+  const std::string base = fmt::format("{} {}", chunks_[v][block].name, kPassName[pass]);
   lb.compute = g_.label(base);
   lb.tp = g_.label(base + " tp");
   lb.ep = g_.label(base + " all-to-all");
@@ -327,16 +395,21 @@ void Lowering::compute(int j, Time d, Flops f, int pass, sim::LabelId name) {
 
 // A TP collective over each TP group, or (ep) an all-to-all over each EP group: ep
 // consecutive positions of the (cp, dp) index with the same tp rank.
+// Reduced: only the group holding the representative, with the others as copies.
 void Lowering::collective(CollectiveKind kind, Bytes bytes, sim::Label label, bool ep) {
-  const int size = ep ? l_.ep : l_.tp;
-  const int stride = ep ? l_.tp : 1;
-  for (int j0 = 0; j0 < stage_ranks(); ++j0) {
-    if (ep ? (j0 / l_.tp) % l_.ep != 0 : j0 % l_.tp != 0) continue;
-    members_.clear();
-    for (int i = 0; i < size; ++i) members_.push_back(rank_of(j0 + i * stride, stage_));
-    const TaskId c = g_.add_collective({kind, members_, bytes, kTpStream}, label);
-    for (int i = 0; i < size; ++i) {
-      RankState& rs = st_[j0 + i * stride];
+  const GroupSet& gs = ep ? ep_groups_ : tp_groups_;
+  const size_t groups = reduced_ ? 1 : gs.ids.size();
+  for (size_t k = 0; k < groups; ++k) {
+    sim::CollectiveSpec spec;
+    spec.kind = kind;
+    spec.group_id = gs.ids[k];
+    spec.bytes = bytes;
+    spec.stream = kTpStream;
+    spec.copies = gs.copies;
+    const TaskId c = g_.add_collective(spec, label);
+    for (int j : gs.locals[k]) {
+      if (!active(j)) continue;
+      RankState& rs = st_[j];
       if (rs.last.valid()) g_.add_dependency(rs.last, c);
       rs.need = rs.last = c;
     }
@@ -350,6 +423,26 @@ void Lowering::cp_ring(const PlacedBlock& pb, size_t s, int pass, const Labels& 
   const bool backward = pass == kB;
   const Bytes bytes = block(0, pb, backward).steps[s].bytes * (backward ? 2 : 1);
   std::vector<TaskId> arrived(cp), next(cp);
+  if (reduced_) {
+    // The representative (q = 0) computes; each ring step it sends K,V to q = 1 and
+    // receives them from q = cp-1 (both mirrored) as one grouped transfer, once its
+    // previous chunk arrived (and the sender's, by symmetry). Both flows are simulated so
+    // that the representative's links carry its sends and receives; every other ring edge
+    // of the stage is a copy.
+    TaskId in;
+    for (int i = 0; i < cp; ++i) {
+      const PassCost& c = block(0, pb, backward).steps[s].cost;
+      if (i > 0) st_[0].need = in;
+      compute(0, Time::ps((backward ? c.dgrad : c.forward).count_ps() / cp),
+              (backward ? c.dgrad_flops : c.forward_flops) / cp, pass, lb.compute);
+      if (i + 1 == cp) break;
+      const TaskId x =
+          g_.add_p2p_group(cp_pairs_, bytes, kCpSend, kCpRecv, {cat_cp_, lb.cp}, cp_copies_);
+      if (i > 0) g_.add_dependency(in, x);
+      in = x;
+    }
+    return;
+  }
   for (int dp_i = 0; dp_i < l_.dp; ++dp_i)
     for (int t = 0; t < l_.tp; ++t) {
       auto local = [&](int q) { return t + l_.tp * (q + cp * dp_i); };
@@ -379,7 +472,7 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
   const bool sp = l_.sequence_parallel;
   const bool backward = pass == kB;
   const WorkStep& step = block(0, pb, backward).steps[s];
-  const int n = stage_ranks();
+  const int n = active_ranks();
   switch (step.kind) {
     case StepKind::kCompute:
     case StepKind::kCpAttention: {
@@ -422,7 +515,7 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
 void Lowering::run_op(const PipelineOp& op, std::vector<OpSpan>& spans) {
   const int v = op.chunk * l_.pp + stage_;
   const std::vector<PlacedBlock>& blocks = chunks_[v];
-  const int n = stage_ranks();
+  const int n = active_ranks();
   const size_t first_task = static_cast<size_t>(g_.num_tasks());
   auto grads_done = [&](size_t b) {
     for (int j = 0; j < n; ++j) last_grad_[op.chunk][b][j] = st_[j].last;
@@ -433,25 +526,24 @@ void Lowering::run_op(const PipelineOp& op, std::vector<OpSpan>& spans) {
     const size_t nsteps = block(0, pb, op.kind == PassKind::kBackward).steps.size();
     switch (op.kind) {
       case PassKind::kForward: {
-        const Labels& lb = labels(v, b, kF, op.micro_batch);
+        const Labels& lb = labels(v, b, kF);
         for (size_t s = 0; s < nsteps; ++s) run_step(pb, s, kF, lb, lb.compute);
         break;
       }
       case PassKind::kBackward: {
         const bool recompute = l_.recompute != models::Recompute::kNone;
-        const sim::LabelId rl =
-            recompute ? labels(v, b, kR, op.micro_batch).compute : sim::LabelId();
+        const sim::LabelId rl = recompute ? labels(v, b, kR).compute : sim::LabelId();
         if (l_.recompute == models::Recompute::kFull && pb.part == Part::kLayer) {
-          const Labels& replay = labels(v, b, kR, op.micro_batch);
+          const Labels& replay = labels(v, b, kR);
           for (size_t s = 0; s < block(0, pb).steps.size(); ++s) run_step(pb, s, kR, replay, rl);
         }
-        const Labels& lb = labels(v, b, kB, op.micro_batch);
+        const Labels& lb = labels(v, b, kB);
         for (size_t s = nsteps; s-- > 0;) run_step(pb, s, kB, lb, rl);
         if (!split_w_) grads_done(b);
         break;
       }
       case PassKind::kWeight: {
-        const Labels& lb = labels(v, b, kW, op.micro_batch);
+        const Labels& lb = labels(v, b, kW);
         for (int j = 0; j < n; ++j) {
           PassCost sum;
           for (const WorkStep& step : block(j, pb).steps) sum += step.cost;
@@ -465,11 +557,14 @@ void Lowering::run_op(const PipelineOp& op, std::vector<OpSpan>& spans) {
   // First and last task of the op on each rank (for the pipeline P2P dependencies).
   spans.assign(n, {});
   for (int j = 0; j < n; ++j) spans[j].last = st_[j].last;
-  for (size_t t = first_task; t < static_cast<size_t>(g_.num_tasks()); ++t) {
+  int missing = n;
+  for (size_t t = first_task; t < static_cast<size_t>(g_.num_tasks()) && missing > 0; ++t) {
     for (const sim::StreamRef& ref : g_.streams(TaskId(static_cast<int32_t>(t)))) {
       const int j = ref.rank.value() - stage_ranks() * stage_;
-      if (j >= 0 && j < n && !spans[j].first.valid())
+      if (j >= 0 && j < n && !spans[j].first.valid()) {
         spans[j].first = TaskId(static_cast<int32_t>(t));
+        --missing;
+      }
     }
   }
 }
@@ -479,6 +574,57 @@ void Lowering::build_stage() {
   group_.resize(n);
   for (int j = 0; j < n; ++j) group_[j] = group_of_rank_[rank_of(j, stage_).value()];
   st_.assign(n, {});
+  // TP groups: tp consecutive local ranks; EP groups: ep consecutive (cp, dp) positions
+  // with the same tp rank.
+  std::vector<std::vector<int>> locals;
+  for (int j0 = 0; j0 < n; j0 += l_.tp) {
+    locals.emplace_back();
+    for (int i = 0; i < l_.tp; ++i) locals.back().push_back(j0 + i);
+  }
+  make_groups(tp_groups_, locals);
+  locals.clear();
+  if (l_.ep > 1) {
+    for (int x0 = 0; x0 < l_.cp * l_.dp; x0 += l_.ep)
+      for (int t = 0; t < l_.tp; ++t) {
+        locals.emplace_back();
+        for (int i = 0; i < l_.ep; ++i) locals.back().push_back(t + l_.tp * (x0 + i));
+      }
+  }
+  make_groups(ep_groups_, locals);
+  // DP: the dp x cp ranks with one tp rank; expert DP: those with one ep position too.
+  const int cpdp = l_.cp * l_.dp;
+  locals.clear();
+  for (int t = 0; t < l_.tp; ++t) {
+    locals.emplace_back();
+    for (int x = 0; x < cpdp; ++x) locals.back().push_back(t + l_.tp * x);
+  }
+  make_groups(dp_groups_, locals);
+  locals.clear();
+  if (l_.ep > 1)
+    for (int t = 0; t < l_.tp; ++t)
+      for (int x0 = 0; x0 < l_.ep; ++x0) {
+        locals.emplace_back();
+        for (int x = x0; x < cpdp; x += l_.ep) locals.back().push_back(t + l_.tp * x);
+      }
+  make_groups(edp_groups_, locals);
+  // CP ring: the representative's send (0 -> 1 of tp 0, dp 0) and receive (cp-1 -> 0);
+  // every other edge of the stage's rings is a copy.
+  cp_pairs_ = cp_copies_ = GroupId();
+  if (reduced_ && l_.cp > 1) {
+    const RankId r0 = rank(0, 0, 0, stage_), r1 = rank(0, 1, 0, stage_),
+                 rl = rank(0, l_.cp - 1, 0, stage_);
+    const RankId pairs[] = {r0, r1, rl, r0};
+    cp_pairs_ = g_.add_group(pairs);
+    members_.clear();
+    for (int dp_i = 0; dp_i < l_.dp; ++dp_i)
+      for (int t = 0; t < l_.tp; ++t)
+        for (int q = 0; q < l_.cp; ++q) {
+          if (dp_i == 0 && t == 0 && (q == 0 || q == l_.cp - 1)) continue;
+          members_.push_back(rank(t, q, dp_i, stage_));
+          members_.push_back(rank(t, (q + 1) % l_.cp, dp_i, stage_));
+        }
+    if (!members_.empty()) cp_copies_ = g_.add_group(members_);
+  }
   last_grad_.assign(l_.vpp, {});
   for (int c = 0; c < l_.vpp; ++c)
     last_grad_[c].assign(chunks_[c * l_.pp + stage_].size(), std::vector<TaskId>(n));
@@ -520,47 +666,42 @@ void Lowering::gradients_and_optimizer() {
     }
   }
 
-  // Groups: dense gradients over the dp x cp ranks with the same tp rank; expert
-  // gradients over the expert-dp ranks (same tp rank and ep position).
-  auto group = [&](int t, int x0, int stride, int size) {
-    members_.clear();
-    for (int i = 0; i < size; ++i) {
-      const int x = x0 + i * stride;
-      members_.push_back(rank(t, x % l_.cp, x / l_.cp, stage_));
-    }
-  };
-  auto local = [&](RankId r) { return r.value() - n * stage_; };
+  // Groups (build_stage): dense gradients over the dp x cp ranks with the same tp rank;
+  // expert gradients over the expert-dp ranks (same tp rank and ep position).
   std::vector<TaskId> last_comm(n);
   auto reduce_over = [&](Bytes bytes, const Bucket& bk, const std::vector<TaskId>& after,
-                         CollectiveKind kind, std::string_view what, int size, int stride,
-                         int starts) {
-    if (size < 2 || bytes.count() == 0) return;
+                         CollectiveKind kind, std::string_view what, const GroupSet& gs) {
+    if (gs.locals.empty() || gs.locals[0].size() < 2 || bytes.count() == 0) return;
     const sim::LabelId name =
         g_.label(fmt::format("dp {} {} bucket {}-{} stage {}", sim::to_string(kind), what,
                              chunks_[bk.chunk * l_.pp + stage_][bk.first].name,
                              chunks_[bk.chunk * l_.pp + stage_][bk.last].name, stage_));
-    for (int t = 0; t < l_.tp; ++t)
-      for (int x0 = 0; x0 < starts; ++x0) {
-        group(t, x0, stride, size);
-        const TaskId c = g_.add_collective({kind, members_, bytes, kDpStream}, {cat_dp_, name});
-        for (RankId r : members_) {
-          const TaskId a = after[local(r)];
-          if (a.valid()) g_.add_dependency(a, c);
-          last_comm[local(r)] = c;
-        }
+    const size_t groups = reduced_ ? 1 : gs.ids.size();
+    for (size_t k = 0; k < groups; ++k) {
+      sim::CollectiveSpec spec;
+      spec.kind = kind;
+      spec.group_id = gs.ids[k];
+      spec.bytes = bytes;
+      spec.stream = kDpStream;
+      spec.copies = gs.copies;
+      const TaskId c = g_.add_collective(spec, {cat_dp_, name});
+      for (int j : gs.locals[k]) {
+        if (!active(j)) continue;
+        if (after[j].valid()) g_.add_dependency(after[j], c);
+        last_comm[j] = c;
       }
+    }
   };
   const bool experts_apart = l_.ep > 1;
   std::vector<TaskId> ready(n);
   for (const Bucket& bk : buckets) {
-    for (int j = 0; j < n; ++j)  // the bucket's lowest block runs its backward last
+    for (int j = 0; j < active_ranks(); ++j)  // the bucket's lowest block runs its backward last
       ready[j] = l_.overlap_grad_reduce ? last_grad_[bk.chunk][bk.first][j]
                                         : spans_[stage_].back()[j].last;
     const int64_t dense = bk.dense + (experts_apart ? 0 : bk.expert);
-    reduce_over(Bytes(dense * o_.grad_bytes), bk, ready, reduce, "grads", cpdp, 1, 1);
+    reduce_over(Bytes(dense * o_.grad_bytes), bk, ready, reduce, "grads", dp_groups_);
     if (experts_apart)
-      reduce_over(Bytes(bk.expert * o_.grad_bytes), bk, ready, reduce, "expert grads", edp, l_.ep,
-                  l_.ep);
+      reduce_over(Bytes(bk.expert * o_.grad_bytes), bk, ready, reduce, "expert grads", edp_groups_);
   }
 
   // Adam over this rank's parameters (its dp shard with the distributed optimizer).
@@ -573,7 +714,7 @@ void Lowering::gradients_and_optimizer() {
   const int64_t params = dist ? dense / cpdp + expert / edp : dense + expert;
   const sim::LabelId opt_name = g_.label(fmt::format("optimizer stage {}", stage_));
   std::vector<TaskId> opt(n);
-  for (int j = 0; j < n; ++j) {
+  for (int j = 0; j < active_ranks(); ++j) {
     const hardware::DeviceProfile& dev = s_.cluster.groups()[group_[j]].profile.gpu;
     opt[j] =
         g_.add_compute(rank_of(j, stage_), 0, dev.memory_time(Bytes(params * kAdamBytesPerParam)),
@@ -589,11 +730,11 @@ void Lowering::gradients_and_optimizer() {
   for (size_t i = 0; i < gathered; ++i) {
     const Bucket& bk = buckets[buckets.size() - 1 - i];
     const int64_t dense_b = bk.dense + (experts_apart ? 0 : bk.expert);
-    reduce_over(Bytes(dense_b * param_bytes), bk, opt, CollectiveKind::kAllGather, "params", cpdp,
-                1, 1);
+    reduce_over(Bytes(dense_b * param_bytes), bk, opt, CollectiveKind::kAllGather, "params",
+                dp_groups_);
     if (experts_apart)
       reduce_over(Bytes(bk.expert * param_bytes), bk, opt, CollectiveKind::kAllGather,
-                  "expert params", edp, l_.ep, l_.ep);
+                  "expert params", edp_groups_);
   }
 }
 
@@ -604,12 +745,17 @@ void Lowering::pipeline_p2p(int stage) {
   auto key = [&](PassKind k, int chunk, int64_t mb) {
     return (static_cast<size_t>(k) * l_.vpp + chunk) * static_cast<size_t>(m_) + mb;
   };
-  std::vector<std::vector<int32_t>> index(l_.pp, std::vector<int32_t>(3 * l_.vpp * m_, -1));
-  for (int st = 0; st < l_.pp; ++st)
-    for (size_t i = 0; i < orders_[st].size(); ++i) {
-      const PipelineOp& op = orders_[st][i];
-      index[st][key(op.kind, op.chunk, op.micro_batch)] = static_cast<int32_t>(i);
-    }
+  std::vector<std::vector<int32_t>>& index = op_index_;
+  if (index.empty()) {
+    index.assign(l_.pp, std::vector<int32_t>(3 * l_.vpp * m_, -1));
+    for (int st = 0; st < l_.pp; ++st)
+      for (size_t i = 0; i < orders_[st].size(); ++i) {
+        const PipelineOp& op = orders_[st][i];
+        index[st][key(op.kind, op.chunk, op.micro_batch)] = static_cast<int32_t>(i);
+      }
+  }
+  std::vector<sim::LabelId> names(2 * static_cast<size_t>(vstages_));
+  std::vector<GroupId> copies_to(l_.pp);
   for (size_t i = 0; i < orders_[stage].size(); ++i) {
     const PipelineOp& op = orders_[stage][i];
     const int v = op.chunk * l_.pp + stage;
@@ -620,9 +766,21 @@ void Lowering::pipeline_p2p(int stage) {
     const int32_t k = index[to_stage][key(op.kind, to / l_.pp, op.micro_batch)];
     const PlacedBlock& boundary = chunks_[fwd ? v : to].back();
     const Bytes bytes = costs_[0][0][boundary.module].boundary_bytes;
-    const sim::LabelId name = g_.label(
-        fmt::format("mb{} v{} -> v{} {}", op.micro_batch, v, to, fwd ? "activation" : "grad"));
-    for (int j = 0; j < n; ++j) {
+    const int li = v * 2 + (fwd ? 0 : 1);
+    if (!names[li].valid())
+      names[li] = g_.label(fmt::format("v{} -> v{} {}", v, to, fwd ? "activation" : "grad"));
+    const sim::LabelId name = names[li];
+    // Reduced: the representatives' transfer; every other local rank's is a copy.
+    GroupId& copies = copies_to[to_stage];
+    if (reduced_ && !copies.valid() && n > 1) {
+      members_.clear();
+      for (int j = 1; j < n; ++j) {
+        members_.push_back(rank_of(j, stage));
+        members_.push_back(rank_of(j, to_stage));
+      }
+      copies = g_.add_group(members_);
+    }
+    for (int j = 0; j < active_ranks(); ++j) {
       const TaskId before = spans_[stage][i][j].last, after = spans_[to_stage][k][j].first;
       const RankId src = rank_of(j, stage), dst = rank_of(j, to_stage);
       if (src == dst) {
@@ -630,7 +788,7 @@ void Lowering::pipeline_p2p(int stage) {
         continue;
       }
       const TaskId x = g_.add_p2p(src, dst, bytes, fwd ? kFwdSend : kBwdSend,
-                                  fwd ? kFwdRecv : kBwdRecv, {cat_pp_, name});
+                                  fwd ? kFwdRecv : kBwdRecv, {cat_pp_, name}, copies);
       g_.add_dependency(before, x);
       g_.add_dependency(x, after);
     }

@@ -5,6 +5,7 @@
 
 #include "hetpar/core/check.h"
 #include "hetpar/models/op_graph.h"
+#include "hetpar/planner/schedule.h"
 
 namespace hetpar::planner {
 
@@ -82,13 +83,19 @@ double kept_bytes(const models::Op& op, models::Recompute policy, int dtype_byte
          dtype_bytes;
 }
 
-// Stage of each layer: pp * vpp chunks of consecutive layers, chunk c on stage c % pp.
-std::vector<int> layer_stages(int64_t layers, int pp, int vpp) {
-  const int64_t chunks = int64_t{pp} * vpp, q = layers / chunks, r = layers % chunks;
+// Stage of each layer: pp * vpp chunks of consecutive layers, chunk c on stage c % pp, as
+// the layout splits them (layers_per_virtual_stage); when it cannot, the first chunks take
+// one more layer.
+std::vector<int> layer_stages(int64_t layers, const Layout& l) {
+  const int pp = l.pp;
+  const int64_t chunks = int64_t{pp} * l.vpp, q = layers / chunks, r = layers % chunks;
+  std::vector<int64_t> split = layers_per_virtual_stage(l, layers, nullptr);
+  if (split.empty())
+    for (int64_t c = 0; c < chunks; ++c) split.push_back(q + (c < r ? 1 : 0));
   std::vector<int> out;
   out.reserve(static_cast<size_t>(layers));
   for (int64_t c = 0; c < chunks; ++c)
-    out.insert(out.end(), static_cast<size_t>(q + (c < r ? 1 : 0)), static_cast<int>(c % pp));
+    out.insert(out.end(), static_cast<size_t>(split[c]), static_cast<int>(c % pp));
   return out;
 }
 
@@ -122,8 +129,8 @@ class Estimator {
     const auto* llm = std::get_if<models::LlmSpec>(&spec);
     const double vocab_params =
         llm ? static_cast<double>(llm->vocab) * static_cast<double>(llm->block.hidden) : 0;
-    const std::vector<int> stage_of = llm ? layer_stages(g.layers, l_.pp, l_.vpp)
-                                          : std::vector<int>(static_cast<size_t>(g.layers), 0);
+    const std::vector<int> stage_of =
+        llm ? layer_stages(g.layers, l_) : std::vector<int>(static_cast<size_t>(g.layers), 0);
     const int last = l_.pp - 1;
 
     std::vector<double> rework(static_cast<size_t>(g.layers));  // one micro-batch, per layer

@@ -8,8 +8,8 @@ namespace hetpar::planner {
 namespace {
 
 std::optional<Schedule> parse_schedule(std::string_view s) {
-  for (Schedule sch : {Schedule::kGpipe, Schedule::k1F1B, Schedule::kInterleaved,
-                       Schedule::kZeroBubble})
+  for (Schedule sch :
+       {Schedule::kGpipe, Schedule::k1F1B, Schedule::kInterleaved, Schedule::kZeroBubble})
     if (to_string(sch) == s) return sch;
   return std::nullopt;
 }
@@ -36,19 +36,24 @@ Result<Plan> parse_plan(const nlohmann::json& j, const std::string& path) {
   l.dp = static_cast<int>(r.optional_int("dp", 1, 1, kMaxDegree));
   l.ep = static_cast<int>(r.optional_int("ep", 1, 1, kMaxDegree));
   l.micro_batch = static_cast<int>(r.required_int("micro_batch", 1, kMaxDegree));
-  l.recompute = *parse_recompute(r.optional_enum("recompute", "none", {"none", "selective", "full"}));
+  l.recompute =
+      *parse_recompute(r.optional_enum("recompute", "none", {"none", "selective", "full"}));
   l.distributed_optimizer = r.optional_bool("distributed_optimizer", false);
   l.overlap_grad_reduce = r.optional_bool("overlap_grad_reduce", true);
   l.overlap_param_gather = r.optional_bool("overlap_param_gather", true);
+  l.first_stage_layers = static_cast<int>(r.optional_int("first_stage_layers", 0, 0, kMaxDegree));
+  l.last_stage_layers = static_cast<int>(r.optional_int("last_stage_layers", 0, 0, kMaxDegree));
+  l.account_for_embedding = r.optional_bool("account_for_embedding", false);
+  l.account_for_loss = r.optional_bool("account_for_loss", false);
   std::string schedule = r.optional_enum("schedule", l.vpp > 1 ? "interleaved" : "1f1b",
                                          {"gpipe", "1f1b", "interleaved", "zb-h1"});
   if (r.ok()) p.schedule = *parse_schedule(schedule);
   r.finish();
   if (!r.ok()) return r.status();
   if (l.vpp > 1 && p.schedule != Schedule::kInterleaved)
-    return Status::invalid_argument(fmt::format(
-        "{}.vpp: {} virtual stages need the interleaved schedule, got \"{}\"", path, l.vpp,
-        schedule));
+    return Status::invalid_argument(
+        fmt::format("{}.vpp: {} virtual stages need the interleaved schedule, got \"{}\"", path,
+                    l.vpp, schedule));
   if (p.schedule == Schedule::kInterleaved && l.vpp < 2)
     return Status::invalid_argument(
         fmt::format("{}.schedule: \"interleaved\" needs vpp >= 2, got {}", path, l.vpp));
@@ -57,19 +62,25 @@ Result<Plan> parse_plan(const nlohmann::json& j, const std::string& path) {
 
 nlohmann::json plan_to_json(const Plan& p) {
   const Layout& l = p.layout;
-  return {{"tp", l.tp},
-          {"sp", l.sequence_parallel},
-          {"cp", l.cp},
-          {"pp", l.pp},
-          {"vpp", l.vpp},
-          {"dp", l.dp},
-          {"ep", l.ep},
-          {"micro_batch", l.micro_batch},
-          {"recompute", to_string(l.recompute)},
-          {"distributed_optimizer", l.distributed_optimizer},
-          {"overlap_grad_reduce", l.overlap_grad_reduce},
-          {"overlap_param_gather", l.overlap_param_gather},
-          {"schedule", to_string(p.schedule)}};
+  nlohmann::json j = {{"tp", l.tp},
+                      {"sp", l.sequence_parallel},
+                      {"cp", l.cp},
+                      {"pp", l.pp},
+                      {"vpp", l.vpp},
+                      {"dp", l.dp},
+                      {"ep", l.ep},
+                      {"micro_batch", l.micro_batch},
+                      {"recompute", to_string(l.recompute)},
+                      {"distributed_optimizer", l.distributed_optimizer},
+                      {"overlap_grad_reduce", l.overlap_grad_reduce},
+                      {"overlap_param_gather", l.overlap_param_gather},
+                      {"schedule", to_string(p.schedule)}};
+  // Uneven pipeline splits only when set, so even plans read as before.
+  if (l.first_stage_layers > 0) j["first_stage_layers"] = l.first_stage_layers;
+  if (l.last_stage_layers > 0) j["last_stage_layers"] = l.last_stage_layers;
+  if (l.account_for_embedding) j["account_for_embedding"] = true;
+  if (l.account_for_loss) j["account_for_loss"] = true;
+  return j;
 }
 
 }  // namespace hetpar::planner

@@ -1,5 +1,7 @@
 #include "hetpar/planner/schedule.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <deque>
 
@@ -105,6 +107,62 @@ int64_t peak_in_flight(const std::vector<PipelineOp>& order) {
     if (op.kind == release) --now;
   }
   return peak;
+}
+
+std::vector<int64_t> layers_per_virtual_stage(const Layout& l, int64_t layers, std::string* why) {
+  const int pp = l.pp, vpp = l.vpp;
+  const int64_t chunks = int64_t{pp} * vpp;
+  auto fail = [&](std::string text) {
+    if (why) *why = std::move(text);
+    return std::vector<int64_t>();
+  };
+  const bool first = l.first_stage_layers > 0, last = l.last_stage_layers > 0;
+  const bool accounted = l.account_for_embedding || l.account_for_loss;
+  if (first || last) {
+    if (accounted)
+      return fail("first/last_stage_layers and account_for_embedding/loss cannot be combined");
+    const int given = (first ? 1 : 0) + (last ? 1 : 0);
+    if (pp < 2)
+      return fail(fmt::format("first_stage_layers / last_stage_layers need pp >= 2, got {}", pp));
+    const int64_t rest = layers - l.first_stage_layers - l.last_stage_layers;
+    const int middle = pp - given;
+    if (rest < 0 || (middle == 0 && rest != 0) || (middle > 0 && rest % middle != 0))
+      return fail(fmt::format(
+          "llm layers {} minus first_stage_layers {} and last_stage_layers {} do not split "
+          "evenly over the other {} pipeline stages",
+          layers, l.first_stage_layers, l.last_stage_layers, middle));
+    std::vector<int64_t> stage(pp, middle > 0 ? rest / middle : 0);
+    if (first) stage[0] = l.first_stage_layers;
+    if (last) stage[pp - 1] = l.last_stage_layers;
+    std::vector<int64_t> out(static_cast<size_t>(chunks));
+    for (int s = 0; s < pp; ++s) {
+      if (stage[s] % vpp != 0)
+        return fail(fmt::format("pipeline stage {} holds {} layers, not divisible by vpp {}", s,
+                                stage[s], vpp));
+      for (int c = 0; c < vpp; ++c) out[static_cast<size_t>(c) * pp + s] = stage[s] / vpp;
+    }
+    return out;
+  }
+  const int64_t slots = layers + (l.account_for_embedding ? 1 : 0) + (l.account_for_loss ? 1 : 0);
+  if (slots % chunks != 0) {
+    if (accounted)
+      return fail(
+          fmt::format("pp {} x vpp {} does not divide llm layers {} plus the {} counted as layers",
+                      pp, vpp, layers,
+                      l.account_for_embedding && l.account_for_loss ? "embedding and loss"
+                      : l.account_for_embedding                     ? "embedding"
+                                                                    : "loss"));
+    return fail(fmt::format(
+        "pp {} x vpp {} does not divide llm layers {} (an uneven split: first_stage_layers / "
+        "last_stage_layers, or account_for_embedding / account_for_loss)",
+        pp, vpp, layers));
+  }
+  std::vector<int64_t> out(static_cast<size_t>(chunks), slots / chunks);
+  if (l.account_for_embedding) --out.front();
+  if (l.account_for_loss) --out.back();
+  for (int64_t n : out)
+    if (n < 0) return fail("a virtual stage would hold fewer than zero layers");
+  return out;
 }
 
 }  // namespace hetpar::planner

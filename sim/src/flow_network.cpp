@@ -18,7 +18,8 @@ FlowNetwork::FlowNetwork(EventQueue& queue, const Network& net, Observer& observ
     capacity_.push_back(net.link(LinkId(l)).capacity.bytes_per_s());
 }
 
-void FlowNetwork::start(std::span<const LinkId> route, Bytes bytes, Time latency, uint32_t cookie) {
+void FlowNetwork::start(std::span<const LinkId> route, std::span<const double> weights, Bytes bytes,
+                        Time latency, uint32_t cookie) {
   int32_t f;
   if (free_.empty()) {
     f = static_cast<int32_t>(flows_.size());
@@ -31,6 +32,7 @@ void FlowNetwork::start(std::span<const LinkId> route, Bytes bytes, Time latency
   Flow& fl = flows_[f];
   fl.links.clear();
   for (LinkId l : route) fl.links.push_back(l.value());
+  fl.weights.assign(weights.begin(), weights.end());
   fl.remaining = bytes.as_double();
   fl.rate = 0;
   fl.since = queue_.now();
@@ -113,7 +115,7 @@ void FlowNetwork::commit(Time now) {
   for (int32_t f : comp_flows_) {
     local_route_.clear();
     for (int32_t l : flows_[f].links) local_route_.push_back(local_[l]);
-    solver_.add_flow(local_route_);
+    solver_.add_flow(local_route_, flows_[f].weights);
   }
   solver_.solve();
 

@@ -11,6 +11,7 @@ void MaxMinSolver::clear() {
   capacity_.clear();
   flow_begin_.assign(1, 0);
   flow_links_.clear();
+  flow_weights_.clear();
   rate_.clear();
 }
 
@@ -21,9 +22,19 @@ int32_t MaxMinSolver::add_link(double capacity) {
 }
 
 int32_t MaxMinSolver::add_flow(std::span<const int32_t> links) {
-  for (int32_t l : links) {
+  return add_flow(links, {});
+}
+
+int32_t MaxMinSolver::add_flow(std::span<const int32_t> links, std::span<const double> weights) {
+  HETPAR_CHECK(weights.empty() || weights.size() == links.size(), "{} weights for {} links",
+               weights.size(), links.size());
+  for (size_t i = 0; i < links.size(); ++i) {
+    const int32_t l = links[i];
     HETPAR_CHECK(l >= 0 && l < num_links(), "flow uses unknown link {}", l);
     flow_links_.push_back(l);
+    const double w = weights.empty() ? 1.0 : weights[i];
+    HETPAR_CHECK(w > 0, "flow weight {} on link {}", w, l);
+    flow_weights_.push_back(w);
   }
   flow_begin_.push_back(static_cast<int32_t>(flow_links_.size()));
   return num_flows() - 1;
@@ -36,7 +47,11 @@ void MaxMinSolver::solve() {
   rate_.assign(nf, kUnfixed);
   remaining_.assign(capacity_.begin(), capacity_.end());
   unfixed_.assign(nl, 0);
-  for (int32_t l : flow_links_) ++unfixed_[l];
+  load_.assign(nl, 0.0);
+  for (size_t i = 0; i < flow_links_.size(); ++i) {
+    ++unfixed_[flow_links_[i]];
+    load_[flow_links_[i]] += flow_weights_[i];
+  }
   link_begin_.assign(nl + 1, 0);
   for (int32_t l = 0; l < nl; ++l) link_begin_[l + 1] = link_begin_[l] + unfixed_[l];
   link_flows_.resize(flow_links_.size());
@@ -54,7 +69,7 @@ void MaxMinSolver::solve() {
     double share = std::numeric_limits<double>::infinity();
     for (int32_t l = 0; l < nl; ++l) {
       if (unfixed_[l] == 0) continue;
-      double s = std::max(remaining_[l], 0.0) / unfixed_[l];
+      double s = std::max(remaining_[l], 0.0) / load_[l];
       if (s < share) {
         share = s;
         bottleneck = l;
@@ -66,7 +81,9 @@ void MaxMinSolver::solve() {
       if (rate_[f] != kUnfixed) continue;
       rate_[f] = share;
       for (int32_t j = flow_begin_[f]; j < flow_begin_[f + 1]; ++j) {
-        remaining_[flow_links_[j]] -= share;
+        const double w = flow_weights_[j];
+        remaining_[flow_links_[j]] -= w == 1.0 ? share : w * share;
+        load_[flow_links_[j]] -= w;
         --unfixed_[flow_links_[j]];
       }
     }

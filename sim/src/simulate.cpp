@@ -11,12 +11,31 @@
 namespace hetpar::sim {
 namespace {
 
-// A collective pattern with its routes resolved and its idle-network cost per byte.
+// A collective pattern (or a P2P's one flow) with its routes resolved, its link weights
+// when it has copies, and its idle-network cost per byte.
 struct Plan {
   CollectivePattern pattern;
   std::vector<int32_t> route_begin;  // flow i's route is links[route_begin[i] .. [i+1])
   std::vector<LinkId> links;
+  std::vector<double> weights;  // parallel to links; empty without copies
   double seconds_per_byte = 0;
+  std::vector<Time> p2p_latency;  // P2P: per flow, its route's latency
+};
+
+struct PlanKey {
+  int32_t a = 0, b = 0, root = 0, copies = 0;  // collective: a = group; p2p: a = src, b = dst
+  uint8_t kind = 0, algorithm = 0, p2p = 0;
+  bool operator==(const PlanKey&) const = default;
+};
+struct PlanKeyHash {
+  size_t operator()(const PlanKey& k) const {
+    uint64_t h = static_cast<uint32_t>(k.a);
+    h = h * 0x9E3779B97F4A7C15ULL ^ static_cast<uint32_t>(k.b);
+    h = h * 0x9E3779B97F4A7C15ULL ^ static_cast<uint32_t>(k.root);
+    h = h * 0x9E3779B97F4A7C15ULL ^ static_cast<uint32_t>(k.copies);
+    h = h * 0x9E3779B97F4A7C15ULL ^ (k.kind | k.algorithm << 8 | k.p2p << 16);
+    return static_cast<size_t>(h ^ (h >> 29));
+  }
 };
 
 // Time a rank spends with compute streams busy, comm streams busy, and comm alone:
@@ -51,10 +70,16 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
   }
   void arrive(int32_t t);
   void start(int32_t t);
-  void start_collective(int32_t t);
+  const Plan& resolve(int32_t t);
+  int32_t launch(const Plan& p, const Task& task, uint32_t cookie, FlowNetwork& fn);
+  void find_uncontended();
+  Time isolated_time(const Plan& p, const Task& task);
   void finish(Time now, int32_t t);
   void report(int32_t t, const StreamRef& s, Time end, bool started);
   const Plan& plan(const Task& task, Algorithm algorithm);
+  const Plan& p2p_plan(const Task& task);
+  void add_flow(Plan& p, RankId src, RankId dst, double share);
+  void weigh(Plan& p, const Task& task, Algorithm algorithm);
 
   const TaskGraph& g_;
   const Network& net_;
@@ -82,12 +107,35 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
   Time makespan_;
   SimResult result_;
 
-  std::unordered_map<uint64_t, Plan> plans_;
+  std::unordered_map<PlanKey, Plan, PlanKeyHash> plans_;  // node-based: stable addresses
+  std::vector<const Plan*> plan_of_;                      // per comm task
+  std::vector<Time> fixed_;  // per task: its time when it runs alone, else < 0
+  struct Isolated {
+    const Plan* plan = nullptr;
+    Bytes bytes;
+    Time time;
+  };
+  std::unordered_map<uint64_t, Isolated> isolated_;
+  struct LastDelivery final : FlowNetwork::Observer {
+    Time last;
+    void on_flow_done(Time now, uint32_t) override { last = std::max(last, now); }
+  };
+  EventQueue iso_queue_;
+  LastDelivery iso_;
+  FlowNetwork iso_flows_;
   std::vector<LinkId> route_;
+  std::vector<double> link_load_;  // weigh() scratch: per link, flows of copies
+  std::vector<int32_t> link_rep_;  // weigh() scratch: per link, flows of the task
+  std::vector<int32_t> touched_;   // weigh() scratch: links with a load
 };
 
 Engine::Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, TraceSink* sink)
-    : g_(g), net_(net), opt_(opt), sink_(sink), flows_(queue_, net, *this) {
+    : g_(g),
+      net_(net),
+      opt_(opt),
+      sink_(sink),
+      flows_(queue_, net, *this),
+      iso_flows_(iso_queue_, net, iso_) {
   const int nr = net.num_ranks();
   const int nt = g.num_tasks();
   num_compute_.assign(nr, 0);
@@ -141,6 +189,7 @@ Engine::Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, Tr
 }
 
 SimResult Engine::run() {
+  find_uncontended();
   for (size_t s = 0; s + 1 < stream_task_begin_.size(); ++s)
     if (stream_task_begin_[s] < stream_task_begin_[s + 1])
       arrive(stream_tasks_[stream_task_begin_[s]]);
@@ -162,6 +211,7 @@ SimResult Engine::run() {
     st.comm = clocks_[rank].comm;
     st.exposed_comm = clocks_[rank].exposed;
     st.flops = flops_[rank];
+    st.multiplicity = g_.multiplicity(RankId(rank));
   }
   for (int c = 0; c <= g_.num_labels(); ++c) {
     if (category_tasks_[c] == 0) continue;
@@ -204,43 +254,126 @@ void Engine::start(int32_t t) {
     case TaskKind::kCompute:
       queue_.schedule_in(task.duration, *this, static_cast<uint32_t>(t));
       break;
-    case TaskKind::kP2P: {
-      auto refs = g_.streams(TaskId(t));
-      net_.route(refs[0].rank, refs[1].rank, route_);
-      flows_left_[t] = 1;
-      flows_.start(route_, task.bytes, net_.latency(route_), static_cast<uint32_t>(t));
+    case TaskKind::kP2P:
+    case TaskKind::kCollective: {
+      if (fixed_[t] >= Time::zero()) {
+        queue_.schedule_in(fixed_[t], *this, static_cast<uint32_t>(t));
+        break;
+      }
+      const Plan& p = *plan_of_[t];
+      tail_latency_[t] = task.kind == TaskKind::kCollective ? p.pattern.latency : Time::zero();
+      flows_left_[t] = launch(p, task, static_cast<uint32_t>(t), flows_);
+      if (flows_left_[t] == 0)
+        queue_.schedule_in(tail_latency_[t], *this, static_cast<uint32_t>(t));
       break;
     }
-    case TaskKind::kCollective:
-      start_collective(t);
-      break;
   }
+}
+
+void Engine::add_flow(Plan& p, RankId src, RankId dst, double share) {
+  p.pattern.flows.push_back({src, dst, share});
+  net_.route(src, dst, route_);
+  p.links.insert(p.links.end(), route_.begin(), route_.end());
+  p.route_begin.push_back(static_cast<int32_t>(p.links.size()));
+}
+
+// Link weights of a task with copies: on each link, (its flows + the copies' flows) / its
+// flows.
+void Engine::weigh(Plan& p, const Task& task, Algorithm algorithm) {
+  if (!task.copies.valid() || task.num_copies == 0) return;
+  if (link_rep_.empty()) {
+    link_rep_.assign(net_.num_links(), 0);
+    link_load_.assign(net_.num_links(), 0.0);
+  }
+  auto load = [&](LinkId l) {
+    if (link_load_[l.value()] == 0) touched_.push_back(l.value());
+    link_load_[l.value()] += 1;
+  };
+  for (LinkId l : p.links) {
+    ++link_rep_[l.value()];
+    load(l);
+  }
+  auto count = [&](RankId src, RankId dst) {
+    net_.route(src, dst, route_);
+    for (LinkId l : route_) load(l);
+  };
+  std::span<const RankId> copies = g_.group(task.copies);
+  if (task.kind == TaskKind::kP2P) {
+    for (size_t i = 0; i + 1 < copies.size(); i += 2) count(copies[i], copies[i + 1]);
+  } else {
+    std::span<const RankId> group = g_.group(task.group);
+    const size_t n = group.size();
+    const size_t root_at =
+        static_cast<size_t>(std::find(group.begin(), group.end(), task.root) - group.begin());
+    for (size_t c = 0; c + n <= copies.size(); c += n) {
+      std::span<const RankId> copy = copies.subspan(c, n);
+      const RankId root = root_at < n ? copy[root_at] : copy[0];
+      for (const CollectiveFlow& f :
+           collective_pattern(task.collective, algorithm, copy, root, net_, opt_.collectives).flows)
+        count(f.src, f.dst);
+    }
+  }
+  p.weights.resize(p.links.size());
+  for (size_t i = 0; i < p.links.size(); ++i) {
+    const int32_t l = p.links[i].value();
+    p.weights[i] = link_load_[l] / link_rep_[l];
+  }
+  for (int32_t l : touched_) link_load_[l] = 0;
+  for (LinkId l : p.links) link_rep_[l.value()] = 0;
+  touched_.clear();
 }
 
 const Plan& Engine::plan(const Task& task, Algorithm algorithm) {
   const bool rooted =
       task.collective == CollectiveKind::kBroadcast || task.collective == CollectiveKind::kReduce;
-  const uint64_t key = (static_cast<uint64_t>(task.group.value()) << 37) |
-                       (static_cast<uint64_t>(task.collective) << 34) |
-                       (static_cast<uint64_t>(algorithm) << 32) |
-                       static_cast<uint32_t>(rooted ? task.root.value() : -1);
+  const PlanKey key{.a = task.group.value(),
+                    .root = rooted ? task.root.value() : -1,
+                    .copies = task.copies.valid() ? task.copies.value() : -1,
+                    .kind = static_cast<uint8_t>(task.collective),
+                    .algorithm = static_cast<uint8_t>(algorithm)};
   auto [it, fresh] = plans_.try_emplace(key);
   Plan& p = it->second;
   if (!fresh) return p;
-  p.pattern = collective_pattern(task.collective, algorithm, g_.group(task.group), task.root, net_,
-                                 opt_.collectives);
+  const CollectivePattern pattern = collective_pattern(
+      task.collective, algorithm, g_.group(task.group), task.root, net_, opt_.collectives);
+  p.pattern.latency = pattern.latency;
+  p.pattern.algorithm = pattern.algorithm;
+  p.pattern.flows.reserve(pattern.flows.size());
   p.route_begin.push_back(0);
-  for (const CollectiveFlow& f : p.pattern.flows) {
-    net_.route(f.src, f.dst, route_);
-    p.links.insert(p.links.end(), route_.begin(), route_.end());
-    p.route_begin.push_back(static_cast<int32_t>(p.links.size()));
-  }
+  for (const CollectiveFlow& f : pattern.flows) add_flow(p, f.src, f.dst, f.share);
   p.seconds_per_byte = idle_seconds_per_byte(p.pattern, net_);
+  weigh(p, task, algorithm);
   return p;
 }
 
-void Engine::start_collective(int32_t t) {
+const Plan& Engine::p2p_plan(const Task& task) {
+  const PlanKey key{.a = task.group.valid() ? task.group.value() : task.src.value(),
+                    .b = task.group.valid() ? -1 : task.dst.value(),
+                    .copies = task.copies.valid() ? task.copies.value() : -1,
+                    .p2p = 1};
+  auto [it, fresh] = plans_.try_emplace(key);
+  Plan& p = it->second;
+  if (!fresh) return p;
+  p.route_begin.push_back(0);
+  auto transfer = [&](RankId src, RankId dst) {
+    add_flow(p, src, dst, 1.0);
+    p.p2p_latency.push_back(net_.latency(
+        std::span<const LinkId>(p.links).subspan(p.route_begin[p.route_begin.size() - 2])));
+  };
+  if (task.group.valid()) {
+    std::span<const RankId> pairs = g_.group(task.group);
+    for (size_t i = 0; i + 1 < pairs.size(); i += 2) transfer(pairs[i], pairs[i + 1]);
+  } else {
+    transfer(task.src, task.dst);
+  }
+  weigh(p, task, Algorithm::kRing);
+  return p;
+}
+
+// The plan task t runs (kAuto resolved as NCCL's tuner would), recorded per task.
+const Plan& Engine::resolve(int32_t t) {
   const Task& task = g_.task(TaskId(t));
+  if (task.kind == TaskKind::kP2P) return p2p_plan(task);
   Algorithm algorithm = task.algorithm;
   if (algorithm == Algorithm::kAuto) {
     algorithm = Algorithm::kRing;
@@ -253,19 +386,77 @@ void Engine::start_collective(int32_t t) {
     }
   }
   algorithm_[t] = algorithm;
-  const Plan& p = plan(task, algorithm);
-  tail_latency_[t] = p.pattern.latency;
-  const auto& flows = p.pattern.flows;
-  flows_left_[t] = static_cast<int32_t>(flows.size());
-  if (flows.empty()) {
-    queue_.schedule_in(p.pattern.latency, *this, static_cast<uint32_t>(t));
-    return;
-  }
-  for (size_t i = 0; i < flows.size(); ++i) {
-    Bytes bytes(std::llround(flows[i].share * task.bytes.as_double()));
+  return plan(task, algorithm);
+}
+
+// Starts the flows of `p` for `task` in `fn`; returns how many.
+int32_t Engine::launch(const Plan& p, const Task& task, uint32_t cookie, FlowNetwork& fn) {
+  const bool p2p = task.kind == TaskKind::kP2P;
+  const size_t n = p.route_begin.size() - 1;
+  for (size_t i = 0; i < n; ++i) {
+    const Bytes bytes =
+        p2p ? task.bytes : Bytes(std::llround(p.pattern.flows[i].share * task.bytes.as_double()));
     std::span<const LinkId> route(p.links.data() + p.route_begin[i],
                                   p.links.data() + p.route_begin[i + 1]);
-    flows_.start(route, bytes, Time::zero(), static_cast<uint32_t>(t));
+    std::span<const double> weights;
+    if (!p.weights.empty())
+      weights = {p.weights.data() + p.route_begin[i], p.weights.data() + p.route_begin[i + 1]};
+    fn.start(route, weights, bytes, p2p ? p.p2p_latency[i] : Time::zero(), cookie);
+  }
+  return static_cast<int32_t>(n);
+}
+
+// A task's time alone on the network: its flows in a private flow network. Exactly what
+// the shared one gives it when nothing else uses its links (rates are solved per connected
+// component, and times are relative to the start).
+Time Engine::isolated_time(const Plan& p, const Task& task) {
+  const uint64_t key = reinterpret_cast<uintptr_t>(&p) * 0x9E3779B97F4A7C15ULL ^
+                       static_cast<uint64_t>(task.bytes.count());
+  auto [it, fresh] = isolated_.try_emplace(key);
+  if (!fresh && it->second.plan == &p && it->second.bytes == task.bytes) return it->second.time;
+  const Time begin = iso_queue_.now();
+  iso_.last = begin;
+  launch(p, task, 0, iso_flows_);
+  iso_queue_.run();
+  Time time = iso_.last - begin;
+  if (task.kind == TaskKind::kCollective) time += p.pattern.latency;
+  if (fresh) it->second = {&p, task.bytes, time};
+  return time;
+}
+
+// Tasks whose links no task outside their own streams' program order ever uses run alone:
+// their time is fixed (isolated_time), and they skip the shared flow network. A link is
+// private to a stream when every task crossing it occupies that stream, so those tasks run
+// one after another.
+void Engine::find_uncontended() {
+  const int nt = g_.num_tasks();
+  plan_of_.assign(nt, nullptr);
+  fixed_.assign(nt, Time::ps(-1));
+  std::vector<int32_t> owner(net_.num_links(), -1);  // -1 unused, -2 shared, else stream
+  auto occupies = [&](int32_t t, int32_t stream) {
+    for (const StreamRef& s : g_.streams(TaskId(t)))
+      if (stream_of(s) == stream) return true;
+    return false;
+  };
+  for (int32_t t = 0; t < nt; ++t) {
+    if (g_.task(TaskId(t)).kind == TaskKind::kCompute) continue;
+    const Plan& p = resolve(t);
+    plan_of_[t] = &p;
+    const int32_t first = stream_of(g_.streams(TaskId(t))[0]);
+    for (LinkId l : p.links) {
+      int32_t& o = owner[l.value()];
+      if (o == -1)
+        o = first;
+      else if (o >= 0 && o != first && !occupies(t, o))
+        o = -2;
+    }
+  }
+  for (int32_t t = 0; t < nt; ++t) {
+    if (!plan_of_[t]) continue;
+    const Plan& p = *plan_of_[t];
+    bool alone = true;
+    for (LinkId l : p.links) alone = alone && owner[l.value()] >= 0;
+    if (alone) fixed_[t] = isolated_time(p, g_.task(TaskId(t)));
   }
 }
 
@@ -287,8 +478,9 @@ void Engine::finish(Time now, int32_t t) {
   auto refs = g_.streams(TaskId(t));
   if (task.kind == TaskKind::kCompute) flops_[refs[0].rank.value()] += task.flops;
   const int32_t cat = task.label.category.valid() ? task.label.category.value() : g_.num_labels();
-  category_time_[cat] += span * static_cast<int64_t>(refs.size());
-  ++category_tasks_[cat];
+  category_time_[cat] += span * g_.world_streams(TaskId(t));
+  category_tasks_[cat] += task.kind == TaskKind::kCompute ? g_.multiplicity(refs[0].rank)
+                                                          : 1 + int64_t{task.num_copies};
   for (const StreamRef& s : refs) {
     RankClock& c = clocks_[s.rank.value()];
     c.advance(now);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "hetpar/core/check.h"
 #include "hetpar/core/format.h"
 
 namespace hetpar::sim {
@@ -82,6 +83,24 @@ GroupId TaskGraph::intern_group(std::span<const RankId> group) {
   return id;
 }
 
+GroupId TaskGraph::add_group(std::span<const RankId> ranks) {
+  return intern_group(ranks);
+}
+
+void TaskGraph::set_multiplicity(RankId rank, int32_t n) {
+  HETPAR_CHECK(rank.valid() && n >= 0, "multiplicity {} of rank {}", n, rank);
+  if (rank.value() >= static_cast<int>(multiplicity_.size()))
+    multiplicity_.resize(static_cast<size_t>(rank.value()) + 1, 1);
+  multiplicity_[rank.value()] = n;
+}
+
+void TaskGraph::reserve(size_t tasks, size_t stream_refs, size_t deps) {
+  tasks_.reserve(tasks);
+  stream_begin_.reserve(tasks + 1);
+  stream_refs_.reserve(stream_refs);
+  deps_.reserve(deps);
+}
+
 TaskId TaskGraph::add_compute(RankId rank, int32_t stream, Time duration, Flops flops,
                               Label label) {
   stream_refs_.push_back({rank, StreamKind::kCompute, stream});
@@ -89,21 +108,69 @@ TaskId TaskGraph::add_compute(RankId rank, int32_t stream, Time duration, Flops 
 }
 
 TaskId TaskGraph::add_collective(const CollectiveSpec& spec, Label label) {
-  for (RankId r : spec.group) stream_refs_.push_back({r, StreamKind::kComm, spec.stream});
+  const GroupId gid = spec.group_id.valid() ? spec.group_id : intern_group(spec.group);
+  const bool known = gid.value() < num_groups();
+  const std::span<const RankId> group =
+      known ? std::span<const RankId>(groups_[gid.value()]) : std::span<const RankId>();
+  for (RankId r : group)
+    if (multiplicity(r) != 0) stream_refs_.push_back({r, StreamKind::kComm, spec.stream});
+  int32_t copies = 0;
+  if (spec.copies.valid() && spec.copies.value() < num_groups() && !group.empty())
+    copies = static_cast<int32_t>(groups_[spec.copies.value()].size() / group.size());
   return push({.kind = TaskKind::kCollective,
                .label = label,
                .bytes = spec.bytes,
                .collective = spec.kind,
                .algorithm = spec.algorithm,
-               .group = intern_group(spec.group),
-               .root = spec.root.valid() || spec.group.empty() ? spec.root : spec.group[0]});
+               .group = gid,
+               .root = spec.root.valid() || group.empty() ? spec.root : group[0],
+               .copies = spec.copies,
+               .num_copies = copies});
+}
+
+TaskId TaskGraph::add_p2p_group(GroupId pairs, Bytes bytes, int32_t src_stream, int32_t dst_stream,
+                                Label label, GroupId copies) {
+  const bool known = pairs.valid() && pairs.value() < num_groups();
+  RankId src, dst;
+  if (known) {
+    const auto& g = groups_[pairs.value()];
+    for (size_t i = 0; i + 1 < g.size(); i += 2) {
+      if (multiplicity(g[i]) != 0) stream_refs_.push_back({g[i], StreamKind::kComm, src_stream});
+      if (multiplicity(g[i + 1]) != 0)
+        stream_refs_.push_back({g[i + 1], StreamKind::kComm, dst_stream});
+    }
+    if (g.size() >= 2) {
+      src = g[0];
+      dst = g[1];
+    }
+  }
+  int32_t n = 0;
+  if (copies.valid() && copies.value() < num_groups())
+    n = static_cast<int32_t>(groups_[copies.value()].size() / 2);
+  return push({.kind = TaskKind::kP2P,
+               .label = label,
+               .bytes = bytes,
+               .group = pairs,
+               .src = src,
+               .dst = dst,
+               .copies = copies,
+               .num_copies = n});
 }
 
 TaskId TaskGraph::add_p2p(RankId src, RankId dst, Bytes bytes, int32_t src_stream,
-                          int32_t dst_stream, Label label) {
-  stream_refs_.push_back({src, StreamKind::kComm, src_stream});
-  stream_refs_.push_back({dst, StreamKind::kComm, dst_stream});
-  return push({.kind = TaskKind::kP2P, .label = label, .bytes = bytes});
+                          int32_t dst_stream, Label label, GroupId copies) {
+  if (multiplicity(src) != 0) stream_refs_.push_back({src, StreamKind::kComm, src_stream});
+  if (multiplicity(dst) != 0) stream_refs_.push_back({dst, StreamKind::kComm, dst_stream});
+  int32_t n = 0;
+  if (copies.valid() && copies.value() < num_groups())
+    n = static_cast<int32_t>(groups_[copies.value()].size() / 2);
+  return push({.kind = TaskKind::kP2P,
+               .label = label,
+               .bytes = bytes,
+               .src = src,
+               .dst = dst,
+               .copies = copies,
+               .num_copies = n});
 }
 
 void TaskGraph::add_dependency(TaskId before, TaskId after) {
@@ -125,7 +192,26 @@ Status TaskGraph::validate(int num_ranks) const {
     if (task.duration < Time::zero()) return fail(t, "negative duration");
     if (task.bytes.count() < 0) return fail(t, "negative bytes");
     auto refs = streams(TaskId(t));
-    if (refs.empty()) return fail(t, "empty group");
+    if (task.kind == TaskKind::kCollective &&
+        (!task.group.valid() || task.group.value() >= num_groups() ||
+         groups_[task.group.value()].empty()))
+      return fail(t, "empty group");
+    if (refs.empty()) return fail(t, "no simulated participant (every member is mirrored)");
+    auto in_range = [&](RankId r) { return r.valid() && r.value() < num_ranks; };
+    if (task.kind == TaskKind::kP2P && (!in_range(task.src) || !in_range(task.dst)))
+      return fail(
+          t, fmt::format("p2p {} -> {} out of range (world {})", task.src, task.dst, num_ranks));
+    if (task.copies.valid()) {
+      if (task.copies.value() >= num_groups()) return fail(t, "unknown copies");
+      const auto& c = groups_[task.copies.value()];
+      const size_t width = task.kind == TaskKind::kP2P ? 2 : groups_[task.group.value()].size();
+      if (c.size() % width != 0)
+        return fail(t, fmt::format("{} copy ranks are not whole groups of {}", c.size(), width));
+      for (RankId r : c)
+        if (!in_range(r)) return fail(t, fmt::format("copy rank {} out of range", r));
+    }
+    if (task.kind == TaskKind::kCompute && multiplicity(refs[0].rank) == 0)
+      return fail(t, fmt::format("compute on mirrored rank {}", refs[0].rank));
     for (const StreamRef& s : refs) {
       if (!s.rank.valid() || s.rank.value() >= num_ranks)
         return fail(t, fmt::format("rank {} out of range (world {})", s.rank, num_ranks));
@@ -133,11 +219,30 @@ Status TaskGraph::validate(int num_ranks) const {
       auto& count = s.kind == StreamKind::kCompute ? num_compute : num_comm;
       count[s.rank.value()] = std::max(count[s.rank.value()], s.index + 1);
     }
-    if (task.kind == TaskKind::kP2P && refs[0].rank == refs[1].rank)
+    if (task.kind == TaskKind::kP2P && task.group.valid()) {
+      if (task.group.value() >= num_groups()) return fail(t, "unknown transfer pairs");
+      const auto& g = groups_[task.group.value()];
+      if (g.empty() || g.size() % 2 != 0) return fail(t, "transfer pairs of odd length");
+      for (size_t i = 0; i < g.size(); i += 2) {
+        if (!in_range(g[i]) || !in_range(g[i + 1]))
+          return fail(
+              t, fmt::format("p2p {} -> {} out of range (world {})", g[i], g[i + 1], num_ranks));
+        if (g[i] == g[i + 1]) return fail(t, "p2p from a rank to itself");
+      }
+      for (size_t a = 0; a < refs.size(); ++a)
+        for (size_t b = a + 1; b < refs.size(); ++b)
+          if (refs[a].rank == refs[b].rank && refs[a].index == refs[b].index)
+            return fail(t, "grouped transfers occupy one stream twice");
+    }
+    if (task.kind == TaskKind::kP2P && task.src == task.dst)
       return fail(t, "p2p from a rank to itself");
     if (task.kind == TaskKind::kCollective) {
       members.clear();
-      for (const StreamRef& s : refs) members.push_back(s.rank);
+      for (RankId r : groups_[task.group.value()]) {
+        if (!in_range(r))
+          return fail(t, fmt::format("rank {} out of range (world {})", r, num_ranks));
+        members.push_back(r);
+      }
       std::sort(members.begin(), members.end());
       if (std::adjacent_find(members.begin(), members.end()) != members.end())
         return fail(t, "a rank appears twice in the group");

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <set>
 
 #include "hetpar/models/totals.h"
 #include "hetpar/planner/network_builder.h"
@@ -39,8 +40,8 @@ Plan plan(int tp, int pp, int dp, Schedule sch = Schedule::k1F1B, int vpp = 1, i
   return p;
 }
 
-LoweredPlan lowered(const Scenario& s, const Plan& p) {
-  auto r = lower(s, p);
+LoweredPlan lowered(const Scenario& s, const Plan& p, LowerOptions o = {}) {
+  auto r = lower(s, p, o);
   EXPECT_TRUE(r.is_ok()) << r.status().to_string();
   return std::move(r).value();
 }
@@ -167,6 +168,7 @@ TEST(Lower, DataParallelReducesEachBucketOnce) {
     p.layout.distributed_optimizer = dist;
     LowerOptions o;
     o.bucket_params = 20'000'000;  // ~1.5 layers of 12.6M / tp 2
+    o.full_ranks = true;           // every TP rank's reduction is a task
     auto lp = lower(s, p, o);
     ASSERT_TRUE(lp.is_ok());
     std::map<std::string, int> names;
@@ -227,7 +229,7 @@ TEST(Lower, FasterNicsNeverSlowTheIterationDown) {
 // Pipeline traffic: every activation sent forward comes back as a gradient of equal size.
 TEST(Lower, PipelineBytesAreConserved) {
   Scenario s = make(8, 8, 1);
-  LoweredPlan lp = lowered(s, plan(2, 4, 1, Schedule::kInterleaved, 2));
+  LoweredPlan lp = lowered(s, plan(2, 4, 1, Schedule::kInterleaved, 2), {.full_ranks = true});
   Bytes fwd, bwd;
   for (int t = 0; t < lp.graph.num_tasks(); ++t) {
     const sim::Task& task = lp.graph.task(TaskId(t));
@@ -258,7 +260,16 @@ TEST(Lower, InfeasiblePlansSayWhy) {
   EXPECT_EQ(infeasibility(two, plan(16, 1, 1)),
             "tp 16 does not fit nodes of 8 GPUs (dgx-h100): a TP group must stay in a node");
   Scenario odd = make(6, 16, 1);
-  EXPECT_EQ(infeasibility(odd, plan(1, 4, 2)), "pp 4 x vpp 1 does not divide llm layers 6");
+  EXPECT_EQ(infeasibility(odd, plan(1, 4, 2)),
+            "pp 4 x vpp 1 does not divide llm layers 6 (an uneven split: first_stage_layers / "
+            "last_stage_layers, or account_for_embedding / account_for_loss)");
+  Plan uneven = plan(1, 4, 2);
+  uneven.layout.first_stage_layers = uneven.layout.last_stage_layers = 1;
+  EXPECT_EQ(infeasibility(odd, uneven), "");
+  uneven.layout.first_stage_layers = 2;
+  EXPECT_EQ(infeasibility(odd, uneven),
+            "llm layers 6 minus first_stage_layers 2 and last_stage_layers 1 do not split evenly "
+            "over the other 2 pipeline stages");
   Plan sp = plan(1, 1, 8);
   sp.layout.sequence_parallel = true;
   EXPECT_EQ(why(sp), "sequence parallelism needs tp > 1");
@@ -290,13 +301,40 @@ TEST(Lower, InfeasiblePlansSayWhy) {
   ASSERT_FALSE(lower(s, plan(3, 1, 1)).is_ok());
 }
 
+// Uneven splits place layers as Megatron does: first / last stage counts, or the embedding
+// and loss taking a layer's place.
+TEST(Lower, UnevenPipelineSplitsPlaceLayers) {
+  Scenario s = make(10, 8, 1);
+  auto layers_on = [&](const Plan& p) {
+    LoweredPlan lp = lowered(s, p, {.full_ranks = true});
+    std::map<int, std::set<std::string>> per_rank;  // rank -> layers it runs forward
+    for (int t = 0; t < lp.graph.num_tasks(); ++t) {
+      const sim::Task& task = lp.graph.task(TaskId(t));
+      if (task.kind != sim::TaskKind::kCompute) continue;
+      const std::string_view name = lp.graph.label_text(task.label.name);
+      if (name.starts_with("llm L") && name.ends_with(" fwd"))
+        per_rank[lp.graph.streams(TaskId(t))[0].rank.value()].insert(std::string(name));
+    }
+    std::vector<int> out;
+    for (auto& [rank, names] : per_rank) out.push_back(static_cast<int>(names.size()));
+    return out;
+  };
+  Plan p = plan(2, 4, 1);
+  p.layout.first_stage_layers = 1;
+  p.layout.last_stage_layers = 3;
+  EXPECT_EQ(layers_on(p), (std::vector<int>{1, 1, 3, 3, 3, 3, 3, 3}));
+  Plan acc = plan(2, 4, 1);
+  acc.layout.account_for_embedding = acc.layout.account_for_loss = true;
+  EXPECT_EQ(layers_on(acc), (std::vector<int>{2, 2, 3, 3, 3, 3, 2, 2}));
+}
+
 TEST(Lower, MixtureOfExpertsAllToAllOverTheEpGroup) {
   Scenario moe =
       make(4, 16, 1, "dgx-h100", "",
            R"(, "ffn_hidden": 0, "moe": {"experts": 8, "top_k": 2, "expert_ffn_hidden": 2048})");
   Plan p = plan(1, 1, 8);
   p.layout.ep = 4;
-  LoweredPlan lp = lowered(moe, p);
+  LoweredPlan lp = lowered(moe, p, {.full_ranks = true});
   int a2a = 0;
   for (int t = 0; t < lp.graph.num_tasks(); ++t) {
     const sim::Task& task = lp.graph.task(TaskId(t));

@@ -82,5 +82,46 @@ TEST(Schedule, ZeroBubbleH1KeepsOneFOneBPeakMemory) {
   EXPECT_EQ(first[5], (PipelineOp{PassKind::kWeight, 0, 0}));
 }
 
+TEST(Schedule, LayersPerVirtualStage) {
+  Layout l;
+  l.pp = 16;
+  std::string why;
+  EXPECT_TRUE(layers_per_virtual_stage(l, 126, &why).empty());
+  EXPECT_NE(why.find("does not divide llm layers 126"), std::string::npos) << why;
+  // Llama 3 405B (Meta): one layer less on the first and last stage.
+  l.first_stage_layers = l.last_stage_layers = 7;
+  std::vector<int64_t> meta = layers_per_virtual_stage(l, 126, &why);
+  ASSERT_EQ(meta.size(), 16u);
+  EXPECT_EQ(meta.front(), 7);
+  EXPECT_EQ(meta.back(), 7);
+  EXPECT_EQ(meta[1], 8);
+  // Megatron-Bridge: PP8 VPP8 with embedding and loss as layers: 64 chunks of 2 slots.
+  Layout b;
+  b.pp = 8;
+  b.vpp = 8;
+  b.account_for_embedding = b.account_for_loss = true;
+  std::vector<int64_t> mb = layers_per_virtual_stage(b, 126, &why);
+  ASSERT_EQ(mb.size(), 64u);
+  EXPECT_EQ(mb.front(), 1);
+  EXPECT_EQ(mb.back(), 1);
+  EXPECT_EQ(mb[1], 2);
+  int64_t sum = 0;
+  for (int64_t n : mb) sum += n;
+  EXPECT_EQ(sum, 126);
+  // Uneven first / last with vpp: each stage's layers divide into its chunks.
+  Layout v;
+  v.pp = 4;
+  v.vpp = 2;
+  v.first_stage_layers = 3;
+  EXPECT_TRUE(layers_per_virtual_stage(v, 16, &why).empty());
+  EXPECT_EQ(why,
+            "llm layers 16 minus first_stage_layers 3 and last_stage_layers 0 do not split "
+            "evenly over the other 3 pipeline stages");
+  EXPECT_TRUE(layers_per_virtual_stage(v, 15, &why).empty());
+  EXPECT_EQ(why, "pipeline stage 0 holds 3 layers, not divisible by vpp 2");
+  v.first_stage_layers = 2;
+  EXPECT_EQ(layers_per_virtual_stage(v, 14, &why), (std::vector<int64_t>{1, 2, 2, 2, 1, 2, 2, 2}));
+}
+
 }  // namespace
 }  // namespace hetpar::planner

@@ -47,12 +47,15 @@ struct PlanMetrics {
   std::vector<PhaseTime> phases;
   int world = 0;
   int64_t micro_batches = 0;  // per DP replica
-  int64_t tasks = 0;          // simulated tasks
+  int64_t tasks = 0;          // simulated tasks (one representative rank per stage, lower.h)
 };
 
 struct EvaluateOptions {
   /// Receives every task's start and end (e.g. a ChromeTraceWriter); may be null.
   sim::TraceSink* trace = nullptr;
+  /// Simulate every rank rather than one representative per pipeline stage
+  /// (LowerOptions::full_ranks); the metrics are the same where the symmetry holds.
+  bool full_ranks = false;
 };
 
 /// Errors only for internal failures (a graph that does not validate); a plan that does

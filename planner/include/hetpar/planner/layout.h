@@ -32,12 +32,22 @@ struct Layout {
   int pp = 1;
   int vpp = 1;  // virtual pipeline stages per rank (interleaved schedule); 1 = none
   int dp = 1;
-  int ep = 1;   // expert parallel size (MoE only); divides dp * cp
+  int ep = 1;           // expert parallel size (MoE only); divides dp * cp
   int micro_batch = 1;  // samples per micro-batch
   models::Recompute recompute = models::Recompute::kNone;
   bool distributed_optimizer = false;  // ZeRO-1: optimizer state sharded over dp
   bool overlap_grad_reduce = true;     // DP gradient reduction overlapped with backward
   bool overlap_param_gather = true;    // distributed optimizer all-gather overlapped with forward
+  // Uneven pipeline splits of the LLM's layers (Megatron-LM; schedule.h's
+  // layers_per_virtual_stage). first/last_stage_layers: --decoder-first/last-pipeline-
+  // num-layers, the layers of pipeline stage 0 / pp-1 (0 = not set), the rest split evenly
+  // over the other stages. account_for_embedding / _loss: --account-for-embedding/loss-in-
+  // pipeline-split, the embedding / the output layer and loss count as one layer of the
+  // first / last virtual stage in an even split.
+  int first_stage_layers = 0;
+  int last_stage_layers = 0;
+  bool account_for_embedding = false;
+  bool account_for_loss = false;
 
   int world() const { return tp * cp * pp * dp; }
   bool operator==(const Layout&) const = default;

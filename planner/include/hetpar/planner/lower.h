@@ -29,6 +29,19 @@
 //   bf16 parameters afterwards; with overlap_param_gather only the first bucket's
 //   all-gather is exposed (the rest overlaps the next iteration's forward), so only it is
 //   simulated.
+// Symmetry (LowerOptions::full_ranks = false, the default): the ranks of one pipeline stage
+// (its TP, CP and DP peers) do the same work at the same times, so when the cluster makes
+// them alike too (one node type; stages on whole nodes or several stages per node; CP
+// rings inside a node or one member per node; EP groups on whole nodes) only one
+// representative per stage (tp, cp, dp index 0) runs tasks, with multiplicity tp·cp·dp; its
+// peers are mirrored ranks (sim/task_graph.h). Collectives keep their whole groups, so
+// flows take every member's route, and name the stage's other groups (other TP groups,
+// the TP peers' DP groups, the other ring edges and pipeline transfers) as copies, so
+// links shared between them (NICs shared by the GPUs of a node) carry the whole stage's
+// load. CP: the representative receives each K,V chunk from its ring predecessor, which
+// sends once its own previous chunk arrived (as the representative's, by symmetry).
+// Otherwise, or with full_ranks, every rank runs its own tasks. Both give the same
+// prediction where the symmetry holds (tests/planner/symmetry_test.cpp).
 // Not modelled: tied-embedding gradient all-reduce between first and last stage, the
 // vocab-parallel loss's small all-reduces, SP's backward re-gather of inputs for wgrad
 // (overlapped in Megatron), NVLS all-reduce (rings only), and the K,V ring of a
@@ -58,12 +71,18 @@ struct LowerOptions {
   int grad_bytes = 4;
   /// Local parameters per DP bucket; 0 = Megatron's max(40M, 1M x dp·cp).
   int64_t bucket_params = 0;
+  /// Simulate every rank instead of one representative per stage (see the top of this
+  /// file); for tests that compare the two.
+  bool full_ranks = false;
 };
 
 struct LoweredPlan {
   sim::TaskGraph graph;
-  sim::Network network{0};    // built from the scenario's cluster (network_builder)
-  int world = 0;              // ranks simulated
+  sim::Network network{0};  // built from the scenario's cluster (network_builder)
+  int world = 0;            // ranks of the cluster (the network's ranks)
+  /// Whether one representative per stage runs tasks (the others mirrored); false when
+  /// every rank does.
+  bool representatives = false;
   int64_t micro_batches = 0;  // per DP replica
   /// Every module, 3x forward, no recompute, causal attention halved: models::model_flops
   /// of each module's micro-batch graph x micro-batches per iteration (global batch / mbs).

@@ -11,11 +11,12 @@
 //   weights are their own master copy), divided by the data-parallel group (dp * cp; for
 //   routed experts dp * cp / ep) under the distributed optimizer, which shards only this
 //   state, not the gradient or parameter buffers.
-// Which parameters a rank holds: the LLM's layers split evenly over pp * vpp model chunks
-// (chunk c on stage c % pp, the first chunks taking one more layer when pp * vpp does not
-// divide the layers), the embedding on the first stage, the final norm and output layer on
-// the last (tied embeddings: the last stage keeps its own copy of the table, as Megatron
-// does). Encoders and projectors sit whole on the first stage (the homogeneous baseline:
+// Which parameters a rank holds: the LLM's layers split over pp * vpp model chunks as the
+// layout says (schedule.h's layers_per_virtual_stage: even, or Megatron's uneven first /
+// last stage and embedding / loss accounting; chunk c on stage c % pp; when no valid split
+// exists, the first chunks take one more layer), the embedding on the first stage, the final norm
+// and output layer on the last (tied embeddings: the last stage keeps its own copy of the table, as
+// Megatron does). Encoders and projectors sit whole on the first stage (the homogeneous baseline:
 // every module uses the plan's layout). TP shards GEMM weights (column/row parallel) and
 // the vocabulary; norms, the MoE router, position tables and encoder stems (patch embedding,
 // audio convolutions) are replicated. Routed experts: experts / ep per rank, each sharded by

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "hetpar/planner/layout.h"
@@ -45,5 +46,14 @@ std::vector<PipelineOp> stage_order(Schedule s, int stage, int pp, int vpp, int6
 /// Most micro-batch chunks whose forward ran and whose last backward pass (B, or W when the
 /// schedule splits it) has not, over the program: the activations the stage holds at peak.
 int64_t peak_in_flight(const std::vector<PipelineOp>& order);
+
+/// Transformer layers of each virtual stage v = chunk * pp + stage (pp * vpp entries) when
+/// `layers` split under `l` (Megatron-LM): evenly; or with first/last_stage_layers, stage 0
+/// and / or stage pp-1 hold that many and the other stages share the rest evenly, each
+/// stage's layers split evenly over its vpp chunks; or with account_for_embedding / _loss,
+/// layers + 1 (+ 1) split evenly over the virtual stages, the first one giving a layer's
+/// place to the embedding, the last one to the output layer and loss. Empty with `why`
+/// set when the split is impossible.
+std::vector<int64_t> layers_per_virtual_stage(const Layout& l, int64_t layers, std::string* why);
 
 }  // namespace hetpar::planner

@@ -39,7 +39,13 @@ class FlowNetwork final : public EventSource {
 
   /// Starts moving `bytes` along `route` now; the observer hears `cookie` on delivery,
   /// `latency` after the last byte left. An empty route or zero bytes take only `latency`.
-  void start(std::span<const LinkId> route, Bytes bytes, Time latency, uint32_t cookie);
+  void start(std::span<const LinkId> route, Bytes bytes, Time latency, uint32_t cookie) {
+    start(route, {}, bytes, latency, cookie);
+  }
+  /// As above; the flow weighs `weights[i]` on route[i] (MaxMinSolver): it stands for that
+  /// many alike flows there. Empty = 1 everywhere.
+  void start(std::span<const LinkId> route, std::span<const double> weights, Bytes bytes,
+             Time latency, uint32_t cookie);
   /// Flows started and not yet delivered.
   int active() const { return static_cast<int>(flows_.size() - free_.size()); }
 
@@ -47,9 +53,10 @@ class FlowNetwork final : public EventSource {
 
  private:
   struct Flow {
-    std::vector<int32_t> links;  // kept across reuse of the slot: no allocation when warm
-    double remaining = 0;        // bytes left at time `since`
-    double rate = 0;             // bytes/s since `since` (0: not yet solved)
+    std::vector<int32_t> links;   // kept across reuse of the slot: no allocation when warm
+    std::vector<double> weights;  // parallel to links, or empty (all 1)
+    double remaining = 0;         // bytes left at time `since`
+    double rate = 0;              // bytes/s since `since` (0: not yet solved)
     Time since;
     Time latency;
     EventHandle drained;

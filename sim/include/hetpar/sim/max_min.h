@@ -3,8 +3,10 @@
 // rates x_f with sum_{f uses l} x_f <= C_l for every link such that no flow can go
 // faster without slowing a flow that is already slower or as slow (progressive filling:
 // raise all unfixed rates together; when a link saturates, fix its flows at its share).
-// Pure numerics in bytes/s as doubles; no time, no events. Reuse one solver to avoid
-// allocations: clear() keeps the buffers.
+// A flow may weigh w > 0 on a link: it uses w x its rate there, standing for w alike flows
+// (sim's copies of a symmetric task); the share of a link is then its capacity left over
+// the weights of its unfixed flows. Pure numerics in bytes/s as doubles; no time, no events. Reuse
+// one solver to avoid allocations: clear() keeps the buffers.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +23,8 @@ class MaxMinSolver {
   /// Adds a flow over `links` (indices from add_link, each at most once) and returns its
   /// index. A flow over no link is unconstrained: its rate is +infinity.
   int32_t add_flow(std::span<const int32_t> links);
+  /// As above, with `weights[i]` (> 0) on links[i]; empty weights = all 1.
+  int32_t add_flow(std::span<const int32_t> links, std::span<const double> weights);
   /// Computes every flow's rate. O(bottleneck levels x links + sum of route lengths).
   void solve();
   /// Rate of `flow` after solve().
@@ -32,11 +36,13 @@ class MaxMinSolver {
   std::vector<double> capacity_;
   std::vector<int32_t> flow_begin_{0};  // flow f uses flow_links_[flow_begin_[f] .. [f+1])
   std::vector<int32_t> flow_links_;
+  std::vector<double> flow_weights_;  // parallel to flow_links_
   std::vector<double> rate_;
   // solve() scratch: per link, the capacity left, the flows not fixed yet, and the flows
   // using it (CSR, link_begin_[l] .. link_begin_[l+1] into link_flows_).
   std::vector<double> remaining_;
   std::vector<int32_t> unfixed_;
+  std::vector<double> load_;  // per link, the weights of its unfixed flows
   std::vector<int32_t> link_begin_;
   std::vector<int32_t> link_flows_;
   std::vector<int32_t> fill_;

@@ -2,7 +2,12 @@
 // builds its own engine (event queue, flow network, stream states), so concurrent calls
 // on different threads are independent; the graph and network are only read.
 // Compute tasks take their given duration; P2P tasks are one flow (route latency + bytes
-// at the max-min share); collectives are the flow patterns of collective.h.
+// at the max-min share); collectives are the flow patterns of collective.h. Graphs reduced
+// by symmetry (task_graph.h: multiplicities, mirrored ranks, copies) report the world they
+// stand for: category totals count every stream of every copy and every rank a
+// representative stands for; per-rank stats are the simulated ranks' own, each with its
+// multiplicity (0 for mirrored ranks, whose stats stay zero), so a mean over the world is
+// sum(stat x multiplicity) / sum(multiplicity).
 #pragma once
 
 #include <string>
@@ -30,6 +35,7 @@ struct RankStats {
   Time comm{};                            // time at least one comm stream was busy
   Time exposed_comm{};                    // time a comm stream was busy and no compute stream was
   Flops flops{};                          // of the compute tasks that ran on this rank
+  int32_t multiplicity = 1;               // ranks of the world these stats stand for
 };
 
 struct TaskTiming {
@@ -38,7 +44,8 @@ struct TaskTiming {
 };
 
 /// Stream time of one category: the durations of its tasks summed over every rank they
-/// occupy (a collective over 8 ranks counts 8 times its duration).
+/// occupy (a collective over 8 ranks counts 8 times its duration), in the world the graph
+/// stands for (TaskGraph::world_streams); `tasks` counts copies and represented ranks too.
 struct CategoryTotal {
   std::string category;  // "" collects tasks without a category
   Time rank_time{};

@@ -9,6 +9,21 @@
 // it; so a multi-rank task starts when its last participant arrives (NCCL semantics).
 // Cycles include deadlocks that stream order creates (a collective waiting, through
 // dependencies, for one queued behind it on some member's stream).
+//
+// Symmetry reduction (how a planner simulates one representative of many alike ranks):
+// - A rank's multiplicity says how many ranks of the world its streams stand for: 1 by
+//   default; k > 1 for a representative of k ranks that behave exactly alike (the
+//   representative and k-1 others); 0 for a mirrored rank. A mirrored rank runs no stream
+//   of its own: a collective or P2P that includes it occupies streams on its other members
+//   only, and the mirrored member is taken to arrive when they do (a peer that behaves like
+//   a simulated one). Its routes still carry the task's flows: a collective's flow pattern
+//   is always the whole group's. SimResult reports multiplicity per rank, and category
+//   totals count every stream a task stands for.
+// - A collective or P2P may name copies: further groups (P2P: further (src, dst) pairs)
+//   over which the same task runs at the same time in the world, unsimulated. They load
+//   the network: on every link the task's flows cross, each flow counts as (flows of the
+//   task and all its copies on that link) / (flows of the task on it), so shared links see
+//   the right load while only the task's own flows are simulated.
 #pragma once
 
 #include <cstdint>
@@ -67,6 +82,12 @@ struct CollectiveSpec {
   int32_t stream = 0;  // comm stream index, the same on every member
   Algorithm algorithm = Algorithm::kAuto;
   RankId root{};  // broadcast / reduce; invalid = group[0]
+  /// Concurrent unsimulated copies (see the top of this file): from add_group, k x the
+  /// group's size ranks, copy i's members in the group's member order. Invalid = none.
+  GroupId copies{};
+  /// When valid, the group (from TaskGraph::add_group) instead of `group`: saves interning
+  /// the same list per task.
+  GroupId group_id{};
 };
 
 /// One task; fields that do not apply to its kind keep their defaults.
@@ -80,6 +101,9 @@ struct Task {
   Algorithm algorithm = Algorithm::kAuto;
   GroupId group{};
   RankId root{};
+  RankId src{}, dst{};     // p2p: the (first) transfer; `group`, when valid, all of them
+  GroupId copies{};        // collective, p2p: see CollectiveSpec::copies; invalid = none
+  int32_t num_copies = 0;  // copies `copies` holds (p2p: pairs)
 };
 
 class TaskGraph {
@@ -93,8 +117,48 @@ class TaskGraph {
   TaskId add_collective(const CollectiveSpec& spec, Label label = {});
   /// `src` sends `bytes` to `dst`; occupies comm stream `src_stream` on src and
   /// `dst_stream` on dst.
+  /// `copies`: from add_group, (src, dst) pairs of concurrent unsimulated copies.
   TaskId add_p2p(RankId src, RankId dst, Bytes bytes, int32_t src_stream, int32_t dst_stream,
-                 Label label = {});
+                 Label label = {}, GroupId copies = {});
+  /// Several transfers as one task (NCCL's grouped send/recv): `pairs` (from add_group) is
+  /// (src, dst, src, dst, ...); each moves `bytes`, on src_stream of its source and
+  /// dst_stream of its destination (simulated ones; the task must not occupy a stream
+  /// twice), and the task ends when all are delivered. This is how a representative's
+  /// ring step is one task: it sends to one mirrored neighbour and receives from another.
+  TaskId add_p2p_group(GroupId pairs, Bytes bytes, int32_t src_stream, int32_t dst_stream,
+                       Label label = {}, GroupId copies = {});
+  /// Interns a list of ranks (a collective's group, or copies); the same list always gives
+  /// the same id.
+  GroupId add_group(std::span<const RankId> ranks);
+
+  /// Sets `rank`'s multiplicity (top of this file). REQUIRES: n >= 0, called before any
+  /// task involving `rank` is added.
+  void set_multiplicity(RankId rank, int32_t n);
+  /// 1 unless set_multiplicity said otherwise.
+  int32_t multiplicity(RankId rank) const {
+    return rank.value() < static_cast<int>(multiplicity_.size()) ? multiplicity_[rank.value()] : 1;
+  }
+  /// How many streams of the world task `id` stands for: compute: its rank's multiplicity;
+  /// collective: group size x (1 + copies) (mirrored members do what the others do);
+  /// p2p: 2 x (its transfers + copy pairs).
+  int64_t world_streams(TaskId id) const {
+    const Task& t = tasks_[id.value()];
+    switch (t.kind) {
+      case TaskKind::kCompute:
+        return multiplicity(stream_refs_[stream_begin_[id.value()]].rank);
+      case TaskKind::kCollective:
+        return static_cast<int64_t>(groups_[t.group.value()].size()) * (1 + t.num_copies);
+      case TaskKind::kP2P:
+        return 2 *
+               ((t.group.valid() ? static_cast<int64_t>(groups_[t.group.value()].size() / 2) : 1) +
+                t.num_copies);
+    }
+    return 1;
+  }
+  /// Room for this many tasks, stream references and dependencies (no effect on results).
+  void reserve(size_t tasks, size_t stream_refs, size_t deps);
+  size_t num_stream_refs() const { return stream_refs_.size(); }
+  size_t num_dependencies() const { return deps_.size(); }
   /// `after` starts only once `before` has finished.
   void add_dependency(TaskId before, TaskId after);
 
@@ -106,6 +170,7 @@ class TaskGraph {
   int num_tasks() const { return static_cast<int>(tasks_.size()); }
   const Task& task(TaskId id) const { return tasks_[id.value()]; }
   /// The streams `id` occupies: compute: 1; p2p: {src, dst}; collective: in group order.
+  /// Mirrored ranks (multiplicity 0) occupy none.
   std::span<const StreamRef> streams(TaskId id) const {
     return {stream_refs_.data() + stream_begin_[id.value()],
             stream_refs_.data() + stream_begin_[id.value() + 1]};
@@ -127,6 +192,7 @@ class TaskGraph {
   std::map<std::vector<RankId>, GroupId> group_ids_;
   std::vector<std::string> label_text_;
   std::map<std::string, LabelId, std::less<>> label_ids_;
+  std::vector<int32_t> multiplicity_;
 };
 
 }  // namespace hetpar::sim
