@@ -55,8 +55,12 @@ int run_validation(const ValidationOptions& opts) {
                    r.predicted.infeasible_reason);
         continue;
       }
-      fmt::print("{:<52} {:>6} {:>11} {:>11} {:>+7.1f}% {:>6.1f}%\n", r.name, r.gpus, r.measured,
-                 r.predicted.iteration_time, 100 * r.error, 100 * r.predicted.mfu);
+      fmt::print("{:<52} {:>6} {:>11} {:>11} {:>+7.1f}% {:>6.1f}% {}\n", r.name, r.gpus, r.measured,
+                 r.predicted.iteration_time, 100 * r.error, 100 * r.predicted.mfu,
+                 r.predicted.memory.fits()
+                     ? ""
+                     : fmt::format("(memory model: {} > {})", r.predicted.memory.peak,
+                                   r.predicted.memory.capacity));
     }
     fmt::print("\n{} runs, {} predicted: mean |error| {:.1f}%, max |error| {:.1f}%\n", rows.size(),
                predicted, 100 * mean, 100 * worst);

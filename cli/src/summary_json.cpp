@@ -123,6 +123,8 @@ std::string validation_to_json(const std::vector<planner::RunComparison>& rows, 
       row["predicted_iteration_time_s"] = r.predicted.iteration_time.to_seconds();
       row["error"] = r.error;
       row["predicted_mfu"] = r.predicted.mfu;
+      row["predicted_peak_memory_bytes"] = r.predicted.memory.peak.count();
+      row["memory_model_fits"] = r.predicted.memory.fits();
     } else {
       row["infeasible_reason"] = r.predicted.infeasible_reason;
     }

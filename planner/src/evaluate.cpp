@@ -114,7 +114,7 @@ Result<PlanMetrics> evaluate(const Scenario& s, const Plan& p, const EvaluateOpt
     m.infeasible_reason =
         fmt::format("out of memory: pipeline stage {} needs {} per GPU, the GPUs have {}",
                     m.memory.peak_stage, m.memory.peak, m.memory.capacity);
-    return m;
+    if (o.enforce_memory) return m;
   }
 
   LowerOptions lo;

@@ -318,7 +318,7 @@ void Lowering::build_costs() {
   std::vector<models::OpGraph> graphs;
   for (size_t i : order) {
     models::ModuleInput in = module_input(s_, i, l_.micro_batch);
-    in.flash_attention = o_.flash_attention;
+    in.flash_attention = l_.flash_attention;
     graphs.push_back(models::build_op_graph(model.modules[i].spec, in));
     out_.model_flops_per_iteration +=
         models::model_flops(graphs.back()) * static_cast<double>(m_ * l_.dp);

@@ -124,7 +124,7 @@ class Estimator {
     const models::ModuleSpec& spec = s_.model.modules[i].spec;
     const models::ModuleKind kind = models::kind_of(spec);
     models::ModuleInput in = module_input(s_, i, l_.micro_batch);
-    in.flash_attention = opts_.flash_attention;
+    in.flash_attention = l_.flash_attention;
     const models::OpGraph g = models::build_op_graph(spec, in);
     const auto* llm = std::get_if<models::LlmSpec>(&spec);
     const double vocab_params =

@@ -41,6 +41,7 @@ Result<Plan> parse_plan(const nlohmann::json& j, const std::string& path) {
   l.distributed_optimizer = r.optional_bool("distributed_optimizer", false);
   l.overlap_grad_reduce = r.optional_bool("overlap_grad_reduce", true);
   l.overlap_param_gather = r.optional_bool("overlap_param_gather", true);
+  l.flash_attention = r.optional_bool("flash_attention", true);
   l.first_stage_layers = static_cast<int>(r.optional_int("first_stage_layers", 0, 0, kMaxDegree));
   l.last_stage_layers = static_cast<int>(r.optional_int("last_stage_layers", 0, 0, kMaxDegree));
   l.account_for_embedding = r.optional_bool("account_for_embedding", false);
@@ -74,6 +75,7 @@ nlohmann::json plan_to_json(const Plan& p) {
                       {"distributed_optimizer", l.distributed_optimizer},
                       {"overlap_grad_reduce", l.overlap_grad_reduce},
                       {"overlap_param_gather", l.overlap_param_gather},
+                      {"flash_attention", l.flash_attention},
                       {"schedule", to_string(p.schedule)}};
   // Uneven pipeline splits only when set, so even plans read as before.
   if (l.first_stage_layers > 0) j["first_stage_layers"] = l.first_stage_layers;

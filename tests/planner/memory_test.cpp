@@ -38,9 +38,8 @@ class MemoryKorthikanti : public ::testing::Test {
   static double activations(Layout l) {
     l.micro_batch = kB;
     Scenario s = scenario(kGpt, kS, kB * l.dp);
-    return estimate_memory(s, plan(l), {.flash_attention = false})
-        .per_stage[0]
-        .activations.as_double();
+    l.flash_attention = false;
+    return estimate_memory(s, plan(l)).per_stage[0].activations.as_double();
   }
   static constexpr double sbh = double{kS} * kB * kH;
   static constexpr double scores = 5.0 * kA * kS * kS * kB;  // 5as^2b
@@ -108,8 +107,8 @@ TEST(MemoryInFlight, InterleavedMatchesKorthikanti) {
 TEST(MemoryPipeline, StagesHoldTheScheduledMicroBatches) {
   // 4 layers on 4 stages, 8 micro-batches: stage 0 holds 4, the last 1 (1F1B); GPipe 8.
   Scenario s = scenario(kGpt, 2048, 8);
-  const Layout l{.pp = 4};
-  MemoryOptions o{.flash_attention = false};
+  const Layout l{.pp = 4, .flash_attention = false};
+  const MemoryOptions o;
   MemoryReport f = estimate_memory(s, plan(l), o);
   MemoryReport g = estimate_memory(s, plan(l, Schedule::kGpipe), o);
   ASSERT_EQ(f.per_stage.size(), 4u);
@@ -135,7 +134,8 @@ TEST(MemoryPipeline, StagesHoldTheScheduledMicroBatches) {
 
   // Interleaved, pp 2 x vpp 2: stage 0 runs layers 0 and 2 and holds (2 + 2 + 1) / 2
   // micro-batches of them; stage 1 layers 1 and 3, (0 + 2 + 1) / 2, and the head once.
-  MemoryReport i = estimate_memory(s, plan({.pp = 2, .vpp = 2}, Schedule::kInterleaved), o);
+  MemoryReport i = estimate_memory(
+      s, plan({.pp = 2, .vpp = 2, .flash_attention = false}, Schedule::kInterleaved), o);
   ASSERT_EQ(i.per_stage.size(), 2u);
   EXPECT_DOUBLE_EQ(i.per_stage[0].activations.as_double(), 2.5 * (2 * layer + mask));
   EXPECT_DOUBLE_EQ(i.per_stage[1].activations.as_double(), 1.5 * 2 * layer + head);

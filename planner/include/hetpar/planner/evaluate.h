@@ -56,6 +56,10 @@ struct EvaluateOptions {
   /// Simulate every rank rather than one representative per pipeline stage
   /// (LowerOptions::full_ranks); the metrics are the same where the symmetry holds.
   bool full_ranks = false;
+  /// A plan whose memory estimate exceeds the GPUs is infeasible. Off: it is still
+  /// simulated (feasible stays true; infeasible_reason keeps the memory verdict), for
+  /// runs known to have run, whose time is compared separately from the memory model.
+  bool enforce_memory = true;
 };
 
 /// Errors only for internal failures (a graph that does not validate); a plan that does

@@ -38,6 +38,10 @@ struct Layout {
   bool distributed_optimizer = false;  // ZeRO-1: optimizer state sharded over dp
   bool overlap_grad_reduce = true;     // DP gradient reduction overlapped with backward
   bool overlap_param_gather = true;    // distributed optimizer all-gather overlapped with forward
+  /// Fused flash attention (default). Off: attention as batched GEMMs with the s x s
+  /// scores materialised, softmax and dropout as separate kernels (Megatron-LM before
+  /// flash attention, e.g. Narayanan et al. 2021).
+  bool flash_attention = true;
   // Uneven pipeline splits of the LLM's layers (Megatron-LM; schedule.h's
   // layers_per_virtual_stage). first/last_stage_layers: --decoder-first/last-pipeline-
   // num-layers, the layers of pipeline stage 0 / pp-1 (0 = not set), the rest split evenly

@@ -65,7 +65,6 @@ namespace hetpar::planner {
 inline constexpr int64_t kAdamBytesPerParam = 30;
 
 struct LowerOptions {
-  bool flash_attention = true;
   /// Bytes per gradient element reduced over DP: 4 (fp32, Megatron's default for bf16
   /// training: accumulate_allreduce_grads_in_fp32) or 2 (--grad-reduce-in-bf16).
   int grad_bytes = 4;

@@ -64,8 +64,6 @@ struct MemoryReport {
 };
 
 struct MemoryOptions {
-  /// Flash attention keeps fp32 log-sum-exp stats instead of the softmax output.
-  bool flash_attention = true;
   /// An allowance, not a measurement: CUDA context and kernel images (~0.5 GiB on Hopper),
   /// cuBLAS/cuBLASLt workspaces (PyTorch reserves 32 MiB per handle on Hopper) and NCCL
   /// communicator buffers (NCCL_BUFFSIZE, 4 MiB per channel and peer, for each of the TP,
