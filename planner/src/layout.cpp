@@ -21,6 +21,15 @@ std::string_view to_string(models::Recompute r) {
   return "?";
 }
 
+std::string_view to_string(Placement p) {
+  switch (p) {
+    case Placement::kHomogeneous: return "homogeneous";
+    case Placement::kColocated: return "colocated";
+    case Placement::kNonColocated: return "non_colocated";
+  }
+  return "?";
+}
+
 int64_t num_micro_batches(const Layout& l, int64_t global_batch) {
   return global_batch / (static_cast<int64_t>(l.dp) * l.micro_batch);
 }

@@ -37,6 +37,9 @@ const models::TransformerSpec* block_of(const models::ModuleSpec& spec) {
 
 std::string infeasibility(const Scenario& s, const Plan& p) {
   const Layout& l = p.layout;
+  if (p.placement != Placement::kHomogeneous)
+    return fmt::format("placement \"{}\": this build lowers homogeneous plans only",
+                       to_string(p.placement));
   if (l.tp < 1 || l.cp < 1 || l.pp < 1 || l.vpp < 1 || l.dp < 1 || l.ep < 1 || l.micro_batch < 1)
     return fmt::format(
         "parallel sizes must be >= 1 (tp {}, cp {}, pp {}, vpp {}, dp {}, ep {}, "

@@ -23,11 +23,13 @@ std::optional<models::Recompute> parse_recompute(std::string_view s) {
 
 }  // namespace
 
-Result<Plan> parse_plan(const nlohmann::json& j, const std::string& path) {
-  JsonReader r(j, path);
-  Plan p;
-  Layout& l = p.layout;
-  constexpr int64_t kMaxDegree = 1 << 20;
+namespace {
+
+constexpr int64_t kMaxDegree = 1 << 20;
+
+// The layout fields shared by the LLM's plan and each module's; `micro_batch` required.
+Layout parse_layout(JsonReader& r) {
+  Layout l;
   l.tp = static_cast<int>(r.optional_int("tp", 1, 1, kMaxDegree));
   l.sequence_parallel = r.optional_bool("sp", false);
   l.cp = static_cast<int>(r.optional_int("cp", 1, 1, kMaxDegree));
@@ -46,23 +48,10 @@ Result<Plan> parse_plan(const nlohmann::json& j, const std::string& path) {
   l.last_stage_layers = static_cast<int>(r.optional_int("last_stage_layers", 0, 0, kMaxDegree));
   l.account_for_embedding = r.optional_bool("account_for_embedding", false);
   l.account_for_loss = r.optional_bool("account_for_loss", false);
-  std::string schedule = r.optional_enum("schedule", l.vpp > 1 ? "interleaved" : "1f1b",
-                                         {"gpipe", "1f1b", "interleaved", "zb-h1"});
-  if (r.ok()) p.schedule = *parse_schedule(schedule);
-  r.finish();
-  if (!r.ok()) return r.status();
-  if (l.vpp > 1 && p.schedule != Schedule::kInterleaved)
-    return Status::invalid_argument(
-        fmt::format("{}.vpp: {} virtual stages need the interleaved schedule, got \"{}\"", path,
-                    l.vpp, schedule));
-  if (p.schedule == Schedule::kInterleaved && l.vpp < 2)
-    return Status::invalid_argument(
-        fmt::format("{}.schedule: \"interleaved\" needs vpp >= 2, got {}", path, l.vpp));
-  return p;
+  return l;
 }
 
-nlohmann::json plan_to_json(const Plan& p) {
-  const Layout& l = p.layout;
+nlohmann::json layout_to_json(const Layout& l) {
   nlohmann::json j = {{"tp", l.tp},
                       {"sp", l.sequence_parallel},
                       {"cp", l.cp},
@@ -75,13 +64,82 @@ nlohmann::json plan_to_json(const Plan& p) {
                       {"distributed_optimizer", l.distributed_optimizer},
                       {"overlap_grad_reduce", l.overlap_grad_reduce},
                       {"overlap_param_gather", l.overlap_param_gather},
-                      {"flash_attention", l.flash_attention},
-                      {"schedule", to_string(p.schedule)}};
+                      {"flash_attention", l.flash_attention}};
   // Uneven pipeline splits only when set, so even plans read as before.
   if (l.first_stage_layers > 0) j["first_stage_layers"] = l.first_stage_layers;
   if (l.last_stage_layers > 0) j["last_stage_layers"] = l.last_stage_layers;
   if (l.account_for_embedding) j["account_for_embedding"] = true;
   if (l.account_for_loss) j["account_for_loss"] = true;
+  return j;
+}
+
+std::optional<Placement> parse_placement(std::string_view s) {
+  for (Placement p : {Placement::kHomogeneous, Placement::kColocated, Placement::kNonColocated})
+    if (to_string(p) == s) return p;
+  return std::nullopt;
+}
+
+}  // namespace
+
+Result<Plan> parse_plan(const nlohmann::json& j, const std::string& path) {
+  JsonReader r(j, path);
+  Plan p;
+  p.layout = parse_layout(r);
+  const Layout& l = p.layout;
+  std::string schedule = r.optional_enum("schedule", l.vpp > 1 ? "interleaved" : "1f1b",
+                                         {"gpipe", "1f1b", "interleaved", "zb-h1"});
+  if (r.ok()) p.schedule = *parse_schedule(schedule);
+  std::string placement = r.optional_enum("placement", "homogeneous",
+                                          {"homogeneous", "colocated", "non_colocated"});
+  if (r.ok()) p.placement = *parse_placement(placement);
+  p.llm_first_rank = static_cast<int>(r.optional_int("llm_first_rank", 0, 0, kMaxDegree));
+  if (const nlohmann::json* modules = r.raw("modules"); modules && r.ok()) {
+    if (!modules->is_object()) {
+      r.fail("modules", fmt::format("expected an object of module name -> layout, got {}",
+                                    modules->type_name()));
+    } else {
+      for (auto it = modules->begin(); it != modules->end() && r.ok(); ++it) {
+        JsonReader m(it.value(), r.path_of("modules") + "." + it.key());
+        ModulePlan mp;
+        mp.module = it.key();
+        mp.layout = parse_layout(m);
+        mp.first_rank = static_cast<int>(m.optional_int("first_rank", 0, 0, kMaxDegree));
+        m.finish();
+        r.merge(m.status());
+        p.modules.push_back(std::move(mp));
+      }
+    }
+  }
+  r.finish();
+  if (!r.ok()) return r.status();
+  if (l.vpp > 1 && p.schedule != Schedule::kInterleaved)
+    return Status::invalid_argument(
+        fmt::format("{}.vpp: {} virtual stages need the interleaved schedule, got \"{}\"", path,
+                    l.vpp, schedule));
+  if (p.schedule == Schedule::kInterleaved && l.vpp < 2)
+    return Status::invalid_argument(
+        fmt::format("{}.schedule: \"interleaved\" needs vpp >= 2, got {}", path, l.vpp));
+  if (p.placement == Placement::kHomogeneous && !p.modules.empty())
+    return Status::invalid_argument(fmt::format(
+        "{}.modules: per-module layouts need \"placement\": \"colocated\" or "
+        "\"non_colocated\"",
+        path));
+  return p;
+}
+
+nlohmann::json plan_to_json(const Plan& p) {
+  nlohmann::json j = layout_to_json(p.layout);
+  j["schedule"] = to_string(p.schedule);
+  if (p.placement == Placement::kHomogeneous) return j;
+  j["placement"] = to_string(p.placement);
+  if (p.placement == Placement::kNonColocated) j["llm_first_rank"] = p.llm_first_rank;
+  nlohmann::json modules = nlohmann::json::object();
+  for (const ModulePlan& m : p.modules) {
+    nlohmann::json mj = layout_to_json(m.layout);
+    if (p.placement == Placement::kNonColocated) mj["first_rank"] = m.first_rank;
+    modules[m.module] = std::move(mj);
+  }
+  j["modules"] = std::move(modules);
   return j;
 }
 

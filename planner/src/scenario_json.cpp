@@ -26,6 +26,7 @@ Workload parse_workload(JsonReader& r) {
     w.tokens_per_image = r.optional_int("tokens_per_image", 0, 1, int64_t{1} << 24);
   std::string precision = r.optional_enum("precision", "bf16", {"bf16", "fp16", "fp8"});
   if (r.ok()) w.precision = *hardware::parse_precision(precision);
+  w.frozen_encoders = r.optional_bool("frozen_encoders", false);
   r.finish();
   return w;
 }

@@ -21,7 +21,10 @@ Scenario scenario(const std::string& model, int64_t seq_len, int64_t global_batc
 }
 
 Plan plan(Layout l, Schedule sch = Schedule::k1F1B) {
-  return {l, sch};
+  Plan p;
+  p.layout = l;
+  p.schedule = sch;
+  return p;
 }
 
 // A GPT-style LLM in Korthikanti et al.'s setting (arXiv 2205.05198): f = 4h, GELU,

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "hetpar/core/status.h"
 #include "hetpar/models/op_graph.h"
@@ -57,9 +58,35 @@ struct Layout {
   bool operator==(const Layout&) const = default;
 };
 
-struct Plan {
+/// Where the modules of a multimodal model run (research/paper-heteropar.md).
+enum class Placement {
+  /// Megatron's LLaVA-style baseline: every module inherits the LLM's layout and the
+  /// encoders run on the LLM's first pipeline stage.
+  kHomogeneous,
+  /// Every module spans all ranks with its own factorisation (enc tp·dp = world); each GPU
+  /// runs encoder work then LLM work.
+  kColocated,
+  /// Modules own disjoint rank ranges that tile the world; the encoder acts as leading
+  /// pipeline stage(s) of the LLM.
+  kNonColocated,
+};
+std::string_view to_string(Placement p);  // "homogeneous", "colocated", "non_colocated"
+
+/// The layout of one encoder (with the projector it feeds) under a heterogeneous placement.
+/// Its micro_batch counts samples, a multiple of the LLM's (the encoder micro-batch scale).
+struct ModulePlan {
+  std::string module;  // the encoder's module name; its projector goes with it
   Layout layout;
+  int first_rank = 0;  // non-colocated: the first rank of its range
+  bool operator==(const ModulePlan&) const = default;
+};
+
+struct Plan {
+  Layout layout;  // the LLM's (and, homogeneous, every module's)
   Schedule schedule = Schedule::k1F1B;
+  Placement placement = Placement::kHomogeneous;
+  int llm_first_rank = 0;          // non-colocated: the first rank of the LLM's range
+  std::vector<ModulePlan> modules;  // colocated / non-colocated: one per encoder
   bool operator==(const Plan&) const = default;
 };
 

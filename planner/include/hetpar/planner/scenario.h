@@ -33,6 +33,9 @@ struct Workload {
   /// downsampling). Derived from the encoder when absent.
   std::optional<int64_t> tokens_per_image;
   hardware::Precision precision = hardware::Precision::kBf16;
+  /// Encoders (and their projectors' inputs) are frozen: no encoder backward, gradients or
+  /// optimizer state — common when only the projector and the LLM are trained.
+  bool frozen_encoders = false;
 };
 
 struct Scenario {
