@@ -152,6 +152,27 @@ TEST(Cli, SimulateInfeasiblePlanExitsThreeAndWritesNoTrace) {
   EXPECT_NE(missing.err.find("plan: missing required object"), std::string::npos) << missing.err;
 }
 
+TEST(Cli, CompareNamesAWinnerAndExplainsIt) {
+  CliRun r = run("compare --json " + example("llava-7b-8xh100-compare.json"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  ASSERT_TRUE(j["plans"].contains("homogeneous"));
+  std::string winner = j["winner"];
+  ASSERT_TRUE(j["plans"].contains(winner));
+  double best = j["plans"][winner]["iteration_time_s"];
+  for (const auto& [name, p] : j["plans"].items()) {
+    if (p["feasible"].get<bool>()) {
+      EXPECT_LE(best, p["iteration_time_s"].get<double>()) << name;
+    }
+  }
+  CliRun text = run("compare " + example("llava-7b-8xh100-compare.json"));
+  EXPECT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("Winner: " + winner), std::string::npos) << text.out;
+  CliRun no_plans = run("compare " + example("default.json"));
+  EXPECT_EQ(no_plans.exit_code, 2);
+  EXPECT_NE(no_plans.err.find("plans: missing required object"), std::string::npos);
+}
+
 struct BadScenario {
   const char* name;
   const char* text;

@@ -22,6 +22,13 @@ struct SimulateOptions {
 /// Exit 3 when the plan is infeasible (the reason goes to stderr).
 int run_simulate(const SimulateOptions& opts);
 
+struct CompareOptions {
+  std::string path;  // scenario with a "plans" section
+  bool json = false;
+};
+/// Exit 3 when no plan is feasible.
+int run_compare(const CompareOptions& opts);
+
 struct ValidationOptions {
   std::string dir = "validation/runs";
   bool json = false;

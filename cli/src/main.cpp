@@ -30,6 +30,15 @@ int main(int argc, char** argv) {
   cmd_simulate->add_option("--trace", simulate.trace_path,
                            "Write the iteration timeline as a Perfetto/Chrome trace JSON");
 
+  CompareOptions compare;
+  auto* cmd_compare = app.add_subcommand(
+      "compare",
+      "Predict each named plan of a scenario's \"plans\" section (e.g. homogeneous, "
+      "colocated, non-colocated) and compare them side by side");
+  cmd_compare->add_option("file", compare.path, "Scenario JSON with a \"plans\" section")
+      ->required();
+  cmd_compare->add_flag("--json", compare.json, "Print JSON");
+
   ValidationOptions validation;
   auto* cmd_validation =
       app.add_subcommand("validation",
@@ -59,6 +68,7 @@ int main(int argc, char** argv) {
   }
   if (*cmd_inspect) return run_inspect(inspect);
   if (*cmd_simulate) return run_simulate(simulate);
+  if (*cmd_compare) return run_compare(compare);
   if (*cmd_validation) return run_validation(validation);
   if (*cmd_models) return run_models(models);
   if (*cmd_hardware) return run_hardware(hardware);

@@ -14,6 +14,10 @@ std::string summary_to_json(const planner::ScenarioSummary& s);
 /// tflops_per_gpu, mfu, peak_memory_bytes, bubble_fraction and feasible.
 std::string metrics_to_json(const planner::Scenario& s, const planner::Plan& p,
                             const planner::PlanMetrics& m);
+std::string comparison_to_json(
+    const planner::Scenario& s,
+    const std::vector<std::pair<std::string, planner::PlanMetrics>>& rows,
+    const std::string& winner);
 std::string validation_to_json(const std::vector<planner::RunComparison>& rows, double mean_error,
                                double max_error);
 /// The zoo with each entry's parameter count.

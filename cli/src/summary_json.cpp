@@ -111,6 +111,17 @@ std::string metrics_to_json(const planner::Scenario& s, const planner::Plan& p,
   return j.dump(2);
 }
 
+std::string comparison_to_json(
+    const planner::Scenario& s,
+    const std::vector<std::pair<std::string, planner::PlanMetrics>>& rows,
+    const std::string& winner) {
+  nlohmann::json plans = nlohmann::json::object();
+  for (size_t i = 0; i < rows.size(); ++i)
+    plans[rows[i].first] =
+        nlohmann::json::parse(metrics_to_json(s, s.plans[i].second, rows[i].second));
+  return nlohmann::json{{"scenario", s.name}, {"plans", plans}, {"winner", winner}}.dump(2);
+}
+
 std::string validation_to_json(const std::vector<planner::RunComparison>& rows, double mean_error,
                                double max_error) {
   nlohmann::json runs = nlohmann::json::array();

@@ -116,6 +116,18 @@ Result<Scenario> parse_scenario(const nlohmann::json& j, std::string_view source
     root.merge(parsed.status());
     if (parsed.is_ok()) s.plan = *parsed;
   }
+  if (const nlohmann::json* plans = root.raw("plans"); plans && root.ok()) {
+    if (!plans->is_object()) {
+      root.fail("plans",
+                fmt::format("expected an object of plan name -> plan, got {}", plans->type_name()));
+    } else {
+      for (auto it = plans->begin(); it != plans->end() && root.ok(); ++it) {
+        auto parsed = parse_plan(it.value(), "plans." + it.key());
+        root.merge(parsed.status());
+        if (parsed.is_ok()) s.plans.emplace_back(it.key(), *parsed);
+      }
+    }
+  }
   root.finish();
   if (!root.ok()) return root.status().with_context(source);
 

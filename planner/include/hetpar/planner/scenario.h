@@ -8,6 +8,8 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "hetpar/core/status.h"
 #include "hetpar/hardware/cluster.h"
@@ -46,6 +48,9 @@ struct Scenario {
   hardware::ClusterSpec cluster;
   /// The optional "plan" section: the layout `simulate` predicts.
   std::optional<Plan> plan;
+  /// The optional "plans" section: named plans `compare` puts side by side (e.g. the best
+  /// known homogeneous, colocated and non-colocated ones), sorted by name.
+  std::vector<std::pair<std::string, Plan>> plans;
 };
 
 /// Parses a scenario file; relative profile paths resolve against the file's directory.

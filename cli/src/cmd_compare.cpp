@@ -1,0 +1,110 @@
+// `hetpar compare FILE [--json]`: predicts each plan of the scenario's "plans" section and
+// puts them side by side, with what makes the fastest one fast.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "commands.h"
+#include "hetpar/core/format.h"
+#include "hetpar/planner/evaluate.h"
+#include "render.h"
+
+namespace hetpar::cli {
+
+namespace {
+
+Time phase_time(const planner::PlanMetrics& m, std::string_view phase) {
+  for (const auto& p : m.phases)
+    if (p.phase == phase) return p.per_rank;
+  return Time::zero();
+}
+
+// The phases whose per-rank time differs most between `a` (the winner) and `b`, as
+// "tp_comm -0.81 s" lines, largest first.
+std::vector<std::string> phase_deltas(const planner::PlanMetrics& a,
+                                      const planner::PlanMetrics& b) {
+  std::map<std::string, bool> names;
+  for (const auto& p : a.phases) names[p.phase] = true;
+  for (const auto& p : b.phases) names[p.phase] = true;
+  std::vector<std::pair<double, std::string>> d;
+  for (const auto& [name, _] : names) {
+    double delta = (phase_time(a, name) - phase_time(b, name)).to_seconds();
+    if (delta != 0) d.emplace_back(delta, name);
+  }
+  std::sort(d.begin(), d.end(),
+            [](const auto& x, const auto& y) { return std::fabs(x.first) > std::fabs(y.first); });
+  std::vector<std::string> out;
+  for (size_t i = 0; i < std::min<size_t>(4, d.size()); ++i)
+    out.push_back(fmt::format("{} {}{}", d[i].second, d[i].first < 0 ? "-" : "+",
+                              Time::seconds(std::fabs(d[i].first))));
+  return out;
+}
+
+}  // namespace
+
+int run_compare(const CompareOptions& opts) {
+  auto scenario = planner::load_scenario(opts.path);
+  if (!scenario.is_ok()) return report_error(scenario.status());
+  if (scenario->plans.empty())
+    return report_error(Status::invalid_argument(fmt::format(
+        "{}: plans: missing required object (compare needs named plans, see docs/scenario.md)",
+        opts.path)));
+  std::vector<std::pair<std::string, planner::PlanMetrics>> rows;
+  for (const auto& [name, plan] : scenario->plans) {
+    auto m = planner::evaluate(*scenario, plan);
+    if (!m.is_ok()) return report_error(m.status().with_context("plans." + name));
+    rows.emplace_back(name, std::move(m).value());
+  }
+  const std::pair<std::string, planner::PlanMetrics>* best = nullptr;
+  for (const auto& r : rows)
+    if (r.second.feasible && (!best || r.second.iteration_time < best->second.iteration_time))
+      best = &r;
+
+  if (opts.json) {
+    fmt::print("{}\n", comparison_to_json(*scenario, rows, best ? best->first : ""));
+    return best ? 0 : 3;
+  }
+  fmt::print("Scenario  {} on {} GPUs\n\n", scenario->name, scenario->cluster.total_gpus());
+  fmt::print("{:<16} {:>11} {:>10} {:>11} {:>7} {:>11} {:>8} {:>11}\n", "plan", "iteration",
+             "tokens/s", "TFLOPS/GPU", "MFU", "peak mem", "bubble", "exposed");
+  for (const auto& [name, m] : rows) {
+    if (!m.feasible) {
+      fmt::print("{:<16} infeasible: {}\n", name, m.infeasible_reason);
+      continue;
+    }
+    fmt::print("{:<16} {:>11} {:>10} {:>11.1f} {:>6.1f}% {:>11} {:>7.1f}% {:>11}\n", name,
+               m.iteration_time, format_count(m.tokens_per_s), m.tflops_per_gpu, 100 * m.mfu,
+               m.memory.peak, 100 * m.bubble_fraction, m.exposed_comm);
+  }
+  if (!best) {
+    fmt::print(stderr, "hetpar: no plan is feasible\n");
+    return 3;
+  }
+  fmt::print("\nTime by phase (stream time per rank)\n{:<16}", "phase");
+  std::map<std::string, bool> phases;
+  for (const auto& [name, m] : rows) {
+    fmt::print(" {:>12}", name.substr(0, 12));
+    for (const auto& p : m.phases) phases[p.phase] = true;
+  }
+  fmt::print("\n");
+  for (const auto& [phase, _] : phases) {
+    fmt::print("{:<16}", phase);
+    for (const auto& [name, m] : rows)
+      fmt::print(" {:>12}", m.feasible ? to_string(phase_time(m, phase)) : "-");
+    fmt::print("\n");
+  }
+  fmt::print("\nWinner: {} ({})\n", best->first, best->second.iteration_time);
+  for (const auto& [name, m] : rows) {
+    if (&m == &best->second || !m.feasible) continue;
+    double gain = m.iteration_time / best->second.iteration_time - 1.0;
+    fmt::print("  vs {}: {:.1f}% faster; per-rank time {}", name, 100 * gain,
+               fmt::join(phase_deltas(best->second, m), ", "));
+    fmt::print("; bubble {:+.1f} points\n",
+               100 * (best->second.bubble_fraction - m.bubble_fraction));
+  }
+  return 0;
+}
+
+}  // namespace hetpar::cli
