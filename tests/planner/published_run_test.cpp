@@ -52,10 +52,9 @@ TEST(PublishedRun, MfuNeedsAConventionAndNamesTheField) {
 }
 
 TEST(PublishedRun, ShippedRunsLoad) {
-  const char* src = std::getenv("HETPAR_SOURCE_DIR");
-  ASSERT_NE(src, nullptr);
   int n = 0;
-  for (const auto& e : std::filesystem::directory_iterator(std::string(src) + "/validation/runs")) {
+  for (const auto& e :
+       std::filesystem::directory_iterator(std::string(HETPAR_SOURCE_DIR) + "/validation/runs")) {
     auto run = load_published_run(e.path().string());
     EXPECT_TRUE(run.is_ok()) << run.status().to_string();
     if (run.is_ok()) {
