@@ -3,9 +3,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <memory>
 
 #include "hetpar/core/check.h"
 #include "hetpar/models/totals.h"
+#include "hetpar/planner/boundary.h"
 #include "hetpar/planner/cost_model.h"
 #include "hetpar/planner/network_builder.h"
 #include "hetpar/planner/schedule.h"
@@ -33,20 +35,125 @@ const models::TransformerSpec* block_of(const models::ModuleSpec& spec) {
   return nullptr;
 }
 
+bool power_of_two_tp(int tp) {
+  return tp == 1 || tp == 2 || tp == 4 || tp == 8;
+}
+
+// The checks of a colocated / non-colocated plan beyond the LLM's own layout.
+std::string heterogeneous_infeasibility(const Scenario& s, const Plan& p) {
+  const Layout& l = p.layout;
+  const int gpus = s.cluster.total_gpus();
+  const bool colocated = p.placement == Placement::kColocated;
+  const std::string_view where = to_string(p.placement);
+  if (!power_of_two_tp(l.tp))
+    return fmt::format("{} placement: llm tp {} must be 1, 2, 4 or 8 (Megatron's MIMO path)", where,
+                       l.tp);
+  if (!colocated && l.cp > 1)
+    return fmt::format(
+        "non-colocated placement: llm cp {} > 1 is not supported at the encoder boundary", l.cp);
+  if (!colocated && p.llm_first_rank % l.tp != 0)
+    return fmt::format("non-colocated placement: llm_first_rank {} is not a multiple of llm tp {}",
+                       p.llm_first_rank, l.tp);
+  std::vector<std::pair<int, int>> ranges;  // [first, end) per module, llm last
+  std::vector<bool> planned(s.model.modules.size(), false);
+  for (size_t k = 0; k < p.modules.size(); ++k) {
+    const ModulePlan& mp = p.modules[k];
+    const Layout& e = mp.layout;
+    const std::optional<size_t> idx = s.model.find(mp.module);
+    if (!idx)
+      return fmt::format("plan.modules[{}]: no module named \"{}\" in the model", k, mp.module);
+    const models::ModuleSpec& spec = s.model.modules[*idx].spec;
+    if (!models::is_encoder(models::kind_of(spec)))
+      return fmt::format("plan.modules[{}]: module \"{}\" is a {}, not an encoder", k, mp.module,
+                         models::to_string(models::kind_of(spec)));
+    if (planned[*idx])
+      return fmt::format("plan.modules[{}]: module \"{}\" is planned twice", k, mp.module);
+    planned[*idx] = true;
+    if (e.tp < 1 || e.dp < 1 || e.pp < 1 || e.cp < 1 || e.micro_batch < 1)
+      return fmt::format(
+          "module \"{}\": parallel sizes must be >= 1 (tp {}, cp {}, pp {}, dp {}, "
+          "micro_batch {})",
+          mp.module, e.tp, e.cp, e.pp, e.dp, e.micro_batch);
+    if (e.cp != 1)
+      return fmt::format("module \"{}\": cp {} must be 1 for an encoder", mp.module, e.cp);
+    if (e.pp != 1)
+      return fmt::format("module \"{}\": pp {} > 1 for an encoder is not supported by this build",
+                         mp.module, e.pp);
+    if (e.vpp != 1 || e.ep != 1)
+      return fmt::format("module \"{}\": vpp {} and ep {} must be 1 for an encoder", mp.module,
+                         e.vpp, e.ep);
+    if (!power_of_two_tp(e.tp))
+      return fmt::format("module \"{}\": tp {} must be 1, 2, 4 or 8 (Megatron's MIMO path)",
+                         mp.module, e.tp);
+    if (e.sequence_parallel && e.tp == 1)
+      return fmt::format("module \"{}\": sequence parallelism needs tp > 1", mp.module);
+    for (const hardware::NodeGroup& g : s.cluster.groups())
+      if (g.profile.gpus_per_node % e.tp != 0)
+        return fmt::format("module \"{}\": tp {} does not fit nodes of {} GPUs", mp.module, e.tp,
+                           g.profile.gpus_per_node);
+    if (std::string why = check_module(*block_of(spec), mp.module, e); !why.empty()) return why;
+    for (const models::Edge& ed : s.model.edges)
+      if (ed.from == *idx &&
+          models::kind_of(s.model.modules[ed.to].spec) == models::ModuleKind::kProjector) {
+        if (const models::TransformerSpec* t = block_of(s.model.modules[ed.to].spec)) {
+          if (std::string why = check_module(*t, s.model.modules[ed.to].name, e); !why.empty())
+            return why;
+        }
+      }
+    if (colocated && e.tp * e.dp != gpus)
+      return fmt::format(
+          "colocated placement: module \"{}\" tp {} x dp {} = {} GPUs, must span the world of {}",
+          mp.module, e.tp, e.dp, e.tp * e.dp, gpus);
+    if (!colocated && mp.first_rank % e.tp != 0)
+      return fmt::format("module \"{}\": first_rank {} is not a multiple of its tp {}", mp.module,
+                         mp.first_rank, e.tp);
+    if (std::string why = boundary_infeasibility(s, p, mp); !why.empty()) return why;
+    ranges.emplace_back(mp.first_rank, mp.first_rank + e.world());
+  }
+  for (size_t i = 0; i < s.model.modules.size(); ++i)
+    if (models::is_encoder(models::kind_of(s.model.modules[i].spec)) && !planned[i] &&
+        module_input(s, i, 1).items_per_sample >= 1)
+      return fmt::format("{} placement: encoder \"{}\" has no entry in plan.modules", where,
+                         s.model.modules[i].name);
+  if (colocated) return {};
+  ranges.emplace_back(p.llm_first_rank, p.llm_first_rank + l.world());
+  auto name = [&](size_t k) {
+    return k < p.modules.size() ? fmt::format("plan.modules[{}] (\"{}\", first_rank {})", k,
+                                              p.modules[k].module, p.modules[k].first_rank)
+                                : fmt::format("the llm (llm_first_rank {})", p.llm_first_rank);
+  };
+  int covered = 0;
+  for (size_t a = 0; a < ranges.size(); ++a) {
+    if (ranges[a].first < 0 || ranges[a].second > gpus)
+      return fmt::format("non-colocated placement: {} ranks [{}, {}) fall outside the {} GPUs",
+                         name(a), ranges[a].first, ranges[a].second, gpus);
+    covered += ranges[a].second - ranges[a].first;
+    for (size_t b = 0; b < a; ++b)
+      if (ranges[a].first < ranges[b].second && ranges[b].first < ranges[a].second)
+        return fmt::format("non-colocated placement: {} ranks [{}, {}) overlap {} ranks [{}, {})",
+                           name(a), ranges[a].first, ranges[a].second, name(b), ranges[b].first,
+                           ranges[b].second);
+  }
+  if (covered != gpus)
+    return fmt::format(
+        "non-colocated placement: modules and llm cover {} of the {} GPUs; their rank ranges "
+        "(first_rank, llm_first_rank and each world tp x cp x pp x dp) must tile the cluster",
+        covered, gpus);
+  return {};
+}
+
 }  // namespace
 
 std::string infeasibility(const Scenario& s, const Plan& p) {
   const Layout& l = p.layout;
-  if (p.placement != Placement::kHomogeneous)
-    return fmt::format("placement \"{}\": this build lowers homogeneous plans only",
-                       to_string(p.placement));
   if (l.tp < 1 || l.cp < 1 || l.pp < 1 || l.vpp < 1 || l.dp < 1 || l.ep < 1 || l.micro_batch < 1)
     return fmt::format(
         "parallel sizes must be >= 1 (tp {}, cp {}, pp {}, vpp {}, dp {}, ep {}, "
         "micro_batch {})",
         l.tp, l.cp, l.pp, l.vpp, l.dp, l.ep, l.micro_batch);
   const int gpus = s.cluster.total_gpus();
-  if (l.world() != gpus)
+  const bool hetero = p.placement != Placement::kHomogeneous;
+  if (p.placement != Placement::kNonColocated && l.world() != gpus)
     return fmt::format("tp {} x cp {} x pp {} x dp {} = {} GPUs, the cluster has {}", l.tp, l.cp,
                        l.pp, l.dp, l.world(), gpus);
   for (const hardware::NodeGroup& g : s.cluster.groups()) {
@@ -60,6 +167,7 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
   if (l.sequence_parallel && l.tp == 1) return "sequence parallelism needs tp > 1";
   const auto& llm = std::get<models::LlmSpec>(s.model.modules[s.model.llm_index()].spec);
   for (const models::Module& m : s.model.modules) {
+    if (hetero && !std::holds_alternative<models::LlmSpec>(m.spec)) continue;
     if (const models::TransformerSpec* t = block_of(m.spec)) {
       std::string why = check_module(*t, m.name, l);
       if (!why.empty()) return why;
@@ -99,16 +207,18 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
     if ((l.dp * l.cp) % l.ep != 0)
       return fmt::format("ep {} does not divide dp {} x cp {}", l.ep, l.dp, l.cp);
   }
+  if (hetero) return heterogeneous_infeasibility(s, p);
   return {};
 }
 
 namespace {
 
 // Comm stream indices (compute tasks use compute stream 0).
-constexpr int32_t kTpStream = 0;  // TP and EP collectives
-constexpr int32_t kCpSend = 1, kCpRecv = 2;
-constexpr int32_t kFwdSend = 3, kFwdRecv = 4, kBwdSend = 5, kBwdRecv = 6;
-constexpr int32_t kDpStream = 7;
+// Offset by Role::stream_offset (a heterogeneous plan's encoders use their own streams).
+constexpr int32_t kTpStreamBase = 0;  // TP and EP collectives
+constexpr int32_t kCpSendBase = 1, kCpRecvBase = 2;
+constexpr int32_t kFwdSendBase = 3, kFwdRecvBase = 4, kBwdSendBase = 5, kBwdRecvBase = 6;
+constexpr int32_t kDpStreamBase = 7;
 
 enum Pass : int { kF = 0, kB = 1, kW = 2, kR = 3 };  // forward, backward, weight, recompute
 constexpr std::string_view kPassName[] = {"fwd", "bwd", "wgrad", "recompute"};
@@ -146,11 +256,58 @@ ModuleCost for_direction(const ModuleCost& m, bool backward, bool sp) {
   return out;
 }
 
+// What one Lowering builds. The homogeneous plan: every module under the plan's layout on
+// ranks [0, world). A heterogeneous plan lowers each encoder (with its projectors) and the
+// LLM as separate Lowerings sharing one graph (lower_heterogeneous below).
+struct Role {
+  const Layout* layout = nullptr;   // null: the plan's
+  std::vector<size_t> modules;      // empty: every module the workload feeds
+  int rank_offset = 0;              // the first rank
+  int32_t stream_offset = 0;        // added to every comm stream index
+  bool encoder_categories = false;  // "enc_fwd", "enc_bwd", ...
+  bool frozen = false;              // no backward, gradients or optimizer
+  std::vector<PipelineOp> order;    // single stage: this program instead of the schedule's
+  std::string prefix;               // prepended to optimizer / DP labels
+};
+
 class Lowering {
  public:
-  Lowering(const Scenario& s, const Plan& p, const LowerOptions& o, LoweredPlan& out)
-      : s_(s), p_(p), o_(o), l_(p.layout), out_(out), g_(out.graph) {}
+  Lowering(const Scenario& s, const Plan& p, const LowerOptions& o, LoweredPlan& out,
+           Role role = {})
+      : s_(s),
+        p_(p),
+        o_(o),
+        role_(std::move(role)),
+        l_(role_.layout ? *role_.layout : p.layout),
+        out_(out),
+        g_(out.graph),
+        kTpStream(kTpStreamBase + role_.stream_offset),
+        kCpSend(kCpSendBase + role_.stream_offset),
+        kCpRecv(kCpRecvBase + role_.stream_offset),
+        kFwdSend(kFwdSendBase + role_.stream_offset),
+        kFwdRecv(kFwdRecvBase + role_.stream_offset),
+        kBwdSend(kBwdSendBase + role_.stream_offset),
+        kBwdRecv(kBwdRecvBase + role_.stream_offset),
+        kDpStream(kDpStreamBase + role_.stream_offset) {}
   void run();
+  // run() in pieces, so a colocated plan can interleave two Lowerings' programs.
+  void setup();
+  void begin_stage(int stage);
+  void op(size_t i);
+  void end_stage();
+  void finish();
+
+  struct OpSpan {
+    TaskId first, last;
+  };
+  const std::vector<PipelineOp>& order(int stage) const { return orders_[stage]; }
+  // First / last task of op i of `stage` on local rank j (every rank simulated).
+  const OpSpan& span(int stage, size_t i, int j) const { return spans_[stage][i][j]; }
+  RankId rank_of(int j, int stage) const {
+    return RankId(role_.rank_offset + j + stage_ranks() * stage);
+  }
+  int stage_ranks() const { return l_.tp * l_.cp * l_.dp; }
+  int64_t micro_batches() const { return m_; }
 
  private:
   struct Labels {
@@ -161,10 +318,6 @@ class Lowering {
   struct RankState {
     TaskId need, last;
   };
-  struct OpSpan {
-    TaskId first, last;
-  };
-
   // Groups of local ranks of the stage being built, interned; with copies of the first one
   // (the group holding the representative) when reduced.
   using GroupId = sim::GroupId;
@@ -197,18 +350,18 @@ class Lowering {
     return pb.part == Part::kPre ? mc.pre : pb.part == Part::kLayer ? mc.layer : mc.post;
   }
   RankId rank(int tp_i, int cp_i, int dp_i, int pp_i) const {
-    return RankId(tp_i + l_.tp * (cp_i + l_.cp * (dp_i + l_.dp * pp_i)));
+    return RankId(role_.rank_offset + tp_i + l_.tp * (cp_i + l_.cp * (dp_i + l_.dp * pp_i)));
   }
-  // Local index of a rank within its stage: j = tp_i + tp*(cp_i + cp*dp_i).
-  RankId rank_of(int j, int stage) const { return RankId(j + stage_ranks() * stage); }
-  int stage_ranks() const { return l_.tp * l_.cp * l_.dp; }
 
   const Scenario& s_;
   const Plan& p_;
   const LowerOptions& o_;
+  const Role role_;
   const Layout& l_;
   LoweredPlan& out_;
   sim::TaskGraph& g_;
+  const int32_t kTpStream, kCpSend, kCpRecv, kFwdSend, kFwdRecv, kBwdSend, kBwdRecv, kDpStream;
+  bool has_llm_ = true;
   sim::LabelId cat_[4]{}, cat_tp_, cat_cp_, cat_pp_, cat_dp_, cat_ep_, cat_opt_;
   int64_t m_ = 0;
   int vstages_ = 0;
@@ -235,7 +388,20 @@ class Lowering {
 };
 
 void Lowering::run() {
-  for (int pass = 0; pass < 4; ++pass) cat_[pass] = g_.label(kPassName[pass]);
+  setup();
+  for (int st = 0; st < l_.pp; ++st) {
+    begin_stage(st);
+    for (size_t i = 0; i < orders_[st].size(); ++i) op(i);
+    end_stage();
+  }
+  finish();
+}
+
+void Lowering::setup() {
+  static constexpr std::string_view kEncName[] = {"enc_fwd", "enc_bwd", "enc_wgrad",
+                                                  "enc_recompute"};
+  for (int pass = 0; pass < 4; ++pass)
+    cat_[pass] = g_.label(role_.encoder_categories ? kEncName[pass] : kPassName[pass]);
   cat_tp_ = g_.label("tp_comm");
   cat_cp_ = g_.label("cp_comm");
   cat_pp_ = g_.label("pp_comm");
@@ -244,11 +410,13 @@ void Lowering::run() {
   cat_opt_ = g_.label("optimizer");
   m_ = s_.workload.global_batch / (static_cast<int64_t>(l_.micro_batch) * l_.dp);
   vstages_ = l_.pp * l_.vpp;
-  split_w_ = splits_weight_gradient(p_.schedule);
-  out_.world = l_.world();
-  out_.micro_batches = m_;
-  out_.network = build_network(s_.cluster);
-  reduced_ = !o_.full_ranks && symmetric();
+  split_w_ = role_.order.empty() && splits_weight_gradient(p_.schedule);
+  if (role_.modules.empty()) {  // the homogeneous plan: the whole world
+    out_.world = l_.world();
+    out_.micro_batches = m_;
+    out_.network = build_network(s_.cluster);
+  }
+  reduced_ = role_.modules.empty() && !o_.full_ranks && symmetric();
   out_.representatives = reduced_;
   if (reduced_)
     for (int st = 0; st < l_.pp; ++st)
@@ -258,17 +426,31 @@ void Lowering::run() {
   place_blocks();
   orders_.resize(l_.pp);
   spans_.resize(l_.pp);
-  for (stage_ = 0; stage_ < l_.pp; ++stage_) {
-    orders_[stage_] = stage_order(p_.schedule, stage_, l_.pp, l_.vpp, m_);
-    build_stage();
-    gradients_and_optimizer();
-    if (stage_ == 0 && l_.pp > 1) {  // stages are alike in size: room for the rest
-      const double scale = 1.05 * l_.pp;
-      g_.reserve(static_cast<size_t>(g_.num_tasks() * scale),
-                 static_cast<size_t>(static_cast<double>(g_.num_stream_refs()) * scale),
-                 static_cast<size_t>(static_cast<double>(g_.num_dependencies()) * scale * 1.2));
-    }
+  for (int st = 0; st < l_.pp; ++st)
+    orders_[st] =
+        !role_.order.empty() ? role_.order : stage_order(p_.schedule, st, l_.pp, l_.vpp, m_);
+}
+
+void Lowering::begin_stage(int stage) {
+  stage_ = stage;
+  build_stage();
+}
+
+void Lowering::end_stage() {
+  if (!role_.frozen) gradients_and_optimizer();
+  if (stage_ == 0 && l_.pp > 1) {  // stages are alike in size: room for the rest
+    const double scale = 1.05 * l_.pp;
+    g_.reserve(static_cast<size_t>(g_.num_tasks() * scale),
+               static_cast<size_t>(static_cast<double>(g_.num_stream_refs()) * scale),
+               static_cast<size_t>(static_cast<double>(g_.num_dependencies()) * scale * 1.2));
   }
+}
+
+void Lowering::op(size_t i) {
+  run_op(orders_[stage_][i], spans_[stage_][i]);
+}
+
+void Lowering::finish() {
   for (int stage = 0; stage < l_.pp; ++stage) pipeline_p2p(stage);
 }
 
@@ -307,7 +489,7 @@ void Lowering::make_groups(GroupSet& gs, const std::vector<std::vector<int>>& lo
 void Lowering::build_costs() {
   const models::ModelSpec& model = s_.model;
   std::vector<size_t> order;
-  for (size_t i = 0; i < model.modules.size(); ++i) {
+  for (size_t i = 0; i < model.modules.size() && role_.modules.empty(); ++i) {
     if (!models::is_encoder(models::kind_of(model.modules[i].spec))) continue;
     if (module_input(s_, i, l_.micro_batch).items_per_sample < 1) continue;
     order.push_back(i);
@@ -316,7 +498,11 @@ void Lowering::build_costs() {
           models::kind_of(model.modules[e.to].spec) == models::ModuleKind::kProjector)
         order.push_back(e.to);
   }
-  order.push_back(model.llm_index());
+  if (role_.modules.empty())
+    order.push_back(model.llm_index());
+  else
+    order = role_.modules;
+  has_llm_ = order.back() == model.llm_index();
 
   std::vector<models::OpGraph> graphs;
   for (size_t i : order) {
@@ -348,7 +534,7 @@ void Lowering::build_costs() {
 void Lowering::place_blocks() {
   chunks_.assign(vstages_, {});
   const std::vector<ModuleCost>& mc = costs_[0][0];  // the block structure is GPU-independent
-  const size_t llm = mc.size() - 1;
+  const size_t llm = has_llm_ ? mc.size() - 1 : mc.size();
   auto place = [&](int v, size_t module, Part part, std::string name) {
     const Block& b = part == Part::kPre     ? mc[module].pre
                      : part == Part::kLayer ? mc[module].layer
@@ -357,7 +543,8 @@ void Lowering::place_blocks() {
   };
   // The LLM's layers over the virtual stages (even or uneven split, schedule.h); other
   // modules whole on the first.
-  const std::vector<int64_t> split = layers_per_virtual_stage(l_, mc[llm].layers, nullptr);
+  const std::vector<int64_t> split =
+      has_llm_ ? layers_per_virtual_stage(l_, mc[llm].layers, nullptr) : std::vector<int64_t>{0};
   HETPAR_CHECK(!split.empty(), "infeasible pipeline split reached lower()");
   for (size_t k = 0; k < mc.size(); ++k) {
     const std::string& name = module_names_[k];
@@ -563,7 +750,7 @@ void Lowering::run_op(const PipelineOp& op, std::vector<OpSpan>& spans) {
   int missing = n;
   for (size_t t = first_task; t < static_cast<size_t>(g_.num_tasks()) && missing > 0; ++t) {
     for (const sim::StreamRef& ref : g_.streams(TaskId(static_cast<int32_t>(t)))) {
-      const int j = ref.rank.value() - stage_ranks() * stage_;
+      const int j = ref.rank.value() - role_.rank_offset - stage_ranks() * stage_;
       if (j >= 0 && j < n && !spans[j].first.valid()) {
         spans[j].first = TaskId(static_cast<int32_t>(t));
         --missing;
@@ -633,7 +820,6 @@ void Lowering::build_stage() {
     last_grad_[c].assign(chunks_[c * l_.pp + stage_].size(), std::vector<TaskId>(n));
   const std::vector<PipelineOp>& order = orders_[stage_];
   spans_[stage_].resize(order.size());
-  for (size_t i = 0; i < order.size(); ++i) run_op(order[i], spans_[stage_][i]);
 }
 
 // DP gradient buckets of this stage (see lower.h), the optimizer step, and the
@@ -676,8 +862,8 @@ void Lowering::gradients_and_optimizer() {
                          CollectiveKind kind, std::string_view what, const GroupSet& gs) {
     if (gs.locals.empty() || gs.locals[0].size() < 2 || bytes.count() == 0) return;
     const sim::LabelId name =
-        g_.label(fmt::format("dp {} {} bucket {}-{} stage {}", sim::to_string(kind), what,
-                             chunks_[bk.chunk * l_.pp + stage_][bk.first].name,
+        g_.label(fmt::format("{}dp {} {} bucket {}-{} stage {}", role_.prefix, sim::to_string(kind),
+                             what, chunks_[bk.chunk * l_.pp + stage_][bk.first].name,
                              chunks_[bk.chunk * l_.pp + stage_][bk.last].name, stage_));
     const size_t groups = reduced_ ? 1 : gs.ids.size();
     for (size_t k = 0; k < groups; ++k) {
@@ -715,7 +901,7 @@ void Lowering::gradients_and_optimizer() {
       expert += block(0, pb).expert_params;
     }
   const int64_t params = dist ? dense / cpdp + expert / edp : dense + expert;
-  const sim::LabelId opt_name = g_.label(fmt::format("optimizer stage {}", stage_));
+  const sim::LabelId opt_name = g_.label(fmt::format("{}optimizer stage {}", role_.prefix, stage_));
   std::vector<TaskId> opt(n);
   for (int j = 0; j < active_ranks(); ++j) {
     const hardware::DeviceProfile& dev = s_.cluster.groups()[group_[j]].profile.gpu;
@@ -798,13 +984,247 @@ void Lowering::pipeline_p2p(int stage) {
   }
 }
 
+// Colocated and non-colocated plans (boundary.h has the mapping and the communication).
+// Every rank is simulated; each encoder and the LLM are Lowerings of their own modules on
+// their own ranks, joined by boundary tasks.
+void lower_heterogeneous(const Scenario& s, const Plan& p, const LowerOptions& o,
+                         LoweredPlan& out) {
+  const bool colocated = p.placement == Placement::kColocated;
+  const Layout& L = p.layout;
+  // Colocated with LLM pp > 1: three phases (every encoder forward, the LLM's pipeline, every
+  // encoder backward); the boundary then moves data as non-colocated (leader P2P +
+  // broadcast), a leader sending to itself being a dependency only.
+  const bool three_phase = colocated && L.pp > 1;
+  const size_t llm_index = s.model.llm_index();
+  out.world = s.cluster.total_gpus();
+  out.network = build_network(s.cluster);
+  out.representatives = false;
+  sim::TaskGraph& g = out.graph;
+  const sim::LabelId cat = g.label("boundary_comm");
+
+  Role llm_role;
+  llm_role.modules = {llm_index};
+  llm_role.rank_offset = colocated ? 0 : p.llm_first_rank;
+  Lowering llm(s, p, o, out, llm_role);
+  const std::vector<PipelineOp> llm0 = stage_order(
+      p.schedule, 0, L.pp, L.vpp, s.workload.global_batch / (int64_t{L.micro_batch} * L.dp));
+  const int nenc = static_cast<int>(p.modules.size());
+  std::vector<Boundary> bounds;
+  std::vector<std::unique_ptr<Lowering>> encs;
+  std::vector<std::vector<MergedOp>> merged(p.modules.size());
+  for (size_t k = 0; k < p.modules.size(); ++k) {
+    const ModulePlan& mp = p.modules[k];
+    bounds.push_back(make_boundary(s, p, mp));
+    Role r;
+    r.layout = &mp.layout;
+    r.modules = {bounds.back().encoder};
+    for (const models::Edge& e : s.model.edges)
+      if (e.from == bounds.back().encoder &&
+          models::kind_of(s.model.modules[e.to].spec) == models::ModuleKind::kProjector)
+        r.modules.push_back(e.to);
+    r.rank_offset = colocated ? 0 : mp.first_rank;
+    r.stream_offset = 8 * static_cast<int32_t>(k + 1);
+    r.encoder_categories = true;
+    r.frozen = s.workload.frozen_encoders;
+    r.order = three_phase ? three_phase_program(bounds.back(), r.frozen)
+                          : encoder_program(bounds.back(), llm0, r.frozen, &merged[k]);
+    r.prefix = mp.module + " ";
+    encs.push_back(std::make_unique<Lowering>(s, p, o, out, std::move(r)));
+  }
+  out.micro_batches = llm0.empty() ? 0 : s.workload.global_batch / (int64_t{L.micro_batch} * L.dp);
+
+  if (three_phase) {
+    for (auto& e : encs) {
+      e->setup();
+      e->begin_stage(0);
+      for (size_t i = 0; i < e->order(0).size(); ++i)
+        if (e->order(0)[i].kind == PassKind::kForward) e->op(i);
+    }
+    llm.run();
+    for (auto& e : encs) {
+      for (size_t i = 0; i < e->order(0).size(); ++i)
+        if (e->order(0)[i].kind == PassKind::kBackward) e->op(i);
+      e->end_stage();
+      e->finish();
+    }
+  } else if (colocated) {  // one stage each, on the same ranks: interleave the programs
+    llm.setup();
+    llm.begin_stage(0);
+    for (auto& e : encs) {
+      e->setup();
+      e->begin_stage(0);
+    }
+    // With several encoders, each runs its ops just before the LLM op they precede.
+    std::vector<size_t> pos(encs.size(), 0);
+    for (size_t i = 0; i < llm0.size(); ++i) {
+      for (size_t k = 0; k < encs.size(); ++k)
+        while (pos[k] < merged[k].size() && merged[k][pos[k]].encoder)
+          encs[k]->op(merged[k][pos[k]++].index);
+      for (size_t k = 0; k < encs.size(); ++k) ++pos[k];  // the LLM op itself
+      llm.op(i);
+      for (size_t k = 0; k < encs.size(); ++k)  // encoder backwards right after it
+        while (pos[k] < merged[k].size() && merged[k][pos[k]].encoder &&
+               encs[k]->order(0)[merged[k][pos[k]].index].kind == PassKind::kBackward)
+          encs[k]->op(merged[k][pos[k]++].index);
+    }
+    for (auto& e : encs) {
+      e->end_stage();
+      e->finish();
+    }
+    llm.end_stage();
+    llm.finish();
+  } else {
+    for (auto& e : encs) e->run();
+    llm.run();
+  }
+
+  // Op indices of (kind, micro-batch) in a single-stage program (chunk 0).
+  auto index_of = [](const std::vector<PipelineOp>& order, PassKind kind, int64_t m) {
+    std::vector<int64_t> idx(static_cast<size_t>(m), -1);
+    for (size_t i = 0; i < order.size(); ++i)
+      if (order[i].kind == kind && order[i].chunk == 0)
+        idx[static_cast<size_t>(order[i].micro_batch)] = static_cast<int64_t>(i);
+    return idx;
+  };
+  const int64_t ml = llm.micro_batches();
+  const std::vector<int64_t> lf = index_of(llm.order(0), PassKind::kForward, ml);
+  const std::vector<int64_t> lb = index_of(llm.order(0), PassKind::kBackward, ml);
+  const int llm_group = L.tp * L.cp;  // one LLM replica's ranks on stage 0
+  std::vector<RankId> members;
+  for (size_t k = 0; k < encs.size(); ++k) {
+    Lowering& enc = *encs[k];
+    const Boundary& b = bounds[k];
+    const Layout& E = p.modules[k].layout;
+    const bool frozen = s.workload.frozen_encoders;
+    const std::vector<int64_t> ef = index_of(enc.order(0), PassKind::kForward, b.enc_steps);
+    const std::vector<int64_t> eb = index_of(enc.order(0), PassKind::kBackward, b.enc_steps);
+    const int32_t base = 8 * (nenc + 1) + 6 * static_cast<int32_t>(k);
+    const int32_t fwd_send = base, fwd_recv = base + 1, bwd_send = base + 2, bwd_recv = base + 3,
+                  fwd_coll = base + 4, bwd_coll = base + 5;
+    const std::string& name = p.modules[k].module;
+    const sim::LabelId fwd_name = g.label(fmt::format("{} -> llm activation", name));
+    const sim::LabelId bwd_name = g.label(fmt::format("llm -> {} grad", name));
+    auto collective = [&](CollectiveKind kind, Bytes bytes, int32_t stream, RankId root,
+                          sim::LabelId label) {
+      sim::CollectiveSpec spec;
+      spec.kind = kind;
+      spec.group = members;
+      spec.bytes = bytes;
+      spec.stream = stream;
+      spec.root = root;
+      return g.add_collective(spec, {cat, label});
+    };
+    if (!colocated || three_phase) {
+      for (int64_t i = 0; i < ml; ++i)
+        for (int d = 0; d < L.dp; ++d) {
+          const int64_t t = b.step_of(i);
+          const int e = b.source_replica(d, i);
+          const int je = e * E.tp, jl = d * llm_group;
+          const RankId enc_leader = enc.rank_of(je, 0), llm_leader = llm.rank_of(jl, 0);
+          // A leader sending to itself (three-phase colocated): a dependency only.
+          TaskId ready = enc.span(0, static_cast<size_t>(ef[t]), je).last;
+          if (enc_leader != llm_leader) {
+            const TaskId x = g.add_p2p(enc_leader, llm_leader, b.bytes_per_micro_batch, fwd_send,
+                                       fwd_recv, {cat, fwd_name});
+            g.add_dependency(ready, x);
+            ready = x;
+          }
+          if (llm_group > 1) {
+            members.clear();
+            for (int q = 0; q < llm_group; ++q) members.push_back(llm.rank_of(jl + q, 0));
+            const TaskId bc = collective(CollectiveKind::kBroadcast, b.bytes_per_micro_batch,
+                                         fwd_coll, llm_leader, fwd_name);
+            g.add_dependency(ready, bc);
+            ready = bc;
+          }
+          for (int q = 0; q < llm_group; ++q)
+            g.add_dependency(ready, llm.span(0, static_cast<size_t>(lf[i]), jl + q).first);
+          if (frozen) continue;
+          TaskId got = llm.span(0, static_cast<size_t>(lb[i]), jl).last;
+          if (enc_leader != llm_leader) {
+            const TaskId y = g.add_p2p(llm_leader, enc_leader, b.bytes_per_micro_batch, bwd_send,
+                                       bwd_recv, {cat, bwd_name});
+            g.add_dependency(got, y);
+            got = y;
+          }
+          if (E.tp > 1) {
+            members.clear();
+            for (int q = 0; q < E.tp; ++q) members.push_back(enc.rank_of(je + q, 0));
+            const TaskId bc = collective(CollectiveKind::kBroadcast, b.bytes_per_micro_batch,
+                                         bwd_coll, enc_leader, bwd_name);
+            g.add_dependency(got, bc);
+            got = bc;
+          }
+          for (int q = 0; q < E.tp; ++q)
+            g.add_dependency(got, enc.span(0, static_cast<size_t>(eb[t]), je + q).first);
+        }
+      continue;
+    }
+    // Colocated: rank r is local rank r of both (one stage each, offset 0).
+    const Bytes step_bytes = b.bytes_per_micro_batch * b.llm_per_step;  // per LLM replica
+    const int world = out.world;
+    for (int64_t t = 0; t < b.enc_steps; ++t) {
+      const int64_t i0 = t * b.llm_per_step, i1 = i0 + b.llm_per_step - 1;
+      const size_t enc_f = static_cast<size_t>(ef[t]), llm_f = static_cast<size_t>(lf[i0]);
+      // Forward.
+      if (b.fan_in > 1) {
+        for (int d = 0; d < L.dp; ++d)
+          for (int tt = 0; tt < E.tp; ++tt) {
+            members.clear();
+            for (int q = 0; q < b.fan_in; ++q)
+              members.push_back(RankId(tt + E.tp * (d * b.fan_in + q)));
+            const TaskId ag =
+                collective(CollectiveKind::kAllGather, step_bytes, fwd_coll, RankId(), fwd_name);
+            for (RankId r : members) {
+              g.add_dependency(enc.span(0, enc_f, r.value()).last, ag);
+              g.add_dependency(ag, llm.span(0, llm_f, r.value()).first);
+            }
+          }
+      } else {  // equal: pass-through; fan-out: narrow to the local slice
+        for (int r = 0; r < world; ++r)
+          g.add_dependency(enc.span(0, enc_f, r).last, llm.span(0, llm_f, r).first);
+      }
+      if (frozen) continue;
+      // Backward: after the step's last LLM micro-batch backward on every rank.
+      const size_t enc_b = static_cast<size_t>(eb[t]), llm_b = static_cast<size_t>(lb[i1]);
+      if (b.fan_out > 1 || L.cp > 1) {
+        // fan-out: sibling slices over the r LLM replicas one encoder replica spans;
+        // fan-in / equal with cp > 1: the CP chunks of the gradient over the CP group.
+        const int n = b.fan_out > 1 ? b.fan_out : L.cp;
+        const Bytes bytes = b.fan_out > 1 ? step_bytes * b.fan_out : step_bytes;
+        for (int r0 = 0; r0 < world; ++r0) {
+          // r0 is a group's first member: fan-out groups are {r + u*tp*cp}, CP groups
+          // {r + q*tp} within a replica.
+          const int stride = b.fan_out > 1 ? llm_group : L.tp;
+          const int span = stride * n;
+          if ((r0 % span) >= stride) continue;
+          members.clear();
+          for (int u = 0; u < n; ++u) members.push_back(RankId(r0 + u * stride));
+          const TaskId ag =
+              collective(CollectiveKind::kAllGather, bytes, bwd_coll, RankId(), bwd_name);
+          for (RankId r : members) {
+            g.add_dependency(llm.span(0, llm_b, r.value()).last, ag);
+            g.add_dependency(ag, enc.span(0, enc_b, r.value()).first);
+          }
+        }
+      } else {
+        for (int r = 0; r < world; ++r)
+          g.add_dependency(llm.span(0, llm_b, r).last, enc.span(0, enc_b, r).first);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 Result<LoweredPlan> lower(const Scenario& s, const Plan& p, const LowerOptions& o) {
   std::string why = infeasibility(s, p);
   if (!why.empty()) return Status::invalid_argument(why);
   LoweredPlan out;
-  Lowering(s, p, o, out).run();
+  if (p.placement == Placement::kHomogeneous)
+    Lowering(s, p, o, out).run();
+  else
+    lower_heterogeneous(s, p, o, out);
   return out;
 }
 

@@ -5,6 +5,7 @@
 
 #include "hetpar/core/check.h"
 #include "hetpar/models/op_graph.h"
+#include "hetpar/planner/boundary.h"
 #include "hetpar/planner/schedule.h"
 
 namespace hetpar::planner {
@@ -43,6 +44,7 @@ struct Tally {
   double working_set = 0;       // bytes a recomputed layer re-materialises (one at a time)
   double p2p = 0;               // pipeline send and receive buffers
   double gathered = 0;          // the largest SP all-gather of a layer input
+  double frozen_params = 0;     // of params: frozen (no gradient)
 };
 
 Bytes to_bytes(double b) {
@@ -102,22 +104,28 @@ std::vector<int> layer_stages(int64_t layers, const Layout& l) {
 class Estimator {
  public:
   Estimator(const Scenario& s, const Plan& p, const MemoryOptions& opts)
-      : s_(s), l_(p.layout), opts_(opts), stages_(static_cast<size_t>(l_.pp)) {
+      : Estimator(s, p.layout, p.schedule, opts, -1, false) {}
+  // `in_flight` >= 0: the micro-batches the (single-stage) module holds instead of the
+  // schedule's count. `frozen`: no gradients, optimizer state or saved activations.
+  Estimator(const Scenario& s, const Layout& l, Schedule sch, const MemoryOptions& opts,
+            double in_flight, bool frozen)
+      : s_(s), l_(l), opts_(opts), frozen_(frozen), stages_(static_cast<size_t>(l_.pp)) {
     const int64_t m = num_micro_batches(l_, s.workload.global_batch);
     HETPAR_CHECK(m >= 1, "global batch {} gives no micro-batch to dp {} x micro-batch {}",
                  s.workload.global_batch, l_.dp, l_.micro_batch);
     for (int st = 0; st < l_.pp; ++st) {
-      in_flight_.push_back(in_flight_micro_batches(p.schedule, st, l_.pp, l_.vpp, m));
+      in_flight_.push_back(in_flight >= 0 ? in_flight
+                                          : in_flight_micro_batches(sch, st, l_.pp, l_.vpp, m));
       // ZB-H1's stage st defers up to st weight-gradient passes past their B: up to
       // min(pp, m) micro-batches in flight on every stage, the extra ones holding only the
       // GEMM inputs W needs.
-      w_pending_.push_back(p.schedule == Schedule::kZeroBubble
+      w_pending_.push_back(sch == Schedule::kZeroBubble && in_flight < 0
                                ? static_cast<double>(std::min<int64_t>(l_.pp, m)) - in_flight_[st]
                                : 0);
     }
     // The output layer and loss live in the last model chunk, which behaves as the last
     // stage of a pipeline without virtual stages.
-    head_in_flight_ = in_flight_micro_batches(p.schedule, l_.pp - 1, l_.pp, 1, m);
+    head_in_flight_ = in_flight_micro_batches(sch, l_.pp - 1, l_.pp, 1, m);
   }
 
   void add_module(size_t i) {
@@ -142,11 +150,11 @@ class Estimator {
       const int st = op.layer >= 0 ? stage_of[op.layer] : head ? last : 0;
       add_params(st, local_params(op, stem, l_, vocab_params), is_routed_expert(op));
       const double share = activation_share(op, stem, l_);
-      const double kept = kept_bytes(op, l_.recompute, g.dtype_bytes) * share;
+      const double kept = frozen_ ? 0 : kept_bytes(op, l_.recompute, g.dtype_bytes) * share;
       stages_[st].activations += kept * (head ? head_in_flight_ : in_flight_[st]);
       if (op.kind == models::OpKind::kGemm)
         stages_[st].activations += op.saved.as_double() * share * w_pending_[st];
-      if (op.layer >= 0) rework[op.layer] += op.saved.as_double() * share - kept;
+      if (op.layer >= 0 && !frozen_) rework[op.layer] += op.saved.as_double() * share - kept;
     }
     if (llm && llm->tied_embeddings && l_.pp > 1) add_params(last, vocab_params / l_.tp, false);
 
@@ -156,13 +164,28 @@ class Estimator {
     const double sp = l_.sequence_parallel ? l_.tp : 1;
     for (int64_t layer = 0; layer < g.layers; ++layer) {
       Tally& t = stages_[stage_of[layer]];
-      if (l_.recompute == models::Recompute::kFull)
+      if (l_.recompute == models::Recompute::kFull && !frozen_)
         t.activations += layer_input / sp * in_flight_[stage_of[layer]];
       t.working_set = std::max(t.working_set, rework[layer]);
       if (l_.sequence_parallel && l_.tp > 1) t.gathered = std::max(t.gathered, layer_input);
     }
     if (llm && l_.pp > 1)
       for (Tally& t : stages_) t.p2p = 2 * layer_input / sp;
+  }
+
+  // Adds `bytes` held by every rank of stage `st` (communication buffers).
+  void add_buffer(int st, double bytes) { stages_[st].p2p += bytes; }
+  void merge_into_all(const Estimator& o) {  // colocated: o's (single-stage) ranks are all ours
+    for (Tally& t : stages_) {
+      const Tally& u = o.stages_[0];
+      t.params += u.params;
+      t.optimizer_params += u.optimizer_params;
+      t.activations += u.activations;
+      t.working_set = std::max(t.working_set, u.working_set);
+      t.p2p += u.p2p;
+      t.gathered = std::max(t.gathered, u.gathered);
+      t.frozen_params += u.frozen_params;
+    }
   }
 
   MemoryReport report() const {
@@ -173,7 +196,7 @@ class Estimator {
     for (const Tally& t : stages_) {
       MemoryBreakdown b;
       b.weights = to_bytes(t.params * weight_bytes);
-      b.gradients = to_bytes(t.params * kGradientBytes);
+      b.gradients = to_bytes((t.params - t.frozen_params) * kGradientBytes);
       b.optimizer_state = to_bytes(t.optimizer_params * optimizer_bytes);
       b.activations = to_bytes(t.activations + t.working_set);
       b.communication_buffers = to_bytes(t.p2p + t.gathered);
@@ -198,12 +221,17 @@ class Estimator {
   void add_params(int stage, double params, bool routed_expert) {
     const double group = static_cast<double>(l_.dp) * l_.cp / (routed_expert ? l_.ep : 1);
     stages_[stage].params += params;
+    if (frozen_) {
+      stages_[stage].frozen_params += params;
+      return;
+    }
     stages_[stage].optimizer_params += l_.distributed_optimizer ? params / group : params;
   }
 
   const Scenario& s_;
-  const Layout& l_;
+  const Layout l_;
   const MemoryOptions& opts_;
+  const bool frozen_;
   std::vector<Tally> stages_;
   std::vector<double> in_flight_;
   std::vector<double> w_pending_;  // ZB-H1 micro-batches holding only their GEMM inputs
@@ -213,9 +241,57 @@ class Estimator {
 }  // namespace
 
 MemoryReport estimate_memory(const Scenario& s, const Plan& p, const MemoryOptions& opts) {
-  Estimator e(s, p, opts);
-  for (size_t i = 0; i < s.model.modules.size(); ++i) e.add_module(i);
-  return e.report();
+  if (p.placement == Placement::kHomogeneous) {
+    Estimator e(s, p, opts);
+    for (size_t i = 0; i < s.model.modules.size(); ++i) e.add_module(i);
+    return e.report();
+  }
+  // Heterogeneous: the LLM under its layout; each encoder (with its projectors) under its
+  // own, holding the encoder steps its program (boundary.h) keeps in flight, plus the
+  // boundary's buffers: the received (gathered) encoder output of the LLM micro-batches of
+  // one encoder step and, non-colocated, the encoder's send buffer.
+  const bool colocated = p.placement == Placement::kColocated;
+  const Layout& L = p.layout;
+  Estimator llm(s, p, opts);
+  llm.add_module(s.model.llm_index());
+  const std::vector<PipelineOp> llm0 = stage_order(
+      p.schedule, 0, L.pp, L.vpp, s.workload.global_batch / (int64_t{L.micro_batch} * L.dp));
+  const bool frozen = s.workload.frozen_encoders;
+  std::vector<MemoryReport> enc_reports;
+  for (const ModulePlan& mp : p.modules) {
+    const Boundary b = make_boundary(s, p, mp);
+    const std::vector<PipelineOp> prog =
+        colocated && L.pp > 1 ? three_phase_program(b, frozen) : encoder_program(b, llm0, frozen);
+    const double in_flight = frozen ? 0 : static_cast<double>(peak_in_flight(prog));
+    Estimator enc(s, mp.layout, Schedule::k1F1B, opts, in_flight, frozen);
+    enc.add_module(b.encoder);
+    for (const models::Edge& e : s.model.edges)
+      if (e.from == b.encoder &&
+          models::kind_of(s.model.modules[e.to].spec) == models::ModuleKind::kProjector)
+        enc.add_module(e.to);
+    const double step = b.bytes_per_micro_batch.as_double() * static_cast<double>(b.llm_per_step);
+    // Three-phase: the LLM's first stage holds every micro-batch's encoder output.
+    llm.add_buffer(0, colocated && L.pp > 1 ? step * static_cast<double>(b.enc_steps) : step);
+    if (colocated) {
+      llm.merge_into_all(enc);
+    } else {
+      enc.add_buffer(0, step * b.fan_out / static_cast<double>(b.llm_per_step));
+      enc_reports.push_back(enc.report());
+    }
+  }
+  MemoryReport r = llm.report();
+  if (enc_reports.empty()) return r;
+  // Non-colocated: the encoders' ranks first, then the LLM's pipeline stages.
+  MemoryReport out;
+  for (const MemoryReport& e : enc_reports) out.per_stage.push_back(e.per_stage[0]);
+  out.per_stage.insert(out.per_stage.end(), r.per_stage.begin(), r.per_stage.end());
+  for (size_t st = 0; st < out.per_stage.size(); ++st)
+    if (out.per_stage[st].total() > out.peak) {
+      out.peak = out.per_stage[st].total();
+      out.peak_stage = static_cast<int>(st);
+    }
+  out.capacity = r.capacity;
+  return out;
 }
 
 }  // namespace hetpar::planner

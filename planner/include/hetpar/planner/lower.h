@@ -42,6 +42,28 @@
 // sends once its own previous chunk arrived (as the representative's, by symmetry).
 // Otherwise, or with full_ranks, every rank runs its own tasks. Both give the same
 // prediction where the symmetry holds (tests/planner/symmetry_test.cpp).
+// Heterogeneous placements (Plan::placement kColocated / kNonColocated, boundary.h for the
+// data mapping and the boundary's communication): the LLM runs under plan.layout as above
+// (without the encoders), each encoder with its projectors under its ModulePlan's layout
+// (pp 1) as a program of its own, every rank simulated (no representatives):
+// - categories "enc_fwd", "enc_bwd" (and "enc_recompute") for encoder compute, so metrics
+//   show time by module; the boundary's tasks are "boundary_comm"; an encoder's collectives
+//   use comm streams 8(k+1) .. 8(k+1)+7 (encoder k), the boundary its own streams after them;
+// - the encoder acts as the leading pipeline stage (boundary.h's encoder_program): its
+//   forward of a step runs before LLM stage 0 first needs it, its backward after stage 0's
+//   backward of the step's last LLM micro-batch; every LLM stage-0 forward depends on the
+//   arrival of its encoder output, every encoder backward on the arrival of its gradient;
+// - colocated, LLM pp 1: the two programs interleave on each GPU's compute stream per
+//   micro-batch (encoder forward, boundary, LLM forward and backward, boundary backward,
+//   encoder backward); LLM pp > 1: three phases per GPU (every encoder forward of the local
+//   batch, the LLM's pipeline, every encoder backward), the boundary moving data as
+//   non-colocated does (a leader that is both sides: no transfer);
+// - non-colocated: disjoint rank ranges (ModulePlan::first_rank, Plan::llm_first_rank);
+//   the programs run concurrently, joined by leader P2P + broadcast;
+// - Workload::frozen_encoders: no encoder backward, DP reduction, optimizer step or
+//   boundary backward (the projector is treated as frozen with its encoder);
+// - model FLOPs: each module's micro-batch graph x its micro-batches, the same total as the
+//   homogeneous plan's (work does not depend on placement).
 // Not modelled: tied-embedding gradient all-reduce between first and last stage, the
 // vocab-parallel loss's small all-reduces, SP's backward re-gather of inputs for wgrad
 // (overlapped in Megatron), NVLS all-reduce (rings only), and the K,V ring of a
@@ -89,7 +111,13 @@ struct LoweredPlan {
 };
 
 /// Why a plan cannot run, as a user reads it ("tp 3 does not divide llm heads 32");
-/// empty when feasible. Memory is not checked here.
+/// empty when feasible. Memory is not checked here. Heterogeneous plans, besides the LLM's
+/// layout: every encoder the workload feeds has one ModulePlan naming an encoder; encoder
+/// cp = vpp = ep = pp = 1; tp in {1, 2, 4, 8} for every module (Megatron's MIMO path) and
+/// dividing the encoder's (and projector's) heads; encoder and LLM dp divide one another
+/// and an encoder step splits into whole LLM micro-batches (boundary.h); colocated:
+/// encoder tp x dp = world; non-colocated: rank ranges tile the world, first
+/// ranks aligned to tp, LLM cp = 1.
 std::string infeasibility(const Scenario& s, const Plan& p);
 
 /// Errors (invalid argument): the plan is infeasible (the message of infeasibility()).

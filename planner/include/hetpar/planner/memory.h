@@ -55,7 +55,8 @@ struct MemoryBreakdown {  // one rank
 
 struct MemoryReport {
   /// Index = pipeline stage; the ranks of one stage are alike. With vpp > 1 a rank holds
-  /// vpp model chunks, all counted here.
+  /// vpp model chunks, all counted here. Non-colocated plans: one entry per encoder (its
+  /// ranks, in plan.modules order) first, then the LLM's stages.
   std::vector<MemoryBreakdown> per_stage;
   int peak_stage = 0;  // the stage with the largest total (the first of equals)
   Bytes peak;          // its total
@@ -79,8 +80,15 @@ struct MemoryOptions {
 /// tensors (2 x s*b*h / cp, and / tp with SP, as Megatron's P2P shapes) and, with SP, the
 /// all-gathered layer input (s*b*h / cp, Megatron's global memory buffer). DP gradient
 /// reduction works in place in the gradient buffer and adds nothing.
-/// REQUIRES: p.layout is valid for s (sizes dividing the model and cluster, at least one
-/// micro-batch per DP replica).
+/// Heterogeneous plans: the LLM under p.layout; each encoder with its projectors under its
+/// ModulePlan's layout, holding the activations of the encoder steps its program keeps in
+/// flight (boundary.h's encoder_program: colocated with pp 1, one step; non-colocated, the
+/// steps the LLM's warm-up needs; colocated three-phase, every step of the local batch, whose
+/// outputs the LLM's first stage also holds); frozen encoders hold weights only (no gradients,
+/// optimizer state or saved activations). Colocated: every rank adds its encoder shard to
+/// its LLM stage. Communication buffers add the received encoder output of one encoder step
+/// (the LLM side) and, non-colocated, the encoder's send buffer.
+/// REQUIRES: p is feasible for s (infeasibility() is empty).
 MemoryReport estimate_memory(const Scenario& s, const Plan& p, const MemoryOptions& opts = {});
 
 /// Micro-batches whose activations pipeline stage `stage` (0-based, of pp) holds at its

@@ -1,0 +1,426 @@
+// Heterogeneous placements (colocated / non-colocated encoders): validation, the boundary's
+// sizes and shares, the dependencies lower() builds across it, and the whole iteration.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "hetpar/planner/boundary.h"
+#include "hetpar/planner/evaluate.h"
+#include "hetpar/planner/lower.h"
+#include "hetpar/planner/memory.h"
+#include "hetpar/sim/simulate.h"
+
+namespace hetpar::planner {
+namespace {
+
+// LLaVA-1.5-7B (examples/default.json's workload) on `nodes` DGX H100 nodes.
+Scenario llava(int64_t global_batch, int nodes = 1, bool frozen = false) {
+  std::string text = fmt::format(
+      R"({{"model": "llava-1.5-7b", "workload": {{"seq_len": 4096, "global_batch": {},
+        "images_per_sample": 1, "precision": "bf16", "frozen_encoders": {}}},
+        "cluster": {{"profile": "dgx-h100", "nodes": {}}}}})",
+      global_batch, frozen ? "true" : "false", nodes);
+  auto s = parse_scenario_text(text, "test.json");
+  EXPECT_TRUE(s.is_ok()) << s.status().to_string();
+  return *s;
+}
+
+Layout layout(int tp, int dp, int mb = 1, int pp = 1) {
+  Layout l;
+  l.tp = tp;
+  l.dp = dp;
+  l.pp = pp;
+  l.micro_batch = mb;
+  return l;
+}
+
+std::string vision(const Scenario& s) {
+  for (const models::Module& m : s.model.modules)
+    if (models::is_encoder(models::kind_of(m.spec))) return m.name;
+  return "";
+}
+
+Plan colocated(const Scenario& s, Layout llm, Layout enc) {
+  Plan p;
+  p.layout = llm;
+  p.placement = Placement::kColocated;
+  p.modules.push_back({vision(s), enc, 0});
+  return p;
+}
+
+Plan non_colocated(const Scenario& s, Layout llm, int llm_first, Layout enc, int enc_first) {
+  Plan p;
+  p.layout = llm;
+  p.placement = Placement::kNonColocated;
+  p.llm_first_rank = llm_first;
+  p.modules.push_back({vision(s), enc, enc_first});
+  return p;
+}
+
+int64_t hidden(const Scenario& s) {
+  return std::get<models::LlmSpec>(s.model.modules[s.model.llm_index()].spec).block.hidden;
+}
+
+TEST(Boundary, BytesPerMicroBatchAreMVH2) {
+  const Scenario s = llava(64);
+  const Plan p = colocated(s, layout(4, 2, 2), layout(1, 8, 2));
+  const Boundary b = make_boundary(s, p, p.modules[0]);
+  EXPECT_EQ(b.tokens_per_sample, 576);  // CLIP ViT-L/14-336: 24 x 24 patches
+  EXPECT_EQ(b.bytes_per_micro_batch.count(), 2 * 576 * hidden(s) * 2);
+}
+
+TEST(Boundary, FanInAndFanOutShares) {
+  const Scenario s = llava(64);
+  // Fan-in: 8 encoder replicas feed 2 LLM replicas, 4 each; one encoder step (mb 1) gives
+  // each LLM replica 4 micro-batches, one from each encoder replica of its group.
+  const Plan in = colocated(s, layout(4, 2), layout(1, 8));
+  const Boundary bi = make_boundary(s, in, in.modules[0]);
+  EXPECT_EQ(bi.fan_in, 4);
+  EXPECT_EQ(bi.fan_out, 1);
+  EXPECT_EQ(bi.llm_per_step, 4);
+  EXPECT_EQ(bi.enc_steps * 4, bi.llm_steps);
+  for (int64_t i = 0; i < 4; ++i) EXPECT_EQ(bi.source_replica(1, i), 4 + static_cast<int>(i));
+  EXPECT_EQ(bi.step_of(5), 1);
+  // Fan-out: 1 encoder replica of 8 GPUs (mb 4) feeds 4 LLM replicas, 1 micro-batch each.
+  const Plan out = colocated(s, layout(2, 4), layout(8, 1, 4));
+  const Boundary bo = make_boundary(s, out, out.modules[0]);
+  EXPECT_EQ(bo.fan_out, 4);
+  EXPECT_EQ(bo.llm_per_step, 1);
+  for (int d = 0; d < 4; ++d) EXPECT_EQ(bo.source_replica(d, 3), 0);
+  // Fan-out with too small an encoder micro-batch cannot split into LLM micro-batches.
+  EXPECT_NE(infeasibility(s, colocated(s, layout(2, 4), layout(8, 1, 2))).find("whole llm"),
+            std::string::npos);
+}
+
+TEST(Placement, ErrorsAreClear) {
+  const Scenario s = llava(48);
+  auto why = [&](const Plan& p) { return infeasibility(s, p); };
+  EXPECT_EQ(why(colocated(s, layout(4, 2), layout(1, 8))), "");
+  EXPECT_EQ(why(non_colocated(s, layout(2, 3), 2, layout(2, 1, 3), 0)), "");
+  EXPECT_NE(why(colocated(s, layout(4, 2), layout(1, 4))).find("must span the world"),
+            std::string::npos);
+  EXPECT_NE(why(non_colocated(s, layout(2, 3), 0, layout(2, 1, 3), 0)).find("overlap"),
+            std::string::npos);
+  EXPECT_NE(why(non_colocated(s, layout(2, 2), 2, layout(2, 1, 2), 0)).find("tile the cluster"),
+            std::string::npos);
+  EXPECT_NE(why(non_colocated(s, layout(2, 3), 4, layout(2, 1, 3), 0)).find("outside"),
+            std::string::npos);
+  // DP sizes must divide one another: 2 encoder replicas, 3 LLM replicas.
+  EXPECT_NE(why(non_colocated(s, layout(2, 3), 2, layout(1, 2), 0)).find("divide one another"),
+            std::string::npos);
+  Plan bad = colocated(s, layout(4, 2), layout(1, 8));
+  bad.modules[0].module = "llm";
+  EXPECT_NE(why(bad).find("not an encoder"), std::string::npos);
+  bad.modules[0].module = "nope";
+  EXPECT_NE(why(bad).find("no module named"), std::string::npos);
+  bad.modules.clear();
+  EXPECT_NE(why(bad).find("has no entry in plan.modules"), std::string::npos);
+  EXPECT_NE(why(colocated(s, layout(4, 2), layout(1, 4, 1, 2))).find("pp 2 > 1"),
+            std::string::npos);
+  EXPECT_NE(why(colocated(s, layout(4, 2, 2), layout(1, 8, 3))).find("not a multiple"),
+            std::string::npos);
+  Layout llm_cp = layout(1, 3);
+  llm_cp.cp = 2;
+  EXPECT_NE(why(non_colocated(s, llm_cp, 2, layout(2, 1, 3), 0)).find("cp 2 > 1"),
+            std::string::npos);
+}
+
+// Start / end of every task of a lowered heterogeneous plan.
+struct SimRun {
+  LoweredPlan lp;
+  sim::SimResult r;
+};
+SimRun simulate(const Scenario& s, const Plan& p) {
+  auto lp = lower(s, p);
+  EXPECT_TRUE(lp.is_ok()) << lp.status().to_string();
+  sim::SimOptions o;
+  o.record_tasks = true;
+  auto r = sim::simulate(lp->graph, lp->network, o);
+  EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+  return {std::move(lp).value(), std::move(r).value()};
+}
+
+TEST(NonColocated, LlmWaitsForEncoderAndEncoderForGradient) {
+  const Scenario s = llava(24);
+  // Encoder TP2 DP1 (micro-batch 3) on GPUs 0-1, LLM TP2 DP3 on GPUs 2-7: fan-out 3, each
+  // encoder step feeds one micro-batch to each LLM replica.
+  const Plan p = non_colocated(s, layout(2, 3), 2, layout(2, 1, 3), 0);
+  ASSERT_EQ(infeasibility(s, p), "");
+  const SimRun run = simulate(s, p);
+  const sim::TaskGraph& g = run.lp.graph;
+  const int64_t m = 24 / 3;  // LLM micro-batches per replica; also encoder steps
+  auto cat = [&](TaskId t) { return g.label_text(g.task(t).label.category); };
+  auto rank0 = [&](TaskId t) { return g.streams(t)[0].rank.value(); };
+  // Compute tasks with a boundary task before them; every such dependency holds in time.
+  std::map<int, std::set<int>> fed;  // rank -> tasks
+  for (const auto& [before, after] : g.dependencies()) {
+    if (cat(before) != "boundary_comm" || g.task(after).kind != sim::TaskKind::kCompute) continue;
+    EXPECT_LE(run.r.tasks[before.value()].end, run.r.tasks[after.value()].start);
+    fed[rank0(after)].insert(after.value());
+  }
+  // Every LLM rank's first forward task of every micro-batch waits for the encoder output
+  // (the leader's P2P, then the broadcast over its TP group)...
+  for (int r = 2; r < 8; ++r) {
+    ASSERT_EQ(static_cast<int64_t>(fed[r].size()), m) << "rank " << r;
+    for (int t : fed[r]) {
+      EXPECT_EQ(cat(TaskId(t)), "fwd");
+      EXPECT_TRUE(g.label_text(g.task(TaskId(t)).label.name).starts_with("llm pre"));
+    }
+  }
+  // ... and every encoder rank's first backward task of every step for its gradient.
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(static_cast<int64_t>(fed[r].size()), m) << "rank " << r;
+    for (int t : fed[r]) EXPECT_EQ(cat(TaskId(t)), "enc_bwd");
+  }
+  // Boundary P2Ps carry one LLM micro-batch's encoder output each way: m·V·H·2 bytes.
+  int p2p = 0;
+  for (int t = 0; t < g.num_tasks(); ++t) {
+    const sim::Task& task = g.task(TaskId(t));
+    if (task.kind != sim::TaskKind::kP2P || cat(TaskId(t)) != "boundary_comm") continue;
+    EXPECT_EQ(task.bytes.count(), 1 * 576 * hidden(s) * 2);
+    ++p2p;
+  }
+  EXPECT_EQ(p2p, 2 * m * 3);  // forward and backward, per micro-batch per LLM replica
+  // Time by module.
+  bool enc_fwd = false, bnd = false;
+  for (const sim::CategoryTotal& c : run.r.categories) {
+    enc_fwd |= c.category == "enc_fwd" && c.rank_time > Time::zero();
+    bnd |= c.category == "boundary_comm" && c.rank_time > Time::zero();
+  }
+  EXPECT_TRUE(enc_fwd);
+  EXPECT_TRUE(bnd);
+}
+
+TEST(Colocated, MatchingLayoutReproducesHomogeneous) {
+  const Scenario s = llava(16);
+  Plan h;
+  h.layout = layout(4, 2);
+  const Plan c = colocated(s, layout(4, 2), layout(4, 2));
+  auto hm = evaluate(s, h);
+  auto cm = evaluate(s, c);
+  ASSERT_TRUE(hm.is_ok()) << hm.status().to_string();
+  ASSERT_TRUE(cm.is_ok()) << cm.status().to_string();
+  ASSERT_TRUE(cm->feasible) << cm->infeasible_reason;
+  EXPECT_DOUBLE_EQ(hm->model_flops_per_iteration.count(), cm->model_flops_per_iteration.count());
+  // Same work in the same order; the encoders' DP gradient reduction runs as its own
+  // buckets on its own stream rather than merged into the LLM's first bucket.
+  // Measured: 1.0001 (0.83736 s vs 0.83729 s, global batch 16). The encoders' DP reduction and
+  // optimizer step run on their own stream after the encoder's last backward, and each module's TP
+  // collectives are sized by its own tensors; the order of work on each GPU is the same.
+  EXPECT_NEAR(cm->iteration_time.to_seconds() / hm->iteration_time.to_seconds(), 1.0, 0.002)
+      << cm->iteration_time.to_seconds() << " vs " << hm->iteration_time.to_seconds();
+}
+
+TEST(Colocated, ModelFlopsIndependentOfPlacement) {
+  const Scenario s = llava(16);
+  Plan h;
+  h.layout = layout(4, 2);
+  auto a = lower(s, h);
+  auto b = lower(s, colocated(s, layout(4, 2), layout(1, 8)));
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  EXPECT_NEAR(a->model_flops_per_iteration.count() / b->model_flops_per_iteration.count(), 1, 1e-9);
+  const Scenario s24 = llava(24);
+  Plan h24;
+  h24.layout = layout(4, 2);
+  auto a24 = lower(s24, h24);
+  auto c24 = lower(s24, non_colocated(s24, layout(2, 3), 2, layout(2, 1, 3), 0));
+  ASSERT_TRUE(a24.is_ok() && c24.is_ok()) << c24.status().to_string();
+  EXPECT_NEAR(a24->model_flops_per_iteration.count() / c24->model_flops_per_iteration.count(), 1,
+              1e-9);
+}
+
+TEST(Colocated, FanInGathersAndFrozenRemovesEncoderBackward) {
+  for (bool frozen : {false, true}) {
+    const Scenario s = llava(16, 1, frozen);
+    const SimRun run = simulate(s, colocated(s, layout(4, 2), layout(1, 8)));
+    Time enc_bwd, enc_fwd, bnd;
+    for (const sim::CategoryTotal& c : run.r.categories) {
+      if (c.category == "enc_bwd") enc_bwd = c.rank_time;
+      if (c.category == "enc_fwd") enc_fwd = c.rank_time;
+      if (c.category == "boundary_comm") bnd = c.rank_time;
+    }
+    EXPECT_GT(enc_fwd, Time::zero());
+    EXPECT_GT(bnd, Time::zero());
+    if (frozen) {
+      EXPECT_EQ(enc_bwd, Time::zero());
+    } else {
+      EXPECT_GT(enc_bwd, Time::zero());
+    }
+  }
+}
+
+TEST(NonColocated, FrozenEncodersSendNoGradient) {
+  const Scenario s = llava(24, 1, true);
+  const SimRun run = simulate(s, non_colocated(s, layout(2, 3), 2, layout(2, 1, 3), 0));
+  const sim::TaskGraph& g = run.lp.graph;
+  for (int t = 0; t < g.num_tasks(); ++t) {
+    const std::string_view cat = g.label_text(g.task(TaskId(t)).label.category);
+    EXPECT_NE(cat, "enc_bwd");
+    if (cat == "boundary_comm" && g.task(TaskId(t)).kind == sim::TaskKind::kP2P) {
+      EXPECT_LT(g.task(TaskId(t)).src.value(), 2);  // encoder -> LLM only
+    }
+  }
+}
+
+// The numbers of the report: LLaVA-1.5-7B, global batch 256, one 8 x H100 node.
+TEST(Hetero, DISABLED_LlavaOneNode) {
+  const Scenario s = llava(256);
+  Plan h;
+  h.layout = layout(4, 2);
+  const std::vector<std::pair<std::string, Plan>> plans = {
+      {"homogeneous TP4 DP2", h},
+      {"colocated enc TP1 DP8 + LLM TP4 DP2", colocated(s, layout(4, 2), layout(1, 8))},
+      {"homogeneous TP4 PP2",
+       [&] {
+         Plan q;
+         q.layout = layout(4, 1, 1, 2);
+         return q;
+       }()},
+      {"colocated three-phase enc TP1 DP8 + LLM TP4 PP2",
+       colocated(s, layout(4, 1, 1, 2), layout(1, 8))},
+      {"non-colocated enc TP2 DP1 mb3 (GPUs 0-1) + LLM TP2 DP3 (GPUs 2-7)",
+       non_colocated(s, layout(2, 3), 2, layout(2, 1, 3), 0)},
+      {"non-colocated enc TP1 DP2 (GPUs 0-1) + LLM TP2 PP3 (10/11/11 layers) (GPUs 2-7)",
+       [&] {
+         Layout l = layout(2, 1, 1, 3);
+         l.first_stage_layers = 10;
+         return non_colocated(s, l, 2, layout(1, 2), 0);
+       }()},
+      {"non-colocated enc TP1 DP4 (GPUs 0-3) + LLM TP4 DP1 (GPUs 4-7)",
+       non_colocated(s, layout(4, 1), 4, layout(1, 4), 0)},
+      {"non-colocated enc TP1 DP2 (GPUs 0-1) + LLM TP2 PP3 (GPUs 2-7), frozen encoder",
+       [&] {
+         Layout l = layout(2, 1, 1, 3);
+         l.first_stage_layers = 10;
+         return non_colocated(s, l, 2, layout(1, 2), 0);
+       }()},
+  };
+  for (const auto& [name, p] : plans) {
+    Scenario s2 = s;
+    if (name.find("DP3") != std::string::npos) s2 = llava(252);  // divisible by LLM dp 3
+    if (name.find("frozen") != std::string::npos) s2 = llava(256, 1, true);
+    auto m = evaluate(s2, p);
+    ASSERT_TRUE(m.is_ok()) << name << ": " << m.status().to_string();
+    fmt::print(
+        "{}: feasible {} ({}), iteration {:.3f} s, {:.1f} TFLOPS/GPU, peak mem {:.1f} GiB "
+        "(stage {}), bubble {:.3f}\n",
+        name, m->feasible, m->infeasible_reason, m->iteration_time.to_seconds(), m->tflops_per_gpu,
+        m->memory.peak.as_double() / (1 << 30), m->memory.peak_stage, m->bubble_fraction);
+    for (const PhaseTime& ph : m->phases)
+      fmt::print("    {} {:.3f} s\n", ph.phase, ph.per_rank.to_seconds());
+  }
+}
+
+}  // namespace
+}  // namespace hetpar::planner
+
+namespace hetpar::planner {
+namespace {
+
+TEST(HeteroMemory, EncodersOnTheirRanksAndFrozenHoldLess) {
+  const Scenario s = llava(24);
+  const Plan nc = non_colocated(s, layout(2, 3), 2, layout(2, 1, 3), 0);
+  const MemoryReport r = estimate_memory(s, nc);
+  ASSERT_EQ(r.per_stage.size(), 2u);  // the encoder's ranks, the LLM's one stage
+  EXPECT_LT(r.per_stage[0].weights, r.per_stage[1].weights);
+  EXPECT_GT(r.per_stage[0].activations, Bytes());
+  const MemoryReport f = estimate_memory(llava(24, 1, true), nc);
+  EXPECT_EQ(f.per_stage[0].gradients, Bytes());
+  EXPECT_EQ(f.per_stage[0].optimizer_state, Bytes());
+  EXPECT_LT(f.per_stage[0].activations, r.per_stage[0].activations);
+  EXPECT_EQ(f.per_stage[1].weights, r.per_stage[1].weights);
+  // Colocated: every rank holds its encoder shard on top of its LLM shard.
+  const Scenario s16 = llava(16);
+  Plan llm_only;
+  llm_only.layout = layout(4, 2);
+  const MemoryReport h = estimate_memory(s16, llm_only);
+  const MemoryReport c = estimate_memory(s16, colocated(s16, layout(4, 2), layout(1, 8)));
+  ASSERT_EQ(c.per_stage.size(), 1u);
+  // The encoder unsharded (TP1) holds more weights than under TP4.
+  EXPECT_GT(c.per_stage[0].weights, h.per_stage[0].weights);
+}
+
+}  // namespace
+}  // namespace hetpar::planner
+
+namespace hetpar::planner {
+namespace {
+
+// Every boundary shape and schedule lowers to a graph the simulator runs (no deadlock).
+TEST(Hetero, ShapesAndSchedulesSimulate) {
+  const Scenario s = llava(48);
+  Layout cp2 = layout(2, 2);
+  cp2.cp = 2;
+  Layout pp2 = layout(2, 1, 1, 2);
+  std::vector<Plan> plans = {
+      colocated(s, layout(4, 2), layout(1, 8)),               // fan-in 4
+      colocated(s, layout(4, 2, 1), layout(1, 8, 2)),         // fan-in, encoder micro-batch scale 2
+      colocated(s, layout(2, 4), layout(8, 1, 4)),            // fan-out 4
+      colocated(s, layout(2, 4), layout(2, 4)),               // equal
+      colocated(s, cp2, layout(1, 8)),                        // fan-in, LLM CP: gradient gathered
+      colocated(s, layout(4, 1, 1, 2), layout(1, 8)),         // three-phase (LLM pp 2), fan-in 8
+      colocated(s, layout(2, 2, 1, 2), layout(2, 4)),         // three-phase, fan-in 2
+      non_colocated(s, pp2, 0, layout(1, 4), 4),              // fan-in 4, encoder after the LLM
+      non_colocated(s, layout(2, 3), 2, layout(2, 1, 3), 0),  // fan-out 3
+  };
+  Plan zb = non_colocated(s, pp2, 4, layout(1, 4), 0);
+  zb.schedule = Schedule::kZeroBubble;
+  plans.push_back(zb);
+  Plan il = non_colocated(s, pp2, 4, layout(2, 2), 0);
+  il.schedule = Schedule::kInterleaved;
+  il.layout.vpp = 2;
+  plans.push_back(il);
+  for (const Plan& p : plans) {
+    ASSERT_EQ(infeasibility(s, p), "");
+    auto lp = lower(s, p);
+    ASSERT_TRUE(lp.is_ok()) << lp.status().to_string();
+    auto r = sim::simulate(lp->graph, lp->network, {});
+    EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+  }
+}
+
+}  // namespace
+}  // namespace hetpar::planner
+
+namespace hetpar::planner {
+namespace {
+
+// Colocated with LLM pp > 1: every encoder forward runs before the LLM's first forward and
+// every encoder backward after the LLM's last backward on each rank; the encoders hold
+// their whole local batch's activations.
+TEST(Colocated, ThreePhaseSchedule) {
+  const Scenario s = llava(16);
+  const Plan p = colocated(s, layout(4, 1, 1, 2), layout(1, 8));
+  ASSERT_EQ(infeasibility(s, p), "");
+  const SimRun run = simulate(s, p);
+  const sim::TaskGraph& g = run.lp.graph;
+  std::vector<Time> last_enc_fwd(8), first_llm(8, Time::seconds(1e9)), last_llm(8),
+      first_enc_bwd(8, Time::seconds(1e9));
+  for (int t = 0; t < g.num_tasks(); ++t) {
+    const TaskId id(t);
+    if (g.task(id).kind != sim::TaskKind::kCompute) continue;
+    const int r = g.streams(id)[0].rank.value();
+    const std::string_view c = g.label_text(g.task(id).label.category);
+    const sim::TaskTiming& tt = run.r.tasks[t];
+    if (c == "enc_fwd") last_enc_fwd[r] = std::max(last_enc_fwd[r], tt.end);
+    if (c == "enc_bwd") first_enc_bwd[r] = std::min(first_enc_bwd[r], tt.start);
+    if (c == "fwd" || c == "bwd") {
+      first_llm[r] = std::min(first_llm[r], tt.start);
+      last_llm[r] = std::max(last_llm[r], tt.end);
+    }
+  }
+  for (int r = 0; r < 8; ++r) {
+    EXPECT_LE(last_enc_fwd[r], first_llm[r]) << r;
+    EXPECT_LE(last_llm[r], first_enc_bwd[r]) << r;
+  }
+  const MemoryReport m = estimate_memory(s, p);
+  const MemoryReport one = estimate_memory(s, colocated(s, layout(4, 2), layout(1, 8)));
+  EXPECT_GT(m.per_stage[0].activations.as_double(), 0);
+  EXPECT_GT(m.per_stage[0].communication_buffers, one.per_stage[0].communication_buffers);
+}
+
+}  // namespace
+}  // namespace hetpar::planner
