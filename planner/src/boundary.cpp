@@ -82,6 +82,14 @@ std::vector<PipelineOp> encoder_program(const Boundary& b, const std::vector<Pip
   return prog;
 }
 
+std::vector<PipelineOp> leading_stage_program(const Boundary& b, int llm_pp, bool frozen) {
+  const int ahead = static_cast<int>((llm_pp + b.llm_per_step - 1) / b.llm_per_step);
+  std::vector<PipelineOp> prog;
+  for (const PipelineOp& op : stage_order(Schedule::k1F1B, 0, 1 + ahead, 1, b.enc_steps))
+    if (!frozen || op.kind == PassKind::kForward) prog.push_back(op);
+  return prog;
+}
+
 std::vector<PipelineOp> three_phase_program(const Boundary& b, bool frozen) {
   std::vector<PipelineOp> prog;
   for (int64_t t = 0; t < b.enc_steps; ++t) prog.push_back({PassKind::kForward, t, 0});

@@ -1027,7 +1027,8 @@ void lower_heterogeneous(const Scenario& s, const Plan& p, const LowerOptions& o
     r.encoder_categories = true;
     r.frozen = s.workload.frozen_encoders;
     r.order = three_phase ? three_phase_program(bounds.back(), r.frozen)
-                          : encoder_program(bounds.back(), llm0, r.frozen, &merged[k]);
+              : colocated ? encoder_program(bounds.back(), llm0, r.frozen, &merged[k])
+                          : leading_stage_program(bounds.back(), L.pp, r.frozen);
     r.prefix = mp.module + " ";
     encs.push_back(std::make_unique<Lowering>(s, p, o, out, std::move(r)));
   }

@@ -260,8 +260,9 @@ MemoryReport estimate_memory(const Scenario& s, const Plan& p, const MemoryOptio
   std::vector<MemoryReport> enc_reports;
   for (const ModulePlan& mp : p.modules) {
     const Boundary b = make_boundary(s, p, mp);
-    const std::vector<PipelineOp> prog =
-        colocated && L.pp > 1 ? three_phase_program(b, frozen) : encoder_program(b, llm0, frozen);
+    const std::vector<PipelineOp> prog = colocated && L.pp > 1 ? three_phase_program(b, frozen)
+                                         : colocated           ? encoder_program(b, llm0, frozen)
+                                                     : leading_stage_program(b, L.pp, frozen);
     const double in_flight = frozen ? 0 : static_cast<double>(peak_in_flight(prog));
     Estimator enc(s, mp.layout, Schedule::k1F1B, opts, in_flight, frozen);
     enc.add_module(b.encoder);

@@ -424,3 +424,32 @@ TEST(Colocated, ThreePhaseSchedule) {
 
 }  // namespace
 }  // namespace hetpar::planner
+
+namespace hetpar::planner {
+namespace {
+
+// Non-colocated: the encoder is stage 0 of a pipeline over 1 + llm_pp stages, so it runs
+// llm_pp forwards ahead before its first backward (following the LLM's stage-0 order
+// instead serialised encoder and LLM on every step).
+TEST(HeteroLeadingStage, EncoderRunsAheadLikeA1F1BFirstStage) {
+  Boundary b;
+  b.llm_per_step = 1;
+  b.enc_steps = 8;
+  std::vector<PipelineOp> prog = leading_stage_program(b, /*llm_pp=*/4, /*frozen=*/false);
+  ASSERT_EQ(prog.size(), 16u);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(prog[i].kind, PassKind::kForward) << i;
+  EXPECT_EQ(prog[5].kind, PassKind::kBackward);
+  EXPECT_EQ(prog[5].micro_batch, 0);
+  // An encoder step feeding two LLM micro-batches needs half the warm-up.
+  b.llm_per_step = 2;
+  prog = leading_stage_program(b, 4, false);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(prog[i].kind, PassKind::kForward) << i;
+  EXPECT_EQ(prog[3].kind, PassKind::kBackward);
+  // Frozen encoders only run forwards.
+  prog = leading_stage_program(b, 4, true);
+  ASSERT_EQ(prog.size(), 8u);
+  for (const PipelineOp& op : prog) EXPECT_EQ(op.kind, PassKind::kForward);
+}
+
+}  // namespace
+}  // namespace hetpar::planner

@@ -95,4 +95,10 @@ std::vector<PipelineOp> encoder_program(const Boundary& b, const std::vector<Pip
 /// LLM's pipeline) every step's backward (none when frozen).
 std::vector<PipelineOp> three_phase_program(const Boundary& b, bool frozen);
 
+/// Non-colocated: the encoder is stage 0 of a 1F1B pipeline over its own stage and the
+/// LLM's pp stages, on its own ranks: ceil(llm_pp / llm_per_step) encoder steps of warm-up
+/// run ahead of the LLM, so encoder and LLM work overlap (following the LLM's stage-0 order
+/// instead would serialise the two on every step). Frozen: forwards only.
+std::vector<PipelineOp> leading_stage_program(const Boundary& b, int llm_pp, bool frozen);
+
 }  // namespace hetpar::planner
