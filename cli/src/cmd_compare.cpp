@@ -67,16 +67,16 @@ int run_compare(const CompareOptions& opts) {
     return best ? 0 : 3;
   }
   fmt::print("Scenario  {} on {} GPUs\n\n", scenario->name, scenario->cluster.total_gpus());
-  fmt::print("{:<16} {:>11} {:>10} {:>11} {:>7} {:>11} {:>8} {:>11}\n", "plan", "iteration",
-             "tokens/s", "TFLOPS/GPU", "MFU", "peak mem", "bubble", "exposed");
+  fmt::print("{:<16} {:>11} {:>10} {:>11} {:>7} {:>11} {:>8} {:>11} {:>10}\n", "plan", "iteration",
+             "tokens/s", "TFLOPS/GPU", "MFU", "peak mem", "bubble", "exposed", "boundary");
   for (const auto& [name, m] : rows) {
     if (!m.feasible) {
       fmt::print("{:<16} infeasible: {}\n", name, m.infeasible_reason);
       continue;
     }
-    fmt::print("{:<16} {:>11} {:>10} {:>11.1f} {:>6.1f}% {:>11} {:>7.1f}% {:>11}\n", name,
+    fmt::print("{:<16} {:>11} {:>10} {:>11.1f} {:>6.1f}% {:>11} {:>7.1f}% {:>11} {:>10}\n", name,
                m.iteration_time, format_count(m.tokens_per_s), m.tflops_per_gpu, 100 * m.mfu,
-               m.memory.peak, 100 * m.bubble_fraction, m.exposed_comm);
+               m.memory.peak, 100 * m.bubble_fraction, m.exposed_comm, m.boundary_bytes);
   }
   if (!best) {
     fmt::print(stderr, "hetpar: no plan is feasible\n");

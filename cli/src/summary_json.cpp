@@ -106,6 +106,7 @@ std::string metrics_to_json(const planner::Scenario& s, const planner::Plan& p,
             {"exposed_comm_s", m.exposed_comm.to_seconds()},
             {"exposed_comm_by_kind_s", exposed},
             {"phase_time_per_rank_s", phases},
+            {"boundary_bytes", m.boundary_bytes.count()},
             {"micro_batches", m.micro_batches},
             {"tasks", m.tasks}});
   return j.dump(2);

@@ -129,6 +129,12 @@ Result<PlanMetrics> evaluate(const Scenario& s, const Plan& p, const EvaluateOpt
   m.feasible = true;
   m.world = lowered.world;
   m.tasks = lowered.graph.num_tasks();
+  for (int t = 0; t < lowered.graph.num_tasks(); ++t) {
+    const sim::Task& task = lowered.graph.task(TaskId(t));
+    if (task.kind != sim::TaskKind::kCompute &&
+        lowered.graph.label_text(task.label.category) == "boundary_comm")
+      m.boundary_bytes += task.bytes;
+  }
   m.iteration_time = r.makespan;
   m.model_flops_per_iteration = lowered.model_flops_per_iteration;
   double seconds = r.makespan.to_seconds();

@@ -47,7 +47,10 @@ struct PlanMetrics {
   std::vector<PhaseTime> phases;
   int world = 0;
   int64_t micro_batches = 0;  // per DP replica
-  int64_t tasks = 0;          // simulated tasks (one representative rank per stage, lower.h)
+  /// Bytes the boundary communicator moves per iteration (forward and backward, every
+  /// transfer, broadcast and gather counted once with its nccl-tests size).
+  Bytes boundary_bytes;
+  int64_t tasks = 0;  // simulated tasks (one representative rank per stage, lower.h)
 };
 
 struct EvaluateOptions {
