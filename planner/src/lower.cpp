@@ -339,6 +339,11 @@ class Lowering {
                 sim::LabelId recompute);
   void compute(int j, Time d, Flops f, int pass, sim::LabelId name);
   void collective(CollectiveKind kind, Bytes bytes, sim::Label label, bool ep);
+  // One collective per group of `gs` (reduced: only the representative's group, the others
+  // as its copies), then on_rank(local index, task) for each active member.
+  template <class OnRank>
+  void group_collectives(const GroupSet& gs, CollectiveKind kind, Bytes bytes, int32_t stream,
+                         sim::Label label, OnRank&& on_rank);
   void cp_ring(const PlacedBlock& pb, size_t s, int pass, const Labels& lb);
   void pipeline_p2p(int stage);
   void gradients_and_optimizer();
@@ -586,24 +591,30 @@ void Lowering::compute(int j, Time d, Flops f, int pass, sim::LabelId name) {
 // A TP collective over each TP group, or (ep) an all-to-all over each EP group: ep
 // consecutive positions of the (cp, dp) index with the same tp rank.
 // Reduced: only the group holding the representative, with the others as copies.
-void Lowering::collective(CollectiveKind kind, Bytes bytes, sim::Label label, bool ep) {
-  const GroupSet& gs = ep ? ep_groups_ : tp_groups_;
+template <class OnRank>
+void Lowering::group_collectives(const GroupSet& gs, CollectiveKind kind, Bytes bytes,
+                                 int32_t stream, sim::Label label, OnRank&& on_rank) {
   const size_t groups = reduced_ ? 1 : gs.ids.size();
   for (size_t k = 0; k < groups; ++k) {
     sim::CollectiveSpec spec;
     spec.kind = kind;
     spec.group_id = gs.ids[k];
     spec.bytes = bytes;
-    spec.stream = kTpStream;
+    spec.stream = stream;
     spec.copies = gs.copies;
     const TaskId c = g_.add_collective(spec, label);
-    for (int j : gs.locals[k]) {
-      if (!active(j)) continue;
-      RankState& rs = st_[j];
-      if (rs.last.valid()) g_.add_dependency(rs.last, c);
-      rs.need = rs.last = c;
-    }
+    for (int j : gs.locals[k])
+      if (active(j)) on_rank(j, c);
   }
+}
+
+void Lowering::collective(CollectiveKind kind, Bytes bytes, sim::Label label, bool ep) {
+  group_collectives(ep ? ep_groups_ : tp_groups_, kind, bytes, kTpStream, label,
+                    [&](int j, TaskId c) {
+                      RankState& rs = st_[j];
+                      if (rs.last.valid()) g_.add_dependency(rs.last, c);
+                      rs.need = rs.last = c;
+                    });
 }
 
 // Ring attention over each cp group: attention part i runs once the K,V chunk of ring step
@@ -865,21 +876,10 @@ void Lowering::gradients_and_optimizer() {
         g_.label(fmt::format("{}dp {} {} bucket {}-{} stage {}", role_.prefix, sim::to_string(kind),
                              what, chunks_[bk.chunk * l_.pp + stage_][bk.first].name,
                              chunks_[bk.chunk * l_.pp + stage_][bk.last].name, stage_));
-    const size_t groups = reduced_ ? 1 : gs.ids.size();
-    for (size_t k = 0; k < groups; ++k) {
-      sim::CollectiveSpec spec;
-      spec.kind = kind;
-      spec.group_id = gs.ids[k];
-      spec.bytes = bytes;
-      spec.stream = kDpStream;
-      spec.copies = gs.copies;
-      const TaskId c = g_.add_collective(spec, {cat_dp_, name});
-      for (int j : gs.locals[k]) {
-        if (!active(j)) continue;
-        if (after[j].valid()) g_.add_dependency(after[j], c);
-        last_comm[j] = c;
-      }
-    }
+    group_collectives(gs, kind, bytes, kDpStream, {cat_dp_, name}, [&](int j, TaskId c) {
+      if (after[j].valid()) g_.add_dependency(after[j], c);
+      last_comm[j] = c;
+    });
   };
   const bool experts_apart = l_.ep > 1;
   std::vector<TaskId> ready(n);
