@@ -122,7 +122,7 @@ Result<PlanMetrics> evaluate(const Scenario& s, const Plan& p, const EvaluateOpt
   HETPAR_ASSIGN_OR_RETURN(LoweredPlan lowered, lower(s, p, lo));
   sim::SimOptions so;
   so.collectives = collective_config(s.cluster);
-  so.record_tasks = true;
+  so.record_tasks = o.exposed_by_kind;
   HETPAR_ASSIGN_OR_RETURN(sim::SimResult r,
                           sim::simulate(lowered.graph, lowered.network, so, o.trace));
 
@@ -160,7 +160,7 @@ Result<PlanMetrics> evaluate(const Scenario& s, const Plan& p, const EvaluateOpt
   for (const sim::CategoryTotal& c : r.categories)
     m.phases.push_back(
         {c.category.empty() ? "other" : c.category, Time::ps(c.rank_time.count_ps() / ranks)});
-  m.exposed_by_kind = exposed_by_kind(lowered.graph, r);
+  if (o.exposed_by_kind) m.exposed_by_kind = exposed_by_kind(lowered.graph, r);
   return m;
 }
 

@@ -63,6 +63,10 @@ struct EvaluateOptions {
   /// simulated (feasible stays true; infeasible_reason keeps the memory verdict), for
   /// runs known to have run, whose time is compared separately from the memory model.
   bool enforce_memory = true;
+  /// Exposed communication by kind needs every task's start and end (SimResult::tasks)
+  /// and an interval sweep; a search that only ranks plans turns it off and
+  /// exposed_by_kind stays empty (everything else is unchanged).
+  bool exposed_by_kind = true;
 };
 
 /// Errors only for internal failures (a graph that does not validate); a plan that does
