@@ -41,7 +41,8 @@ Result<planner::Plan> chosen_plan(const planner::Scenario& s, const ExportOption
 Status write_all(const std::string& dir, const std::vector<exporter::ExportFile>& files) {
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (ec) return Status::io_error(fmt::format("{}: cannot create directory: {}", dir, ec.message()));
+  if (ec)
+    return Status::io_error(fmt::format("{}: cannot create directory: {}", dir, ec.message()));
   std::vector<fs::path> written;
   for (const exporter::ExportFile& f : files) {
     const fs::path path = fs::path(dir) / f.path;

@@ -28,15 +28,16 @@ Result<std::vector<ExportFile>> write_deepspeed(const Context& c) {
       r.add("the GPipe schedule: DeepSpeed's pipeline engine runs one 1F1B-style schedule");
       break;
     case planner::Schedule::kInterleaved:
-      r.add(fmt::format(
-          "virtual pipeline stages (vpp {}, interleaved schedule): DeepSpeed has no "
-          "interleaving",
-          l.vpp));
+      r.add(
+          fmt::format("virtual pipeline stages (vpp {}, interleaved schedule): DeepSpeed has no "
+                      "interleaving",
+                      l.vpp));
       break;
     case planner::Schedule::kZeroBubble:
       r.add("the ZB-H1 schedule: DeepSpeed's pipeline engine has no zero-bubble schedule");
       break;
-    case planner::Schedule::k1F1B: break;
+    case planner::Schedule::k1F1B:
+      break;
   }
   if (l.cp > 1)
     r.add(fmt::format(

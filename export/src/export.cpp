@@ -26,12 +26,18 @@ std::span<const Target> all_targets() {
 
 std::string_view to_string(Target t) {
   switch (t) {
-    case Target::kMegatron: return "megatron";
-    case Target::kMegatronMimo: return "megatron-mimo";
-    case Target::kMegatronBridge: return "megatron-bridge";
-    case Target::kTorchtitan: return "torchtitan";
-    case Target::kDeepspeed: return "deepspeed";
-    case Target::kNanotron: return "nanotron";
+    case Target::kMegatron:
+      return "megatron";
+    case Target::kMegatronMimo:
+      return "megatron-mimo";
+    case Target::kMegatronBridge:
+      return "megatron-bridge";
+    case Target::kTorchtitan:
+      return "torchtitan";
+    case Target::kDeepspeed:
+      return "deepspeed";
+    case Target::kNanotron:
+      return "nanotron";
   }
   return "?";
 }
@@ -71,12 +77,18 @@ Result<std::vector<ExportFile>> export_plan(const planner::Scenario& s, const pl
     if (g.profile.gpus_per_node != c.gpus_per_node) c.gpus_per_node = 0;
   c.micro_batches = planner::num_micro_batches(p.layout, s.workload.global_batch);
   switch (target) {
-    case Target::kMegatron: return detail::write_megatron(c);
-    case Target::kMegatronMimo: return detail::write_megatron_mimo(c);
-    case Target::kMegatronBridge: return detail::write_megatron_bridge(c);
-    case Target::kTorchtitan: return detail::write_torchtitan(c);
-    case Target::kDeepspeed: return detail::write_deepspeed(c);
-    case Target::kNanotron: return detail::write_nanotron(c);
+    case Target::kMegatron:
+      return detail::write_megatron(c);
+    case Target::kMegatronMimo:
+      return detail::write_megatron_mimo(c);
+    case Target::kMegatronBridge:
+      return detail::write_megatron_bridge(c);
+    case Target::kTorchtitan:
+      return detail::write_torchtitan(c);
+    case Target::kDeepspeed:
+      return detail::write_deepspeed(c);
+    case Target::kNanotron:
+      return detail::write_nanotron(c);
   }
   return Status::internal("unknown export target");
 }
@@ -100,8 +112,8 @@ void refuse_heterogeneous(const Context& c, Refusals& r) {
   if (!c.heterogeneous()) return;
   std::string modules;
   for (const planner::ModulePlan& m : c.p.modules)
-    modules += fmt::format("{}{} ({})", modules.empty() ? "" : ", ", m.module,
-                           layout_summary(m.layout));
+    modules +=
+        fmt::format("{}{} ({})", modules.empty() ? "" : ", ", m.module, layout_summary(m.layout));
   r.add(fmt::format(
       "the {} placement with its own layout for {}: {} has one layout for the whole model "
       "(export heterogeneous plans with --to megatron-mimo or megatron-bridge)",
@@ -111,8 +123,7 @@ void refuse_heterogeneous(const Context& c, Refusals& r) {
 void refuse_multimodal(const Context& c, Refusals& r, std::string_view why) {
   if (!c.multimodal()) return;
   std::string names;
-  for (size_t i : c.encoders)
-    names += (names.empty() ? "" : ", ") + c.s.model.modules[i].name;
+  for (size_t i : c.encoders) names += (names.empty() ? "" : ", ") + c.s.model.modules[i].name;
   r.add(fmt::format("the encoder(s) {}: {}", names, why));
 }
 
@@ -124,10 +135,10 @@ void refuse_uneven_split(const Context& c, Refusals& r) {
         "evenly over the stages",
         l.first_stage_layers, l.last_stage_layers, c.target_name()));
   if (l.account_for_embedding || l.account_for_loss)
-    r.add(fmt::format(
-        "counting the embedding / loss as a pipeline layer (account_for_embedding / "
-        "account_for_loss): {} has no such option",
-        c.target_name()));
+    r.add(
+        fmt::format("counting the embedding / loss as a pipeline layer (account_for_embedding / "
+                    "account_for_loss): {} has no such option",
+                    c.target_name()));
 }
 
 void refuse_precision_unless(const Context& c, Refusals& r,
@@ -141,8 +152,8 @@ void refuse_precision_unless(const Context& c, Refusals& r,
                     hardware::to_string(c.s.workload.precision), c.target_name(), names));
 }
 
-void refuse_mimo_encoder_batch(const Context& c, const planner::ModulePlan& m,
-                               std::string_view who, Refusals& r) {
+void refuse_mimo_encoder_batch(const Context& c, const planner::ModulePlan& m, std::string_view who,
+                               Refusals& r) {
   const planner::Layout& l = c.layout();
   const int64_t samples = static_cast<int64_t>(l.micro_batch) * l.dp;
   if (samples % m.layout.dp == 0 && m.layout.micro_batch == samples / m.layout.dp) return;
@@ -150,8 +161,7 @@ void refuse_mimo_encoder_batch(const Context& c, const planner::ModulePlan& m,
       "encoder {} micro-batch {}: {} runs the encoder once per LLM micro-batch, on "
       "micro-batch {} x llm dp {} / encoder dp {} = {} samples per rank",
       m.module, m.layout.micro_batch, who, l.micro_batch, l.dp, m.layout.dp,
-      samples % m.layout.dp == 0 ? std::to_string(samples / m.layout.dp)
-                                 : "a fraction of a"));
+      samples % m.layout.dp == 0 ? std::to_string(samples / m.layout.dp) : "a fraction of a"));
 }
 
 void refuse_mimo_ddp_mismatch(const Context& c, const planner::ModulePlan& m,
@@ -162,14 +172,14 @@ void refuse_mimo_ddp_mismatch(const Context& c, const planner::ModulePlan& m,
       e.overlap_grad_reduce == l.overlap_grad_reduce &&
       (!l.distributed_optimizer || e.overlap_param_gather == l.overlap_param_gather))
     return;
-  r.add(fmt::format(
-      "encoder {} with other distributed-optimizer / overlap settings than the LLM: {}",
-      m.module, where));
+  r.add(
+      fmt::format("encoder {} with other distributed-optimizer / overlap settings than the LLM: {}",
+                  m.module, where));
 }
 
 std::string layout_summary(const planner::Layout& l) {
-  std::string out = fmt::format("tp {}{} cp {} pp {}", l.tp, l.sequence_parallel ? " (sp)" : "",
-                                l.cp, l.pp);
+  std::string out =
+      fmt::format("tp {}{} cp {} pp {}", l.tp, l.sequence_parallel ? " (sp)" : "", l.cp, l.pp);
   if (l.vpp > 1) out += fmt::format(" vpp {}", l.vpp);
   out += fmt::format(" dp {}", l.dp);
   if (l.ep > 1) out += fmt::format(" ep {}", l.ep);
@@ -179,18 +189,18 @@ std::string layout_summary(const planner::Layout& l) {
 }
 
 std::string header(const Context& c, std::string_view comment) {
-  std::string out = fmt::format(
-      "{}Generated by `hetpar export --to {}` from scenario \"{}\"{}.\n", comment,
-      c.target_name(), c.s.name, c.s.source.empty() ? "" : fmt::format(" ({})", c.s.source));
+  std::string out = fmt::format("{}Generated by `hetpar export --to {}` from scenario \"{}\"{}.\n",
+                                comment, c.target_name(), c.s.name,
+                                c.s.source.empty() ? "" : fmt::format(" ({})", c.s.source));
   out += fmt::format("{}Placement {}, {} schedule; LLM: {}.\n", comment,
                      planner::to_string(c.p.placement), planner::to_string(c.p.schedule),
                      layout_summary(c.layout()));
   for (const planner::ModulePlan& m : c.p.modules)
-    out += fmt::format("{}Encoder {}: {}{}.\n", comment, m.module, layout_summary(m.layout),
-                       c.p.placement == planner::Placement::kNonColocated
-                           ? fmt::format(", ranks {}-{}", m.first_rank,
-                                         m.first_rank + m.layout.world() - 1)
-                           : "");
+    out += fmt::format(
+        "{}Encoder {}: {}{}.\n", comment, m.module, layout_summary(m.layout),
+        c.p.placement == planner::Placement::kNonColocated
+            ? fmt::format(", ranks {}-{}", m.first_rank, m.first_rank + m.layout.world() - 1)
+            : "");
   out += fmt::format(
       "{}Workload: sequence {}, global batch {} ({} micro-batches per LLM replica), {}; {} "
       "GPUs on {} node(s).\n",

@@ -29,7 +29,8 @@ void refuse_schedule(const Context& c, Refusals& r, bool interleaving_ok) {
             "without virtual stages",
             c.layout().vpp));
       break;
-    case Schedule::k1F1B: break;
+    case Schedule::k1F1B:
+      break;
   }
 }
 
@@ -41,11 +42,15 @@ void refuse_tf32(const Context& c, Refusals& r) {
 
 std::vector<Flag> precision_flags(const Context& c) {
   switch (c.s.workload.precision) {
-    case hardware::Precision::kBf16: return {{"--bf16", ""}};
-    case hardware::Precision::kFp16: return {{"--fp16", ""}};
+    case hardware::Precision::kBf16:
+      return {{"--bf16", ""}};
+    case hardware::Precision::kFp16:
+      return {{"--fp16", ""}};
     // FP8 GEMMs through Transformer Engine, BF16 elsewhere.
-    case hardware::Precision::kFp8: return {{"--bf16", ""}, {"--fp8-format", "hybrid"}};
-    default: return {};  // fp32: Megatron's default
+    case hardware::Precision::kFp8:
+      return {{"--bf16", ""}, {"--fp8-format", "hybrid"}};
+    default:
+      return {};  // fp32: Megatron's default
   }
 }
 
@@ -103,9 +108,11 @@ FlagGroup placeholder_group(const Context& c) {
 
 std::vector<Flag> megatron_recompute_flags(const Layout& l) {
   switch (l.recompute) {
-    case models::Recompute::kNone: return {};
+    case models::Recompute::kNone:
+      return {};
     // The attention core (Megatron's default --recompute-modules core_attn).
-    case models::Recompute::kSelective: return {{"--recompute-granularity", "selective"}};
+    case models::Recompute::kSelective:
+      return {{"--recompute-granularity", "selective"}};
     // Every layer's forward, keeping each layer's input.
     case models::Recompute::kFull:
       return {{"--recompute-granularity", "full"},
@@ -118,8 +125,12 @@ std::vector<Flag> megatron_recompute_flags(const Layout& l) {
 std::string transformer_config_fields(const Layout& l) {
   std::string out = fmt::format("sequence_parallel={}", l.sequence_parallel ? "True" : "False");
   switch (l.recompute) {
-    case models::Recompute::kNone: out += " recompute_granularity=None"; break;
-    case models::Recompute::kSelective: out += " recompute_granularity=\"selective\""; break;
+    case models::Recompute::kNone:
+      out += " recompute_granularity=None";
+      break;
+    case models::Recompute::kSelective:
+      out += " recompute_granularity=\"selective\"";
+      break;
     case models::Recompute::kFull:
       out +=
           " recompute_granularity=\"full\" recompute_method=\"uniform\" "
@@ -283,14 +294,14 @@ Result<std::vector<ExportFile>> write_megatron_mimo(const Context& c) {
     grids.push_back({"--encoder-tp", num(enc->layout.tp)});
     grids.push_back({"--encoder-dp", num(enc->layout.dp)});
     grids.push_back({"--llm-offset", num(c.p.llm_first_rank)});
-    notes.push_back(fmt::format(
-        "Encoder {} on ranks 0-{} (TP {} x DP {}), LLM on ranks {}-{}.", enc->module,
-        enc->layout.world() - 1, enc->layout.tp, enc->layout.dp, c.p.llm_first_rank,
-        c.p.llm_first_rank + l.world() - 1));
-    notes.push_back(fmt::format(
-        "Set in the model provider's encoder TransformerConfig (not a flag): {}{}.",
-        transformer_config_fields(enc->layout),
-        c.s.workload.frozen_encoders ? "; freeze the encoder" : ""));
+    notes.push_back(fmt::format("Encoder {} on ranks 0-{} (TP {} x DP {}), LLM on ranks {}-{}.",
+                                enc->module, enc->layout.world() - 1, enc->layout.tp,
+                                enc->layout.dp, c.p.llm_first_rank,
+                                c.p.llm_first_rank + l.world() - 1));
+    notes.push_back(
+        fmt::format("Set in the model provider's encoder TransformerConfig (not a flag): {}{}.",
+                    transformer_config_fields(enc->layout),
+                    c.s.workload.frozen_encoders ? "; freeze the encoder" : ""));
   } else {
     grids.push_back({"--llm-only", ""});
     grids.push_back({"--llm-offset", "0"});

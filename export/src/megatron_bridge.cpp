@@ -15,9 +15,12 @@ using planner::Layout;
 
 std::string recompute_value(models::Recompute r) {
   switch (r) {
-    case models::Recompute::kNone: return "null";
-    case models::Recompute::kSelective: return yaml_string("selective");
-    case models::Recompute::kFull: return yaml_string("full");
+    case models::Recompute::kNone:
+      return "null";
+    case models::Recompute::kSelective:
+      return yaml_string("selective");
+    case models::Recompute::kFull:
+      return yaml_string("full");
   }
   return "null";
 }
@@ -50,7 +53,7 @@ void add_model_shape(std::vector<Setting>& s, const Context& c) {
                yaml_string(b.norm == models::Norm::kRmsNorm ? "RMSNorm" : "LayerNorm")});
   s.push_back({"model.position_embedding_type",
                yaml_string(llm.positions == models::PositionEmbedding::kLearned ? "learned_absolute"
-                                                                               : "rope")});
+                                                                                : "rope")});
   s.push_back({"model.share_embeddings_and_output_weights", yaml_bool(llm.tied_embeddings)});
   s.push_back({"model.add_bias_linear", yaml_bool(b.linear_bias)});
   s.push_back({"model.add_qkv_bias", yaml_bool(b.qkv_bias)});
@@ -73,7 +76,7 @@ void add_training(std::vector<Setting>& s, const Context& c) {
   // The recipe also sets model.pipeline_dtype, which MCore needs with PP > 1.
   s.push_back({"mixed_precision",
                yaml_string(c.s.workload.precision == hardware::Precision::kFp16 ? "fp16_mixed"
-                                                                               : "bf16_mixed")});
+                                                                                : "bf16_mixed")});
 }
 
 void refuse_schedule(const Context& c, Refusals& r) {
@@ -91,7 +94,8 @@ void refuse_schedule(const Context& c, Refusals& r) {
             "(1F1B across modules, colocated three-phase) have no virtual stages",
             c.layout().vpp));
       break;
-    case planner::Schedule::k1F1B: break;
+    case planner::Schedule::k1F1B:
+      break;
   }
 }
 
@@ -123,8 +127,8 @@ void refuse_mimo(const Context& c, Refusals& r) {
   }
 }
 
-void add_module(std::vector<Setting>& s, std::string_view name, const Layout& l, int ep,
-                int etp, int rank_offset) {
+void add_module(std::vector<Setting>& s, std::string_view name, const Layout& l, int ep, int etp,
+                int rank_offset) {
   const std::string p =
       fmt::format("model.megatron_mimo_parallelism_config.module_parallelisms.{}.", name);
   s.push_back({p + "tensor_model_parallel_size", num(l.tp)});
@@ -159,8 +163,7 @@ Result<std::vector<ExportFile>> write_megatron_bridge(const Context& c) {
         "# ({}) is the provider's activation_func.\n",
         l.dp, c.llm.block.activation == models::Activation::kSwiglu ? "SwiGLU: silu" : "GELU");
     if (c.multimodal())
-      text +=
-          "# Multimodal, homogeneous: use your VLM provider; its encoder shares this layout.\n";
+      text += "# Multimodal, homogeneous: use your VLM provider; its encoder shares this layout.\n";
     s.push_back({"model.tensor_model_parallel_size", num(l.tp)});
     s.push_back({"model.pipeline_model_parallel_size", num(l.pp)});
     s.push_back({"model.virtual_pipeline_model_parallel_size", l.vpp > 1 ? num(l.vpp) : "null"});
@@ -197,8 +200,7 @@ Result<std::vector<ExportFile>> write_megatron_bridge(const Context& c) {
                           l.first_stage_layers, l.last_stage_layers)
             : "");
     for (const planner::ModulePlan& m : c.p.modules)
-      text +=
-          fmt::format("#   {}: {}\n", m.module, transformer_config_fields(m.layout));
+      text += fmt::format("#   {}: {}\n", m.module, transformer_config_fields(m.layout));
     const bool moe = c.llm.moe.has_value();
     add_module(s, "language", l, moe ? l.ep : 1, moe ? l.tp : 1,
                colocated ? 0 : c.p.llm_first_rank);

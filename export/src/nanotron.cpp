@@ -17,9 +17,8 @@ Result<std::vector<ExportFile>> write_nanotron(const Context& c) {
   refuse_heterogeneous(c, r);
   refuse_multimodal(c, r, "nanotron has no multimodal models");
   refuse_uneven_split(c, r);
-  refuse_precision_unless(c, r,
-                          {hardware::Precision::kBf16, hardware::Precision::kFp16,
-                           hardware::Precision::kFp32});
+  refuse_precision_unless(
+      c, r, {hardware::Precision::kBf16, hardware::Precision::kFp16, hardware::Precision::kFp32});
   switch (c.p.schedule) {
     case planner::Schedule::kInterleaved:
       r.add(fmt::format(
@@ -30,7 +29,8 @@ Result<std::vector<ExportFile>> write_nanotron(const Context& c) {
     case planner::Schedule::kZeroBubble:
       r.add("the ZB-H1 schedule: nanotron's pipeline engines are 1f1b and afab");
       break;
-    default: break;
+    default:
+      break;
   }
   if (l.recompute == models::Recompute::kSelective)
     r.add(
@@ -49,8 +49,9 @@ Result<std::vector<ExportFile>> write_nanotron(const Context& c) {
   if (!l.flash_attention)
     r.add("attention without flash attention: nanotron's Llama attention is flash attention");
   if (l.dp > 1 && !l.overlap_grad_reduce)
-    r.add("gradient reduction after the backward (overlap_grad_reduce off): nanotron's DDP "
-          "overlaps it with the backward");
+    r.add(
+        "gradient reduction after the backward (overlap_grad_reduce off): nanotron's DDP "
+        "overlaps it with the backward");
   if (!r.empty()) return r.status(c.target);
 
   const hardware::Precision prec = c.s.workload.precision;

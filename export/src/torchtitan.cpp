@@ -38,13 +38,14 @@ Result<std::vector<ExportFile>> write_torchtitan(const Context& c) {
         "which also shards weights and gradients (ZeRO-3), not the optimizer state alone",
         l.dp));
   else if (l.dp > 1 && !only_dp)
-    r.add(fmt::format(
-        "data parallelism (dp {}) without FSDP next to tp {} / pp {}: torchtitan's DDP "
-        "(data_parallel_replicate_degree) runs only as the sole parallelism",
-        l.dp, l.tp, l.pp));
+    r.add(
+        fmt::format("data parallelism (dp {}) without FSDP next to tp {} / pp {}: torchtitan's DDP "
+                    "(data_parallel_replicate_degree) runs only as the sole parallelism",
+                    l.dp, l.tp, l.pp));
   if (l.dp > 1 && !l.overlap_grad_reduce)
-    r.add("gradient reduction after the backward (overlap_grad_reduce off): torchtitan's DDP "
-          "overlaps it with the backward");
+    r.add(
+        "gradient reduction after the backward (overlap_grad_reduce off): torchtitan's DDP "
+        "overlaps it with the backward");
   if (c.s.workload.precision == hardware::Precision::kBf16 && !only_dp)
     r.add(fmt::format(
         "bf16 mixed precision with tp {} / pp {} and no FSDP: torchtitan applies "
@@ -67,7 +68,8 @@ Result<std::vector<ExportFile>> write_torchtitan(const Context& c) {
             "even split over pp x vpp stages",
             l.vpp, c.llm.block.layers));
       break;
-    default: break;
+    default:
+      break;
   }
   if (!r.empty()) return r.status(c.target);
 
@@ -106,17 +108,18 @@ Result<std::vector<ExportFile>> write_torchtitan(const Context& c) {
   std::vector<std::string> notes = {
       "torchtitan reads a Python config function (--module / --config); the overrides below set "
       "the plan on top of it.",
-      fmt::format("In that function: the model flavour of {}; activation checkpointing {}; "
-                  "attention {}.",
-                  c.s.model.name,
-                  l.recompute == models::Recompute::kFull ? "full (the full-AC config class)"
-                                                          : "off",
-                  l.flash_attention ? "flash (SDPA)" : "without flash attention")};
+      fmt::format(
+          "In that function: the model flavour of {}; activation checkpointing {}; "
+          "attention {}.",
+          c.s.model.name,
+          l.recompute == models::Recompute::kFull ? "full (the full-AC config class)" : "off",
+          l.flash_attention ? "flash (SDPA)" : "without flash attention")};
   if (l.pp == 1 && c.micro_batches > 1)
-    notes.push_back(fmt::format("{} micro-batches per step run as gradient accumulation.",
-                                c.micro_batches));
+    notes.push_back(
+        fmt::format("{} micro-batches per step run as gradient accumulation.", c.micro_batches));
   std::vector<FlagGroup> groups = {
-      {"CONFIG_ARGS", "Your config (placeholders).",
+      {"CONFIG_ARGS",
+       "Your config (placeholders).",
        {{"--module", "\"${CONFIG_MODULE:?set CONFIG_MODULE to your config module}\""},
         {"--config", "\"${CONFIG_FUNCTION:?set CONFIG_FUNCTION to your config function}\""}}},
       {"PARALLEL_ARGS", "Parallelism (the plan).", std::move(parallel)},

@@ -26,7 +26,7 @@ struct Context {
   std::vector<size_t> encoders;
   int world = 0;
   int nodes = 0;
-  int gpus_per_node = 0;  // 0 when the node groups differ in GPUs per node
+  int gpus_per_node = 0;      // 0 when the node groups differ in GPUs per node
   int64_t micro_batches = 0;  // per LLM DP replica
 
   bool multimodal() const { return !encoders.empty(); }
@@ -64,8 +64,8 @@ void refuse_precision_unless(const Context& c, Refusals& r,
 /// MIMO (Megatron-LM's example and Megatron-Bridge) runs an encoder once per LLM
 /// micro-batch: each encoder rank takes llm micro_batch x llm dp / encoder dp samples.
 /// Refuses an encoder micro-batch that differs. `who`: "the MIMO example", "MegatronMIMO".
-void refuse_mimo_encoder_batch(const Context& c, const planner::ModulePlan& m,
-                               std::string_view who, Refusals& r);
+void refuse_mimo_encoder_batch(const Context& c, const planner::ModulePlan& m, std::string_view who,
+                               Refusals& r);
 /// MIMO takes one distributed-optimizer / overlap setting for every module.
 void refuse_mimo_ddp_mismatch(const Context& c, const planner::ModulePlan& m,
                               std::string_view where, Refusals& r);
