@@ -168,6 +168,7 @@ void refuse_mimo_ddp_mismatch(const Context& c, const planner::ModulePlan& m,
                               std::string_view where, Refusals& r) {
   const planner::Layout& l = c.layout();
   const planner::Layout& e = m.layout;
+  if (c.s.workload.frozen_encoders) return;  // no encoder gradients, no encoder optimizer
   if (e.distributed_optimizer == l.distributed_optimizer &&
       e.overlap_grad_reduce == l.overlap_grad_reduce &&
       (!l.distributed_optimizer || e.overlap_param_gather == l.overlap_param_gather))

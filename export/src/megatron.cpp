@@ -229,6 +229,11 @@ Result<std::vector<ExportFile>> write_megatron(const Context& c) {
         "options for the encoder ({}){}; they are not in Megatron-LM's core flag list.",
         c.s.model.modules[c.encoders.front()].name,
         c.s.workload.frozen_encoders ? " and freeze it" : ""));
+    if (l.sequence_parallel && l.tp > 1)
+      notes.push_back(
+          "Not the same as predicted: Megatron-LM's LLaVA path runs the encoder without "
+          "sequence parallelism (research/trainer-formats.md 2); hetpar's homogeneous "
+          "prediction gives it the LLM's SP.");
   }
   std::vector<FlagGroup> groups = {
       {"PARALLEL_ARGS", "Parallelism (the plan).", std::move(parallel)},

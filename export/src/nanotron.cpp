@@ -71,6 +71,7 @@ Result<std::vector<ExportFile>> write_nanotron(const Context& c) {
       {"model.dtype", yaml_string(prec == hardware::Precision::kBf16   ? "bfloat16"
                                   : prec == hardware::Precision::kFp16 ? "float16"
                                                                        : "float32")},
+      {"model.model_config.is_llama_config", "true"},
       {"model.model_config.hidden_size", num(b.hidden)},
       {"model.model_config.intermediate_size", num(b.ffn_hidden)},
       {"model.model_config.num_hidden_layers", num(b.layers)},

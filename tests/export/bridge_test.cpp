@@ -128,6 +128,9 @@ TEST(ExportMegatronBridge, RefusesWhatMegatronMimoRejects) {
   p.modules[0].layout.distributed_optimizer = true;
   EXPECT_NE(refusal(s, p, Target::kMegatronBridge).find("one ddp section for every module"),
             std::string::npos);
+  s.workload.frozen_encoders = true;  // a frozen encoder has no optimizer to disagree
+  EXPECT_EQ(refusal(s, p, Target::kMegatronBridge), "");
+  s.workload.frozen_encoders = false;
   s.workload.precision = hardware::Precision::kFp8;
   EXPECT_NE(refusal(s, p, Target::kMegatronBridge).find("precision fp8"), std::string::npos);
 }
