@@ -39,6 +39,24 @@ int main(int argc, char** argv) {
       ->required();
   cmd_compare->add_flag("--json", compare.json, "Print JSON");
 
+  ExportOptions export_opts;
+  auto* cmd_export = app.add_subcommand(
+      "export",
+      "Write what a trainer needs to run a scenario's plan: launch flags, config files and a "
+      "launch script (megatron, megatron-mimo, megatron-bridge, torchtitan, deepspeed, "
+      "nanotron); refuses what the trainer cannot express");
+  cmd_export->add_option("file", export_opts.path, "Scenario JSON with a \"plan\" section")
+      ->required();
+  cmd_export
+      ->add_option("--to", export_opts.target,
+                   "Target trainer: megatron, megatron-mimo, megatron-bridge, torchtitan, "
+                   "deepspeed or nanotron")
+      ->required();
+  cmd_export->add_option("--plan", export_opts.plan_name,
+                         "Export this plan of the \"plans\" section instead of \"plan\"");
+  cmd_export->add_option("--out", export_opts.out_dir,
+                         "Write the files into this directory (default: print them)");
+
   ValidationOptions validation;
   auto* cmd_validation =
       app.add_subcommand("validation",
@@ -69,6 +87,7 @@ int main(int argc, char** argv) {
   if (*cmd_inspect) return run_inspect(inspect);
   if (*cmd_simulate) return run_simulate(simulate);
   if (*cmd_compare) return run_compare(compare);
+  if (*cmd_export) return run_export(export_opts);
   if (*cmd_validation) return run_validation(validation);
   if (*cmd_models) return run_models(models);
   if (*cmd_hardware) return run_hardware(hardware);
