@@ -12,6 +12,7 @@
 #include "hetpar/models/totals.h"
 #include "hetpar/planner/boundary.h"
 #include "hetpar/planner/cost_model.h"
+#include "hetpar/planner/memory.h"
 #include "hetpar/planner/network_builder.h"
 #include "hetpar/planner/schedule.h"
 
@@ -978,9 +979,10 @@ void Lowering::gradients_and_optimizer() {
       ready[j] = l_.overlap_grad_reduce ? last_grad_[bk.chunk][bk.first][j]
                                         : spans_[stage_].back()[slot_[j]].last;
     const int64_t dense = bk.dense + (experts_apart ? 0 : bk.expert);
-    reduce_over(Bytes(dense * o_.grad_bytes), bk, ready, reduce, "grads", dp_groups_);
+    const int64_t gb = o_.grad_bytes > 0 ? o_.grad_bytes : gradient_bytes(s_.workload.precision);
+    reduce_over(Bytes(dense * gb), bk, ready, reduce, "grads", dp_groups_);
     if (experts_apart)
-      reduce_over(Bytes(bk.expert * o_.grad_bytes), bk, ready, reduce, "expert grads", edp_groups_);
+      reduce_over(Bytes(bk.expert * gb), bk, ready, reduce, "expert grads", edp_groups_);
   }
 
   // Adam over this rank's parameters (its dp shard with the distributed optimizer).

@@ -102,9 +102,10 @@ namespace hetpar::planner {
 inline constexpr int64_t kAdamBytesPerParam = 30;
 
 struct LowerOptions {
-  /// Bytes per gradient element reduced over DP: 4 (fp32, Megatron's default for bf16
-  /// training: accumulate_allreduce_grads_in_fp32) or 2 (--grad-reduce-in-bf16).
-  int grad_bytes = 4;
+  /// Bytes per gradient element reduced over DP; 0: Megatron's default for the workload
+  /// precision (memory.h gradient_bytes: fp32 for bf16 / fp8, fp16 for fp16 training); 2
+  /// models --grad-reduce-in-bf16.
+  int grad_bytes = 0;
   /// Local parameters per DP bucket; 0 = Megatron's max(40M, 1M x dp·cp).
   int64_t bucket_params = 0;
   /// Simulate every rank instead of one representative per stage (see the top of this
