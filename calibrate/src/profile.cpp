@@ -222,7 +222,7 @@ class Builder {
     // stands for bf16 (the cpu backend computes every dtype in fp32).
     for (const GemmFit& gf : f_.gemm) {
       std::vector<Precision> precs = {precision_of(gf.dtype)};
-      if (gf.dtype == DType::kF32 && s_.device.backend == "cpu") precs.push_back(Precision::kBf16);
+      if (gf.dtype == DType::kF32 && fp32_stands_for_bf16()) precs.push_back(Precision::kBf16);
       for (Precision prec : precs) {
         const size_t i = hardware::precision_index(prec);
         const std::string key = fmt::format("gpu.compute.{}", hardware::to_string(prec));
@@ -289,12 +289,23 @@ class Builder {
     }
     const Precision prec = precision_of(s_.attention.front().desc.dtype);
     Precision use = p.gpu.supports(prec) ? prec : Precision::kBf16;
-    if (s_.device.backend == "cpu") use = Precision::kBf16;  // computed in fp32 all the same
+    if (fp32_stands_for_bf16()) use = Precision::kBf16;
     eff = std::clamp(rate / p.gpu.peak(use).per_second(), 1e-6, 1.0);
     mark(p, field,
          fmt::format("{}: {} model FLOPs / time over {} shapes = {:.1f} GFLOP/s / {} peak",
                      measured_, backward ? "backward (2x forward)" : "forward",
                      s_.attention.size() / 2, rate / 1e9, hardware::to_string(use)));
+  }
+
+  // A run that measured fp32 GEMMs and no bf16 ones (the cpu backend computes every dtype
+  // in fp32) lets the fp32 figures stand for bf16, which every profile needs.
+  bool fp32_stands_for_bf16() const {
+    bool fp32 = false;
+    for (const GemmFit& gf : f_.gemm) {
+      if (gf.dtype == DType::kBf16) return false;
+      fp32 = fp32 || gf.dtype == DType::kF32;
+    }
+    return fp32;
   }
 
   const CollectiveFit* pooled_p2p(CollectiveScope scope) const {
