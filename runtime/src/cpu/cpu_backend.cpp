@@ -377,7 +377,21 @@ class CpuBackend final : public Backend {
     return Time::ns(static_cast<double>(event_ns_[to.id] - event_ns_[from.id]));
   }
 
-  Status barrier() override { return mpi_check(MPI_Barrier(p2p_), "barrier: MPI_Barrier"); }
+  // A barrier that does not spin: ranks that wait (e.g. while rank 0 alone runs timed
+  // kernels in `hetpar calibrate`) would otherwise take cores from it when ranks outnumber
+  // cores. Polls MPI_Test, spinning for the first 50 us, then sleeping 20 us between polls.
+  Status barrier() override {
+    MPI_Request req;
+    HETPAR_RETURN_IF_ERROR(mpi_check(MPI_Ibarrier(p2p_, &req), "barrier: MPI_Ibarrier"));
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      int done = 0;
+      HETPAR_RETURN_IF_ERROR(
+          mpi_check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), "barrier: MPI_Test"));
+      if (done) return Status::ok();
+      if (std::chrono::steady_clock::now() - start > std::chrono::microseconds(50)) ::usleep(20);
+    }
+  }
 
  private:
   template <class A, class B>
