@@ -33,9 +33,9 @@ void print_text(const planner::Scenario& s, const planner::SearchResult& r,
   fmt::print("Scenario  {} on {} GPUs\n", s.name, s.cluster.total_gpus());
   fmt::print(
       "Searched  {} candidates in {:.2f} s ({} threads): {} rejected by a constraint, {} "
-      "dominated, {} pruned by the lower bound, {} simulated\n\n",
+      "dominated, {} pruned by the lower bound, {} encoder layouts pruned, {} simulated\n\n",
       c.considered, r.search_time_s, r.threads, c.rejected, c.pruned_dominated, c.pruned_bound,
-      c.simulated);
+      c.pruned_encoder, c.simulated);
   const planner::RankedPlan& w = r.top.front();
   fmt::print("Winner    {}\n", planner::describe(w.plan));
   fmt::print("          {} per iteration, {} tokens/s, {:.1f} TFLOPS/GPU ({:.1f}% MFU), peak {}\n",

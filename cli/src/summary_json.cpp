@@ -110,6 +110,7 @@ std::string search_to_json(const planner::Scenario& s, const planner::SearchResu
         {"rejected", r.counts.rejected},
         {"pruned_dominated", r.counts.pruned_dominated},
         {"pruned_bound", r.counts.pruned_bound},
+        {"pruned_encoder", r.counts.pruned_encoder},
         {"simulated", r.counts.simulated}}},
       {"rejections", reasons},
       {"search_time_s", r.search_time_s},

@@ -31,6 +31,8 @@ constexpr Placement kPlacements[] = {Placement::kHomogeneous, Placement::kColoca
 // Candidates simulated per batch: fixed, so which candidates are simulated does not
 // depend on the thread count.
 constexpr size_t kBatch = 8;
+// Heterogeneous plans: encoder layouts simulated per LLM side (the lowest bounds first).
+constexpr int kEncoderVariants = 3;
 
 std::vector<int> divisors(int n) {
   std::vector<int> out;
@@ -227,7 +229,9 @@ Time llm_pipeline_bound(CostCache& cache, const Scenario& s, const Plan& p,
     Time work;
     for (int c = 0; c < l.vpp; ++c) work += (v[c * l.pp + st].f + v[c * l.pp + st].b) * m;
     best = std::max(best, fill + work);
-    fill += v[st].f + (zb ? v[st].b_input : v[st].b);
+    // ZB-H1 may leave up to `st` weight-gradient passes to the end of stage st, in
+    // parallel with the earlier stages' last backwards: no drain counted.
+    fill += v[st].f + (zb ? Time::zero() : v[st].b);
   }
   return best;
 }
@@ -262,6 +266,9 @@ Time bound(CostCache& cache, const std::vector<EncoderInfo>& encoders, const Sce
     }
   }
   if (p.placement == Placement::kColocated) return enc_total + llm;
+  // The encoder's last backward follows the LLM's last stage-0 backward (ZB-H1: its weight
+  // gradients may still be running then).
+  if (splits_weight_gradient(p.schedule)) enc_last = Time::zero();
   return std::max(enc_total, enc_first + llm + enc_last);
 }
 
@@ -272,32 +279,43 @@ Time lower_bound(const Scenario& s, const Plan& p) {
   return bound(cache, fed_encoders(s), s, p);
 }
 
+namespace {
+
+std::vector<int> layout_key(const Layout& l) {
+  return std::vector<int>{l.tp,
+                          l.cp,
+                          l.pp,
+                          l.vpp,
+                          l.dp,
+                          l.ep,
+                          l.micro_batch,
+                          static_cast<int>(l.recompute),
+                          l.sequence_parallel,
+                          l.distributed_optimizer,
+                          l.first_stage_layers,
+                          l.last_stage_layers,
+                          l.account_for_embedding,
+                          l.account_for_loss,
+                          l.overlap_grad_reduce,
+                          l.overlap_param_gather,
+                          l.flash_attention};
+}
+
+// The LLM side of a plan: placement, the LLM's layout, schedule and first rank.
+std::vector<int> llm_key(const Plan& p) {
+  std::vector<int> k{static_cast<int>(p.placement)};
+  auto l = layout_key(p.layout);
+  k.insert(k.end(), l.begin(), l.end());
+  k.push_back(static_cast<int>(p.schedule));
+  k.push_back(p.llm_first_rank);
+  return k;
+}
+
+}  // namespace
+
 bool canonical_less(const Plan& a, const Plan& b) {
-  auto layout_key = [](const Layout& l) {
-    return std::vector<int>{l.tp,
-                            l.cp,
-                            l.pp,
-                            l.vpp,
-                            l.dp,
-                            l.ep,
-                            l.micro_batch,
-                            static_cast<int>(l.recompute),
-                            l.sequence_parallel,
-                            l.distributed_optimizer,
-                            l.first_stage_layers,
-                            l.last_stage_layers,
-                            l.account_for_embedding,
-                            l.account_for_loss,
-                            l.overlap_grad_reduce,
-                            l.overlap_param_gather,
-                            l.flash_attention};
-  };
   auto key = [&](const Plan& p) {
-    std::vector<int> k{static_cast<int>(p.placement)};
-    auto l = layout_key(p.layout);
-    k.insert(k.end(), l.begin(), l.end());
-    k.push_back(static_cast<int>(p.schedule));
-    k.push_back(p.llm_first_rank);
+    std::vector<int> k = llm_key(p);
     for (const ModulePlan& m : p.modules) {
       auto e = layout_key(m.layout);
       k.insert(k.end(), e.begin(), e.end());
@@ -411,6 +429,7 @@ struct Candidate {
   uint32_t base = 0;
   uint16_t combo = 0;
   Time bound;
+  int32_t group = -1;  // heterogeneous: the LLM side (its layout and recompute), else -1
 };
 
 // What checking one Base gave: infeasible (with the reason), or its recompute
@@ -421,10 +440,15 @@ struct BaseInfo {
   int64_t considered = 0, dominated = 0;
 };
 
-// A combination is no lighter than `b` for any module.
-bool heavier_or_equal(const std::vector<Recompute>& a, const std::vector<Recompute>& b) {
-  for (size_t k = 0; k < a.size(); ++k)
-    if (static_cast<int>(a[k]) < static_cast<int>(b[k])) return false;
+// Combination `a` is dominated by `b` (which fits): the LLM recomputes no less, every
+// encoder the same. Encoders' recompute is searched, not ruled: an encoder's recompute
+// shifts its gradient reduction in time, and in colocated plans that can shorten the
+// iteration by more than the recompute costs (tests/planner/search_test.cpp's brute force
+// found such a case).
+bool dominated_by(const std::vector<Recompute>& a, const std::vector<Recompute>& b) {
+  if (static_cast<int>(a[0]) < static_cast<int>(b[0])) return false;
+  for (size_t k = 1; k < a.size(); ++k)
+    if (a[k] != b[k]) return false;
   return true;
 }
 
@@ -792,6 +816,7 @@ Result<SearchResult> search(const Scenario& s, const SearchOptions& o) {
   std::vector<Histogram> by_family(3);
   std::vector<int64_t> considered(3, 0), simulated(3, 0);
   std::vector<Candidate> cands;
+  std::map<std::vector<int>, int32_t> sides;
   for (size_t i = 0; i < bases.size(); ++i) {
     const BaseInfo& r = info[i];
     res.counts.considered += r.considered;
@@ -804,9 +829,16 @@ Result<SearchResult> search(const Scenario& s, const SearchOptions& o) {
       by_family[family[i]].add(r.why, n);
       continue;
     }
+    int32_t side = -1;
+    if (!bases[i].plan.modules.empty()) {
+      auto [it, _] = sides.emplace(llm_key(bases[i].plan), static_cast<int32_t>(sides.size()));
+      side = it->second;
+    }
     for (size_t c = 0; c < r.combos.size(); ++c)
-      cands.push_back({static_cast<uint32_t>(i), static_cast<uint16_t>(c), Time::zero()});
+      cands.push_back({static_cast<uint32_t>(i), static_cast<uint16_t>(c), Time::zero(),
+                       side < 0 ? -1 : side * 3 + static_cast<int32_t>(r.combos[c][0])});
   }
+  std::vector<int> admitted(sides.size() * 3, 0);  // encoder variants per LLM side
 
   // 2. Lower bounds, and the order they give.
   tbb::enumerable_thread_specific<CostCache> caches([&] { return CostCache(s); });
@@ -830,7 +862,7 @@ Result<SearchResult> search(const Scenario& s, const SearchOptions& o) {
     if (exhaustive) return false;
     const auto& combos = info[c.base].combos;
     for (uint16_t f : fitting[c.base])
-      if (f != c.combo && heavier_or_equal(combos[c.combo], combos[f])) return true;
+      if (f != c.combo && dominated_by(combos[c.combo], combos[f])) return true;
     return false;
   };
   SearchProgress progress;
@@ -853,7 +885,11 @@ Result<SearchResult> search(const Scenario& s, const SearchOptions& o) {
       } else if (dominated(c)) {
         ++res.counts.pruned_dominated;
         ++progress.done;
+      } else if (!exhaustive && c.group >= 0 && admitted[c.group] >= kEncoderVariants) {
+        ++res.counts.pruned_encoder;
+        ++progress.done;
       } else {
+        if (c.group >= 0) ++admitted[c.group];
         batch.push_back(&c);
       }
     }
@@ -890,16 +926,25 @@ Result<SearchResult> search(const Scenario& s, const SearchOptions& o) {
     });
     for (size_t i = 0; i < batch.size(); ++i) {
       if (!run[i]) continue;
-      if (!out[i]->is_ok()) return out[i]->status().with_context(describe(plans[i]));
       const int f = family[batch[i]->base];
+      // Not expected (constraints and memory were checked), but one plan the simulator
+      // cannot run must not end the search: it is rejected with the simulator's reason.
+      std::string why = !out[i]->is_ok()       ? "cannot simulate: " + out[i]->status().message()
+                        : !(*out[i])->feasible ? (*out[i])->infeasible_reason
+                                               : "";
+      if (!why.empty()) {
+        ++res.counts.rejected;
+        all.add(why, 1);
+        by_family[f].add(why, 1);
+        continue;
+      }
       ++res.counts.simulated;
       ++simulated[f];
       ++progress.simulated;
       Ranked r{plans[i], std::move(*out[i]).value()};
-      if (!r.metrics.feasible) {  // not expected: memory and constraints were checked
-        all.add(r.metrics.infeasible_reason, 1);
-        continue;
-      }
+      if (getenv("HETPAR_SEARCH_DEBUG"))
+        fmt::print(stderr, "DBG {} lb {} sim {} ratio {:.3f}\n", describe(r.plan), batch[i]->bound,
+                   r.metrics.iteration_time, batch[i]->bound / r.metrics.iteration_time);
       if (!best[f] || better(r, *best[f])) best[f] = r;
       auto pos = std::upper_bound(top.begin(), top.end(), r, better);
       if (pos - top.begin() < top_k) {

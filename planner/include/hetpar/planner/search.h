@@ -22,7 +22,14 @@
 //      parallelism is on with tp > 1 (same bytes as the all-reduce, less memory);
 //      (a field fixed by the search section overrides each of these rules);
 //    - a lower bound on the iteration time (lower_bound() below) worse than both the
-//      current k-th best and the current best of the candidate's family.
+//      current k-th best and the current best of the candidate's family;
+//    - heterogeneous plans: for one LLM side (its layout, recompute, schedule and ranks),
+//      only the 3 encoder layouts with the lowest bounds are simulated. An encoder that is
+//      a few percent of the work gives dozens of layouts within noise of each other, and
+//      each heterogeneous simulation runs every rank (lower.h); where the encoder is the
+//      bottleneck its work dominates the bound, which then ranks its layouts.
+//    Of these rules only the bound is exact; the others are stated assumptions that
+//    tests/planner/search_test.cpp checks against brute force on a small scenario.
 // 4. Simulate the survivors with evaluate() (exposed_by_kind off) in order of their bound,
 //    in fixed-size batches evaluated in parallel; the bests after each batch set the next
 //    batch's pruning threshold, so the candidates simulated, and the result, do not depend
@@ -88,6 +95,9 @@ struct SearchCounts {
   int64_t rejected = 0;          // by a constraint (reasons below)
   int64_t pruned_dominated = 0;  // dominated variants (step 3)
   int64_t pruned_bound = 0;      // lower bound worse than the threshold
+  /// Heterogeneous: encoder layouts beyond the 3 lowest bounds for the same LLM side
+  /// (layout, recompute, schedule, ranks).
+  int64_t pruned_encoder = 0;
   int64_t simulated = 0;         // evaluate() calls during the search
 };
 
