@@ -42,6 +42,24 @@ int main(int argc, char** argv) {
       ->required();
   cmd_compare->add_flag("--json", compare.json, "Print JSON");
 
+  PlanOptions plan;
+  auto* cmd_plan = app.add_subcommand(
+      "plan",
+      "Search the layouts and placements (homogeneous, colocated, non-colocated) of a "
+      "scenario for the fastest plan, and write it as a plan file");
+  cmd_plan
+      ->add_option("scenario", plan.path,
+                   "Scenario JSON (an optional \"search\" section "
+                   "constrains the search)")
+      ->required();
+  cmd_plan->add_flag("--json", plan.json, "Print JSON");
+  cmd_plan->add_option("--out", plan.out,
+                       "Where to write the winner (default: <scenario stem>.plan.json here)");
+  cmd_plan->add_option("--threads", plan.threads, "Threads (default: every core)")
+      ->check(CLI::Range(1, 1024));
+  cmd_plan->add_option("--top", plan.top, "Plans in the ranked table (default: search.top_k, 5)")
+      ->check(CLI::Range(1, 1000));
+
   ExportOptions export_opts;
   auto* cmd_export = app.add_subcommand(
       "export",
@@ -107,6 +125,7 @@ int main(int argc, char** argv) {
   if (*cmd_inspect) return run_inspect(inspect);
   if (*cmd_simulate) return run_simulate(simulate);
   if (*cmd_compare) return run_compare(compare);
+  if (*cmd_plan) return run_plan(plan);
   if (*cmd_export) return run_export(export_opts);
   if (*cmd_validation) return run_validation(validation);
   if (*cmd_calibrate) return run_calibrate(calibrate);
