@@ -29,6 +29,9 @@
 // region (attention core, the output projection's input, the MLP activation and fc2 input,
 // the vocab-parallel loss) are divided, giving Korthikanti's Table 2 sbh(10 + 24/t +
 // 5as/(ht)) per layer; with SP everything inside the layers is, sbh(34/t + 5as/(ht)).
+// FP8 training: Transformer Engine's Linear modules keep the 1-byte FP8 transpose of their
+// input for the weight gradient, so the layers' GEMM inputs (qkv, attn_out, fc1, fc2: 14 of
+// the 34sbh) count half; the output layer (Megatron's own) and the MoE router keep bf16.
 // Times the micro-batches the schedule holds (in_flight_micro_batches); the output layer
 // and loss (4sbv/t fp32 logits) are held as many times as the last virtual stage holds
 // micro-batches. Recompute adds its working set: one layer of one micro-batch re-materialised
