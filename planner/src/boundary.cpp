@@ -98,10 +98,11 @@ std::vector<PipelineOp> encoder_program(const Boundary& b, const std::vector<Pip
   return prog;
 }
 
-std::vector<PipelineOp> leading_stage_program(const Boundary& b, int llm_pp, bool frozen) {
+std::vector<PipelineOp> leading_stage_program(const Boundary& b, int llm_pp, bool frozen,
+                                              int enc_pp, int stage) {
   const int ahead = static_cast<int>((llm_pp + b.llm_per_step - 1) / b.llm_per_step);
   std::vector<PipelineOp> prog;
-  for (const PipelineOp& op : stage_order(Schedule::k1F1B, 0, 1 + ahead, 1, b.enc_steps))
+  for (const PipelineOp& op : stage_order(Schedule::k1F1B, stage, enc_pp + ahead, 1, b.enc_steps))
     if (!frozen || op.kind == PassKind::kForward) prog.push_back(op);
   return prog;
 }
