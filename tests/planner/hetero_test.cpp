@@ -646,3 +646,177 @@ TEST(NonColocated, EncoderPipelineStages) {
 
 }  // namespace
 }  // namespace hetpar::planner
+
+namespace hetpar::planner {
+namespace {
+
+// The exactly-once rule (boundary.h, docs/heterogeneous.md): the gradient of each sample's
+// encoder output reaches its encoder replica once — summed by the LLM's own collectives
+// (TP replicas, CP chunks) before it crosses, then only moved. Per encoder rank and step,
+// the boundary's backward gives it its replica's output gradient, enc_mb·V·H·2 bytes: as a
+// P2P (the leader), a broadcast from the leader (its TP peers), an all-gather of sibling
+// slices (colocated fan-out) or locally (a leader that is both sides; colocated narrow /
+// pass-through, after an all-gather of the CP chunks with LLM cp > 1). Summed over one rank
+// per encoder replica: the global batch's encoder output once, V·H·2 per sample.
+TEST(Hetero, GradientReachesEachEncoderReplicaExactlyOnce) {
+  const Placement co = Placement::kColocated, nc = Placement::kNonColocated;
+  struct GCase {
+    std::string name;
+    Scenario s;
+    Plan p;
+  };
+  const std::vector<GCase> cases = {
+      // LLM TP4 on its first stage: one gradient per micro-batch, the leader's.
+      {"non-colocated fan-in 4, llm tp 4", llava(32, 3),
+       hetero(nc, module_layout(4, 2, 1, 2), 8, module_layout(1, 8), 0)},
+      {"non-colocated fan-out 4, encoder tp 8", llava(32, 2),
+       hetero(nc, module_layout(2, 4), 8, module_layout(8, 1, 4), 0)},
+      {"non-colocated equal, encoder tp 4", llava(32, 3),
+       hetero(nc, module_layout(4, 2, 1, 2), 0, module_layout(4, 2), 16)},
+      {"three-phase fan-in 8", llava(32, 2),
+       hetero(co, module_layout(4, 2, 1, 2), 0, module_layout(1, 16), 0)},
+      {"colocated gather (fan-in 4)", llava(32, 2),
+       hetero(co, module_layout(4, 4), 0, module_layout(1, 16), 0)},
+      {"colocated gather, llm cp 2 (CP chunks)", llava(32, 2),
+       hetero(co, module_layout(2, 4, 1, 1, 2), 0, module_layout(2, 8), 0)},
+      {"colocated narrow (fan-out 4)", llava(32, 2),
+       hetero(co, module_layout(2, 8), 0, module_layout(8, 2, 4), 0)},
+      {"colocated pass-through (equal)", llava(32, 2),
+       hetero(co, module_layout(2, 8), 0, module_layout(2, 8), 0)},
+  };
+  for (const GCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    ASSERT_EQ(infeasibility(c.s, c.p), "");
+    const Layout& L = c.p.layout;
+    const Layout& E = c.p.modules[0].layout;
+    const bool colocated = c.p.placement == co;
+    const Boundary b = make_boundary(c.s, c.p, c.p.modules[0]);
+    const int64_t per_sample = b.tokens_per_sample * hidden(c.s) * 2;
+    const int64_t share = E.micro_batch * per_sample;  // one encoder replica, one step
+    auto lp = lower(c.s, c.p, {.full_ranks = true});
+    ASSERT_TRUE(lp.is_ok()) << lp.status().to_string();
+    const sim::TaskGraph& g = lp->graph;
+    const int enc0 = colocated ? 0 : c.p.modules[0].first_rank;
+    const int enc_ranks = E.tp * E.dp;
+    std::vector<int64_t> got(static_cast<size_t>(enc_ranks), 0);  // per encoder rank
+    int64_t gathers = 0;
+    for (int t = 0; t < g.num_tasks(); ++t) {
+      const sim::Task& task = g.task(TaskId(t));
+      if (g.label_text(task.label.name) != "llm -> vision grad") continue;
+      auto mine = [&](RankId r) { return r.value() - enc0; };
+      if (task.kind == sim::TaskKind::kP2P) {
+        got[static_cast<size_t>(mine(task.dst))] += task.bytes.count();
+      } else if (task.collective == sim::CollectiveKind::kBroadcast) {
+        for (RankId r : g.group(task.group))
+          if (r != task.root) got[static_cast<size_t>(mine(r))] += task.bytes.count();
+      } else {
+        ASSERT_EQ(task.collective, sim::CollectiveKind::kAllGather);
+        ++gathers;
+        // Fan-out: the sibling slices of one encoder replica's output (the whole gradient,
+        // kept); LLM CP: one LLM replica's step, of which each rank keeps its own slice.
+        const int64_t kept = b.fan_out > 1 ? task.bytes.count() : share;
+        if (b.fan_out > 1) {
+          EXPECT_EQ(task.bytes.count(), share);
+          EXPECT_EQ(static_cast<int>(g.group(task.group).size()), b.fan_out);
+        } else {
+          EXPECT_EQ(task.bytes.count(), b.bytes_per_micro_batch.count() * b.llm_per_step);
+          EXPECT_EQ(static_cast<int>(g.group(task.group).size()), L.cp);
+        }
+        for (RankId r : g.group(task.group)) got[static_cast<size_t>(mine(r))] += kept;
+      }
+    }
+    // Local hand-offs: colocated LLM pp 1 without fan-out or CP (narrow / pass-through),
+    // and a three-phase leader that is both sides.
+    for (int64_t t = 0; t < b.enc_steps; ++t) {
+      if (colocated && L.pp == 1 && b.fan_out == 1 && L.cp == 1)
+        for (int64_t& x : got) x += share;
+      if (colocated && L.pp > 1)
+        for (int64_t i = t * b.llm_per_step; i < (t + 1) * b.llm_per_step; ++i)
+          for (int d = 0; d < L.dp; ++d) {
+            const int e = b.source_replica(d, i);
+            if (e * E.tp != d * L.tp * L.cp) continue;
+            for (int q = 0; q < E.tp; ++q) got[static_cast<size_t>(e * E.tp + q)] += share;
+          }
+    }
+    if (colocated && L.pp == 1 && b.fan_out == 1) {
+      EXPECT_EQ(gathers > 0, L.cp > 1);
+    }
+    // Every rank of every encoder replica: its replica's gradient of every step, once.
+    int64_t total = 0;
+    for (int e = 0; e < E.dp; ++e) {
+      for (int q = 0; q < E.tp; ++q)
+        EXPECT_EQ(got[static_cast<size_t>(e * E.tp + q)], share * b.enc_steps)
+            << "encoder replica " << e << " rank " << q;
+      total += got[static_cast<size_t>(e * E.tp)];
+    }
+    EXPECT_EQ(total, c.s.workload.global_batch * per_sample);
+  }
+}
+
+}  // namespace
+}  // namespace hetpar::planner
+
+namespace hetpar::planner {
+namespace {
+
+// Megatron's MIMO path needs power-of-two TP: a ViT whose 24 heads tp 3 divides is still
+// rejected, with a message naming the module and the rule.
+TEST(Placement, NonPowerOfTwoEncoderTp) {
+  auto s = parse_scenario_text(
+      R"({"model": {"name": "vit24", "modules": [
+            {"name": "vision", "kind": "vision_encoder", "spec": {"layers": 4, "hidden": 768,
+             "ffn_hidden": 3072, "heads": 24, "patch_size": 14, "image_size": 336,
+             "activation": "gelu", "norm": "layernorm"}},
+            {"name": "projector", "kind": "projector", "spec": {"input_hidden": 768,
+             "output_hidden": 4096, "layers": 2, "ffn_hidden": 4096, "activation": "gelu"}},
+            {"name": "llm", "kind": "llm", "spec": "vicuna-7b"}]},
+          "workload": {"seq_len": 4096, "global_batch": 24, "images_per_sample": 1},
+          "cluster": {"profile": "dgx-h100", "nodes": 2}})",
+      "test.json");
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  const std::string why = infeasibility(
+      *s, hetero(Placement::kNonColocated, module_layout(4, 3), 0, module_layout(3, 1, 3), 12));
+  EXPECT_NE(why.find("module \"vision\": tp 3 must be 1, 2, 4 or 8"), std::string::npos) << why;
+}
+
+// An encoder micro-batch that is a multiple of the LLM's (the encoder micro-batch scale):
+// half the encoder steps, each feeding twice the LLM micro-batches; the boundary still
+// moves one LLM micro-batch's output per transfer, and the iteration's work is the same.
+TEST(NonColocated, EncoderMicroBatchScale) {
+  const Scenario s = llava(32, 3);
+  const Plan one = hetero(Placement::kNonColocated, module_layout(4, 2, 1, 2), 8,
+                          module_layout(1, 8, 1), 0);
+  const Plan two = hetero(Placement::kNonColocated, module_layout(4, 2, 1, 2), 8,
+                          module_layout(1, 8, 2), 0);
+  ASSERT_EQ(infeasibility(s, two), "");
+  const Boundary b1 = make_boundary(s, one, one.modules[0]);
+  const Boundary b2 = make_boundary(s, two, two.modules[0]);
+  EXPECT_EQ(b2.enc_steps * 2, b1.enc_steps);
+  EXPECT_EQ(b2.llm_per_step, 2 * b1.llm_per_step);
+  EXPECT_EQ(b2.bytes_per_micro_batch, b1.bytes_per_micro_batch);
+  // Encoder replica 3 (fan-in 4) feeds LLM replica 0's micro-batches 6, 7 of each step.
+  EXPECT_EQ(b2.source_replica(0, 6), 3);
+  EXPECT_EQ(b2.source_replica(0, 7), 3);
+  EXPECT_EQ(b2.source_replica(1, 8 + 1), 4);
+  auto l1 = lower(s, one, {.full_ranks = true});
+  auto l2 = lower(s, two, {.full_ranks = true});
+  ASSERT_TRUE(l1.is_ok() && l2.is_ok());
+  auto count = [](const sim::TaskGraph& g, std::string_view cat, sim::TaskKind kind) {
+    int n = 0;
+    for (int t = 0; t < g.num_tasks(); ++t)
+      if (g.task(TaskId(t)).kind == kind &&
+          g.label_text(g.task(TaskId(t)).label.category) == cat)
+        ++n;
+    return n;
+  };
+  EXPECT_EQ(count(l2->graph, "boundary_comm", sim::TaskKind::kP2P),
+            count(l1->graph, "boundary_comm", sim::TaskKind::kP2P));
+  EXPECT_EQ(2 * count(l2->graph, "enc_fwd", sim::TaskKind::kCompute),
+            count(l1->graph, "enc_fwd", sim::TaskKind::kCompute));
+  EXPECT_DOUBLE_EQ(l1->model_flops_per_iteration.count(), l2->model_flops_per_iteration.count());
+  auto r = sim::simulate(l2->graph, l2->network, {});
+  EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+}
+
+}  // namespace
+}  // namespace hetpar::planner
