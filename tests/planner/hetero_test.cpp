@@ -548,6 +548,18 @@ TEST(HeteroSymmetry, RepresentativesPredictWhatEveryRankDoes) {
   }
 }
 
+// Where a module's stages straddle nodes (the LLM's 6 ranks per stage on 8-GPU nodes), every
+// rank is simulated.
+TEST(HeteroSymmetry, UnalignedPlacementSimulatesEveryRank) {
+  const Scenario s = llava(24);
+  auto lp = lower(s, non_colocated(s, layout(2, 3), 2, layout(2, 1, 3), 0));
+  ASSERT_TRUE(lp.is_ok()) << lp.status().to_string();
+  EXPECT_FALSE(lp->representatives);
+  auto co = lower(s, colocated(s, layout(4, 2), layout(1, 8)));
+  ASSERT_TRUE(co.is_ok());
+  EXPECT_TRUE(co->representatives);
+}
+
 }  // namespace
 }  // namespace hetpar::planner
 
