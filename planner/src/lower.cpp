@@ -1240,10 +1240,10 @@ void lower_heterogeneous(const Scenario& s, const Plan& p, const LowerOptions& o
     r.encoder_categories = true;
     r.frozen = s.workload.frozen_encoders;
     for (int st = 0; st < mp.layout.pp; ++st)
-      r.orders.push_back(three_phase ? three_phase_program(bounds[k], r.frozen)
-                         : colocated
-                             ? encoder_program(bounds[k], llm0, r.frozen, &merged[k])
-                             : leading_stage_program(bounds[k], L.pp, r.frozen, mp.layout.pp, st));
+      r.orders.push_back(
+          three_phase ? three_phase_program(bounds[k], r.frozen)
+          : colocated ? encoder_program(bounds[k], llm0, r.frozen, &merged[k])
+                      : leading_stage_program(bounds[k], llm0, L.pp, r.frozen, mp.layout.pp, st));
     r.prefix = mp.module + " ";
     if (red) r.reduction = red->encoders[k];
     encs.push_back(std::make_unique<Lowering>(s, p, o, out, std::move(r)));

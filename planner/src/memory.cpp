@@ -270,15 +270,15 @@ MemoryReport estimate_memory(const Scenario& s, const Plan& p, const MemoryOptio
     const Boundary b = make_boundary(s, p, mp);
     const std::vector<PipelineOp> prog = colocated && L.pp > 1 ? three_phase_program(b, frozen)
                                          : colocated           ? encoder_program(b, llm0, frozen)
-                                                     : leading_stage_program(b, L.pp, frozen);
+                                                     : leading_stage_program(b, llm0, L.pp, frozen);
     // Per encoder stage (non-colocated encoders may be pipelined).
     std::vector<double> in_flight;
     for (int st = 0; st < mp.layout.pp; ++st)
-      in_flight.push_back(
-          frozen
-              ? 0
-              : static_cast<double>(peak_in_flight(
-                    colocated ? prog : leading_stage_program(b, L.pp, frozen, mp.layout.pp, st))));
+      in_flight.push_back(frozen ? 0
+                                 : static_cast<double>(peak_in_flight(
+                                       colocated ? prog
+                                                 : leading_stage_program(b, llm0, L.pp, frozen,
+                                                                         mp.layout.pp, st))));
     Estimator enc(s, mp.layout, Schedule::k1F1B, opts, in_flight, frozen);
     enc.add_module(b.encoder);
     for (const models::Edge& e : s.model.edges)

@@ -435,18 +435,19 @@ TEST(HeteroLeadingStage, EncoderRunsAheadLikeA1F1BFirstStage) {
   Boundary b;
   b.llm_per_step = 1;
   b.enc_steps = 8;
-  std::vector<PipelineOp> prog = leading_stage_program(b, /*llm_pp=*/4, /*frozen=*/false);
+  const std::vector<PipelineOp> llm0 = stage_order(Schedule::k1F1B, 0, 4, 1, 8);
+  std::vector<PipelineOp> prog = leading_stage_program(b, llm0, /*llm_pp=*/4, /*frozen=*/false);
   ASSERT_EQ(prog.size(), 16u);
   for (int i = 0; i < 5; ++i) EXPECT_EQ(prog[i].kind, PassKind::kForward) << i;
   EXPECT_EQ(prog[5].kind, PassKind::kBackward);
   EXPECT_EQ(prog[5].micro_batch, 0);
   // An encoder step feeding two LLM micro-batches needs half the warm-up.
   b.llm_per_step = 2;
-  prog = leading_stage_program(b, 4, false);
+  prog = leading_stage_program(b, llm0, 4, false);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(prog[i].kind, PassKind::kForward) << i;
   EXPECT_EQ(prog[3].kind, PassKind::kBackward);
   // Frozen encoders only run forwards.
-  prog = leading_stage_program(b, 4, true);
+  prog = leading_stage_program(b, llm0, 4, true);
   ASSERT_EQ(prog.size(), 8u);
   for (const PipelineOp& op : prog) EXPECT_EQ(op.kind, PassKind::kForward);
 }
@@ -796,10 +797,10 @@ TEST(Placement, NonPowerOfTwoEncoderTp) {
 // moves one LLM micro-batch's output per transfer, and the iteration's work is the same.
 TEST(NonColocated, EncoderMicroBatchScale) {
   const Scenario s = llava(32, 3);
-  const Plan one = hetero(Placement::kNonColocated, module_layout(4, 2, 1, 2), 8,
-                          module_layout(1, 8, 1), 0);
-  const Plan two = hetero(Placement::kNonColocated, module_layout(4, 2, 1, 2), 8,
-                          module_layout(1, 8, 2), 0);
+  const Plan one =
+      hetero(Placement::kNonColocated, module_layout(4, 2, 1, 2), 8, module_layout(1, 8, 1), 0);
+  const Plan two =
+      hetero(Placement::kNonColocated, module_layout(4, 2, 1, 2), 8, module_layout(1, 8, 2), 0);
   ASSERT_EQ(infeasibility(s, two), "");
   const Boundary b1 = make_boundary(s, one, one.modules[0]);
   const Boundary b2 = make_boundary(s, two, two.modules[0]);
@@ -816,8 +817,7 @@ TEST(NonColocated, EncoderMicroBatchScale) {
   auto count = [](const sim::TaskGraph& g, std::string_view cat, sim::TaskKind kind) {
     int n = 0;
     for (int t = 0; t < g.num_tasks(); ++t)
-      if (g.task(TaskId(t)).kind == kind &&
-          g.label_text(g.task(TaskId(t)).label.category) == cat)
+      if (g.task(TaskId(t)).kind == kind && g.label_text(g.task(TaskId(t)).label.category) == cat)
         ++n;
     return n;
   };
@@ -828,6 +828,31 @@ TEST(NonColocated, EncoderMicroBatchScale) {
   EXPECT_DOUBLE_EQ(l1->model_flops_per_iteration.count(), l2->model_flops_per_iteration.count());
   auto r = sim::simulate(l2->graph, l2->network, {});
   EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+}
+
+}  // namespace
+}  // namespace hetpar::planner
+
+namespace hetpar::planner {
+namespace {
+
+// The interleaved schedule's first stage forwards further ahead than 1F1B's before a step's
+// last backward (here 3 encoder steps for pp 4, vpp 2); a leading encoder that only ran
+// ceil(pp / k) steps ahead waited for a gradient the LLM could not send (a deadlock).
+TEST(NonColocated, LeadingEncoderCoversTheInterleavedWarmUp) {
+  const Scenario s = llava(32, 2);
+  Plan p =
+      hetero(Placement::kNonColocated, module_layout(1, 2, 1, 4), 8, module_layout(4, 1, 4, 2), 0);
+  p.schedule = Schedule::kInterleaved;
+  p.layout.vpp = 2;
+  p.layout.sequence_parallel = false;
+  ASSERT_EQ(infeasibility(s, p), "");
+  for (bool full : {false, true}) {
+    auto lp = lower(s, p, {.full_ranks = full});
+    ASSERT_TRUE(lp.is_ok()) << lp.status().to_string();
+    auto r = sim::simulate(lp->graph, lp->network, {});
+    EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+  }
 }
 
 }  // namespace

@@ -110,11 +110,15 @@ std::vector<PipelineOp> three_phase_program(const Boundary& b, bool frozen);
 
 /// Non-colocated: the encoder's enc_pp stages lead a 1F1B pipeline over them and the LLM's
 /// pp stages, on its own ranks; this is encoder stage `stage`'s program. Its last stage runs
-/// ceil(llm_pp / llm_per_step) encoder steps of warm-up ahead of the LLM (the LLM's stages
-/// counted in encoder steps), each earlier stage one more, so encoder and LLM work overlap
-/// (following the LLM's stage-0 order instead would serialise the two on every step).
+/// w encoder steps of warm-up ahead of the LLM, each earlier stage one more, so encoder and
+/// LLM work overlap (following the LLM's stage-0 order instead would serialise the two on
+/// every step): w = ceil(llm_pp / llm_per_step) (the LLM's stages counted in encoder steps),
+/// or more where the LLM's first stage (`llm0`, its program) forwards further ahead before
+/// a step's last backward (the interleaved schedule's longer warm-up), so that the encoder
+/// never waits for a gradient the LLM cannot send before more encoder output.
 /// Frozen: forwards only.
-std::vector<PipelineOp> leading_stage_program(const Boundary& b, int llm_pp, bool frozen,
-                                              int enc_pp = 1, int stage = 0);
+std::vector<PipelineOp> leading_stage_program(const Boundary& b,
+                                              const std::vector<PipelineOp>& llm0, int llm_pp,
+                                              bool frozen, int enc_pp = 1, int stage = 0);
 
 }  // namespace hetpar::planner
