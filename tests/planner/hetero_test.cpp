@@ -857,3 +857,61 @@ TEST(NonColocated, LeadingEncoderCoversTheInterleavedWarmUp) {
 
 }  // namespace
 }  // namespace hetpar::planner
+
+namespace hetpar::planner {
+namespace {
+
+// Two encoders (a ViT and a Whisper encoder feeding Qwen2.5-7B), each with its own boundary
+// shape: the representatives still predict what every rank does.
+TEST(HeteroSymmetry, TwoEncoders) {
+  auto s = parse_scenario_text(
+      R"({"model": {"name": "clip-whisper-qwen", "modules": [
+            {"name": "vision", "kind": "vision_encoder", "spec": "clip-vit-l-14-336"},
+            {"name": "vproj", "kind": "projector", "spec": {"input_hidden": 1024,
+             "output_hidden": 3584, "layers": 2, "ffn_hidden": 3584}},
+            {"name": "audio", "kind": "audio_encoder", "spec": "whisper-large-v3-encoder"},
+            {"name": "aproj", "kind": "projector", "spec": {"input_hidden": 1280,
+             "output_hidden": 3584, "layers": 2, "ffn_hidden": 3584}},
+            {"name": "llm", "kind": "llm", "spec": "qwen2.5-7b"}],
+           "edges": [["vision", "vproj"], ["vproj", "llm"], ["audio", "aproj"], ["aproj", "llm"]]},
+          "workload": {"seq_len": 4096, "global_batch": 48, "images_per_sample": 1,
+                       "audio_clips_per_sample": 1},
+          "cluster": {"profile": "dgx-h100", "nodes": 3}})",
+      "test.json");
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  std::vector<Plan> plans;
+  {
+    // Non-colocated: the ViT TP1 DP4 (fan-in 2) on GPUs 0-3, Whisper TP4 DP1 micro-batch 2
+    // (fan-out 2) on GPUs 4-7, the LLM TP4 PP2 DP2 on nodes 1-2.
+    Plan p = hetero(Placement::kNonColocated, module_layout(4, 2, 1, 2), 8, module_layout(1, 4), 0);
+    p.modules.push_back({"audio", module_layout(4, 1, 2), 4});
+    plans.push_back(p);
+  }
+  {
+    // Colocated three-phase: the ViT TP1 DP24 (fan-in 12), Whisper TP2 DP12 (fan-in 6); the
+    // LLM TP4 PP3 DP2 (10/9/9 layers).
+    Plan p = hetero(Placement::kColocated, module_layout(4, 2, 1, 3), 0, module_layout(1, 24), 0);
+    p.layout.first_stage_layers = 10;
+    p.modules.push_back({"audio", module_layout(2, 12), 0});
+    plans.push_back(p);
+  }
+  for (const Plan& p : plans) {
+    SCOPED_TRACE(to_string(p.placement));
+    ASSERT_EQ(infeasibility(*s, p), "");
+    auto lp = lower(*s, p);
+    ASSERT_TRUE(lp.is_ok()) << lp.status().to_string();
+    EXPECT_TRUE(lp->representatives);
+    EvaluateOptions eo;
+    eo.enforce_memory = false;
+    auto reduced = evaluate(*s, p, eo);
+    eo.full_ranks = true;
+    auto full = evaluate(*s, p, eo);
+    ASSERT_TRUE(reduced.is_ok() && full.is_ok());
+    EXPECT_LT(reduced->tasks, full->tasks);
+    EXPECT_EQ(reduced->iteration_time, full->iteration_time);
+    EXPECT_EQ(reduced->boundary_bytes, full->boundary_bytes);
+  }
+}
+
+}  // namespace
+}  // namespace hetpar::planner
