@@ -49,7 +49,8 @@ TEST(Sweep, SamplesAndFitsRecoverTheBackendsCosts) {
     EXPECT_NEAR(g.t.median_s / m.gemm_s(g.dims.m, g.dims.n, g.dims.k), 1.0, 1e-6);
     EXPECT_EQ(g.t.reps, plan.reps);
   }
-  EXPECT_EQ(b.flushes, static_cast<int>(plan.reps * (plan.gemms.size() + 2 * plan.attention.size())));
+  EXPECT_EQ(b.flushes,
+            static_cast<int>(plan.reps * (plan.gemms.size() + 2 * plan.attention.size())));
   ASSERT_EQ(s.attention.size(), 2 * plan.attention.size());
   ASSERT_EQ(s.p2p.size(), plan.p2p_bytes.size());  // one pair
   ASSERT_EQ(s.collectives.size(), plan.collectives.size() * plan.collective_bytes.size());
