@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <set>
+#include <tuple>
 
 #include "fake_backend.h"
 #include "hetpar/calibrate/profile.h"
@@ -92,6 +94,37 @@ TEST(Sweep, GroupSizesTwoToWorldEachRecovered) {
     EXPECT_NEAR(c.fit.beta_Bps / m.coll_beta(c.ranks), 1.0, 0.01);
   }
   EXPECT_EQ(sizes, (std::set<int>{2, 3, 4}));
+}
+
+TEST(Sweep, AcrossHostsMeasuresIntraNodeGroupsOnOneHostAndWholeHostsAcross) {
+  const FakeModel m;
+  FakeBackend b(6, m, {0, 0, 0, 1, 1, 1});  // 2 hosts x 3 ranks
+  SweepPlan plan = small_plan();
+  plan.p2p_bytes.clear();
+  const Samples s = sweep(b, plan);
+  EXPECT_EQ(s.topology.hosts(), 2);
+  EXPECT_EQ(s.topology.ranks_on_host(1), (std::vector<int>{3, 4, 5}));
+  std::set<std::tuple<CollectiveScope, int, int>> groups;
+  for (const CollectiveSample& c : s.collectives) groups.insert({c.scope, c.ranks, c.nodes});
+  EXPECT_EQ(groups,
+            (std::set<std::tuple<CollectiveScope, int, int>>{{CollectiveScope::kIntraNode, 2, 1},
+                                                             {CollectiveScope::kIntraNode, 3, 1},
+                                                             {CollectiveScope::kInterNode, 6, 2}}));
+  ProfileOptions o;  // no P2P sampled: send_recv figures from the base
+  o.base = *hardware::load_profile("dgx-h100");
+  o.base_ref = "dgx-h100";
+  Result<hardware::SystemProfile> p = build_profile(s, *fit_samples(s), o);
+  ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+  EXPECT_EQ(p->gpus_per_node, 3);
+  // Across hosts the figure is keyed by host count, busbw from all 6 ranks' bus factor.
+  const auto& ar = p->collective(CollectiveScope::kInterNode, Collective::kAllReduce);
+  ASSERT_EQ(ar.busbw.size(), 1u);
+  EXPECT_EQ(ar.busbw[0].first, 2);
+  EXPECT_NEAR(ar.busbw[0].second.bytes_per_s() / (m.coll_beta(6) * 2.0 * 5 / 6), 1.0, 0.01);
+  EXPECT_EQ(p->provenance.at("collectives.inter_node.all_reduce").find("[not measured]"),
+            std::string::npos);
+  EXPECT_NE(p->provenance.at("collectives.inter_node.send_recv").find("from the base profile"),
+            std::string::npos);
 }
 
 TEST(Sweep, RejectsABadPlan) {
