@@ -156,6 +156,20 @@ TEST(CalibratedProfile, ValidRoundTripsAndReproducesTheMeasurements) {
     EXPECT_NEAR(p->gpu.gemm_time(g.dims.m, g.dims.n, g.dims.k, 1, Precision::kFp32).to_seconds() /
                     g.t.median_s,
                 1.0, 1e-4);
+  // Attention: the profile's attention_time reproduces the sweep's total times.
+  for (bool backward : {false, true}) {
+    double flops = 0, secs = 0;
+    for (const AttentionSample& a : s.attention)
+      if (a.backward == backward) {
+        flops += a.flops();
+        secs += a.t.median_s;
+      }
+    EXPECT_NEAR((p->gpu.attention_time(Flops(flops), Precision::kBf16, backward) -
+                 p->gpu.gemm_launch_overhead)
+                        .to_seconds() /
+                    secs,
+                1.0, 1e-6);
+  }
   // Memory: the fitted bandwidth with efficiency 1 (no datasheet).
   EXPECT_NEAR(p->gpu.effective_memory_bandwidth().bytes_per_s() / m.copy_Bps, 1.0, 1e-3);
   // Collectives: busbw of 2 ranks, alpha of the fit.
