@@ -67,9 +67,10 @@ TEST(CalibratedCpuProfile, GemmSamplesAgreeWithEigensMeasuredSpeed) {
     // ever slow a run down, so the minimum is the estimate least disturbed by them.
     const double ratio = eigen_gemm_s(m, n, k) / (g["min_us"].get<double>() * 1e-6);
     fmt::print("{}x{}x{}: calibrated / Eigen speed {:.2f}\n", m, n, k, ratio);
-    // Loose per shape (a shared CI machine is noisy): catches unit or FLOP-count errors.
-    EXPECT_GT(ratio, 1.0 / 6);
-    EXPECT_LT(ratio, 6.0);
+    // Loose per shape (on a loaded 2-core machine single shapes were seen 8x slow while
+    // the others agreed): catches unit errors; the median below is the real check.
+    EXPECT_GT(ratio, 1.0 / 10);
+    EXPECT_LT(ratio, 10.0);
     ratios.push_back(ratio);
   }
   ASSERT_GE(ratios.size(), 4u);
