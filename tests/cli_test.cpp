@@ -152,6 +152,44 @@ TEST(Cli, SimulateInfeasiblePlanExitsThreeAndWritesNoTrace) {
   EXPECT_NE(missing.err.find("plan: missing required object"), std::string::npos) << missing.err;
 }
 
+TEST(Cli, SimulateProfileReplacesTheClustersProfile) {
+  std::string path = write_temp("small_plan_profile.json", kSmallPlan);
+  CliRun a100 = run("simulate --json " + path);
+  CliRun h100 = run("simulate --json --profile dgx-h100 " + path);
+  ASSERT_EQ(a100.exit_code, 0) << a100.err;
+  ASSERT_EQ(h100.exit_code, 0) << h100.err;
+  EXPECT_LT(nlohmann::json::parse(h100.out)["iteration_time_s"].get<double>(),
+            0.8 * nlohmann::json::parse(a100.out)["iteration_time_s"].get<double>());
+  // A profile file (here: the built-in written out) works the same as its name.
+  std::string file = write_temp("h100_profile.json", run("hardware --json").out);
+  auto all = nlohmann::json::parse(slurp(file));
+  for (const auto& p : all)
+    if (p["name"] == "dgx-h100") std::ofstream(file) << p.dump();
+  CliRun from_file = run(fmt::format("simulate --json --profile {} {}", file, path));
+  ASSERT_EQ(from_file.exit_code, 0) << from_file.err;
+  EXPECT_EQ(nlohmann::json::parse(from_file.out)["iteration_time_s"],
+            nlohmann::json::parse(h100.out)["iteration_time_s"]);
+
+  CliRun unknown = run("simulate --profile no-such-profile " + path);
+  EXPECT_EQ(unknown.exit_code, 2);
+  EXPECT_NE(unknown.err.find("--profile: unknown profile \"no-such-profile\""), std::string::npos)
+      << unknown.err;
+  std::string two_groups = kSmallPlan;
+  two_groups.replace(two_groups.find(R"({"profile": "dgx-a100-80gb", "nodes": 1})"), 40,
+                     R"({"node_groups": [{"profile": "dgx-a100-80gb", "nodes": 1},
+                                         {"profile": "dgx-h100", "nodes": 1}]})");
+  CliRun hetero = run("simulate --profile dgx-h100 " + write_temp("two_groups.json", two_groups));
+  EXPECT_EQ(hetero.exit_code, 2);
+  EXPECT_NE(hetero.err.find("--profile: the cluster has 2 node groups"), std::string::npos)
+      << hetero.err;
+}
+
+TEST(Cli, CalibrateRejectsAnUnknownBackend) {
+  CliRun r = run("calibrate --backend tpu");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("tpu"), std::string::npos) << r.err;
+}
+
 TEST(Cli, CompareNamesAWinnerAndExplainsIt) {
   CliRun r = run("compare --json " + example("llava-7b-8xh100-compare.json"));
   ASSERT_EQ(r.exit_code, 0) << r.err;

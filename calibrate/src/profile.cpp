@@ -290,11 +290,16 @@ class Builder {
     const Precision prec = precision_of(s_.attention.front().desc.dtype);
     Precision use = p.gpu.supports(prec) ? prec : Precision::kBf16;
     if (fp32_stands_for_bf16()) use = Precision::kBf16;
-    eff = std::clamp(rate / p.gpu.peak(use).per_second(), 1e-6, 1.0);
+    // attention_time() counts backward work as kFlashBackwardWork x the model FLOPs
+    // (FlashAttention's benchmark convention): the efficiency is quoted the same way.
+    const double work = backward ? hardware::kFlashBackwardWork : 1.0;
+    eff = std::clamp(rate * work / p.gpu.peak(use).per_second(), 1e-6, 1.0);
     mark(p, field,
-         fmt::format("{}: {} model FLOPs / time over {} shapes = {:.1f} GFLOP/s / {} peak",
+         fmt::format("{}: {} model FLOPs / time over {} shapes = {:.1f} GFLOP/s{} / {} peak",
                      measured_, backward ? "backward (2x forward)" : "forward",
-                     s_.attention.size() / 2, rate / 1e9, hardware::to_string(use)));
+                     s_.attention.size() / 2, rate / 1e9,
+                     backward ? " x 2.5/2 (FlashAttention's backward work convention)" : "",
+                     hardware::to_string(use)));
   }
 
   // A run that measured fp32 GEMMs and no bf16 ones (the cpu backend computes every dtype

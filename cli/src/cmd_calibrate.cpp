@@ -55,6 +55,20 @@ void print_fits(const calibrate::Fits& f, const calibrate::Samples& s, const std
   fmt::print("\nProfile written to {}\n", out);
 }
 
+// The built-in profile of a known GPU (datasheet peaks, NVLink/NIC figures a one-node run
+// cannot measure), by the device name CUDA reports; "" when none matches.
+std::string default_base(const runtime::DeviceInfo& d) {
+  if (d.backend != "cuda") return "";
+  const std::pair<const char*, const char*> known[] = {{"H200", "dgx-h200"},
+                                                       {"H100", "dgx-h100"},
+                                                       {"A100", "dgx-a100-80gb"},
+                                                       {"B200", "dgx-b200"},
+                                                       {"4090", "rtx4090-node"}};
+  for (const auto& [needle, profile] : known)
+    if (d.name.find(needle) != std::string::npos) return profile;
+  return "";
+}
+
 }  // namespace
 
 int run_calibrate(const CalibrateOptions& opts) {
@@ -67,11 +81,15 @@ int run_calibrate(const CalibrateOptions& opts) {
   po.name = opts.name;
   po.date = utc_now();
   po.mode = opts.quick ? "quick" : "full";
-  if (!opts.base.empty()) {
-    auto base = hardware::load_profile(opts.base);
+  const std::string base_ref = opts.base.empty() ? default_base(b.info()) : opts.base;
+  if (!base_ref.empty()) {
+    auto base = hardware::load_profile(base_ref);
     if (!base.is_ok()) return report_error(base.status().with_context("--base"));
     po.base = *base;
-    po.base_ref = opts.base;
+    po.base_ref = base_ref;
+    if (root && opts.base.empty())
+      fmt::print(stderr, "calibrate: base profile {} (for {}; --base overrides)\n", base_ref,
+                 b.info().name);
   }
   const std::string out =
       opts.out.empty() ? fmt::format("calibrated-{}.json", opts.backend) : opts.out;

@@ -105,7 +105,8 @@ int main(int argc, char** argv) {
                             "Profile JSON to write (default calibrated-<backend>.json)");
   cmd_calibrate->add_option("--base", calibrate.base,
                             "Profile (built-in name or file) supplying datasheet peaks and what "
-                            "the run cannot measure (e.g. inter-node figures on one host)");
+                            "the run cannot measure (e.g. inter-node figures on one host); "
+                            "cuda default: the built-in profile of the GPU's name");
   cmd_calibrate->add_option("--name", calibrate.name, "Name of the written profile");
 
   CatalogOptions models;

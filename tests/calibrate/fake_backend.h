@@ -41,7 +41,10 @@ struct FakeModel {
 
 class FakeBackend : public runtime::Backend {
  public:
-  explicit FakeBackend(int world, FakeModel model = {}) : model_(model) {
+  /// `host_of_rank` (optional): the host each rank claims in the run's first all_gather,
+  /// which is run_sweeps' hostname exchange.
+  explicit FakeBackend(int world, FakeModel model = {}, std::vector<int> host_of_rank = {})
+      : model_(model), host_of_rank_(std::move(host_of_rank)) {
     info_.backend = "fake";
     info_.name = "Fake Device";
     info_.memory = Bytes::GiB(16);
@@ -118,6 +121,9 @@ class FakeBackend : public runtime::Backend {
     const int64_t bytes = count * runtime::dtype_bytes(t);
     for (int r = 0; r < g.size(); ++r)
       std::memcpy(static_cast<char*>(recv.data()) + r * bytes, send.data(), bytes);
+    if (gathers_++ == 0 && !host_of_rank_.empty())
+      for (int r = 0; r < g.size(); ++r)
+        static_cast<float*>(recv.data())[r * count] = host_of_rank_[r];
     return collective(hardware::Collective::kAllGather, g, bytes * g.size());
   }
   Status reduce_scatter(runtime::Stream, const runtime::Group& g, const runtime::Buffer&,
@@ -170,6 +176,8 @@ class FakeBackend : public runtime::Backend {
   double clock_ = 0;
   std::vector<double> events_;
   int64_t next_group_ = 0;
+  std::vector<int> host_of_rank_;
+  int gathers_ = 0;
 };
 
 }  // namespace hetpar::calibrate::testing

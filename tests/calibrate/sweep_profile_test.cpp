@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <set>
+#include <tuple>
 
 #include "fake_backend.h"
 #include "hetpar/calibrate/profile.h"
@@ -49,7 +51,8 @@ TEST(Sweep, SamplesAndFitsRecoverTheBackendsCosts) {
     EXPECT_NEAR(g.t.median_s / m.gemm_s(g.dims.m, g.dims.n, g.dims.k), 1.0, 1e-6);
     EXPECT_EQ(g.t.reps, plan.reps);
   }
-  EXPECT_EQ(b.flushes, static_cast<int>(plan.reps * (plan.gemms.size() + 2 * plan.attention.size())));
+  EXPECT_EQ(b.flushes,
+            static_cast<int>(plan.reps * (plan.gemms.size() + 2 * plan.attention.size())));
   ASSERT_EQ(s.attention.size(), 2 * plan.attention.size());
   ASSERT_EQ(s.p2p.size(), plan.p2p_bytes.size());  // one pair
   ASSERT_EQ(s.collectives.size(), plan.collectives.size() * plan.collective_bytes.size());
@@ -93,6 +96,37 @@ TEST(Sweep, GroupSizesTwoToWorldEachRecovered) {
   EXPECT_EQ(sizes, (std::set<int>{2, 3, 4}));
 }
 
+TEST(Sweep, AcrossHostsMeasuresIntraNodeGroupsOnOneHostAndWholeHostsAcross) {
+  const FakeModel m;
+  FakeBackend b(6, m, {0, 0, 0, 1, 1, 1});  // 2 hosts x 3 ranks
+  SweepPlan plan = small_plan();
+  plan.p2p_bytes.clear();
+  const Samples s = sweep(b, plan);
+  EXPECT_EQ(s.topology.hosts(), 2);
+  EXPECT_EQ(s.topology.ranks_on_host(1), (std::vector<int>{3, 4, 5}));
+  std::set<std::tuple<CollectiveScope, int, int>> groups;
+  for (const CollectiveSample& c : s.collectives) groups.insert({c.scope, c.ranks, c.nodes});
+  EXPECT_EQ(groups,
+            (std::set<std::tuple<CollectiveScope, int, int>>{{CollectiveScope::kIntraNode, 2, 1},
+                                                             {CollectiveScope::kIntraNode, 3, 1},
+                                                             {CollectiveScope::kInterNode, 6, 2}}));
+  ProfileOptions o;  // no P2P sampled: send_recv figures from the base
+  o.base = *hardware::load_profile("dgx-h100");
+  o.base_ref = "dgx-h100";
+  Result<hardware::SystemProfile> p = build_profile(s, *fit_samples(s), o);
+  ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+  EXPECT_EQ(p->gpus_per_node, 3);
+  // Across hosts the figure is keyed by host count, busbw from all 6 ranks' bus factor.
+  const auto& ar = p->collective(CollectiveScope::kInterNode, Collective::kAllReduce);
+  ASSERT_EQ(ar.busbw.size(), 1u);
+  EXPECT_EQ(ar.busbw[0].first, 2);
+  EXPECT_NEAR(ar.busbw[0].second.bytes_per_s() / (m.coll_beta(6) * 2.0 * 5 / 6), 1.0, 0.01);
+  EXPECT_EQ(p->provenance.at("collectives.inter_node.all_reduce").find("[not measured]"),
+            std::string::npos);
+  EXPECT_NE(p->provenance.at("collectives.inter_node.send_recv").find("from the base profile"),
+            std::string::npos);
+}
+
 TEST(Sweep, RejectsABadPlan) {
   FakeBackend b(1);
   SweepPlan plan = small_plan();
@@ -122,6 +156,20 @@ TEST(CalibratedProfile, ValidRoundTripsAndReproducesTheMeasurements) {
     EXPECT_NEAR(p->gpu.gemm_time(g.dims.m, g.dims.n, g.dims.k, 1, Precision::kFp32).to_seconds() /
                     g.t.median_s,
                 1.0, 1e-4);
+  // Attention: the profile's attention_time reproduces the sweep's total times.
+  for (bool backward : {false, true}) {
+    double flops = 0, secs = 0;
+    for (const AttentionSample& a : s.attention)
+      if (a.backward == backward) {
+        flops += a.flops();
+        secs += a.t.median_s;
+      }
+    EXPECT_NEAR((p->gpu.attention_time(Flops(flops), Precision::kBf16, backward) -
+                 p->gpu.gemm_launch_overhead)
+                        .to_seconds() /
+                    secs,
+                1.0, 1e-6);
+  }
   // Memory: the fitted bandwidth with efficiency 1 (no datasheet).
   EXPECT_NEAR(p->gpu.effective_memory_bandwidth().bytes_per_s() / m.copy_Bps, 1.0, 1e-3);
   // Collectives: busbw of 2 ranks, alpha of the fit.
