@@ -13,6 +13,10 @@
 //
 // Matrices are column-major (BLAS convention). Attention tensors are [batch, seq, heads,
 // head_dim] (BSHD), contiguous.
+//
+// Data: a buffer holds each dtype's real bit pattern (fp32, bf16, IEEE fp16, OCP fp8 e4m3fn)
+// on every backend, so bytes copied to the host read the same everywhere; host_data.h
+// converts them to and from float.
 #pragma once
 
 #include <cstdint>
@@ -51,6 +55,10 @@ class Buffer {
   void* data() const { return data_; }
   Bytes size() const { return size_; }
   bool empty() const { return data_ == nullptr; }
+  /// A non-owning view of bytes [offset, offset + size) of this buffer (for a shard, a
+  /// chunk of a send, a slot of an all-gather). Valid while this buffer lives.
+  /// REQUIRES: the range lies inside the buffer.
+  Buffer slice(Bytes offset, Bytes size) const;
 
  private:
   void swap(Buffer& o) noexcept {
@@ -89,8 +97,11 @@ struct Group {
 };
 
 /// C = alpha * op(A) * op(B) + beta * C, `batch` times over consecutive matrices (strided),
-/// op(A) m x k, op(B) k x n, C m x n, column-major. Inputs and C share `dtype`; the cpu
-/// backend computes in fp32 whatever the dtype.
+/// op(A) m x k, op(B) k x n, C m x n, column-major, leading dimensions = stored rows.
+/// Inputs and C share `dtype`, except fp8: A and B are fp8 e4m3 and C is bf16 (fp8 training
+/// keeps outputs in bf16; cuBLASLt has no fp8 C), and the cuda backend needs trans_a = true,
+/// trans_b = false for fp8 (Hopper's fp8 tensor cores take "TN" only). Accumulation in fp32
+/// on every backend; beta = 0 never reads C.
 struct GemmDesc {
   int64_t m = 0, n = 0, k = 0;
   int64_t batch = 1;
@@ -98,11 +109,16 @@ struct GemmDesc {
   DType dtype = DType::kBf16;
   float alpha = 1.0f, beta = 0.0f;
   double flops() const { return 2.0 * static_cast<double>(m) * n * k * batch; }
+  DType c_dtype() const { return dtype == DType::kF8E4M3 ? DType::kBf16 : dtype; }
 };
 
 /// Scaled-dot-product attention over [batch, seq, heads, head_dim] tensors; kv_heads divides
-/// heads (grouped-query attention). Forward writes `out` and the softmax statistics
-/// (batch x heads x seq_q floats, log-sum-exp) that backward needs.
+/// heads (grouped-query attention: query head h reads kv head h / (heads / kv_heads)).
+/// softmax(Q K^T / sqrt(head_dim)) V. Causal masks bottom-right aligned (query i sees keys
+/// j <= i + seq_kv - seq_q, as FlashAttention); a query that sees no key outputs 0.
+/// Forward writes `out` and the softmax statistics (batch x heads x seq_q fp32 log-sum-exps,
+/// of the scaled scores, -inf for a query that sees no key) that backward needs. Backward
+/// writes d_q, d_k, d_v (overwrites them). dtype fp32, bf16 or fp16 (no fp8 attention).
 struct AttentionDesc {
   int64_t batch = 1, heads = 1, kv_heads = 1, seq_q = 0, seq_kv = 0, head_dim = 0;
   bool causal = false;
@@ -111,18 +127,25 @@ struct AttentionDesc {
 };
 
 /// Memory-bound kernels of the sizes a layer has (norms, activations, residual adds).
+/// Arithmetic in fp32, result rounded to dtype. gelu is the tanh approximation (GPT-2,
+/// Megatron); rms(row) = sqrt(mean(row^2) + 1e-6). Backward ops take the forward input as
+/// in[0] and the output gradient as in[1].
 enum class ElementwiseOp : uint8_t {
-  kCopy,     // out = in[0]
-  kAdd,      // out = in[0] + in[1]
-  kScale,    // out = scale * in[0]
-  kGelu,     // out = gelu(in[0])
-  kRmsNorm,  // out row r = in[0] row r / rms(row r); rows of `row_size` elements
+  kCopy,             // out = in[0]
+  kAdd,              // out = in[0] + scale * in[1] (scale 1: a residual add; SGD step)
+  kScale,            // out = scale * in[0]
+  kGelu,             // out = gelu(in[0])
+  kRmsNorm,          // out row r = in[0] row r / rms(row r); rows of `row_size` elements
+  kMul,              // out = in[0] * in[1]
+  kGeluBackward,     // out = gelu'(in[0]) * in[1]
+  kRmsNormBackward,  // out = d(rmsnorm)/d(in[0]) applied to in[1], per row of `row_size`
 };
+int elementwise_inputs(ElementwiseOp op);  // how many inputs `op` takes
 struct ElementwiseDesc {
   ElementwiseOp op = ElementwiseOp::kCopy;
   int64_t elements = 0;
-  int64_t row_size = 0;  // kRmsNorm only
-  float scale = 1.0f;    // kScale only
+  int64_t row_size = 0;  // kRmsNorm, kRmsNormBackward: divides elements
+  float scale = 1.0f;    // kAdd, kScale
   DType dtype = DType::kBf16;
 };
 
@@ -145,8 +168,9 @@ class Backend {
 
   // Memory. Contents of a fresh buffer are unspecified.
   virtual Result<Buffer> allocate(Bytes size) = 0;
-  /// Deterministic pseudo-random values in [-scale, scale] (the same for the same seed on
-  /// every backend, up to the dtype's rounding).
+  /// Deterministic pseudo-random values in [-scale, scale): element i is
+  /// random_uniform(seed, i, scale) of host_data.h rounded to `t`, on every backend, so any
+  /// slice of a tensor can be reproduced on the host.
   virtual Status fill_random(Stream s, Buffer& b, DType t, int64_t count, uint64_t seed,
                              float scale) = 0;
   /// Synchronous copies between host and device (they wait for the stream's prior work).
@@ -167,13 +191,18 @@ class Backend {
   /// Evicts the L2 cache (writes a buffer larger than it) so that timed kernels start cold.
   virtual Status flush_cache(Stream s) = 0;
 
-  // Communication. Every member issues the same calls in the same order.
-  /// Collective over all world ranks: every rank passes the same `ranks`.
+  // Communication. Every member issues the same calls in the same order. Reductions are
+  /// sums (accumulated in fp32 on the cpu backend, as NCCL does in the dtype on the cuda one).
+  /// A buffer smaller than the call needs, or a call on a group this rank is not a member
+  /// of, is an invalid_argument.
+  /// Collective over all world ranks: every rank passes the same `ranks` (distinct world
+  /// ranks, in group order). Non-members get the Group too, with rank -1.
   virtual Result<Group> make_group(std::span<const int> ranks) = 0;
-  /// In place when &send == &recv. `count` elements per rank's buffer.
+  /// In place when send.data() == recv.data(). `count` elements per rank's buffer.
   virtual Status all_reduce(Stream s, const Group& g, const Buffer& send, Buffer& recv,
                             int64_t count, DType t) = 0;
-  /// `count` elements contributed per rank; recv holds count * g.size().
+  /// `count` elements contributed per rank; recv holds count * g.size(), in group order.
+  /// In place when send is this rank's slot of recv (recv.slice(rank * count elements)).
   virtual Status all_gather(Stream s, const Group& g, const Buffer& send, Buffer& recv,
                             int64_t count, DType t) = 0;
   /// send holds count * g.size(); `count` elements of the sum land in recv.
@@ -185,7 +214,10 @@ class Backend {
   /// `root` is a position in the group.
   virtual Status broadcast(Stream s, const Group& g, Buffer& buf, int64_t count, DType t,
                            int root) = 0;
-  /// Point to point with world ranks; pair them between group_start / group_end when several.
+  /// Point to point with world ranks; pair them between group_start / group_end when several
+  /// (the cpu backend posts them non-blocking there and waits at group_end; outside a group
+  /// they block, so two ranks that both send first deadlock, as in NCCL). Messages between
+  /// a pair arrive in the order they were sent.
   virtual Status send(Stream s, const Buffer& buf, int64_t count, DType t, int peer) = 0;
   virtual Status recv(Stream s, Buffer& buf, int64_t count, DType t, int peer) = 0;
   virtual Status group_start() = 0;
