@@ -1223,6 +1223,14 @@ void lower_heterogeneous(const Scenario& s, const Plan& p, const LowerOptions& o
             g.add_dependency(ready, llm.span(0, static_cast<size_t>(lf[i]), jl + q).first);
           if (frozen) continue;
           TaskId got = llm.span(0, static_cast<size_t>(lb[i]), jl).last;
+          if (L.cp > 1) {  // the leader gathers the CP chunks of the gradient first
+            members.clear();
+            for (int q = 0; q < L.cp; ++q) members.push_back(llm.rank_of(jl + q * L.tp, 0));
+            got = collective(CollectiveKind::kAllGather, b.bytes_per_micro_batch, bwd_coll,
+                             RankId(), bwd_name);
+            for (int q = 0; q < L.cp; ++q)
+              g.add_dependency(llm.span(0, static_cast<size_t>(lb[i]), jl + q * L.tp).last, got);
+          }
           if (enc_leader != llm_leader) {
             const TaskId y = g.add_p2p(llm_leader, enc_leader, b.bytes_per_micro_batch, bwd_send,
                                        bwd_recv, {cat, bwd_name});
@@ -1270,14 +1278,14 @@ void lower_heterogeneous(const Scenario& s, const Plan& p, const LowerOptions& o
       // Backward: after the step's last LLM micro-batch backward on every rank.
       const size_t enc_b = static_cast<size_t>(eb[t]), llm_b = static_cast<size_t>(lb[i1]);
       if (b.fan_out > 1 || L.cp > 1) {
-        // fan-out: sibling slices over the r LLM replicas one encoder replica spans;
-        // fan-in / equal with cp > 1: the CP chunks of the gradient over the CP group.
-        const int n = b.fan_out > 1 ? b.fan_out : L.cp;
+        // Over the LLM ranks with one TP index that hold parts of the gradient one encoder
+        // replica needs: fan-out, the sibling slices of the r LLM replicas it spans (and,
+        // with cp > 1, every CP chunk of each: r x cp members); fan-in / equal with cp > 1,
+        // the CP chunks of one replica. Groups {r0 + q*tp}, CP index fastest.
+        const int n = (b.fan_out > 1 ? b.fan_out : 1) * L.cp;
         const Bytes bytes = b.fan_out > 1 ? step_bytes * b.fan_out : step_bytes;
         for (int r0 = 0; r0 < world; ++r0) {
-          // r0 is a group's first member: fan-out groups are {r + u*tp*cp}, CP groups
-          // {r + q*tp} within a replica.
-          const int stride = b.fan_out > 1 ? llm_group : L.tp;
+          const int stride = L.tp;
           const int span = stride * n;
           if ((r0 % span) >= stride) continue;
           members.clear();
