@@ -33,7 +33,8 @@ Status apply_profile(planner::Scenario& s, const std::string& path) {
     g.profile.gpus_per_node = per_node;
     g.profile_ref = path;
   }
-  HETPAR_ASSIGN_OR_RETURN(s.cluster, hardware::ClusterSpec::create(std::move(groups)));
+  HETPAR_ASSIGN_OR_RETURN(s.cluster,
+                          hardware::ClusterSpec::create(std::move(groups), s.cluster.overrides()));
   return Status::ok();
 }
 

@@ -18,6 +18,9 @@ struct SimulateOptions {
   std::string path;  // scenario with a "plan" section
   bool json = false;
   std::string trace_path;  // Perfetto / Chrome trace output, "" = none
+  /// A profile (built-in name or file, e.g. from `hetpar calibrate`) that replaces the
+  /// cluster's; "" = the scenario's own. The cluster must have a single node group.
+  std::string profile;
 };
 /// Exit 3 when the plan is infeasible (the reason goes to stderr).
 int run_simulate(const SimulateOptions& opts);
@@ -49,6 +52,16 @@ struct ValidateOptions {
 /// Under mpirun -np WORLD. Exit 2 for a world size other than the plan's, 3 when the plan is
 /// infeasible or does not fit the device memory.
 int run_validate(const ValidateOptions& opts);
+
+struct CalibrateOptions {
+  std::string backend = "cpu";  // "cpu" | "cuda"
+  bool quick = false;
+  std::string out;   // "" = calibrated-<backend>.json
+  std::string base;  // profile supplying datasheet peaks and unmeasured figures
+  std::string name;  // profile name, "" = calibrated-<backend>
+};
+/// Run under mpirun; every rank sweeps, rank 0 fits, prints and writes.
+int run_calibrate(const CalibrateOptions& opts);
 
 struct CatalogOptions {
   bool json = false;

@@ -29,6 +29,9 @@ int main(int argc, char** argv) {
   cmd_simulate->add_flag("--json", simulate.json, "Print JSON instead of text");
   cmd_simulate->add_option("--trace", simulate.trace_path,
                            "Write the iteration timeline as a Perfetto/Chrome trace JSON");
+  cmd_simulate->add_option("--profile", simulate.profile,
+                           "Hardware profile (built-in name or file, e.g. from `hetpar "
+                           "calibrate`) replacing the cluster's");
 
   CompareOptions compare;
   auto* cmd_compare = app.add_subcommand(
@@ -68,6 +71,23 @@ int main(int argc, char** argv) {
   cmd_validate->add_option("--backend", validate.backend, "cpu or cuda")->capture_default_str();
   cmd_validate->add_option("--json", validate.json_path, "Write the record as JSON to this file");
 
+  CalibrateOptions calibrate;
+  auto* cmd_calibrate = app.add_subcommand(
+      "calibrate",
+      "Measure this machine (GEMMs, attention, memory, P2P, collectives) and write a hardware "
+      "profile; run under `mpirun -np N`, one process per device");
+  cmd_calibrate->add_option("--backend", calibrate.backend, "Device backend")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  cmd_calibrate->add_flag("--quick", calibrate.quick,
+                          "Small grid: well under a minute on the cpu backend");
+  cmd_calibrate->add_option("--out", calibrate.out,
+                            "Profile JSON to write (default calibrated-<backend>.json)");
+  cmd_calibrate->add_option("--base", calibrate.base,
+                            "Profile (built-in name or file) supplying datasheet peaks and what "
+                            "the run cannot measure (e.g. inter-node figures on one host)");
+  cmd_calibrate->add_option("--name", calibrate.name, "Name of the written profile");
+
   CatalogOptions models;
   auto* cmd_models = app.add_subcommand("models", "List the model zoo");
   cmd_models->add_flag("--json", models.json, "Print JSON");
@@ -87,6 +107,7 @@ int main(int argc, char** argv) {
   if (*cmd_compare) return run_compare(compare);
   if (*cmd_validation) return run_validation(validation);
   if (*cmd_validate) return run_validate(validate);
+  if (*cmd_calibrate) return run_calibrate(calibrate);
   if (*cmd_models) return run_models(models);
   if (*cmd_hardware) return run_hardware(hardware);
   return 2;
