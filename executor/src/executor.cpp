@@ -106,8 +106,9 @@ class Runner {
   Status run_task(const ProgramTask& pt);
   Status run_kernel(Stream s, const Kernel& k);
   Status run_comm(Stream s, const sim::Task& t);
-  bool is_fp32(const sim::Task& t) const { return t.label.category == dp_category_; }
-  int64_t bytes_of(int slot) const { return slot_bytes_[slot]; }
+  bool is_fp32(const sim::Task& t) const {
+    return dp_category_.valid() && t.label.category == dp_category_;
+  }
 
   Backend& b_;
   const planner::LoweredPlan& lp_;
@@ -131,7 +132,6 @@ class Runner {
 
 Status Runner::prepare() {
   rank_ = b_.info().rank;
-  dp_category_ = const_cast<sim::TaskGraph&>(g_).label("dp_comm");
   HETPAR_ASSIGN_OR_RETURN(std::vector<TaskId> order, issue_order(g_));
   HETPAR_ASSIGN_OR_RETURN(prog_, rank_program(g_, order, rank_));
   if (prog_.foreign_dependencies > 0)
@@ -145,6 +145,7 @@ Status Runner::prepare() {
     if (c.valid() && category_index_[c.value()] < 0) {
       category_index_[c.value()] = static_cast<int>(categories_.size());
       categories_.push_back(c);
+      if (g_.label_text(c) == "dp_comm") dp_category_ = c;
     }
   }
   category_us_.assign(categories_.size(), 0.0);
