@@ -146,9 +146,26 @@ TEST_F(Mpi, ReduceScatterLeavesEachMemberItsSliceOfTheSum) {
           for (int64_t i = 0; i < n; ++i) want[i] += c[i];
         }
         EXPECT_EQ(download(*be_, recv, t, n), want) << to_string(t);
+        // In place (NCCL's form): recv is this rank's slot of send.
+        const Bytes slot = Bytes(n * dtype_bytes(t));
+        Buffer mine = send.slice(slot * g.rank, slot);
+        ASSERT_TRUE(be_->reduce_scatter(kCommStream, g, send, mine, n, t).is_ok());
+        EXPECT_EQ(download(*be_, mine, t, n), want) << "in place";
       }
     }
   }
+}
+
+TEST_F(Mpi, OverlapsOtherThanInPlaceAreRejected) {
+  auto g = be_->make_group(std::vector<int>{0});
+  ASSERT_TRUE(g.is_ok());
+  if (rank_ != 0) return;
+  Buffer b = testing::zeros(*be_, DType::kF32, 8);
+  Buffer shifted = b.slice(Bytes(4), Bytes(16));
+  EXPECT_EQ(be_->all_reduce(kCommStream, *g, b, shifted, 4, DType::kF32).code(),
+            Status::Code::kInvalidArgument);
+  EXPECT_EQ(be_->all_to_all(kCommStream, *g, b, b, 4, DType::kF32).code(),
+            Status::Code::kInvalidArgument);
 }
 
 TEST_F(Mpi, AllToAllTransposesBlocks) {

@@ -27,12 +27,13 @@ std::string utc_now() {
 
 void print_fits(const calibrate::Fits& f, const calibrate::Samples& s, const std::string& out) {
   fmt::print("Calibrated {} ({} backend), {} rank{} on {} host{}, {:.1f} s\n", s.device.name,
-             s.device.backend, s.device.world, s.device.world == 1 ? "" : "s",
-             s.topology.hosts(), s.topology.hosts() == 1 ? "" : "s", s.wall_s);
+             s.device.backend, s.device.world, s.device.world == 1 ? "" : "s", s.topology.hosts(),
+             s.topology.hosts() == 1 ? "" : "s", s.wall_s);
   for (const calibrate::GemmFit& g : f.gemm)
-    fmt::print("GEMM {:<5}    {} shapes: best {:.1f} GFLOP/s ({}x{}x{}), median {:.1f}, min {:.1f}\n",
-               runtime::to_string(g.dtype), g.shapes, g.max_flops_per_s / 1e9, g.best.m, g.best.n,
-               g.best.k, g.median_flops_per_s / 1e9, g.min_flops_per_s / 1e9);
+    fmt::print(
+        "GEMM {:<5}    {} shapes: best {:.1f} GFLOP/s ({}x{}x{}), median {:.1f}, min {:.1f}\n",
+        runtime::to_string(g.dtype), g.shapes, g.max_flops_per_s / 1e9, g.best.m, g.best.n,
+        g.best.k, g.median_flops_per_s / 1e9, g.min_flops_per_s / 1e9);
   fmt::print("Launch        {:.2f} us (8x8x8 GEMM)\n", f.launch_s * 1e6);
   if (f.attention_fwd_flops_per_s > 0)
     fmt::print("Attention     forward {:.1f} GFLOP/s, backward {:.1f} GFLOP/s\n",

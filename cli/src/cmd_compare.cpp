@@ -2,8 +2,6 @@
 // puts them side by side, with what makes the fastest one fast.
 #include <fmt/format.h>
 
-#include <algorithm>
-#include <cmath>
 #include <map>
 
 #include "commands.h"
@@ -12,37 +10,6 @@
 #include "render.h"
 
 namespace hetpar::cli {
-
-namespace {
-
-Time phase_time(const planner::PlanMetrics& m, std::string_view phase) {
-  for (const auto& p : m.phases)
-    if (p.phase == phase) return p.per_rank;
-  return Time::zero();
-}
-
-// The phases whose per-rank time differs most between `a` (the winner) and `b`, as
-// "tp_comm -0.81 s" lines, largest first.
-std::vector<std::string> phase_deltas(const planner::PlanMetrics& a,
-                                      const planner::PlanMetrics& b) {
-  std::map<std::string, bool> names;
-  for (const auto& p : a.phases) names[p.phase] = true;
-  for (const auto& p : b.phases) names[p.phase] = true;
-  std::vector<std::pair<double, std::string>> d;
-  for (const auto& [name, _] : names) {
-    double delta = (phase_time(a, name) - phase_time(b, name)).to_seconds();
-    if (delta != 0) d.emplace_back(delta, name);
-  }
-  std::sort(d.begin(), d.end(),
-            [](const auto& x, const auto& y) { return std::fabs(x.first) > std::fabs(y.first); });
-  std::vector<std::string> out;
-  for (size_t i = 0; i < std::min<size_t>(4, d.size()); ++i)
-    out.push_back(fmt::format("{} {}{}", d[i].second, d[i].first < 0 ? "-" : "+",
-                              Time::seconds(std::fabs(d[i].first))));
-  return out;
-}
-
-}  // namespace
 
 int run_compare(const CompareOptions& opts) {
   auto scenario = planner::load_scenario(opts.path);
@@ -99,10 +66,7 @@ int run_compare(const CompareOptions& opts) {
   for (const auto& [name, m] : rows) {
     if (&m == &best->second || !m.feasible) continue;
     double gain = m.iteration_time / best->second.iteration_time - 1.0;
-    fmt::print("  vs {}: {:.1f}% faster; per-rank time {}", name, 100 * gain,
-               fmt::join(phase_deltas(best->second, m), ", "));
-    fmt::print("; bubble {:+.1f} points\n",
-               100 * (best->second.bubble_fraction - m.bubble_fraction));
+    fmt::print("  vs {}: {:.1f}% faster; {}\n", name, 100 * gain, advantage(best->second, m));
   }
   return 0;
 }

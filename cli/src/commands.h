@@ -32,6 +32,26 @@ struct CompareOptions {
 /// Exit 3 when no plan is feasible.
 int run_compare(const CompareOptions& opts);
 
+struct PlanOptions {
+  std::string path;  // scenario, optionally with a "search" section
+  bool json = false;
+  std::string out;  // the winner's plan file; "" = <scenario stem>.plan.json here
+  int threads = 0;  // 0 = every core
+  int top = 0;      // 0 = the scenario's search.top_k
+};
+/// Exit 3 when no plan is feasible (the most common reasons go to stderr).
+int run_plan(const PlanOptions& opts);
+
+struct ExportOptions {
+  std::string path;       // scenario with a "plan" section (or "plans" with plan_name)
+  std::string target;     // exporter::parse_target spelling
+  std::string plan_name;  // "" = the "plan" section
+  std::string out_dir;    // "" = print to stdout
+};
+/// Exit 2 for an unknown target or a plan the target cannot express, 3 for an infeasible
+/// plan; nothing is written then.
+int run_export(const ExportOptions& opts);
+
 struct ValidationOptions {
   std::string dir = "validation/runs";
   bool json = false;

@@ -42,6 +42,42 @@ int main(int argc, char** argv) {
       ->required();
   cmd_compare->add_flag("--json", compare.json, "Print JSON");
 
+  PlanOptions plan;
+  auto* cmd_plan = app.add_subcommand(
+      "plan",
+      "Search the layouts and placements (homogeneous, colocated, non-colocated) of a "
+      "scenario for the fastest plan, and write it as a plan file");
+  cmd_plan
+      ->add_option("scenario", plan.path,
+                   "Scenario JSON (an optional \"search\" section "
+                   "constrains the search)")
+      ->required();
+  cmd_plan->add_flag("--json", plan.json, "Print JSON");
+  cmd_plan->add_option("--out", plan.out,
+                       "Where to write the winner (default: <scenario stem>.plan.json here)");
+  cmd_plan->add_option("--threads", plan.threads, "Threads (default: every core)")
+      ->check(CLI::Range(1, 1024));
+  cmd_plan->add_option("--top", plan.top, "Plans in the ranked table (default: search.top_k, 5)")
+      ->check(CLI::Range(1, 1000));
+
+  ExportOptions export_opts;
+  auto* cmd_export = app.add_subcommand(
+      "export",
+      "Write what a trainer needs to run a scenario's plan: launch flags, config files and a "
+      "launch script (megatron, megatron-mimo, megatron-bridge, torchtitan, deepspeed, "
+      "nanotron); refuses what the trainer cannot express");
+  cmd_export->add_option("file", export_opts.path, "Scenario JSON with a \"plan\" section")
+      ->required();
+  cmd_export
+      ->add_option("--to", export_opts.target,
+                   "Target trainer: megatron, megatron-mimo, megatron-bridge, torchtitan, "
+                   "deepspeed or nanotron")
+      ->required();
+  cmd_export->add_option("--plan", export_opts.plan_name,
+                         "Export this plan of the \"plans\" section instead of \"plan\"");
+  cmd_export->add_option("--out", export_opts.out_dir,
+                         "Write the files into this directory (default: print them)");
+
   ValidationOptions validation;
   auto* cmd_validation =
       app.add_subcommand("validation",
@@ -105,6 +141,8 @@ int main(int argc, char** argv) {
   if (*cmd_inspect) return run_inspect(inspect);
   if (*cmd_simulate) return run_simulate(simulate);
   if (*cmd_compare) return run_compare(compare);
+  if (*cmd_plan) return run_plan(plan);
+  if (*cmd_export) return run_export(export_opts);
   if (*cmd_validation) return run_validation(validation);
   if (*cmd_validate) return run_validate(validate);
   if (*cmd_calibrate) return run_calibrate(calibrate);

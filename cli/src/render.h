@@ -2,13 +2,24 @@
 #pragma once
 
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "hetpar/executor/executor.h"
 #include "hetpar/planner/evaluate.h"
 #include "hetpar/planner/published_run.h"
+#include "hetpar/planner/search.h"
 #include "hetpar/planner/summary.h"
 
 namespace hetpar::cli {
+
+/// The time per rank of one phase (task category) of `m`; zero when absent.
+Time phase_time(const planner::PlanMetrics& m, std::string_view phase);
+/// The phases whose per-rank time differs most between `a` (the winner) and `b`, as
+/// "tp_comm -0.81 s" items, largest first (at most four).
+std::vector<std::string> phase_deltas(const planner::PlanMetrics& a, const planner::PlanMetrics& b);
+/// Why `a` beats `b`: "per-rank time tp_comm -24.8 ms, ...; bubble -8.1 points".
+std::string advantage(const planner::PlanMetrics& a, const planner::PlanMetrics& b);
 
 std::string summary_to_json(const planner::ScenarioSummary& s);
 /// simulate --json: the metrics with at least iteration_time_s, tokens_per_s,
@@ -26,6 +37,12 @@ std::string validation_to_json(const std::vector<planner::RunComparison>& rows, 
 std::string validate_to_json(const planner::Scenario& s, const planner::Plan& p,
                              const std::string& profile, const runtime::DeviceInfo& dev,
                              const planner::PlanMetrics& pred, const executor::Measurement& m);
+/// plan --json: best, families, top, counts, rejections, search_time_s, plan_file.
+std::string search_to_json(const planner::Scenario& s, const planner::SearchResult& r,
+                           const std::string& plan_file);
+/// The plan file `plan` writes: the scenario file's JSON without "plans" and "search", with
+/// "plan" set to `p`. Errors name the file when it cannot be read.
+Result<std::string> plan_file_text(const std::string& scenario_path, const planner::Plan& p);
 /// The zoo with each entry's parameter count.
 std::string zoo_to_json();
 /// The built-in profiles in full (the profile file schema, provenance included).

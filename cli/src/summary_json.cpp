@@ -1,5 +1,6 @@
 #include <nlohmann/json.hpp>
 
+#include "hetpar/core/json_reader.h"
 #include "hetpar/hardware/hardware_json.h"
 #include "hetpar/models/load.h"
 #include "hetpar/models/totals.h"
@@ -68,7 +69,66 @@ std::string summary_to_json(const planner::ScenarioSummary& s) {
   return j.dump(2);
 }
 
+namespace {
+nlohmann::json metrics_json(const planner::Scenario& s, const planner::Plan& p,
+                            const planner::PlanMetrics& m);
+}  // namespace
+
 std::string metrics_to_json(const planner::Scenario& s, const planner::Plan& p,
+                            const planner::PlanMetrics& m) {
+  return metrics_json(s, p, m).dump(2);
+}
+
+std::string search_to_json(const planner::Scenario& s, const planner::SearchResult& r,
+                           const std::string& plan_file) {
+  auto ranked = [&](const planner::RankedPlan& rp) {
+    return nlohmann::json{{"configuration", planner::describe(rp.plan)},
+                          {"plan", planner::plan_to_json(rp.plan)},
+                          {"metrics", metrics_json(s, rp.plan, rp.metrics)}};
+  };
+  nlohmann::json families = nlohmann::json::object();
+  for (const planner::FamilyResult& f : r.families) {
+    nlohmann::json fj =
+        f.best ? ranked(*f.best) : nlohmann::json{{"plan", nullptr}, {"reason", f.why_none}};
+    fj["considered"] = f.considered;
+    fj["simulated"] = f.simulated;
+    families[std::string(planner::to_string(f.placement))] = fj;
+  }
+  nlohmann::json top = nlohmann::json::array();
+  for (const planner::RankedPlan& rp : r.top) top.push_back(ranked(rp));
+  nlohmann::json reasons = nlohmann::json::array();
+  for (const planner::RejectionReason& rr : r.rejections)
+    reasons.push_back({{"reason", rr.reason}, {"example", rr.example}, {"count", rr.count}});
+  return nlohmann::json{
+      {"scenario", s.name},
+      {"gpus", s.cluster.total_gpus()},
+      {"best", r.top.empty() ? nlohmann::json() : ranked(r.top.front())},
+      {"families", families},
+      {"top", top},
+      {"counts",
+       {{"considered", r.counts.considered},
+        {"rejected", r.counts.rejected},
+        {"pruned_dominated", r.counts.pruned_dominated},
+        {"pruned_bound", r.counts.pruned_bound},
+        {"pruned_encoder", r.counts.pruned_encoder},
+        {"simulated", r.counts.simulated}}},
+      {"rejections", reasons},
+      {"search_time_s", r.search_time_s},
+      {"threads", r.threads},
+      {"plan_file", plan_file.empty() ? nlohmann::json() : nlohmann::json(plan_file)}}
+      .dump(2);
+}
+
+Result<std::string> plan_file_text(const std::string& scenario_path, const planner::Plan& p) {
+  HETPAR_ASSIGN_OR_RETURN(nlohmann::json j, read_json_file(scenario_path));
+  j.erase("plans");
+  j.erase("search");
+  j["plan"] = planner::plan_to_json(p);
+  return j.dump(2) + "\n";
+}
+
+namespace {
+nlohmann::json metrics_json(const planner::Scenario& s, const planner::Plan& p,
                             const planner::PlanMetrics& m) {
   nlohmann::json j = {{"scenario", s.name},
                       {"plan", planner::plan_to_json(p)},
@@ -76,7 +136,7 @@ std::string metrics_to_json(const planner::Scenario& s, const planner::Plan& p,
                       {"world", m.world}};
   if (!m.feasible) {
     j["infeasible_reason"] = m.infeasible_reason;
-    return j.dump(2);
+    return j;
   }
   nlohmann::json stages = nlohmann::json::array();
   for (const auto& b : m.memory.per_stage)
@@ -109,8 +169,9 @@ std::string metrics_to_json(const planner::Scenario& s, const planner::Plan& p,
             {"boundary_bytes", m.boundary_bytes.count()},
             {"micro_batches", m.micro_batches},
             {"tasks", m.tasks}});
-  return j.dump(2);
+  return j;
 }
+}  // namespace
 
 std::string comparison_to_json(
     const planner::Scenario& s,

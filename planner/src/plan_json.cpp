@@ -5,8 +5,6 @@
 
 namespace hetpar::planner {
 
-namespace {
-
 std::optional<Schedule> parse_schedule(std::string_view s) {
   for (Schedule sch :
        {Schedule::kGpipe, Schedule::k1F1B, Schedule::kInterleaved, Schedule::kZeroBubble})
@@ -21,7 +19,11 @@ std::optional<models::Recompute> parse_recompute(std::string_view s) {
   return std::nullopt;
 }
 
-}  // namespace
+std::optional<Placement> parse_placement(std::string_view s) {
+  for (Placement p : {Placement::kHomogeneous, Placement::kColocated, Placement::kNonColocated})
+    if (to_string(p) == s) return p;
+  return std::nullopt;
+}
 
 namespace {
 
@@ -73,12 +75,6 @@ nlohmann::json layout_to_json(const Layout& l) {
   return j;
 }
 
-std::optional<Placement> parse_placement(std::string_view s) {
-  for (Placement p : {Placement::kHomogeneous, Placement::kColocated, Placement::kNonColocated})
-    if (to_string(p) == s) return p;
-  return std::nullopt;
-}
-
 }  // namespace
 
 Result<Plan> parse_plan(const nlohmann::json& j, const std::string& path) {
@@ -89,8 +85,8 @@ Result<Plan> parse_plan(const nlohmann::json& j, const std::string& path) {
   std::string schedule = r.optional_enum("schedule", l.vpp > 1 ? "interleaved" : "1f1b",
                                          {"gpipe", "1f1b", "interleaved", "zb-h1"});
   if (r.ok()) p.schedule = *parse_schedule(schedule);
-  std::string placement = r.optional_enum("placement", "homogeneous",
-                                          {"homogeneous", "colocated", "non_colocated"});
+  std::string placement =
+      r.optional_enum("placement", "homogeneous", {"homogeneous", "colocated", "non_colocated"});
   if (r.ok()) p.placement = *parse_placement(placement);
   p.llm_first_rank = static_cast<int>(r.optional_int("llm_first_rank", 0, 0, kMaxDegree));
   if (const nlohmann::json* modules = r.raw("modules"); modules && r.ok()) {
@@ -120,10 +116,10 @@ Result<Plan> parse_plan(const nlohmann::json& j, const std::string& path) {
     return Status::invalid_argument(
         fmt::format("{}.schedule: \"interleaved\" needs vpp >= 2, got {}", path, l.vpp));
   if (p.placement == Placement::kHomogeneous && !p.modules.empty())
-    return Status::invalid_argument(fmt::format(
-        "{}.modules: per-module layouts need \"placement\": \"colocated\" or "
-        "\"non_colocated\"",
-        path));
+    return Status::invalid_argument(
+        fmt::format("{}.modules: per-module layouts need \"placement\": \"colocated\" or "
+                    "\"non_colocated\"",
+                    path));
   return p;
 }
 

@@ -75,6 +75,73 @@ Status apply_image_size(models::ModelSpec& model, Workload& w) {
   return models::validate_model(model, "model");
 }
 
+// A partial layout ("search.llm", "search.modules.<name>"): every field optional.
+LayoutFix parse_layout_fix(JsonReader& r) {
+  LayoutFix f;
+  auto degree = [&](std::string_view key, std::optional<int>& out) {
+    if (r.has(key)) out = static_cast<int>(r.optional_int(key, 1, 1, 1 << 20));
+  };
+  degree("tp", f.tp);
+  degree("cp", f.cp);
+  degree("pp", f.pp);
+  degree("vpp", f.vpp);
+  degree("dp", f.dp);
+  degree("ep", f.ep);
+  degree("micro_batch", f.micro_batch);
+  if (r.has("sp")) f.sequence_parallel = r.optional_bool("sp", false);
+  if (r.has("distributed_optimizer"))
+    f.distributed_optimizer = r.optional_bool("distributed_optimizer", false);
+  if (r.has("recompute"))
+    f.recompute =
+        parse_recompute(r.optional_enum("recompute", "none", {"none", "selective", "full"}));
+  r.finish();
+  return f;
+}
+
+SearchSpec parse_search(JsonReader& r) {
+  SearchSpec spec;
+  if (r.has("llm")) {
+    JsonReader llm = r.object("llm");
+    spec.llm = parse_layout_fix(llm);
+    r.merge(llm.status());
+  }
+  if (const nlohmann::json* modules = r.raw("modules"); modules && r.ok()) {
+    if (!modules->is_object()) {
+      r.fail("modules", fmt::format("expected an object of module name -> layout, got {}",
+                                    modules->type_name()));
+    } else {
+      for (auto it = modules->begin(); it != modules->end() && r.ok(); ++it) {
+        JsonReader m(it.value(), r.path_of("modules") + "." + it.key());
+        spec.modules.emplace_back(it.key(), parse_layout_fix(m));
+        r.merge(m.status());
+      }
+    }
+  }
+  const nlohmann::json& forbid = r.array("forbid_placements", false);
+  for (size_t i = 0; i < forbid.size() && r.ok(); ++i) {
+    const std::string path = json_index_path(r.path(), "forbid_placements", i);
+    std::optional<Placement> p =
+        forbid[i].is_string() ? parse_placement(forbid[i].get<std::string>()) : std::nullopt;
+    if (!p)
+      r.merge(Status::invalid_argument(fmt::format(
+          "{}: expected one of \"homogeneous\", \"colocated\", \"non_colocated\", got {}", path,
+          forbid[i].dump())));
+    else
+      spec.forbidden_placements.push_back(*p);
+  }
+  if (r.has("max_memory_GiB"))
+    spec.max_memory =
+        Bytes(static_cast<int64_t>(r.optional_double("max_memory_GiB", 0, 0.001, 1e6) *
+                                   static_cast<double>(Bytes::GiB(1).count())));
+  if (r.has("schedule"))
+    spec.schedule = parse_schedule(
+        r.optional_enum("schedule", "1f1b", {"gpipe", "1f1b", "interleaved", "zb-h1"}));
+  spec.allow_cross_node_tp = r.optional_bool("allow_cross_node_tp", false);
+  spec.top_k = static_cast<int>(r.optional_int("top_k", 5, 1, 1000));
+  r.finish();
+  return spec;
+}
+
 }  // namespace
 
 Result<Scenario> parse_scenario_text(std::string_view text, std::string_view source,
@@ -128,9 +195,22 @@ Result<Scenario> parse_scenario(const nlohmann::json& j, std::string_view source
       }
     }
   }
+  if (root.has("search") && root.ok()) {
+    JsonReader search = root.object("search");
+    s.search = parse_search(search);
+    root.merge(search.status());
+  }
   root.finish();
   if (!root.ok()) return root.status().with_context(source);
 
+  for (const auto& [name, fix] : s.search.modules) {
+    std::optional<size_t> idx = s.model.find(name);
+    if (!idx || !models::is_encoder(models::kind_of(s.model.modules[*idx].spec)))
+      return Status::invalid_argument(
+                 fmt::format("search.modules.{}: the model has no encoder named \"{}\"", name,
+                             name))
+          .with_context(source);
+  }
   if (s.name.empty()) s.name = s.model.name;
   Status st = apply_image_size(s.model, s.workload);
   if (st.is_ok()) st = validate_workload(s.model, s.workload);

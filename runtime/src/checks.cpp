@@ -120,6 +120,38 @@ Status check_group_ranks(std::span<const int> ranks, int world) {
   return Status::ok();
 }
 
+Result<Group> new_group(std::span<const int> ranks, int world, int64_t id, int me) {
+  HETPAR_RETURN_IF_ERROR(check_group_ranks(ranks, world));
+  Group g;
+  g.id = id;
+  g.ranks.assign(ranks.begin(), ranks.end());
+  auto it = std::find(ranks.begin(), ranks.end(), me);
+  g.rank = it == ranks.end() ? -1 : static_cast<int>(it - ranks.begin());
+  return g;
+}
+
+Status check_root(std::string_view op, const Group& g, int root) {
+  if (root < 0 || root >= g.size()) {
+    return Status::invalid_argument(
+        fmt::format("{}: root {} is not a position in a group of {}", op, root, g.size()));
+  }
+  return Status::ok();
+}
+
+Status check_peer(std::string_view op, int peer, int world, int me, int64_t count,
+                  int64_t max_count) {
+  HETPAR_RETURN_IF_ERROR(check_count(op, count));
+  if (count > max_count) {
+    return Status::invalid_argument(
+        fmt::format("{}: {} elements exceed the backend's limit of {}", op, count, max_count));
+  }
+  if (peer < 0 || peer >= world || peer == me) {
+    return Status::invalid_argument(
+        fmt::format("{}: peer {} must be another rank of the world of {}", op, peer, world));
+  }
+  return Status::ok();
+}
+
 Status check_member(std::string_view op, const Group& g, int64_t groups) {
   if (g.id < 0 || g.id >= groups) {
     return Status::invalid_argument(
@@ -135,6 +167,24 @@ Status check_member(std::string_view op, const Group& g, int64_t groups) {
 Status check_count(std::string_view op, int64_t count) {
   if (count < 0) return Status::invalid_argument(fmt::format("{}: negative count", op));
   return Status::ok();
+}
+
+Result<bool> check_collective(std::string_view op, Collective c, const Group& g, const Buffer& send,
+                              const Buffer& recv, int64_t count, DType t) {
+  HETPAR_RETURN_IF_ERROR(check_count(op, count));
+  const int64_t n = g.size();
+  const bool gathers = c == Collective::kAllGather, scatters = c == Collective::kReduceScatter;
+  const int64_t send_count = (scatters || c == Collective::kAllToAll) ? count * n : count;
+  const int64_t recv_count = (gathers || c == Collective::kAllToAll) ? count * n : count;
+  HETPAR_RETURN_IF_ERROR(check_buffer(fmt::format("{} send", op), send, send_count, t));
+  HETPAR_RETURN_IF_ERROR(check_buffer(fmt::format("{} recv", op), recv, recv_count, t));
+  const int64_t es = dtype_bytes(t), slot = g.rank * count * es;
+  const auto* s = static_cast<const std::byte*>(send.data());
+  const auto* r = static_cast<const std::byte*>(recv.data());
+  const bool in_place = (c == Collective::kAllReduce && s == r) || (gathers && s == r + slot) ||
+                        (scatters && r == s + slot);
+  if (in_place || s >= r + recv_count * es || r >= s + send_count * es) return in_place;
+  return Status::invalid_argument(fmt::format("{}: send and recv overlap other than in place", op));
 }
 
 Status check_stream(Stream s) {

@@ -59,12 +59,6 @@ std::byte* bytes_of(Buffer& b) {
   return static_cast<std::byte*>(b.data());
 }
 
-bool overlaps(const Buffer& a, int64_t a_bytes, const Buffer& b, int64_t b_bytes) {
-  const std::byte* pa = bytes_of(a);
-  const std::byte* pb = bytes_of(b);
-  return pa < pb + b_bytes && pb < pa + a_bytes;
-}
-
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const MpiWorld& w) {
@@ -252,12 +246,8 @@ class CpuBackend final : public Backend {
   }
 
   Result<Group> make_group(std::span<const int> ranks) override {
-    HETPAR_RETURN_IF_ERROR(check_group_ranks(ranks, info_.world));
-    Group g;
-    g.id = static_cast<int64_t>(comms_.size());
-    g.ranks.assign(ranks.begin(), ranks.end());
-    auto it = std::find(ranks.begin(), ranks.end(), info_.rank);
-    g.rank = it == ranks.end() ? -1 : static_cast<int>(it - ranks.begin());
+    HETPAR_ASSIGN_OR_RETURN(
+        Group g, new_group(ranks, info_.world, static_cast<int64_t>(comms_.size()), info_.rank));
     MPI_Comm comm = MPI_COMM_NULL;
     HETPAR_RETURN_IF_ERROR(
         mpi_check(MPI_Comm_split(MPI_COMM_WORLD, g.rank < 0 ? MPI_UNDEFINED : 0, g.rank, &comm),
@@ -270,15 +260,9 @@ class CpuBackend final : public Backend {
   Status all_reduce(Stream s, const Group& g, const Buffer& send, Buffer& recv, int64_t count,
                     DType t) override {
     HETPAR_ASSIGN_OR_RETURN(MPI_Comm comm, comm_for("all_reduce", s, g, count));
-    HETPAR_RETURN_IF_ERROR(check_buffer("all_reduce send", send, count, t));
-    HETPAR_RETURN_IF_ERROR(check_buffer("all_reduce recv", recv, count, t));
-    const int64_t bytes = count * dtype_bytes(t);
-    const void* src = send.data() == recv.data() ? MPI_IN_PLACE : send.data();
-    if (src != MPI_IN_PLACE && overlaps(send, bytes, recv, bytes)) {
-      src = MPI_IN_PLACE;  // a partial overlap: reduce a private copy of the input
-      HETPAR_RETURN_IF_ERROR(stage(send, bytes));
-      std::memcpy(recv.data(), staging_.data(), bytes);
-    }
+    HETPAR_ASSIGN_OR_RETURN(bool in_place, check_collective("all_reduce", Collective::kAllReduce, g,
+                                                            send, recv, count, t));
+    const void* src = in_place ? MPI_IN_PLACE : send.data();
     return mpi_check(
         MPI_Allreduce(src, recv.data(), static_cast<int>(count), mpi_type(t), mpi_sum(t), comm),
         "all_reduce: MPI_Allreduce");
@@ -287,16 +271,9 @@ class CpuBackend final : public Backend {
   Status all_gather(Stream s, const Group& g, const Buffer& send, Buffer& recv, int64_t count,
                     DType t) override {
     HETPAR_ASSIGN_OR_RETURN(MPI_Comm comm, comm_for("all_gather", s, g, count * g.size()));
-    HETPAR_RETURN_IF_ERROR(check_buffer("all_gather send", send, count, t));
-    HETPAR_RETURN_IF_ERROR(check_buffer("all_gather recv", recv, count * g.size(), t));
-    const int64_t bytes = count * dtype_bytes(t);
-    const void* src = send.data();
-    if (send.data() == bytes_of(recv) + g.rank * bytes) {
-      src = MPI_IN_PLACE;
-    } else if (overlaps(send, bytes, recv, bytes * g.size())) {
-      HETPAR_RETURN_IF_ERROR(stage(send, bytes));
-      src = staging_.data();
-    }
+    HETPAR_ASSIGN_OR_RETURN(bool in_place, check_collective("all_gather", Collective::kAllGather, g,
+                                                            send, recv, count, t));
+    const void* src = in_place ? MPI_IN_PLACE : send.data();
     return mpi_check(MPI_Allgather(src, static_cast<int>(count), mpi_type(t), recv.data(),
                                    static_cast<int>(count), mpi_type(t), comm),
                      "all_gather: MPI_Allgather");
@@ -305,12 +282,13 @@ class CpuBackend final : public Backend {
   Status reduce_scatter(Stream s, const Group& g, const Buffer& send, Buffer& recv, int64_t count,
                         DType t) override {
     HETPAR_ASSIGN_OR_RETURN(MPI_Comm comm, comm_for("reduce_scatter", s, g, count * g.size()));
-    HETPAR_RETURN_IF_ERROR(check_buffer("reduce_scatter send", send, count * g.size(), t));
-    HETPAR_RETURN_IF_ERROR(check_buffer("reduce_scatter recv", recv, count, t));
-    const int64_t bytes = count * dtype_bytes(t);
+    HETPAR_ASSIGN_OR_RETURN(
+        bool in_place,
+        check_collective("reduce_scatter", Collective::kReduceScatter, g, send, recv, count, t));
+    // In place (NCCL's form): recv is this rank's slot of send; MPI's differs, so stage.
     const void* src = send.data();
-    if (overlaps(send, bytes * g.size(), recv, bytes)) {
-      HETPAR_RETURN_IF_ERROR(stage(send, bytes * g.size()));
+    if (in_place) {
+      HETPAR_RETURN_IF_ERROR(stage(send, count * dtype_bytes(t) * g.size()));
       src = staging_.data();
     }
     return mpi_check(MPI_Reduce_scatter_block(src, recv.data(), static_cast<int>(count),
@@ -321,15 +299,9 @@ class CpuBackend final : public Backend {
   Status all_to_all(Stream s, const Group& g, const Buffer& send, Buffer& recv, int64_t count,
                     DType t) override {
     HETPAR_ASSIGN_OR_RETURN(MPI_Comm comm, comm_for("all_to_all", s, g, count * g.size()));
-    HETPAR_RETURN_IF_ERROR(check_buffer("all_to_all send", send, count * g.size(), t));
-    HETPAR_RETURN_IF_ERROR(check_buffer("all_to_all recv", recv, count * g.size(), t));
-    const int64_t bytes = count * dtype_bytes(t) * g.size();
-    const void* src = send.data();
-    if (overlaps(send, bytes, recv, bytes)) {
-      HETPAR_RETURN_IF_ERROR(stage(send, bytes));
-      src = staging_.data();
-    }
-    return mpi_check(MPI_Alltoall(src, static_cast<int>(count), mpi_type(t), recv.data(),
+    HETPAR_RETURN_IF_ERROR(
+        check_collective("all_to_all", Collective::kAllToAll, g, send, recv, count, t).status());
+    return mpi_check(MPI_Alltoall(send.data(), static_cast<int>(count), mpi_type(t), recv.data(),
                                   static_cast<int>(count), mpi_type(t), comm),
                      "all_to_all: MPI_Alltoall");
   }
@@ -338,10 +310,7 @@ class CpuBackend final : public Backend {
                    int root) override {
     HETPAR_ASSIGN_OR_RETURN(MPI_Comm comm, comm_for("broadcast", s, g, count));
     HETPAR_RETURN_IF_ERROR(check_buffer("broadcast", buf, count, t));
-    if (root < 0 || root >= g.size()) {
-      return Status::invalid_argument(
-          fmt::format("broadcast: root {} is not a position in a group of {}", root, g.size()));
-    }
+    HETPAR_RETURN_IF_ERROR(check_root("broadcast", g, root));
     return mpi_check(MPI_Bcast(buf.data(), static_cast<int>(count), mpi_type(t), root, comm),
                      "broadcast: MPI_Bcast");
   }
@@ -408,7 +377,21 @@ class CpuBackend final : public Backend {
     return Time::ns(static_cast<double>(event_ns_[to.id] - event_ns_[from.id]));
   }
 
-  Status barrier() override { return mpi_check(MPI_Barrier(p2p_), "barrier: MPI_Barrier"); }
+  // A barrier that does not spin: ranks that wait (e.g. while rank 0 alone runs timed
+  // kernels in `hetpar calibrate`) would otherwise take cores from it when ranks outnumber
+  // cores. Polls MPI_Test, spinning for the first 50 us, then sleeping 20 us between polls.
+  Status barrier() override {
+    MPI_Request req;
+    HETPAR_RETURN_IF_ERROR(mpi_check(MPI_Ibarrier(p2p_, &req), "barrier: MPI_Ibarrier"));
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      int done = 0;
+      HETPAR_RETURN_IF_ERROR(
+          mpi_check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), "barrier: MPI_Test"));
+      if (done) return Status::ok();
+      if (std::chrono::steady_clock::now() - start > std::chrono::microseconds(50)) ::usleep(20);
+    }
+  }
 
  private:
   template <class A, class B>
@@ -434,16 +417,7 @@ class CpuBackend final : public Backend {
 
   Status check_p2p(std::string_view op, Stream s, int64_t count, int peer) {
     HETPAR_RETURN_IF_ERROR(check_stream(s));
-    HETPAR_RETURN_IF_ERROR(check_count(op, count));
-    if (count > INT_MAX) {
-      return Status::invalid_argument(
-          fmt::format("{}: {} elements exceed MPI's int counts", op, count));
-    }
-    if (peer < 0 || peer >= info_.world || peer == info_.rank) {
-      return Status::invalid_argument(fmt::format(
-          "{}: peer {} must be another rank of the world of {}", op, peer, info_.world));
-    }
-    return Status::ok();
+    return check_peer(op, peer, info_.world, info_.rank, count, INT_MAX);  // MPI's int counts
   }
 
   Status check_event(Event e) const {
@@ -453,7 +427,7 @@ class CpuBackend final : public Backend {
     return Status::ok();
   }
 
-  // A private copy of `b`'s first `bytes` bytes, for collectives whose buffers overlap.
+  // A private copy of `b`'s first `bytes` bytes, for an in-place reduce-scatter.
   Status stage(const Buffer& b, int64_t bytes) {
     if (staging_.size().count() < bytes) {
       HETPAR_ASSIGN_OR_RETURN(staging_, allocate(Bytes(bytes)));

@@ -34,6 +34,10 @@ struct GemmTile {
   bool operator==(const GemmTile&) const = default;
 };
 
+/// Work of a flash-attention backward kernel per model-FLOP of backward (2.5x forward in
+/// the FlashAttention benchmark convention over the 2x forward model FLOPs).
+inline constexpr double kFlashBackwardWork = 2.5 / 2.0;
+
 /// One measured GEMM (batch 1, m x k times k x n) and the rate it ran at.
 struct GemmMeasurement {
   int64_t m = 0;
@@ -78,7 +82,12 @@ struct DeviceProfile {
   Time gemm_time(int64_t m, int64_t n, int64_t k, int64_t batch, Precision p) const;
   /// Achieved fraction of peak(p) implied by gemm_time().
   double gemm_efficiency(int64_t m, int64_t n, int64_t k, int64_t batch, Precision p) const;
-  /// Flash attention: `flops` at the forward or backward fraction of peak(p), plus launch.
+  /// Flash attention: `flops` (model FLOPs: forward 4·b·h·s_q·s_kv·d, halved when causal;
+  /// backward twice that) at the forward or backward fraction of peak(p), plus launch. The
+  /// efficiencies are FlashAttention benchmark rates (flash-attention
+  /// benchmarks/benchmark_flash_attention.py), which count the backward kernel's work as
+  /// 2.5x the forward FLOPs (its recompute of QK^T included): the backward time is
+  /// flops · kFlashBackwardWork / (peak · bwd efficiency).
   Time attention_time(Flops flops, Precision p, bool backward) const;
   /// A memory-bound kernel moving `bytes` (reads + writes) through HBM.
   Time memory_time(Bytes bytes) const;

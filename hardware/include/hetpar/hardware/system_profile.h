@@ -17,6 +17,8 @@
 //                      "measured": {"bf16": [[m, n, k, tflops], ...]}},  // optional,
 //                                            // from `hetpar calibrate` (device_profile.h)
 //             "attention": {"fwd_efficiency": 0.6, "bwd_efficiency": 0.45}},
+//                                           // FlashAttention benchmark rates (bwd counted
+//                                           // as 2.5x forward FLOPs, device_profile.h)
 //     "intra_node": {"fabric": "nvswitch|pcie|none",
 //                    "GBps": 450,            // per GPU, one direction
 //                    "latency_us": 0.6,      // GPU to GPU through the fabric

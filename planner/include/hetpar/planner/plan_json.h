@@ -8,13 +8,19 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
-
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "hetpar/core/status.h"
 #include "hetpar/planner/layout.h"
 
 namespace hetpar::planner {
+
+/// The names to_string() gives, back (nullopt for anything else).
+std::optional<Schedule> parse_schedule(std::string_view s);
+std::optional<models::Recompute> parse_recompute(std::string_view s);
+std::optional<Placement> parse_placement(std::string_view s);
 
 Result<Plan> parse_plan(const nlohmann::json& j, const std::string& path);
 /// parse_plan(plan_to_json(p), "") == p.

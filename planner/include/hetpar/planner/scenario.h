@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "hetpar/core/status.h"
+#include "hetpar/core/units.h"
 #include "hetpar/hardware/cluster.h"
 #include "hetpar/hardware/precision.h"
 #include "hetpar/models/op_graph.h"
@@ -40,6 +41,32 @@ struct Workload {
   bool frozen_encoders = false;
 };
 
+/// A partial layout the search must keep: each set field is fixed, the rest searched.
+struct LayoutFix {
+  std::optional<int> tp, cp, pp, vpp, dp, ep, micro_batch;
+  std::optional<bool> sequence_parallel, distributed_optimizer;
+  std::optional<models::Recompute> recompute;
+  bool operator==(const LayoutFix&) const = default;
+};
+
+/// The optional "search" section: constraints on what `hetpar plan` searches
+/// (planner/search.h, docs/scenario.md).
+struct SearchSpec {
+  LayoutFix llm;  // the LLM's layout (and, homogeneous, every module's)
+  /// Per encoder (by module name) under heterogeneous placements, sorted by name.
+  std::vector<std::pair<std::string, LayoutFix>> modules;
+  /// Placements the search leaves out.
+  std::vector<Placement> forbidden_placements;
+  /// Per-GPU memory cap below the GPUs' own capacity; unset = the capacity.
+  std::optional<Bytes> max_memory;
+  std::optional<Schedule> schedule;  // the pipeline schedule every plan must use
+  /// TP groups may span nodes (the simulator's lowering still keeps TP inside a node and
+  /// rejects such plans with its reason).
+  bool allow_cross_node_tp = false;
+  int top_k = 5;  // plans in the ranked table
+  bool operator==(const SearchSpec&) const = default;
+};
+
 struct Scenario {
   std::string name;
   std::string source;  // file it came from ("" when built in code)
@@ -51,6 +78,8 @@ struct Scenario {
   /// The optional "plans" section: named plans `compare` puts side by side (e.g. the best
   /// known homogeneous, colocated and non-colocated ones), sorted by name.
   std::vector<std::pair<std::string, Plan>> plans;
+  /// The optional "search" section (defaults when absent).
+  SearchSpec search;
 };
 
 /// Parses a scenario file; relative profile paths resolve against the file's directory.

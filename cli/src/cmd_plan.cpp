@@ -1,0 +1,129 @@
+// `hetpar plan SCENARIO [--json] [--out FILE] [--threads N] [--top K]`: searches the
+// scenario's configurations (planner/search.h), prints the winner, the best plan of each
+// placement, the top-k table and why the winner beats the best homogeneous plan, and
+// writes the winner as a scenario file with a "plan" section (`hetpar simulate` takes it).
+#include <fmt/format.h>
+
+#include <filesystem>
+
+#include "commands.h"
+#include "hetpar/core/file_io.h"
+#include "hetpar/core/format.h"
+#include "hetpar/planner/search.h"
+#include "render.h"
+
+namespace hetpar::cli {
+
+namespace {
+
+std::string default_out_path(const std::string& scenario_path) {
+  return std::filesystem::path(scenario_path).stem().string() + ".plan.json";
+}
+
+void print_row(int rank, const planner::RankedPlan& r) {
+  const planner::PlanMetrics& m = r.metrics;
+  fmt::print("{:>3} {:>10} {:>9} {:>10.1f} {:>10} {:>7.1f}% {:>10}  {}\n", rank, m.iteration_time,
+             format_count(m.tokens_per_s), m.tflops_per_gpu, m.memory.peak, 100 * m.bubble_fraction,
+             m.exposed_comm, planner::describe(r.plan));
+}
+
+void print_text(const planner::Scenario& s, const planner::SearchResult& r,
+                const std::string& out_path) {
+  const planner::SearchCounts& c = r.counts;
+  fmt::print("Scenario  {} on {} GPUs\n", s.name, s.cluster.total_gpus());
+  fmt::print(
+      "Searched  {} candidates in {:.2f} s ({} threads): {} rejected by a constraint, {} "
+      "dominated, {} pruned by the lower bound, {} encoder layouts pruned, {} simulated\n\n",
+      c.considered, r.search_time_s, r.threads, c.rejected, c.pruned_dominated, c.pruned_bound,
+      c.pruned_encoder, c.simulated);
+  const planner::RankedPlan& w = r.top.front();
+  fmt::print("Winner    {}\n", planner::describe(w.plan));
+  fmt::print("          {} per iteration, {} tokens/s, {:.1f} TFLOPS/GPU ({:.1f}% MFU), peak {}\n",
+             w.metrics.iteration_time, format_count(w.metrics.tokens_per_s),
+             w.metrics.tflops_per_gpu, 100 * w.metrics.mfu, w.metrics.memory.peak);
+  fmt::print("Written   {} (hetpar simulate takes it)\n\n", out_path);
+
+  fmt::print("Best of each placement\n");
+  for (const planner::FamilyResult& f : r.families) {
+    if (f.best)
+      fmt::print("  {:<14} {:>10}  {}\n", planner::to_string(f.placement),
+                 f.best->metrics.iteration_time, planner::describe(f.best->plan));
+    else
+      fmt::print("  {:<14} {:>10}  {}\n", planner::to_string(f.placement), "none", f.why_none);
+  }
+
+  fmt::print("\nTop {}\n{:>3} {:>10} {:>9} {:>10} {:>10} {:>8} {:>10}  {}\n", r.top.size(), "#",
+             "iteration", "tokens/s", "TFLOPS/GPU", "peak mem", "bubble", "exposed",
+             "configuration");
+  for (size_t i = 0; i < r.top.size(); ++i) print_row(static_cast<int>(i + 1), r.top[i]);
+
+  const planner::FamilyResult& homo = r.families[0];
+  if (w.plan.placement != planner::Placement::kHomogeneous && homo.best) {
+    const planner::PlanMetrics& a = w.metrics;
+    const planner::PlanMetrics& b = homo.best->metrics;
+    fmt::print("\nWhy the winner beats the best homogeneous plan ({} -> {}, {:.1f}% faster)\n",
+               b.iteration_time, a.iteration_time,
+               100 * (b.iteration_time / a.iteration_time - 1.0));
+    fmt::print("  {}\n", advantage(a, b));
+    fmt::print("  exposed communication {} vs {}; peak memory {} vs {}\n", a.exposed_comm,
+               b.exposed_comm, a.memory.peak, b.memory.peak);
+  } else if (w.plan.placement == planner::Placement::kHomogeneous) {
+    fmt::print("\nThe best plan is homogeneous");
+    for (const planner::FamilyResult& f : r.families)
+      if (f.best && f.placement != planner::Placement::kHomogeneous)
+        fmt::print("; best {} is {:.1f}% slower ({})", planner::to_string(f.placement),
+                   100 * (f.best->metrics.iteration_time / w.metrics.iteration_time - 1.0),
+                   advantage(w.metrics, f.best->metrics));
+    fmt::print("\n");
+  }
+
+  fmt::print("\nMost common rejections\n");
+  for (size_t i = 0; i < std::min<size_t>(5, r.rejections.size()); ++i)
+    fmt::print("  {:>8}  {}\n", r.rejections[i].count, r.rejections[i].example);
+}
+
+}  // namespace
+
+int run_plan(const PlanOptions& opts) {
+  auto scenario = planner::load_scenario(opts.path);
+  if (!scenario.is_ok()) return report_error(scenario.status());
+
+  planner::SearchOptions so;
+  so.threads = opts.threads;
+  so.top_k = opts.top;
+  double last_report = 0;
+  so.progress = [&](const planner::SearchProgress& p) {
+    if (p.elapsed_s < 1.0 || p.elapsed_s - last_report < 1.0) return;
+    last_report = p.elapsed_s;
+    fmt::print(stderr, "hetpar plan: {:.1f} s, {}/{} candidates, {} simulated{}\n", p.elapsed_s,
+               p.done, p.candidates, p.simulated,
+               p.best ? fmt::format(", best {}", *p.best) : std::string());
+  };
+  auto result = planner::search(*scenario, so);
+  if (!result.is_ok()) return report_error(result.status());
+  const planner::SearchResult& r = *result;
+
+  if (r.top.empty()) {
+    if (opts.json) fmt::print("{}\n", search_to_json(*scenario, r, ""));
+    fmt::print(stderr, "hetpar: no feasible plan among {} candidates ({} rejected)\n",
+               r.counts.considered, r.counts.rejected);
+    for (size_t i = 0; i < std::min<size_t>(5, r.rejections.size()); ++i)
+      fmt::print(stderr, "  {:>8} x {}\n", r.rejections[i].count, r.rejections[i].example);
+    for (const planner::FamilyResult& f : r.families)
+      fmt::print(stderr, "  {}: {}\n", planner::to_string(f.placement), f.why_none);
+    return 3;
+  }
+
+  const std::string out_path = opts.out.empty() ? default_out_path(opts.path) : opts.out;
+  auto text = plan_file_text(opts.path, r.top.front().plan);
+  if (!text.is_ok()) return report_error(text.status());
+  if (Status st = write_file_atomically(out_path, *text); !st.is_ok()) return report_error(st);
+
+  if (opts.json)
+    fmt::print("{}\n", search_to_json(*scenario, r, out_path));
+  else
+    print_text(*scenario, r, out_path);
+  return 0;
+}
+
+}  // namespace hetpar::cli

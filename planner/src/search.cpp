@@ -1,0 +1,1006 @@
+#include "hetpar/planner/search.h"
+
+#include <fmt/format.h>
+#include <tbb/enumerable_thread_specific.h>
+#include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <numeric>
+#include <thread>
+#include <tuple>
+
+#include "hetpar/core/format.h"
+#include "hetpar/planner/cost_model.h"
+#include "hetpar/planner/lower.h"
+#include "hetpar/planner/memory.h"
+#include "hetpar/planner/schedule.h"
+
+namespace hetpar::planner {
+
+namespace {
+
+using models::Recompute;
+
+constexpr Recompute kRecomputes[] = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
+constexpr Placement kPlacements[] = {Placement::kHomogeneous, Placement::kColocated,
+                                     Placement::kNonColocated};
+// Candidates simulated per batch: fixed, so which candidates are simulated does not
+// depend on the thread count.
+constexpr size_t kBatch = 8;
+// Heterogeneous plans: encoder layouts simulated per LLM side (the lowest bounds first).
+constexpr int kEncoderVariants = 3;
+
+std::vector<int> divisors(int n) {
+  std::vector<int> out;
+  for (int d = 1; d <= n; ++d)
+    if (n % d == 0) out.push_back(d);
+  return out;
+}
+
+// The encoders the workload feeds (module indices), each with its projectors.
+struct EncoderInfo {
+  size_t index = 0;
+  std::string name;
+  std::vector<size_t> projectors;
+};
+
+std::vector<EncoderInfo> fed_encoders(const Scenario& s) {
+  std::vector<EncoderInfo> out;
+  const models::ModelSpec& model = s.model;
+  for (size_t i = 0; i < model.modules.size(); ++i) {
+    if (!models::is_encoder(models::kind_of(model.modules[i].spec))) continue;
+    if (module_input(s, i, 1).items_per_sample < 1) continue;
+    EncoderInfo e{i, model.modules[i].name, {}};
+    for (const models::Edge& ed : model.edges)
+      if (ed.from == i &&
+          models::kind_of(model.modules[ed.to].spec) == models::ModuleKind::kProjector)
+        e.projectors.push_back(ed.to);
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------
+// Lower bound (see search.h).
+
+// One block's per-micro-batch time on one rank: forward, backward (dgrad + wgrad +
+// recompute) and the part of the backward that cannot be deferred (ZB-H1 defers wgrad).
+struct BlockTime {
+  Time f, f_compute, b, b_input;
+};
+
+struct ModuleTime {
+  BlockTime pre, layer, post;
+  int64_t layers = 0;
+};
+
+Time collective_time(sim::CollectiveKind kind, Bytes bytes, int n, Bandwidth link) {
+  if (n <= 1 || bytes.count() == 0) return Time::zero();
+  double factor = kind == sim::CollectiveKind::kAllReduce ? 2.0 * (n - 1) / n : (n - 1.0) / n;
+  return Time::seconds(bytes.as_double() * factor / link.bytes_per_s());
+}
+
+BlockTime block_time(const Block& b, const Layout& l, Bandwidth link, bool frozen) {
+  using CK = sim::CollectiveKind;
+  const bool sp = l.sequence_parallel;
+  BlockTime t;
+  for (const WorkStep& st : b.steps) {
+    switch (st.kind) {
+      case StepKind::kCompute:
+      case StepKind::kCpAttention:
+        t.f += st.cost.forward;
+        t.f_compute += st.cost.forward;
+        t.b += st.cost.dgrad + st.cost.wgrad + st.cost.recompute;
+        t.b_input += st.cost.dgrad + st.cost.recompute;
+        break;
+      case StepKind::kTpEntry: {  // fwd: SP all-gather; bwd: SP reduce-scatter / all-reduce
+        if (sp) t.f += collective_time(CK::kAllGather, st.bytes, l.tp, link);
+        Time bwd = collective_time(sp ? CK::kReduceScatter : CK::kAllReduce, st.bytes, l.tp, link);
+        t.b += bwd;
+        t.b_input += bwd;
+        break;
+      }
+      case StepKind::kTpExit: {  // fwd: SP reduce-scatter / all-reduce; bwd: SP all-gather
+        t.f += collective_time(sp ? CK::kReduceScatter : CK::kAllReduce, st.bytes, l.tp, link);
+        if (sp) {
+          Time bwd = collective_time(CK::kAllGather, st.bytes, l.tp, link);
+          t.b += bwd;
+          t.b_input += bwd;
+        }
+        break;
+      }
+      case StepKind::kEpAllToAll:
+        break;
+    }
+  }
+  if (frozen) t.b = t.b_input = Time::zero();
+  return t;
+}
+
+// Per-thread memo of module times, keyed by what module_cost depends on.
+class CostCache {
+ public:
+  explicit CostCache(const Scenario& s) : s_(s) {}
+
+  // The fastest node group's time (a bound for every group).
+  const ModuleTime& get(size_t module, const Layout& l, bool context_parallel, bool frozen) {
+    auto key = std::make_tuple(module, l.tp, l.cp, l.sequence_parallel, l.micro_batch,
+                               static_cast<int>(l.recompute), l.flash_attention, l.ep,
+                               context_parallel, frozen);
+    auto it = memo_.find(key);
+    if (it != memo_.end()) return it->second;
+    models::ModuleInput in = module_input(s_, module, l.micro_batch);
+    in.flash_attention = l.flash_attention;
+    const models::OpGraph g = models::build_op_graph(s_.model.modules[module].spec, in);
+    ModuleTime best;
+    bool first = true;
+    for (const hardware::NodeGroup& group : s_.cluster.groups()) {
+      const ModuleCost mc =
+          module_cost(g, l, context_parallel, group.profile.gpu, s_.workload.precision);
+      Bandwidth link = Bandwidth::bytes_per_s(1e30);
+      if (group.profile.gpus_per_node > 1)
+        link =
+            group.profile
+                .collective(hardware::CollectiveScope::kIntraNode, hardware::Collective::kAllGather)
+                .bus_bandwidth(group.profile.gpus_per_node);
+      ModuleTime t;
+      t.pre = block_time(mc.pre, l, link, frozen);
+      t.layer = block_time(mc.layer, l, link, frozen);
+      t.post = block_time(mc.post, l, link, frozen);
+      t.layers = mc.layers;
+      if (l.recompute == Recompute::kFull && !frozen) {
+        t.layer.b += t.layer.f_compute;
+        t.layer.b_input += t.layer.f_compute;
+      }
+      auto total = [](const ModuleTime& m) {
+        return m.pre.f + m.pre.b + (m.layer.f + m.layer.b) * m.layers + m.post.f + m.post.b;
+      };
+      if (first || total(t) < total(best)) best = t;
+      first = false;
+    }
+    return memo_.emplace(key, best).first->second;
+  }
+
+ private:
+  const Scenario& s_;
+  std::map<std::tuple<size_t, int, int, bool, int, int, bool, int, bool, bool>, ModuleTime> memo_;
+};
+
+BlockTime whole_module(const ModuleTime& m) {
+  BlockTime t;
+  auto add = [&t](const BlockTime& b, int64_t times) {
+    t.f += b.f * times;
+    t.f_compute += b.f_compute * times;
+    t.b += b.b * times;
+    t.b_input += b.b_input * times;
+  };
+  add(m.pre, 1);
+  add(m.layer, m.layers);
+  add(m.post, 1);
+  return t;
+}
+
+// An encoder and its projectors under `l`: one micro-batch of l.micro_batch samples.
+BlockTime encoder_time(CostCache& cache, const Scenario& s, const EncoderInfo& e, const Layout& l) {
+  const bool frozen = s.workload.frozen_encoders;
+  BlockTime t = whole_module(cache.get(e.index, l, false, frozen));
+  for (size_t p : e.projectors) {
+    BlockTime q = whole_module(cache.get(p, l, false, frozen));
+    t.f += q.f;
+    t.f_compute += q.f_compute;
+    t.b += q.b;
+    t.b_input += q.b_input;
+  }
+  return t;
+}
+
+// The LLM's pipeline: max over stages of the fill before its first forward, its own work,
+// and the drain after its last backward. `stage0_extra`: encoder work per micro-batch on
+// stage 0 (the homogeneous placement).
+Time llm_pipeline_bound(CostCache& cache, const Scenario& s, const Plan& p,
+                        const BlockTime& stage0_extra) {
+  const Layout& l = p.layout;
+  const ModuleTime& mt = cache.get(s.model.llm_index(), l, true, false);
+  const std::vector<int64_t> split = layers_per_virtual_stage(l, mt.layers, nullptr);
+  const int vstages = l.pp * l.vpp;
+  std::vector<BlockTime> v(vstages);
+  for (int i = 0; i < vstages; ++i) {
+    const int64_t n = i < static_cast<int>(split.size()) ? split[i] : 0;
+    v[i].f = mt.layer.f * n;
+    v[i].b = mt.layer.b * n;
+    v[i].b_input = mt.layer.b_input * n;
+  }
+  auto add = [](BlockTime& a, const BlockTime& b) {
+    a.f += b.f;
+    a.b += b.b;
+    a.b_input += b.b_input;
+  };
+  add(v[0], mt.pre);
+  add(v[0], stage0_extra);
+  add(v[vstages - 1], mt.post);
+  const int64_t m = num_micro_batches(l, s.workload.global_batch);
+  const bool zb = splits_weight_gradient(p.schedule);
+  Time best, fill;
+  for (int st = 0; st < l.pp; ++st) {
+    Time work;
+    for (int c = 0; c < l.vpp; ++c) work += (v[c * l.pp + st].f + v[c * l.pp + st].b) * m;
+    best = std::max(best, fill + work);
+    // ZB-H1 may leave up to `st` weight-gradient passes to the end of stage st, in
+    // parallel with the earlier stages' last backwards: no drain counted.
+    fill += v[st].f + (zb ? Time::zero() : v[st].b);
+  }
+  return best;
+}
+
+Time bound(CostCache& cache, const std::vector<EncoderInfo>& encoders, const Scenario& s,
+           const Plan& p) {
+  if (p.placement == Placement::kHomogeneous) {
+    BlockTime extra;
+    for (const EncoderInfo& e : encoders) {
+      BlockTime t = encoder_time(cache, s, e, p.layout);
+      extra.f += t.f;
+      extra.b += t.b;
+      extra.b_input += t.b_input;
+    }
+    return llm_pipeline_bound(cache, s, p, extra);
+  }
+  const Time llm = llm_pipeline_bound(cache, s, p, {});
+  const int64_t gb = s.workload.global_batch;
+  Time enc_total, enc_first, enc_last;
+  for (const ModulePlan& mp : p.modules) {
+    auto it = std::find_if(encoders.begin(), encoders.end(),
+                           [&](const EncoderInfo& e) { return e.name == mp.module; });
+    if (it == encoders.end()) continue;
+    const BlockTime t = encoder_time(cache, s, *it, mp.layout);
+    const int64_t steps = gb / (int64_t{mp.layout.micro_batch} * mp.layout.dp);
+    if (p.placement == Placement::kColocated) {
+      enc_total += (t.f + t.b) * steps;
+    } else {
+      enc_total = std::max(enc_total, (t.f + t.b) * steps);
+      enc_first = std::max(enc_first, t.f);
+      enc_last = std::max(enc_last, t.b);
+    }
+  }
+  if (p.placement == Placement::kColocated) return enc_total + llm;
+  // The encoder's last backward follows the LLM's last stage-0 backward (ZB-H1: its weight
+  // gradients may still be running then).
+  if (splits_weight_gradient(p.schedule)) enc_last = Time::zero();
+  return std::max(enc_total, enc_first + llm + enc_last);
+}
+
+}  // namespace
+
+Time lower_bound(const Scenario& s, const Plan& p) {
+  CostCache cache(s);
+  return bound(cache, fed_encoders(s), s, p);
+}
+
+namespace {
+
+std::vector<int> layout_key(const Layout& l) {
+  return std::vector<int>{l.tp,
+                          l.cp,
+                          l.pp,
+                          l.vpp,
+                          l.dp,
+                          l.ep,
+                          l.micro_batch,
+                          static_cast<int>(l.recompute),
+                          l.sequence_parallel,
+                          l.distributed_optimizer,
+                          l.first_stage_layers,
+                          l.last_stage_layers,
+                          l.account_for_embedding,
+                          l.account_for_loss,
+                          l.overlap_grad_reduce,
+                          l.overlap_param_gather,
+                          l.flash_attention};
+}
+
+// The LLM side of a plan: placement, the LLM's layout, schedule and first rank.
+std::vector<int> llm_key(const Plan& p) {
+  std::vector<int> k{static_cast<int>(p.placement)};
+  auto l = layout_key(p.layout);
+  k.insert(k.end(), l.begin(), l.end());
+  k.push_back(static_cast<int>(p.schedule));
+  k.push_back(p.llm_first_rank);
+  return k;
+}
+
+}  // namespace
+
+bool canonical_less(const Plan& a, const Plan& b) {
+  auto key = [&](const Plan& p) {
+    std::vector<int> k = llm_key(p);
+    for (const ModulePlan& m : p.modules) {
+      auto e = layout_key(m.layout);
+      k.insert(k.end(), e.begin(), e.end());
+      k.push_back(m.first_rank);
+    }
+    return k;
+  };
+  auto ka = key(a), kb = key(b);
+  if (ka != kb) return ka < kb;
+  for (size_t i = 0; i < std::min(a.modules.size(), b.modules.size()); ++i)
+    if (a.modules[i].module != b.modules[i].module)
+      return a.modules[i].module < b.modules[i].module;
+  return false;
+}
+
+namespace {
+
+std::string describe_layout(const Layout& l, bool llm) {
+  std::string out = fmt::format("tp{}", l.tp);
+  if (l.sequence_parallel) out += " sp";
+  if (l.cp > 1) out += fmt::format(" cp{}", l.cp);
+  if (l.pp > 1) out += fmt::format(" pp{}", l.pp);
+  if (l.vpp > 1) out += fmt::format(" vpp{}", l.vpp);
+  out += fmt::format(" dp{}", l.dp);
+  if (l.ep > 1) out += fmt::format(" ep{}", l.ep);
+  out += fmt::format(" mb{}", l.micro_batch);
+  if (l.recompute != Recompute::kNone) out += fmt::format(" rc:{}", to_string(l.recompute));
+  if (l.distributed_optimizer) out += " dopt";
+  if (llm && (l.first_stage_layers > 0 || l.last_stage_layers > 0))
+    out += fmt::format(" first/last {}/{}", l.first_stage_layers, l.last_stage_layers);
+  return out;
+}
+
+}  // namespace
+
+std::string describe(const Plan& p) {
+  if (p.placement == Placement::kHomogeneous)
+    return fmt::format("homogeneous {} {}", describe_layout(p.layout, true), to_string(p.schedule));
+  std::string out(to_string(p.placement));
+  const bool nc = p.placement == Placement::kNonColocated;
+  for (const ModulePlan& m : p.modules) {
+    out += fmt::format(" {}[{}", m.module, describe_layout(m.layout, false));
+    if (nc) out += fmt::format(" @{}-{}", m.first_rank, m.first_rank + m.layout.world() - 1);
+    out += "]";
+  }
+  out += fmt::format(" llm[{}", describe_layout(p.layout, true));
+  if (nc) out += fmt::format(" @{}-{}", p.llm_first_rank, p.llm_first_rank + p.layout.world() - 1);
+  out += fmt::format("] {}", to_string(p.schedule));
+  return out;
+}
+
+namespace {
+
+// "tp 3 does not divide llm heads 32" -> "tp N does not divide llm heads N": the histogram
+// key.
+std::string reason_key(std::string_view why) {
+  std::string out;
+  for (size_t i = 0; i < why.size();) {
+    if (std::isdigit(static_cast<unsigned char>(why[i]))) {
+      while (i < why.size() && (std::isdigit(static_cast<unsigned char>(why[i])) ||
+                                (why[i] == '.' && i + 1 < why.size() &&
+                                 std::isdigit(static_cast<unsigned char>(why[i + 1])))))
+        ++i;
+      out += 'N';
+    } else {
+      out += why[i++];
+    }
+  }
+  return out;
+}
+
+struct Histogram {
+  std::map<std::string, RejectionReason> by_key;
+  void add(const std::string& why, int64_t n) {
+    RejectionReason& r = by_key[reason_key(why)];
+    if (r.count == 0) {
+      r.reason = reason_key(why);
+      r.example = why;
+    }
+    r.count += n;
+  }
+  void merge(const Histogram& o) {
+    for (const auto& [k, r] : o.by_key) {
+      RejectionReason& mine = by_key[k];
+      if (mine.count == 0)
+        mine = r;
+      else
+        mine.count += r.count;
+    }
+  }
+  std::vector<RejectionReason> sorted() const {
+    std::vector<RejectionReason> out;
+    for (const auto& [k, r] : by_key) out.push_back(r);
+    std::stable_sort(
+        out.begin(), out.end(),
+        [](const RejectionReason& a, const RejectionReason& b) { return a.count > b.count; });
+    return out;
+  }
+};
+
+// One grid point before its recompute variants: the plan (recompute none everywhere) and
+// how many distributed-optimizer variants it stands for.
+struct Base {
+  Plan plan;
+  int distopt_variants = 1;  // grid points per recompute combination (the others dominated)
+};
+
+// A feasible base with one recompute combination (levels per module: the LLM, then each
+// encoder), and its lower bound.
+struct Candidate {
+  uint32_t base = 0;
+  uint16_t combo = 0;
+  Time bound;
+  int32_t group = -1;  // heterogeneous: the LLM side (its layout and recompute), else -1
+};
+
+// What checking one Base gave: infeasible (with the reason), or its recompute
+// combinations, lightest first.
+struct BaseInfo {
+  std::string why;
+  std::vector<std::vector<Recompute>> combos;
+  int64_t considered = 0, dominated = 0;
+};
+
+// Combination `a` is dominated by `b` (which fits): the LLM recomputes no less, every
+// encoder the same. Encoders' recompute is searched, not ruled: an encoder's recompute
+// shifts its gradient reduction in time, and in colocated plans that can shorten the
+// iteration by more than the recompute costs (tests/planner/search_test.cpp's brute force
+// found such a case).
+bool dominated_by(const std::vector<Recompute>& a, const std::vector<Recompute>& b) {
+  if (static_cast<int>(a[0]) < static_cast<int>(b[0])) return false;
+  for (size_t k = 1; k < a.size(); ++k)
+    if (a[k] != b[k]) return false;
+  return true;
+}
+
+Plan with_recompute(const Plan& base, const std::vector<Recompute>& levels) {
+  Plan p = base;
+  p.layout.recompute = levels[0];
+  for (size_t k = 0; k < p.modules.size(); ++k) p.modules[k].layout.recompute = levels[k + 1];
+  return p;
+}
+
+bool fixed_ok(const std::optional<int>& f, int v) {
+  return !f || *f == v;
+}
+
+class Searcher {
+ public:
+  Searcher(const Scenario& s, const SearchOptions& o)
+      : s_(s), spec_(s.search), encoders_(fed_encoders(s)) {
+    gpn_ = 0;
+    for (const hardware::NodeGroup& g : s.cluster.groups())
+      gpn_ = std::gcd(gpn_, g.profile.gpus_per_node);
+    world_ = s.cluster.total_gpus();
+    const auto& llm = std::get<models::LlmSpec>(s.model.modules[s.model.llm_index()].spec);
+    layers_ = static_cast<int>(llm.block.layers);
+    moe_experts_ = llm.moe ? static_cast<int>(llm.moe->experts) : 0;
+    top_k_ = o.top_k > 0 ? o.top_k : spec_.top_k;
+    exhaustive_ = o.exhaustive;
+  }
+
+  // Every base plan, family by family.
+  std::vector<Base> enumerate(std::vector<std::string>& why_none) {
+    std::vector<Base> out;
+    why_none.assign(3, "");
+    for (int f = 0; f < 3; ++f) {
+      const Placement pl = kPlacements[f];
+      if (std::find(spec_.forbidden_placements.begin(), spec_.forbidden_placements.end(), pl) !=
+          spec_.forbidden_placements.end()) {
+        why_none[f] = "forbidden by the scenario's search section";
+        continue;
+      }
+      if (pl != Placement::kHomogeneous && encoders_.empty()) {
+        why_none[f] = "the model has no encoder the workload feeds";
+        continue;
+      }
+      if (pl == Placement::kNonColocated && encoders_.size() > 1) {
+        why_none[f] = fmt::format(
+            "the search gives one encoder its own ranks; the workload feeds {} encoders",
+            encoders_.size());
+        continue;
+      }
+      if (pl == Placement::kHomogeneous) {
+        for (const Base& b : llm_bases(world_, true)) out.push_back(b);
+      } else if (pl == Placement::kColocated) {
+        for (const Base& b : llm_bases(world_, true)) {
+          Base x = b;
+          x.plan.placement = pl;
+          add_encoders(x, 0, world_, out);
+        }
+      } else {
+        for (int enc_gpus : encoder_splits()) {
+          for (const Base& b : llm_bases(world_ - enc_gpus, false)) {
+            Base x = b;
+            x.plan.placement = pl;
+            x.plan.llm_first_rank = enc_gpus;
+            add_encoders(x, 0, enc_gpus, out);
+          }
+        }
+      }
+    }
+    return out;
+  }
+
+  // Checks one base: the trainers' constraints (infeasibility()); its recompute
+  // combinations, lightest first.
+  BaseInfo check(const Base& base) const {
+    BaseInfo r;
+    const size_t nmod = 1 + base.plan.modules.size();
+    std::vector<std::vector<Recompute>> options(nmod);
+    options[0] = recompute_options(spec_.llm);
+    for (size_t k = 0; k < base.plan.modules.size(); ++k)
+      options[k + 1] = recompute_options(module_fix(base.plan.modules[k].module));
+    int64_t combos = 1;
+    for (const auto& o : options) combos *= static_cast<int64_t>(o.size());
+    r.considered = combos * base.distopt_variants;
+    r.dominated = combos * (base.distopt_variants - 1);
+    r.why = infeasibility(s_, base.plan);
+    if (!r.why.empty()) return r;
+    std::vector<size_t> idx(nmod, 0);
+    for (;;) {
+      std::vector<Recompute> c(nmod);
+      for (size_t k = 0; k < nmod; ++k) c[k] = options[k][idx[k]];
+      r.combos.push_back(std::move(c));
+      size_t k = 0;
+      while (k < nmod && ++idx[k] == options[k].size()) idx[k++] = 0;
+      if (k == nmod) break;
+    }
+    auto weight = [](const std::vector<Recompute>& c) {
+      int w = 0;
+      for (Recompute x : c) w += static_cast<int>(x);
+      return w;
+    };
+    std::stable_sort(r.combos.begin(), r.combos.end(),
+                     [&](const auto& a, const auto& b) { return weight(a) < weight(b); });
+    return r;
+  }
+
+  // Why `p`'s memory does not fit the GPUs or the search's cap ("" when it does).
+  std::string memory_verdict(const Plan& p) const {
+    const MemoryReport mem = estimate_memory(s_, p);
+    if (!mem.fits())
+      return fmt::format("out of memory: pipeline stage {} needs {} per GPU, the GPUs have {}",
+                         mem.peak_stage, mem.peak, mem.capacity);
+    if (spec_.max_memory && mem.peak > *spec_.max_memory)
+      return fmt::format(
+          "over the search's memory cap: pipeline stage {} needs {} per GPU, the cap is {}",
+          mem.peak_stage, mem.peak, *spec_.max_memory);
+    return {};
+  }
+
+  static int family_of(Placement p) {
+    return static_cast<int>(std::find(std::begin(kPlacements), std::end(kPlacements), p) -
+                            std::begin(kPlacements));
+  }
+
+  int top_k() const { return top_k_; }
+  bool exhaustive() const { return exhaustive_; }
+
+ private:
+  const LayoutFix& module_fix(const std::string& name) const {
+    static const LayoutFix kNone;
+    for (const auto& [n, f] : spec_.modules)
+      if (n == name) return f;
+    return kNone;
+  }
+
+  static std::vector<Recompute> recompute_options(const LayoutFix& f) {
+    if (f.recompute) return {*f.recompute};
+    return {std::begin(kRecomputes), std::end(kRecomputes)};
+  }
+
+  // TP degrees: powers of two within a node (or, when allowed, beyond it).
+  std::vector<int> tp_options(const LayoutFix& f, int limit) const {
+    std::vector<int> out;
+    const int max_tp = spec_.allow_cross_node_tp ? limit : std::min(limit, gpn_);
+    for (int tp = 1; tp <= max_tp; tp *= 2)
+      if (limit % tp == 0 && fixed_ok(f.tp, tp)) out.push_back(tp);
+    if (f.tp && std::find(out.begin(), out.end(), *f.tp) == out.end() && limit % *f.tp == 0)
+      out.push_back(*f.tp);  // a fixed non-power-of-two: infeasibility() judges it
+    return out;
+  }
+
+  // Micro-batch sizes: powers of two up to 8 dividing `samples` (or the fixed one).
+  static std::vector<int> mbs_options(const std::optional<int>& fixed, int64_t samples, int base) {
+    std::vector<int> out;
+    if (fixed) {
+      if (*fixed % base == 0) out.push_back(*fixed);
+      return out;
+    }
+    for (int f = 1; f <= 8; f *= 2) {
+      const int64_t mbs = int64_t{base} * f;
+      if (samples % mbs == 0) out.push_back(static_cast<int>(mbs));
+    }
+    if (out.empty()) out.push_back(base);  // rejected with infeasibility()'s reason
+    return out;
+  }
+
+  // Distributed optimizer settings of a module with dp·cp ranks: on (off is dominated), or
+  // the fixed one. Returns the settings to build and sets `variants` to the grid points.
+  std::vector<bool> distopt_options(const LayoutFix& f, int dp_cp, int* variants) const {
+    *variants = 1;
+    if (f.distributed_optimizer) return {*f.distributed_optimizer};
+    if (dp_cp == 1) return {false};
+    if (exhaustive_) return {true, false};
+    *variants = 2;
+    return {true};
+  }
+
+  // Megatron's uneven split for pp not dividing the layers: the middle stages take
+  // ceil(L / pp) layers, the first and last share the rest (each at least half of that).
+  bool uneven_split(int pp, Layout& l) const {
+    if (pp < 3 || layers_ % pp == 0) return false;
+    const int q = (layers_ + pp - 1) / pp;
+    const int rest = layers_ - q * (pp - 2);
+    const int first = rest / 2, last = rest - first;
+    if (first < std::max(1, q / 2) || last > q) return false;
+    l.first_stage_layers = first;
+    l.last_stage_layers = last;
+    return true;
+  }
+
+  // The LLM's layouts on `world` GPUs (cp only when `allow_cp`) with their schedules.
+  std::vector<Base> llm_bases(int world, bool allow_cp) const {
+    std::vector<Base> out;
+    if (world < 1) return out;
+    const LayoutFix& fx = spec_.llm;
+    const int64_t seq = s_.workload.seq_len;
+    const int64_t gb = s_.workload.global_batch;
+    for (int tp : tp_options(fx, world)) {
+      for (int cp = 1; tp * cp <= world; cp *= 2) {
+        if (!fixed_ok(fx.cp, cp)) continue;
+        if (cp > 1 && (!allow_cp || seq % (2 * cp) != 0 || seq / cp < 1024)) continue;
+        if (world % (tp * cp) != 0) continue;
+        for (int pp : divisors(world / (tp * cp))) {
+          if (!fixed_ok(fx.pp, pp) || pp > layers_) continue;
+          const int dp = world / (tp * cp * pp);
+          if (!fixed_ok(fx.dp, dp)) continue;
+          Layout l;
+          l.tp = tp;
+          l.cp = cp;
+          l.pp = pp;
+          l.dp = dp;
+          l.sequence_parallel = fx.sequence_parallel.value_or(tp > 1);
+          const bool even = layers_ % pp == 0;
+          if (!even) uneven_split(pp, l);
+          std::vector<int> eps{1};
+          if (moe_experts_ > 0) {
+            eps.clear();
+            for (int ep = 1; ep <= dp * cp; ep *= 2)
+              if ((dp * cp) % ep == 0 && moe_experts_ % ep == 0) eps.push_back(ep);
+          }
+          for (int ep : eps) {
+            if (!fixed_ok(fx.ep, ep)) continue;
+            l.ep = ep;
+            for (int mbs : mbs_options(fx.micro_batch, gb % dp == 0 ? gb / dp : 1, 1)) {
+              l.micro_batch = mbs;
+              int dv = 1;
+              for (bool dopt : distopt_options(fx, dp * cp, &dv)) {
+                l.distributed_optimizer = dopt;
+                add_schedules(l, even, dv, out);
+              }
+            }
+          }
+        }
+      }
+    }
+    return out;
+  }
+
+  void add_schedules(Layout l, bool even, int distopt_variants, std::vector<Base>& out) const {
+    const LayoutFix& fx = spec_.llm;
+    auto push = [&](const Layout& lay, Schedule sch, int variants) {
+      if (spec_.schedule && *spec_.schedule != sch) return;
+      Base b;
+      b.plan.layout = lay;
+      b.plan.schedule = sch;
+      b.distopt_variants = variants;
+      out.push_back(std::move(b));
+    };
+    if (fixed_ok(fx.vpp, 1)) {
+      l.vpp = 1;
+      if (l.pp == 1) {
+        push(l, spec_.schedule.value_or(Schedule::k1F1B), distopt_variants);
+      } else {
+        // GPipe is dominated by 1F1B unless the search section asks for it.
+        const bool gpipe = spec_.schedule == Schedule::kGpipe || exhaustive_;
+        push(l, Schedule::k1F1B, distopt_variants * (gpipe ? 1 : 2));
+        if (gpipe) push(l, Schedule::kGpipe, distopt_variants);
+        push(l, Schedule::kZeroBubble, distopt_variants);
+      }
+    }
+    if (l.pp > 1 && even) {
+      for (int vpp : divisors(layers_ / l.pp)) {
+        if (vpp < 2 || !fixed_ok(fx.vpp, vpp)) continue;
+        l.vpp = vpp;
+        l.first_stage_layers = l.last_stage_layers = 0;
+        push(l, Schedule::kInterleaved, distopt_variants);
+      }
+    }
+  }
+
+  // Encoder GPU counts under non-colocated placement: whole nodes, and powers of two below
+  // a node.
+  std::vector<int> encoder_splits() const {
+    std::vector<int> out;
+    for (int g = 1; g < gpn_; g *= 2)
+      if (g < world_) out.push_back(g);
+    for (int g = gpn_; g < world_; g += gpn_) out.push_back(g);
+    return out;
+  }
+
+  // Adds, for encoder k onwards, every layout on `gpus` ranks (colocated: the world).
+  void add_encoders(const Base& b, size_t k, int gpus, std::vector<Base>& out) const {
+    if (k == encoders_.size()) {
+      out.push_back(b);
+      return;
+    }
+    const EncoderInfo& e = encoders_[k];
+    const LayoutFix& fx = module_fix(e.name);
+    const Layout& llm = b.plan.layout;
+    const int64_t gb = s_.workload.global_batch;
+    for (int tp : tp_options(fx, std::min(gpus, 8))) {
+      if (gpus % tp != 0) continue;
+      const int dp = gpus / tp;
+      if (!fixed_ok(fx.dp, dp)) continue;
+      if (!fixed_ok(fx.pp, 1) || !fixed_ok(fx.cp, 1)) continue;
+      // An encoder step must split into whole LLM micro-batches (boundary.h).
+      const int fan_out = llm.dp > dp && llm.dp % dp == 0 ? llm.dp / dp : 1;
+      const int base_mbs = llm.micro_batch * fan_out;
+      for (int mbs : mbs_options(fx.micro_batch, gb % dp == 0 ? gb / dp : 1, base_mbs)) {
+        int dv = 1;
+        for (bool dopt : distopt_options(fx, dp, &dv)) {
+          Base x = b;
+          ModulePlan mp;
+          mp.module = e.name;
+          mp.layout.tp = tp;
+          mp.layout.dp = dp;
+          mp.layout.micro_batch = mbs;
+          mp.layout.sequence_parallel = fx.sequence_parallel.value_or(false);
+          mp.layout.distributed_optimizer = dopt;
+          x.plan.modules.push_back(mp);
+          x.distopt_variants *= dv;
+          add_encoders(x, k + 1, gpus, out);
+        }
+      }
+    }
+  }
+
+  const Scenario& s_;
+  const SearchSpec& spec_;
+  std::vector<EncoderInfo> encoders_;
+  int gpn_ = 1, world_ = 1, layers_ = 1, moe_experts_ = 0, top_k_ = 5;
+  bool exhaustive_ = false;
+};
+
+struct Ranked {
+  Plan plan;
+  PlanMetrics metrics;
+};
+
+bool better(const Ranked& a, const Ranked& b) {
+  if (a.metrics.iteration_time != b.metrics.iteration_time)
+    return a.metrics.iteration_time < b.metrics.iteration_time;
+  return canonical_less(a.plan, b.plan);
+}
+
+}  // namespace
+
+Result<SearchResult> search(const Scenario& s, const SearchOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto elapsed = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  SearchResult res;
+  res.threads = o.threads > 0 ? o.threads
+                              : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  tbb::task_arena arena(res.threads);
+  Searcher searcher(s, o);
+  const int top_k = searcher.top_k();
+  const bool exhaustive = searcher.exhaustive();
+  const std::vector<EncoderInfo> encoders = fed_encoders(s);
+
+  std::vector<std::string> why_none;
+  const std::vector<Base> bases = searcher.enumerate(why_none);
+  std::vector<int> family(bases.size());
+  for (size_t i = 0; i < bases.size(); ++i)
+    family[i] = Searcher::family_of(bases[i].plan.placement);
+
+  // 1. The trainers' constraints per base, in parallel; merged in order.
+  std::vector<BaseInfo> info(bases.size());
+  arena.execute([&] {
+    tbb::parallel_for(size_t{0}, bases.size(),
+                      [&](size_t i) { info[i] = searcher.check(bases[i]); });
+  });
+  Histogram all;
+  std::vector<Histogram> by_family(3);
+  std::vector<int64_t> considered(3, 0), simulated(3, 0);
+  std::vector<Candidate> cands;
+  std::map<std::vector<int>, int32_t> sides;
+  for (size_t i = 0; i < bases.size(); ++i) {
+    const BaseInfo& r = info[i];
+    res.counts.considered += r.considered;
+    res.counts.pruned_dominated += r.dominated;
+    considered[family[i]] += r.considered;
+    if (!r.why.empty()) {
+      const int64_t n = r.considered - r.dominated;
+      res.counts.rejected += n;
+      all.add(r.why, n);
+      by_family[family[i]].add(r.why, n);
+      continue;
+    }
+    int32_t side = -1;
+    if (!bases[i].plan.modules.empty()) {
+      auto [it, _] = sides.emplace(llm_key(bases[i].plan), static_cast<int32_t>(sides.size()));
+      side = it->second;
+    }
+    for (size_t c = 0; c < r.combos.size(); ++c)
+      cands.push_back({static_cast<uint32_t>(i), static_cast<uint16_t>(c), Time::zero(),
+                       side < 0 ? -1 : side * 3 + static_cast<int32_t>(r.combos[c][0])});
+  }
+  std::vector<int> admitted(sides.size() * 3, 0);  // encoder variants per LLM side
+
+  // 2. Lower bounds, and the order they give.
+  tbb::enumerable_thread_specific<CostCache> caches([&] { return CostCache(s); });
+  arena.execute([&] {
+    tbb::parallel_for(size_t{0}, cands.size(), [&](size_t i) {
+      const Candidate& c = cands[i];
+      cands[i].bound = bound(caches.local(), encoders, s,
+                             with_recompute(bases[c.base].plan, info[c.base].combos[c.combo]));
+    });
+  });
+  std::sort(cands.begin(), cands.end(), [](const Candidate& a, const Candidate& b) {
+    return std::tie(a.bound, a.base, a.combo) < std::tie(b.bound, b.base, b.combo);
+  });
+
+  // 3. In bound order, batch by batch: prune by the bound, skip combinations dominated by a
+  // lighter one of the same base that fits, check memory, simulate.
+  std::vector<Ranked> top;                                   // sorted by better()
+  std::vector<std::optional<Ranked>> best(3);                // per family
+  std::vector<std::vector<uint16_t>> fitting(bases.size());  // combos that fit, per base
+  auto dominated = [&](const Candidate& c) {
+    if (exhaustive) return false;
+    const auto& combos = info[c.base].combos;
+    for (uint16_t f : fitting[c.base])
+      if (f != c.combo && dominated_by(combos[c.combo], combos[f])) return true;
+    return false;
+  };
+  SearchProgress progress;
+  progress.candidates = static_cast<int64_t>(cands.size());
+  if (o.progress) o.progress(progress);
+  EvaluateOptions eo;
+  eo.exposed_by_kind = false;
+  size_t next = 0;
+  while (next < cands.size()) {
+    const Time kth =
+        static_cast<int>(top.size()) >= top_k ? top.back().metrics.iteration_time : Time::max();
+    std::vector<const Candidate*> batch;
+    while (next < cands.size() && batch.size() < kBatch) {
+      const Candidate& c = cands[next++];
+      const int f = family[c.base];
+      const Time fam = best[f] ? best[f]->metrics.iteration_time : Time::max();
+      if (!exhaustive && c.bound > std::max(kth, fam)) {
+        ++res.counts.pruned_bound;
+        ++progress.done;
+      } else if (dominated(c)) {
+        ++res.counts.pruned_dominated;
+        ++progress.done;
+      } else if (!exhaustive && c.group >= 0 && admitted[c.group] >= kEncoderVariants) {
+        ++res.counts.pruned_encoder;
+        ++progress.done;
+      } else {
+        if (c.group >= 0) ++admitted[c.group];
+        batch.push_back(&c);
+      }
+    }
+    std::vector<Plan> plans(batch.size());
+    std::vector<std::string> memory(batch.size());
+    std::vector<std::optional<Result<PlanMetrics>>> out(batch.size());
+    arena.execute([&] {
+      tbb::parallel_for(size_t{0}, batch.size(), [&](size_t i) {
+        const Candidate& c = *batch[i];
+        plans[i] = with_recompute(bases[c.base].plan, info[c.base].combos[c.combo]);
+        memory[i] = searcher.memory_verdict(plans[i]);
+      });
+    });
+    // Within the batch, a combination dominated by one that fits before it is not run.
+    std::vector<bool> run(batch.size(), false);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const Candidate& c = *batch[i];
+      ++progress.done;
+      if (dominated(c)) {
+        ++res.counts.pruned_dominated;
+      } else if (!memory[i].empty()) {
+        ++res.counts.rejected;
+        all.add(memory[i], 1);
+        by_family[family[c.base]].add(memory[i], 1);
+      } else {
+        fitting[c.base].push_back(c.combo);
+        run[i] = true;
+      }
+    }
+    arena.execute([&] {
+      tbb::parallel_for(size_t{0}, batch.size(), [&](size_t i) {
+        if (run[i]) out[i] = evaluate(s, plans[i], eo);
+      });
+    });
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (!run[i]) continue;
+      const int f = family[batch[i]->base];
+      // Not expected (constraints and memory were checked), but one plan the simulator
+      // cannot run must not end the search: it is rejected with the simulator's reason.
+      std::string why = !out[i]->is_ok()       ? "cannot simulate: " + out[i]->status().message()
+                        : !(*out[i])->feasible ? (*out[i])->infeasible_reason
+                                               : "";
+      if (!why.empty()) {
+        ++res.counts.rejected;
+        all.add(why, 1);
+        by_family[f].add(why, 1);
+        continue;
+      }
+      ++res.counts.simulated;
+      ++simulated[f];
+      ++progress.simulated;
+      Ranked r{plans[i], std::move(*out[i]).value()};
+      if (getenv("HETPAR_SEARCH_DEBUG"))
+        fmt::print(stderr, "DBG {} lb {} sim {} ratio {:.3f}\n", describe(r.plan), batch[i]->bound,
+                   r.metrics.iteration_time, batch[i]->bound / r.metrics.iteration_time);
+      if (!best[f] || better(r, *best[f])) best[f] = r;
+      auto pos = std::upper_bound(top.begin(), top.end(), r, better);
+      if (pos - top.begin() < top_k) {
+        top.insert(pos, r);
+        if (static_cast<int>(top.size()) > top_k) top.pop_back();
+      }
+    }
+    progress.elapsed_s = elapsed();
+    if (!top.empty()) progress.best = top.front().metrics.iteration_time;
+    if (o.progress && !batch.empty()) o.progress(progress);
+  }
+
+  // The reported plans, evaluated fully.
+  std::vector<Plan> report;
+  for (const Ranked& r : top) report.push_back(r.plan);
+  for (const auto& b : best)
+    if (b && std::find(report.begin(), report.end(), b->plan) == report.end())
+      report.push_back(b->plan);
+  std::vector<Result<PlanMetrics>> full(report.size(), Status::internal("not run"));
+  arena.execute([&] {
+    tbb::parallel_for(size_t{0}, report.size(),
+                      [&](size_t i) { full[i] = evaluate(s, report[i]); });
+  });
+  auto metrics_of = [&](const Plan& p) -> Result<PlanMetrics> {
+    const size_t i = std::find(report.begin(), report.end(), p) - report.begin();
+    return full[i];
+  };
+  for (const Ranked& r : top) {
+    HETPAR_ASSIGN_OR_RETURN(PlanMetrics m, metrics_of(r.plan));
+    res.top.push_back({r.plan, std::move(m)});
+  }
+  for (int f = 0; f < 3; ++f) {
+    FamilyResult fr;
+    fr.placement = kPlacements[f];
+    fr.considered = considered[f];
+    fr.simulated = simulated[f];
+    if (best[f]) {
+      HETPAR_ASSIGN_OR_RETURN(PlanMetrics m, metrics_of(best[f]->plan));
+      fr.best = RankedPlan{best[f]->plan, std::move(m)};
+    } else if (!why_none[f].empty()) {
+      fr.why_none = why_none[f];
+    } else if (considered[f] == 0) {
+      fr.why_none = "no layout of this placement fits the cluster's GPUs";
+    } else {
+      std::vector<RejectionReason> reasons = by_family[f].sorted();
+      std::vector<std::string> parts;
+      for (size_t i = 0; i < std::min<size_t>(3, reasons.size()); ++i)
+        parts.push_back(fmt::format("{} x \"{}\"", reasons[i].count, reasons[i].example));
+      fr.why_none =
+          fmt::format("all {} candidates rejected: {}", considered[f], fmt::join(parts, "; "));
+    }
+    res.families.push_back(std::move(fr));
+  }
+  res.rejections = all.sorted();
+  res.search_time_s = elapsed();
+  return res;
+}
+
+}  // namespace hetpar::planner

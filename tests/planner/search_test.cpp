@@ -1,0 +1,184 @@
+// search(): the trainers' constraints reject with reasons, the pruned search finds what
+// brute force finds, the lower bound stays below the simulated time, the result does not
+// depend on the thread count, and the scenario's search section is honoured.
+#include "hetpar/planner/search.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "hetpar/planner/lower.h"
+
+namespace hetpar::planner {
+namespace {
+
+// A small vision encoder + projector + a 4-layer LLM (16 heads, 4 kv heads: TP 8 does not
+// divide them) on one DGX H100 node: few tasks to simulate, yet compute-bound as real
+// models are (the search's dominance rules assume that; see search.h).
+Scenario tiny(const std::string& search = "") {
+  std::string text = fmt::format(R"({{
+    "name": "tiny",
+    "model": {{"name": "tiny-vlm", "modules": [
+      {{"name": "vision", "kind": "vision_encoder", "spec": {{"layers": 4, "hidden": 1024,
+        "ffn_hidden": 4096, "heads": 16, "patch_size": 14, "image_size": 336,
+        "class_token": true, "activation": "gelu", "norm": "layernorm"}}}},
+      {{"name": "projector", "kind": "projector", "spec": {{"input_hidden": 1024,
+        "output_hidden": 2048, "layers": 2, "ffn_hidden": 2048, "activation": "gelu"}}}},
+      {{"name": "llm", "kind": "llm", "spec": {{"layers": 4, "hidden": 2048,
+        "ffn_hidden": 8192, "heads": 16, "kv_heads": 4, "vocab": 32000,
+        "activation": "swiglu", "norm": "rmsnorm", "position_embedding": "rope",
+        "tied_embeddings": false}}}}],
+      "edges": [["vision", "projector"], ["projector", "llm"]]}},
+    "workload": {{"seq_len": 2048, "global_batch": 8, "images_per_sample": 1}},
+    "cluster": {{"profile": "dgx-h100", "nodes": 1}}{}
+  }})",
+                                 search.empty() ? "" : ", \"search\": " + search);
+  auto s = parse_scenario_text(text, "tiny.json");
+  EXPECT_TRUE(s.is_ok()) << s.status().to_string();
+  return *s;
+}
+
+SearchOptions threads(int n, bool exhaustive = false) {
+  SearchOptions o;
+  o.threads = n;
+  o.exhaustive = exhaustive;
+  if (exhaustive) o.top_k = 100000;
+  return o;
+}
+
+SearchResult run(const Scenario& s, const SearchOptions& o) {
+  auto r = search(s, o);
+  EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+  return *r;
+}
+
+TEST(Search, CountsAddUpAndRejectionsHaveReasons) {
+  const SearchResult r = run(tiny(), threads(2));
+  const SearchCounts& c = r.counts;
+  EXPECT_EQ(c.considered, c.rejected + c.pruned_dominated + c.pruned_bound + c.pruned_encoder +
+                              c.simulated);
+  EXPECT_GT(c.rejected, 0);
+  EXPECT_GT(c.simulated, 0);
+  int64_t histogram = 0;
+  bool heads = false;
+  for (const RejectionReason& rr : r.rejections) {
+    histogram += rr.count;
+    EXPECT_FALSE(rr.example.empty());
+    if (rr.example.find("tp 8 does not divide llm kv_heads 4") != std::string::npos) heads = true;
+  }
+  EXPECT_EQ(histogram, c.rejected);
+  EXPECT_TRUE(heads) << "TP 8 on 4 kv heads must be rejected with the reason";
+  // Every family found a plan, and the winner is the best of its family.
+  ASSERT_EQ(r.families.size(), 3u);
+  for (const FamilyResult& f : r.families) EXPECT_TRUE(f.best.has_value()) << f.why_none;
+  ASSERT_FALSE(r.top.empty());
+  const Plan& w = r.top.front().plan;
+  const FamilyResult& wf = r.families[static_cast<int>(w.placement)];
+  EXPECT_EQ(wf.best->plan, w);
+  // The reported plans are evaluated fully and are feasible.
+  for (const RankedPlan& p : r.top) {
+    EXPECT_TRUE(p.metrics.feasible);
+    EXPECT_TRUE(infeasibility(tiny(), p.plan).empty());
+  }
+}
+
+TEST(Search, FindsTheBruteForceBestAndTheBoundHolds) {
+  // The encoder's TP fixed (to keep brute force to a few thousand simulations).
+  const Scenario s = tiny(R"({"modules": {"vision": {"tp": 1}}})");
+  const SearchResult fast = run(s, threads(2));
+  const SearchResult brute = run(s, threads(2, true));
+  ASSERT_FALSE(brute.top.empty());
+  EXPECT_EQ(brute.counts.pruned_bound + brute.counts.pruned_encoder, 0);
+  EXPECT_GT(brute.counts.simulated, 10 * fast.counts.simulated);
+  EXPECT_EQ(fast.top.front().plan, brute.top.front().plan)
+      << describe(fast.top.front().plan) << " vs " << describe(brute.top.front().plan);
+  EXPECT_EQ(fast.top.front().metrics.iteration_time, brute.top.front().metrics.iteration_time);
+  for (int f = 0; f < 3; ++f) {
+    ASSERT_TRUE(fast.families[f].best && brute.families[f].best);
+    EXPECT_EQ(fast.families[f].best->metrics.iteration_time,
+              brute.families[f].best->metrics.iteration_time)
+        << describe(fast.families[f].best->plan) << " vs " << describe(brute.families[f].best->plan);
+  }
+  // The lower bound never exceeds the simulated time.
+  for (const RankedPlan& p : brute.top)
+    EXPECT_LE(lower_bound(s, p.plan), p.metrics.iteration_time) << describe(p.plan);
+}
+
+TEST(Search, SameResultOnOneAndTwoThreads) {
+  const Scenario s = tiny();
+  const SearchResult one = run(s, threads(1));
+  const SearchResult two = run(s, threads(2));
+  ASSERT_EQ(one.top.size(), two.top.size());
+  for (size_t i = 0; i < one.top.size(); ++i) {
+    EXPECT_EQ(one.top[i].plan, two.top[i].plan);
+    EXPECT_EQ(one.top[i].metrics.iteration_time, two.top[i].metrics.iteration_time);
+  }
+  EXPECT_EQ(one.counts.simulated, two.counts.simulated);
+  EXPECT_EQ(one.counts.pruned_bound, two.counts.pruned_bound);
+  EXPECT_EQ(one.counts.rejected, two.counts.rejected);
+}
+
+TEST(Search, HonoursTheSearchSection) {
+  const Scenario s = tiny(R"({"llm": {"tp": 2, "micro_batch": 1},
+                              "modules": {"vision": {"tp": 1}},
+                              "forbid_placements": ["non_colocated"],
+                              "max_memory_GiB": 20, "schedule": "1f1b", "top_k": 3})");
+  EXPECT_EQ(s.search.llm.tp, 2);
+  const SearchResult r = run(s, threads(2));
+  ASSERT_FALSE(r.top.empty());
+  EXPECT_LE(r.top.size(), 3u);
+  EXPECT_FALSE(r.families[2].best.has_value());
+  EXPECT_NE(r.families[2].why_none.find("forbidden"), std::string::npos);
+  std::vector<RankedPlan> plans = r.top;
+  for (const FamilyResult& f : r.families)
+    if (f.best) plans.push_back(*f.best);
+  for (const RankedPlan& p : plans) {
+    EXPECT_EQ(p.plan.layout.tp, 2) << describe(p.plan);
+    EXPECT_EQ(p.plan.layout.micro_batch, 1);
+    EXPECT_EQ(p.plan.schedule, Schedule::k1F1B);
+    EXPECT_NE(p.plan.placement, Placement::kNonColocated);
+    for (const ModulePlan& m : p.plan.modules) EXPECT_EQ(m.layout.tp, 1);
+    EXPECT_LE(p.metrics.memory.peak, Bytes::GiB(20));
+  }
+  // A cap nothing fits under: no plan, every candidate rejected by the cap or a constraint.
+  const SearchResult none = run(tiny(R"({"max_memory_GiB": 0.5})"), threads(2));
+  EXPECT_TRUE(none.top.empty());
+  bool cap = false;
+  for (const RejectionReason& rr : none.rejections)
+    cap |= rr.reason.find("memory cap") != std::string::npos;
+  EXPECT_TRUE(cap);
+  for (const FamilyResult& f : none.families) EXPECT_FALSE(f.why_none.empty());
+}
+
+TEST(Search, BadSearchSectionsNameThePath) {
+  const std::string base = R"({"model": "llava-1.5-7b",
+      "workload": {"seq_len": 4096, "global_batch": 8, "images_per_sample": 1},
+      "cluster": {"profile": "dgx-h100", "nodes": 1}, "search": )";
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"llm": {"tpp": 2}})", "search.llm.tpp"},
+      {R"({"modules": {"audio": {"tp": 1}}})", "search.modules.audio"},
+      {R"({"forbid_placements": ["nowhere"]})", "search.forbid_placements[0]"},
+      {R"({"schedule": "1f2b"})", "search.schedule"},
+      {R"({"top_k": 0})", "search.top_k"},
+      {R"({"colour": 1})", "search.colour"},
+  };
+  for (const auto& [section, path] : cases) {
+    auto s = parse_scenario_text(base + section + "}", "x.json");
+    ASSERT_FALSE(s.is_ok()) << section;
+    EXPECT_NE(s.status().message().find(path), std::string::npos) << s.status().message();
+  }
+}
+
+TEST(Search, DescribeNamesEveryModule) {
+  Plan p;
+  p.layout.tp = 2;
+  p.layout.sequence_parallel = true;
+  p.layout.dp = 3;
+  p.placement = Placement::kNonColocated;
+  p.llm_first_rank = 2;
+  p.modules.push_back({"vision", {}, 0});
+  p.modules[0].layout.dp = 2;
+  EXPECT_EQ(describe(p), "non_colocated vision[tp1 dp2 mb1 @0-1] llm[tp2 sp dp3 mb1 @2-7] 1f1b");
+}
+
+}  // namespace
+}  // namespace hetpar::planner
