@@ -61,6 +61,18 @@ struct ValidationOptions {
 /// Exit 4 when a bound is given and missed.
 int run_validation(const ValidationOptions& opts);
 
+struct ValidateOptions {
+  std::string path;     // scenario with a "plan" section
+  std::string profile;  // hardware profile for every node ("" = the scenario's)
+  int iterations = 5;   // timed
+  int warmup = 2;
+  std::string backend = "cpu";
+  std::string json_path;  // record output, "" = none
+};
+/// Under mpirun -np WORLD. Exit 2 for a world size other than the plan's, 3 when the plan is
+/// infeasible or does not fit the device memory.
+int run_validate(const ValidateOptions& opts);
+
 struct CalibrateOptions {
   std::string backend = "cpu";  // "cpu" | "cuda"
   bool quick = false;

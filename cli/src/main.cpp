@@ -91,6 +91,22 @@ int main(int argc, char** argv) {
   cmd_validation->add_option("--max-error", validation.max_error,
                              "Fail (exit 4) when any |error| exceeds this fraction");
 
+  ValidateOptions validate;
+  auto* cmd_validate = app.add_subcommand(
+      "validate",
+      "Run a scenario's plan for real (under mpirun -np WORLD) and print measured vs predicted: "
+      "iteration time, TFLOPS/GPU, each phase");
+  cmd_validate->add_option("file", validate.path, "Scenario JSON with a \"plan\" section")
+      ->required();
+  cmd_validate->add_option("--profile", validate.profile,
+                           "Hardware profile for every node (e.g. from `hetpar calibrate`)");
+  cmd_validate->add_option("--iterations", validate.iterations, "Timed iterations")
+      ->capture_default_str();
+  cmd_validate->add_option("--warmup", validate.warmup, "Warm-up iterations")
+      ->capture_default_str();
+  cmd_validate->add_option("--backend", validate.backend, "cpu or cuda")->capture_default_str();
+  cmd_validate->add_option("--json", validate.json_path, "Write the record as JSON to this file");
+
   CalibrateOptions calibrate;
   auto* cmd_calibrate = app.add_subcommand(
       "calibrate",
@@ -129,6 +145,7 @@ int main(int argc, char** argv) {
   if (*cmd_plan) return run_plan(plan);
   if (*cmd_export) return run_export(export_opts);
   if (*cmd_validation) return run_validation(validation);
+  if (*cmd_validate) return run_validate(validate);
   if (*cmd_calibrate) return run_calibrate(calibrate);
   if (*cmd_models) return run_models(models);
   if (*cmd_hardware) return run_hardware(hardware);

@@ -5,6 +5,7 @@
 #include <string_view>
 #include <vector>
 
+#include "hetpar/executor/executor.h"
 #include "hetpar/planner/evaluate.h"
 #include "hetpar/planner/published_run.h"
 #include "hetpar/planner/search.h"
@@ -31,6 +32,11 @@ std::string comparison_to_json(
     const std::string& winner);
 std::string validation_to_json(const std::vector<planner::RunComparison>& rows, double mean_error,
                                double max_error);
+/// validate --json: scenario, plan, profile, device, predicted and measured iteration time,
+/// TFLOPS/GPU, phases (validate's grouping) and task categories, relative errors.
+std::string validate_to_json(const planner::Scenario& s, const planner::Plan& p,
+                             const std::string& profile, const runtime::DeviceInfo& dev,
+                             const planner::PlanMetrics& pred, const executor::Measurement& m);
 /// plan --json: best, families, top, counts, rejections, search_time_s, plan_file.
 std::string search_to_json(const planner::Scenario& s, const planner::SearchResult& r,
                            const std::string& plan_file);

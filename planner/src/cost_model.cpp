@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "hetpar/core/check.h"
+#include "hetpar/planner/kernels.h"
 
 namespace hetpar::planner {
 
@@ -88,6 +89,18 @@ constexpr int64_t kCrossEntropyBackwardBytes = 14;
 // cast + transpose of the bf16 output gradient (fp8_cast_transpose_bgrad_fused).
 constexpr int64_t kFp8CastTransposeBytes = 4;
 
+// An op's GEMMs before TP / CP sharding; experts: E / ep local experts sharing the tokens
+// the ep group routes to them.
+std::vector<models::GemmShape> local_gemms(const models::Op& op, const Layout& l) {
+  if (!is_expert(op)) return op.gemms;
+  int64_t rows = 0, experts = 0;
+  for (const auto& s : op.gemms) {
+    rows += s.m * s.batch;
+    experts += s.batch;
+  }
+  return {{ceil_div(rows, experts) * l.ep, op.gemms[0].n, op.gemms[0].k, experts / l.ep}};
+}
+
 bool fp8_input_cast(const models::Op& op) {
   return op.name == "attn_out" || ends_with(op.name, "fc2");
 }
@@ -103,17 +116,8 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
       const Split split = gemm_split(op, g);
       const Precision gp = gemm_precision(op, p);
       double shard = split == Split::kNone ? 1.0 : l.tp;
-      std::vector<models::GemmShape> shapes = op.gemms;
-      if (is_expert(op)) {
-        // E / ep local experts share the tokens the ep group routes to them.
-        int64_t rows = 0, experts = 0;
-        for (const auto& s : shapes) {
-          rows += s.m * s.batch;
-          experts += s.batch;
-        }
-        shapes = {{ceil_div(rows, experts) * l.ep, shapes[0].n, shapes[0].k, experts / l.ep}};
-        shard *= l.ep;
-      }
+      const std::vector<models::GemmShape> shapes = local_gemms(op, l);
+      if (is_expert(op)) shard *= l.ep;
       for (models::GemmShape s : shapes) {
         s.m = ceil_div(s.m, cp);
         if (split == Split::kColumn) s.n = ceil_div(s.n, l.tp);
@@ -199,13 +203,15 @@ namespace {
 class BlockBuilder {
  public:
   explicit BlockBuilder(Block& b) : b_(b) {}
-  void compute(const PassCost& c) {
+  void compute(const PassCost& c, int32_t op) {
     if (b_.steps.empty() || b_.steps.back().kind != StepKind::kCompute)
-      b_.steps.push_back({StepKind::kCompute, {}, {}});
+      b_.steps.push_back({StepKind::kCompute, {}, {}, {}});
     b_.steps.back().cost += c;
+    b_.steps.back().ops.push_back(op);
   }
-  void comm(StepKind kind, Bytes bytes, const PassCost& cost = {}) {
-    b_.steps.push_back({kind, cost, bytes});
+  void comm(StepKind kind, Bytes bytes, const PassCost& cost = {}, int32_t op = -1) {
+    b_.steps.push_back({kind, cost, bytes, {}});
+    if (op >= 0) b_.steps.back().ops.push_back(op);
   }
 
  private:
@@ -238,6 +244,7 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
 
   bool seen_layer = false;
   for (const models::Op& op : g.ops) {
+    const auto op_index = static_cast<int32_t>(&op - g.ops.data());
     if (op.layer > 0) continue;  // every layer is alike: build layer 0 only
     if (op.layer == 0) seen_layer = true;
     Block& block = op.layer == 0 ? m.layer : (seen_layer ? m.post : m.pre);
@@ -258,9 +265,9 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
     if (op.kind == models::OpKind::kAttention && cp > 1) {
       const auto& s = *op.attention;
       const int64_t kv = 2 * (s.batch * s.seq_q / cp) * (s.kv_heads / l.tp) * s.head_dim;
-      b.comm(StepKind::kCpAttention, Bytes(kv * e), c);
+      b.comm(StepKind::kCpAttention, Bytes(kv * e), c, op_index);
     } else {
-      b.compute(c);
+      b.compute(c, op_index);
     }
 
     if (tp && (op.name == "attn_norm" || op.name == "mlp_norm"))
@@ -276,6 +283,91 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
   }
   HETPAR_CHECK(m.layers == 0 || seen_layer, "module graph without its layer 0");
   return m;
+}
+
+// The kernels of op_cost()'s terms (kernels.h): the same shards, term by term.
+OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layout& l,
+                     bool context_parallel, hardware::Precision p) {
+  const int64_t cp = context_parallel ? l.cp : 1;
+  const auto elem = [](Precision q) { return static_cast<int>(hardware::bytes_per_element(q)); };
+  OpKernels k;
+  switch (op.kind) {
+    case models::OpKind::kGemm: {
+      const Split split = gemm_split(op, g);
+      const Precision gp = gemm_precision(op, p);
+      for (models::GemmShape s : local_gemms(op, l)) {
+        s.m = ceil_div(s.m, cp);
+        if (split == Split::kColumn) s.n = ceil_div(s.n, l.tp);
+        if (split == Split::kRow) s.k = ceil_div(s.k, l.tp);
+        k.forward.push_back(sim::gemm_kernel(s.m, s.n, s.k, s.batch, elem(gp)));
+        k.dgrad.push_back(sim::gemm_kernel(s.m, s.k, s.n, s.batch, elem(gp)));
+        k.wgrad.push_back(sim::gemm_kernel(s.k, s.n, s.m, s.batch, elem(gp)));
+        if (gp == Precision::kFp8 && op.layer >= 0 && op.name != "router") {
+          if (fp8_input_cast(op))
+            k.forward.push_back(sim::memory_kernel(kFp8CastTransposeBytes * s.m * s.k * s.batch));
+          k.dgrad.push_back(sim::memory_kernel(kFp8CastTransposeBytes * s.m * s.n * s.batch));
+        }
+      }
+      break;
+    }
+    case models::OpKind::kAttention: {
+      const Precision ap = attention_precision(p);
+      const models::AttentionShape& a = *op.attention;
+      const int64_t qkv = a.batch * a.seq_q * (a.heads + 2 * a.kv_heads) * a.head_dim;
+      if (op.read.count() <= qkv * g.dtype_bytes) {  // flash attention: one fused kernel
+        sim::Kernel f{.kind = sim::KernelKind::kAttentionForward,
+                      .batch = a.batch,
+                      .heads = ceil_div(a.heads, l.tp),
+                      .kv_heads = ceil_div(a.kv_heads, l.tp),
+                      .seq_q = ceil_div(a.seq_q, cp),
+                      .seq_kv = a.seq_kv,
+                      .head_dim = a.head_dim,
+                      .causal = a.causal,
+                      .element_bytes = elem(ap)};
+        k.forward.push_back(f);
+        f.kind = sim::KernelKind::kAttentionBackward;
+        k.dgrad.push_back(f);
+        break;
+      }
+      const int64_t bh = a.batch * ceil_div(a.heads, l.tp);
+      const int64_t sq = ceil_div(a.seq_q, cp), skv = a.seq_kv, d = a.head_dim;
+      const int e = elem(ap);
+      k.forward = {sim::gemm_kernel(sq, skv, d, bh, e), sim::gemm_kernel(sq, d, skv, bh, e)};
+      k.dgrad = {sim::gemm_kernel(sq, skv, d, bh, e), sim::gemm_kernel(skv, d, sq, bh, e),
+                 sim::gemm_kernel(sq, d, skv, bh, e), sim::gemm_kernel(skv, d, sq, bh, e)};
+      const int64_t ab = activation_bytes(g, p);
+      const int64_t scores = a.batch * a.heads * a.seq_q * a.seq_kv;
+      const bool dropout = op.saved.count() > (qkv + 2 * scores) * g.dtype_bytes;
+      const int64_t dropout_bytes = dropout ? 2 * ab + 1 : 0;
+      const double per_rank = static_cast<double>(l.tp * cp);
+      const auto local = [&](int64_t bytes_per_score) {
+        return static_cast<int64_t>(static_cast<double>(scores) *
+                                    static_cast<double>(bytes_per_score) / per_rank);
+      };
+      k.forward.push_back(sim::memory_kernel(local(2 * ab + dropout_bytes)));
+      k.dgrad.push_back(sim::memory_kernel(local(3 * ab + dropout_bytes)));
+      break;
+    }
+    case models::OpKind::kLoss: {
+      const int64_t logits = op.read.count() / g.dtype_bytes / (cp * l.tp);
+      k.forward.push_back(sim::memory_kernel(kCrossEntropyForwardBytes * logits));
+      k.dgrad.push_back(sim::memory_kernel(kCrossEntropyBackwardBytes * logits));
+      break;
+    }
+    default: {
+      int64_t shard = cp;
+      if (pointwise_tp_sharded(op, l, g.kind)) shard *= l.tp;
+      const int64_t traffic =
+          ((op.read + op.written) * (activation_bytes(g, p) / g.dtype_bytes) / shard).count();
+      k.forward.push_back(sim::memory_kernel(traffic));
+      (op.kind == models::OpKind::kEmbedding ? k.wgrad : k.dgrad)
+          .push_back(sim::memory_kernel(2 * traffic));
+      break;
+    }
+  }
+  if (l.recompute == models::Recompute::kSelective && models::is_recomputed(op, l.recompute))
+    k.recompute = k.forward;
+  return k;
 }
 
 }  // namespace hetpar::planner

@@ -7,11 +7,13 @@
 #include <memory>
 #include <numeric>
 #include <optional>
+#include <tuple>
 
 #include "hetpar/core/check.h"
 #include "hetpar/models/totals.h"
 #include "hetpar/planner/boundary.h"
 #include "hetpar/planner/cost_model.h"
+#include "hetpar/planner/kernels.h"
 #include "hetpar/planner/memory.h"
 #include "hetpar/planner/network_builder.h"
 #include "hetpar/planner/schedule.h"
@@ -250,9 +252,10 @@ Block for_direction(const Block& b, bool backward, bool sp) {
   for (const WorkStep& s : b.steps) {
     if (!sp && s.kind == (backward ? StepKind::kTpExit : StepKind::kTpEntry)) continue;
     if (s.kind == StepKind::kCompute && !out.steps.empty() &&
-        out.steps.back().kind == StepKind::kCompute)
+        out.steps.back().kind == StepKind::kCompute) {
       out.steps.back().cost += s.cost;
-    else
+      out.steps.back().ops.insert(out.steps.back().ops.end(), s.ops.begin(), s.ops.end());
+    } else
       out.steps.push_back(s);
   }
   return out;
@@ -399,7 +402,10 @@ class Lowering {
   void run_op(const PipelineOp& op, std::vector<OpSpan>& spans);
   void run_step(const PlacedBlock& pb, size_t s, int pass, const Labels& lb,
                 sim::LabelId recompute);
-  void compute(int j, Time d, Flops f, int pass, sim::LabelId name);
+  void compute(int j, Time d, Flops f, int pass, sim::LabelId name, sim::KernelListId kernels = {});
+  // What a compute task of a block step runs (LowerOptions::kernels; invalid when off).
+  enum class Use : uint8_t { kForward, kBackward, kRecompute, kWgrad, kRingForward, kRingBackward };
+  sim::KernelListId kernels(const PlacedBlock& pb, size_t s, bool backward, Use use);
   void collective(CollectiveKind kind, Bytes bytes, sim::Label label, bool ep);
   // One collective per group of `gs` (reduced: only the representative's group, the others
   // as its copies), then on_rank(local index, task) for each active member.
@@ -441,6 +447,9 @@ class Lowering {
   std::vector<std::vector<ModuleCost>> costs_[2];  // [backward][node group][module]
   std::vector<int> group_of_rank_;
   std::vector<std::string> module_names_;
+  std::vector<models::OpGraph> graphs_;  // per module (LowerOptions::kernels only)
+  std::vector<bool> cp_split_;           // per module: whether cp splits its tokens
+  std::map<std::tuple<size_t, int, size_t, bool, int>, sim::KernelListId> kernel_ids_;
   std::vector<std::vector<PlacedBlock>> chunks_;         // per virtual stage, forward order
   std::vector<std::vector<Labels>> labels_;              // per virtual stage: [block][pass]
   std::vector<std::vector<PipelineOp>> orders_;          // per stage
@@ -602,6 +611,7 @@ void Lowering::build_costs() {
     out_.model_flops_per_iteration +=
         models::model_flops(graphs.back()) * static_cast<double>(m_ * l_.dp);
     module_names_.push_back(model.modules[i].name);
+    cp_split_.push_back(i == model.llm_index());
   }
   for (const hardware::NodeGroup& group : s_.cluster.groups()) {
     std::vector<ModuleCost>& fwd = costs_[0].emplace_back();
@@ -613,6 +623,7 @@ void Lowering::build_costs() {
       bwd.push_back(for_direction(mc, true, l_.sequence_parallel));
     }
   }
+  if (o_.kernels) graphs_ = std::move(graphs);
   group_of_rank_.clear();
   const auto& groups = s_.cluster.groups();
   for (size_t gi = 0; gi < groups.size(); ++gi)
@@ -677,8 +688,61 @@ const Lowering::Labels& Lowering::labels(int v, size_t block, int pass) {
   return lb;
 }
 
-void Lowering::compute(int j, Time d, Flops f, int pass, sim::LabelId name) {
+sim::KernelListId Lowering::kernels(const PlacedBlock& pb, size_t s, bool backward, Use use) {
+  if (!o_.kernels) return {};
+  const auto key =
+      std::make_tuple(pb.module, static_cast<int>(pb.part), s, backward, static_cast<int>(use));
+  if (auto it = kernel_ids_.find(key); it != kernel_ids_.end()) return it->second;
+  const models::OpGraph& g = graphs_[pb.module];
+  const bool cp_split = cp_split_[pb.module];
+  std::vector<sim::Kernel> list;
+  auto add = [&](const WorkStep& step) {
+    for (int32_t i : step.ops) {
+      const OpKernels k = op_kernels(g.ops[i], g, l_, cp_split, s_.workload.precision);
+      switch (use) {
+        case Use::kForward:
+        case Use::kRingForward:
+          list.insert(list.end(), k.forward.begin(), k.forward.end());
+          break;
+        case Use::kBackward:
+        case Use::kRingBackward:
+          list.insert(list.end(), k.dgrad.begin(), k.dgrad.end());
+          if (!split_w_) list.insert(list.end(), k.wgrad.begin(), k.wgrad.end());
+          break;
+        case Use::kRecompute:
+          list.insert(list.end(), k.recompute.begin(), k.recompute.end());
+          break;
+        case Use::kWgrad:
+          list.insert(list.end(), k.wgrad.begin(), k.wgrad.end());
+          break;
+      }
+    }
+  };
+  if (use == Use::kWgrad) {
+    for (const WorkStep& step : block(0, pb).steps) add(step);
+  } else {
+    add(block(0, pb, backward).steps[s]);
+  }
+  if (use == Use::kRingForward || use == Use::kRingBackward) {
+    // One ring step: the local queries against one rank's K,V chunk (1/cp of the keys).
+    for (sim::Kernel& k : list) {
+      if (k.kind == sim::KernelKind::kMemory)
+        k.bytes /= l_.cp;
+      else if (k.kind == sim::KernelKind::kGemm)
+        k.batch = std::max<int64_t>(1, k.batch / l_.cp);
+      else
+        k.seq_kv /= l_.cp;
+    }
+  }
+  const sim::KernelListId id = g_.add_kernels(list);
+  kernel_ids_.emplace(key, id);
+  return id;
+}
+
+void Lowering::compute(int j, Time d, Flops f, int pass, sim::LabelId name,
+                       sim::KernelListId kernels) {
   const TaskId t = g_.add_compute(rank_of(j, stage_), 0, d, f, {cat_[pass], name});
+  if (kernels.valid()) g_.set_kernels(t, kernels);
   RankState& rs = st_[j];
   if (rs.need.valid()) g_.add_dependency(rs.need, t);
   rs.need = TaskId();
@@ -720,6 +784,8 @@ void Lowering::cp_ring(const PlacedBlock& pb, size_t s, int pass, const Labels& 
   const int cp = l_.cp;
   const bool backward = pass == kB;
   const Bytes bytes = block(0, pb, backward).steps[s].bytes * (backward ? 2 : 1);
+  const sim::KernelListId part =
+      kernels(pb, s, backward, backward ? Use::kRingBackward : Use::kRingForward);
   std::vector<TaskId> arrived(cp), next(cp);
   if (reduced_) {
     // Each representative (q = 0) computes; each ring step it sends K,V to q = 1 and
@@ -734,7 +800,7 @@ void Lowering::cp_ring(const PlacedBlock& pb, size_t s, int pass, const Labels& 
         const PassCost& c = block(j, pb, backward).steps[s].cost;
         if (i > 0) st_[j].need = in;
         compute(j, Time::ps((backward ? c.dgrad : c.forward).count_ps() / cp),
-                (backward ? c.dgrad_flops : c.forward_flops) / cp, pass, lb.compute);
+                (backward ? c.dgrad_flops : c.forward_flops) / cp, pass, lb.compute, part);
         if (i + 1 == cp) break;
         const TaskId x = g_.add_p2p_group(cp_pairs_[a], bytes, kCpSend, kCpRecv, {cat_cp_, lb.cp},
                                           cp_copies_[a]);
@@ -753,7 +819,7 @@ void Lowering::cp_ring(const PlacedBlock& pb, size_t s, int pass, const Labels& 
           const PassCost& c = block(j, pb, backward).steps[s].cost;
           if (i > 0) st_[j].need = arrived[q];
           compute(j, Time::ps((backward ? c.dgrad : c.forward).count_ps() / cp),
-                  (backward ? c.dgrad_flops : c.forward_flops) / cp, pass, lb.compute);
+                  (backward ? c.dgrad_flops : c.forward_flops) / cp, pass, lb.compute, part);
         }
         if (i + 1 == cp) break;
         for (int q = 0; q < cp; ++q) {
@@ -776,19 +842,23 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
   switch (step.kind) {
     case StepKind::kCompute:
     case StepKind::kCpAttention: {
-      if (backward && step.cost.recompute > Time::zero())  // selective recompute
+      if (backward && step.cost.recompute > Time::zero()) {  // selective recompute
+        const sim::KernelListId k = kernels(pb, s, true, Use::kRecompute);
         for (int j : actives_) {
           const PassCost& c = block(j, pb, true).steps[s].cost;
-          compute(j, c.recompute, c.recompute_flops, kR, recompute);
+          compute(j, c.recompute, c.recompute_flops, kR, recompute, k);
         }
+      }
       if (step.kind == StepKind::kCpAttention) return cp_ring(pb, s, pass, lb);
+      const sim::KernelListId k =
+          kernels(pb, s, backward, backward ? Use::kBackward : Use::kForward);
       for (int j : actives_) {
         const PassCost& c = block(j, pb, backward).steps[s].cost;
         if (backward)
           compute(j, c.dgrad + (split_w_ ? Time() : c.wgrad),
-                  c.dgrad_flops + (split_w_ ? Flops() : c.wgrad_flops), pass, lb.compute);
+                  c.dgrad_flops + (split_w_ ? Flops() : c.wgrad_flops), pass, lb.compute, k);
         else
-          compute(j, c.forward, c.forward_flops, pass, lb.compute);
+          compute(j, c.forward, c.forward_flops, pass, lb.compute, k);
       }
       return;
     }
@@ -843,10 +913,11 @@ void Lowering::run_op(const PipelineOp& op, std::vector<OpSpan>& spans) {
       }
       case PassKind::kWeight: {
         const Labels& lb = labels(v, b, kW);
+        const sim::KernelListId k = kernels(pb, 0, false, Use::kWgrad);
         for (int j : actives_) {
           PassCost sum;
           for (const WorkStep& step : block(j, pb).steps) sum += step.cost;
-          compute(j, sum.wgrad, sum.wgrad_flops, kW, lb.compute);
+          compute(j, sum.wgrad, sum.wgrad_flops, kW, lb.compute, k);
         }
         grads_done(b);
         break;
@@ -1012,12 +1083,20 @@ void Lowering::gradients_and_optimizer() {
   const int64_t params = dist ? dense / cpdp + expert / edp : dense + expert;
   const sim::LabelId opt_name = g_.label(fmt::format("{}optimizer stage {}", role_.prefix, stage_));
   std::vector<TaskId> opt(n);
+  sim::KernelListId opt_kernels;
   for (int j : actives_) {
     const hardware::DeviceProfile& dev = s_.cluster.groups()[group_[j]].profile.gpu;
     opt[j] =
         g_.add_compute(rank_of(j, stage_), 0, dev.memory_time(Bytes(params * kAdamBytesPerParam)),
                        Flops(), {cat_opt_, opt_name});
     if (last_comm[j].valid()) g_.add_dependency(last_comm[j], opt[j]);
+    if (o_.kernels) {
+      if (!opt_kernels.valid()) {
+        const sim::Kernel adam = sim::memory_kernel(params * kAdamBytesPerParam);
+        opt_kernels = g_.add_kernels({&adam, 1});
+      }
+      g_.set_kernels(opt[j], opt_kernels);
+    }
   }
   if (!dist) return;
   // Parameter all-gather: buckets in forward order (the reverse of readiness); with
@@ -1339,7 +1418,7 @@ void lower_heterogeneous(const Scenario& s, const Plan& p, const LowerOptions& o
       return ranks.empty() ? GroupId() : g.add_group(ranks);
     };
     if (!colocated || three_phase) {
-      std::vector<RankId> fwd_pairs, bwd_pairs, llm_copies, enc_copies;
+      std::vector<RankId> fwd_pairs, bwd_pairs, llm_copies, enc_copies, cp_copies;
       for (int64_t i = 0; i < ml; ++i)
         for (int d = 0; d < L.dp; ++d) {
           const int jl = d * llm_group;
@@ -1353,6 +1432,7 @@ void lower_heterogeneous(const Scenario& s, const Plan& p, const LowerOptions& o
           bwd_pairs.clear();
           llm_copies.clear();
           enc_copies.clear();
+          cp_copies.clear();
           for (int d2 = 0; d2 < L.dp && red; ++d2) {
             if (d2 == d || red->llm.replica_class[d2] != red->llm.replica_class[d]) continue;
             const int je2 = b.source_replica(d2, i) * E.tp, jl2 = d2 * llm_group;
@@ -1361,6 +1441,7 @@ void lower_heterogeneous(const Scenario& s, const Plan& p, const LowerOptions& o
             bwd_pairs.insert(bwd_pairs.end(), {dst, src});
             for (int q = 0; q < llm_group; ++q) llm_copies.push_back(llm.rank_of(jl2 + q, 0));
             for (int q = 0; q < E.tp; ++q) enc_copies.push_back(enc.rank_of(je2 + q, es));
+            for (int q = 0; q < L.cp; ++q) cp_copies.push_back(llm.rank_of(jl2 + q * L.tp, 0));
           }
           // A leader sending to itself (three-phase colocated): a dependency only.
           TaskId ready = enc.span(es, static_cast<size_t>(ef[t]), enc.owner(je)).last;
@@ -1383,6 +1464,15 @@ void lower_heterogeneous(const Scenario& s, const Plan& p, const LowerOptions& o
               g.add_dependency(ready, llm.span(0, static_cast<size_t>(lf[i]), jl + q).first);
           if (frozen) continue;
           TaskId got = llm.span(0, static_cast<size_t>(lb[i]), jl).last;
+          if (L.cp > 1) {  // the leader gathers the CP chunks of the gradient first
+            members.clear();
+            for (int q = 0; q < L.cp; ++q) members.push_back(llm.rank_of(jl + q * L.tp, 0));
+            got = collective(CollectiveKind::kAllGather, b.bytes_per_micro_batch, bwd_coll,
+                             RankId(), bwd_name, group_of(cp_copies));
+            for (int q = 0; q < L.cp; ++q)
+              if (llm.simulated(jl + q * L.tp))
+                g.add_dependency(llm.span(0, static_cast<size_t>(lb[i]), jl + q * L.tp).last, got);
+          }
           if (enc_leader != llm_leader) {
             const TaskId y = g.add_p2p(llm_leader, enc_leader, b.bytes_per_micro_batch, bwd_send,
                                        bwd_recv, {cat, bwd_name}, group_of(bwd_pairs));
@@ -1441,14 +1531,14 @@ void lower_heterogeneous(const Scenario& s, const Plan& p, const LowerOptions& o
         }
       gather = make(std::move(all));
     }
-    // Backward, fan-out: sibling slices over the r LLM replicas one encoder replica spans;
-    // fan-in / equal with cp > 1: the CP chunks of the gradient over the CP group. r0 is a
-    // group's first member: fan-out groups are {r + u*tp*cp}, CP groups {r + q*tp} within a
-    // replica.
+    // Backward: over the LLM ranks with one TP index that hold parts of the gradient one
+    // encoder replica needs: fan-out, the sibling slices of the r LLM replicas it spans (and,
+    // with cp > 1, every CP chunk of each: r x cp members); fan-in / equal with cp > 1, the
+    // CP chunks of one replica. Groups {r0 + q*tp}, CP index fastest.
     Groups back;
-    const int n = b.fan_out > 1 ? b.fan_out : L.cp;
+    const int n = (b.fan_out > 1 ? b.fan_out : 1) * L.cp;
     if (b.fan_out > 1 || L.cp > 1) {
-      const int stride = b.fan_out > 1 ? llm_group : L.tp;
+      const int stride = L.tp;
       std::vector<std::vector<RankId>> all;
       for (int r0 = 0; r0 < world; ++r0) {
         if ((r0 % (stride * n)) >= stride) continue;

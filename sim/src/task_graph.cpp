@@ -94,6 +94,20 @@ void TaskGraph::set_multiplicity(RankId rank, int32_t n) {
   multiplicity_[rank.value()] = n;
 }
 
+KernelListId TaskGraph::add_kernels(std::span<const Kernel> kernels) {
+  kernels_.insert(kernels_.end(), kernels.begin(), kernels.end());
+  kernel_begin_.push_back(static_cast<int32_t>(kernels_.size()));
+  return KernelListId(num_kernel_lists() - 1);
+}
+
+void TaskGraph::set_kernels(TaskId task, KernelListId list) {
+  HETPAR_CHECK(task.valid() && task.value() < num_tasks() &&
+                   tasks_[task.value()].kind == TaskKind::kCompute && list.valid() &&
+                   list.value() < num_kernel_lists(),
+               "set_kernels: task {} list {}", task.value(), list.value());
+  tasks_[task.value()].kernels = list;
+}
+
 void TaskGraph::reserve(size_t tasks, size_t stream_refs, size_t deps) {
   tasks_.reserve(tasks);
   stream_begin_.reserve(tasks + 1);

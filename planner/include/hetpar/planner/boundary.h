@@ -26,7 +26,8 @@
 //   encoders): the LLM leader sends the micro-batch's input gradient back to the encoder
 //   leader, which broadcasts it to its TP group. CP at this boundary is not supported.
 // - Colocated with LLM pp > 1 (three phases): as non-colocated, a leader that is both
-//   sides sending nothing.
+//   sides sending nothing; with LLM cp > 1 the leader first all-gathers the gradient's CP
+//   chunks over its CP group (tp index 0) before sending it back.
 // - Colocated with LLM pp 1 (every module on all ranks): fan-in: an all-gather of the step's output
 // over
 //   each gather group (the r encoder ranks with one encoder TP index in the r replicas that
@@ -35,7 +36,9 @@
 //   Backward (the adjoint): fan-in: each encoder rank narrows the gradient to its own slice
 //   (no communication), except with LLM cp > 1, where the gradient of a sample is spread over
 //   the CP chunks and is all-gathered over the CP group first; fan-out: the encoder's TP
-//   ranks all-gather the sibling slices from the r LLM replicas they span; equal: nothing.
+//   ranks all-gather the sibling slices from the r LLM replicas they span (with LLM cp > 1
+//   every CP chunk of them too: a group of r x cp ranks with one LLM TP index); equal:
+//   nothing (cp > 1: the CP group's all-gather).
 //
 // Gradients combined exactly once: an activation that several ranks consume (LLM TP
 // replicas, which all hold the full embedding input; CP chunks, which each hold a part) has

@@ -70,6 +70,9 @@ struct WorkStep {
   /// all-gather total); all-to-all: one rank's send buffer; CP: the K,V chunk one ring
   /// step sends forward (backward sends K,V and their gradients: twice that).
   Bytes bytes;
+  /// kCompute, kCpAttention: the graph's ops (indices into OpGraph::ops, forward order)
+  /// whose work this step is, for their kernels (kernels.h).
+  std::vector<int32_t> ops;
 };
 
 /// The layers of a module share one Block; so do the ops before and after them.

@@ -119,6 +119,10 @@ struct LowerOptions {
   /// Simulate every rank instead of one representative per stage (see the top of this
   /// file); for tests that compare the two.
   bool full_ranks = false;
+  /// Attach to every compute task the kernels it runs (sim/kernel.h, planner/kernels.h),
+  /// for the executor; the simulator ignores them. Off by default (the planner's search
+  /// does not need them).
+  bool kernels = false;
 };
 
 struct LoweredPlan {

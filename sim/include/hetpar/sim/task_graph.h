@@ -36,6 +36,7 @@
 #include "hetpar/core/ids.h"
 #include "hetpar/core/status.h"
 #include "hetpar/core/units.h"
+#include "hetpar/sim/kernel.h"
 
 namespace hetpar::sim {
 
@@ -104,6 +105,9 @@ struct Task {
   RankId src{}, dst{};     // p2p: the (first) transfer; `group`, when valid, all of them
   GroupId copies{};        // collective, p2p: see CollectiveSpec::copies; invalid = none
   int32_t num_copies = 0;  // copies `copies` holds (p2p: pairs)
+  /// Compute: what the task runs, for an executor (sim/kernel.h); invalid = not described.
+  /// The simulator ignores it.
+  KernelListId kernels{};
 };
 
 class TaskGraph {
@@ -130,6 +134,17 @@ class TaskGraph {
   /// Interns a list of ranks (a collective's group, or copies); the same list always gives
   /// the same id.
   GroupId add_group(std::span<const RankId> ranks);
+
+  /// Stores a list of kernels (sim/kernel.h) for compute tasks to refer to; lists are
+  /// not interned (callers reuse an id for alike tasks).
+  KernelListId add_kernels(std::span<const Kernel> kernels);
+  std::span<const Kernel> kernels(KernelListId id) const {
+    return {kernels_.data() + kernel_begin_[id.value()],
+            kernels_.data() + kernel_begin_[id.value() + 1]};
+  }
+  int num_kernel_lists() const { return static_cast<int>(kernel_begin_.size()) - 1; }
+  /// Says what compute task `task` runs. REQUIRES: a compute task; `list` from add_kernels.
+  void set_kernels(TaskId task, KernelListId list);
 
   /// Sets `rank`'s multiplicity (top of this file). REQUIRES: n >= 0, called before any
   /// task involving `rank` is added.
@@ -193,6 +208,8 @@ class TaskGraph {
   std::vector<std::string> label_text_;
   std::map<std::string, LabelId, std::less<>> label_ids_;
   std::vector<int32_t> multiplicity_;
+  std::vector<Kernel> kernels_;
+  std::vector<int32_t> kernel_begin_{0};
 };
 
 }  // namespace hetpar::sim

@@ -1,0 +1,56 @@
+// Kernel: what a compute task runs, for an executor that runs the task for real
+// (executor/). The simulator ignores kernels — a task's duration is what it replays — and
+// the planner attaches them when lowering asks for it (planner::LowerOptions::kernels).
+// Generic compute only, like the rest of sim/: GEMM shapes, attention shapes, memory-bound
+// traffic; no notion of which parallelism produced a shape.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "hetpar/core/ids.h"
+
+namespace hetpar::sim {
+
+enum class KernelKind : uint8_t {
+  kGemm,               // batch x C[m,n] = A[m,k] B[k,n]
+  kAttentionForward,   // softmax(Q K^T) V over [batch, seq, heads, head_dim] tensors
+  kAttentionBackward,  // its gradients dQ, dK, dV
+  kMemory,             // memory-bound: `bytes` of HBM traffic (read + written)
+};
+std::string_view to_string(KernelKind k);
+
+struct Kernel {
+  KernelKind kind = KernelKind::kGemm;
+  int64_t m = 0, n = 0, k = 0;  // gemm
+  int64_t batch = 1;            // gemm: independent products; attention: samples
+  int64_t heads = 0, kv_heads = 0, seq_q = 0, seq_kv = 0, head_dim = 0;  // attention
+  bool causal = false;                                                   // attention
+  int64_t bytes = 0;                                                     // memory
+  int element_bytes = 2;  // operand precision: 1 fp8, 2 bf16 (or fp16), 4 fp32
+
+  /// The model-FLOP convention of models/op_graph.h: GEMM 2mnk·batch; attention forward
+  /// 4·b·h·sq·skv·d (half when causal), backward twice that; memory 0.
+  double flops() const;
+  bool operator==(const Kernel&) const = default;
+};
+
+inline Kernel gemm_kernel(int64_t m, int64_t n, int64_t k, int64_t batch, int element_bytes) {
+  return {.kind = KernelKind::kGemm,
+          .m = m,
+          .n = n,
+          .k = k,
+          .batch = batch,
+          .element_bytes = element_bytes};
+}
+inline Kernel memory_kernel(int64_t bytes) {
+  return {.kind = KernelKind::kMemory, .bytes = bytes};
+}
+
+/// "gemm 512x1024x256 x2 bf16", "attn_fwd b1 h8/8 512x512 d64 causal", "mem 4096 B".
+std::string describe(const Kernel& k);
+
+using KernelListId = Id<struct KernelListTag>;  // a list of kernels a TaskGraph holds
+
+}  // namespace hetpar::sim

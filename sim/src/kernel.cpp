@@ -1,0 +1,61 @@
+#include "hetpar/sim/kernel.h"
+
+#include <fmt/format.h>
+
+namespace hetpar::sim {
+
+std::string_view to_string(KernelKind k) {
+  switch (k) {
+    case KernelKind::kGemm:
+      return "gemm";
+    case KernelKind::kAttentionForward:
+      return "attn_fwd";
+    case KernelKind::kAttentionBackward:
+      return "attn_bwd";
+    case KernelKind::kMemory:
+      return "mem";
+  }
+  return "?";
+}
+
+double Kernel::flops() const {
+  switch (kind) {
+    case KernelKind::kGemm:
+      return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) *
+             static_cast<double>(batch);
+    case KernelKind::kAttentionForward:
+    case KernelKind::kAttentionBackward: {
+      double f = 4.0 * static_cast<double>(batch) * static_cast<double>(heads) *
+                 static_cast<double>(seq_q) * static_cast<double>(seq_kv) *
+                 static_cast<double>(head_dim);
+      if (causal) f /= 2;
+      return kind == KernelKind::kAttentionBackward ? 2 * f : f;
+    }
+    case KernelKind::kMemory:
+      return 0;
+  }
+  return 0;
+}
+
+namespace {
+std::string_view precision(int element_bytes) {
+  return element_bytes == 1 ? "fp8" : element_bytes == 4 ? "fp32" : "bf16";
+}
+}  // namespace
+
+std::string describe(const Kernel& k) {
+  switch (k.kind) {
+    case KernelKind::kGemm:
+      return fmt::format("gemm {}x{}x{} x{} {}", k.m, k.n, k.k, k.batch,
+                         precision(k.element_bytes));
+    case KernelKind::kAttentionForward:
+    case KernelKind::kAttentionBackward:
+      return fmt::format("{} b{} h{}/{} {}x{} d{}{}", to_string(k.kind), k.batch, k.heads,
+                         k.kv_heads, k.seq_q, k.seq_kv, k.head_dim, k.causal ? " causal" : "");
+    case KernelKind::kMemory:
+      return fmt::format("mem {} B", k.bytes);
+  }
+  return "?";
+}
+
+}  // namespace hetpar::sim

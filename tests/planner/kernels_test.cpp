@@ -1,0 +1,126 @@
+// Kernel descriptions (sim/kernel.h, planner/kernels.h) attached by lower(): every compute
+// task says what it runs, its kernels' FLOPs are the FLOPs the task was timed with, and
+// attaching them changes no prediction.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "hetpar/planner/evaluate.h"
+#include "hetpar/planner/lower.h"
+#include "hetpar/sim/simulate.h"
+
+namespace hetpar::planner {
+namespace {
+
+Scenario tiny(int gpus) {
+  auto s = load_scenario(
+      fmt::format("{}/tests/data/executor/tiny-vlm-{}.json", HETPAR_SOURCE_DIR, gpus));
+  EXPECT_TRUE(s.is_ok()) << s.status().to_string();
+  return *s;
+}
+
+Layout layout(int tp, int cp, int pp, int dp) {
+  Layout l;
+  l.tp = tp;
+  l.cp = cp;
+  l.pp = pp;
+  l.dp = dp;
+  return l;
+}
+
+// Each compute task's kernels add up to its FLOPs (GEMMs and attention; memory kernels
+// carry none), and every compute task has kernels.
+void expect_kernels_match(const Scenario& s, const Plan& p) {
+  LowerOptions o;
+  o.full_ranks = true;
+  o.kernels = true;
+  auto lp = lower(s, p, o);
+  ASSERT_TRUE(lp.is_ok()) << lp.status().to_string();
+  int compute = 0;
+  for (int t = 0; t < lp->graph.num_tasks(); ++t) {
+    const sim::Task& task = lp->graph.task(TaskId(t));
+    if (task.kind != sim::TaskKind::kCompute) continue;
+    ++compute;
+    ASSERT_TRUE(task.kernels.valid()) << lp->graph.label_text(task.label.name);
+    double flops = 0;
+    for (const sim::Kernel& k : lp->graph.kernels(task.kernels)) flops += k.flops();
+    EXPECT_NEAR(flops, task.flops.count(), 1e-9 * std::max(1.0, task.flops.count()))
+        << lp->graph.label_text(task.label.name);
+    if (task.duration > Time::zero()) {
+      EXPECT_FALSE(lp->graph.kernels(task.kernels).empty());
+    }
+  }
+  EXPECT_GT(compute, 0);
+  // The same prediction with and without kernels.
+  o.kernels = false;
+  auto plain = lower(s, p, o);
+  ASSERT_TRUE(plain.is_ok());
+  auto a = sim::simulate(lp->graph, lp->network, {}, nullptr);
+  auto b = sim::simulate(plain->graph, plain->network, {}, nullptr);
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  EXPECT_EQ(a->makespan, b->makespan);
+}
+
+TEST(Kernels, HomogeneousLayoutsMatchTaskFlops) {
+  const Scenario s = tiny(4);
+  for (Layout l : {layout(2, 1, 1, 2), layout(1, 2, 1, 2), layout(2, 2, 1, 1), layout(1, 1, 2, 2),
+                   layout(4, 1, 1, 1)}) {
+    Plan p;
+    p.layout = l;
+    SCOPED_TRACE(fmt::format("tp {} cp {} pp {} dp {}", l.tp, l.cp, l.pp, l.dp));
+    expect_kernels_match(s, p);
+    p.layout.recompute = models::Recompute::kSelective;
+    expect_kernels_match(s, p);
+    p.layout.recompute = models::Recompute::kFull;
+    expect_kernels_match(s, p);
+  }
+  Plan zb;
+  zb.layout = layout(1, 1, 2, 2);
+  zb.schedule = Schedule::kZeroBubble;
+  expect_kernels_match(s, zb);
+}
+
+TEST(Kernels, HeterogeneousPlansMatchTaskFlops) {
+  const Scenario s = tiny(4);
+  Plan co;
+  co.layout = layout(2, 1, 1, 2);
+  co.placement = Placement::kColocated;
+  co.modules.push_back({"vision", layout(1, 1, 1, 4), 0});
+  expect_kernels_match(s, co);
+  Plan non;
+  non.layout = layout(2, 1, 1, 1);
+  non.placement = Placement::kNonColocated;
+  non.llm_first_rank = 2;
+  non.modules.push_back({"vision", layout(1, 1, 1, 2), 0});
+  expect_kernels_match(s, non);
+}
+
+TEST(Kernels, ShardedShapes) {
+  // Column-parallel qkv under tp 2: N halves; the attention kernel has heads / tp and, under
+  // cp, seq_q / cp.
+  const Scenario s = tiny(4);
+  Plan p;
+  p.layout = layout(2, 2, 1, 1);
+  LowerOptions o;
+  o.full_ranks = o.kernels = true;
+  auto lp = lower(s, p, o);
+  ASSERT_TRUE(lp.is_ok());
+  bool saw_attention = false;
+  for (int t = 0; t < lp->graph.num_tasks(); ++t) {
+    const sim::Task& task = lp->graph.task(TaskId(t));
+    if (task.kind != sim::TaskKind::kCompute) continue;
+    for (const sim::Kernel& k : lp->graph.kernels(task.kernels))
+      if (k.kind == sim::KernelKind::kAttentionForward && k.causal) {  // the LLM's
+        saw_attention = true;
+        EXPECT_EQ(k.heads, 2);      // 4 heads / tp 2
+        EXPECT_EQ(k.seq_q, 16);     // 32 tokens / cp 2
+        EXPECT_EQ(k.seq_kv, 16);    // one ring step: one rank's K,V chunk
+        EXPECT_EQ(k.head_dim, 32);  // 128 / 4
+      }
+  }
+  EXPECT_TRUE(saw_attention);
+}
+
+}  // namespace
+}  // namespace hetpar::planner
