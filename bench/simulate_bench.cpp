@@ -10,11 +10,14 @@
 namespace hetpar::planner {
 namespace {
 
-Scenario make(const char* model_json, int64_t seq, int64_t gbs, const char* profile, int nodes) {
+Scenario make(const char* model_json, int64_t seq, int64_t gbs, const char* profile, int nodes,
+              int images = 0) {
   auto s = parse_scenario_text(
-      fmt::format(R"({{"model": {}, "workload": {{"seq_len": {}, "global_batch": {}}},
+      fmt::format(R"({{"model": {}, "workload": {{"seq_len": {}, "global_batch": {}{}}},
                       "cluster": {{"profile": "{}", "nodes": {}}}}})",
-                  model_json, seq, gbs, profile, nodes),
+                  model_json, seq, gbs,
+                  images > 0 ? fmt::format(R"(, "images_per_sample": {})", images) : "", profile,
+                  nodes),
       "bench");
   if (!s.is_ok()) throw std::runtime_error(s.status().to_string());
   return *s;
@@ -32,9 +35,13 @@ Plan plan(int tp, int pp, int dp, int mbs, Schedule sch = Schedule::k1F1B, int v
   return p;
 }
 
-void run(benchmark::State& state, const Scenario& s, const Plan& p, bool full_ranks = false) {
+// `search`: as a layout search evaluates (no exposed-comm sweep, memory not enforced, so
+// that a plan the memory model rejects is still timed).
+void run(benchmark::State& state, const Scenario& s, const Plan& p, bool full_ranks = false,
+         bool search = false) {
   for (auto _ : state) {
-    auto m = evaluate(s, p, {.full_ranks = full_ranks});
+    auto m = evaluate(
+        s, p, {.full_ranks = full_ranks, .enforce_memory = !search, .exposed_by_kind = !search});
     if (!m.is_ok() || !m->feasible) {
       state.SkipWithError(m.is_ok() ? m->infeasible_reason.c_str() : m.status().message().c_str());
       return;
@@ -87,6 +94,66 @@ void BM_Llama405B_16384xH100(benchmark::State& state) {
   run(state, s, p);
 }
 BENCHMARK(BM_Llama405B_16384xH100)->Unit(benchmark::kMillisecond);
+
+// InternViT-6B (4 tiles per sample, pixel-shuffled to 256 tokens each) + Llama-3.1-70B on
+// 1024 H100s (examples/internvit-70b-inline.json), the heterogeneous plans a layout search
+// evaluates by the thousand.
+const Scenario& internvit_1024() {
+  static const Scenario s = make(
+      R"({"name": "internvit-6b-llama-3.1-70b", "modules": [
+          {"name": "vision", "kind": "vision_encoder", "spec": "internvit-6b"},
+          {"name": "projector", "kind": "projector", "spec": {"input_hidden": 3200,
+           "output_hidden": 8192, "layers": 2, "ffn_hidden": 8192, "activation": "gelu",
+           "downsample": 2}},
+          {"name": "llm", "kind": "llm", "spec": "llama-3.1-70b"}],
+          "edges": [["vision", "projector"], ["projector", "llm"]]})",
+      8192, 1024, "dgx-h100", 128, 4);
+  return s;
+}
+
+Plan hetero(Placement where, Plan llm, int llm_first, Layout enc, int enc_first) {
+  llm.placement = where;
+  llm.llm_first_rank = llm_first;
+  llm.layout.distributed_optimizer = true;
+  llm.layout.recompute = models::Recompute::kSelective;
+  enc.distributed_optimizer = true;
+  llm.modules.push_back({"vision", enc, enc_first});
+  return llm;
+}
+
+Layout encoder(int tp, int dp) {
+  Layout l;
+  l.tp = tp;
+  l.dp = dp;
+  return l;
+}
+
+// Colocated three-phase: the ViT TP1 DP1024 on every GPU, the LLM TP8 PP4 DP32 (fan-in 32).
+void BM_Hetero_ThreePhase_1024xH100(benchmark::State& state) {
+  run(state, internvit_1024(),
+      hetero(Placement::kColocated, plan(8, 4, 32, 1), 0, encoder(1, 1024), 0), state.range(0) != 0,
+      true);
+}
+BENCHMARK(BM_Hetero_ThreePhase_1024xH100)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+
+// Non-colocated: the ViT TP1 DP256 on 32 nodes, the LLM TP8 PP6 DP16 (10/15/.../10 layers)
+// on the other 96 (fan-in 16).
+void BM_Hetero_NonColocated_1024xH100(benchmark::State& state) {
+  Plan llm = plan(8, 6, 16, 1);
+  llm.layout.first_stage_layers = llm.layout.last_stage_layers = 10;
+  run(state, internvit_1024(), hetero(Placement::kNonColocated, llm, 256, encoder(1, 256), 0),
+      state.range(0) != 0, true);
+}
+BENCHMARK(BM_Hetero_NonColocated_1024xH100)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+
+// Colocated, LLM pp 1 (interleaved per micro-batch): the ViT TP1 DP1024, the LLM TP8 DP128.
+void BM_Hetero_Colocated_1024xH100(benchmark::State& state) {
+  Plan llm = plan(8, 1, 128, 1);
+  llm.layout.recompute = models::Recompute::kFull;
+  run(state, internvit_1024(), hetero(Placement::kColocated, llm, 0, encoder(1, 1024), 0),
+      state.range(0) != 0, true);
+}
+BENCHMARK(BM_Hetero_Colocated_1024xH100)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace hetpar::planner

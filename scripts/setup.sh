@@ -10,6 +10,8 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenmpi-dev openmpi-bin libtbb-dev
 )
+# The runtime's cuda backend is optional and not from Debian: CMake builds it when it finds
+# NVIDIA's CUDA toolkit (nvcc, cuBLASLt) and NCCL, e.g. under /usr/local/cuda.
 
 missing=()
 for p in "${packages[@]}"; do

@@ -173,6 +173,85 @@ TEST(Cli, CompareNamesAWinnerAndExplainsIt) {
   EXPECT_NE(no_plans.err.find("plans: missing required object"), std::string::npos);
 }
 
+TEST(Cli, ExportPrintsEachFileAfterAHeader) {
+  CliRun r = run("export " + example("gpt3-175b-1024xa100.json") + " --to megatron");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("==> launch.sh <==\n#!/bin/bash\n", 0), 0u) << r.out;
+  EXPECT_NE(r.out.find("--num-layers-per-virtual-pipeline-stage 6"), std::string::npos);
+  CliRun bridge = run("export " + example("large-encoder-72xh100-compare.json") +
+                      " --plan non_colocated --to megatron-bridge");
+  ASSERT_EQ(bridge.exit_code, 0) << bridge.err;
+  EXPECT_NE(bridge.out.find("==> megatron_bridge.yaml <=="), std::string::npos);
+  EXPECT_NE(bridge.out.find("rank_offset: 8"), std::string::npos) << bridge.out;
+}
+
+TEST(Cli, ExportWritesFilesIntoOut) {
+  const std::string dir = fmt::format("{}/{}.export_out", ::testing::TempDir(), ::getpid());
+  std::filesystem::remove_all(dir);
+  CliRun r = run(fmt::format("export {} --plan non_colocated --to megatron-mimo --out {}",
+                             example("llava-7b-8xh100-compare.json"), dir));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string launch = dir + "/launch.sh";
+  ASSERT_TRUE(std::filesystem::exists(launch));
+  EXPECT_NE(slurp(launch).find("--llm-offset 2"), std::string::npos);
+  EXPECT_NE(std::filesystem::status(launch).permissions() & std::filesystem::perms::owner_exec,
+            std::filesystem::perms::none);
+  EXPECT_NE(r.out.find("wrote " + launch), std::string::npos) << r.out;
+  // Missing parent directories are created; a file in the way is an error (exit 2).
+  CliRun nested = run(fmt::format("export {} --to nanotron --out {}/a/b",
+                                  example("gpt3-175b-1024xa100.json"), dir));
+  EXPECT_EQ(nested.exit_code, 2);  // gpt3 is not a Llama: nanotron refuses, writes nothing
+  EXPECT_FALSE(std::filesystem::exists(dir + "/a"));
+  CliRun in_the_way = run(
+      fmt::format("export {} --to megatron --out {}", example("gpt3-175b-1024xa100.json"), launch));
+  EXPECT_EQ(in_the_way.exit_code, 2);
+  EXPECT_NE(in_the_way.err.find("cannot create directory"), std::string::npos) << in_the_way.err;
+  CliRun deep = run(fmt::format("export {} --to megatron --out {}/a/b",
+                                example("gpt3-175b-1024xa100.json"), dir));
+  EXPECT_EQ(deep.exit_code, 0) << deep.err;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/a/b/launch.sh"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Cli, ExportRefusalsWriteNothing) {
+  const std::string dir = fmt::format("{}/{}.export_refused", ::testing::TempDir(), ::getpid());
+  std::filesystem::remove_all(dir);
+  // A target that cannot express the plan: exit 2 with what it cannot express.
+  CliRun r = run(
+      fmt::format("export {} --to deepspeed --out {}", example("gpt3-175b-1024xa100.json"), dir));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("deepspeed cannot express this plan: virtual pipeline stages (vpp 2"),
+            std::string::npos)
+      << r.err;
+  EXPECT_FALSE(std::filesystem::exists(dir));
+  // An unknown target: exit 2 listing the valid ones.
+  CliRun unknown = run("export " + example("gpt3-175b-1024xa100.json") + " --to alpa");
+  EXPECT_EQ(unknown.exit_code, 2);
+  EXPECT_NE(unknown.err.find("unknown target \"alpa\" (valid: megatron, megatron-mimo, "
+                             "megatron-bridge, torchtitan, deepspeed, nanotron)"),
+            std::string::npos)
+      << unknown.err;
+  // An infeasible plan: exit 3, before anything is written.
+  std::string bad = kSmallPlan;
+  bad.replace(bad.find(R"("tp": 2)"), 7, R"("tp": 3)");
+  CliRun infeasible =
+      run(fmt::format("export {} --to megatron --out {}", write_temp("export_bad.json", bad), dir));
+  EXPECT_EQ(infeasible.exit_code, 3);
+  EXPECT_NE(infeasible.err.find("plan is infeasible"), std::string::npos) << infeasible.err;
+  EXPECT_FALSE(std::filesystem::exists(dir));
+  // No plan, or no plan of that name.
+  CliRun no_plan = run("export " + example("default.json") + " --to megatron");
+  EXPECT_EQ(no_plan.exit_code, 2);
+  EXPECT_NE(no_plan.err.find("plan: missing required object"), std::string::npos);
+  CliRun no_name =
+      run("export " + example("llava-7b-8xh100-compare.json") + " --plan best --to megatron");
+  EXPECT_EQ(no_name.exit_code, 2);
+  EXPECT_NE(no_name.err.find("no plan named \"best\" (the section has: colocated, homogeneous, "
+                             "non_colocated)"),
+            std::string::npos)
+      << no_name.err;
+}
+
 struct BadScenario {
   const char* name;
   const char* text;

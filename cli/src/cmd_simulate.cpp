@@ -1,4 +1,5 @@
-// `hetpar simulate FILE [--json] [--trace OUT]`: FILE is a scenario with a "plan" section.
+// `hetpar simulate FILE [--json] [--trace OUT] [--profile P]`: FILE is a scenario with a "plan"
+// section; --profile replaces the cluster's hardware profile (e.g. a calibrated one).
 #include <fmt/format.h>
 
 #include <sstream>
@@ -6,6 +7,8 @@
 #include "commands.h"
 #include "hetpar/core/file_io.h"
 #include "hetpar/core/format.h"
+#include "hetpar/hardware/cluster.h"
+#include "hetpar/hardware/system_profile.h"
 #include "hetpar/planner/evaluate.h"
 #include "hetpar/sim/trace.h"
 #include "render.h"
@@ -50,11 +53,33 @@ void print_text(const planner::Scenario& s, const planner::Plan& p, const planne
   for (const auto& ph : m.phases) fmt::print("  {:<12} {:>10}\n", ph.phase, ph.per_rank);
 }
 
+// --profile: the one node group's profile replaced, the cluster overrides re-applied.
+Status replace_profile(planner::Scenario& s, const std::string& ref) {
+  std::vector<hardware::NodeGroup> groups = s.cluster.groups();
+  if (groups.size() != 1)
+    return Status::invalid_argument(fmt::format(
+        "--profile: the cluster has {} node groups; --profile replaces the profile of a "
+        "single-group cluster (name calibrated files in cluster.node_groups instead)",
+        groups.size()));
+  auto profile = hardware::load_profile(ref);
+  if (!profile.is_ok()) return profile.status().with_context("--profile");
+  groups[0].profile = *profile;
+  groups[0].profile_ref = ref;
+  auto cluster = hardware::ClusterSpec::create(std::move(groups), s.cluster.overrides());
+  if (!cluster.is_ok()) return cluster.status().with_context("--profile");
+  s.cluster = *cluster;
+  return Status::ok();
+}
+
 }  // namespace
 
 int run_simulate(const SimulateOptions& opts) {
   auto scenario = planner::load_scenario(opts.path);
   if (!scenario.is_ok()) return report_error(scenario.status());
+  if (!opts.profile.empty()) {
+    Status st = replace_profile(*scenario, opts.profile);
+    if (!st.is_ok()) return report_error(st);
+  }
   if (!scenario->plan)
     return report_error(Status::invalid_argument(
         fmt::format("{}: plan: missing required object (simulate needs a \"plan\" section, see "

@@ -18,6 +18,9 @@ struct SimulateOptions {
   std::string path;  // scenario with a "plan" section
   bool json = false;
   std::string trace_path;  // Perfetto / Chrome trace output, "" = none
+  /// A profile (built-in name or file, e.g. from `hetpar calibrate`) that replaces the
+  /// cluster's; "" = the scenario's own. The cluster must have a single node group.
+  std::string profile;
 };
 /// Exit 3 when the plan is infeasible (the reason goes to stderr).
 int run_simulate(const SimulateOptions& opts);
@@ -39,6 +42,16 @@ struct PlanOptions {
 /// Exit 3 when no plan is feasible (the most common reasons go to stderr).
 int run_plan(const PlanOptions& opts);
 
+struct ExportOptions {
+  std::string path;       // scenario with a "plan" section (or "plans" with plan_name)
+  std::string target;     // exporter::parse_target spelling
+  std::string plan_name;  // "" = the "plan" section
+  std::string out_dir;    // "" = print to stdout
+};
+/// Exit 2 for an unknown target or a plan the target cannot express, 3 for an infeasible
+/// plan; nothing is written then.
+int run_export(const ExportOptions& opts);
+
 struct ValidationOptions {
   std::string dir = "validation/runs";
   bool json = false;
@@ -47,6 +60,16 @@ struct ValidationOptions {
 };
 /// Exit 4 when a bound is given and missed.
 int run_validation(const ValidationOptions& opts);
+
+struct CalibrateOptions {
+  std::string backend = "cpu";  // "cpu" | "cuda"
+  bool quick = false;
+  std::string out;   // "" = calibrated-<backend>.json
+  std::string base;  // profile supplying datasheet peaks and unmeasured figures
+  std::string name;  // profile name, "" = calibrated-<backend>
+};
+/// Run under mpirun; every rank sweeps, rank 0 fits, prints and writes.
+int run_calibrate(const CalibrateOptions& opts);
 
 struct CatalogOptions {
   bool json = false;

@@ -29,6 +29,9 @@ int main(int argc, char** argv) {
   cmd_simulate->add_flag("--json", simulate.json, "Print JSON instead of text");
   cmd_simulate->add_option("--trace", simulate.trace_path,
                            "Write the iteration timeline as a Perfetto/Chrome trace JSON");
+  cmd_simulate->add_option("--profile", simulate.profile,
+                           "Hardware profile (built-in name or file, e.g. from `hetpar "
+                           "calibrate`) replacing the cluster's");
 
   CompareOptions compare;
   auto* cmd_compare = app.add_subcommand(
@@ -57,6 +60,24 @@ int main(int argc, char** argv) {
   cmd_plan->add_option("--top", plan.top, "Plans in the ranked table (default: search.top_k, 5)")
       ->check(CLI::Range(1, 1000));
 
+  ExportOptions export_opts;
+  auto* cmd_export = app.add_subcommand(
+      "export",
+      "Write what a trainer needs to run a scenario's plan: launch flags, config files and a "
+      "launch script (megatron, megatron-mimo, megatron-bridge, torchtitan, deepspeed, "
+      "nanotron); refuses what the trainer cannot express");
+  cmd_export->add_option("file", export_opts.path, "Scenario JSON with a \"plan\" section")
+      ->required();
+  cmd_export
+      ->add_option("--to", export_opts.target,
+                   "Target trainer: megatron, megatron-mimo, megatron-bridge, torchtitan, "
+                   "deepspeed or nanotron")
+      ->required();
+  cmd_export->add_option("--plan", export_opts.plan_name,
+                         "Export this plan of the \"plans\" section instead of \"plan\"");
+  cmd_export->add_option("--out", export_opts.out_dir,
+                         "Write the files into this directory (default: print them)");
+
   ValidationOptions validation;
   auto* cmd_validation =
       app.add_subcommand("validation",
@@ -69,6 +90,23 @@ int main(int argc, char** argv) {
                              "Fail (exit 4) when the mean |error| exceeds this fraction");
   cmd_validation->add_option("--max-error", validation.max_error,
                              "Fail (exit 4) when any |error| exceeds this fraction");
+
+  CalibrateOptions calibrate;
+  auto* cmd_calibrate = app.add_subcommand(
+      "calibrate",
+      "Measure this machine (GEMMs, attention, memory, P2P, collectives) and write a hardware "
+      "profile; run under `mpirun -np N`, one process per device");
+  cmd_calibrate->add_option("--backend", calibrate.backend, "Device backend")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  cmd_calibrate->add_flag("--quick", calibrate.quick,
+                          "Small grid: well under a minute on the cpu backend");
+  cmd_calibrate->add_option("--out", calibrate.out,
+                            "Profile JSON to write (default calibrated-<backend>.json)");
+  cmd_calibrate->add_option("--base", calibrate.base,
+                            "Profile (built-in name or file) supplying datasheet peaks and what "
+                            "the run cannot measure (e.g. inter-node figures on one host)");
+  cmd_calibrate->add_option("--name", calibrate.name, "Name of the written profile");
 
   CatalogOptions models;
   auto* cmd_models = app.add_subcommand("models", "List the model zoo");
@@ -88,7 +126,9 @@ int main(int argc, char** argv) {
   if (*cmd_simulate) return run_simulate(simulate);
   if (*cmd_compare) return run_compare(compare);
   if (*cmd_plan) return run_plan(plan);
+  if (*cmd_export) return run_export(export_opts);
   if (*cmd_validation) return run_validation(validation);
+  if (*cmd_calibrate) return run_calibrate(calibrate);
   if (*cmd_models) return run_models(models);
   if (*cmd_hardware) return run_hardware(hardware);
   return 2;

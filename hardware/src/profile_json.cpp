@@ -112,6 +112,30 @@ void read_gpu(JsonReader r, DeviceProfile& g, JsonReader& parent) {
   }
   g.gemm_launch_overhead = Time::us(gemm.required_double("launch_us"));
   g.gemm_split_k = gemm.optional_bool("split_k", true);
+  if (gemm.has("measured")) {
+    JsonReader measured = gemm.object("measured");
+    const nlohmann::json* mj = gemm.raw("measured");
+    for (auto it = mj->begin(); mj->is_object() && it != mj->end() && measured.ok(); ++it) {
+      if (!it.key().empty() && it.key()[0] == '$') continue;
+      std::optional<Precision> prec = parse_precision(it.key());
+      if (!prec) {
+        measured.fail(it.key(), "unknown precision (expected fp32|tf32|bf16|fp16|fp8)");
+        break;
+      }
+      for (const auto& row : read_rows(measured, it.key(), 4, "[m, n, k, tflops]")) {
+        if (!is_whole(row[0]) || !is_whole(row[1]) || !is_whole(row[2])) {
+          measured.fail(it.key(), fmt::format("GEMM sizes must be integers, got {}x{}x{}", row[0],
+                                              row[1], row[2]));
+          break;
+        }
+        g.gemm_measured[precision_index(*prec)].push_back(
+            {static_cast<int64_t>(row[0]), static_cast<int64_t>(row[1]),
+             static_cast<int64_t>(row[2]), FlopRate::per_second(std::round(row[3] * 1e12))});
+      }
+    }
+    measured.finish();
+    gemm.merge(measured.status());
+  }
   gemm.finish();
   r.merge(gemm.status());
 
@@ -246,6 +270,15 @@ nlohmann::json profile_to_json(const SystemProfile& p) {
                                                {"eta_max", g.eta_max(prec)}};
   nlohmann::json tiles = nlohmann::json::array();
   for (const GemmTile& t : g.gemm_tiles) tiles.push_back({t.m, t.n, t.efficiency});
+  nlohmann::json gemm = {
+      {"tiles", tiles}, {"launch_us", to_us(g.gemm_launch_overhead)}, {"split_k", g.gemm_split_k}};
+  for (Precision prec : kAllPrecisions) {
+    const std::vector<GemmMeasurement>& pts = g.gemm_measured[precision_index(prec)];
+    if (pts.empty()) continue;
+    nlohmann::json rows = nlohmann::json::array();
+    for (const GemmMeasurement& m : pts) rows.push_back({m.m, m.n, m.k, to_tflops(m.rate)});
+    gemm["measured"][std::string(to_string(prec))] = rows;
+  }
 
   nlohmann::json j = {
       {"name", p.name},
@@ -260,10 +293,7 @@ nlohmann::json profile_to_json(const SystemProfile& p) {
         {"memory_efficiency", g.memory_efficiency},
         {"host_link_GBps", to_GBps(g.host_link)},
         {"compute", compute},
-        {"gemm",
-         {{"tiles", tiles},
-          {"launch_us", to_us(g.gemm_launch_overhead)},
-          {"split_k", g.gemm_split_k}}},
+        {"gemm", gemm},
         {"attention",
          {{"fwd_efficiency", g.attention_fwd_efficiency},
           {"bwd_efficiency", g.attention_bwd_efficiency}}}}},

@@ -137,6 +137,20 @@ Status validate_profile(const SystemProfile& p) {
     c.fraction(key + "[2]", t.efficiency);
   }
   c.non_negative("gpu.gemm.launch_us", g.gemm_launch_overhead.to_us());
+  for (Precision prec : kAllPrecisions) {
+    const std::vector<GemmMeasurement>& pts = g.gemm_measured[precision_index(prec)];
+    const std::string key = fmt::format("gpu.gemm.measured.{}", to_string(prec));
+    if (!pts.empty() && !g.supports(prec))
+      c.fail(key, fmt::format("measured rates for {}, which gpu.compute does not list",
+                              to_string(prec)));
+    for (size_t i = 0; i < pts.size(); ++i) {
+      const GemmMeasurement& m = pts[i];
+      const std::string at = fmt::format("{}[{}]", key, i);
+      if (m.m < 1 || m.n < 1 || m.k < 1)
+        c.fail(at, fmt::format("GEMM {}x{}x{} must be at least 1x1x1", m.m, m.n, m.k));
+      c.positive(at + "[3]", m.rate.to_tflops());
+    }
+  }
   c.fraction("gpu.attention.fwd_efficiency", g.attention_fwd_efficiency);
   c.fraction("gpu.attention.bwd_efficiency", g.attention_bwd_efficiency);
 
@@ -210,6 +224,9 @@ std::vector<std::string> missing_provenance(const SystemProfile& p) {
     fields.push_back(fmt::format("gpu.compute.{}.eta_max", to_string(prec)));
   }
   if (p.intra_node.nvls) fields.push_back("intra_node.nvls_min_group");
+  for (Precision prec : kAllPrecisions)
+    if (!p.gpu.gemm_measured[precision_index(prec)].empty())
+      fields.push_back(fmt::format("gpu.gemm.measured.{}", to_string(prec)));
   if (p.wan) {
     fields.push_back("wan.up_gbps");
     fields.push_back("wan.down_gbps");

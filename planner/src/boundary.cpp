@@ -8,8 +8,18 @@ namespace hetpar::planner {
 
 int Boundary::source_replica(int d, int64_t i) const {
   if (fan_out > 1) return d / fan_out;
-  const int64_t j = i % llm_per_step;
-  return d * fan_in + static_cast<int>(j * llm_micro_batch / enc_micro_batch);
+  const int j = static_cast<int>(i % llm_per_step * llm_micro_batch / enc_micro_batch);
+  if (local_block == 0) return d * fan_in + j;
+  const int per_block = local_block / enc_tp;  // encoder replicas on one stage's block
+  return ((j / per_block) * llm_stage_ranks + d * local_block) / enc_tp + j % per_block;
+}
+
+int Boundary::feeder_index(int e) const {
+  if (fan_in == 1) return 0;
+  if (local_block == 0) return e % fan_in;
+  const int x = e * enc_tp;  // its first GPU
+  const int per_block = local_block / enc_tp;
+  return (x / llm_stage_ranks) * per_block + (x % llm_stage_ranks % local_block) / enc_tp;
 }
 
 std::string boundary_infeasibility(const Scenario& s, const Plan& p, const ModulePlan& mp) {
@@ -56,6 +66,12 @@ Boundary make_boundary(const Scenario& s, const Plan& p, const ModulePlan& mp) {
   const auto& llm = std::get<models::LlmSpec>(s.model.modules[s.model.llm_index()].spec);
   b.bytes_per_micro_batch = Bytes(b.llm_micro_batch * b.tokens_per_sample * llm.block.hidden *
                                   hardware::bytes_per_element(s.workload.precision));
+  const Layout& l = p.layout;
+  b.enc_tp = mp.layout.tp;
+  if (p.placement == Placement::kColocated && b.fan_in > 1 && (l.tp * l.cp) % b.enc_tp == 0) {
+    b.local_block = l.tp * l.cp;
+    b.llm_stage_ranks = l.tp * l.cp * l.dp;
+  }
   return b;
 }
 

@@ -133,7 +133,7 @@ Result<PlanMetrics> evaluate(const Scenario& s, const Plan& p, const EvaluateOpt
     const sim::Task& task = lowered.graph.task(TaskId(t));
     if (task.kind != sim::TaskKind::kCompute &&
         lowered.graph.label_text(task.label.category) == "boundary_comm")
-      m.boundary_bytes += task.bytes;
+      m.boundary_bytes += task.bytes * (1 + int64_t{task.num_copies});  // copies: lower.h
   }
   m.iteration_time = r.makespan;
   m.model_flops_per_iteration = lowered.model_flops_per_iteration;

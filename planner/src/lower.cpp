@@ -3,18 +3,23 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 #include <memory>
+#include <numeric>
+#include <optional>
 
 #include "hetpar/core/check.h"
 #include "hetpar/models/totals.h"
 #include "hetpar/planner/boundary.h"
 #include "hetpar/planner/cost_model.h"
+#include "hetpar/planner/memory.h"
 #include "hetpar/planner/network_builder.h"
 #include "hetpar/planner/schedule.h"
 
 namespace hetpar::planner {
 
 using sim::CollectiveKind;
+using sim::GroupId;
 
 namespace {
 
@@ -256,18 +261,66 @@ ModuleCost for_direction(const ModuleCost& m, bool backward, bool sp) {
   return out;
 }
 
+// Symmetry reduction of one module of a heterogeneous plan (lower_heterogeneous decides
+// it): DP replicas of one class behave alike, so the first replica of each class runs tasks
+// for all of them. Every stage uses the same classes.
+struct Reduction {
+  std::vector<int> replica_class;  // per DP replica, a class id
+  /// The representative replicas' every rank runs tasks (colocated three-phase, where an
+  /// LLM TP group hosts encoder replicas of different classes); otherwise only their
+  /// tp = cp = 0 rank, its TP x CP peers mirrored.
+  bool whole_replicas = false;
+};
+
+// Owner of each local rank of a stage: the rank whose tasks stand for it (itself when it
+// runs tasks).
+std::vector<int> owners(const Layout& l, const Reduction& r) {
+  const int block = l.tp * l.cp;
+  std::vector<int> first_of_class;
+  std::vector<int> rep(static_cast<size_t>(l.dp));
+  for (int d = 0; d < l.dp; ++d) {
+    const int c = r.replica_class[static_cast<size_t>(d)];
+    if (c >= static_cast<int>(first_of_class.size())) first_of_class.resize(c + 1, -1);
+    if (first_of_class[c] < 0) first_of_class[c] = d;
+    rep[d] = first_of_class[c];
+  }
+  std::vector<int> out(static_cast<size_t>(block) * l.dp);
+  for (int j = 0; j < static_cast<int>(out.size()); ++j)
+    out[j] = rep[j / block] * block + (r.whole_replicas ? j % block : 0);
+  return out;
+}
+
+// Whether the ranks [offset, offset + tp·cp·dp) of each pipeline stage of `l` are alike
+// (so that representatives stand for the others): one node type (equal compute and links),
+// stages aligned to nodes (whole nodes each, or several stages per node), and CP / EP groups
+// with the same shape on every node (inside one node, or one member per node for CP's ring;
+// whole nodes for EP).
+bool stage_symmetric(const Scenario& s, const Layout& l, int offset) {
+  if (s.cluster.groups().size() != 1) return false;
+  const int g = s.cluster.groups()[0].profile.gpus_per_node;
+  const int n = l.tp * l.cp * l.dp;
+  if (n % g != 0 && g % n != 0) return false;
+  if (offset % std::min(n, g) != 0) return false;
+  if (n <= g) return true;
+  const int per_node = g / l.tp;  // (cp, dp) positions per node
+  if (l.cp > 1 && per_node % l.cp != 0 && per_node != 1) return false;
+  if (l.ep > 1 && per_node % l.ep != 0 && l.ep % per_node != 0) return false;
+  return true;
+}
+
 // What one Lowering builds. The homogeneous plan: every module under the plan's layout on
 // ranks [0, world). A heterogeneous plan lowers each encoder (with its projectors) and the
 // LLM as separate Lowerings sharing one graph (lower_heterogeneous below).
 struct Role {
-  const Layout* layout = nullptr;   // null: the plan's
-  std::vector<size_t> modules;      // empty: every module the workload feeds
-  int rank_offset = 0;              // the first rank
-  int32_t stream_offset = 0;        // added to every comm stream index
-  bool encoder_categories = false;  // "enc_fwd", "enc_bwd", ...
-  bool frozen = false;              // no backward, gradients or optimizer
-  std::vector<PipelineOp> order;    // single stage: this program instead of the schedule's
-  std::string prefix;               // prepended to optimizer / DP labels
+  const Layout* layout = nullptr;      // null: the plan's
+  std::vector<size_t> modules;         // empty: every module the workload feeds
+  int rank_offset = 0;                 // the first rank
+  int32_t stream_offset = 0;           // added to every comm stream index
+  bool encoder_categories = false;     // "enc_fwd", "enc_bwd", ...
+  bool frozen = false;                 // no backward, gradients or optimizer
+  std::vector<PipelineOp> order;       // single stage: this program instead of the schedule's
+  std::string prefix;                  // prepended to optimizer / DP labels
+  std::optional<Reduction> reduction;  // heterogeneous: representatives as given; none: all
 };
 
 class Lowering {
@@ -301,8 +354,13 @@ class Lowering {
     TaskId first, last;
   };
   const std::vector<PipelineOp>& order(int stage) const { return orders_[stage]; }
-  // First / last task of op i of `stage` on local rank j (every rank simulated).
-  const OpSpan& span(int stage, size_t i, int j) const { return spans_[stage][i][j]; }
+  // First / last task of op i of `stage` on local rank j, which runs tasks.
+  const OpSpan& span(int stage, size_t i, int j) const {
+    HETPAR_CHECK(slot_[j] >= 0, "span of a mirrored rank");
+    return spans_[stage][i][slot_[j]];
+  }
+  bool simulated(int j) const { return slot_[j] >= 0; }
+  int owner(int j) const { return owner_[j]; }
   RankId rank_of(int j, int stage) const {
     return RankId(role_.rank_offset + j + stage_ranks() * stage);
   }
@@ -324,13 +382,12 @@ class Lowering {
   struct GroupSet {
     std::vector<GroupId> ids;
     std::vector<std::vector<int>> locals;
-    GroupId copies;
+    std::vector<bool> emitted;    // has a member that runs tasks (all, unreduced)
+    std::vector<GroupId> copies;  // per emitted group: the groups it stands for
   };
 
-  bool symmetric() const;
   void make_groups(GroupSet& gs, const std::vector<std::vector<int>>& locals);
-  bool active(int j) const { return !reduced_ || j == 0; }
-  int active_ranks() const { return reduced_ ? 1 : stage_ranks(); }
+  bool active(int j) const { return slot_[j] >= 0; }
   void build_costs();
   void place_blocks();
   void build_stage();
@@ -371,7 +428,10 @@ class Lowering {
   int64_t m_ = 0;
   int vstages_ = 0;
   bool split_w_ = false;
-  bool reduced_ = false;  // one representative rank per stage (lower.h)
+  bool reduced_ = false;      // representatives run tasks for their peers (lower.h)
+  std::vector<int> owner_;    // per local rank of a stage: the rank that stands for it
+  std::vector<int> actives_;  // local ranks that run tasks, ascending
+  std::vector<int> slot_;     // per local rank: its index in actives_, -1 when mirrored
 
   std::vector<std::vector<ModuleCost>> costs_[2];  // [backward][node group][module]
   std::vector<int> group_of_rank_;
@@ -388,7 +448,9 @@ class Lowering {
   std::vector<std::vector<std::vector<TaskId>>> last_grad_;  // [chunk][block][j]
   std::vector<RankId> members_;
   GroupSet tp_groups_, ep_groups_, dp_groups_, edp_groups_;
-  GroupId cp_pairs_, cp_copies_;                // the representative's ring step, the other edges
+  // Per active rank (reduced, leaders only): its ring step's pairs, the other edges it
+  // stands for.
+  std::vector<GroupId> cp_pairs_, cp_copies_;
   std::vector<std::vector<int32_t>> op_index_;  // pipeline_p2p: [stage][kind, chunk, mb]
 };
 
@@ -421,12 +483,30 @@ void Lowering::setup() {
     out_.micro_batches = m_;
     out_.network = build_network(s_.cluster);
   }
-  reduced_ = role_.modules.empty() && !o_.full_ranks && symmetric();
-  out_.representatives = reduced_;
-  if (reduced_)
+  const int n = stage_ranks();
+  if (role_.modules.empty()) {
+    reduced_ = !o_.full_ranks && stage_symmetric(s_, l_, 0);
+    out_.representatives = reduced_;
+  } else {
+    reduced_ = role_.reduction.has_value();  // lower_heterogeneous sets multiplicities
+  }
+  if (reduced_) {
+    owner_ = owners(l_, role_.modules.empty() ? Reduction{std::vector<int>(l_.dp, 0), false}
+                                              : *role_.reduction);
+  } else {
+    owner_.resize(n);
+    for (int j = 0; j < n; ++j) owner_[j] = j;
+  }
+  slot_.assign(n, -1);
+  actives_.clear();
+  for (int j = 0; j < n; ++j)
+    if (owner_[j] == j) {
+      slot_[j] = static_cast<int>(actives_.size());
+      actives_.push_back(j);
+    }
+  if (reduced_ && role_.modules.empty())
     for (int st = 0; st < l_.pp; ++st)
-      for (int j = 0; j < stage_ranks(); ++j)
-        g_.set_multiplicity(rank_of(j, st), j == 0 ? stage_ranks() : 0);
+      for (int j = 0; j < n; ++j) g_.set_multiplicity(rank_of(j, st), j == 0 ? n : 0);
   build_costs();
   place_blocks();
   orders_.resize(l_.pp);
@@ -459,34 +539,34 @@ void Lowering::finish() {
   for (int stage = 0; stage < l_.pp; ++stage) pipeline_p2p(stage);
 }
 
-// Whether the ranks of each stage are alike, so one representative per stage stands for
-// all of them: one node type (equal compute and links), stages aligned to nodes (whole
-// nodes each, or several stages per node), and CP / EP groups with the same shape on every
-// node (inside one node, or one member per node for CP's ring; whole nodes for EP).
-bool Lowering::symmetric() const {
-  if (s_.cluster.groups().size() != 1) return false;
-  const int g = s_.cluster.groups()[0].profile.gpus_per_node;
-  const int n = stage_ranks();
-  if (n % g != 0 && g % n != 0) return false;
-  if (n <= g) return true;
-  const int per_node = g / l_.tp;  // (cp, dp) positions per node
-  if (l_.cp > 1 && per_node % l_.cp != 0 && per_node != 1) return false;
-  if (l_.ep > 1 && per_node % l_.ep != 0 && l_.ep % per_node != 0) return false;
-  return true;
-}
-
+// Reduced: a group without a member that runs tasks is a copy of the group holding the
+// owner of its first member (groups of one set partition the stage's ranks).
 void Lowering::make_groups(GroupSet& gs, const std::vector<std::vector<int>>& locals) {
   gs.ids.clear();
   gs.locals = locals;
-  gs.copies = GroupId();
-  std::vector<RankId> copies;
+  gs.emitted.assign(locals.size(), !reduced_);
+  gs.copies.assign(locals.size(), GroupId());
   for (size_t k = 0; k < locals.size(); ++k) {
     members_.clear();
     for (int j : locals[k]) members_.push_back(rank_of(j, stage_));
     gs.ids.push_back(g_.add_group(members_));
-    if (reduced_ && k > 0) copies.insert(copies.end(), members_.begin(), members_.end());
   }
-  if (!copies.empty()) gs.copies = g_.add_group(copies);
+  if (!reduced_) return;
+  std::vector<int> group_of(static_cast<size_t>(stage_ranks()), -1);
+  for (size_t k = 0; k < locals.size(); ++k)
+    for (int j : locals[k]) {
+      group_of[j] = static_cast<int>(k);
+      if (active(j)) gs.emitted[k] = true;
+    }
+  std::vector<std::vector<RankId>> copies(locals.size());
+  for (size_t k = 0; k < locals.size(); ++k) {
+    if (gs.emitted[k]) continue;
+    const int o = group_of[owner_[locals[k][0]]];
+    HETPAR_CHECK(o >= 0 && gs.emitted[o], "a copied group without an emitted owner");
+    for (int j : locals[k]) copies[o].push_back(rank_of(j, stage_));
+  }
+  for (size_t k = 0; k < locals.size(); ++k)
+    if (!copies[k].empty()) gs.copies[k] = g_.add_group(copies[k]);
 }
 
 // Modules in execution order (encoders the workload feeds, each followed by its
@@ -594,14 +674,14 @@ void Lowering::compute(int j, Time d, Flops f, int pass, sim::LabelId name) {
 template <class OnRank>
 void Lowering::group_collectives(const GroupSet& gs, CollectiveKind kind, Bytes bytes,
                                  int32_t stream, sim::Label label, OnRank&& on_rank) {
-  const size_t groups = reduced_ ? 1 : gs.ids.size();
-  for (size_t k = 0; k < groups; ++k) {
+  for (size_t k = 0; k < gs.ids.size(); ++k) {
+    if (!gs.emitted[k]) continue;
     sim::CollectiveSpec spec;
     spec.kind = kind;
     spec.group_id = gs.ids[k];
     spec.bytes = bytes;
     spec.stream = stream;
-    spec.copies = gs.copies;
+    spec.copies = gs.copies[k];
     const TaskId c = g_.add_collective(spec, label);
     for (int j : gs.locals[k])
       if (active(j)) on_rank(j, c);
@@ -625,22 +705,25 @@ void Lowering::cp_ring(const PlacedBlock& pb, size_t s, int pass, const Labels& 
   const Bytes bytes = block(0, pb, backward).steps[s].bytes * (backward ? 2 : 1);
   std::vector<TaskId> arrived(cp), next(cp);
   if (reduced_) {
-    // The representative (q = 0) computes; each ring step it sends K,V to q = 1 and
+    // Each representative (q = 0) computes; each ring step it sends K,V to q = 1 and
     // receives them from q = cp-1 (both mirrored) as one grouped transfer, once its
     // previous chunk arrived (and the sender's, by symmetry). Both flows are simulated so
     // that the representative's links carry its sends and receives; every other ring edge
-    // of the stage is a copy.
-    TaskId in;
-    for (int i = 0; i < cp; ++i) {
-      const PassCost& c = block(0, pb, backward).steps[s].cost;
-      if (i > 0) st_[0].need = in;
-      compute(0, Time::ps((backward ? c.dgrad : c.forward).count_ps() / cp),
-              (backward ? c.dgrad_flops : c.forward_flops) / cp, pass, lb.compute);
-      if (i + 1 == cp) break;
-      const TaskId x =
-          g_.add_p2p_group(cp_pairs_, bytes, kCpSend, kCpRecv, {cat_cp_, lb.cp}, cp_copies_);
-      if (i > 0) g_.add_dependency(in, x);
-      in = x;
+    // of the replicas it stands for is a copy.
+    for (size_t a = 0; a < actives_.size(); ++a) {
+      const int j = actives_[a];
+      TaskId in;
+      for (int i = 0; i < cp; ++i) {
+        const PassCost& c = block(j, pb, backward).steps[s].cost;
+        if (i > 0) st_[j].need = in;
+        compute(j, Time::ps((backward ? c.dgrad : c.forward).count_ps() / cp),
+                (backward ? c.dgrad_flops : c.forward_flops) / cp, pass, lb.compute);
+        if (i + 1 == cp) break;
+        const TaskId x = g_.add_p2p_group(cp_pairs_[a], bytes, kCpSend, kCpRecv, {cat_cp_, lb.cp},
+                                          cp_copies_[a]);
+        if (i > 0) g_.add_dependency(in, x);
+        in = x;
+      }
     }
     return;
   }
@@ -673,17 +756,16 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
   const bool sp = l_.sequence_parallel;
   const bool backward = pass == kB;
   const WorkStep& step = block(0, pb, backward).steps[s];
-  const int n = active_ranks();
   switch (step.kind) {
     case StepKind::kCompute:
     case StepKind::kCpAttention: {
       if (backward && step.cost.recompute > Time::zero())  // selective recompute
-        for (int j = 0; j < n; ++j) {
+        for (int j : actives_) {
           const PassCost& c = block(j, pb, true).steps[s].cost;
           compute(j, c.recompute, c.recompute_flops, kR, recompute);
         }
       if (step.kind == StepKind::kCpAttention) return cp_ring(pb, s, pass, lb);
-      for (int j = 0; j < n; ++j) {
+      for (int j : actives_) {
         const PassCost& c = block(j, pb, backward).steps[s].cost;
         if (backward)
           compute(j, c.dgrad + (split_w_ ? Time() : c.wgrad),
@@ -716,10 +798,9 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
 void Lowering::run_op(const PipelineOp& op, std::vector<OpSpan>& spans) {
   const int v = op.chunk * l_.pp + stage_;
   const std::vector<PlacedBlock>& blocks = chunks_[v];
-  const int n = active_ranks();
   const size_t first_task = static_cast<size_t>(g_.num_tasks());
   auto grads_done = [&](size_t b) {
-    for (int j = 0; j < n; ++j) last_grad_[op.chunk][b][j] = st_[j].last;
+    for (int j : actives_) last_grad_[op.chunk][b][j] = st_[j].last;
   };
   for (size_t bi = 0; bi < blocks.size(); ++bi) {
     const size_t b = op.kind == PassKind::kForward ? bi : blocks.size() - 1 - bi;
@@ -745,7 +826,7 @@ void Lowering::run_op(const PipelineOp& op, std::vector<OpSpan>& spans) {
       }
       case PassKind::kWeight: {
         const Labels& lb = labels(v, b, kW);
-        for (int j = 0; j < n; ++j) {
+        for (int j : actives_) {
           PassCost sum;
           for (const WorkStep& step : block(j, pb).steps) sum += step.cost;
           compute(j, sum.wgrad, sum.wgrad_flops, kW, lb.compute);
@@ -755,15 +836,17 @@ void Lowering::run_op(const PipelineOp& op, std::vector<OpSpan>& spans) {
       }
     }
   }
-  // First and last task of the op on each rank (for the pipeline P2P dependencies).
-  spans.assign(n, {});
-  for (int j = 0; j < n; ++j) spans[j].last = st_[j].last;
-  int missing = n;
+  // First and last task of the op on each rank that runs tasks (for the pipeline P2P
+  // dependencies), by its index in actives_.
+  const int n = stage_ranks();
+  spans.assign(actives_.size(), {});
+  for (size_t a = 0; a < actives_.size(); ++a) spans[a].last = st_[actives_[a]].last;
+  int missing = static_cast<int>(actives_.size());
   for (size_t t = first_task; t < static_cast<size_t>(g_.num_tasks()) && missing > 0; ++t) {
     for (const sim::StreamRef& ref : g_.streams(TaskId(static_cast<int32_t>(t)))) {
       const int j = ref.rank.value() - role_.rank_offset - stage_ranks() * stage_;
-      if (j >= 0 && j < n && !spans[j].first.valid()) {
-        spans[j].first = TaskId(static_cast<int32_t>(t));
+      if (j >= 0 && j < n && slot_[j] >= 0 && !spans[slot_[j]].first.valid()) {
+        spans[slot_[j]].first = TaskId(static_cast<int32_t>(t));
         --missing;
       }
     }
@@ -808,23 +891,31 @@ void Lowering::build_stage() {
         for (int x = x0; x < cpdp; x += l_.ep) locals.back().push_back(t + l_.tp * x);
       }
   make_groups(edp_groups_, locals);
-  // CP ring: the representative's send (0 -> 1 of tp 0, dp 0) and receive (cp-1 -> 0);
-  // every other edge of the stage's rings is a copy.
-  cp_pairs_ = cp_copies_ = GroupId();
+  // CP ring: each representative's send (0 -> 1 of tp 0 in its replica) and receive
+  // (cp-1 -> 0); every other edge of the rings of the replicas it stands for is a copy.
+  cp_pairs_.assign(actives_.size(), GroupId());
+  cp_copies_.assign(actives_.size(), GroupId());
   if (reduced_ && l_.cp > 1) {
-    const RankId r0 = rank(0, 0, 0, stage_), r1 = rank(0, 1, 0, stage_),
-                 rl = rank(0, l_.cp - 1, 0, stage_);
-    const RankId pairs[] = {r0, r1, rl, r0};
-    cp_pairs_ = g_.add_group(pairs);
-    members_.clear();
-    for (int dp_i = 0; dp_i < l_.dp; ++dp_i)
-      for (int t = 0; t < l_.tp; ++t)
-        for (int q = 0; q < l_.cp; ++q) {
-          if (dp_i == 0 && t == 0 && (q == 0 || q == l_.cp - 1)) continue;
-          members_.push_back(rank(t, q, dp_i, stage_));
-          members_.push_back(rank(t, (q + 1) % l_.cp, dp_i, stage_));
-        }
-    if (!members_.empty()) cp_copies_ = g_.add_group(members_);
+    const int block = l_.tp * l_.cp;
+    for (size_t a = 0; a < actives_.size(); ++a) {
+      const int d0 = actives_[a] / block;
+      HETPAR_CHECK(actives_[a] % block == 0, "CP ring: representatives must be replica leaders");
+      const RankId r0 = rank(0, 0, d0, stage_), r1 = rank(0, 1, d0, stage_),
+                   rl = rank(0, l_.cp - 1, d0, stage_);
+      const RankId pairs[] = {r0, r1, rl, r0};
+      cp_pairs_[a] = g_.add_group(pairs);
+      members_.clear();
+      for (int dp_i = 0; dp_i < l_.dp; ++dp_i) {
+        if (owner_[dp_i * block] != actives_[a]) continue;
+        for (int t = 0; t < l_.tp; ++t)
+          for (int q = 0; q < l_.cp; ++q) {
+            if (dp_i == d0 && t == 0 && (q == 0 || q == l_.cp - 1)) continue;
+            members_.push_back(rank(t, q, dp_i, stage_));
+            members_.push_back(rank(t, (q + 1) % l_.cp, dp_i, stage_));
+          }
+      }
+      if (!members_.empty()) cp_copies_[a] = g_.add_group(members_);
+    }
   }
   last_grad_.assign(l_.vpp, {});
   for (int c = 0; c < l_.vpp; ++c)
@@ -884,13 +975,14 @@ void Lowering::gradients_and_optimizer() {
   const bool experts_apart = l_.ep > 1;
   std::vector<TaskId> ready(n);
   for (const Bucket& bk : buckets) {
-    for (int j = 0; j < active_ranks(); ++j)  // the bucket's lowest block runs its backward last
+    for (int j : actives_)  // the bucket's lowest block runs its backward last
       ready[j] = l_.overlap_grad_reduce ? last_grad_[bk.chunk][bk.first][j]
-                                        : spans_[stage_].back()[j].last;
+                                        : spans_[stage_].back()[slot_[j]].last;
     const int64_t dense = bk.dense + (experts_apart ? 0 : bk.expert);
-    reduce_over(Bytes(dense * o_.grad_bytes), bk, ready, reduce, "grads", dp_groups_);
+    const int64_t gb = o_.grad_bytes > 0 ? o_.grad_bytes : gradient_bytes(s_.workload.precision);
+    reduce_over(Bytes(dense * gb), bk, ready, reduce, "grads", dp_groups_);
     if (experts_apart)
-      reduce_over(Bytes(bk.expert * o_.grad_bytes), bk, ready, reduce, "expert grads", edp_groups_);
+      reduce_over(Bytes(bk.expert * gb), bk, ready, reduce, "expert grads", edp_groups_);
   }
 
   // Adam over this rank's parameters (its dp shard with the distributed optimizer).
@@ -903,7 +995,7 @@ void Lowering::gradients_and_optimizer() {
   const int64_t params = dist ? dense / cpdp + expert / edp : dense + expert;
   const sim::LabelId opt_name = g_.label(fmt::format("{}optimizer stage {}", role_.prefix, stage_));
   std::vector<TaskId> opt(n);
-  for (int j = 0; j < active_ranks(); ++j) {
+  for (int j : actives_) {
     const hardware::DeviceProfile& dev = s_.cluster.groups()[group_[j]].profile.gpu;
     opt[j] =
         g_.add_compute(rank_of(j, stage_), 0, dev.memory_time(Bytes(params * kAdamBytesPerParam)),
@@ -944,7 +1036,9 @@ void Lowering::pipeline_p2p(int stage) {
       }
   }
   std::vector<sim::LabelId> names(2 * static_cast<size_t>(vstages_));
-  std::vector<GroupId> copies_to(l_.pp);
+  // [to_stage][active index]: the transfers of the ranks each representative stands for.
+  std::vector<std::vector<GroupId>> copies_to(l_.pp);
+  std::vector<bool> copies_built(l_.pp, false);
   for (size_t i = 0; i < orders_[stage].size(); ++i) {
     const PipelineOp& op = orders_[stage][i];
     const int v = op.chunk * l_.pp + stage;
@@ -959,34 +1053,130 @@ void Lowering::pipeline_p2p(int stage) {
     if (!names[li].valid())
       names[li] = g_.label(fmt::format("v{} -> v{} {}", v, to, fwd ? "activation" : "grad"));
     const sim::LabelId name = names[li];
-    // Reduced: the representatives' transfer; every other local rank's is a copy.
-    GroupId& copies = copies_to[to_stage];
-    if (reduced_ && !copies.valid() && n > 1) {
-      members_.clear();
-      for (int j = 1; j < n; ++j) {
-        members_.push_back(rank_of(j, stage));
-        members_.push_back(rank_of(j, to_stage));
+    // Reduced: the representatives' transfers; every other local rank's is a copy of its
+    // owner's.
+    std::vector<GroupId>& copies = copies_to[to_stage];
+    if (!copies_built[to_stage]) {
+      copies_built[to_stage] = true;
+      copies.assign(actives_.size(), GroupId());
+      if (reduced_) {
+        std::vector<std::vector<RankId>> pairs(actives_.size());
+        for (int j = 0; j < n; ++j) {
+          if (active(j)) continue;
+          std::vector<RankId>& m = pairs[slot_[owner_[j]]];
+          m.push_back(rank_of(j, stage));
+          m.push_back(rank_of(j, to_stage));
+        }
+        for (size_t a = 0; a < actives_.size(); ++a)
+          if (!pairs[a].empty()) copies[a] = g_.add_group(pairs[a]);
       }
-      copies = g_.add_group(members_);
     }
-    for (int j = 0; j < active_ranks(); ++j) {
-      const TaskId before = spans_[stage][i][j].last, after = spans_[to_stage][k][j].first;
+    for (size_t a = 0; a < actives_.size(); ++a) {
+      const int j = actives_[a];
+      const TaskId before = spans_[stage][i][a].last, after = spans_[to_stage][k][a].first;
       const RankId src = rank_of(j, stage), dst = rank_of(j, to_stage);
       if (src == dst) {
         g_.add_dependency(before, after);
         continue;
       }
       const TaskId x = g_.add_p2p(src, dst, bytes, fwd ? kFwdSend : kBwdSend,
-                                  fwd ? kFwdRecv : kBwdRecv, {cat_pp_, name}, copies);
+                                  fwd ? kFwdRecv : kBwdRecv, {cat_pp_, name}, copies[a]);
       g_.add_dependency(before, x);
       g_.add_dependency(x, after);
     }
   }
 }
 
+// Symmetry reduction of a heterogeneous plan (lower.h): the classes of alike DP replicas of
+// each module, and every GPU's multiplicity; none where the placement breaks the symmetry
+// (every rank is then simulated).
+struct HeteroReduction {
+  Reduction llm;
+  std::vector<Reduction> encoders;
+  std::vector<int32_t> multiplicity;  // per GPU
+};
+
+std::optional<HeteroReduction> hetero_reduction(const Scenario& s, const Plan& p,
+                                                const std::vector<Boundary>& bounds) {
+  const bool colocated = p.placement == Placement::kColocated;
+  const Layout& L = p.layout;
+  const bool three_phase = colocated && L.pp > 1;
+  if (!stage_symmetric(s, L, colocated ? 0 : p.llm_first_rank)) return std::nullopt;
+  const int world = s.cluster.total_gpus();
+  const int per_node = s.cluster.groups()[0].profile.gpus_per_node;
+  HeteroReduction r;
+  r.llm.replica_class.assign(static_cast<size_t>(L.dp), 0);
+  r.llm.whole_replicas = three_phase;
+  // Colocated, LLM pp 1: every GPU runs the same program (one class each). Three phases:
+  // LLM replicas alike (each fed from its own GPUs), encoder replicas by which of their LLM
+  // replica's micro-batches they feed. Non-colocated: LLM replicas by their place among an
+  // encoder replica's fan-out destinations (d mod the fan-outs' lcm), encoder replicas by
+  // their fan-in index and the class of the LLM replicas they feed.
+  int period = 1;
+  if (!colocated)
+    for (const Boundary& b : bounds) period = std::lcm(period, b.fan_out);
+  for (int d = 0; d < L.dp; ++d) r.llm.replica_class[d] = d % period;
+  for (size_t k = 0; k < bounds.size(); ++k) {
+    const Boundary& b = bounds[k];
+    const Layout& E = p.modules[k].layout;
+    if (three_phase && (b.local_block == 0 || L.cp > 1)) return std::nullopt;
+    if (!colocated && !stage_symmetric(s, E, p.modules[k].first_rank)) return std::nullopt;
+    if (colocated && !stage_symmetric(s, E, 0)) return std::nullopt;
+    Reduction& er = r.encoders.emplace_back();
+    er.whole_replicas = three_phase;
+    std::map<std::pair<int, int>, int> ids;
+    for (int e = 0; e < E.dp; ++e) {
+      std::pair<int, int> key{0, 0};
+      if (three_phase) key.first = b.feeder_index(e);
+      if (!colocated) {
+        const int first_fed = b.fan_out > 1 ? e * b.fan_out : e / b.fan_in;
+        key = {b.feeder_index(e), first_fed % period};
+      }
+      er.replica_class.push_back(ids.emplace(key, static_cast<int>(ids.size())).first->second);
+    }
+    // Boundary routes alike within a class: for the pairs of one encoder step, whether
+    // the leaders share the GPU or the node is the class representative's.
+    if (colocated && !three_phase) continue;
+    const int llm_first = colocated ? 0 : p.llm_first_rank;
+    const int enc_first = colocated ? 0 : p.modules[k].first_rank;
+    for (int64_t i = 0; i < b.llm_per_step; ++i) {
+      std::vector<int> route_of_class(static_cast<size_t>(period), -1);
+      for (int d = 0; d < L.dp; ++d) {
+        const int src = enc_first + b.source_replica(d, i) * E.tp;
+        const int dst = llm_first + d * L.tp * L.cp;
+        const int route = src == dst ? 0 : src / per_node == dst / per_node ? 1 : 2;
+        int& known = route_of_class[static_cast<size_t>(r.llm.replica_class[d])];
+        if (known >= 0 && known != route) return std::nullopt;
+        known = route;
+      }
+    }
+  }
+  // Multiplicities per GPU; colocated modules must agree on every GPU they share.
+  r.multiplicity.assign(static_cast<size_t>(world), -1);
+  auto claim = [&](const Layout& l, const Reduction& red, int offset) {
+    const std::vector<int> own = owners(l, red);
+    std::vector<int32_t> count(own.size(), 0);
+    for (int o : own) ++count[static_cast<size_t>(o)];
+    for (int st = 0; st < l.pp; ++st)
+      for (size_t j = 0; j < own.size(); ++j) {
+        int32_t& m = r.multiplicity[static_cast<size_t>(offset) + st * own.size() + j];
+        if (m >= 0 && m != count[j]) return false;
+        m = count[j];
+      }
+    return true;
+  };
+  if (!claim(L, r.llm, colocated ? 0 : p.llm_first_rank)) return std::nullopt;
+  for (size_t k = 0; k < bounds.size(); ++k)
+    if (!claim(p.modules[k].layout, r.encoders[k], colocated ? 0 : p.modules[k].first_rank))
+      return std::nullopt;
+  return r;
+}
+
 // Colocated and non-colocated plans (boundary.h has the mapping and the communication).
-// Every rank is simulated; each encoder and the LLM are Lowerings of their own modules on
-// their own ranks, joined by boundary tasks.
+// Each encoder and the LLM are Lowerings of their own modules on their own ranks, joined by
+// boundary tasks; where the placement keeps DP replicas alike, representatives stand for
+// their classes (hetero_reduction), and the boundary's transfers and collectives are
+// emitted for the simulated ranks only, the rest as copies.
 void lower_heterogeneous(const Scenario& s, const Plan& p, const LowerOptions& o,
                          LoweredPlan& out) {
   const bool colocated = p.placement == Placement::kColocated;
@@ -998,38 +1188,46 @@ void lower_heterogeneous(const Scenario& s, const Plan& p, const LowerOptions& o
   const size_t llm_index = s.model.llm_index();
   out.world = s.cluster.total_gpus();
   out.network = build_network(s.cluster);
-  out.representatives = false;
   sim::TaskGraph& g = out.graph;
   const sim::LabelId cat = g.label("boundary_comm");
+
+  std::vector<Boundary> bounds;
+  for (const ModulePlan& mp : p.modules) bounds.push_back(make_boundary(s, p, mp));
+  std::optional<HeteroReduction> red;
+  if (!o.full_ranks) red = hetero_reduction(s, p, bounds);
+  out.representatives = red.has_value();
+  if (red)
+    for (int r = 0; r < out.world; ++r)
+      if (red->multiplicity[r] >= 0) g.set_multiplicity(RankId(r), red->multiplicity[r]);
 
   Role llm_role;
   llm_role.modules = {llm_index};
   llm_role.rank_offset = colocated ? 0 : p.llm_first_rank;
+  if (red) llm_role.reduction = red->llm;
   Lowering llm(s, p, o, out, llm_role);
   const std::vector<PipelineOp> llm0 = stage_order(
       p.schedule, 0, L.pp, L.vpp, s.workload.global_batch / (int64_t{L.micro_batch} * L.dp));
   const int nenc = static_cast<int>(p.modules.size());
-  std::vector<Boundary> bounds;
   std::vector<std::unique_ptr<Lowering>> encs;
   std::vector<std::vector<MergedOp>> merged(p.modules.size());
   for (size_t k = 0; k < p.modules.size(); ++k) {
     const ModulePlan& mp = p.modules[k];
-    bounds.push_back(make_boundary(s, p, mp));
     Role r;
     r.layout = &mp.layout;
-    r.modules = {bounds.back().encoder};
+    r.modules = {bounds[k].encoder};
     for (const models::Edge& e : s.model.edges)
-      if (e.from == bounds.back().encoder &&
+      if (e.from == bounds[k].encoder &&
           models::kind_of(s.model.modules[e.to].spec) == models::ModuleKind::kProjector)
         r.modules.push_back(e.to);
     r.rank_offset = colocated ? 0 : mp.first_rank;
     r.stream_offset = 8 * static_cast<int32_t>(k + 1);
     r.encoder_categories = true;
     r.frozen = s.workload.frozen_encoders;
-    r.order = three_phase ? three_phase_program(bounds.back(), r.frozen)
-              : colocated ? encoder_program(bounds.back(), llm0, r.frozen, &merged[k])
-                          : leading_stage_program(bounds.back(), L.pp, r.frozen);
+    r.order = three_phase ? three_phase_program(bounds[k], r.frozen)
+              : colocated ? encoder_program(bounds[k], llm0, r.frozen, &merged[k])
+                          : leading_stage_program(bounds[k], L.pp, r.frozen);
     r.prefix = mp.module + " ";
+    if (red) r.reduction = red->encoders[k];
     encs.push_back(std::make_unique<Lowering>(s, p, o, out, std::move(r)));
   }
   out.micro_batches = llm0.empty() ? 0 : s.workload.global_batch / (int64_t{L.micro_batch} * L.dp);
@@ -1106,27 +1304,48 @@ void lower_heterogeneous(const Scenario& s, const Plan& p, const LowerOptions& o
     const sim::LabelId fwd_name = g.label(fmt::format("{} -> llm activation", name));
     const sim::LabelId bwd_name = g.label(fmt::format("llm -> {} grad", name));
     auto collective = [&](CollectiveKind kind, Bytes bytes, int32_t stream, RankId root,
-                          sim::LabelId label) {
+                          sim::LabelId label, GroupId copies) {
       sim::CollectiveSpec spec;
       spec.kind = kind;
       spec.group = members;
       spec.bytes = bytes;
       spec.stream = stream;
       spec.root = root;
+      spec.copies = copies;
       return g.add_collective(spec, {cat, label});
     };
+    auto group_of = [&](const std::vector<RankId>& ranks) {
+      return ranks.empty() ? GroupId() : g.add_group(ranks);
+    };
     if (!colocated || three_phase) {
+      std::vector<RankId> fwd_pairs, bwd_pairs, llm_copies, enc_copies;
       for (int64_t i = 0; i < ml; ++i)
         for (int d = 0; d < L.dp; ++d) {
+          const int jl = d * llm_group;
+          if (!llm.simulated(jl)) continue;  // a copy of its class representative's
           const int64_t t = b.step_of(i);
           const int e = b.source_replica(d, i);
-          const int je = e * E.tp, jl = d * llm_group;
+          const int je = e * E.tp;
           const RankId enc_leader = enc.rank_of(je, 0), llm_leader = llm.rank_of(jl, 0);
+          // Reduced: the same transfers of the other LLM replicas of d's class are copies.
+          fwd_pairs.clear();
+          bwd_pairs.clear();
+          llm_copies.clear();
+          enc_copies.clear();
+          for (int d2 = 0; d2 < L.dp && red; ++d2) {
+            if (d2 == d || red->llm.replica_class[d2] != red->llm.replica_class[d]) continue;
+            const int je2 = b.source_replica(d2, i) * E.tp, jl2 = d2 * llm_group;
+            const RankId src = enc.rank_of(je2, 0), dst = llm.rank_of(jl2, 0);
+            fwd_pairs.insert(fwd_pairs.end(), {src, dst});
+            bwd_pairs.insert(bwd_pairs.end(), {dst, src});
+            for (int q = 0; q < llm_group; ++q) llm_copies.push_back(llm.rank_of(jl2 + q, 0));
+            for (int q = 0; q < E.tp; ++q) enc_copies.push_back(enc.rank_of(je2 + q, 0));
+          }
           // A leader sending to itself (three-phase colocated): a dependency only.
-          TaskId ready = enc.span(0, static_cast<size_t>(ef[t]), je).last;
+          TaskId ready = enc.span(0, static_cast<size_t>(ef[t]), enc.owner(je)).last;
           if (enc_leader != llm_leader) {
             const TaskId x = g.add_p2p(enc_leader, llm_leader, b.bytes_per_micro_batch, fwd_send,
-                                       fwd_recv, {cat, fwd_name});
+                                       fwd_recv, {cat, fwd_name}, group_of(fwd_pairs));
             g.add_dependency(ready, x);
             ready = x;
           }
@@ -1134,17 +1353,18 @@ void lower_heterogeneous(const Scenario& s, const Plan& p, const LowerOptions& o
             members.clear();
             for (int q = 0; q < llm_group; ++q) members.push_back(llm.rank_of(jl + q, 0));
             const TaskId bc = collective(CollectiveKind::kBroadcast, b.bytes_per_micro_batch,
-                                         fwd_coll, llm_leader, fwd_name);
+                                         fwd_coll, llm_leader, fwd_name, group_of(llm_copies));
             g.add_dependency(ready, bc);
             ready = bc;
           }
           for (int q = 0; q < llm_group; ++q)
-            g.add_dependency(ready, llm.span(0, static_cast<size_t>(lf[i]), jl + q).first);
+            if (llm.simulated(jl + q))
+              g.add_dependency(ready, llm.span(0, static_cast<size_t>(lf[i]), jl + q).first);
           if (frozen) continue;
           TaskId got = llm.span(0, static_cast<size_t>(lb[i]), jl).last;
           if (enc_leader != llm_leader) {
             const TaskId y = g.add_p2p(llm_leader, enc_leader, b.bytes_per_micro_batch, bwd_send,
-                                       bwd_recv, {cat, bwd_name});
+                                       bwd_recv, {cat, bwd_name}, group_of(bwd_pairs));
             g.add_dependency(got, y);
             got = y;
           }
@@ -1152,65 +1372,110 @@ void lower_heterogeneous(const Scenario& s, const Plan& p, const LowerOptions& o
             members.clear();
             for (int q = 0; q < E.tp; ++q) members.push_back(enc.rank_of(je + q, 0));
             const TaskId bc = collective(CollectiveKind::kBroadcast, b.bytes_per_micro_batch,
-                                         bwd_coll, enc_leader, bwd_name);
+                                         bwd_coll, enc_leader, bwd_name, group_of(enc_copies));
             g.add_dependency(got, bc);
             got = bc;
           }
           for (int q = 0; q < E.tp; ++q)
-            g.add_dependency(got, enc.span(0, static_cast<size_t>(eb[t]), je + q).first);
+            if (enc.simulated(je + q))
+              g.add_dependency(got, enc.span(0, static_cast<size_t>(eb[t]), je + q).first);
         }
       continue;
     }
-    // Colocated: rank r is local rank r of both (one stage each, offset 0).
-    const Bytes step_bytes = b.bytes_per_micro_batch * b.llm_per_step;  // per LLM replica
+    // Colocated (pp 1): rank r is local rank r of both (one stage each, offset 0). Groups
+    // of GPUs; reduced (every GPU alike, GPU 0 simulated): only the group holding GPU 0,
+    // the others its copies.
+    struct Groups {
+      std::vector<std::vector<RankId>> all;
+      std::vector<size_t> emitted;
+      GroupId copies;
+    };
+    auto make = [&](std::vector<std::vector<RankId>> all) {
+      Groups gs;
+      gs.all = std::move(all);
+      std::vector<RankId> copies;
+      for (size_t q = 0; q < gs.all.size(); ++q) {
+        const bool sim = std::any_of(gs.all[q].begin(), gs.all[q].end(),
+                                     [&](RankId r) { return g.multiplicity(r) != 0; });
+        if (sim || !red)
+          gs.emitted.push_back(q);
+        else
+          copies.insert(copies.end(), gs.all[q].begin(), gs.all[q].end());
+      }
+      HETPAR_CHECK(!red || gs.emitted.size() == 1, "colocated reduction: one simulated group");
+      gs.copies = group_of(copies);
+      return gs;
+    };
     const int world = out.world;
+    // Forward fan-in: the gather groups (the fan_in encoder ranks with one encoder TP index
+    // in the replicas feeding one LLM replica).
+    Groups gather;
+    if (b.fan_in > 1) {
+      std::vector<std::vector<RankId>> all;
+      for (int d = 0; d < L.dp; ++d)
+        for (int tt = 0; tt < E.tp; ++tt) {
+          all.emplace_back();
+          for (int q = 0; q < b.fan_in; ++q)
+            all.back().push_back(RankId(tt + E.tp * (d * b.fan_in + q)));
+        }
+      gather = make(std::move(all));
+    }
+    // Backward, fan-out: sibling slices over the r LLM replicas one encoder replica spans;
+    // fan-in / equal with cp > 1: the CP chunks of the gradient over the CP group. r0 is a
+    // group's first member: fan-out groups are {r + u*tp*cp}, CP groups {r + q*tp} within a
+    // replica.
+    Groups back;
+    const int n = b.fan_out > 1 ? b.fan_out : L.cp;
+    if (b.fan_out > 1 || L.cp > 1) {
+      const int stride = b.fan_out > 1 ? llm_group : L.tp;
+      std::vector<std::vector<RankId>> all;
+      for (int r0 = 0; r0 < world; ++r0) {
+        if ((r0 % (stride * n)) >= stride) continue;
+        all.emplace_back();
+        for (int u = 0; u < n; ++u) all.back().push_back(RankId(r0 + u * stride));
+      }
+      back = make(std::move(all));
+    }
+    const Bytes step_bytes = b.bytes_per_micro_batch * b.llm_per_step;  // per LLM replica
     for (int64_t t = 0; t < b.enc_steps; ++t) {
       const int64_t i0 = t * b.llm_per_step, i1 = i0 + b.llm_per_step - 1;
       const size_t enc_f = static_cast<size_t>(ef[t]), llm_f = static_cast<size_t>(lf[i0]);
       // Forward.
       if (b.fan_in > 1) {
-        for (int d = 0; d < L.dp; ++d)
-          for (int tt = 0; tt < E.tp; ++tt) {
-            members.clear();
-            for (int q = 0; q < b.fan_in; ++q)
-              members.push_back(RankId(tt + E.tp * (d * b.fan_in + q)));
-            const TaskId ag =
-                collective(CollectiveKind::kAllGather, step_bytes, fwd_coll, RankId(), fwd_name);
-            for (RankId r : members) {
-              g.add_dependency(enc.span(0, enc_f, r.value()).last, ag);
-              g.add_dependency(ag, llm.span(0, llm_f, r.value()).first);
-            }
+        for (size_t q : gather.emitted) {
+          members = gather.all[q];
+          const TaskId ag = collective(CollectiveKind::kAllGather, step_bytes, fwd_coll, RankId(),
+                                       fwd_name, gather.copies);
+          for (RankId r : members) {
+            if (g.multiplicity(r) == 0) continue;
+            g.add_dependency(enc.span(0, enc_f, r.value()).last, ag);
+            g.add_dependency(ag, llm.span(0, llm_f, r.value()).first);
           }
+        }
       } else {  // equal: pass-through; fan-out: narrow to the local slice
         for (int r = 0; r < world; ++r)
-          g.add_dependency(enc.span(0, enc_f, r).last, llm.span(0, llm_f, r).first);
+          if (g.multiplicity(RankId(r)) != 0)
+            g.add_dependency(enc.span(0, enc_f, r).last, llm.span(0, llm_f, r).first);
       }
       if (frozen) continue;
       // Backward: after the step's last LLM micro-batch backward on every rank.
       const size_t enc_b = static_cast<size_t>(eb[t]), llm_b = static_cast<size_t>(lb[i1]);
       if (b.fan_out > 1 || L.cp > 1) {
-        // fan-out: sibling slices over the r LLM replicas one encoder replica spans;
-        // fan-in / equal with cp > 1: the CP chunks of the gradient over the CP group.
-        const int n = b.fan_out > 1 ? b.fan_out : L.cp;
         const Bytes bytes = b.fan_out > 1 ? step_bytes * b.fan_out : step_bytes;
-        for (int r0 = 0; r0 < world; ++r0) {
-          // r0 is a group's first member: fan-out groups are {r + u*tp*cp}, CP groups
-          // {r + q*tp} within a replica.
-          const int stride = b.fan_out > 1 ? llm_group : L.tp;
-          const int span = stride * n;
-          if ((r0 % span) >= stride) continue;
-          members.clear();
-          for (int u = 0; u < n; ++u) members.push_back(RankId(r0 + u * stride));
-          const TaskId ag =
-              collective(CollectiveKind::kAllGather, bytes, bwd_coll, RankId(), bwd_name);
+        for (size_t q : back.emitted) {
+          members = back.all[q];
+          const TaskId ag = collective(CollectiveKind::kAllGather, bytes, bwd_coll, RankId(),
+                                       bwd_name, back.copies);
           for (RankId r : members) {
+            if (g.multiplicity(r) == 0) continue;
             g.add_dependency(llm.span(0, llm_b, r.value()).last, ag);
             g.add_dependency(ag, enc.span(0, enc_b, r.value()).first);
           }
         }
       } else {
         for (int r = 0; r < world; ++r)
-          g.add_dependency(llm.span(0, llm_b, r).last, enc.span(0, enc_b, r).first);
+          if (g.multiplicity(RankId(r)) != 0)
+            g.add_dependency(llm.span(0, llm_b, r).last, enc.span(0, enc_b, r).first);
       }
     }
   }

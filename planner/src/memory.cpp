@@ -32,9 +32,11 @@ double in_flight_micro_batches(Schedule sch, int stage, int pp, int vpp, int64_t
   return 0;
 }
 
-namespace {
+int gradient_bytes(hardware::Precision p) {
+  return p == hardware::Precision::kFp16 ? 2 : 4;
+}
 
-constexpr double kGradientBytes = 4;  // fp32 main grads
+namespace {
 
 // What one rank of a stage accumulates, before the conversion to bytes.
 struct Tally {
@@ -83,6 +85,18 @@ double kept_bytes(const models::Op& op, models::Recompute policy, int dtype_byte
   const models::AttentionShape& a = *op.attention;  // Q, K, V stay
   return static_cast<double>(a.batch) * a.seq_q * (a.heads + 2 * a.kv_heads) * a.head_dim *
          dtype_bytes;
+}
+
+// Share of a GEMM's saved input one rank keeps in memory under the workload precision:
+// Transformer Engine's FP8 Linear modules (the layers' GEMMs except the MoE router, which is
+// not a TE module) save the FP8 transpose of their input for the weight gradient, 1 byte per
+// element instead of the 16-bit input (transformer_engine/pytorch/module/linear.py,
+// layernorm_linear.py: ctx.save_for_backward(inputmat_t if fp8_wgrad ...)). The output
+// layer is Megatron's own ColumnParallelLinear and keeps its bf16 input.
+double precision_share(const models::Op& op, hardware::Precision p, int dtype_bytes) {
+  const bool fp8_linear = p == hardware::Precision::kFp8 && op.kind == models::OpKind::kGemm &&
+                          op.layer >= 0 && op.name != "router";
+  return fp8_linear ? 1.0 / dtype_bytes : 1.0;
 }
 
 // Stage of each layer: pp * vpp chunks of consecutive layers, chunk c on stage c % pp, as
@@ -149,7 +163,8 @@ class Estimator {
       const bool stem = before_layers && models::is_encoder(kind);
       const int st = op.layer >= 0 ? stage_of[op.layer] : head ? last : 0;
       add_params(st, local_params(op, stem, l_, vocab_params), is_routed_expert(op));
-      const double share = activation_share(op, stem, l_);
+      const double share = activation_share(op, stem, l_) *
+                           precision_share(op, s_.workload.precision, g.dtype_bytes);
       const double kept = frozen_ ? 0 : kept_bytes(op, l_.recompute, g.dtype_bytes) * share;
       stages_[st].activations += kept * (head ? head_in_flight_ : in_flight_[st]);
       if (op.kind == models::OpKind::kGemm)
@@ -196,7 +211,7 @@ class Estimator {
     for (const Tally& t : stages_) {
       MemoryBreakdown b;
       b.weights = to_bytes(t.params * weight_bytes);
-      b.gradients = to_bytes((t.params - t.frozen_params) * kGradientBytes);
+      b.gradients = to_bytes((t.params - t.frozen_params) * gradient_bytes(s_.workload.precision));
       b.optimizer_state = to_bytes(t.optimizer_params * optimizer_bytes);
       b.activations = to_bytes(t.activations + t.working_set);
       b.communication_buffers = to_bytes(t.p2p + t.gathered);

@@ -86,6 +86,23 @@ TEST_F(MemoryKorthikanti, ContextParallelSplitsTheSequence) {
   EXPECT_DOUBLE_EQ(activations({.cp = 2}), (kL * (34 * sbh + scores) + outside + logits) / 2);
 }
 
+TEST_F(MemoryKorthikanti, Fp8HalvesTheLinearLayersInputs) {
+  // Transformer Engine's FP8 Linear modules keep the FP8 transpose of their input (1 byte)
+  // for the weight gradient: of the 34sbh per layer, the inputs of qkv (2sbh), attn_out
+  // (2sbh), fc1 (2sbh) and fc2 (8sbh) halve; the norms', attention's, activation's inputs,
+  // the dropout masks and the output layer's input (Megatron's own, bf16) stay.
+  auto s = parse_scenario_text(fmt::format(R"({{"model": {}, "workload": {{"seq_len": {},
+      "global_batch": {}, "precision": "fp8"}}, "cluster": {{"profile": "dgx-h100",
+      "nodes": 1}}}})",
+                                           kGpt, kS, kB),
+                               "test.json");
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  Layout l{.micro_batch = kB};
+  l.flash_attention = false;
+  const double fp8 = estimate_memory(*s, plan(l)).per_stage[0].activations.as_double();
+  EXPECT_DOUBLE_EQ(fp8, kL * ((34 - 7) * sbh + scores) + outside + logits);
+}
+
 TEST(MemoryInFlight, OneFOneBHoldsPpMinusStage) {
   EXPECT_EQ(in_flight_micro_batches(Schedule::k1F1B, 0, 4, 1, 16), 4);
   EXPECT_EQ(in_flight_micro_batches(Schedule::k1F1B, 3, 4, 1, 16), 1);
@@ -176,6 +193,20 @@ TEST(MemoryModelState, MegatronBytesPerParameter) {
   EXPECT_NEAR(per_param({.dp = 8}), 18, 1e-9);
   EXPECT_NEAR(per_param({.dp = 8, .distributed_optimizer = true}), 6 + 12.0 / 8, 1e-9);
   EXPECT_NEAR(per_param({.cp = 2, .dp = 4, .distributed_optimizer = true}), 6 + 12.0 / 8, 1e-9);
+}
+
+TEST(MemoryModelState, Fp16TrainingKeepsFp16Gradients) {
+  // Megatron-LM forces fp32 gradient accumulation and all-reduce only for bf16; fp16
+  // training keeps main_grad in the parameters' dtype: 16 bytes per parameter.
+  EXPECT_EQ(gradient_bytes(hardware::Precision::kBf16), 4);
+  EXPECT_EQ(gradient_bytes(hardware::Precision::kFp8), 4);
+  EXPECT_EQ(gradient_bytes(hardware::Precision::kFp16), 2);
+  auto s = parse_scenario_text(R"({"model": "llama-3.1-8b", "workload": {"seq_len": 4096,
+      "global_batch": 64, "precision": "fp16"}, "cluster": {"profile": "dgx-h100", "nodes": 8}})",
+                               "test.json");
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  const MemoryBreakdown b = estimate_memory(*s, plan({.dp = 8})).per_stage[0];
+  EXPECT_NEAR((b.weights + b.gradients + b.optimizer_state) / b.weights * 2, 16, 1e-9);
 }
 
 TEST(MemoryModelState, RoutedExpertsSplitByEp) {

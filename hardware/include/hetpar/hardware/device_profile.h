@@ -1,5 +1,7 @@
 // DeviceProfile: one GPU type — datasheet peaks plus the efficiencies cost models apply
-// (GEMM wave-quantization model, flash-attention and memory-bound fractions of peak).
+// (GEMM wave-quantization model, flash-attention and memory-bound fractions of peak),
+// optionally with measured GEMM rates per shape (from `hetpar calibrate`) that correct
+// the GEMM model where it was measured.
 // Plain data with cheap, deterministic, allocation-free cost functions that are safe to
 // call from many threads; the numbers come from profiles/*.json (see system_profile.h).
 #pragma once
@@ -32,6 +34,19 @@ struct GemmTile {
   bool operator==(const GemmTile&) const = default;
 };
 
+/// Work of a flash-attention backward kernel per model-FLOP of backward (2.5x forward in
+/// the FlashAttention benchmark convention over the 2x forward model FLOPs).
+inline constexpr double kFlashBackwardWork = 2.5 / 2.0;
+
+/// One measured GEMM (batch 1, m x k times k x n) and the rate it ran at.
+struct GemmMeasurement {
+  int64_t m = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+  FlopRate rate;
+  bool operator==(const GemmMeasurement&) const = default;
+};
+
 struct DeviceProfile {
   std::string model;
   int sm_count = 0;
@@ -44,6 +59,8 @@ struct DeviceProfile {
   std::vector<GemmTile> gemm_tiles;
   Time gemm_launch_overhead;
   bool gemm_split_k = true;
+  /// Measured GEMM rates per precision (indexed like `compute`; empty = none measured).
+  std::array<std::vector<GemmMeasurement>, kAllPrecisions.size()> gemm_measured;
   double attention_fwd_efficiency = 0;  // fraction of the precision's peak
   double attention_bwd_efficiency = 0;
 
@@ -57,15 +74,28 @@ struct DeviceProfile {
   /// Predicted time of `batch` independent (m x k)·(k x n) GEMMs in precision `p`:
   /// the best tile of max(waves · tile time at eta_max, bytes / (HBM bw · mem eff))
   /// plus the launch overhead, with split-K when the tiles cannot fill the SMs.
+  /// With measurements for `p`, that model time is multiplied by the measured / model time
+  /// ratio interpolated from the (up to) 4 measured shapes nearest in (log2 m, log2 n,
+  /// log2 k), inverse-square-distance weighted in log space: exact at a measured shape,
+  /// the model's shape dependence (waves, roofline, batch) in between.
   /// REQUIRES: supports(p), all sizes >= 1.
   Time gemm_time(int64_t m, int64_t n, int64_t k, int64_t batch, Precision p) const;
   /// Achieved fraction of peak(p) implied by gemm_time().
   double gemm_efficiency(int64_t m, int64_t n, int64_t k, int64_t batch, Precision p) const;
-  /// Flash attention: `flops` at the forward or backward fraction of peak(p), plus launch.
+  /// Flash attention: `flops` (model FLOPs: forward 4·b·h·s_q·s_kv·d, halved when causal;
+  /// backward twice that) at the forward or backward fraction of peak(p), plus launch. The
+  /// efficiencies are FlashAttention benchmark rates (flash-attention
+  /// benchmarks/benchmark_flash_attention.py), which count the backward kernel's work as
+  /// 2.5x the forward FLOPs (its recompute of QK^T included): the backward time is
+  /// flops · kFlashBackwardWork / (peak · bwd efficiency).
   Time attention_time(Flops flops, Precision p, bool backward) const;
   /// A memory-bound kernel moving `bytes` (reads + writes) through HBM.
   Time memory_time(Bytes bytes) const;
   Bandwidth effective_memory_bandwidth() const { return memory_bandwidth * memory_efficiency; }
+
+ private:
+  /// The tile / roofline model of gemm_time() without launch overhead and measurements.
+  double model_gemm_seconds(int64_t m, int64_t n, int64_t k, int64_t batch, Precision p) const;
 };
 
 }  // namespace hetpar::hardware

@@ -13,8 +13,12 @@
 //                                           // dense peaks; keys fp32|tf32|bf16|fp16|fp8;
 //                                           // bf16 required, absent = unsupported
 //             "gemm": {"tiles": [[256, 128, 1.0], ...],   // [Tm, Tn, relative efficiency]
-//                      "launch_us": 4, "split_k": true},
+//                      "launch_us": 4, "split_k": true,
+//                      "measured": {"bf16": [[m, n, k, tflops], ...]}},  // optional,
+//                                            // from `hetpar calibrate` (device_profile.h)
 //             "attention": {"fwd_efficiency": 0.6, "bwd_efficiency": 0.45}},
+//                                           // FlashAttention benchmark rates (bwd counted
+//                                           // as 2.5x forward FLOPs, device_profile.h)
 //     "intra_node": {"fabric": "nvswitch|pcie|none",
 //                    "GBps": 450,            // per GPU, one direction
 //                    "latency_us": 0.6,      // GPU to GPU through the fabric

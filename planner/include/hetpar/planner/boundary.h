@@ -9,6 +9,11 @@
 // j-th LLM micro-batch of a step (j = i % k) from replica d*r + j*llm_mb/enc_mb (concatenation
 // along the batch). Fan-out (llm_dp = r * enc_dp): encoder replica d / r feeds replica d with
 // one slice of its output (split along the batch). Equal: replica d feeds replica d.
+// Colocated, when the encoder's tp divides the LLM's tp x cp, LLM replica d is fed by the
+// encoder replicas on its own GPUs (every pipeline stage's tp x cp block of replica d, in
+// stage order): with LLM pp 1 that is the fan-in order above; with pp > 1 (three phases) it
+// keeps every replica's boundary traffic alike (and local to the replica's GPUs), where the
+// order above would feed replica d from the GPUs of other replicas' stages.
 //
 // Bytes: the projector's output of one LLM micro-batch, llm_mb * V * H * bytes_per_element
 // (V modality tokens per sample, H the LLM hidden size).
@@ -62,11 +67,19 @@ struct Boundary {
   int64_t llm_steps = 0;          // LLM micro-batches per LLM replica
   int64_t tokens_per_sample = 0;  // V
   Bytes bytes_per_micro_batch;    // one LLM micro-batch's encoder output
+  // Colocated feeding from the replica's own GPUs (above); 0 = the contiguous order.
+  int local_block = 0;      // llm tp x cp: the GPUs of one LLM replica on one stage
+  int llm_stage_ranks = 0;  // llm tp x cp x dp
+  int enc_tp = 1;
 
   /// The encoder step feeding LLM micro-batch i (of any replica).
   int64_t step_of(int64_t i) const { return i / llm_per_step; }
   /// The encoder replica feeding LLM replica d's micro-batch i.
   int source_replica(int d, int64_t i) const;
+  /// Fan-in: which of the fan_in encoder replicas feeding an LLM replica encoder replica e
+  /// is (the one feeding its micro-batches j with j * llm_mb / enc_mb = that index); 0
+  /// otherwise.
+  int feeder_index(int e) const;
 };
 
 /// Why the boundary of `mp` cannot be built ("" when it can).

@@ -45,7 +45,7 @@
 // Heterogeneous placements (Plan::placement kColocated / kNonColocated, boundary.h for the
 // data mapping and the boundary's communication): the LLM runs under plan.layout as above
 // (without the encoders), each encoder with its projectors under its ModulePlan's layout
-// (pp 1) as a program of its own, every rank simulated (no representatives):
+// (pp 1) as a program of its own:
 // - categories "enc_fwd", "enc_bwd" (and "enc_recompute") for encoder compute, so metrics
 //   show time by module; the boundary's tasks are "boundary_comm"; an encoder's collectives
 //   use comm streams 8(k+1) .. 8(k+1)+7 (encoder k), the boundary its own streams after them;
@@ -63,7 +63,22 @@
 // - Workload::frozen_encoders: no encoder backward, DP reduction, optimizer step or
 //   boundary backward (the projector is treated as frozen with its encoder);
 // - model FLOPs: each module's micro-batch graph x its micro-batches, the same total as the
-//   homogeneous plan's (work does not depend on placement).
+//   homogeneous plan's (work does not depend on placement);
+// - symmetry: where DP replicas of a module behave alike, the first replica of each class
+//   runs tasks for its class (its tp = cp = 0 rank, peers mirrored; colocated three-phase:
+//   every rank of it), and the boundary's transfers and collectives are emitted for the
+//   simulated ranks, those of the other replicas of the class as copies. Classes: colocated
+//   with LLM pp 1, one (every GPU runs the same program); three-phase (each LLM replica fed
+//   from its own GPUs, boundary.h), LLM replicas alike, encoder replicas by the micro-batches
+//   they feed (LLM cp 1 only); non-colocated, LLM replicas by their place among an encoder
+//   replica's fan-out destinations, encoder replicas by their fan-in index and the class
+//   they feed. Needed besides: each module's stages node-aligned (as above) and, within a
+//   class, the boundary leaders on the same GPU / node / other node alike; otherwise every
+//   rank runs tasks. Predicts what full_ranks predicts: tests/planner/hetero_test.cpp
+//   (HeteroSymmetry) finds the same iteration time and phase times on colocated fan-in /
+//   fan-out / equal / CP, three-phase, non-colocated fan-in / fan-out / equal and frozen
+//   encoders; the bubble differs by < 0.5 points (the leader's boundary P2P is its exposed
+//   communication while its mirrored TP peers idle).
 // Not modelled: tied-embedding gradient all-reduce between first and last stage, the
 // vocab-parallel loss's small all-reduces, SP's backward re-gather of inputs for wgrad
 // (overlapped in Megatron), NVLS all-reduce (rings only), and the K,V ring of a
@@ -87,9 +102,10 @@ namespace hetpar::planner {
 inline constexpr int64_t kAdamBytesPerParam = 30;
 
 struct LowerOptions {
-  /// Bytes per gradient element reduced over DP: 4 (fp32, Megatron's default for bf16
-  /// training: accumulate_allreduce_grads_in_fp32) or 2 (--grad-reduce-in-bf16).
-  int grad_bytes = 4;
+  /// Bytes per gradient element reduced over DP; 0: Megatron's default for the workload
+  /// precision (memory.h gradient_bytes: fp32 for bf16 / fp8, fp16 for fp16 training); 2
+  /// models --grad-reduce-in-bf16.
+  int grad_bytes = 0;
   /// Local parameters per DP bucket; 0 = Megatron's max(40M, 1M x dp·cp).
   int64_t bucket_params = 0;
   /// Simulate every rank instead of one representative per stage (see the top of this

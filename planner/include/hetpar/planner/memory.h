@@ -6,7 +6,8 @@
 // "bf16 parameters, fp32 gradients: 18 bytes, 6 + 12/d distributed"; Rajbhandari et al.,
 // ZeRO, arXiv 1910.02054, sec. 3.1):
 // - weights: 2 B (bf16/fp16/fp8 training keeps bf16 weights); 4 B for fp32/tf32;
-// - gradients: 4 B, the fp32 main-grad buffer Megatron's DDP accumulates and reduces in;
+// - gradients: the main-grad buffer Megatron's DDP accumulates and reduces in,
+//   gradient_bytes(): 4 B (fp32) for bf16 / fp8 training, 2 B for fp16 training;
 // - optimizer: fp32 master weights + Adam m + v = 12 B (8 B for fp32 training, whose
 //   weights are their own master copy), divided by the data-parallel group (dp * cp; for
 //   routed experts dp * cp / ep) under the distributed optimizer, which shards only this
@@ -90,6 +91,13 @@ struct MemoryOptions {
 /// (the LLM side) and, non-colocated, the encoder's send buffer.
 /// REQUIRES: p is feasible for s (infeasibility() is empty).
 MemoryReport estimate_memory(const Scenario& s, const Plan& p, const MemoryOptions& opts = {});
+
+/// Bytes per element of Megatron's gradient buffer (main_grad), which DP reduces: bf16 and
+/// fp8 training accumulate and reduce in fp32 (Megatron-LM arguments.py forces
+/// accumulate_allreduce_grads_in_fp32 for bf16: "bfloat16 requires gradient accumulation and
+/// all-reduce to be done in fp32"); fp16 training keeps the parameters' dtype (the flag
+/// defaults off), 2 bytes; fp32 / tf32 training 4.
+int gradient_bytes(hardware::Precision p);
 
 /// Micro-batches whose activations pipeline stage `stage` (0-based, of pp) holds at its
 /// peak, in units of the stage's whole activations for one micro-batch, with m micro-batches

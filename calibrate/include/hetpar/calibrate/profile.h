@@ -1,0 +1,84 @@
+// From calibration samples to a hardware profile: the fits (alpha-beta per collective,
+// scope and group size; P2P per pair and pooled per scope; memory and host-link
+// bandwidth; attention efficiency; the GEMM rate table) and the SystemProfile they make,
+// in the schema of the built-in profiles (system_profile.h) so that `simulate --profile`
+// and scenario files load it like any other. Fields a run cannot measure (inter-node
+// figures of a one-host run, datasheet peaks) come from a base profile when one is given
+// (`--base dgx-h200`), else from the measurement itself; provenance says which, per field.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "hetpar/calibrate/fit.h"
+#include "hetpar/calibrate/sweep.h"
+#include "hetpar/core/status.h"
+#include "hetpar/hardware/system_profile.h"
+
+namespace hetpar::calibrate {
+
+struct CollectiveFit {
+  hardware::Collective op = hardware::Collective::kAllReduce;
+  hardware::CollectiveScope scope = hardware::CollectiveScope::kIntraNode;
+  int ranks = 0;  // group size in ranks (send_recv: 2)
+  int nodes = 1;
+  AlphaBetaFit fit;
+  double busbw_Bps = 0;  // fit.beta_Bps x the nccl-tests bus factor of op and ranks
+};
+
+struct PairFit {
+  int src = 0, dst = 0;
+  hardware::CollectiveScope scope = hardware::CollectiveScope::kIntraNode;
+  AlphaBetaFit fit;
+};
+
+struct GemmFit {
+  runtime::DType dtype = runtime::DType::kBf16;
+  int shapes = 0;
+  double max_flops_per_s = 0;
+  double median_flops_per_s = 0;
+  double min_flops_per_s = 0;
+  GemmDims best;
+};
+
+struct Fits {
+  std::vector<GemmFit> gemm;
+  double launch_s = 0;                   // median time of the smallest GEMM
+  double attention_fwd_flops_per_s = 0;  // total model FLOPs / total time over the sweep
+  double attention_bwd_flops_per_s = 0;
+  std::optional<AlphaBetaFit> memory;  // on memory traffic (read + write = 2x copied)
+  double host_to_device_Bps = 0;
+  double device_to_host_Bps = 0;
+  std::vector<CollectiveFit> collectives;  // sorted by (scope, op, ranks); incl. send_recv
+  std::vector<PairFit> pairs;
+};
+
+/// nccl-tests busbw / algbw (calibration.md 2.5): all_reduce 2(n-1)/n; all_gather,
+/// reduce_scatter, all_to_all (n-1)/n; broadcast, send_recv 1.
+double bus_factor(hardware::Collective op, int n);
+
+/// Fits every sample group. Errors name the sample group whose fit failed.
+Result<Fits> fit_samples(const Samples& samples);
+
+struct ProfileOptions {
+  std::string name;  // "" = "calibrated-<backend>"
+  /// Datasheet peaks and unmeasured fields come from here when set.
+  std::optional<hardware::SystemProfile> base;
+  std::string base_ref;  // how the base was named, for provenance
+  std::string date;      // ISO 8601, UTC
+  std::string mode;      // "quick" or "full", for the record
+};
+
+/// The profile; it passes hardware::validate_profile and has no missing provenance.
+Result<hardware::SystemProfile> build_profile(const Samples& samples, const Fits& fits,
+                                              const ProfileOptions& opts);
+
+/// The profile JSON (system_profile.h schema) with a "$calibration" annotation holding
+/// the provenance of the run (device, versions, date, hosts, backend), the fits and the
+/// raw samples. Hardware's parser reads the file as a plain profile ("$" keys are
+/// annotations).
+std::string calibration_to_json_text(const hardware::SystemProfile& profile, const Samples& samples,
+                                     const Fits& fits, const ProfileOptions& opts);
+
+}  // namespace hetpar::calibrate

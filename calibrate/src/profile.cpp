@@ -1,0 +1,452 @@
+#include "hetpar/calibrate/profile.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+namespace hetpar::calibrate {
+
+using hardware::Collective;
+using hardware::CollectiveFigure;
+using hardware::CollectiveScope;
+using hardware::Precision;
+using hardware::SystemProfile;
+using runtime::DType;
+
+double bus_factor(Collective op, int n) {
+  const double nd = static_cast<double>(n);
+  switch (op) {
+    case Collective::kAllReduce:
+      return 2.0 * (nd - 1) / nd;
+    case Collective::kAllGather:
+    case Collective::kReduceScatter:
+    case Collective::kAllToAll:
+      return (nd - 1) / nd;
+    case Collective::kBroadcast:
+    case Collective::kSendRecv:
+      return 1.0;
+  }
+  return 1.0;
+}
+
+namespace {
+
+Precision precision_of(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return Precision::kFp32;
+    case DType::kBf16:
+      return Precision::kBf16;
+    case DType::kF16:
+      return Precision::kFp16;
+    case DType::kF8E4M3:
+      return Precision::kFp8;
+  }
+  return Precision::kBf16;
+}
+
+std::vector<SizeTime> points(const std::vector<std::pair<int64_t, TimingStats>>& v) {
+  std::vector<SizeTime> out;
+  for (const auto& [bytes, t] : v) out.push_back({static_cast<double>(bytes), t.median_s});
+  return out;
+}
+
+}  // namespace
+
+Result<Fits> fit_samples(const Samples& s) {
+  Fits f;
+  std::map<DType, std::vector<const GemmSample*>> by_dtype;
+  for (const GemmSample& g : s.gemms) by_dtype[g.dtype].push_back(&g);
+  double smallest = -1;
+  for (const auto& [dtype, list] : by_dtype) {
+    GemmFit gf;
+    gf.dtype = dtype;
+    gf.shapes = static_cast<int>(list.size());
+    std::vector<double> rates;
+    for (const GemmSample* g : list) {
+      rates.push_back(g->flops_per_s());
+      if (g->flops_per_s() > gf.max_flops_per_s) {
+        gf.max_flops_per_s = g->flops_per_s();
+        gf.best = g->dims;
+      }
+      if (smallest < 0 || g->dims.flops() < smallest) {
+        smallest = g->dims.flops();
+        f.launch_s = g->t.median_s;
+      }
+    }
+    gf.median_flops_per_s = quantile(rates, 0.5);
+    gf.min_flops_per_s = *std::min_element(rates.begin(), rates.end());
+    f.gemm.push_back(gf);
+  }
+
+  double flops[2] = {0, 0}, secs[2] = {0, 0};
+  for (const AttentionSample& a : s.attention) {
+    flops[a.backward] += a.flops();
+    secs[a.backward] += a.t.median_s;
+  }
+  if (secs[0] > 0) f.attention_fwd_flops_per_s = flops[0] / secs[0];
+  if (secs[1] > 0) f.attention_bwd_flops_per_s = flops[1] / secs[1];
+
+  std::vector<std::pair<int64_t, TimingStats>> copies;
+  for (const CopySample& c : s.copies) {
+    if (!c.host) {
+      copies.emplace_back(2 * c.bytes, c.t);  // memory traffic: read + write
+    } else {
+      const double bw = static_cast<double>(c.bytes) / c.t.median_s;
+      (c.to_host ? f.device_to_host_Bps : f.host_to_device_Bps) = bw;
+    }
+  }
+  if (!copies.empty()) f.memory = fit_alpha_beta_or_bounds(points(copies));
+
+  using Key = std::tuple<CollectiveScope, Collective, int, int>;
+  std::map<Key, std::vector<std::pair<int64_t, TimingStats>>> groups;
+  for (const CollectiveSample& c : s.collectives)
+    groups[{c.scope, c.op, c.ranks, c.nodes}].emplace_back(c.bytes, c.t);
+  std::map<std::tuple<int, int, CollectiveScope>, std::vector<std::pair<int64_t, TimingStats>>>
+      pairs;
+  for (const P2PSample& p : s.p2p) {
+    pairs[{p.src, p.dst, p.scope}].emplace_back(p.bytes, p.t);
+    const int nodes = p.scope == CollectiveScope::kInterNode ? 2 : 1;
+    groups[{p.scope, Collective::kSendRecv, 2, nodes}].emplace_back(p.bytes, p.t);
+  }
+  for (const auto& [key, v] : groups) {
+    const auto& [scope, op, ranks, nodes] = key;
+    CollectiveFit cf{op, scope, ranks, nodes, fit_alpha_beta_or_bounds(points(v)), 0};
+    cf.busbw_Bps = cf.fit.beta_Bps * bus_factor(op, ranks);
+    f.collectives.push_back(cf);
+  }
+  for (const auto& [key, v] : pairs) {
+    const auto& [src, dst, scope] = key;
+    f.pairs.push_back({src, dst, scope, fit_alpha_beta_or_bounds(points(v))});
+  }
+  return f;
+}
+
+namespace {
+
+class Builder {
+ public:
+  Builder(const Samples& s, const Fits& f, const ProfileOptions& o) : s_(s), f_(f), o_(o) {}
+
+  Result<SystemProfile> build() {
+    const runtime::DeviceInfo& dev = s_.device;
+    const int hosts = s_.topology.hosts();
+    const int per_host = s_.topology.min_ranks_per_host();
+    measured_ = fmt::format(
+        "measured by hetpar calibrate --backend {} on {} ({} rank{} on {} host{}, {})", dev.backend,
+        dev.name, dev.world, dev.world == 1 ? "" : "s", hosts, hosts == 1 ? "" : "s", o_.date);
+    SystemProfile p;
+    if (o_.base) p = *o_.base;
+    p.provenance.clear();
+    p.name = o_.name.empty() ? fmt::format("calibrated-{}", dev.backend) : o_.name;
+    p.description = fmt::format("{}; {}", measured_, dev.versions);
+    p.gpus_per_node = per_host;
+    HETPAR_RETURN_IF_ERROR(device(p));
+    intra(p);
+    inter(p, hosts);
+    HETPAR_RETURN_IF_ERROR(collectives(p, hosts));
+    HETPAR_RETURN_IF_ERROR(hardware::validate_profile(p));
+    return p;
+  }
+
+ private:
+  void mark(SystemProfile& p, const std::string& field, const std::string& how) {
+    p.provenance[field] = how;
+  }
+  std::string from_base(const std::string& what) const {
+    return fmt::format("[not measured] {} from the base profile {}", what, o_.base_ref);
+  }
+
+  Status device(SystemProfile& p) {
+    hardware::DeviceProfile& g = p.gpu;
+    const bool base = o_.base.has_value();
+    g.model = s_.device.name;
+    mark(p, "gpu.model", measured_);
+    g.memory_capacity = s_.device.memory;
+    mark(p, "gpu.memory_GiB", measured_ + ": device memory the backend reports");
+    if (!base) {
+      // A device without a datasheet in hetpar: one compute unit whose peak is the best
+      // measured GEMM; the measured GEMM table then decides every shape's time.
+      g.sm_count = 1;
+      g.l2 = Bytes::MiB(1);
+      g.gemm_tiles = {{64, 64, 1.0}};
+      g.gemm_split_k = false;
+      for (const char* field : {"gpu.sm_count", "gpu.l2_MiB", "gpu.gemm.tiles"})
+        mark(p, field,
+             "[not measured] neutral placeholder for a device without a datasheet (one unit, "
+             "one 64x64 tile): gpu.gemm.measured sets the GEMM times");
+    } else {
+      for (const char* field : {"gpu.sm_count", "gpu.l2_MiB", "gpu.gemm.tiles"})
+        mark(p, field, from_base(field));
+    }
+
+    // Memory: the fitted bandwidth of the copy sweep on memory traffic.
+    if (f_.memory) {
+      const double bw = f_.memory->beta_Bps;
+      const std::string how = fmt::format(
+          "{}: device copy sweep, alpha-beta fit on read+write traffic: {:.1f} GB/s (R^2 {:.4f})",
+          measured_, bw / 1e9, f_.memory->r2);
+      if (base && o_.base->gpu.memory_bandwidth.bytes_per_s() >= bw) {
+        g.memory_efficiency = bw / g.memory_bandwidth.bytes_per_s();
+        mark(p, "gpu.memory_GBps", from_base("datasheet peak"));
+        mark(p, "gpu.memory_efficiency", how + " / datasheet peak");
+      } else {
+        g.memory_bandwidth = Bandwidth::bytes_per_s(std::round(bw));
+        g.memory_efficiency = 1.0;
+        mark(p, "gpu.memory_GBps", how);
+        mark(p, "gpu.memory_efficiency", "the measured bandwidth is the achievable one");
+      }
+    } else if (base) {
+      mark(p, "gpu.memory_GBps", from_base("memory bandwidth"));
+      mark(p, "gpu.memory_efficiency", from_base("memory efficiency"));
+    } else {
+      return Status::invalid_argument("calibration: no memory copy samples and no base profile");
+    }
+
+    const double host = std::min(f_.host_to_device_Bps, f_.device_to_host_Bps);
+    if (host > 0) {
+      g.host_link = Bandwidth::bytes_per_s(std::round(host));
+      mark(p, "gpu.host_link_GBps",
+           fmt::format("{}: slower of host->device {:.2f} and device->host {:.2f} GB/s", measured_,
+                       f_.host_to_device_Bps / 1e9, f_.device_to_host_Bps / 1e9));
+    } else if (base) {
+      mark(p, "gpu.host_link_GBps", from_base("host link"));
+    } else {
+      g.host_link = g.memory_bandwidth;
+      mark(p, "gpu.host_link_GBps", "[not measured] host memory is device memory");
+    }
+
+    // GEMM: measured precisions get the table and eta_max; a cpu fp32 measurement also
+    // stands for bf16 (the cpu backend computes every dtype in fp32).
+    for (const GemmFit& gf : f_.gemm) {
+      std::vector<Precision> precs = {precision_of(gf.dtype)};
+      if (gf.dtype == DType::kF32 && fp32_stands_for_bf16()) precs.push_back(Precision::kBf16);
+      for (Precision prec : precs) {
+        const size_t i = hardware::precision_index(prec);
+        const std::string key = fmt::format("gpu.compute.{}", hardware::to_string(prec));
+        const std::string how =
+            fmt::format("{}: best of {} GEMM shapes {:.1f} GFLOP/s at {}x{}x{} ({})", measured_,
+                        gf.shapes, gf.max_flops_per_s / 1e9, gf.best.m, gf.best.n, gf.best.k,
+                        runtime::to_string(gf.dtype));
+        if (base && g.compute[i]) {
+          g.compute[i]->eta_max =
+              std::min(1.0, gf.max_flops_per_s / g.compute[i]->peak.per_second());
+          mark(p, key + ".peak_tflops", from_base("datasheet peak"));
+          mark(p, key + ".eta_max", how + " / datasheet peak");
+        } else {
+          g.compute[i] =
+              hardware::PrecisionRate{FlopRate::per_second(std::round(gf.max_flops_per_s)), 1.0};
+          mark(p, key + ".peak_tflops", how + " (no datasheet peak: the best measured rate)");
+          mark(p, key + ".eta_max", "peak is the best measured rate");
+        }
+        g.gemm_measured[i].clear();
+        for (const GemmSample& gs : s_.gemms)
+          if (gs.dtype == gf.dtype)
+            g.gemm_measured[i].push_back({gs.dims.m, gs.dims.n, gs.dims.k,
+                                          FlopRate::per_second(std::round(gs.flops_per_s()))});
+        mark(p, fmt::format("gpu.gemm.measured.{}", hardware::to_string(prec)),
+             fmt::format("{}: median of {} repetitions per shape after {} warm-up, cache flushed "
+                         "before each; shapes from the model zoo under TP 1..8 (gemm_grid.h)",
+                         measured_, s_.reps, s_.warmup) +
+                 (prec != precision_of(gf.dtype)
+                      ? " (fp32 runs, which the cpu backend uses for bf16)"
+                      : ""));
+      }
+    }
+    if (!g.supports(Precision::kBf16))
+      return Status::invalid_argument(
+          "calibration: no bf16 (or cpu fp32) GEMM samples and no base profile to supply bf16");
+    if (f_.launch_s > 0) {
+      g.gemm_launch_overhead = Time::seconds(f_.launch_s);
+      mark(p, "gpu.gemm.launch_us", measured_ + ": median time of the smallest GEMM (8x8x8)");
+    } else {
+      mark(p, "gpu.gemm.launch_us", from_base("launch overhead"));
+    }
+
+    attention(p, f_.attention_fwd_flops_per_s, false);
+    attention(p, f_.attention_bwd_flops_per_s, true);
+    for (Precision prec : hardware::kAllPrecisions) {
+      const std::string key = fmt::format("gpu.compute.{}", hardware::to_string(prec));
+      if (g.supports(prec) && !p.provenance.count(key + ".peak_tflops")) {
+        mark(p, key, from_base("precision not measured"));
+      }
+    }
+    return Status::ok();
+  }
+
+  void attention(SystemProfile& p, double rate, bool backward) {
+    double& eff = backward ? p.gpu.attention_bwd_efficiency : p.gpu.attention_fwd_efficiency;
+    const std::string field =
+        backward ? "gpu.attention.bwd_efficiency" : "gpu.attention.fwd_efficiency";
+    if (rate <= 0 || s_.attention.empty()) {
+      if (!o_.base) eff = 0.5;
+      mark(p, field,
+           o_.base ? from_base("attention efficiency")
+                   : "[not measured] placeholder 0.5 (no attention samples)");
+      return;
+    }
+    const Precision prec = precision_of(s_.attention.front().desc.dtype);
+    Precision use = p.gpu.supports(prec) ? prec : Precision::kBf16;
+    if (fp32_stands_for_bf16()) use = Precision::kBf16;
+    eff = std::clamp(rate / p.gpu.peak(use).per_second(), 1e-6, 1.0);
+    mark(p, field,
+         fmt::format("{}: {} model FLOPs / time over {} shapes = {:.1f} GFLOP/s / {} peak",
+                     measured_, backward ? "backward (2x forward)" : "forward",
+                     s_.attention.size() / 2, rate / 1e9, hardware::to_string(use)));
+  }
+
+  // A run that measured fp32 GEMMs and no bf16 ones (the cpu backend computes every dtype
+  // in fp32) lets the fp32 figures stand for bf16, which every profile needs.
+  bool fp32_stands_for_bf16() const {
+    bool fp32 = false;
+    for (const GemmFit& gf : f_.gemm) {
+      if (gf.dtype == DType::kBf16) return false;
+      fp32 = fp32 || gf.dtype == DType::kF32;
+    }
+    return fp32;
+  }
+
+  const CollectiveFit* pooled_p2p(CollectiveScope scope) const {
+    for (const CollectiveFit& c : f_.collectives)
+      if (c.scope == scope && c.op == Collective::kSendRecv) return &c;
+    return nullptr;
+  }
+
+  void intra(SystemProfile& p) {
+    hardware::IntraNodeFabric& f = p.intra_node;
+    if (p.gpus_per_node == 1) {
+      f = {};
+      mark(p, "intra_node", "one rank per host: no intra-node fabric");
+      return;
+    }
+    if (!o_.base) f.kind = hardware::FabricKind::kPcie;
+    if (f.nvls && f.nvls_min_group > p.gpus_per_node) f.nvls = false;
+    if (const CollectiveFit* c = pooled_p2p(CollectiveScope::kIntraNode)) {
+      f.bandwidth = Bandwidth::bytes_per_s(std::round(c->fit.beta_Bps));
+      f.latency = Time::seconds(c->fit.alpha_s);
+      mark(p, "intra_node",
+           fmt::format("{}: P2P between every pair of ranks on one host, pooled alpha-beta fit "
+                       "(R^2 {:.4f}){}",
+                       measured_, c->fit.r2,
+                       o_.base ? "; fabric kind and NVLS from the base profile " + o_.base_ref
+                               : "; fabric \"pcie\" stands for any non-switched host fabric"));
+    } else {
+      mark(p, "intra_node", from_base("intra-node fabric"));
+    }
+  }
+
+  void inter(SystemProfile& p, int hosts) {
+    hardware::InterNodeNetwork& n = p.inter_node;
+    const CollectiveFit* c = hosts > 1 ? pooled_p2p(CollectiveScope::kInterNode) : nullptr;
+    if (c) {
+      if (!o_.base) n.nics_per_node = 1;
+      n.nic_bandwidth = Bandwidth::bytes_per_s(std::round(c->fit.beta_Bps));
+      n.latency = Time::seconds(c->fit.alpha_s);
+      mark(p, "inter_node",
+           fmt::format("{}: P2P between ranks on different hosts, pooled alpha-beta fit (R^2 "
+                       "{:.4f}); nics_per_node {}",
+                       measured_, c->fit.r2,
+                       o_.base ? "from the base profile " + o_.base_ref : "1 [not measured]"));
+    } else if (o_.base) {
+      mark(p, "inter_node", from_base("inter-node network (one host measured)"));
+    } else if (const CollectiveFit* intra = pooled_p2p(CollectiveScope::kIntraNode)) {
+      n.nics_per_node = 1;
+      n.nic_bandwidth = Bandwidth::bytes_per_s(std::round(intra->fit.beta_Bps));
+      n.latency = Time::seconds(intra->fit.alpha_s);
+      mark(p, "inter_node",
+           "[not measured] one host: copied from the intra-node P2P fit; run across hosts or "
+           "pass --base for a real network");
+    } else {
+      n = {1, Bandwidth::gbit_per_s(10), Time::us(50)};
+      mark(p, "inter_node", "[not measured] one rank: placeholder 10 Gb/s Ethernet, 50 us");
+    }
+  }
+
+  // The profile's figure of (scope, op) from the fits of that scope: busbw per group size
+  // (ranks inside a host, hosts across them), alpha of the largest group.
+  std::optional<CollectiveFigure> measured_figure(CollectiveScope scope, Collective op,
+                                                  std::string* how) const {
+    CollectiveFigure fig;
+    fig.scope = scope;
+    fig.op = op;
+    double worst_r2 = 1, worst_res = 0;
+    for (const CollectiveFit& c : f_.collectives) {
+      if (c.scope != scope || c.op != op) continue;
+      const int size = scope == CollectiveScope::kIntraNode ? c.ranks : c.nodes;
+      fig.busbw.emplace_back(size, Bandwidth::bytes_per_s(std::round(c.busbw_Bps)));
+      fig.alpha = Time::seconds(c.fit.alpha_s);  // sorted by ranks: the largest group last
+      worst_r2 = std::min(worst_r2, c.fit.r2);
+      worst_res = std::max(worst_res, c.fit.max_rel_residual);
+    }
+    if (fig.busbw.empty()) return std::nullopt;
+    std::sort(fig.busbw.begin(), fig.busbw.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+    *how = fmt::format(
+        "{}: alpha-beta fit per group size ({} to {} {}), busbw = beta x nccl-tests bus factor, "
+        "alpha of the largest group; worst R^2 {:.4f}, worst max relative residual {:.3f}",
+        measured_, fig.busbw.front().first, fig.busbw.back().first,
+        scope == CollectiveScope::kIntraNode ? "ranks" : "hosts", worst_r2, worst_res);
+    return fig;
+  }
+
+  Status collectives(SystemProfile& p, int hosts) {
+    std::vector<CollectiveFigure> out;
+    for (CollectiveScope scope : hardware::kAllScopes) {
+      if (scope == CollectiveScope::kIntraNode && p.gpus_per_node == 1) continue;
+      for (Collective op : hardware::kAllCollectives) {
+        const std::string key =
+            fmt::format("collectives.{}.{}", hardware::to_string(scope), hardware::to_string(op));
+        std::string how;
+        std::optional<CollectiveFigure> fig;
+        if (scope == CollectiveScope::kIntraNode || hosts > 1)
+          fig = measured_figure(scope, op, &how);
+        if (!fig && o_.base && o_.base->has_collective(scope, op)) {
+          fig = o_.base->collective(scope, op);
+          how = from_base("figure");
+        }
+        if (!fig && scope == CollectiveScope::kInterNode && p.gpus_per_node > 1) {
+          fig = measured_figure(CollectiveScope::kIntraNode, op, &how);
+          if (fig) {
+            fig->scope = scope;
+            fig->busbw = {{2, fig->busbw.back().second}};
+            how =
+                "[not measured] one host: copied from the intra-node figure of the largest "
+                "group; run across hosts or pass --base";
+          }
+        }
+        if (!fig && scope == CollectiveScope::kInterNode) {
+          fig =
+              CollectiveFigure{scope, op, p.inter_node.latency, {{2, p.inter_node.nic_bandwidth}}};
+          how = "[not measured] from the inter_node placeholder";
+        }
+        if (!fig)
+          return Status::invalid_argument(
+              fmt::format("calibration: no samples for {} {} and no base profile",
+                          hardware::to_string(scope), hardware::to_string(op)));
+        mark(p, key, how);
+        out.push_back(*fig);
+      }
+    }
+    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+      return std::pair(a.scope, a.op) < std::pair(b.scope, b.op);
+    });
+    p.collectives = std::move(out);
+    return Status::ok();
+  }
+
+  const Samples& s_;
+  const Fits& f_;
+  const ProfileOptions& o_;
+  std::string measured_;
+};
+
+}  // namespace
+
+Result<SystemProfile> build_profile(const Samples& samples, const Fits& fits,
+                                    const ProfileOptions& opts) {
+  return Builder(samples, fits, opts).build();
+}
+
+}  // namespace hetpar::calibrate

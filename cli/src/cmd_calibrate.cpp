@@ -1,0 +1,101 @@
+// `hetpar calibrate --backend cpu|cuda [--quick] [--out FILE] [--base PROFILE] [--name N]`:
+// run under `mpirun -np N` (one process per device). Every rank sweeps; rank 0 fits the
+// samples, prints the fitted figures, and writes the profile (with the raw samples under
+// "$calibration") atomically. Progress goes to stderr on rank 0.
+#include <fmt/chrono.h>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <ctime>
+
+#include "commands.h"
+#include "hetpar/calibrate/profile.h"
+#include "hetpar/calibrate/sweep.h"
+#include "hetpar/core/file_io.h"
+#include "hetpar/runtime/backend.h"
+
+namespace hetpar::cli {
+
+namespace {
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  return fmt::format("{:%Y-%m-%dT%H:%M:%SZ}", tm);
+}
+
+void print_fits(const calibrate::Fits& f, const calibrate::Samples& s, const std::string& out) {
+  fmt::print("Calibrated {} ({} backend), {} rank{} on {} host{}, {:.1f} s\n", s.device.name,
+             s.device.backend, s.device.world, s.device.world == 1 ? "" : "s", s.topology.hosts(),
+             s.topology.hosts() == 1 ? "" : "s", s.wall_s);
+  for (const calibrate::GemmFit& g : f.gemm)
+    fmt::print(
+        "GEMM {:<5}    {} shapes: best {:.1f} GFLOP/s ({}x{}x{}), median {:.1f}, min {:.1f}\n",
+        runtime::to_string(g.dtype), g.shapes, g.max_flops_per_s / 1e9, g.best.m, g.best.n,
+        g.best.k, g.median_flops_per_s / 1e9, g.min_flops_per_s / 1e9);
+  fmt::print("Launch        {:.2f} us (8x8x8 GEMM)\n", f.launch_s * 1e6);
+  if (f.attention_fwd_flops_per_s > 0)
+    fmt::print("Attention     forward {:.1f} GFLOP/s, backward {:.1f} GFLOP/s\n",
+               f.attention_fwd_flops_per_s / 1e9, f.attention_bwd_flops_per_s / 1e9);
+  if (f.memory)
+    fmt::print("Memory        {:.1f} GB/s read+write (alpha {:.2f} us, R^2 {:.4f})\n",
+               f.memory->beta_Bps / 1e9, f.memory->alpha_s * 1e6, f.memory->r2);
+  if (f.host_to_device_Bps > 0)
+    fmt::print("Host link     to device {:.1f} GB/s, to host {:.1f} GB/s\n",
+               f.host_to_device_Bps / 1e9, f.device_to_host_Bps / 1e9);
+  if (!f.collectives.empty())
+    fmt::print("\n{:<11} {:<15} {:>5} {:>5} {:>10} {:>11} {:>11} {:>8} {:>9}\n", "scope", "op",
+               "ranks", "hosts", "alpha_us", "algbw_GB/s", "busbw_GB/s", "R^2", "max_res");
+  for (const calibrate::CollectiveFit& c : f.collectives)
+    fmt::print("{:<11} {:<15} {:>5} {:>5} {:>10.2f} {:>11.2f} {:>11.2f} {:>8.4f} {:>9.3f}{}\n",
+               hardware::to_string(c.scope), hardware::to_string(c.op), c.ranks, c.nodes,
+               c.fit.alpha_s * 1e6, c.fit.beta_Bps / 1e9, c.busbw_Bps / 1e9, c.fit.r2,
+               c.fit.max_rel_residual, c.fit.fallback ? " (bounds)" : "");
+  fmt::print("\nProfile written to {}\n", out);
+}
+
+}  // namespace
+
+int run_calibrate(const CalibrateOptions& opts) {
+  auto backend = runtime::make_backend(opts.backend);
+  if (!backend.is_ok()) return report_error(backend.status());
+  runtime::Backend& b = **backend;
+  const bool root = b.info().rank == 0;
+
+  calibrate::ProfileOptions po;
+  po.name = opts.name;
+  po.date = utc_now();
+  po.mode = opts.quick ? "quick" : "full";
+  if (!opts.base.empty()) {
+    auto base = hardware::load_profile(opts.base);
+    if (!base.is_ok()) return report_error(base.status().with_context("--base"));
+    po.base = *base;
+    po.base_ref = opts.base;
+  }
+  const std::string out =
+      opts.out.empty() ? fmt::format("calibrated-{}.json", opts.backend) : opts.out;
+
+  std::string last_phase;
+  auto progress = [&](std::string_view phase, int done, int total) {
+    if (phase != last_phase || done % 20 == 0 || done + 1 == total)
+      fmt::print(stderr, "calibrate: [{:>4}/{}] {}\n", done + 1, total, phase);
+    last_phase = std::string(phase);
+  };
+  const calibrate::SweepPlan plan = calibrate::default_plan(opts.backend, opts.quick);
+  auto samples = calibrate::run_sweeps(b, plan, progress);
+  if (!samples.is_ok()) return report_error(samples.status());
+  if (!root) return 0;
+
+  auto fits = calibrate::fit_samples(*samples);
+  if (!fits.is_ok()) return report_error(fits.status());
+  auto profile = calibrate::build_profile(*samples, *fits, po);
+  if (!profile.is_ok()) return report_error(profile.status());
+  Status st = write_file_atomically(
+      out, calibrate::calibration_to_json_text(*profile, *samples, *fits, po));
+  if (!st.is_ok()) return report_error(st);
+  print_fits(*fits, *samples, out);
+  return 0;
+}
+
+}  // namespace hetpar::cli

@@ -1,0 +1,102 @@
+// The deepspeed target: ds_config.json (keys from export/vocabulary/deepspeed.txt) and a
+// launch script. DeepSpeed's JSON never states PP: the training script builds a
+// PipelineModule(num_stages=pp); TP is AutoTP (tensor_parallel.autotp_size); DP is what
+// is left. Its pipeline engine runs one 1F1B-style schedule and reduces gradients after
+// the last micro-batch (research/trainer-formats.md section 4).
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include "writer.h"
+
+namespace hetpar::exporter::detail {
+
+Result<std::vector<ExportFile>> write_deepspeed(const Context& c) {
+  const planner::Layout& l = c.layout();
+  Refusals r;
+  refuse_mixed_node_sizes(c, r);
+  refuse_heterogeneous(c, r);
+  if (l.pp > 1)
+    refuse_multimodal(c, r,
+                      fmt::format("a PipelineModule partitions layers by its own method and "
+                                  "cannot pin the encoder to stage 0 ahead of the LLM (pp {})",
+                                  l.pp));
+  refuse_uneven_split(c, r);
+  refuse_precision_unless(c, r, {hardware::Precision::kBf16, hardware::Precision::kFp16});
+  switch (c.p.schedule) {
+    case planner::Schedule::kGpipe:
+      r.add("the GPipe schedule: DeepSpeed's pipeline engine runs one 1F1B-style schedule");
+      break;
+    case planner::Schedule::kInterleaved:
+      r.add(
+          fmt::format("virtual pipeline stages (vpp {}, interleaved schedule): DeepSpeed has no "
+                      "interleaving",
+                      l.vpp));
+      break;
+    case planner::Schedule::kZeroBubble:
+      r.add("the ZB-H1 schedule: DeepSpeed's pipeline engine has no zero-bubble schedule");
+      break;
+    case planner::Schedule::k1F1B:
+      break;
+  }
+  if (l.cp > 1)
+    r.add(fmt::format(
+        "context parallelism (cp {}): DeepSpeed's sequence parallelism (Ulysses) splits "
+        "attention heads with all-to-alls, not the sequence with ring attention",
+        l.cp));
+  if (l.sequence_parallel)
+    r.add(
+        "Megatron-style sequence parallelism: DeepSpeed AutoTP keeps activations between "
+        "TP regions replicated");
+  if (l.recompute == models::Recompute::kSelective)
+    r.add(
+        "selective recompute of the attention core: DeepSpeed checkpoints whole layers "
+        "(pipeline.activation_checkpoint_interval)");
+  if (l.dp > 1 && l.overlap_grad_reduce)
+    r.add(
+        "gradient reduction overlapped with the backward (overlap_grad_reduce): the pipeline "
+        "engine reduces after the last micro-batch (set overlap_grad_reduce false)");
+  if (l.dp > 1 && l.distributed_optimizer && l.overlap_param_gather)
+    r.add(
+        "the parameter all-gather overlapped with the forward (overlap_param_gather): ZeRO-1 "
+        "gathers after the optimizer step (set overlap_param_gather false)");
+  if (!r.empty()) return r.status(c.target);
+
+  nlohmann::ordered_json j;
+  j["train_batch_size"] = c.s.workload.global_batch;
+  j["train_micro_batch_size_per_gpu"] = l.micro_batch;
+  j["gradient_accumulation_steps"] = c.micro_batches;
+  if (c.s.workload.precision == hardware::Precision::kBf16)
+    j["bf16"] = {{"enabled", true}};
+  else
+    j["fp16"] = {{"enabled", true}};
+  j["zero_optimization"] = {{"stage", l.distributed_optimizer ? 1 : 0}};
+  if (l.tp > 1) j["tensor_parallel"] = {{"autotp_size", l.tp}};
+  if (l.ep > 1) j["expert_parallel"] = {{"enabled", true}, {"autoep_size", l.ep}};
+  j["pipeline"] = {
+      {"activation_checkpoint_interval", l.recompute == models::Recompute::kFull ? 1 : 0}};
+
+  std::string script = "#!/bin/bash\n" + header(c);
+  script += fmt::format(
+      "# The training script (TRAIN_SCRIPT) wraps the model in\n"
+      "#   PipelineModule(layers=..., num_stages={}, partition_method=\"uniform\",\n"
+      "#                  activation_checkpoint_interval={})\n"
+      "# (also for one stage) and passes ds_config.json to deepspeed.initialize. DP {} = world\n"
+      "# / (tp x pp) is implied. Attention: {}.\n",
+      l.pp, l.recompute == models::Recompute::kFull ? 1 : 0, l.dp,
+      l.flash_attention ? "flash" : "without flash attention");
+  if (l.tp > 1 && l.pp > 1)
+    script +=
+        "# Not verified: that AutoTP training composes with PipelineModule in this DeepSpeed.\n";
+  script += fmt::format(
+      "# {} node(s) x {} GPUs; HOSTFILE lists the nodes (\"host slots={}\" lines).\n"
+      "set -euo pipefail\n\n"
+      "deepspeed --num_nodes {} --num_gpus {} --hostfile \"${{HOSTFILE:-hostfile}}\" \\\n"
+      "  \"${{TRAIN_SCRIPT:?set TRAIN_SCRIPT to your training script}}\" "
+      "--deepspeed_config ds_config.json \"$@\"\n",
+      c.nodes, c.gpus_per_node, c.gpus_per_node, c.nodes, c.gpus_per_node);
+  return std::vector<ExportFile>{{"ds_config.json", j.dump(2) + "\n"},
+                                 {"launch.sh", std::move(script)}};
+}
+
+}  // namespace hetpar::exporter::detail

@@ -1,0 +1,294 @@
+// export_plan(): the target names, the context every writer gets, and what the writers
+// share (refusals, YAML and launch-script rendering).
+#include "hetpar/export/export.h"
+
+#include <fmt/format.h>
+
+#include <array>
+#include <variant>
+
+#include "hetpar/planner/lower.h"
+#include "writer.h"
+
+namespace hetpar::exporter {
+
+namespace {
+
+constexpr std::array<Target, 6> kTargets = {Target::kMegatron,       Target::kMegatronMimo,
+                                            Target::kMegatronBridge, Target::kTorchtitan,
+                                            Target::kDeepspeed,      Target::kNanotron};
+
+}  // namespace
+
+std::span<const Target> all_targets() {
+  return kTargets;
+}
+
+std::string_view to_string(Target t) {
+  switch (t) {
+    case Target::kMegatron:
+      return "megatron";
+    case Target::kMegatronMimo:
+      return "megatron-mimo";
+    case Target::kMegatronBridge:
+      return "megatron-bridge";
+    case Target::kTorchtitan:
+      return "torchtitan";
+    case Target::kDeepspeed:
+      return "deepspeed";
+    case Target::kNanotron:
+      return "nanotron";
+  }
+  return "?";
+}
+
+std::optional<Target> parse_target(std::string_view name) {
+  for (Target t : kTargets)
+    if (to_string(t) == name) return t;
+  return std::nullopt;
+}
+
+std::string target_list() {
+  std::string out;
+  for (Target t : kTargets) {
+    if (!out.empty()) out += ", ";
+    out += to_string(t);
+  }
+  return out;
+}
+
+Result<std::vector<ExportFile>> export_plan(const planner::Scenario& s, const planner::Plan& p,
+                                            Target target) {
+  if (std::string why = planner::infeasibility(s, p); !why.empty())
+    return Status::invalid_argument("plan is infeasible: " + why);
+  const auto& llm = std::get<models::LlmSpec>(s.model.modules[s.model.llm_index()].spec);
+  detail::Context c{.s = s, .p = p, .target = target, .llm = llm, .encoders = {}};
+  for (size_t i = 0; i < s.model.modules.size(); ++i) {
+    const models::ModuleKind kind = models::kind_of(s.model.modules[i].spec);
+    if (kind == models::ModuleKind::kVisionEncoder && s.workload.images_per_sample > 0)
+      c.encoders.push_back(i);
+    if (kind == models::ModuleKind::kAudioEncoder && s.workload.audio_clips_per_sample > 0)
+      c.encoders.push_back(i);
+  }
+  c.world = s.cluster.total_gpus();
+  c.nodes = s.cluster.num_nodes();
+  c.gpus_per_node = s.cluster.groups().front().profile.gpus_per_node;
+  for (const hardware::NodeGroup& g : s.cluster.groups())
+    if (g.profile.gpus_per_node != c.gpus_per_node) c.gpus_per_node = 0;
+  c.micro_batches = planner::num_micro_batches(p.layout, s.workload.global_batch);
+  switch (target) {
+    case Target::kMegatron:
+      return detail::write_megatron(c);
+    case Target::kMegatronMimo:
+      return detail::write_megatron_mimo(c);
+    case Target::kMegatronBridge:
+      return detail::write_megatron_bridge(c);
+    case Target::kTorchtitan:
+      return detail::write_torchtitan(c);
+    case Target::kDeepspeed:
+      return detail::write_deepspeed(c);
+    case Target::kNanotron:
+      return detail::write_nanotron(c);
+  }
+  return Status::internal("unknown export target");
+}
+
+namespace detail {
+
+Status Refusals::status(Target t) const {
+  std::string msg = fmt::format("{} cannot express this plan: ", to_string(t));
+  for (size_t i = 0; i < why_.size(); ++i) msg += (i ? "; " : "") + why_[i];
+  return Status::invalid_argument(std::move(msg));
+}
+
+void refuse_mixed_node_sizes(const Context& c, Refusals& r) {
+  if (c.gpus_per_node == 0)
+    r.add(
+        "a cluster whose nodes differ in GPU count: the launcher starts the same number of "
+        "processes on every node");
+}
+
+void refuse_heterogeneous(const Context& c, Refusals& r) {
+  if (!c.heterogeneous()) return;
+  std::string modules;
+  for (const planner::ModulePlan& m : c.p.modules)
+    modules +=
+        fmt::format("{}{} ({})", modules.empty() ? "" : ", ", m.module, layout_summary(m.layout));
+  r.add(fmt::format(
+      "the {} placement with its own layout for {}: {} has one layout for the whole model "
+      "(export heterogeneous plans with --to megatron-mimo or megatron-bridge)",
+      planner::to_string(c.p.placement), modules, c.target_name()));
+}
+
+void refuse_multimodal(const Context& c, Refusals& r, std::string_view why) {
+  if (!c.multimodal()) return;
+  std::string names;
+  for (size_t i : c.encoders) names += (names.empty() ? "" : ", ") + c.s.model.modules[i].name;
+  r.add(fmt::format("the encoder(s) {}: {}", names, why));
+}
+
+void refuse_uneven_split(const Context& c, Refusals& r) {
+  const planner::Layout& l = c.layout();
+  if (l.first_stage_layers > 0 || l.last_stage_layers > 0)
+    r.add(fmt::format(
+        "an uneven pipeline split (first stage {} layers, last stage {}): {} splits layers "
+        "evenly over the stages",
+        l.first_stage_layers, l.last_stage_layers, c.target_name()));
+  if (l.account_for_embedding || l.account_for_loss)
+    r.add(
+        fmt::format("counting the embedding / loss as a pipeline layer (account_for_embedding / "
+                    "account_for_loss): {} has no such option",
+                    c.target_name()));
+}
+
+void refuse_precision_unless(const Context& c, Refusals& r,
+                             std::initializer_list<hardware::Precision> supported) {
+  for (hardware::Precision p : supported)
+    if (p == c.s.workload.precision) return;
+  std::string names;
+  for (hardware::Precision p : supported)
+    names += (names.empty() ? "" : ", ") + std::string(hardware::to_string(p));
+  r.add(fmt::format("precision {}: the export to {} supports {}",
+                    hardware::to_string(c.s.workload.precision), c.target_name(), names));
+}
+
+void refuse_mimo_encoder_batch(const Context& c, const planner::ModulePlan& m, std::string_view who,
+                               Refusals& r) {
+  const planner::Layout& l = c.layout();
+  const int64_t samples = static_cast<int64_t>(l.micro_batch) * l.dp;
+  if (samples % m.layout.dp == 0 && m.layout.micro_batch == samples / m.layout.dp) return;
+  r.add(fmt::format(
+      "encoder {} micro-batch {}: {} runs the encoder once per LLM micro-batch, on "
+      "micro-batch {} x llm dp {} / encoder dp {} = {} samples per rank",
+      m.module, m.layout.micro_batch, who, l.micro_batch, l.dp, m.layout.dp,
+      samples % m.layout.dp == 0 ? std::to_string(samples / m.layout.dp) : "a fraction of a"));
+}
+
+void refuse_mimo_ddp_mismatch(const Context& c, const planner::ModulePlan& m,
+                              std::string_view where, Refusals& r) {
+  const planner::Layout& l = c.layout();
+  const planner::Layout& e = m.layout;
+  if (c.s.workload.frozen_encoders) return;  // no encoder gradients, no encoder optimizer
+  if (e.distributed_optimizer == l.distributed_optimizer &&
+      e.overlap_grad_reduce == l.overlap_grad_reduce &&
+      (!l.distributed_optimizer || e.overlap_param_gather == l.overlap_param_gather))
+    return;
+  r.add(
+      fmt::format("encoder {} with other distributed-optimizer / overlap settings than the LLM: {}",
+                  m.module, where));
+}
+
+std::string layout_summary(const planner::Layout& l) {
+  std::string out =
+      fmt::format("tp {}{} cp {} pp {}", l.tp, l.sequence_parallel ? " (sp)" : "", l.cp, l.pp);
+  if (l.vpp > 1) out += fmt::format(" vpp {}", l.vpp);
+  out += fmt::format(" dp {}", l.dp);
+  if (l.ep > 1) out += fmt::format(" ep {}", l.ep);
+  out += fmt::format(", micro-batch {}, recompute {}, distributed optimizer {}", l.micro_batch,
+                     planner::to_string(l.recompute), l.distributed_optimizer ? "on" : "off");
+  return out;
+}
+
+std::string header(const Context& c, std::string_view comment) {
+  std::string out = fmt::format("{}Generated by `hetpar export --to {}` from scenario \"{}\"{}.\n",
+                                comment, c.target_name(), c.s.name,
+                                c.s.source.empty() ? "" : fmt::format(" ({})", c.s.source));
+  out += fmt::format("{}Placement {}, {} schedule; LLM: {}.\n", comment,
+                     planner::to_string(c.p.placement), planner::to_string(c.p.schedule),
+                     layout_summary(c.layout()));
+  for (const planner::ModulePlan& m : c.p.modules)
+    out += fmt::format(
+        "{}Encoder {}: {}{}.\n", comment, m.module, layout_summary(m.layout),
+        c.p.placement == planner::Placement::kNonColocated
+            ? fmt::format(", ranks {}-{}", m.first_rank, m.first_rank + m.layout.world() - 1)
+            : "");
+  out += fmt::format(
+      "{}Workload: sequence {}, global batch {} ({} micro-batches per LLM replica), {}; {} "
+      "GPUs on {} node(s).\n",
+      comment, c.s.workload.seq_len, c.s.workload.global_batch, c.micro_batches,
+      hardware::to_string(c.s.workload.precision), c.world, c.nodes);
+  return out;
+}
+
+std::string yaml_string(std::string_view s) {
+  std::string out = "\"";
+  for (char ch : s) {
+    if (ch == '"' || ch == '\\') out += '\\';
+    out += ch;
+  }
+  return out + "\"";
+}
+
+std::string yaml_bool(bool b) {
+  return b ? "true" : "false";
+}
+
+std::string render_yaml(const std::vector<Setting>& settings) {
+  std::string out;
+  std::vector<std::string> open;  // the parent keys of the previous setting
+  for (const Setting& s : settings) {
+    std::vector<std::string> parts;
+    for (size_t start = 0;;) {
+      size_t dot = s.key.find('.', start);
+      parts.push_back(s.key.substr(start, dot - start));
+      if (dot == std::string::npos) break;
+      start = dot + 1;
+    }
+    size_t common = 0;
+    while (common < open.size() && common + 1 < parts.size() && open[common] == parts[common])
+      ++common;
+    open.resize(common);
+    for (size_t i = common; i + 1 < parts.size(); ++i) {
+      out += fmt::format("{:{}}{}:\n", "", 2 * i, parts[i]);
+      open.push_back(parts[i]);
+    }
+    out += fmt::format("{:{}}{}: {}\n", "", 2 * (parts.size() - 1), parts.back(), s.value);
+  }
+  return out;
+}
+
+std::string launcher_environment(const Context& c) {
+  return fmt::format(
+      "NNODES={}\n"
+      "GPUS_PER_NODE={}\n"
+      "NODE_RANK=${{NODE_RANK:-${{SLURM_NODEID:-0}}}}\n"
+      "if [[ -z \"${{MASTER_ADDR:-}}\" && -n \"${{SLURM_JOB_NODELIST:-}}\" ]]; then\n"
+      "  MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\n"
+      "fi\n"
+      "MASTER_ADDR=${{MASTER_ADDR:-localhost}}\n"
+      "MASTER_PORT=${{MASTER_PORT:-6000}}\n",
+      c.nodes, c.gpus_per_node);
+}
+
+std::string torchrun_script(const Context& c, const std::vector<std::string>& notes,
+                            const std::vector<FlagGroup>& groups, std::string_view entry) {
+  std::string out = "#!/bin/bash\n" + header(c);
+  for (const std::string& n : notes) out += "# " + n + "\n";
+  out += fmt::format(
+      "# Run once per node: {} node(s) x {} GPUs = {} ranks (e.g. `srun --nodes {} "
+      "--ntasks-per-node 1 bash launch.sh`, or set NODE_RANK and MASTER_ADDR yourself).\n",
+      c.nodes, c.gpus_per_node, c.world, c.nodes);
+  out += "set -euo pipefail\n\n" + launcher_environment(c);
+  std::string uses;
+  for (const FlagGroup& g : groups) {
+    out += "\n";
+    if (!g.comment.empty()) out += "# " + g.comment + "\n";
+    out += g.array + "=(\n";
+    for (const Flag& f : g.flags)
+      out += f.value.empty() ? fmt::format("  {}\n", f.name)
+                             : fmt::format("  {} {}\n", f.name, f.value);
+    out += ")\n";
+    uses += fmt::format(" \"${{{}[@]}}\"", g.array);
+  }
+  out += fmt::format(
+      "\ntorchrun --nnodes \"$NNODES\" --nproc-per-node \"$GPUS_PER_NODE\" --node-rank "
+      "\"$NODE_RANK\" \\\n"
+      "  --master-addr \"$MASTER_ADDR\" --master-port \"$MASTER_PORT\" \\\n"
+      "  {}{} \"$@\"\n",
+      entry, uses);
+  return out;
+}
+
+}  // namespace detail
+
+}  // namespace hetpar::exporter

@@ -1,0 +1,335 @@
+// The megatron and megatron-mimo targets: Megatron-LM launch scripts. Names follow
+// export/vocabulary/megatron-lm.txt (and megatron-mimo-example.txt for the MIMO example's
+// own options); research/trainer-formats.md section 2 has the rules quoted below.
+#include <fmt/format.h>
+
+#include "writer.h"
+
+namespace hetpar::exporter::detail {
+
+namespace {
+
+using planner::Layout;
+using planner::Schedule;
+
+void refuse_schedule(const Context& c, Refusals& r, bool interleaving_ok) {
+  switch (c.p.schedule) {
+    case Schedule::kGpipe:
+      r.add(
+          "the GPipe schedule (all forwards, then all backwards): Megatron-LM runs 1F1B "
+          "(interleaved with virtual stages)");
+      break;
+    case Schedule::kZeroBubble:
+      r.add("the ZB-H1 schedule: Megatron-LM has no zero-bubble pipeline schedule");
+      break;
+    case Schedule::kInterleaved:
+      if (!interleaving_ok)
+        r.add(fmt::format(
+            "virtual pipeline stages (vpp {}): MIMO's multi-module pipeline schedule is 1F1B "
+            "without virtual stages",
+            c.layout().vpp));
+      break;
+    case Schedule::k1F1B:
+      break;
+  }
+}
+
+void refuse_tf32(const Context& c, Refusals& r) {
+  refuse_precision_unless(c, r,
+                          {hardware::Precision::kBf16, hardware::Precision::kFp16,
+                           hardware::Precision::kFp8, hardware::Precision::kFp32});
+}
+
+std::vector<Flag> precision_flags(const Context& c) {
+  switch (c.s.workload.precision) {
+    case hardware::Precision::kBf16:
+      return {{"--bf16", ""}};
+    case hardware::Precision::kFp16:
+      return {{"--fp16", ""}};
+    // FP8 GEMMs through Transformer Engine, BF16 elsewhere.
+    case hardware::Precision::kFp8:
+      return {{"--bf16", ""}, {"--fp8-format", "hybrid"}};
+    default:
+      return {};  // fp32: Megatron's default
+  }
+}
+
+// --pipeline-model-parallel-size and the uneven / virtual split flags.
+std::vector<Flag> pipeline_split_flags(const Context& c) {
+  const Layout& l = c.layout();
+  std::vector<Flag> f;
+  const bool uneven = l.first_stage_layers > 0 || l.last_stage_layers > 0 ||
+                      l.account_for_embedding || l.account_for_loss;
+  if (l.vpp > 1) {
+    // --num-layers-per-virtual-pipeline-stage needs an even split; otherwise name the
+    // virtual stages per rank (at most one of the two may be given).
+    const int64_t layers = c.llm.block.layers;
+    if (!uneven && layers % (static_cast<int64_t>(l.pp) * l.vpp) == 0)
+      f.push_back({"--num-layers-per-virtual-pipeline-stage", num(layers / (l.pp * l.vpp))});
+    else
+      f.push_back({"--num-virtual-stages-per-pipeline-rank", num(l.vpp)});
+  }
+  if (l.first_stage_layers > 0)
+    f.push_back({"--decoder-first-pipeline-num-layers", num(l.first_stage_layers)});
+  if (l.last_stage_layers > 0)
+    f.push_back({"--decoder-last-pipeline-num-layers", num(l.last_stage_layers)});
+  if (l.account_for_embedding) f.push_back({"--account-for-embedding-in-pipeline-split", ""});
+  if (l.account_for_loss) f.push_back({"--account-for-loss-in-pipeline-split", ""});
+  return f;
+}
+
+// Batch, recompute, optimizer, overlap, precision and attention flags of the LLM layout.
+std::vector<Flag> training_flags(const Context& c) {
+  const Layout& l = c.layout();
+  std::vector<Flag> f = {{"--micro-batch-size", num(l.micro_batch)},
+                         {"--global-batch-size", num(c.s.workload.global_batch)}};
+  for (Flag& x : megatron_recompute_flags(l)) f.push_back(std::move(x));
+  if (l.distributed_optimizer) f.push_back({"--use-distributed-optimizer", ""});
+  if (l.overlap_grad_reduce) f.push_back({"--overlap-grad-reduce", ""});
+  // The parameter all-gather exists only with the distributed optimizer (Megatron asserts).
+  if (l.overlap_param_gather && l.distributed_optimizer)
+    f.push_back({"--overlap-param-gather", ""});
+  for (Flag& x : precision_flags(c)) f.push_back(std::move(x));
+  f.push_back({"--attention-backend", l.flash_attention ? "flash" : "unfused"});
+  return f;
+}
+
+FlagGroup placeholder_group(const Context& c) {
+  return {"DATA_ARGS",
+          "Placeholders (not part of the plan): replace with your data, tokenizer and schedule.",
+          {{"--tokenizer-type", "NullTokenizer"},
+           {"--vocab-size", num(c.llm.vocab)},
+           {"--mock-data", ""},
+           {"--train-iters", "100"},
+           {"--lr", "1.0e-4"}}};
+}
+
+}  // namespace
+
+std::vector<Flag> megatron_recompute_flags(const Layout& l) {
+  switch (l.recompute) {
+    case models::Recompute::kNone:
+      return {};
+    // The attention core (Megatron's default --recompute-modules core_attn).
+    case models::Recompute::kSelective:
+      return {{"--recompute-granularity", "selective"}};
+    // Every layer's forward, keeping each layer's input.
+    case models::Recompute::kFull:
+      return {{"--recompute-granularity", "full"},
+              {"--recompute-method", "uniform"},
+              {"--recompute-num-layers", "1"}};
+  }
+  return {};
+}
+
+std::string transformer_config_fields(const Layout& l) {
+  std::string out = fmt::format("sequence_parallel={}", l.sequence_parallel ? "True" : "False");
+  switch (l.recompute) {
+    case models::Recompute::kNone:
+      out += " recompute_granularity=None";
+      break;
+    case models::Recompute::kSelective:
+      out += " recompute_granularity=\"selective\"";
+      break;
+    case models::Recompute::kFull:
+      out +=
+          " recompute_granularity=\"full\" recompute_method=\"uniform\" "
+          "recompute_num_layers=1";
+      break;
+  }
+  out += fmt::format(" attention_backend={}", l.flash_attention ? "flash" : "unfused");
+  return out;
+}
+
+void refuse_megatron_model(const Context& c, Refusals& r) {
+  const models::TransformerSpec& b = c.llm.block;
+  if (b.linear_bias && !b.qkv_bias)
+    r.add(
+        "linear biases without QKV biases: Megatron-LM's bias switch (--disable-bias-linear) "
+        "covers the QKV projection too");
+}
+
+std::vector<Flag> megatron_model_flags(const Context& c) {
+  const models::LlmSpec& llm = c.llm;
+  const models::TransformerSpec& b = llm.block;
+  std::vector<Flag> f = {{"--num-layers", num(b.layers)},
+                         {"--hidden-size", num(b.hidden)},
+                         {"--num-attention-heads", num(b.heads)}};
+  if (b.kv_heads != b.heads) {
+    f.push_back({"--group-query-attention", ""});
+    f.push_back({"--num-query-groups", num(b.kv_heads)});
+  }
+  if (llm.moe) {
+    f.push_back({"--ffn-hidden-size", num(llm.moe->expert_ffn_hidden)});
+    f.push_back({"--num-experts", num(llm.moe->experts)});
+    f.push_back({"--moe-router-topk", num(llm.moe->top_k)});
+    f.push_back({"--moe-ffn-hidden-size", num(llm.moe->expert_ffn_hidden)});
+    if (llm.moe->shared_experts > 0)
+      f.push_back({"--moe-shared-expert-intermediate-size",
+                   num(llm.moe->shared_experts * llm.moe->expert_ffn_hidden)});
+  } else {
+    f.push_back({"--ffn-hidden-size", num(b.ffn_hidden)});
+  }
+  f.push_back({"--seq-length", num(c.s.workload.seq_len)});
+  const bool learned = llm.positions == models::PositionEmbedding::kLearned;
+  f.push_back({"--max-position-embeddings",
+               num(learned && llm.max_positions > 0 ? llm.max_positions : c.s.workload.seq_len)});
+  f.push_back({"--position-embedding-type", learned ? "learned_absolute" : "rope"});
+  f.push_back({"--normalization", b.norm == models::Norm::kRmsNorm ? "RMSNorm" : "LayerNorm"});
+  if (b.activation == models::Activation::kSwiglu) f.push_back({"--swiglu", ""});
+  if (!b.linear_bias) {
+    f.push_back({"--disable-bias-linear", ""});
+    if (b.qkv_bias) f.push_back({"--add-qkv-bias", ""});
+  }
+  if (!llm.tied_embeddings) f.push_back({"--untie-embeddings-and-output-weights", ""});
+  if (!b.dropout) {
+    f.push_back({"--attention-dropout", "0.0"});
+    f.push_back({"--hidden-dropout", "0.0"});
+  }
+  return f;
+}
+
+Result<std::vector<ExportFile>> write_megatron(const Context& c) {
+  const Layout& l = c.layout();
+  Refusals r;
+  refuse_mixed_node_sizes(c, r);
+  refuse_heterogeneous(c, r);
+  refuse_megatron_model(c, r);
+  refuse_schedule(c, r, /*interleaving_ok=*/true);
+  refuse_tf32(c, r);
+  for (size_t i : c.encoders)
+    if (models::kind_of(c.s.model.modules[i].spec) == models::ModuleKind::kAudioEncoder)
+      r.add(fmt::format(
+          "the audio encoder {}: Megatron-LM's LLaVA-style pretrain_vlm.py has a vision "
+          "encoder only",
+          c.s.model.modules[i].name));
+  if (!r.empty()) return r.status(c.target);
+
+  std::vector<Flag> parallel = {{"--tensor-model-parallel-size", num(l.tp)},
+                                {"--pipeline-model-parallel-size", num(l.pp)},
+                                {"--context-parallel-size", num(l.cp)}};
+  if (c.llm.moe) {
+    parallel.push_back({"--expert-model-parallel-size", num(l.ep)});
+    // hetpar shards experts over the LLM's TP group (Megatron's default, made explicit).
+    parallel.push_back({"--expert-tensor-parallel-size", num(l.tp)});
+  }
+  if (l.sequence_parallel && l.tp > 1) parallel.push_back({"--sequence-parallel", ""});
+  for (Flag& f : pipeline_split_flags(c)) parallel.push_back(std::move(f));
+
+  std::vector<std::string> notes = {fmt::format(
+      "Data parallelism {} = world {} / (tp {} x pp {} x cp {}) is implied: Megatron-LM has "
+      "no DP flag.",
+      l.dp, c.world, l.tp, l.pp, l.cp)};
+  std::string entry = "pretrain_gpt.py";
+  if (c.multimodal()) {
+    entry = "pretrain_vlm.py";
+    notes.push_back(fmt::format(
+        "Multimodal, homogeneous: pretrain_vlm.py (examples/multimodal) builds the vision "
+        "encoder on the first pipeline stage with the LLM's TP. Add examples/multimodal's own "
+        "options for the encoder ({}){}; they are not in Megatron-LM's core flag list.",
+        c.s.model.modules[c.encoders.front()].name,
+        c.s.workload.frozen_encoders ? " and freeze it" : ""));
+    if (l.sequence_parallel && l.tp > 1)
+      notes.push_back(
+          "Not the same as predicted: Megatron-LM's LLaVA path runs the encoder without "
+          "sequence parallelism (research/trainer-formats.md 2); hetpar's homogeneous "
+          "prediction gives it the LLM's SP.");
+  }
+  std::vector<FlagGroup> groups = {
+      {"PARALLEL_ARGS", "Parallelism (the plan).", std::move(parallel)},
+      {"MODEL_ARGS", fmt::format("The LLM of {}.", c.s.model.name), megatron_model_flags(c)},
+      {"TRAINING_ARGS", "Batch, recompute, optimizer, overlap and precision (the plan).",
+       training_flags(c)},
+      placeholder_group(c)};
+  return std::vector<ExportFile>{{"launch.sh", torchrun_script(c, notes, groups, entry)}};
+}
+
+Result<std::vector<ExportFile>> write_megatron_mimo(const Context& c) {
+  const Layout& l = c.layout();
+  Refusals r;
+  refuse_mixed_node_sizes(c, r);
+  refuse_megatron_model(c, r);
+  refuse_schedule(c, r, /*interleaving_ok=*/false);
+  refuse_tf32(c, r);
+  if (l.cp > 1)
+    r.add(fmt::format("llm cp {}: the MIMO example runs the language grid with CP 1 only", l.cp));
+  const planner::ModulePlan* enc = nullptr;
+  switch (c.p.placement) {
+    case planner::Placement::kHomogeneous:
+      if (c.multimodal())
+        r.add(
+            "the homogeneous placement of a multimodal model: the MIMO example gives each "
+            "module its own grid (export it with --to megatron, pretrain_vlm.py)");
+      break;
+    case planner::Placement::kColocated:
+      r.add(
+          "the colocated placement: the MIMO example's grids occupy disjoint rank spans "
+          "(non-colocated) only (export colocated plans with --to megatron-bridge)");
+      break;
+    case planner::Placement::kNonColocated:
+      if (c.p.modules.size() != 1) {
+        r.add(fmt::format("{} encoder layouts: the MIMO example has a single encoder grid",
+                          c.p.modules.size()));
+        break;
+      }
+      enc = &c.p.modules.front();
+      if (enc->first_rank != 0)
+        r.add(fmt::format(
+            "encoder {} on ranks {}-{}: the MIMO example places the encoder grid at rank 0 and "
+            "the LLM after it (--llm-offset)",
+            enc->module, enc->first_rank, enc->first_rank + enc->layout.world() - 1));
+      break;
+  }
+  if (enc) {
+    refuse_mimo_encoder_batch(c, *enc, "the MIMO example", r);
+    refuse_mimo_ddp_mismatch(c, *enc,
+                             "the MIMO example takes one --use-distributed-optimizer, "
+                             "--overlap-grad-reduce and --overlap-param-gather for every module",
+                             r);
+  }
+  if (!r.empty()) return r.status(c.target);
+
+  std::vector<Flag> grids = {
+      {"--model-provider",
+       fmt::format("\"${{MODEL_PROVIDER:?set MODEL_PROVIDER to the examples/mimo model provider "
+                   "of {}}}\"",
+                   c.s.model.name)}};
+  std::vector<std::string> notes;
+  if (enc) {
+    grids.push_back({"--encoder-tp", num(enc->layout.tp)});
+    grids.push_back({"--encoder-dp", num(enc->layout.dp)});
+    grids.push_back({"--llm-offset", num(c.p.llm_first_rank)});
+    notes.push_back(fmt::format("Encoder {} on ranks 0-{} (TP {} x DP {}), LLM on ranks {}-{}.",
+                                enc->module, enc->layout.world() - 1, enc->layout.tp,
+                                enc->layout.dp, c.p.llm_first_rank,
+                                c.p.llm_first_rank + l.world() - 1));
+    notes.push_back(
+        fmt::format("Set in the model provider's encoder TransformerConfig (not a flag): {}{}.",
+                    transformer_config_fields(enc->layout),
+                    c.s.workload.frozen_encoders ? "; freeze the encoder" : ""));
+  } else {
+    grids.push_back({"--llm-only", ""});
+    grids.push_back({"--llm-offset", "0"});
+  }
+  grids.push_back({"--llm-tp", num(l.tp)});
+  grids.push_back({"--llm-cp", num(l.cp)});
+  grids.push_back({"--llm-pp", num(l.pp)});
+  grids.push_back({"--llm-dp", num(l.dp)});
+  if (c.llm.moe) {
+    grids.push_back({"--llm-ep", num(l.ep)});
+    grids.push_back({"--llm-expt-tp", num(l.tp)});
+  }
+  std::vector<Flag> llm = pipeline_split_flags(c);
+  if (l.sequence_parallel && l.tp > 1) llm.insert(llm.begin(), {"--sequence-parallel", ""});
+  for (Flag& f : training_flags(c)) llm.push_back(std::move(f));
+  std::vector<FlagGroup> groups = {
+      {"MIMO_ARGS", "Module grids (the plan): the MIMO example's own options.", std::move(grids)},
+      {"MODEL_ARGS", fmt::format("The LLM of {}.", c.s.model.name), megatron_model_flags(c)},
+      {"TRAINING_ARGS", "The LLM's split, batch, recompute, optimizer and precision (the plan).",
+       std::move(llm)},
+      placeholder_group(c)};
+  return std::vector<ExportFile>{
+      {"launch.sh", torchrun_script(c, notes, groups, "examples/mimo/pretrain_mimo.py")}};
+}
+
+}  // namespace hetpar::exporter::detail

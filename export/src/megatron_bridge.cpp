@@ -1,0 +1,216 @@
+// The megatron-bridge target: a YAML file of Megatron-Bridge ConfigContainer overrides
+// (keys from export/vocabulary/megatron-bridge.txt). Single-layout plans set model.* like
+// Megatron-LM's TransformerConfig; heterogeneous plans set the MegatronMIMOProvider's
+// per-module parallelism (megatron_mimo_parallelism_config.module_parallelisms), whose
+// validation (finalize()) the refusals below mirror: research/trainer-formats.md section 3.
+#include <fmt/format.h>
+
+#include "writer.h"
+
+namespace hetpar::exporter::detail {
+
+namespace {
+
+using planner::Layout;
+
+std::string recompute_value(models::Recompute r) {
+  switch (r) {
+    case models::Recompute::kNone:
+      return "null";
+    case models::Recompute::kSelective:
+      return yaml_string("selective");
+    case models::Recompute::kFull:
+      return yaml_string("full");
+  }
+  return "null";
+}
+
+void add_recompute(std::vector<Setting>& s, const Layout& l) {
+  s.push_back({"model.recompute_granularity", recompute_value(l.recompute)});
+  if (l.recompute == models::Recompute::kFull) {
+    s.push_back({"model.recompute_method", yaml_string("uniform")});
+    s.push_back({"model.recompute_num_layers", "1"});
+  }
+}
+
+void add_model_shape(std::vector<Setting>& s, const Context& c) {
+  const models::LlmSpec& llm = c.llm;
+  const models::TransformerSpec& b = llm.block;
+  s.push_back({"model.num_layers", num(b.layers)});
+  s.push_back({"model.hidden_size", num(b.hidden)});
+  s.push_back({"model.num_attention_heads", num(b.heads)});
+  s.push_back({"model.num_query_groups", num(b.kv_heads)});
+  if (llm.moe) {
+    s.push_back({"model.ffn_hidden_size", num(llm.moe->expert_ffn_hidden)});
+    s.push_back({"model.num_moe_experts", num(llm.moe->experts)});
+    s.push_back({"model.moe_router_topk", num(llm.moe->top_k)});
+    s.push_back({"model.moe_ffn_hidden_size", num(llm.moe->expert_ffn_hidden)});
+  } else {
+    s.push_back({"model.ffn_hidden_size", num(b.ffn_hidden)});
+  }
+  s.push_back({"model.gated_linear_unit", yaml_bool(b.activation == models::Activation::kSwiglu)});
+  s.push_back({"model.normalization",
+               yaml_string(b.norm == models::Norm::kRmsNorm ? "RMSNorm" : "LayerNorm")});
+  s.push_back({"model.position_embedding_type",
+               yaml_string(llm.positions == models::PositionEmbedding::kLearned ? "learned_absolute"
+                                                                                : "rope")});
+  s.push_back({"model.share_embeddings_and_output_weights", yaml_bool(llm.tied_embeddings)});
+  s.push_back({"model.add_bias_linear", yaml_bool(b.linear_bias)});
+  s.push_back({"model.add_qkv_bias", yaml_bool(b.qkv_bias)});
+  s.push_back({"model.attention_dropout", b.dropout ? "0.1" : "0.0"});
+  s.push_back({"model.hidden_dropout", b.dropout ? "0.1" : "0.0"});
+  s.push_back({"model.vocab_size", num(llm.vocab)});
+  s.push_back({"model.seq_length", num(c.s.workload.seq_len)});
+}
+
+// train.*, dataset.*, ddp.* and the precision recipe, shared by both shapes.
+void add_training(std::vector<Setting>& s, const Context& c) {
+  const Layout& l = c.layout();
+  s.push_back({"train.micro_batch_size", num(l.micro_batch)});
+  s.push_back({"train.global_batch_size", num(c.s.workload.global_batch)});
+  s.push_back({"dataset.seq_length", num(c.s.workload.seq_len)});
+  s.push_back({"ddp.use_distributed_optimizer", yaml_bool(l.distributed_optimizer)});
+  s.push_back({"ddp.overlap_grad_reduce", yaml_bool(l.overlap_grad_reduce)});
+  s.push_back(
+      {"ddp.overlap_param_gather", yaml_bool(l.overlap_param_gather && l.distributed_optimizer)});
+  // The recipe also sets model.pipeline_dtype, which MCore needs with PP > 1.
+  s.push_back({"mixed_precision",
+               yaml_string(c.s.workload.precision == hardware::Precision::kFp16 ? "fp16_mixed"
+                                                                                : "bf16_mixed")});
+}
+
+void refuse_schedule(const Context& c, Refusals& r) {
+  switch (c.p.schedule) {
+    case planner::Schedule::kGpipe:
+      r.add("the GPipe schedule: Megatron-Bridge runs Megatron's 1F1B (interleaved with vpp)");
+      break;
+    case planner::Schedule::kZeroBubble:
+      r.add("the ZB-H1 schedule: Megatron-Bridge has no zero-bubble pipeline schedule");
+      break;
+    case planner::Schedule::kInterleaved:
+      if (c.heterogeneous())
+        r.add(fmt::format(
+            "virtual pipeline stages (vpp {}) in a MIMO model: its multi-module schedules "
+            "(1F1B across modules, colocated three-phase) have no virtual stages",
+            c.layout().vpp));
+      break;
+    case planner::Schedule::k1F1B:
+      break;
+  }
+}
+
+void refuse_mimo(const Context& c, Refusals& r) {
+  const Layout& l = c.layout();
+  const bool colocated = c.p.placement == planner::Placement::kColocated;
+  if (colocated && l.pp > 1 && c.p.modules.size() != 1)
+    r.add(fmt::format(
+        "{} encoders colocated with an LLM of pp {}: the colocated three-phase schedule takes "
+        "exactly one modality module",
+        c.p.modules.size(), l.pp));
+  if (colocated && l.cp > 1)
+    r.add(fmt::format("llm cp {} in a colocated placement: MegatronMIMO colocated requires CP 1",
+                      l.cp));
+  if (colocated && c.llm.moe && l.tp > 1)
+    r.add(fmt::format(
+        "experts sharded over the LLM's TP {} in a colocated placement: MegatronMIMO colocated "
+        "requires expert_tensor_parallel_size 1",
+        l.tp));
+  for (const planner::ModulePlan& m : c.p.modules) {
+    const Layout& e = m.layout;
+    if (e.dp < l.dp)
+      r.add(fmt::format(
+          "encoder {} dp {} below llm dp {}: MegatronMIMO requires encoder DP >= LLM DP for "
+          "embedding alignment",
+          m.module, e.dp, l.dp));
+    refuse_mimo_encoder_batch(c, m, "MegatronMIMO", r);
+    refuse_mimo_ddp_mismatch(c, m, "the config has one ddp section for every module", r);
+  }
+}
+
+void add_module(std::vector<Setting>& s, std::string_view name, const Layout& l, int ep, int etp,
+                int rank_offset) {
+  const std::string p =
+      fmt::format("model.megatron_mimo_parallelism_config.module_parallelisms.{}.", name);
+  s.push_back({p + "tensor_model_parallel_size", num(l.tp)});
+  s.push_back({p + "pipeline_model_parallel_size", num(l.pp)});
+  s.push_back({p + "context_parallel_size", num(l.cp)});
+  s.push_back({p + "expert_model_parallel_size", num(ep)});
+  s.push_back({p + "expert_tensor_parallel_size", num(etp)});
+  s.push_back({p + "data_parallel_size", num(l.dp)});
+  s.push_back({p + "rank_offset", num(rank_offset)});
+}
+
+}  // namespace
+
+Result<std::vector<ExportFile>> write_megatron_bridge(const Context& c) {
+  const Layout& l = c.layout();
+  Refusals r;
+  refuse_megatron_model(c, r);
+  refuse_schedule(c, r);
+  refuse_precision_unless(c, r, {hardware::Precision::kBf16, hardware::Precision::kFp16});
+  if (c.heterogeneous()) refuse_mimo(c, r);
+  if (!r.empty()) return r.status(c.target);
+
+  std::string text = header(c);
+  text += fmt::format(
+      "# Megatron-Bridge ConfigContainer overrides: merge into your recipe's config (YAML\n"
+      "# overrides of scripts/training/run_recipe.py). World size {} = {} node(s) x {} GPUs.\n",
+      c.world, c.nodes, c.gpus_per_node);
+  std::vector<Setting> s;
+  if (!c.heterogeneous()) {
+    text += fmt::format(
+        "# Data parallelism {} = world / (tp x pp x cp) is implied. The activation function\n"
+        "# ({}) is the provider's activation_func.\n",
+        l.dp, c.llm.block.activation == models::Activation::kSwiglu ? "SwiGLU: silu" : "GELU");
+    if (c.multimodal())
+      text += "# Multimodal, homogeneous: use your VLM provider; its encoder shares this layout.\n";
+    s.push_back({"model.tensor_model_parallel_size", num(l.tp)});
+    s.push_back({"model.pipeline_model_parallel_size", num(l.pp)});
+    s.push_back({"model.virtual_pipeline_model_parallel_size", l.vpp > 1 ? num(l.vpp) : "null"});
+    s.push_back({"model.context_parallel_size", num(l.cp)});
+    if (c.llm.moe) {
+      s.push_back({"model.expert_model_parallel_size", num(l.ep)});
+      s.push_back({"model.expert_tensor_parallel_size", num(l.tp)});
+    }
+    s.push_back({"model.sequence_parallel", yaml_bool(l.sequence_parallel && l.tp > 1)});
+    add_recompute(s, l);
+    if (l.first_stage_layers > 0)
+      s.push_back({"model.num_layers_in_first_pipeline_stage", num(l.first_stage_layers)});
+    if (l.last_stage_layers > 0)
+      s.push_back({"model.num_layers_in_last_pipeline_stage", num(l.last_stage_layers)});
+    if (l.account_for_embedding)
+      s.push_back({"model.account_for_embedding_in_pipeline_split", "true"});
+    if (l.account_for_loss) s.push_back({"model.account_for_loss_in_pipeline_split", "true"});
+    s.push_back({"model.attention_backend", yaml_string(l.flash_attention ? "flash" : "unfused")});
+    add_model_shape(s, c);
+  } else {
+    const bool colocated = c.p.placement == planner::Placement::kColocated;
+    text += fmt::format(
+        "# model: MegatronMIMOProvider ({}). The language module must be keyed \"language\";\n"
+        "# rename each encoder key to its modality name in your provider's\n"
+        "# modality_submodules_spec. Set in each module's own TransformerConfig (its spec, not\n"
+        "# a key of this file):\n"
+        "#   language: {}{}\n",
+        colocated ? "colocated: every module on ranks 0-" + num(c.world - 1)
+                  : "non-colocated: disjoint rank ranges",
+        transformer_config_fields(l),
+        l.first_stage_layers > 0 || l.last_stage_layers > 0
+            ? fmt::format(" num_layers_in_first_pipeline_stage={} "
+                          "num_layers_in_last_pipeline_stage={}",
+                          l.first_stage_layers, l.last_stage_layers)
+            : "");
+    for (const planner::ModulePlan& m : c.p.modules)
+      text += fmt::format("#   {}: {}\n", m.module, transformer_config_fields(m.layout));
+    const bool moe = c.llm.moe.has_value();
+    add_module(s, "language", l, moe ? l.ep : 1, moe ? l.tp : 1,
+               colocated ? 0 : c.p.llm_first_rank);
+    for (const planner::ModulePlan& m : c.p.modules)
+      add_module(s, m.module, m.layout, 1, 1, colocated ? 0 : m.first_rank);
+    if (c.s.workload.frozen_encoders) s.push_back({"model.freeze_modality_encoders", "true"});
+  }
+  add_training(s, c);
+  text += render_yaml(s);
+  return std::vector<ExportFile>{{"megatron_bridge.yaml", std::move(text)}};
+}
+
+}  // namespace hetpar::exporter::detail

@@ -1,0 +1,131 @@
+// The torchtitan target: a launch script passing `--section.field value` overrides
+// (export/vocabulary/torchtitan.txt). torchtitan no longer reads TOML: a run is a Python
+// config function chosen with --module/--config, and the section.field overrides apply on
+// top of it (research/trainer-formats.md section 5). What torchtitan does differently from
+// Megatron, and so refuses: data parallelism with other dimensions is FSDP (weights,
+// gradients and optimizer state sharded: ZeRO-3), plain DDP runs only alone; context
+// parallelism shards weights with FSDP too; bf16 mixed precision applies through FSDP or
+// under pure DDP / one device only (torchtitan/config/training.py).
+#include <fmt/format.h>
+
+#include "writer.h"
+
+namespace hetpar::exporter::detail {
+
+Result<std::vector<ExportFile>> write_torchtitan(const Context& c) {
+  const planner::Layout& l = c.layout();
+  Refusals r;
+  refuse_mixed_node_sizes(c, r);
+  refuse_heterogeneous(c, r);
+  if (l.pp > 1)
+    refuse_multimodal(c, r,
+                      fmt::format("torchtitan's multimodal models do not support pipeline "
+                                  "parallelism (pp {})",
+                                  l.pp));
+  refuse_uneven_split(c, r);
+  refuse_precision_unless(c, r, {hardware::Precision::kBf16, hardware::Precision::kFp32});
+  if (l.cp > 1)
+    r.add(fmt::format(
+        "context parallelism (cp {}): torchtitan shards the weights over the CP group with FSDP",
+        l.cp));
+  if (l.ep > 1)
+    r.add(fmt::format("expert parallelism (ep {}): torchtitan's EP borrows FSDP-sharded ranks",
+                      l.ep));
+  const bool only_dp = l.tp == 1 && l.pp == 1 && l.cp == 1;
+  if (l.dp > 1 && l.distributed_optimizer)
+    r.add(fmt::format(
+        "the distributed optimizer over dp {}: torchtitan shards data parallelism with FSDP, "
+        "which also shards weights and gradients (ZeRO-3), not the optimizer state alone",
+        l.dp));
+  else if (l.dp > 1 && !only_dp)
+    r.add(
+        fmt::format("data parallelism (dp {}) without FSDP next to tp {} / pp {}: torchtitan's DDP "
+                    "(data_parallel_replicate_degree) runs only as the sole parallelism",
+                    l.dp, l.tp, l.pp));
+  if (l.dp > 1 && !l.overlap_grad_reduce)
+    r.add(
+        "gradient reduction after the backward (overlap_grad_reduce off): torchtitan's DDP "
+        "overlaps it with the backward");
+  if (c.s.workload.precision == hardware::Precision::kBf16 && !only_dp)
+    r.add(fmt::format(
+        "bf16 mixed precision with tp {} / pp {} and no FSDP: torchtitan applies "
+        "mixed_precision_param through FSDP, or autocast under pure DDP / one device only",
+        l.tp, l.pp));
+  if (l.recompute == models::Recompute::kSelective)
+    r.add(
+        "selective recompute of the attention core: torchtitan's selective activation "
+        "checkpointing keeps a different, per-op set of activations");
+  switch (c.p.schedule) {
+    case planner::Schedule::kZeroBubble:
+      r.add(
+          "the ZB-H1 schedule with one stage per rank: torchtitan's zero-bubble schedules "
+          "(InterleavedZeroBubble, ZBVZeroBubble) are looped");
+      break;
+    case planner::Schedule::kInterleaved:
+      if (c.llm.block.layers % (static_cast<int64_t>(l.pp) * l.vpp) != 0)
+        r.add(fmt::format(
+            "vpp {} over {} layers: torchtitan's pipeline_parallel_layers_per_stage needs an "
+            "even split over pp x vpp stages",
+            l.vpp, c.llm.block.layers));
+      break;
+    default:
+      break;
+  }
+  if (!r.empty()) return r.status(c.target);
+
+  std::string schedule = "1F1B";
+  if (c.p.schedule == planner::Schedule::kGpipe) schedule = "GPipe";
+  if (c.p.schedule == planner::Schedule::kInterleaved) schedule = "Interleaved1F1B";
+  const int64_t seq = c.s.workload.seq_len;
+  std::vector<Flag> parallel = {
+      {"--parallelism.data_parallel_replicate_degree", num(l.dp)},
+      {"--parallelism.data_parallel_shard_degree", "1"},
+      {"--parallelism.tensor_parallel_degree", num(l.tp)},
+      {"--parallelism.enable_sequence_parallel", l.sequence_parallel ? "True" : "False"},
+      {"--parallelism.context_parallel_degree", num(l.cp)},
+      {"--parallelism.pipeline_parallel_degree", num(l.pp)},
+  };
+  if (l.pp > 1) {
+    parallel.push_back({"--parallelism.pipeline_parallel_schedule", schedule});
+    parallel.push_back({"--parallelism.num_pp_microbatches", num(c.micro_batches)});
+    // Megatron's even split: no stage gives layers to the embedding or the loss.
+    parallel.push_back({"--parallelism.pipeline_parallel_first_stage_less_layers", "0"});
+    parallel.push_back({"--parallelism.pipeline_parallel_last_stage_less_layers", "0"});
+    if (l.vpp > 1)
+      parallel.push_back({"--parallelism.pipeline_parallel_layers_per_stage",
+                          num(c.llm.block.layers / (l.pp * l.vpp))});
+  }
+  std::vector<Flag> training = {
+      {"--training.max_context_length", num(seq)},
+      {"--training.num_tokens_per_microbatch_per_dp_rank", num(l.micro_batch * seq)},
+      {"--training.num_tokens_per_train_step", num(c.s.workload.global_batch * seq)},
+      {"--training.mixed_precision_param",
+       c.s.workload.precision == hardware::Precision::kBf16 ? "bfloat16" : "float32"},
+  };
+  // Trainer.Config raises without it when PP > 1.
+  if (l.pp > 1) training.push_back({"--training.disable_cuda_graphs", "True"});
+
+  std::vector<std::string> notes = {
+      "torchtitan reads a Python config function (--module / --config); the overrides below set "
+      "the plan on top of it.",
+      fmt::format(
+          "In that function: the model flavour of {}; activation checkpointing {}; "
+          "attention {}.",
+          c.s.model.name,
+          l.recompute == models::Recompute::kFull ? "full (the full-AC config class)" : "off",
+          l.flash_attention ? "flash (SDPA)" : "without flash attention")};
+  if (l.pp == 1 && c.micro_batches > 1)
+    notes.push_back(
+        fmt::format("{} micro-batches per step run as gradient accumulation.", c.micro_batches));
+  std::vector<FlagGroup> groups = {
+      {"CONFIG_ARGS",
+       "Your config (placeholders).",
+       {{"--module", "\"${CONFIG_MODULE:?set CONFIG_MODULE to your config module}\""},
+        {"--config", "\"${CONFIG_FUNCTION:?set CONFIG_FUNCTION to your config function}\""}}},
+      {"PARALLEL_ARGS", "Parallelism (the plan).", std::move(parallel)},
+      {"TRAINING_ARGS", "Batch in tokens, precision (the plan).", std::move(training)}};
+  return std::vector<ExportFile>{
+      {"launch.sh", torchrun_script(c, notes, groups, "-m torchtitan.train")}};
+}
+
+}  // namespace hetpar::exporter::detail

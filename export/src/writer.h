@@ -1,0 +1,138 @@
+// Internal to hetpar_export: what every target writer shares — the plan's context, the
+// list of refusals, the renderers of YAML settings and of launch scripts — and one writer
+// function per target. Writers report everything they cannot express (Refusals) before
+// they render anything.
+#pragma once
+
+#include <initializer_list>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "hetpar/export/export.h"
+#include "hetpar/hardware/precision.h"
+#include "hetpar/models/spec.h"
+
+namespace hetpar::exporter::detail {
+
+/// The plan and the facts about the scenario every writer needs.
+struct Context {
+  const planner::Scenario& s;
+  const planner::Plan& p;
+  Target target;
+  const models::LlmSpec& llm;
+  /// Encoders the workload feeds (module indices): empty for an LLM-only run.
+  std::vector<size_t> encoders;
+  int world = 0;
+  int nodes = 0;
+  int gpus_per_node = 0;      // 0 when the node groups differ in GPUs per node
+  int64_t micro_batches = 0;  // per LLM DP replica
+
+  bool multimodal() const { return !encoders.empty(); }
+  bool heterogeneous() const { return p.placement != planner::Placement::kHomogeneous; }
+  const planner::Layout& layout() const { return p.layout; }
+  std::string_view target_name() const { return to_string(target); }
+};
+
+/// What a target cannot express, collected so the user sees every reason at once.
+class Refusals {
+ public:
+  void add(std::string why) { why_.push_back(std::move(why)); }
+  bool empty() const { return why_.empty(); }
+  /// "<target> cannot express this plan: a; b". REQUIRES: !empty().
+  Status status(Target t) const;
+
+ private:
+  std::vector<std::string> why_;
+};
+
+// ---- what several targets refuse the same way ----------------------------------------
+
+/// Launch scripts start one process per GPU with one count per node.
+void refuse_mixed_node_sizes(const Context& c, Refusals& r);
+/// Targets with one layout for the whole model.
+void refuse_heterogeneous(const Context& c, Refusals& r);
+/// Targets whose pipeline engine knows nothing of an encoder placed on stage 0 ahead of
+/// the LLM's layers (Megatron's LLaVA-style homogeneous layout).
+void refuse_multimodal(const Context& c, Refusals& r, std::string_view why);
+void refuse_uneven_split(const Context& c, Refusals& r);
+/// Precisions other than those listed.
+void refuse_precision_unless(const Context& c, Refusals& r,
+                             std::initializer_list<hardware::Precision> supported);
+
+/// MIMO (Megatron-LM's example and Megatron-Bridge) runs an encoder once per LLM
+/// micro-batch: each encoder rank takes llm micro_batch x llm dp / encoder dp samples.
+/// Refuses an encoder micro-batch that differs. `who`: "the MIMO example", "MegatronMIMO".
+void refuse_mimo_encoder_batch(const Context& c, const planner::ModulePlan& m, std::string_view who,
+                               Refusals& r);
+/// MIMO takes one distributed-optimizer / overlap setting for every module (frozen
+/// encoders have no optimizer: anything goes).
+void refuse_mimo_ddp_mismatch(const Context& c, const planner::ModulePlan& m,
+                              std::string_view where, Refusals& r);
+
+// ---- rendering ------------------------------------------------------------------------
+
+inline std::string num(int64_t v) {
+  return std::to_string(v);
+}
+/// "tp 8 (sp) cp 1 pp 8 vpp 2 dp 16 ep 1, micro-batch 1, recompute selective, distributed
+/// optimizer on".
+std::string layout_summary(const planner::Layout& l);
+/// The comment block every file opens with: tool, target, scenario, plan, world. Each line
+/// starts with `comment` ("# ").
+std::string header(const Context& c, std::string_view comment = "# ");
+
+/// One setting of a YAML / TOML-like config: a dotted key and its value, already spelled
+/// as a YAML scalar (numbers, true/false, null, or a double-quoted string).
+struct Setting {
+  std::string key;
+  std::string value;
+};
+std::string yaml_string(std::string_view s);  // "\"...\""
+std::string yaml_bool(bool b);
+/// Nested block YAML of `settings` (keys sharing a prefix must be adjacent), 2-space indent.
+std::string render_yaml(const std::vector<Setting>& settings);
+
+/// A command-line flag: `--name value`, or `--name` alone when value is empty.
+struct Flag {
+  std::string name;
+  std::string value;
+};
+/// A bash array of flags, e.g. PARALLEL_ARGS, with an optional comment above it.
+struct FlagGroup {
+  std::string array;  // "PARALLEL_ARGS"
+  std::string comment;
+  std::vector<Flag> flags;
+};
+
+/// A bash launch script run once per node: torchrun with the cluster's nodes and GPUs per
+/// node (NODE_RANK / MASTER_ADDR from the environment or SLURM) starting `entry` with the
+/// flag groups' arrays. `notes` are comment lines after the header.
+std::string torchrun_script(const Context& c, const std::vector<std::string>& notes,
+                            const std::vector<FlagGroup>& groups, std::string_view entry);
+/// The lines that set NNODES, GPUS_PER_NODE, NODE_RANK, MASTER_ADDR and MASTER_PORT.
+std::string launcher_environment(const Context& c);
+
+// ---- Megatron vocabulary shared by megatron, megatron-mimo and megatron-bridge ----------
+
+/// --recompute-* for a layout (empty for none).
+std::vector<Flag> megatron_recompute_flags(const planner::Layout& l);
+/// A module's TransformerConfig fields that MIMO sets in the module's own spec, not on the
+/// command line: "sequence_parallel=True recompute_granularity=\"full\" ...".
+std::string transformer_config_fields(const planner::Layout& l);
+/// The LLM's shape as Megatron-LM flags (--num-layers, --hidden-size, ...).
+std::vector<Flag> megatron_model_flags(const Context& c);
+/// Refusals for LLM shapes Megatron cannot build.
+void refuse_megatron_model(const Context& c, Refusals& r);
+
+// ---- the writers --------------------------------------------------------------------
+
+Result<std::vector<ExportFile>> write_megatron(const Context& c);
+Result<std::vector<ExportFile>> write_megatron_mimo(const Context& c);
+Result<std::vector<ExportFile>> write_megatron_bridge(const Context& c);
+Result<std::vector<ExportFile>> write_torchtitan(const Context& c);
+Result<std::vector<ExportFile>> write_deepspeed(const Context& c);
+Result<std::vector<ExportFile>> write_nanotron(const Context& c);
+
+}  // namespace hetpar::exporter::detail

@@ -1,0 +1,176 @@
+// Sweeps on a backend double with known costs (fake_backend.h): the samples, fits and the
+// profile they make recover those costs; the profile passes hardware's parser and
+// validation and round-trips through the calibration JSON.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "fake_backend.h"
+#include "hetpar/calibrate/profile.h"
+#include "hetpar/calibrate/sweep.h"
+#include "hetpar/hardware/hardware_json.h"
+
+namespace hetpar::calibrate {
+namespace {
+
+using hardware::Collective;
+using hardware::CollectiveScope;
+using hardware::Precision;
+using testing::FakeBackend;
+using testing::FakeModel;
+
+SweepPlan small_plan() {
+  SweepPlan p = default_plan("cpu", /*quick=*/true);
+  p.reps = 3;
+  p.warmup = 1;
+  return p;
+}
+
+Samples sweep(FakeBackend& b, const SweepPlan& plan) {
+  int calls = 0, last_total = 0;
+  Result<Samples> s = run_sweeps(b, plan, [&](std::string_view, int done, int total) {
+    EXPECT_EQ(done, calls);
+    ++calls;
+    last_total = total;
+  });
+  EXPECT_TRUE(s.is_ok()) << s.status().to_string();
+  EXPECT_EQ(calls, last_total);  // one progress call per sample
+  return s.is_ok() ? *s : Samples{};
+}
+
+TEST(Sweep, SamplesAndFitsRecoverTheBackendsCosts) {
+  const FakeModel m;
+  FakeBackend b(2, m);
+  const SweepPlan plan = small_plan();
+  const Samples s = sweep(b, plan);
+
+  ASSERT_EQ(s.gemms.size(), plan.gemms.size());
+  for (const GemmSample& g : s.gemms) {
+    EXPECT_NEAR(g.t.median_s / m.gemm_s(g.dims.m, g.dims.n, g.dims.k), 1.0, 1e-6);
+    EXPECT_EQ(g.t.reps, plan.reps);
+  }
+  EXPECT_EQ(b.flushes, static_cast<int>(plan.reps * (plan.gemms.size() + 2 * plan.attention.size())));
+  ASSERT_EQ(s.attention.size(), 2 * plan.attention.size());
+  ASSERT_EQ(s.p2p.size(), plan.p2p_bytes.size());  // one pair
+  ASSERT_EQ(s.collectives.size(), plan.collectives.size() * plan.collective_bytes.size());
+  EXPECT_EQ(s.topology.hosts(), 1);
+
+  Result<Fits> f = fit_samples(s);
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  EXPECT_NEAR(f->launch_s, m.gemm_s(8, 8, 8), 1e-12);
+  EXPECT_NEAR(f->attention_fwd_flops_per_s / m.attention_rate, 1.0, 1e-6);
+  EXPECT_NEAR(f->attention_bwd_flops_per_s / m.attention_rate, 1.0, 1e-6);
+  ASSERT_TRUE(f->memory);
+  EXPECT_NEAR(f->memory->beta_Bps / m.copy_Bps, 1.0, 1e-3);
+  EXPECT_NEAR(f->host_to_device_Bps / m.host_Bps, 1.0, 1e-6);
+  for (const CollectiveFit& c : f->collectives) {
+    SCOPED_TRACE(hardware::to_string(c.op));
+    EXPECT_EQ(c.ranks, 2);
+    const double alpha = c.op == Collective::kSendRecv ? m.p2p_alpha : m.coll_alpha_s(c.op, 2);
+    const double beta = c.op == Collective::kSendRecv ? m.p2p_Bps : m.coll_beta(2);
+    EXPECT_NEAR(c.fit.alpha_s / alpha, 1.0, 0.01);
+    EXPECT_NEAR(c.fit.beta_Bps / beta, 1.0, 0.01);
+    EXPECT_NEAR(c.busbw_Bps, c.fit.beta_Bps * bus_factor(c.op, 2), 1e-3);
+    EXPECT_GT(c.fit.r2, 0.9999);
+  }
+  ASSERT_EQ(f->pairs.size(), 1u);
+}
+
+TEST(Sweep, GroupSizesTwoToWorldEachRecovered) {
+  const FakeModel m;
+  FakeBackend b(4, m);
+  SweepPlan plan = small_plan();
+  plan.p2p_bytes.clear();  // a one-process double cannot play pairs it is not in
+  const Samples s = sweep(b, plan);
+  Result<Fits> f = fit_samples(s);
+  ASSERT_TRUE(f.is_ok());
+  std::set<int> sizes;
+  for (const CollectiveFit& c : f->collectives) {
+    sizes.insert(c.ranks);
+    EXPECT_NEAR(c.fit.alpha_s / m.coll_alpha_s(c.op, c.ranks), 1.0, 0.01);
+    EXPECT_NEAR(c.fit.beta_Bps / m.coll_beta(c.ranks), 1.0, 0.01);
+  }
+  EXPECT_EQ(sizes, (std::set<int>{2, 3, 4}));
+}
+
+TEST(Sweep, RejectsABadPlan) {
+  FakeBackend b(1);
+  SweepPlan plan = small_plan();
+  plan.reps = 0;
+  EXPECT_NE(run_sweeps(b, plan).status().message().find("reps must be >= 1"), std::string::npos);
+}
+
+TEST(CalibratedProfile, ValidRoundTripsAndReproducesTheMeasurements) {
+  const FakeModel m;
+  FakeBackend b(2, m);
+  const Samples s = sweep(b, small_plan());
+  const Fits f = *fit_samples(s);
+  ProfileOptions o;
+  o.name = "fake-node";
+  o.date = "2026-11-29T12:00:00Z";
+  o.mode = "quick";
+  Result<hardware::SystemProfile> p = build_profile(s, f, o);
+  ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+  EXPECT_TRUE(hardware::validate_profile(*p).is_ok());
+  EXPECT_EQ(hardware::missing_provenance(*p), std::vector<std::string>{});
+  EXPECT_EQ(p->name, "fake-node");
+  EXPECT_EQ(p->gpus_per_node, 2);
+  EXPECT_EQ(p->gpu.model, "Fake Device");
+
+  // The GEMM model reproduces every measured shape (the table is exact there).
+  for (const GemmSample& g : s.gemms)
+    EXPECT_NEAR(p->gpu.gemm_time(g.dims.m, g.dims.n, g.dims.k, 1, Precision::kFp32).to_seconds() /
+                    g.t.median_s,
+                1.0, 1e-4);
+  // Memory: the fitted bandwidth with efficiency 1 (no datasheet).
+  EXPECT_NEAR(p->gpu.effective_memory_bandwidth().bytes_per_s() / m.copy_Bps, 1.0, 1e-3);
+  // Collectives: busbw of 2 ranks, alpha of the fit.
+  const auto& ar = p->collective(CollectiveScope::kIntraNode, Collective::kAllReduce);
+  EXPECT_NEAR(ar.bus_bandwidth(2).bytes_per_s() / (m.coll_beta(2) * 1.0), 1.0, 0.01);
+  EXPECT_NEAR(ar.alpha.to_seconds() / m.coll_alpha_s(Collective::kAllReduce, 2), 1.0, 0.01);
+  // One host: inter-node figures are copies, and say so.
+  EXPECT_NE(p->provenance.at("collectives.inter_node.all_reduce").find("[not measured]"),
+            std::string::npos);
+
+  const std::string text = calibration_to_json_text(*p, s, f, o);
+  Result<hardware::SystemProfile> back = hardware::parse_profile_text(text, "calibration");
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+  EXPECT_EQ(*back, *p);
+  const nlohmann::json j = nlohmann::json::parse(text);
+  EXPECT_EQ(j["$calibration"]["backend"], "fake");
+  EXPECT_EQ(j["$calibration"]["samples"]["gemm"].size(), s.gemms.size());
+  EXPECT_EQ(j["$calibration"]["fits"]["collectives"].size(), f.collectives.size());
+}
+
+TEST(CalibratedProfile, BaseProfileKeepsDatasheetPeaksAndUnmeasuredFigures) {
+  FakeModel m;
+  m.gemm_peak = 400e12;  // a fast device: eta_max against the H100 bf16 peak
+  FakeBackend b(2, m);
+  SweepPlan plan = small_plan();
+  plan.gemm_dtypes = {runtime::DType::kBf16};
+  const Samples s = sweep(b, plan);
+  ProfileOptions o;
+  o.base = *hardware::load_profile("dgx-h100");
+  o.base_ref = "dgx-h100";
+  o.date = "2026-11-29T12:00:00Z";
+  Result<hardware::SystemProfile> p = build_profile(s, *fit_samples(s), o);
+  ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+  EXPECT_EQ(hardware::missing_provenance(*p), std::vector<std::string>{});
+  EXPECT_EQ(p->gpu.peak(Precision::kBf16), o.base->gpu.peak(Precision::kBf16));
+  double best = 0;
+  for (const GemmSample& g : s.gemms) best = std::max(best, g.flops_per_s());
+  EXPECT_NEAR(p->gpu.eta_max(Precision::kBf16), best / 989.4e12, 1e-9);
+  EXPECT_EQ(p->gpu.sm_count, 132);
+  EXPECT_FALSE(p->gpu.gemm_measured[hardware::precision_index(Precision::kBf16)].empty());
+  EXPECT_TRUE(p->gpu.gemm_measured[hardware::precision_index(Precision::kFp8)].empty());
+  EXPECT_EQ(p->collective(CollectiveScope::kInterNode, Collective::kAllReduce),
+            o.base->collective(CollectiveScope::kInterNode, Collective::kAllReduce));
+  EXPECT_EQ(p->gpus_per_node, 2);
+  EXPECT_FALSE(p->intra_node.nvls);  // NVLS needs 5 GPUs; two ranks measured
+  // The memory bandwidth is below the datasheet: an efficiency of the datasheet peak.
+  EXPECT_EQ(p->gpu.memory_bandwidth, o.base->gpu.memory_bandwidth);
+  EXPECT_NEAR(p->gpu.effective_memory_bandwidth().bytes_per_s() / m.copy_Bps, 1.0, 1e-3);
+}
+
+}  // namespace
+}  // namespace hetpar::calibrate

@@ -1,0 +1,139 @@
+// The megatron-bridge target: single-layout plans as model.* / train.* / ddp.* overrides,
+// heterogeneous plans as the MegatronMIMOProvider's per-module parallelism, and the
+// refusals that mirror MegatronMIMOParallelismConfig.finalize().
+#include <gtest/gtest.h>
+
+#include "helpers.h"
+#include "hetpar/planner/lower.h"
+
+namespace hetpar::exporter {
+namespace {
+
+using namespace testing;
+using planner::Layout;
+using planner::Placement;
+using planner::Plan;
+using planner::Schedule;
+
+std::map<std::string, std::string> bridge(const planner::Scenario& s, const Plan& p) {
+  return yaml_settings(exported(s, p, Target::kMegatronBridge).at("megatron_bridge.yaml"));
+}
+
+TEST(ExportMegatronBridge, SingleLayoutSettingsMatchThePlan) {
+  planner::Scenario s = scenario("llama-3.1-8b", 4, 8192, 512);
+  Plan p;
+  p.layout = layout(2, 4, 4, 2);
+  p.layout.vpp = 2;
+  p.layout.sequence_parallel = true;
+  p.layout.recompute = models::Recompute::kFull;
+  p.layout.distributed_optimizer = true;
+  p.layout.first_stage_layers = 6;
+  p.layout.last_stage_layers = 10;
+  p.schedule = Schedule::kInterleaved;
+  ASSERT_EQ(planner::infeasibility(s, p), "");
+  auto y = bridge(s, p);
+  EXPECT_EQ(y.at("model.tensor_model_parallel_size"), "2");
+  EXPECT_EQ(y.at("model.pipeline_model_parallel_size"), "4");
+  EXPECT_EQ(y.at("model.virtual_pipeline_model_parallel_size"), "2");
+  EXPECT_EQ(y.at("model.context_parallel_size"), "1");
+  EXPECT_EQ(y.at("model.sequence_parallel"), "true");
+  EXPECT_EQ(y.at("model.recompute_granularity"), "\"full\"");
+  EXPECT_EQ(y.at("model.recompute_method"), "\"uniform\"");
+  EXPECT_EQ(y.at("model.recompute_num_layers"), "1");
+  EXPECT_EQ(y.at("model.num_layers_in_first_pipeline_stage"), "6");
+  EXPECT_EQ(y.at("model.num_layers_in_last_pipeline_stage"), "10");
+  EXPECT_EQ(y.at("model.num_query_groups"), "8");
+  EXPECT_EQ(y.at("train.micro_batch_size"), "2");
+  EXPECT_EQ(y.at("train.global_batch_size"), "512");
+  EXPECT_EQ(y.at("dataset.seq_length"), "8192");
+  EXPECT_EQ(y.at("ddp.use_distributed_optimizer"), "true");
+  EXPECT_EQ(y.at("ddp.overlap_param_gather"), "true");
+  EXPECT_EQ(y.at("mixed_precision"), "\"bf16_mixed\"");
+  p.layout.vpp = 1;
+  p.layout.first_stage_layers = p.layout.last_stage_layers = 0;
+  p.layout.distributed_optimizer = false;
+  p.schedule = Schedule::k1F1B;
+  y = bridge(s, p);
+  EXPECT_EQ(y.at("model.virtual_pipeline_model_parallel_size"), "null");
+  EXPECT_EQ(y.at("ddp.overlap_param_gather"), "false");  // no parameter all-gather to overlap
+  EXPECT_EQ(y.count("model.num_layers_in_first_pipeline_stage"), 0u);
+}
+
+TEST(ExportMegatronBridge, NonColocatedModulesGetTheirRanks) {
+  planner::Scenario s = scenario("llava-1.5-7b", 2, 4096, 96, 1, "bf16", "dgx-h100", true);
+  Plan p;  // encoder tp 4 dp 2 on ranks 0-7, LLM tp 4 dp 2 on 8-15
+  p.layout = layout(4, 1, 2, 2);
+  p.placement = Placement::kNonColocated;
+  p.llm_first_rank = 8;
+  p.modules.push_back({encoder_name(s), layout(4, 1, 2, 2), 0});
+  ASSERT_EQ(planner::infeasibility(s, p), "");
+  const std::string text = exported(s, p, Target::kMegatronBridge).at("megatron_bridge.yaml");
+  auto y = yaml_settings(text);
+  const std::string m = "model.megatron_mimo_parallelism_config.module_parallelisms.";
+  EXPECT_EQ(y.at(m + "language.tensor_model_parallel_size"), "4");
+  EXPECT_EQ(y.at(m + "language.data_parallel_size"), "2");
+  EXPECT_EQ(y.at(m + "language.rank_offset"), "8");
+  EXPECT_EQ(y.at(m + "vision.tensor_model_parallel_size"), "4");
+  EXPECT_EQ(y.at(m + "vision.data_parallel_size"), "2");
+  EXPECT_EQ(y.at(m + "vision.rank_offset"), "0");
+  EXPECT_EQ(y.at(m + "vision.expert_model_parallel_size"), "1");
+  EXPECT_EQ(y.at("model.freeze_modality_encoders"), "true");
+  EXPECT_EQ(y.at("train.micro_batch_size"), "2");
+  // Ranges tile the world: [offset, offset + tp x pp x cp x dp).
+  EXPECT_NE(text.find("non-colocated: disjoint rank ranges"), std::string::npos);
+}
+
+TEST(ExportMegatronBridge, ColocatedModulesShareRankZero) {
+  planner::Scenario s = scenario("llava-1.5-7b", 1, 4096, 96, 1);
+  Plan p;  // LLM tp 2 pp 2 dp 2 (three phases), encoder tp 4 dp 2 on every rank
+  p.layout = layout(2, 2, 2, 2);
+  p.placement = Placement::kColocated;
+  p.modules.push_back({encoder_name(s), layout(4, 1, 2, 2), 0});
+  ASSERT_EQ(planner::infeasibility(s, p), "");
+  auto y = bridge(s, p);
+  const std::string m = "model.megatron_mimo_parallelism_config.module_parallelisms.";
+  EXPECT_EQ(y.at(m + "language.rank_offset"), "0");
+  EXPECT_EQ(y.at(m + "vision.rank_offset"), "0");
+  EXPECT_EQ(y.at(m + "language.pipeline_model_parallel_size"), "2");
+  EXPECT_EQ(y.count("model.freeze_modality_encoders"), 0u);
+}
+
+TEST(ExportMegatronBridge, RefusesWhatMegatronMimoRejects) {
+  const std::string dir = std::string(HETPAR_SOURCE_DIR) + "/examples/";
+  auto llava = planner::load_scenario(dir + "llava-7b-8xh100-compare.json");
+  ASSERT_TRUE(llava.is_ok());
+  // plans: colocated (fan-in, encoder micro-batch 2 = two LLM micro-batches per step),
+  // homogeneous, non_colocated (fan-out: encoder dp 2 < llm dp 6).
+  EXPECT_NE(refusal(*llava, llava->plans[0].second, Target::kMegatronBridge)
+                .find("micro-batch 2 x llm dp 4 / encoder dp 8 = 1 samples per rank"),
+            std::string::npos)
+      << refusal(*llava, llava->plans[0].second, Target::kMegatronBridge);
+  EXPECT_NE(refusal(*llava, llava->plans[2].second, Target::kMegatronBridge)
+                .find("encoder vision dp 2 below llm dp 6"),
+            std::string::npos);
+  auto longctx = planner::load_scenario(dir + "long-context-16xh100-compare.json");
+  ASSERT_TRUE(longctx.is_ok());
+  EXPECT_NE(refusal(*longctx, longctx->plans[0].second, Target::kMegatronBridge)
+                .find("llm cp 2 in a colocated placement"),
+            std::string::npos);
+
+  planner::Scenario s = scenario("llava-1.5-7b", 1, 4096, 96, 1);
+  Plan p;
+  p.layout = layout(2, 2, 2, 2);
+  p.schedule = Schedule::kGpipe;
+  EXPECT_NE(refusal(s, p, Target::kMegatronBridge).find("the GPipe schedule"), std::string::npos);
+  p.schedule = Schedule::k1F1B;
+  p.placement = Placement::kColocated;
+  p.modules.push_back({encoder_name(s), layout(4, 1, 2, 2), 0});
+  p.modules[0].layout.distributed_optimizer = true;
+  EXPECT_NE(refusal(s, p, Target::kMegatronBridge).find("one ddp section for every module"),
+            std::string::npos);
+  s.workload.frozen_encoders = true;  // a frozen encoder has no optimizer to disagree
+  EXPECT_EQ(refusal(s, p, Target::kMegatronBridge), "");
+  s.workload.frozen_encoders = false;
+  s.workload.precision = hardware::Precision::kFp8;
+  EXPECT_NE(refusal(s, p, Target::kMegatronBridge).find("precision fp8"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace hetpar::exporter

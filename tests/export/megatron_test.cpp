@@ -1,0 +1,239 @@
+// The megatron and megatron-mimo targets: the emitted flags parse back into the plan's
+// layout, and what Megatron-LM (or its MIMO example) cannot run is refused.
+#include <gtest/gtest.h>
+
+#include "helpers.h"
+#include "hetpar/planner/lower.h"
+
+namespace hetpar::exporter {
+namespace {
+
+using namespace testing;
+using planner::Layout;
+using planner::Placement;
+using planner::Plan;
+using planner::Schedule;
+
+int flag_int(const std::map<std::string, std::string>& f, const std::string& name, int dflt) {
+  auto it = f.find(name);
+  return it == f.end() ? dflt : std::stoi(it->second);
+}
+
+// The layout a Megatron-LM run with these flags gets (DP from the world size, VPP from the
+// virtual-stage flags, the LLM's `layers`).
+Layout parse_layout(const std::map<std::string, std::string>& f, const std::string& prefix,
+                    int world, int64_t layers) {
+  Layout l;
+  const bool mimo = prefix == "--llm-";
+  l.tp = flag_int(f, mimo ? "--llm-tp" : "--tensor-model-parallel-size", 1);
+  l.pp = flag_int(f, mimo ? "--llm-pp" : "--pipeline-model-parallel-size", 1);
+  l.cp = flag_int(f, mimo ? "--llm-cp" : "--context-parallel-size", 1);
+  l.ep = flag_int(f, mimo ? "--llm-ep" : "--expert-model-parallel-size", 1);
+  l.dp = mimo ? flag_int(f, "--llm-dp", 1) : world / (l.tp * l.pp * l.cp);
+  l.sequence_parallel = f.count("--sequence-parallel") > 0;
+  if (f.count("--num-layers-per-virtual-pipeline-stage"))
+    l.vpp =
+        static_cast<int>(layers / l.pp / flag_int(f, "--num-layers-per-virtual-pipeline-stage", 1));
+  l.vpp = flag_int(f, "--num-virtual-stages-per-pipeline-rank", l.vpp);
+  l.micro_batch = flag_int(f, "--micro-batch-size", 0);
+  if (f.count("--recompute-granularity")) {
+    const std::string g = f.at("--recompute-granularity");
+    l.recompute = g == "selective" ? models::Recompute::kSelective : models::Recompute::kFull;
+    if (g == "full") {
+      EXPECT_EQ(f.at("--recompute-method"), "uniform");
+      EXPECT_EQ(f.at("--recompute-num-layers"), "1");
+    }
+  }
+  l.distributed_optimizer = f.count("--use-distributed-optimizer") > 0;
+  l.overlap_grad_reduce = f.count("--overlap-grad-reduce") > 0;
+  l.overlap_param_gather = f.count("--overlap-param-gather") > 0;
+  l.flash_attention = f.at("--attention-backend") == "flash";
+  l.first_stage_layers = flag_int(f, "--decoder-first-pipeline-num-layers", 0);
+  l.last_stage_layers = flag_int(f, "--decoder-last-pipeline-num-layers", 0);
+  l.account_for_embedding = f.count("--account-for-embedding-in-pipeline-split") > 0;
+  l.account_for_loss = f.count("--account-for-loss-in-pipeline-split") > 0;
+  return l;
+}
+
+// What Megatron runs for plan layout `l`: no SP at TP 1, no param-gather overlap without
+// the distributed optimizer.
+Layout as_run(Layout l) {
+  l.sequence_parallel = l.sequence_parallel && l.tp > 1;
+  l.overlap_param_gather = l.overlap_param_gather && l.distributed_optimizer;
+  return l;
+}
+
+std::vector<Plan> llama_plans() {
+  std::vector<Plan> out;
+  Plan a;
+  a.layout = layout(4, 2, 4);
+  a.layout.sequence_parallel = true;
+  a.layout.recompute = models::Recompute::kFull;
+  a.layout.distributed_optimizer = true;
+  a.layout.first_stage_layers = 15;
+  a.layout.last_stage_layers = 17;
+  out.push_back(a);
+  Plan b;
+  b.layout = layout(2, 4, 4);
+  b.layout.vpp = 2;
+  b.layout.recompute = models::Recompute::kSelective;
+  b.layout.flash_attention = false;
+  b.layout.overlap_grad_reduce = false;
+  b.schedule = Schedule::kInterleaved;
+  out.push_back(b);
+  Plan c = b;
+  c.layout.first_stage_layers = 6;
+  c.layout.last_stage_layers = 10;
+  out.push_back(c);
+  Plan d;
+  d.layout = layout(4, 2, 2);
+  d.layout.cp = 2;
+  d.layout.account_for_embedding = true;
+  d.layout.account_for_loss = true;
+  out.push_back(d);
+  return out;
+}
+
+TEST(ExportMegatron, FlagsParseBackIntoThePlan) {
+  planner::Scenario s = scenario("llama-3.1-8b", 4, 8192, 512);
+  for (const Plan& p : llama_plans()) {
+    ASSERT_EQ(planner::infeasibility(s, p), "");
+    const std::string script = exported(s, p, Target::kMegatron).at("launch.sh");
+    const auto f = all_flags(script);
+    EXPECT_EQ(parse_layout(f, "--", 32, 32), as_run(p.layout)) << script;
+    EXPECT_EQ(f.at("--global-batch-size"), "512");
+    EXPECT_EQ(f.at("--seq-length"), "8192");
+    EXPECT_EQ(f.at("--num-query-groups"), "8");
+    EXPECT_EQ(f.count("--bf16"), 1u);
+    EXPECT_NE(script.find("NNODES=4\nGPUS_PER_NODE=8\n"), std::string::npos);
+    EXPECT_NE(script.find(" pretrain_gpt.py "), std::string::npos);
+  }
+  // Even interleaving is spelt in layers per virtual stage, uneven in stages per rank.
+  EXPECT_EQ(all_flags(exported(s, llama_plans()[1], Target::kMegatron).at("launch.sh"))
+                .at("--num-layers-per-virtual-pipeline-stage"),
+            "4");
+  EXPECT_EQ(all_flags(exported(s, llama_plans()[2], Target::kMegatron).at("launch.sh"))
+                .count("--num-layers-per-virtual-pipeline-stage"),
+            0u);
+}
+
+TEST(ExportMegatron, MixtureOfExpertsAndPrecisions) {
+  planner::Scenario s = scenario("mixtral-8x7b", 8, 4096, 256, 0, "fp8");
+  Plan p;
+  p.layout = layout(2, 4, 8);
+  p.layout.ep = 8;
+  const auto f = all_flags(exported(s, p, Target::kMegatron).at("launch.sh"));
+  EXPECT_EQ(parse_layout(f, "--", 64, 32), as_run(p.layout));
+  EXPECT_EQ(f.at("--num-experts"), "8");
+  EXPECT_EQ(f.at("--moe-router-topk"), "2");
+  EXPECT_EQ(f.at("--expert-tensor-parallel-size"), "2");
+  EXPECT_EQ(f.at("--fp8-format"), "hybrid");
+  s.workload.precision = hardware::Precision::kFp16;
+  EXPECT_EQ(all_flags(exported(s, p, Target::kMegatron).at("launch.sh")).count("--fp16"), 1u);
+  s.workload.precision = hardware::Precision::kTf32;
+  EXPECT_NE(refusal(s, p, Target::kMegatron).find("precision tf32"), std::string::npos);
+}
+
+TEST(ExportMegatron, HomogeneousVlmUsesPretrainVlm) {
+  planner::Scenario s = scenario("llava-1.5-7b", 1, 4096, 96, 1);
+  Plan p;
+  p.layout = layout(2, 1, 4, 2);
+  const std::string script = exported(s, p, Target::kMegatron).at("launch.sh");
+  EXPECT_NE(script.find(" pretrain_vlm.py "), std::string::npos);
+  EXPECT_NE(script.find("vision encoder on the first pipeline stage"), std::string::npos);
+}
+
+TEST(ExportMegatron, RefusesSchedulesItDoesNotHave) {
+  planner::Scenario s = scenario("llama-3.1-8b", 4, 8192, 512);
+  Plan p;
+  p.layout = layout(4, 2, 4);
+  p.schedule = Schedule::kGpipe;
+  EXPECT_NE(refusal(s, p, Target::kMegatron).find("the GPipe schedule"), std::string::npos);
+  p.schedule = Schedule::kZeroBubble;
+  EXPECT_NE(refusal(s, p, Target::kMegatron).find("no zero-bubble"), std::string::npos);
+}
+
+TEST(ExportMegatron, RefusesAnAudioEncoder) {
+  auto s = planner::load_scenario(std::string(HETPAR_SOURCE_DIR) +
+                                  "/examples/whisper-qwen-internet.json");
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  Plan p;
+  p.layout = layout(1, 1, s->cluster.total_gpus());
+  ASSERT_EQ(planner::infeasibility(*s, p), "");
+  EXPECT_NE(refusal(*s, p, Target::kMegatron).find("the audio encoder audio"), std::string::npos);
+}
+
+// ---- megatron-mimo ---------------------------------------------------------------------
+
+TEST(ExportMegatronMimo, NonColocatedGridsParseBack) {
+  auto s = planner::load_scenario(std::string(HETPAR_SOURCE_DIR) +
+                                  "/examples/large-encoder-72xh100-compare.json");
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  const Plan& p = s->plans[1].second;
+  ASSERT_EQ(s->plans[1].first, "non_colocated");
+  const std::string script = exported(*s, p, Target::kMegatronMimo).at("launch.sh");
+  const auto f = all_flags(script);
+  const planner::ModulePlan& enc = p.modules.front();
+  EXPECT_EQ(flag_int(f, "--encoder-tp", 0), enc.layout.tp);
+  EXPECT_EQ(flag_int(f, "--encoder-dp", 0), enc.layout.dp);
+  EXPECT_EQ(flag_int(f, "--llm-offset", -1), p.llm_first_rank);
+  EXPECT_EQ(parse_layout(f, "--llm-", 72, 80), as_run(p.layout));
+  // The encoder's own recompute goes into the provider's config, named in the script.
+  EXPECT_NE(script.find("encoder TransformerConfig (not a flag): sequence_parallel=False "
+                        "recompute_granularity=\"full\" recompute_method=\"uniform\""),
+            std::string::npos)
+      << script;
+  EXPECT_NE(script.find("examples/mimo/pretrain_mimo.py"), std::string::npos);
+}
+
+TEST(ExportMegatronMimo, LlmOnlyRunsTheLanguageGridAlone) {
+  planner::Scenario s = scenario("llama-3.1-8b", 4, 8192, 512);
+  Plan p = llama_plans()[0];
+  const auto f = all_flags(exported(s, p, Target::kMegatronMimo).at("launch.sh"));
+  EXPECT_EQ(f.count("--llm-only"), 1u);
+  EXPECT_EQ(f.at("--llm-offset"), "0");
+  EXPECT_EQ(f.count("--encoder-tp"), 0u);
+  EXPECT_EQ(parse_layout(f, "--llm-", 32, 32), as_run(p.layout));
+}
+
+TEST(ExportMegatronMimo, RefusesWhatTheExampleCannotRun) {
+  planner::Scenario s = scenario("llava-1.5-7b", 1, 4096, 96, 1);
+  const std::string enc = encoder_name(s);
+  Plan colocated;
+  colocated.layout = layout(2, 1, 4, 2);
+  colocated.placement = Placement::kColocated;
+  colocated.modules.push_back({enc, layout(1, 1, 8, 2), 0});
+  EXPECT_NE(refusal(s, colocated, Target::kMegatronMimo).find("disjoint rank spans"),
+            std::string::npos);
+  Plan homogeneous;
+  homogeneous.layout = layout(2, 1, 4, 2);
+  EXPECT_NE(refusal(s, homogeneous, Target::kMegatronMimo).find("--to megatron"),
+            std::string::npos);
+
+  Plan llm_first;  // the LLM on ranks 0-5, the encoder on 6-7
+  llm_first.layout = layout(1, 1, 6, 1);
+  llm_first.placement = Placement::kNonColocated;
+  llm_first.modules.push_back({enc, layout(1, 1, 2, 3), 6});
+  ASSERT_EQ(planner::infeasibility(s, llm_first), "");
+  EXPECT_NE(refusal(s, llm_first, Target::kMegatronMimo).find("places the encoder grid at rank 0"),
+            std::string::npos);
+
+  Plan two_steps = llm_first;  // encoder micro-batch 6: two LLM micro-batches per step
+  two_steps.llm_first_rank = 2;
+  two_steps.modules[0] = {enc, layout(1, 1, 2, 6), 0};
+  ASSERT_EQ(planner::infeasibility(s, two_steps), "");
+  EXPECT_NE(refusal(s, two_steps, Target::kMegatronMimo)
+                .find("encoder vision micro-batch 6: the MIMO example runs the encoder once per "
+                      "LLM micro-batch, on micro-batch 1 x llm dp 6 / encoder dp 2 = 3 samples"),
+            std::string::npos)
+      << refusal(s, two_steps, Target::kMegatronMimo);
+
+  planner::Scenario llama = scenario("llama-3.1-8b", 4, 8192, 512);
+  EXPECT_NE(refusal(llama, llama_plans()[1], Target::kMegatronMimo).find("virtual stages"),
+            std::string::npos);
+  EXPECT_NE(refusal(llama, llama_plans()[3], Target::kMegatronMimo).find("llm cp 2"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace hetpar::exporter

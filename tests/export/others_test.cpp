@@ -1,0 +1,160 @@
+// The torchtitan, deepspeed and nanotron targets: values round trip through what they
+// emit, and each refuses what its trainer does differently from the plan.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "helpers.h"
+#include "hetpar/planner/lower.h"
+
+namespace hetpar::exporter {
+namespace {
+
+using namespace testing;
+using planner::Layout;
+using planner::Plan;
+using planner::Schedule;
+
+planner::Scenario llama() {
+  return scenario("llama-3.1-8b", 4, 8192, 512);
+}
+
+TEST(ExportTorchtitan, PureDataParallelismInTokens) {
+  planner::Scenario s = llama();
+  Plan p;
+  p.layout = layout(1, 1, 32, 2);
+  const auto f = all_flags(exported(s, p, Target::kTorchtitan).at("launch.sh"));
+  EXPECT_EQ(f.at("--parallelism.data_parallel_replicate_degree"), "32");
+  EXPECT_EQ(f.at("--parallelism.data_parallel_shard_degree"), "1");
+  EXPECT_EQ(f.at("--parallelism.tensor_parallel_degree"), "1");
+  EXPECT_EQ(f.at("--parallelism.pipeline_parallel_degree"), "1");
+  EXPECT_EQ(f.at("--training.num_tokens_per_microbatch_per_dp_rank"), "16384");  // 2 x 8192
+  EXPECT_EQ(f.at("--training.num_tokens_per_train_step"), std::to_string(512 * 8192));
+  EXPECT_EQ(f.at("--training.mixed_precision_param"), "bfloat16");
+  // Tokens per step / (tokens per micro-batch x dp) = the plan's micro-batches.
+  EXPECT_EQ(512 * 8192 / (16384 * 32), planner::num_micro_batches(p.layout, 512));
+}
+
+TEST(ExportTorchtitan, Fp32PipelinesAndTheirSchedules) {
+  planner::Scenario s = llama();
+  s.workload.precision = hardware::Precision::kFp32;
+  Plan p;
+  p.layout = layout(8, 4, 1);
+  p.layout.vpp = 2;
+  p.schedule = Schedule::kInterleaved;
+  auto f = all_flags(exported(s, p, Target::kTorchtitan).at("launch.sh"));
+  EXPECT_EQ(f.at("--parallelism.pipeline_parallel_schedule"), "Interleaved1F1B");
+  EXPECT_EQ(f.at("--parallelism.pipeline_parallel_layers_per_stage"), "4");  // 32 / (4 x 2)
+  EXPECT_EQ(f.at("--parallelism.num_pp_microbatches"), "512");
+  EXPECT_EQ(f.at("--training.disable_cuda_graphs"), "True");
+  EXPECT_EQ(f.at("--training.mixed_precision_param"), "float32");
+  p.layout.vpp = 1;
+  p.schedule = Schedule::kGpipe;
+  f = all_flags(exported(s, p, Target::kTorchtitan).at("launch.sh"));
+  EXPECT_EQ(f.at("--parallelism.pipeline_parallel_schedule"), "GPipe");
+  EXPECT_EQ(f.count("--parallelism.pipeline_parallel_layers_per_stage"), 0u);
+}
+
+TEST(ExportTorchtitan, RefusesFsdpStyleAndMegatronOnlyFeatures) {
+  planner::Scenario s = llama();
+  Plan p;
+  p.layout = layout(1, 1, 32);
+  p.layout.distributed_optimizer = true;
+  EXPECT_NE(refusal(s, p, Target::kTorchtitan).find("(ZeRO-3)"), std::string::npos);
+  p.layout = layout(4, 1, 8);
+  const std::string why = refusal(s, p, Target::kTorchtitan);
+  EXPECT_NE(why.find("runs only as the sole parallelism"), std::string::npos) << why;
+  EXPECT_NE(why.find("bf16 mixed precision with tp 4"), std::string::npos) << why;
+  p.layout = layout(4, 1, 4);
+  p.layout.cp = 2;
+  p.layout.recompute = models::Recompute::kSelective;
+  p.layout.first_stage_layers = 0;
+  const std::string why2 = refusal(s, p, Target::kTorchtitan);
+  EXPECT_NE(why2.find("context parallelism (cp 2)"), std::string::npos);
+  EXPECT_NE(why2.find("selective recompute"), std::string::npos);
+  s.workload.precision = hardware::Precision::kFp32;
+  p.layout = layout(8, 4, 1);
+  p.schedule = Schedule::kZeroBubble;
+  EXPECT_NE(refusal(s, p, Target::kTorchtitan).find("ZB-H1"), std::string::npos);
+}
+
+TEST(ExportDeepspeed, ConfigHoldsTheBatchIdentityAndZeroStage) {
+  planner::Scenario s = llama();
+  Plan p;
+  p.layout = layout(4, 2, 4, 2);
+  p.layout.recompute = models::Recompute::kFull;
+  p.layout.distributed_optimizer = true;
+  p.layout.overlap_grad_reduce = false;
+  p.layout.overlap_param_gather = false;
+  auto files = exported(s, p, Target::kDeepspeed);
+  auto j = nlohmann::json::parse(files.at("ds_config.json"));
+  EXPECT_EQ(j["train_batch_size"], 512);
+  EXPECT_EQ(j["train_micro_batch_size_per_gpu"], 2);
+  EXPECT_EQ(j["gradient_accumulation_steps"], 64);
+  // DeepSpeed asserts train_batch_size = micro-batch x accumulation x DP.
+  EXPECT_EQ(2 * 64 * p.layout.dp, 512);
+  EXPECT_EQ(j["zero_optimization"]["stage"], 1);
+  EXPECT_EQ(j["tensor_parallel"]["autotp_size"], 4);
+  EXPECT_EQ(j["pipeline"]["activation_checkpoint_interval"], 1);
+  EXPECT_EQ(j["bf16"]["enabled"], true);
+  EXPECT_NE(files.at("launch.sh").find("num_stages=2"), std::string::npos);
+  EXPECT_NE(files.at("launch.sh").find("deepspeed --num_nodes 4 --num_gpus 8"), std::string::npos);
+}
+
+TEST(ExportDeepspeed, RefusesInterleavingSequenceParallelismAndOverlap) {
+  planner::Scenario s = llama();
+  Plan p;
+  p.layout = layout(2, 4, 4);
+  p.layout.vpp = 2;
+  p.layout.sequence_parallel = true;
+  p.schedule = Schedule::kInterleaved;
+  const std::string why = refusal(s, p, Target::kDeepspeed);
+  EXPECT_NE(why.find("DeepSpeed has no interleaving"), std::string::npos) << why;
+  EXPECT_NE(why.find("Megatron-style sequence parallelism"), std::string::npos) << why;
+  EXPECT_NE(why.find("set overlap_grad_reduce false"), std::string::npos) << why;
+  p.layout = layout(4, 2, 2);
+  p.layout.cp = 2;
+  p.schedule = Schedule::k1F1B;
+  p.layout.overlap_grad_reduce = false;
+  EXPECT_NE(refusal(s, p, Target::kDeepspeed).find("(Ulysses)"), std::string::npos);
+}
+
+TEST(ExportNanotron, SectionsMatchThePlan) {
+  planner::Scenario s = llama();
+  Plan p;
+  p.layout = layout(4, 2, 4, 2);
+  p.layout.sequence_parallel = true;
+  p.layout.recompute = models::Recompute::kFull;
+  p.layout.distributed_optimizer = true;
+  p.schedule = Schedule::kGpipe;
+  auto files = exported(s, p, Target::kNanotron);
+  auto y = yaml_settings(files.at("nanotron.yaml"));
+  EXPECT_EQ(y.at("parallelism.dp"), "4");
+  EXPECT_EQ(y.at("parallelism.tp"), "4");
+  EXPECT_EQ(y.at("parallelism.pp"), "2");
+  EXPECT_EQ(y.at("parallelism.pp_engine"), "\"afab\"");
+  EXPECT_EQ(y.at("parallelism.tp_mode"), "\"REDUCE_SCATTER\"");
+  EXPECT_EQ(y.at("parallelism.recompute_layer"), "true");
+  EXPECT_EQ(y.at("optimizer.zero_stage"), "1");
+  EXPECT_EQ(y.at("tokens.micro_batch_size"), "2");
+  EXPECT_EQ(y.at("tokens.batch_accumulation_per_replica"), "64");  // 2 x 64 x 4 = 512
+  EXPECT_EQ(y.at("model.model_config.num_key_value_heads"), "8");
+  EXPECT_EQ(y.at("model.dtype"), "\"bfloat16\"");
+  EXPECT_NE(files.at("launch.sh").find("run_train.py --config-file"), std::string::npos);
+}
+
+TEST(ExportNanotron, RefusesMultimodalAndMoeModels) {
+  Plan p;
+  p.layout = layout(2, 1, 4, 2);
+  EXPECT_NE(refusal(scenario("llava-1.5-7b", 1, 4096, 96, 1), p, Target::kNanotron)
+                .find("nanotron has no multimodal models"),
+            std::string::npos);
+  p.layout = layout(2, 4, 8);
+  p.layout.ep = 8;
+  EXPECT_NE(refusal(scenario("mixtral-8x7b", 8, 4096, 256), p, Target::kNanotron)
+                .find("a mixture-of-experts LLM"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace hetpar::exporter

@@ -1,0 +1,315 @@
+// hetpar_export: target names, the refusals every target shares (infeasible plans, layouts
+// a target has no words for), and the vocabulary check: every name each writer emits, for
+// plans that use every feature the writer can express, is one the trainer defines
+// (export/vocabulary/). Per-target value round trips are in tests/export/.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "export/helpers.h"
+#include "hetpar/planner/lower.h"
+
+namespace hetpar::exporter {
+namespace {
+
+using namespace testing;
+using planner::Placement;
+using planner::Plan;
+using planner::Schedule;
+
+TEST(ExportTargets, NamesRoundTrip) {
+  ASSERT_EQ(all_targets().size(), 6u);
+  for (Target t : all_targets()) EXPECT_EQ(parse_target(to_string(t)), t);
+  EXPECT_FALSE(parse_target("megatron-lm"));
+  EXPECT_EQ(target_list(),
+            "megatron, megatron-mimo, megatron-bridge, torchtitan, deepspeed, nanotron");
+}
+
+TEST(ExportTargets, EveryTargetRefusesAnInfeasiblePlan) {
+  planner::Scenario s = scenario("llama-3.1-8b", 4, 8192, 512);
+  Plan p;
+  p.layout = layout(3, 1, 8);  // 3 does not divide 32 heads (and 24 != 32 GPUs)
+  for (Target t : all_targets())
+    EXPECT_EQ(refusal(s, p, t).rfind("plan is infeasible: ", 0), 0u) << to_string(t);
+}
+
+// A heterogeneous plan: only the MIMO targets have words for it.
+TEST(ExportTargets, SingleLayoutTargetsRefuseHeterogeneousPlans) {
+  planner::Scenario s = scenario("llava-1.5-7b", 1, 4096, 96, 1);
+  Plan p;
+  p.layout = layout(2, 1, 4, 2);
+  p.placement = Placement::kColocated;
+  p.modules.push_back({encoder_name(s), layout(1, 1, 8, 2), 0});
+  ASSERT_EQ(planner::infeasibility(s, p), "");
+  for (Target t : {Target::kMegatron, Target::kTorchtitan, Target::kDeepspeed, Target::kNanotron})
+    EXPECT_NE(refusal(s, p, t).find("the colocated placement with its own layout for vision"),
+              std::string::npos)
+        << to_string(t) << ": " << refusal(s, p, t);
+}
+
+TEST(ExportTargets, RefusalsNameEveryProblemAtOnce) {
+  planner::Scenario s = scenario("gpt3-1.3b", 4, 2048, 512);
+  Plan p;
+  p.layout = layout(2, 4, 4);
+  p.layout.vpp = 2;
+  p.layout.recompute = models::Recompute::kSelective;
+  p.schedule = Schedule::kInterleaved;
+  ASSERT_EQ(planner::infeasibility(s, p), "");
+  const std::string why = refusal(s, p, Target::kNanotron);
+  EXPECT_EQ(why.rfind("nanotron cannot express this plan: ", 0), 0u) << why;
+  for (const char* part : {"virtual pipeline stages (vpp 2", "selective recompute",
+                           "layernorm, gelu and learned positions", "biases", "dropout"})
+    EXPECT_NE(why.find(part), std::string::npos) << part << " in " << why;
+}
+
+TEST(ExportVocabulary, ListsLoadAndRejectUnknownNames) {
+  Vocabulary megatron("megatron-lm");
+  EXPECT_GT(megatron.size(), 800u);
+  EXPECT_TRUE(megatron.contains("--tensor-model-parallel-size"));
+  EXPECT_FALSE(megatron.contains("--encoder-tensor-model-parallel-size"));  // removed 2025
+  EXPECT_FALSE(megatron.contains("--virtual-pipeline-model-parallel-size"));
+  Vocabulary bridge("megatron-bridge");
+  // "[ClassName]" segments are optional, "<module>" is any module name.
+  EXPECT_TRUE(bridge.contains(
+      "model.megatron_mimo_parallelism_config.module_parallelisms.vision.rank_offset"));
+  EXPECT_FALSE(bridge.contains(
+      "model.megatron_mimo_parallelism_config.module_parallelisms.vision.first_rank"));
+  Vocabulary deepspeed("deepspeed");
+  EXPECT_TRUE(deepspeed.contains("zero_optimization.stage"));
+  EXPECT_TRUE(deepspeed.contains("zero_optimization.stage3_gather_fp16_weights_on_model_save"));
+  EXPECT_FALSE(deepspeed.contains("pipeline.num_stages"));
+}
+
+// Every flag / key a writer emits for `plans` is in `vocabulary` (and `extra`, the
+// example's own options for megatron-mimo).
+void expect_known_names(Target t, const planner::Scenario& s, const std::vector<Plan>& plans) {
+  Vocabulary megatron("megatron-lm"), mimo("megatron-mimo-example"), bridge("megatron-bridge"),
+      titan("torchtitan"), ds("deepspeed"), nano("nanotron");
+  for (const Plan& p : plans) {
+    ASSERT_EQ(planner::infeasibility(s, p), "");
+    size_t checked = 0;
+    for (const auto& [path, text] : exported(s, p, t)) {
+      std::vector<std::string> names;
+      if (path.ends_with(".sh")) {
+        for (const auto& [array, flags] : bash_arrays(text))
+          if (array != "CONFIG_ARGS")  // torchtitan's --module / --config choose the config
+            for (const auto& f : flags) names.push_back(f.first);
+      } else if (path.ends_with(".yaml")) {
+        for (const auto& [key, value] : yaml_settings(text)) names.push_back(key);
+      } else if (path.ends_with(".json")) {
+        names = json_paths(text);
+      }
+      checked += names.size();
+      for (const std::string& n : names) {
+        bool known = false;
+        switch (t) {
+          case Target::kMegatron:
+            known = megatron.contains(n);
+            break;
+          case Target::kMegatronMimo:
+            known = megatron.contains(n) || mimo.contains(n);
+            break;
+          case Target::kMegatronBridge:
+            known = bridge.contains(n);
+            break;
+          case Target::kTorchtitan:
+            known = n.starts_with("--") && titan.contains(n.substr(2));
+            break;
+          case Target::kDeepspeed:
+            known = ds.contains(n);
+            break;
+          case Target::kNanotron:
+            known = nano.contains(n);
+            break;
+        }
+        EXPECT_TRUE(known) << to_string(t) << " " << path << ": " << n;
+      }
+    }
+    EXPECT_GT(checked, 5u) << to_string(t);
+  }
+}
+
+// Plans using every feature of the Megatron targets: interleaving (both spellings), uneven
+// splits, CP, EP/MoE, full and selective recompute, every overlap, GQA, fp16 and fp8.
+std::vector<Plan> megatron_plans() {
+  std::vector<Plan> out;
+  Plan a;  // tp 4 (sp) pp 2 dp 4, full recompute, uneven split
+  a.layout = layout(4, 2, 4);
+  a.layout.sequence_parallel = true;
+  a.layout.recompute = models::Recompute::kFull;
+  a.layout.distributed_optimizer = true;
+  a.layout.first_stage_layers = 15;
+  a.layout.last_stage_layers = 17;
+  out.push_back(a);
+  Plan b;  // interleaved, even
+  b.layout = layout(2, 4, 4);
+  b.layout.vpp = 2;
+  b.layout.recompute = models::Recompute::kSelective;
+  b.layout.flash_attention = false;
+  b.schedule = Schedule::kInterleaved;
+  out.push_back(b);
+  Plan c = b;  // interleaved, uneven: virtual stages per rank
+  c.layout.first_stage_layers = 6;
+  c.layout.last_stage_layers = 10;
+  out.push_back(c);
+  Plan d;  // cp, embedding and loss in the split
+  d.layout = layout(4, 2, 2);
+  d.layout.cp = 2;
+  d.layout.account_for_embedding = true;
+  d.layout.account_for_loss = true;
+  out.push_back(d);
+  return out;
+}
+
+TEST(ExportVocabulary, MegatronEmitsOnlyMegatronLmFlags) {
+  planner::Scenario s = scenario("llama-3.1-8b", 4, 8192, 512);
+  expect_known_names(Target::kMegatron, s, megatron_plans());
+  expect_known_names(Target::kMegatron, scenario("gpt3-1.3b", 4, 2048, 512, 0, "fp16"),
+                     {megatron_plans()[3]});
+  expect_known_names(Target::kMegatron, scenario("llama-3.1-8b", 4, 8192, 512, 0, "fp8"),
+                     {megatron_plans()[0]});
+  Plan moe;
+  moe.layout = layout(2, 4, 8);
+  moe.layout.ep = 8;
+  expect_known_names(Target::kMegatron, scenario("mixtral-8x7b", 8, 4096, 256), {moe});
+  Plan vlm;
+  vlm.layout = layout(2, 1, 4, 2);
+  expect_known_names(Target::kMegatron, scenario("llava-1.5-7b", 1, 4096, 96, 1), {vlm});
+}
+
+// LLaVA on 8 GPUs: the encoder (tp 1 dp 2, ranks 0-1) fans out to the LLM (tp 1 dp 6,
+// ranks 2-7); each encoder rank takes micro-batch 1 x llm dp 6 / encoder dp 2 = 3 samples.
+Plan mimo_fan_out(const planner::Scenario& s) {
+  Plan p;
+  p.layout = layout(1, 1, 6, 1);
+  p.layout.recompute = models::Recompute::kSelective;
+  p.placement = Placement::kNonColocated;
+  p.llm_first_rank = 2;
+  planner::Layout enc = layout(1, 1, 2, 3);
+  enc.recompute = models::Recompute::kFull;
+  p.modules.push_back({encoder_name(s), enc, 0});
+  return p;
+}
+
+// LLaVA on 16 GPUs: encoder tp 4 dp 2 on ranks 0-7, LLM tp 4 (sp) dp 2 on ranks 8-15.
+Plan mimo_equal_dp(const planner::Scenario& s) {
+  Plan p;
+  p.layout = layout(4, 1, 2, 2);
+  p.layout.sequence_parallel = true;
+  p.layout.recompute = models::Recompute::kSelective;
+  p.placement = Placement::kNonColocated;
+  p.llm_first_rank = 8;
+  planner::Layout enc = layout(4, 1, 2, 2);
+  enc.recompute = models::Recompute::kFull;
+  p.modules.push_back({encoder_name(s), enc, 0});
+  return p;
+}
+
+// LLaVA on 8 GPUs, colocated: LLM tp 2 pp 2 dp 2 (three-phase), encoder tp 4 dp 2.
+Plan mimo_colocated(const planner::Scenario& s) {
+  Plan p;
+  p.layout = layout(2, 2, 2, 2);
+  p.placement = Placement::kColocated;
+  p.modules.push_back({encoder_name(s), layout(4, 1, 2, 2), 0});
+  return p;
+}
+
+TEST(ExportVocabulary, MegatronMimoEmitsMegatronLmAndExampleFlags) {
+  planner::Scenario s = scenario("llava-1.5-7b", 1, 4096, 96, 1);
+  expect_known_names(Target::kMegatronMimo, s, {mimo_fan_out(s)});
+  planner::Scenario s16 = scenario("llava-1.5-7b", 2, 4096, 96, 1);
+  expect_known_names(Target::kMegatronMimo, s16, {mimo_equal_dp(s16)});
+  Plan moe;
+  moe.layout = layout(2, 4, 8);
+  moe.layout.ep = 8;
+  expect_known_names(Target::kMegatronMimo, scenario("mixtral-8x7b", 8, 4096, 256), {moe});
+  expect_known_names(Target::kMegatronMimo, scenario("llama-3.1-8b", 4, 8192, 512),
+                     {megatron_plans()[0]});
+}
+
+TEST(ExportVocabulary, MegatronBridgeEmitsOnlyConfigContainerKeys) {
+  planner::Scenario llama = scenario("llama-3.1-8b", 4, 8192, 512);
+  expect_known_names(Target::kMegatronBridge, llama, megatron_plans());
+  planner::Scenario vlm = scenario("llava-1.5-7b", 1, 4096, 96, 1, "bf16", "dgx-h100", true);
+  expect_known_names(Target::kMegatronBridge, vlm, {mimo_colocated(vlm)});
+  planner::Scenario vlm16 = scenario("llava-1.5-7b", 2, 4096, 96, 1, "bf16", "dgx-h100", true);
+  expect_known_names(Target::kMegatronBridge, vlm16, {mimo_equal_dp(vlm16)});
+  Plan moe;
+  moe.layout = layout(2, 4, 8);
+  moe.layout.ep = 8;
+  expect_known_names(Target::kMegatronBridge, scenario("mixtral-8x7b", 8, 4096, 256, 0, "fp16"),
+                     {moe});
+}
+
+TEST(ExportVocabulary, TorchtitanDeepspeedNanotronEmitOnlyTheirKeys) {
+  planner::Scenario llama = scenario("llama-3.1-8b", 4, 8192, 512);
+  Plan ddp;
+  ddp.layout = layout(1, 1, 32);
+  expect_known_names(Target::kTorchtitan, llama, {ddp});
+  Plan pipe;
+  pipe.layout = layout(8, 4, 1);
+  pipe.layout.vpp = 2;
+  pipe.layout.sequence_parallel = true;
+  pipe.layout.recompute = models::Recompute::kFull;
+  pipe.schedule = Schedule::kInterleaved;
+  Plan gpipe = pipe;
+  gpipe.layout.vpp = 1;
+  gpipe.schedule = Schedule::kGpipe;
+  // Workload files name bf16, fp16 or fp8; torchtitan pipelines without FSDP run in fp32.
+  planner::Scenario fp32 = llama;
+  fp32.workload.precision = hardware::Precision::kFp32;
+  expect_known_names(Target::kTorchtitan, fp32, {pipe, gpipe});
+
+  Plan ds;
+  ds.layout = layout(4, 2, 4);
+  ds.layout.recompute = models::Recompute::kFull;
+  ds.layout.distributed_optimizer = true;
+  ds.layout.overlap_grad_reduce = false;
+  ds.layout.overlap_param_gather = false;
+  expect_known_names(Target::kDeepspeed, llama, {ds});
+  expect_known_names(Target::kDeepspeed, scenario("llama-3.1-8b", 4, 8192, 512, 0, "fp16"), {ds});
+  Plan ds_moe = ds;
+  ds_moe.layout = layout(2, 4, 8);
+  ds_moe.layout.ep = 8;
+  ds_moe.layout.overlap_grad_reduce = false;
+  expect_known_names(Target::kDeepspeed, scenario("mixtral-8x7b", 8, 4096, 256), {ds_moe});
+
+  Plan nano = megatron_plans()[0];
+  nano.layout.first_stage_layers = nano.layout.last_stage_layers = 0;
+  nano.schedule = Schedule::kGpipe;
+  Plan nano_cp = megatron_plans()[3];
+  nano_cp.layout.account_for_embedding = nano_cp.layout.account_for_loss = false;
+  nano_cp.layout.distributed_optimizer = true;
+  expect_known_names(Target::kNanotron, llama, {nano, nano_cp});
+}
+
+TEST(ExportScripts, LaunchScriptsAreValidBash) {
+  planner::Scenario llama = scenario("llama-3.1-8b", 4, 8192, 512);
+  planner::Scenario vlm = scenario("llava-1.5-7b", 1, 4096, 96, 1);
+  Plan ddp;
+  ddp.layout = layout(1, 1, 32);
+  Plan nano = megatron_plans()[0];
+  nano.layout.first_stage_layers = nano.layout.last_stage_layers = 0;
+  Plan ds = nano;
+  ds.layout.sequence_parallel = false;
+  ds.layout.overlap_grad_reduce = ds.layout.overlap_param_gather = false;
+  const std::vector<std::tuple<Target, const planner::Scenario*, Plan>> cases = {
+      {Target::kMegatron, &llama, megatron_plans()[1]},
+      {Target::kMegatronMimo, &vlm, mimo_fan_out(vlm)},
+      {Target::kTorchtitan, &llama, ddp},
+      {Target::kDeepspeed, &llama, ds},
+      {Target::kNanotron, &llama, nano}};
+  for (const auto& [t, s, p] : cases) {
+    const std::string path = ::testing::TempDir() + "/export_launch_" + std::to_string(getpid()) +
+                             "_" + std::string(to_string(t)) + ".sh";
+    std::ofstream(path) << exported(*s, p, t).at("launch.sh");
+    EXPECT_EQ(std::system(("bash -n " + path).c_str()), 0) << to_string(t);
+    std::filesystem::remove(path);
+  }
+}
+
+}  // namespace
+}  // namespace hetpar::exporter
