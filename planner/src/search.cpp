@@ -942,9 +942,6 @@ Result<SearchResult> search(const Scenario& s, const SearchOptions& o) {
       ++simulated[f];
       ++progress.simulated;
       Ranked r{plans[i], std::move(*out[i]).value()};
-      if (getenv("HETPAR_SEARCH_DEBUG"))
-        fmt::print(stderr, "DBG {} lb {} sim {} ratio {:.3f}\n", describe(r.plan), batch[i]->bound,
-                   r.metrics.iteration_time, batch[i]->bound / r.metrics.iteration_time);
       if (!best[f] || better(r, *best[f])) best[f] = r;
       auto pos = std::upper_bound(top.begin(), top.end(), r, better);
       if (pos - top.begin() < top_k) {

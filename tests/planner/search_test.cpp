@@ -54,8 +54,8 @@ SearchResult run(const Scenario& s, const SearchOptions& o) {
 TEST(Search, CountsAddUpAndRejectionsHaveReasons) {
   const SearchResult r = run(tiny(), threads(2));
   const SearchCounts& c = r.counts;
-  EXPECT_EQ(c.considered, c.rejected + c.pruned_dominated + c.pruned_bound + c.pruned_encoder +
-                              c.simulated);
+  EXPECT_EQ(c.considered,
+            c.rejected + c.pruned_dominated + c.pruned_bound + c.pruned_encoder + c.simulated);
   EXPECT_GT(c.rejected, 0);
   EXPECT_GT(c.simulated, 0);
   int64_t histogram = 0;
@@ -100,7 +100,8 @@ TEST(Search, FindsTheBruteForceBestAndTheBoundHolds) {
     }
     EXPECT_EQ(fast.families[f].best->metrics.iteration_time,
               brute.families[f].best->metrics.iteration_time)
-        << describe(fast.families[f].best->plan) << " vs " << describe(brute.families[f].best->plan);
+        << describe(fast.families[f].best->plan) << " vs "
+        << describe(brute.families[f].best->plan);
   }
   // The lower bound never exceeds the simulated time.
   for (const RankedPlan& p : brute.top)
