@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "hetpar/hardware/precision.h"
 
 namespace hetpar::planner {
@@ -98,10 +100,22 @@ std::vector<PipelineOp> encoder_program(const Boundary& b, const std::vector<Pip
   return prog;
 }
 
-std::vector<PipelineOp> leading_stage_program(const Boundary& b, int llm_pp, bool frozen) {
-  const int ahead = static_cast<int>((llm_pp + b.llm_per_step - 1) / b.llm_per_step);
+std::vector<PipelineOp> leading_stage_program(const Boundary& b,
+                                              const std::vector<PipelineOp>& llm0, int llm_pp,
+                                              bool frozen, int enc_pp, int stage) {
+  int64_t ahead = (llm_pp + b.llm_per_step - 1) / b.llm_per_step;
+  // The steps the LLM's first stage forwards before each step's last backward.
+  int64_t furthest = -1;  // the latest step forwarded so far
+  for (const PipelineOp& op : llm0) {
+    if (op.chunk != 0) continue;
+    const int64_t t = b.step_of(op.micro_batch);
+    if (op.kind == PassKind::kForward) furthest = std::max(furthest, t);
+    if (op.kind == PassKind::kBackward && (op.micro_batch + 1) % b.llm_per_step == 0)
+      ahead = std::max(ahead, furthest - t);
+  }
   std::vector<PipelineOp> prog;
-  for (const PipelineOp& op : stage_order(Schedule::k1F1B, 0, 1 + ahead, 1, b.enc_steps))
+  for (const PipelineOp& op :
+       stage_order(Schedule::k1F1B, stage, enc_pp + static_cast<int>(ahead), 1, b.enc_steps))
     if (!frozen || op.kind == PassKind::kForward) prog.push_back(op);
   return prog;
 }

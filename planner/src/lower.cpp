@@ -81,9 +81,14 @@ std::string heterogeneous_infeasibility(const Scenario& s, const Plan& p) {
           mp.module, e.tp, e.cp, e.pp, e.dp, e.micro_batch);
     if (e.cp != 1)
       return fmt::format("module \"{}\": cp {} must be 1 for an encoder", mp.module, e.cp);
-    if (e.pp != 1)
-      return fmt::format("module \"{}\": pp {} > 1 for an encoder is not supported by this build",
-                         mp.module, e.pp);
+    if (e.pp != 1 && colocated)
+      return fmt::format(
+          "module \"{}\": pp {} > 1 for a colocated encoder (colocated encoders keep pp 1 and "
+          "run on every GPU; non-colocated encoders may be pipelined)",
+          mp.module, e.pp);
+    if (e.pp > 1 && block_of(spec)->layers < e.pp)
+      return fmt::format("module \"{}\": pp {} exceeds its {} layers", mp.module, e.pp,
+                         block_of(spec)->layers);
     if (e.vpp != 1 || e.ep != 1)
       return fmt::format("module \"{}\": vpp {} and ep {} must be 1 for an encoder", mp.module,
                          e.vpp, e.ep);
@@ -312,14 +317,14 @@ bool stage_symmetric(const Scenario& s, const Layout& l, int offset) {
 // ranks [0, world). A heterogeneous plan lowers each encoder (with its projectors) and the
 // LLM as separate Lowerings sharing one graph (lower_heterogeneous below).
 struct Role {
-  const Layout* layout = nullptr;      // null: the plan's
-  std::vector<size_t> modules;         // empty: every module the workload feeds
-  int rank_offset = 0;                 // the first rank
-  int32_t stream_offset = 0;           // added to every comm stream index
-  bool encoder_categories = false;     // "enc_fwd", "enc_bwd", ...
-  bool frozen = false;                 // no backward, gradients or optimizer
-  std::vector<PipelineOp> order;       // single stage: this program instead of the schedule's
-  std::string prefix;                  // prepended to optimizer / DP labels
+  const Layout* layout = nullptr;               // null: the plan's
+  std::vector<size_t> modules;                  // empty: every module the workload feeds
+  int rank_offset = 0;                          // the first rank
+  int32_t stream_offset = 0;                    // added to every comm stream index
+  bool encoder_categories = false;              // "enc_fwd", "enc_bwd", ...
+  bool frozen = false;                          // no backward, gradients or optimizer
+  std::vector<std::vector<PipelineOp>> orders;  // per stage: these programs, not the schedule's
+  std::string prefix;                           // prepended to optimizer / DP labels
   std::optional<Reduction> reduction;  // heterogeneous: representatives as given; none: all
 };
 
@@ -477,7 +482,7 @@ void Lowering::setup() {
   cat_opt_ = g_.label("optimizer");
   m_ = s_.workload.global_batch / (static_cast<int64_t>(l_.micro_batch) * l_.dp);
   vstages_ = l_.pp * l_.vpp;
-  split_w_ = role_.order.empty() && splits_weight_gradient(p_.schedule);
+  split_w_ = role_.orders.empty() && splits_weight_gradient(p_.schedule);
   if (role_.modules.empty()) {  // the homogeneous plan: the whole world
     out_.world = l_.world();
     out_.micro_batches = m_;
@@ -513,7 +518,7 @@ void Lowering::setup() {
   spans_.resize(l_.pp);
   for (int st = 0; st < l_.pp; ++st)
     orders_[st] =
-        !role_.order.empty() ? role_.order : stage_order(p_.schedule, st, l_.pp, l_.vpp, m_);
+        !role_.orders.empty() ? role_.orders[st] : stage_order(p_.schedule, st, l_.pp, l_.vpp, m_);
 }
 
 void Lowering::begin_stage(int stage) {
@@ -627,20 +632,32 @@ void Lowering::place_blocks() {
     if (!b.empty()) chunks_[v].push_back({module, part, std::move(name)});
   };
   // The LLM's layers over the virtual stages (even or uneven split, schedule.h); other
-  // modules whole on the first.
-  const std::vector<int64_t> split =
-      has_llm_ ? layers_per_virtual_stage(l_, mc[llm].layers, nullptr) : std::vector<int64_t>{0};
+  // modules whole on the first. An encoder's own pipeline (non-colocated, pp > 1): its
+  // layers split evenly over its stages (the first ones taking one more when pp does not
+  // divide them, as memory.h), its stem on the first, its last norm and projectors on the
+  // last (the boundary leaves from there).
+  const size_t split_module = has_llm_ ? llm : 0;
+  const int64_t split_layers = mc[split_module].layers;
+  std::vector<int64_t> split;
+  if (has_llm_) {
+    split = layers_per_virtual_stage(l_, split_layers, nullptr);
+  } else {
+    for (int v = 0; v < vstages_; ++v)
+      split.push_back(split_layers / vstages_ + (v < split_layers % vstages_ ? 1 : 0));
+  }
   HETPAR_CHECK(!split.empty(), "infeasible pipeline split reached lower()");
   for (size_t k = 0; k < mc.size(); ++k) {
     const std::string& name = module_names_[k];
-    place(0, k, Part::kPre, name + " pre");
-    int v = 0;
-    int64_t end = k == llm ? split[0] : mc[k].layers;
+    const bool split_here = k == split_module;
+    const int home = !has_llm_ && k > 0 ? vstages_ - 1 : 0;  // projectors: the last stage
+    place(home, k, Part::kPre, name + " pre");
+    int v = split_here ? 0 : home;
+    int64_t end = split_here ? split[0] : mc[k].layers;
     for (int64_t i = 0; i < mc[k].layers; ++i) {
-      while (k == llm && i >= end && v + 1 < vstages_) end += split[++v];
+      while (split_here && i >= end && v + 1 < vstages_) end += split[++v];
       place(v, k, Part::kLayer, fmt::format("{} L{}", name, i));
     }
-    place(k == llm ? vstages_ - 1 : 0, k, Part::kPost, name + " post");
+    place(split_here ? vstages_ - 1 : home, k, Part::kPost, name + " post");
   }
   labels_.assign(vstages_, {});
   for (int v = 0; v < vstages_; ++v) labels_[v].resize(chunks_[v].size() * 4);
@@ -1138,7 +1155,8 @@ std::optional<HeteroReduction> hetero_reduction(const Scenario& s, const Plan& p
     // the leaders share the GPU or the node is the class representative's.
     if (colocated && !three_phase) continue;
     const int llm_first = colocated ? 0 : p.llm_first_rank;
-    const int enc_first = colocated ? 0 : p.modules[k].first_rank;
+    // The encoder's leaders sit on its last stage.
+    const int enc_first = colocated ? 0 : p.modules[k].first_rank + (E.pp - 1) * E.tp * E.dp;
     for (int64_t i = 0; i < b.llm_per_step; ++i) {
       std::vector<int> route_of_class(static_cast<size_t>(period), -1);
       for (int d = 0; d < L.dp; ++d) {
@@ -1223,9 +1241,11 @@ void lower_heterogeneous(const Scenario& s, const Plan& p, const LowerOptions& o
     r.stream_offset = 8 * static_cast<int32_t>(k + 1);
     r.encoder_categories = true;
     r.frozen = s.workload.frozen_encoders;
-    r.order = three_phase ? three_phase_program(bounds[k], r.frozen)
-              : colocated ? encoder_program(bounds[k], llm0, r.frozen, &merged[k])
-                          : leading_stage_program(bounds[k], L.pp, r.frozen);
+    for (int st = 0; st < mp.layout.pp; ++st)
+      r.orders.push_back(
+          three_phase ? three_phase_program(bounds[k], r.frozen)
+          : colocated ? encoder_program(bounds[k], llm0, r.frozen, &merged[k])
+                      : leading_stage_program(bounds[k], llm0, L.pp, r.frozen, mp.layout.pp, st));
     r.prefix = mp.module + " ";
     if (red) r.reduction = red->encoders[k];
     encs.push_back(std::make_unique<Lowering>(s, p, o, out, std::move(r)));
@@ -1295,8 +1315,9 @@ void lower_heterogeneous(const Scenario& s, const Plan& p, const LowerOptions& o
     const Boundary& b = bounds[k];
     const Layout& E = p.modules[k].layout;
     const bool frozen = s.workload.frozen_encoders;
-    const std::vector<int64_t> ef = index_of(enc.order(0), PassKind::kForward, b.enc_steps);
-    const std::vector<int64_t> eb = index_of(enc.order(0), PassKind::kBackward, b.enc_steps);
+    const int es = E.pp - 1;  // the encoder's last stage, where the boundary leaves
+    const std::vector<int64_t> ef = index_of(enc.order(es), PassKind::kForward, b.enc_steps);
+    const std::vector<int64_t> eb = index_of(enc.order(es), PassKind::kBackward, b.enc_steps);
     const int32_t base = 8 * (nenc + 1) + 6 * static_cast<int32_t>(k);
     const int32_t fwd_send = base, fwd_recv = base + 1, bwd_send = base + 2, bwd_recv = base + 3,
                   fwd_coll = base + 4, bwd_coll = base + 5;
@@ -1326,7 +1347,7 @@ void lower_heterogeneous(const Scenario& s, const Plan& p, const LowerOptions& o
           const int64_t t = b.step_of(i);
           const int e = b.source_replica(d, i);
           const int je = e * E.tp;
-          const RankId enc_leader = enc.rank_of(je, 0), llm_leader = llm.rank_of(jl, 0);
+          const RankId enc_leader = enc.rank_of(je, es), llm_leader = llm.rank_of(jl, 0);
           // Reduced: the same transfers of the other LLM replicas of d's class are copies.
           fwd_pairs.clear();
           bwd_pairs.clear();
@@ -1335,14 +1356,14 @@ void lower_heterogeneous(const Scenario& s, const Plan& p, const LowerOptions& o
           for (int d2 = 0; d2 < L.dp && red; ++d2) {
             if (d2 == d || red->llm.replica_class[d2] != red->llm.replica_class[d]) continue;
             const int je2 = b.source_replica(d2, i) * E.tp, jl2 = d2 * llm_group;
-            const RankId src = enc.rank_of(je2, 0), dst = llm.rank_of(jl2, 0);
+            const RankId src = enc.rank_of(je2, es), dst = llm.rank_of(jl2, 0);
             fwd_pairs.insert(fwd_pairs.end(), {src, dst});
             bwd_pairs.insert(bwd_pairs.end(), {dst, src});
             for (int q = 0; q < llm_group; ++q) llm_copies.push_back(llm.rank_of(jl2 + q, 0));
-            for (int q = 0; q < E.tp; ++q) enc_copies.push_back(enc.rank_of(je2 + q, 0));
+            for (int q = 0; q < E.tp; ++q) enc_copies.push_back(enc.rank_of(je2 + q, es));
           }
           // A leader sending to itself (three-phase colocated): a dependency only.
-          TaskId ready = enc.span(0, static_cast<size_t>(ef[t]), enc.owner(je)).last;
+          TaskId ready = enc.span(es, static_cast<size_t>(ef[t]), enc.owner(je)).last;
           if (enc_leader != llm_leader) {
             const TaskId x = g.add_p2p(enc_leader, llm_leader, b.bytes_per_micro_batch, fwd_send,
                                        fwd_recv, {cat, fwd_name}, group_of(fwd_pairs));
@@ -1370,7 +1391,7 @@ void lower_heterogeneous(const Scenario& s, const Plan& p, const LowerOptions& o
           }
           if (E.tp > 1) {
             members.clear();
-            for (int q = 0; q < E.tp; ++q) members.push_back(enc.rank_of(je + q, 0));
+            for (int q = 0; q < E.tp; ++q) members.push_back(enc.rank_of(je + q, es));
             const TaskId bc = collective(CollectiveKind::kBroadcast, b.bytes_per_micro_batch,
                                          bwd_coll, enc_leader, bwd_name, group_of(enc_copies));
             g.add_dependency(got, bc);
@@ -1378,7 +1399,7 @@ void lower_heterogeneous(const Scenario& s, const Plan& p, const LowerOptions& o
           }
           for (int q = 0; q < E.tp; ++q)
             if (enc.simulated(je + q))
-              g.add_dependency(got, enc.span(0, static_cast<size_t>(eb[t]), je + q).first);
+              g.add_dependency(got, enc.span(es, static_cast<size_t>(eb[t]), je + q).first);
         }
       continue;
     }

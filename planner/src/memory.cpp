@@ -118,22 +118,24 @@ std::vector<int> layer_stages(int64_t layers, const Layout& l) {
 class Estimator {
  public:
   Estimator(const Scenario& s, const Plan& p, const MemoryOptions& opts)
-      : Estimator(s, p.layout, p.schedule, opts, -1, false) {}
+      : Estimator(s, p.layout, p.schedule, opts, {}, false) {
+    plan_layout_ = true;
+  }
   // `in_flight` >= 0: the micro-batches the (single-stage) module holds instead of the
   // schedule's count. `frozen`: no gradients, optimizer state or saved activations.
   Estimator(const Scenario& s, const Layout& l, Schedule sch, const MemoryOptions& opts,
-            double in_flight, bool frozen)
+            const std::vector<double>& in_flight, bool frozen)
       : s_(s), l_(l), opts_(opts), frozen_(frozen), stages_(static_cast<size_t>(l_.pp)) {
     const int64_t m = num_micro_batches(l_, s.workload.global_batch);
     HETPAR_CHECK(m >= 1, "global batch {} gives no micro-batch to dp {} x micro-batch {}",
                  s.workload.global_batch, l_.dp, l_.micro_batch);
     for (int st = 0; st < l_.pp; ++st) {
-      in_flight_.push_back(in_flight >= 0 ? in_flight
-                                          : in_flight_micro_batches(sch, st, l_.pp, l_.vpp, m));
+      in_flight_.push_back(!in_flight.empty() ? in_flight[static_cast<size_t>(st)]
+                                              : in_flight_micro_batches(sch, st, l_.pp, l_.vpp, m));
       // ZB-H1's stage st defers up to st weight-gradient passes past their B: up to
       // min(pp, m) micro-batches in flight on every stage, the extra ones holding only the
       // GEMM inputs W needs.
-      w_pending_.push_back(sch == Schedule::kZeroBubble && in_flight < 0
+      w_pending_.push_back(sch == Schedule::kZeroBubble && in_flight.empty()
                                ? static_cast<double>(std::min<int64_t>(l_.pp, m)) - in_flight_[st]
                                : 0);
     }
@@ -151,17 +153,22 @@ class Estimator {
     const auto* llm = std::get_if<models::LlmSpec>(&spec);
     const double vocab_params =
         llm ? static_cast<double>(llm->vocab) * static_cast<double>(llm->block.hidden) : 0;
-    const std::vector<int> stage_of =
-        llm ? layer_stages(g.layers, l_) : std::vector<int>(static_cast<size_t>(g.layers), 0);
+    // An encoder's own pipeline (non-colocated, pp > 1, lower.cpp): its layers split over
+    // its stages, its last norm and its projectors on the last one.
+    const bool encoder = models::is_encoder(kind) && !plan_layout_;
+    const std::vector<int> stage_of = llm || encoder
+                                          ? layer_stages(g.layers, l_)
+                                          : std::vector<int>(static_cast<size_t>(g.layers), 0);
     const int last = l_.pp - 1;
+    const int home = plan_layout_ ? 0 : last;  // an encoder's own projector: its last stage
 
     std::vector<double> rework(static_cast<size_t>(g.layers));  // one micro-batch, per layer
     bool before_layers = true;
     for (const models::Op& op : g.ops) {
       if (op.layer >= 0) before_layers = false;
-      const bool head = llm && op.layer < 0 && !before_layers;
+      const bool head = (llm || encoder) && op.layer < 0 && !before_layers;
       const bool stem = before_layers && models::is_encoder(kind);
-      const int st = op.layer >= 0 ? stage_of[op.layer] : head ? last : 0;
+      const int st = op.layer >= 0 ? stage_of[op.layer] : head ? last : home;
       add_params(st, local_params(op, stem, l_, vocab_params), is_routed_expert(op));
       const double share = activation_share(op, stem, l_) *
                            precision_share(op, s_.workload.precision, g.dtype_bytes);
@@ -184,7 +191,7 @@ class Estimator {
       t.working_set = std::max(t.working_set, rework[layer]);
       if (l_.sequence_parallel && l_.tp > 1) t.gathered = std::max(t.gathered, layer_input);
     }
-    if (llm && l_.pp > 1)
+    if ((llm || encoder) && l_.pp > 1)
       for (Tally& t : stages_) t.p2p = 2 * layer_input / sp;
   }
 
@@ -247,6 +254,7 @@ class Estimator {
   const Layout l_;
   const MemoryOptions& opts_;
   const bool frozen_;
+  bool plan_layout_ = false;  // the plan's layout (else an encoder's own, its own pipeline)
   std::vector<Tally> stages_;
   std::vector<double> in_flight_;
   std::vector<double> w_pending_;  // ZB-H1 micro-batches holding only their GEMM inputs
@@ -277,8 +285,15 @@ MemoryReport estimate_memory(const Scenario& s, const Plan& p, const MemoryOptio
     const Boundary b = make_boundary(s, p, mp);
     const std::vector<PipelineOp> prog = colocated && L.pp > 1 ? three_phase_program(b, frozen)
                                          : colocated           ? encoder_program(b, llm0, frozen)
-                                                     : leading_stage_program(b, L.pp, frozen);
-    const double in_flight = frozen ? 0 : static_cast<double>(peak_in_flight(prog));
+                                                     : leading_stage_program(b, llm0, L.pp, frozen);
+    // Per encoder stage (non-colocated encoders may be pipelined).
+    std::vector<double> in_flight;
+    for (int st = 0; st < mp.layout.pp; ++st)
+      in_flight.push_back(frozen ? 0
+                                 : static_cast<double>(peak_in_flight(
+                                       colocated ? prog
+                                                 : leading_stage_program(b, llm0, L.pp, frozen,
+                                                                         mp.layout.pp, st))));
     Estimator enc(s, mp.layout, Schedule::k1F1B, opts, in_flight, frozen);
     enc.add_module(b.encoder);
     for (const models::Edge& e : s.model.edges)
@@ -291,7 +306,7 @@ MemoryReport estimate_memory(const Scenario& s, const Plan& p, const MemoryOptio
     if (colocated) {
       llm.merge_into_all(enc);
     } else {
-      enc.add_buffer(0, step * b.fan_out / static_cast<double>(b.llm_per_step));
+      enc.add_buffer(mp.layout.pp - 1, step * b.fan_out / static_cast<double>(b.llm_per_step));
       enc_reports.push_back(enc.report());
     }
   }
@@ -299,7 +314,8 @@ MemoryReport estimate_memory(const Scenario& s, const Plan& p, const MemoryOptio
   if (enc_reports.empty()) return r;
   // Non-colocated: the encoders' ranks first, then the LLM's pipeline stages.
   MemoryReport out;
-  for (const MemoryReport& e : enc_reports) out.per_stage.push_back(e.per_stage[0]);
+  for (const MemoryReport& e : enc_reports)
+    out.per_stage.insert(out.per_stage.end(), e.per_stage.begin(), e.per_stage.end());
   out.per_stage.insert(out.per_stage.end(), r.per_stage.begin(), r.per_stage.end());
   for (size_t st = 0; st < out.per_stage.size(); ++st)
     if (out.per_stage[st].total() > out.peak) {

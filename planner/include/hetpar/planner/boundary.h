@@ -20,7 +20,7 @@
 //
 // Communication (lower.cpp emits it; category "boundary_comm"):
 // - Non-colocated: one leader per DP replica on each side (its tp = cp = 0 rank; the
-//   encoder's leader sits on its last, only, stage; the LLM's on stage 0). Forward: the
+//   encoder's leader sits on its last pipeline stage; the LLM's on stage 0). Forward: the
 //   feeding encoder leader sends each LLM micro-batch to the LLM leader (P2P), which
 //   broadcasts it to the tp x cp ranks of its first stage. Backward (not for frozen
 //   encoders): the LLM leader sends the micro-batch's input gradient back to the encoder
@@ -108,10 +108,17 @@ std::vector<PipelineOp> encoder_program(const Boundary& b, const std::vector<Pip
 /// LLM's pipeline) every step's backward (none when frozen).
 std::vector<PipelineOp> three_phase_program(const Boundary& b, bool frozen);
 
-/// Non-colocated: the encoder is stage 0 of a 1F1B pipeline over its own stage and the
-/// LLM's pp stages, on its own ranks: ceil(llm_pp / llm_per_step) encoder steps of warm-up
-/// run ahead of the LLM, so encoder and LLM work overlap (following the LLM's stage-0 order
-/// instead would serialise the two on every step). Frozen: forwards only.
-std::vector<PipelineOp> leading_stage_program(const Boundary& b, int llm_pp, bool frozen);
+/// Non-colocated: the encoder's enc_pp stages lead a 1F1B pipeline over them and the LLM's
+/// pp stages, on its own ranks; this is encoder stage `stage`'s program. Its last stage runs
+/// w encoder steps of warm-up ahead of the LLM, each earlier stage one more, so encoder and
+/// LLM work overlap (following the LLM's stage-0 order instead would serialise the two on
+/// every step): w = ceil(llm_pp / llm_per_step) (the LLM's stages counted in encoder steps),
+/// or more where the LLM's first stage (`llm0`, its program) forwards further ahead before
+/// a step's last backward (the interleaved schedule's longer warm-up), so that the encoder
+/// never waits for a gradient the LLM cannot send before more encoder output.
+/// Frozen: forwards only.
+std::vector<PipelineOp> leading_stage_program(const Boundary& b,
+                                              const std::vector<PipelineOp>& llm0, int llm_pp,
+                                              bool frozen, int enc_pp = 1, int stage = 0);
 
 }  // namespace hetpar::planner

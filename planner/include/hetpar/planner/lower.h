@@ -45,7 +45,9 @@
 // Heterogeneous placements (Plan::placement kColocated / kNonColocated, boundary.h for the
 // data mapping and the boundary's communication): the LLM runs under plan.layout as above
 // (without the encoders), each encoder with its projectors under its ModulePlan's layout
-// (pp 1) as a program of its own:
+// as a program of its own (colocated: pp 1; non-colocated: pp >= 1, its layers split
+// evenly over its stages, the first ones taking one more where pp does not divide them,
+// its stem on the first stage, its last norm and projectors on the last):
 // - categories "enc_fwd", "enc_bwd" (and "enc_recompute") for encoder compute, so metrics
 //   show time by module; the boundary's tasks are "boundary_comm"; an encoder's collectives
 //   use comm streams 8(k+1) .. 8(k+1)+7 (encoder k), the boundary its own streams after them;
@@ -59,7 +61,9 @@
 //   batch, the LLM's pipeline, every encoder backward), the boundary moving data as
 //   non-colocated does (a leader that is both sides: no transfer);
 // - non-colocated: disjoint rank ranges (ModulePlan::first_rank, Plan::llm_first_rank);
-//   the programs run concurrently, joined by leader P2P + broadcast;
+//   the programs run concurrently, joined by leader P2P + broadcast from the encoder's last
+//   stage (boundary.h's leading_stage_program: 1F1B over the encoder's pp stages and the
+//   LLM's, the encoder's stages passing activations / gradients as the LLM's do);
 // - Workload::frozen_encoders: no encoder backward, DP reduction, optimizer step or
 //   boundary backward (the projector is treated as frozen with its encoder);
 // - model FLOPs: each module's micro-batch graph x its micro-batches, the same total as the
@@ -75,10 +79,14 @@
 //   they feed. Needed besides: each module's stages node-aligned (as above) and, within a
 //   class, the boundary leaders on the same GPU / node / other node alike; otherwise every
 //   rank runs tasks. Predicts what full_ranks predicts: tests/planner/hetero_test.cpp
-//   (HeteroSymmetry) finds the same iteration time and phase times on colocated fan-in /
-//   fan-out / equal / CP, three-phase, non-colocated fan-in / fan-out / equal and frozen
-//   encoders; the bubble differs by < 0.5 points (the leader's boundary P2P is its exposed
-//   communication while its mirrored TP peers idle).
+//   (HeteroSymmetry) finds the same iteration time (to the picosecond) and phase times on
+//   colocated fan-in / fan-out / equal / CP, three-phase, non-colocated fan-in / fan-out /
+//   equal, frozen encoders, a pipelined encoder and two encoders; the bubble differs by
+//   < 0.5 points (the leader's boundary P2P is its exposed communication while its
+//   mirrored TP peers idle). A one-off randomized check of 350 feasible plans on 1-4 nodes
+//   found the same iteration time everywhere but one interleaved three-phase plan on a
+//   one-NIC node (7.5e-5 relative): there, as in the homogeneous reduction, a DP ring
+//   shares links with mirrored ranks' transfers whose load only the representative sees.
 // Not modelled: tied-embedding gradient all-reduce between first and last stage, the
 // vocab-parallel loss's small all-reduces, SP's backward re-gather of inputs for wgrad
 // (overlapped in Megatron), NVLS all-reduce (rings only), and the K,V ring of a
@@ -129,7 +137,8 @@ struct LoweredPlan {
 /// Why a plan cannot run, as a user reads it ("tp 3 does not divide llm heads 32");
 /// empty when feasible. Memory is not checked here. Heterogeneous plans, besides the LLM's
 /// layout: every encoder the workload feeds has one ModulePlan naming an encoder; encoder
-/// cp = vpp = ep = pp = 1; tp in {1, 2, 4, 8} for every module (Megatron's MIMO path) and
+/// cp = vpp = ep = 1, pp = 1 when colocated (non-colocated: pp <= its layers); tp in
+/// {1, 2, 4, 8} for every module (Megatron's MIMO path) and
 /// dividing the encoder's (and projector's) heads; encoder and LLM dp divide one another
 /// and an encoder step splits into whole LLM micro-batches (boundary.h); colocated:
 /// encoder tp x dp = world; non-colocated: rank ranges tile the world, first

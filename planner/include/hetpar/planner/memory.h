@@ -29,6 +29,9 @@
 // region (attention core, the output projection's input, the MLP activation and fc2 input,
 // the vocab-parallel loss) are divided, giving Korthikanti's Table 2 sbh(10 + 24/t +
 // 5as/(ht)) per layer; with SP everything inside the layers is, sbh(34/t + 5as/(ht)).
+// FP8 training: Transformer Engine's Linear modules keep the 1-byte FP8 transpose of their
+// input for the weight gradient, so the layers' GEMM inputs (qkv, attn_out, fc1, fc2: 14 of
+// the 34sbh) count half; the output layer (Megatron's own) and the MoE router keep bf16.
 // Times the micro-batches the schedule holds (in_flight_micro_batches); the output layer
 // and loss (4sbv/t fp32 logits) are held as many times as the last virtual stage holds
 // micro-batches. Recompute adds its working set: one layer of one micro-batch re-materialised
@@ -56,8 +59,8 @@ struct MemoryBreakdown {  // one rank
 
 struct MemoryReport {
   /// Index = pipeline stage; the ranks of one stage are alike. With vpp > 1 a rank holds
-  /// vpp model chunks, all counted here. Non-colocated plans: one entry per encoder (its
-  /// ranks, in plan.modules order) first, then the LLM's stages.
+  /// vpp model chunks, all counted here. Non-colocated plans: one entry per encoder
+  /// pipeline stage (its ranks, in plan.modules order) first, then the LLM's stages.
   std::vector<MemoryBreakdown> per_stage;
   int peak_stage = 0;  // the stage with the largest total (the first of equals)
   Bytes peak;          // its total
@@ -87,8 +90,11 @@ struct MemoryOptions {
 /// steps the LLM's warm-up needs; colocated three-phase, every step of the local batch, whose
 /// outputs the LLM's first stage also holds); frozen encoders hold weights only (no gradients,
 /// optimizer state or saved activations). Colocated: every rank adds its encoder shard to
-/// its LLM stage. Communication buffers add the received encoder output of one encoder step
-/// (the LLM side) and, non-colocated, the encoder's send buffer.
+/// its LLM stage. Non-colocated: a pipelined encoder (pp > 1) splits its layers as lower.h
+/// says, each stage holding the steps its own 1F1B program keeps in flight, plus the
+/// pipeline's send / receive buffers. Communication buffers add the received encoder output
+/// of one encoder step (the LLM side) and, non-colocated, the encoder's send buffer (on its
+/// last stage).
 /// REQUIRES: p is feasible for s (infeasibility() is empty).
 MemoryReport estimate_memory(const Scenario& s, const Plan& p, const MemoryOptions& opts = {});
 

@@ -239,6 +239,9 @@ std::vector<std::string> available_backends();
 
 /// Creates the backend `name` for this process. Initialises MPI (thread level funneled)
 /// on first use and finalises it at exit; a process run without mpirun is a world of one.
+/// Collective under mpirun: every rank creates the same backends in the same order (each
+/// sets up its world communicator: MPI_Comm_dup, ncclCommInitRank). A backend must not
+/// outlive the process's static destructors (MPI_Finalize runs there).
 /// Errors: unknown name, a backend not built in, no usable device (e.g. "cuda" without a
 /// GPU: Status::unavailable, which tests use to skip).
 Result<std::unique_ptr<Backend>> make_backend(std::string_view name);
