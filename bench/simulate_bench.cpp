@@ -96,7 +96,7 @@ void BM_Llama405B_16384xH100(benchmark::State& state) {
 BENCHMARK(BM_Llama405B_16384xH100)->Unit(benchmark::kMillisecond);
 
 // InternViT-6B (4 tiles per sample, pixel-shuffled to 256 tokens each) + Llama-3.1-70B on
-// 1024 H100s (examples/internvit-70b-inline.json), the heterogeneous plans a layout search
+// 1024 H100s (examples/internvit6b-llama70b-1024xh100.json), the heterogeneous plans a layout search
 // evaluates by the thousand.
 const Scenario& internvit_1024() {
   static const Scenario s = make(

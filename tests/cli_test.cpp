@@ -211,6 +211,70 @@ TEST(Cli, CompareNamesAWinnerAndExplainsIt) {
   EXPECT_NE(no_plans.err.find("plans: missing required object"), std::string::npos);
 }
 
+// A small scenario for `plan` (one node, a short batch): searched in well under a second.
+std::string small_plan_scenario(const std::string& name, const std::string& search = "") {
+  return write_temp(name, fmt::format(R"({{"name": "small", "model": "llava-1.5-7b",
+      "workload": {{"seq_len": 2048, "global_batch": 16, "images_per_sample": 1}},
+      "cluster": {{"profile": "dgx-h100", "nodes": 1}},
+      "plans": {{"h": {{"tp": 8, "micro_batch": 1}}}}{}}})",
+                                      search.empty() ? "" : ", \"search\": " + search));
+}
+
+TEST(Cli, PlanJsonHasTheDocumentedKeysAndTheWrittenPlanSimulates) {
+  const std::string scenario = small_plan_scenario("plan.json");
+  const std::string out = fmt::format("{}/{}.best.plan.json", ::testing::TempDir(), ::getpid());
+  std::filesystem::remove(out);
+  CliRun r = run(fmt::format("plan --json --threads 2 --top 3 --out {} {}", out, scenario));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  for (const char* key : {"best", "families", "top", "counts", "rejections", "search_time_s"})
+    EXPECT_TRUE(j.contains(key)) << key;
+  for (const char* family : {"homogeneous", "colocated", "non_colocated"}) {
+    ASSERT_TRUE(j["families"].contains(family)) << family;
+    const auto& f = j["families"][family];
+    EXPECT_TRUE(f.contains("plan"));
+    EXPECT_TRUE(f.contains("metrics") || f.contains("reason")) << family;
+  }
+  EXPECT_LE(j["top"].size(), 3u);
+  const auto& c = j["counts"];
+  EXPECT_EQ(c["considered"].get<int64_t>(),
+            c["rejected"].get<int64_t>() + c["pruned_dominated"].get<int64_t>() +
+                c["pruned_bound"].get<int64_t>() + c["pruned_encoder"].get<int64_t>() +
+                c["simulated"].get<int64_t>());
+  const double best = j["best"]["metrics"]["iteration_time_s"];
+  for (const auto& t : j["top"]) EXPECT_LE(best, t["metrics"]["iteration_time_s"].get<double>());
+
+  // The plan file: the scenario with the winner as "plan", no "plans" or "search".
+  ASSERT_TRUE(std::filesystem::exists(out));
+  auto written = nlohmann::json::parse(slurp(out));
+  EXPECT_TRUE(written.contains("plan"));
+  EXPECT_FALSE(written.contains("plans"));
+  EXPECT_EQ(written["plan"], j["best"]["plan"]);
+  CliRun sim = run("simulate --json " + out);
+  ASSERT_EQ(sim.exit_code, 0) << sim.err;
+  EXPECT_DOUBLE_EQ(nlohmann::json::parse(sim.out)["iteration_time_s"].get<double>(), best);
+
+  CliRun text = run(fmt::format("plan --out {} {}", out, scenario));
+  EXPECT_EQ(text.exit_code, 0) << text.err;
+  for (const char* part : {"Winner", "Best of each placement", "Top 5", "rejected by a constraint"})
+    EXPECT_NE(text.out.find(part), std::string::npos) << part << "\n" << text.out;
+}
+
+TEST(Cli, PlanRejectsABadSearchSectionAndReportsNoFeasiblePlan) {
+  const std::string out = fmt::format("{}/{}.never.plan.json", ::testing::TempDir(), ::getpid());
+  std::filesystem::remove(out);
+  CliRun bad = run(fmt::format("plan --out {} {}", out,
+                               small_plan_scenario("bad-search.json", R"({"llm": {"tpp": 2}})")));
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("search.llm.tpp"), std::string::npos) << bad.err;
+  CliRun none = run(fmt::format("plan --out {} {}", out,
+                                small_plan_scenario("cap.json", R"({"max_memory_GiB": 1})")));
+  EXPECT_EQ(none.exit_code, 3);
+  EXPECT_NE(none.err.find("no feasible plan"), std::string::npos) << none.err;
+  EXPECT_NE(none.err.find("memory cap"), std::string::npos) << none.err;
+  EXPECT_FALSE(std::filesystem::exists(out));
+}
+
 TEST(Cli, ExportPrintsEachFileAfterAHeader) {
   CliRun r = run("export " + example("gpt3-175b-1024xa100.json") + " --to megatron");
   ASSERT_EQ(r.exit_code, 0) << r.err;

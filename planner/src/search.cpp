@@ -575,6 +575,7 @@ class Searcher {
 
   int top_k() const { return top_k_; }
   bool exhaustive() const { return exhaustive_; }
+  int64_t llm_layers() const { return layers_; }
 
  private:
   const LayoutFix& module_fix(const std::string& name) const {
@@ -773,6 +774,36 @@ class Searcher {
   bool exhaustive_ = false;
 };
 
+// A plan the search will not simulate: more than this many tasks (estimated). The largest
+// bench case, Megatron's 1T GPT on 3072 GPUs, is 1.25M tasks and about a second.
+constexpr double kMaxTasks = 3e6;
+
+// Whether lower() runs one representative per pipeline stage for a module's ranks
+// [offset, offset + tp·cp·dp·pp) (its stage_symmetric(), lower.cpp, in short: one node type,
+// stages aligned to nodes).
+bool stages_alike(const Scenario& s, const Layout& l, int offset) {
+  if (s.cluster.groups().size() != 1) return false;
+  const int g = s.cluster.groups()[0].profile.gpus_per_node;
+  const int n = l.tp * l.cp * l.dp;
+  return (n % g == 0 || g % n == 0) && offset % std::min(n, g) == 0;
+}
+
+// About how many tasks lower() builds for `p`: simulated ranks x micro-batches x the
+// layers each runs, forward and backward.
+double estimated_tasks(const Scenario& s, const Plan& p, int64_t llm_layers) {
+  const int64_t gb = s.workload.global_batch;
+  bool alike =
+      stages_alike(s, p.layout, p.placement == Placement::kNonColocated ? p.llm_first_rank : 0);
+  for (const ModulePlan& m : p.modules) alike = alike && stages_alike(s, m.layout, m.first_rank);
+  const double m = static_cast<double>(num_micro_batches(p.layout, gb));
+  const double ranks = alike ? p.layout.pp : p.layout.world();
+  double tasks = ranks * m * (static_cast<double>(llm_layers) / p.layout.pp + 2) * 2;
+  for (const ModulePlan& e : p.modules)
+    tasks += (alike ? 1.0 : e.layout.world()) *
+             static_cast<double>(gb / (int64_t{e.layout.micro_batch} * e.layout.dp)) * 2;
+  return tasks;
+}
+
 struct Ranked {
   Plan plan;
   PlanMetrics metrics;
@@ -908,6 +939,12 @@ Result<SearchResult> search(const Scenario& s, const SearchOptions& o) {
     for (size_t i = 0; i < batch.size(); ++i) {
       const Candidate& c = *batch[i];
       ++progress.done;
+      const double tasks = estimated_tasks(s, plans[i], searcher.llm_layers());
+      if (memory[i].empty() && tasks > kMaxTasks)
+        memory[i] = fmt::format(
+            "too large to simulate in a search: about {:.0f}M tasks (pipeline stages not "
+            "aligned to nodes are simulated on every rank)",
+            tasks / 1e6);
       if (dominated(c)) {
         ++res.counts.pruned_dominated;
       } else if (!memory[i].empty()) {
@@ -942,9 +979,6 @@ Result<SearchResult> search(const Scenario& s, const SearchOptions& o) {
       ++simulated[f];
       ++progress.simulated;
       Ranked r{plans[i], std::move(*out[i]).value()};
-      if (getenv("HETPAR_SEARCH_DEBUG"))
-        fmt::print(stderr, "DBG {} lb {} sim {} ratio {:.3f}\n", describe(r.plan), batch[i]->bound,
-                   r.metrics.iteration_time, batch[i]->bound / r.metrics.iteration_time);
       if (!best[f] || better(r, *best[f])) best[f] = r;
       auto pos = std::upper_bound(top.begin(), top.end(), r, better);
       if (pos - top.begin() < top_k) {

@@ -98,7 +98,7 @@ struct SearchCounts {
   /// Heterogeneous: encoder layouts beyond the 3 lowest bounds for the same LLM side
   /// (layout, recompute, schedule, ranks).
   int64_t pruned_encoder = 0;
-  int64_t simulated = 0;         // evaluate() calls during the search
+  int64_t simulated = 0;  // evaluate() calls during the search
 };
 
 struct SearchResult {
