@@ -210,13 +210,48 @@ TEST(DeviceProfile, AttentionAndMemoryTimes) {
   const Flops f(1e12);
   const Time fwd = h100.attention_time(f, Precision::kBf16, false);
   const Time bwd = h100.attention_time(f, Precision::kBf16, true);
-  EXPECT_EQ(fwd, f / (h100.peak(Precision::kBf16) * 0.6) + h100.gemm_launch_overhead);
+  EXPECT_EQ(fwd, f / (h100.peak(Precision::kBf16) * 0.545) + h100.gemm_launch_overhead);
   // The backward efficiency is a FlashAttention benchmark rate, which counts 2.5x the
   // forward FLOPs; the caller passes model FLOPs (2x forward): 1.25x the work.
-  EXPECT_EQ(bwd, f * 1.25 / (h100.peak(Precision::kBf16) * 0.45) + h100.gemm_launch_overhead);
+  EXPECT_EQ(bwd, f * 1.25 / (h100.peak(Precision::kBf16) * 0.472) + h100.gemm_launch_overhead);
   EXPECT_GT(bwd, fwd);
   // 3 GB at 0.9 x 3.35 TB/s.
   EXPECT_NEAR(h100.memory_time(Bytes::GB(3)).to_ms(), 3.0 / (0.9 * 3.35), 1e-6);
+}
+
+TEST(DeviceProfile, AttentionRateFollowsTheMeasuredSequenceLengthCurve) {
+  // cuDNN causal head-dim-128 forward on H100 (FlashAttention-3 paper, Figure 5):
+  // 315 / 410 / 484 / 518 / 529 / 539 TFLOP/s at 512 .. 16K key/value tokens.
+  const DeviceProfile h100 = builtin("dgx-h100").gpu;
+  const Flops f(1e12);
+  const auto fwd_tflops = [&](int64_t seq) {
+    const Time t = h100.attention_time(f, Precision::kBf16, false, seq) - h100.gemm_launch_overhead;
+    return f.count() / t.to_seconds() / 1e12;
+  };
+  EXPECT_NEAR(fwd_tflops(512), 315, 2);
+  EXPECT_NEAR(fwd_tflops(2048), 484, 2);
+  EXPECT_NEAR(fwd_tflops(8192), 529, 2);
+  EXPECT_NEAR(fwd_tflops(16384), 539, 2);
+  EXPECT_NEAR(fwd_tflops(65536), 539, 2);  // clamped past the last point
+  EXPECT_NEAR(fwd_tflops(256), 315, 2);    // and before the first
+  EXPECT_NEAR(fwd_tflops(0), 539, 2);      // 0 = a long sequence
+  // Between points: linear in log2(seq); 2896 ~ 2^11.5 is halfway between 2K and 4K.
+  EXPECT_NEAR(h100.attention_seq_factor(h100.attention_fwd_seq_scale, 2896), (0.898 + 0.961) / 2,
+              1e-3);
+  // Backward: derived causal rates 193 .. 467 TFLOP/s in the 2.5x-forward convention.
+  const auto bwd_tflops = [&](int64_t seq) {
+    const Time t = h100.attention_time(f, Precision::kBf16, true, seq) - h100.gemm_launch_overhead;
+    return f.count() * kFlashBackwardWork / t.to_seconds() / 1e12;
+  };
+  EXPECT_NEAR(bwd_tflops(512), 193, 2);
+  EXPECT_NEAR(bwd_tflops(4096), 424, 2);
+  EXPECT_NEAR(bwd_tflops(16384), 467, 2);
+  // Monotone: a shorter kernel is never faster per FLOP.
+  for (int64_t s = 512; s < 16384; s *= 2) EXPECT_LT(fwd_tflops(s), fwd_tflops(2 * s));
+  // Profiles without a curve keep one rate for every length.
+  const DeviceProfile a100 = builtin("dgx-a100-80gb").gpu;
+  EXPECT_EQ(a100.attention_time(f, Precision::kBf16, false, 512),
+            a100.attention_time(f, Precision::kBf16, false, 16384));
 }
 
 // --- Profile JSON: round trip and the error corpus -------------------------------------
@@ -278,6 +313,21 @@ TEST(ProfileJson, RejectsBadProfilesNamingTheField) {
          j["gpu"]["gemm"]["tiles"][1] = {128, 256};
        },
        "gpu.gemm.tiles[1]: expected [Tm, Tn, efficiency]"},
+      {"descending seq scale",
+       [](nlohmann::json& j) {
+         j["gpu"]["attention"]["fwd_seq_scale"] = {{1024, 0.8}, {512, 0.9}};
+       },
+       "gpu.attention.fwd_seq_scale[1]: sequence lengths must be strictly ascending"},
+      {"zero seq factor",
+       [](nlohmann::json& j) {
+         j["gpu"]["attention"]["bwd_seq_scale"] = {{512, 0.0}};
+       },
+       "gpu.attention.bwd_seq_scale[0]: factor 0 must be in (0, 1.5]"},
+      {"fractional seq",
+       [](nlohmann::json& j) {
+         j["gpu"]["attention"]["fwd_seq_scale"] = {{512.5, 0.9}};
+       },
+       "gpu.attention.fwd_seq_scale: sequence lengths must be positive integers"},
       {"unknown collective",
        [](nlohmann::json& j) { j["collectives"][2]["op"] = "all_reduce_scatter"; },
        "collectives[2].op: unknown value \"all_reduce_scatter\""},

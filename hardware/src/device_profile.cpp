@@ -111,12 +111,32 @@ double DeviceProfile::gemm_efficiency(int64_t m, int64_t n, int64_t k, int64_t b
   return flops / (gemm_time(m, n, k, batch, p).to_seconds() * peak(p).per_second());
 }
 
-Time DeviceProfile::attention_time(Flops flops, Precision p, bool backward) const {
-  if (!backward) return flops / (peak(p) * attention_fwd_efficiency) + gemm_launch_overhead;
+double DeviceProfile::attention_seq_factor(const std::vector<AttentionSeqPoint>& curve,
+                                           int64_t seq_kv) {
+  if (curve.empty() || seq_kv <= 0) return 1.0;
+  if (seq_kv <= curve.front().seq) return curve.front().factor;
+  if (seq_kv >= curve.back().seq) return curve.back().factor;
+  size_t i = 1;
+  while (curve[i].seq < seq_kv) ++i;
+  const AttentionSeqPoint& lo = curve[i - 1];
+  const AttentionSeqPoint& hi = curve[i];
+  const double t = std::log2(static_cast<double>(seq_kv) / static_cast<double>(lo.seq)) /
+                   std::log2(static_cast<double>(hi.seq) / static_cast<double>(lo.seq));
+  return lo.factor + t * (hi.factor - lo.factor);
+}
+
+Time DeviceProfile::attention_time(Flops flops, Precision p, bool backward, int64_t seq_kv) const {
+  if (!backward)
+    return flops / (peak(p) * attention_fwd_efficiency *
+                    attention_seq_factor(attention_fwd_seq_scale, seq_kv)) +
+           gemm_launch_overhead;
   // The backward efficiency is quoted as FlashAttention's benchmarks count it: 2.5x the
   // forward FLOPs (dQ, dK, dV plus the recomputed QK^T), not the model-FLOP 2x the caller
   // passes, so the kernel does 2.5 / 2 times the work `flops` names.
-  return flops * kFlashBackwardWork / (peak(p) * attention_bwd_efficiency) + gemm_launch_overhead;
+  return flops * kFlashBackwardWork /
+             (peak(p) * attention_bwd_efficiency *
+              attention_seq_factor(attention_bwd_seq_scale, seq_kv)) +
+         gemm_launch_overhead;
 }
 
 Time DeviceProfile::memory_time(Bytes bytes) const {

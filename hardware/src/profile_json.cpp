@@ -142,6 +142,18 @@ void read_gpu(JsonReader r, DeviceProfile& g, JsonReader& parent) {
   JsonReader att = r.object("attention");
   g.attention_fwd_efficiency = att.required_double("fwd_efficiency");
   g.attention_bwd_efficiency = att.required_double("bwd_efficiency");
+  const auto read_seq_scale = [&att](std::string_view key, std::vector<AttentionSeqPoint>& out) {
+    if (!att.has(key)) return;
+    for (const auto& row : read_rows(att, key, 2, "[seq, factor]")) {
+      if (!is_whole(row[0]) || row[0] < 1) {
+        att.fail(key, fmt::format("sequence lengths must be positive integers, got {}", row[0]));
+        return;
+      }
+      out.push_back({static_cast<int64_t>(row[0]), row[1]});
+    }
+  };
+  read_seq_scale("fwd_seq_scale", g.attention_fwd_seq_scale);
+  read_seq_scale("bwd_seq_scale", g.attention_bwd_seq_scale);
   att.finish();
   r.merge(att.status());
 
@@ -280,6 +292,18 @@ nlohmann::json profile_to_json(const SystemProfile& p) {
     gemm["measured"][std::string(to_string(prec))] = rows;
   }
 
+  nlohmann::json attention = {{"fwd_efficiency", g.attention_fwd_efficiency},
+                              {"bwd_efficiency", g.attention_bwd_efficiency}};
+  const auto seq_scale_rows = [](const std::vector<AttentionSeqPoint>& curve) {
+    nlohmann::json rows = nlohmann::json::array();
+    for (const AttentionSeqPoint& pt : curve) rows.push_back({pt.seq, pt.factor});
+    return rows;
+  };
+  if (!g.attention_fwd_seq_scale.empty())
+    attention["fwd_seq_scale"] = seq_scale_rows(g.attention_fwd_seq_scale);
+  if (!g.attention_bwd_seq_scale.empty())
+    attention["bwd_seq_scale"] = seq_scale_rows(g.attention_bwd_seq_scale);
+
   nlohmann::json j = {
       {"name", p.name},
       {"description", p.description},
@@ -294,9 +318,7 @@ nlohmann::json profile_to_json(const SystemProfile& p) {
         {"host_link_GBps", to_GBps(g.host_link)},
         {"compute", compute},
         {"gemm", gemm},
-        {"attention",
-         {{"fwd_efficiency", g.attention_fwd_efficiency},
-          {"bwd_efficiency", g.attention_bwd_efficiency}}}}},
+        {"attention", attention}}},
       {"intra_node",
        {{"fabric", to_string(p.intra_node.kind)},
         {"GBps", to_GBps(p.intra_node.bandwidth)},

@@ -153,6 +153,17 @@ Status validate_profile(const SystemProfile& p) {
   }
   c.fraction("gpu.attention.fwd_efficiency", g.attention_fwd_efficiency);
   c.fraction("gpu.attention.bwd_efficiency", g.attention_bwd_efficiency);
+  for (const auto& [key, curve] :
+       {std::pair{"gpu.attention.fwd_seq_scale", &g.attention_fwd_seq_scale},
+        std::pair{"gpu.attention.bwd_seq_scale", &g.attention_bwd_seq_scale}}) {
+    for (size_t i = 0; i < curve->size(); ++i) {
+      const std::string at = fmt::format("{}[{}]", key, i);
+      if ((*curve)[i].factor <= 0 || (*curve)[i].factor > 1.5)
+        c.fail(at, fmt::format("factor {} must be in (0, 1.5]", (*curve)[i].factor));
+      if (i > 0 && (*curve)[i].seq <= (*curve)[i - 1].seq)
+        c.fail(at, "sequence lengths must be strictly ascending");
+    }
+  }
 
   const IntraNodeFabric& f = p.intra_node;
   if (p.gpus_per_node > 1) {

@@ -145,8 +145,11 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
       const models::AttentionShape& a = *op.attention;
       const int64_t qkv = a.batch * a.seq_q * (a.heads + 2 * a.kv_heads) * a.head_dim;
       if (op.read.count() <= qkv * g.dtype_bytes) {  // flash attention: one fused kernel
-        c.forward = dev.attention_time(c.forward_flops, ap, false);
-        c.dgrad = dev.attention_time(c.dgrad_flops, ap, true);
+        // The kernel's rate depends on the key/value length of one call: under context
+        // parallelism each ring step attends to this rank's s_kv / cp chunk.
+        const int64_t seq_kv = ceil_div(a.seq_kv, cp);
+        c.forward = dev.attention_time(c.forward_flops, ap, false, seq_kv);
+        c.dgrad = dev.attention_time(c.dgrad_flops, ap, true, seq_kv);
         break;
       }
       // Without flash attention (Megatron-LM before its flash integration, e.g. Narayanan et

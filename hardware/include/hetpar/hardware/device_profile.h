@@ -38,6 +38,14 @@ struct GemmTile {
 /// the FlashAttention benchmark convention over the 2x forward model FLOPs).
 inline constexpr double kFlashBackwardWork = 2.5 / 2.0;
 
+/// One point of a flash-attention efficiency curve: at `seq` tokens of key/value per
+/// kernel call the kernel runs at `factor` times the profile's long-sequence efficiency.
+struct AttentionSeqPoint {
+  int64_t seq = 0;
+  double factor = 1.0;
+  bool operator==(const AttentionSeqPoint&) const = default;
+};
+
 /// One measured GEMM (batch 1, m x k times k x n) and the rate it ran at.
 struct GemmMeasurement {
   int64_t m = 0;
@@ -61,8 +69,14 @@ struct DeviceProfile {
   bool gemm_split_k = true;
   /// Measured GEMM rates per precision (indexed like `compute`; empty = none measured).
   std::array<std::vector<GemmMeasurement>, kAllPrecisions.size()> gemm_measured;
-  double attention_fwd_efficiency = 0;  // fraction of the precision's peak
+  double attention_fwd_efficiency = 0;  // fraction of the precision's peak (long sequences)
   double attention_bwd_efficiency = 0;
+  /// Sequence-length dependence of the flash-attention rates (empty: none): factors on the
+  /// efficiencies above, ascending in seq, interpolated linearly in log2(seq) and clamped
+  /// at both ends. Short sequences run slower (causal tiles on the diagonal, pipeline
+  /// prologue and epilogue per query block).
+  std::vector<AttentionSeqPoint> attention_fwd_seq_scale;
+  std::vector<AttentionSeqPoint> attention_bwd_seq_scale;
 
   bool operator==(const DeviceProfile&) const = default;
 
@@ -87,8 +101,12 @@ struct DeviceProfile {
   /// efficiencies are FlashAttention benchmark rates (flash-attention
   /// benchmarks/benchmark_flash_attention.py), which count the backward kernel's work as
   /// 2.5x the forward FLOPs (its recompute of QK^T included): the backward time is
-  /// flops · kFlashBackwardWork / (peak · bwd efficiency).
-  Time attention_time(Flops flops, Precision p, bool backward) const;
+  /// flops · kFlashBackwardWork / (peak · bwd efficiency). `seq_kv` (> 0) is the key/value
+  /// length of one kernel call and selects the point on the seq-scale curves; 0 means a
+  /// long sequence (factor 1).
+  Time attention_time(Flops flops, Precision p, bool backward, int64_t seq_kv = 0) const;
+  /// The factor of the seq-scale curve at `seq_kv` (1 without a curve or for seq_kv <= 0).
+  static double attention_seq_factor(const std::vector<AttentionSeqPoint>& curve, int64_t seq_kv);
   /// A memory-bound kernel moving `bytes` (reads + writes) through HBM.
   Time memory_time(Bytes bytes) const;
   Bandwidth effective_memory_bandwidth() const { return memory_bandwidth * memory_efficiency; }

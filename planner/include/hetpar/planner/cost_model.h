@@ -11,7 +11,8 @@
 //   Experts: E / ep local experts, each with the tokens the ep group routes to it.
 //   Forward gemm_time(m, n, k); dgrad gemm_time(m, k, n); wgrad gemm_time(k, n, m).
 // - Attention core: FLOPs / (tp * cp) (heads / tp; causal load-balanced CP chunks) at the
-//   flash efficiency (attention_time). Without flash attention (Megatron-LM 2021-2022):
+//   flash efficiency (attention_time, at the kernel's key/value length s_kv / cp: short
+//   chunks run slower, gpu.attention.*_seq_scale). Without flash attention (Megatron-LM 2021-2022):
 //   batched GEMMs over micro-batch x local heads computing the full (unmasked) score
 //   matrix, QK^T and PV forward and their four backward products, plus the memory-bound
 //   softmax (and attention dropout) passes over the materialized scores.
