@@ -1594,6 +1594,13 @@ void lower_heterogeneous(const Scenario& s, const Plan& p, const LowerOptions& o
 
 }  // namespace
 
+bool simulates_representatives(const Scenario& s, const Plan& p) {
+  if (p.placement == Placement::kHomogeneous) return stage_symmetric(s, p.layout, 0);
+  std::vector<Boundary> bounds;
+  for (const ModulePlan& mp : p.modules) bounds.push_back(make_boundary(s, p, mp));
+  return hetero_reduction(s, p, bounds).has_value();
+}
+
 Result<LoweredPlan> lower(const Scenario& s, const Plan& p, const LowerOptions& o) {
   std::string why = infeasibility(s, p);
   if (!why.empty()) return Status::invalid_argument(why);

@@ -778,23 +778,11 @@ class Searcher {
 // bench case, Megatron's 1T GPT on 3072 GPUs, is 1.25M tasks and about a second.
 constexpr double kMaxTasks = 3e6;
 
-// Whether lower() runs one representative per pipeline stage for a module's ranks
-// [offset, offset + tp·cp·dp·pp) (its stage_symmetric(), lower.cpp, in short: one node type,
-// stages aligned to nodes).
-bool stages_alike(const Scenario& s, const Layout& l, int offset) {
-  if (s.cluster.groups().size() != 1) return false;
-  const int g = s.cluster.groups()[0].profile.gpus_per_node;
-  const int n = l.tp * l.cp * l.dp;
-  return (n % g == 0 || g % n == 0) && offset % std::min(n, g) == 0;
-}
-
 // About how many tasks lower() builds for `p`: simulated ranks x micro-batches x the
 // layers each runs, forward and backward.
 double estimated_tasks(const Scenario& s, const Plan& p, int64_t llm_layers) {
   const int64_t gb = s.workload.global_batch;
-  bool alike =
-      stages_alike(s, p.layout, p.placement == Placement::kNonColocated ? p.llm_first_rank : 0);
-  for (const ModulePlan& m : p.modules) alike = alike && stages_alike(s, m.layout, m.first_rank);
+  const bool alike = simulates_representatives(s, p);
   const double m = static_cast<double>(num_micro_batches(p.layout, gb));
   const double ranks = alike ? p.layout.pp : p.layout.world();
   double tasks = ranks * m * (static_cast<double>(llm_layers) / p.layout.pp + 2) * 2;
@@ -939,11 +927,12 @@ Result<SearchResult> search(const Scenario& s, const SearchOptions& o) {
     for (size_t i = 0; i < batch.size(); ++i) {
       const Candidate& c = *batch[i];
       ++progress.done;
-      const double tasks = estimated_tasks(s, plans[i], searcher.llm_layers());
-      if (memory[i].empty() && tasks > kMaxTasks)
+      const double tasks =
+          memory[i].empty() ? estimated_tasks(s, plans[i], searcher.llm_layers()) : 0.0;
+      if (tasks > kMaxTasks)
         memory[i] = fmt::format(
-            "too large to simulate in a search: about {:.0f}M tasks (pipeline stages not "
-            "aligned to nodes are simulated on every rank)",
+            "too large to simulate in a search: about {:.0f}M tasks (a placement that "
+            "breaks the ranks' symmetry is simulated on every rank)",
             tasks / 1e6);
       if (dominated(c)) {
         ++res.counts.pruned_dominated;

@@ -149,6 +149,11 @@ struct LoweredPlan {
 /// ranks aligned to tp, LLM cp = 1.
 std::string infeasibility(const Scenario& s, const Plan& p);
 
+/// Whether lower() (without full_ranks) simulates one representative per class of alike
+/// ranks rather than every rank — what decides the size of the task graph (a search skips
+/// plans too large to simulate). REQUIRES: infeasibility(s, p) is empty.
+bool simulates_representatives(const Scenario& s, const Plan& p);
+
 /// Errors (invalid argument): the plan is infeasible (the message of infeasibility()).
 Result<LoweredPlan> lower(const Scenario& s, const Plan& p, const LowerOptions& o = {});
 
