@@ -158,9 +158,6 @@ TaskId TaskGraph::add_p2p_group(GroupId pairs, Bytes bytes, int32_t src_stream, 
       dst = g[1];
     }
   }
-  int32_t n = 0;
-  if (copies.valid() && copies.value() < num_groups())
-    n = static_cast<int32_t>(groups_[copies.value()].size() / 2);
   return push({.kind = TaskKind::kP2P,
                .label = label,
                .bytes = bytes,
@@ -168,23 +165,25 @@ TaskId TaskGraph::add_p2p_group(GroupId pairs, Bytes bytes, int32_t src_stream, 
                .src = src,
                .dst = dst,
                .copies = copies,
-               .num_copies = n});
+               .num_copies = copy_pairs(copies)});
 }
 
 TaskId TaskGraph::add_p2p(RankId src, RankId dst, Bytes bytes, int32_t src_stream,
                           int32_t dst_stream, Label label, GroupId copies) {
   if (multiplicity(src) != 0) stream_refs_.push_back({src, StreamKind::kComm, src_stream});
   if (multiplicity(dst) != 0) stream_refs_.push_back({dst, StreamKind::kComm, dst_stream});
-  int32_t n = 0;
-  if (copies.valid() && copies.value() < num_groups())
-    n = static_cast<int32_t>(groups_[copies.value()].size() / 2);
   return push({.kind = TaskKind::kP2P,
                .label = label,
                .bytes = bytes,
                .src = src,
                .dst = dst,
                .copies = copies,
-               .num_copies = n});
+               .num_copies = copy_pairs(copies)});
+}
+
+int32_t TaskGraph::copy_pairs(GroupId copies) const {
+  if (!copies.valid() || copies.value() >= num_groups()) return 0;
+  return static_cast<int32_t>(groups_[copies.value()].size() / 2);
 }
 
 void TaskGraph::add_dependency(TaskId before, TaskId after) {

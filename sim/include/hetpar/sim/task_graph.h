@@ -197,6 +197,8 @@ class TaskGraph {
 
  private:
   TaskId push(const Task& t);
+  /// Transfer pairs a P2P task's `copies` group stands for (0 when none).
+  int32_t copy_pairs(GroupId copies) const;
   GroupId intern_group(std::span<const RankId> group);
 
   std::vector<Task> tasks_;
