@@ -290,6 +290,25 @@ TEST(TaskGraphTest, ValidateReportsBadInputInsteadOfCrashing) {
     Network net = single_switch_network(1, Bandwidth::GBps(1), Time::zero());
     EXPECT_FALSE(simulate(g, net, {}).is_ok()) << "simulate() validates first";
   }
+  {
+    // simulate() leaves the cycle check to its run: the same error, naming a task that can
+    // never start, and how many.
+    TaskGraph g;
+    TaskId a = g.add_compute(RankId(0), 0, Time::us(1), Flops(0), {.name = g.label("a")});
+    TaskId b = g.add_compute(RankId(1), 0, Time::us(1), Flops(0), {.name = g.label("b")});
+    TaskId c = g.add_compute(RankId(1), 0, Time::us(1), Flops(0), {.name = g.label("c")});
+    g.add_dependency(a, b);
+    g.add_dependency(b, a);
+    (void)c;
+    Network net = single_switch_network(2, Bandwidth::GBps(1), Time::zero());
+    Result<SimResult> r = simulate(g, net, {});
+    ASSERT_FALSE(r.is_ok());
+    EXPECT_EQ(r.status().code(), Status::Code::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("task 0 (compute \"a\"): on a cycle"), std::string::npos)
+        << r.status().message();
+    EXPECT_NE(r.status().message().find("(3 of 3 tasks can never start)"), std::string::npos)
+        << r.status().message();
+  }
 }
 
 TEST(TaskGraphTest, LabelsAndGroupsAreInterned) {

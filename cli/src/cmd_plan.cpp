@@ -36,6 +36,11 @@ void print_text(const planner::Scenario& s, const planner::SearchResult& r,
       "dominated, {} pruned by the lower bound, {} encoder layouts pruned, {} simulated\n\n",
       c.considered, r.search_time_s, r.threads, c.rejected, c.pruned_dominated, c.pruned_bound,
       c.pruned_encoder, c.simulated);
+  if (c.too_large > 0)
+    fmt::print(
+        "Skipped   {} plans too large to simulate (over search.max_sim_tasks, {:.1f}M tasks; "
+        "raise it in the scenario's \"search\" section to include them)\n\n",
+        c.too_large, static_cast<double>(s.search.max_sim_tasks) / 1e6);
   const planner::RankedPlan& w = r.top.front();
   fmt::print("Winner    {}\n", planner::describe(w.plan));
   fmt::print("          {} per iteration, {} tokens/s, {:.1f} TFLOPS/GPU ({:.1f}% MFU), peak {}\n",

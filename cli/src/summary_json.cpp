@@ -111,6 +111,7 @@ std::string search_to_json(const planner::Scenario& s, const planner::SearchResu
         {"pruned_dominated", r.counts.pruned_dominated},
         {"pruned_bound", r.counts.pruned_bound},
         {"pruned_encoder", r.counts.pruned_encoder},
+        {"too_large", r.counts.too_large},
         {"simulated", r.counts.simulated}}},
       {"rejections", reasons},
       {"search_time_s", r.search_time_s},

@@ -302,8 +302,10 @@ std::vector<int> owners(const Layout& l, const Reduction& r) {
 // (so that representatives stand for the others): one node type (equal compute and links),
 // stages aligned to nodes (whole nodes each, or several stages per node), and CP / EP groups
 // with the same shape on every node (inside one node, or one member per node for CP's ring;
-// whole nodes for EP).
-bool stage_symmetric(const Scenario& s, const Layout& l, int offset) {
+// whole nodes for EP). `whole_replicas` (every rank of a representative replica runs tasks,
+// Reduction): CP rings of any shape, as long as each replica's tp x cp block has the same
+// shape on the nodes as every other (whole nodes each, or several blocks per node).
+bool stage_symmetric(const Scenario& s, const Layout& l, int offset, bool whole_replicas = false) {
   if (s.cluster.groups().size() != 1) return false;
   const int g = s.cluster.groups()[0].profile.gpus_per_node;
   const int n = l.tp * l.cp * l.dp;
@@ -311,7 +313,9 @@ bool stage_symmetric(const Scenario& s, const Layout& l, int offset) {
   if (offset % std::min(n, g) != 0) return false;
   if (n <= g) return true;
   const int per_node = g / l.tp;  // (cp, dp) positions per node
-  if (l.cp > 1 && per_node % l.cp != 0 && per_node != 1) return false;
+  const int block = l.tp * l.cp;
+  if (whole_replicas && block % g != 0 && g % block != 0) return false;
+  if (!whole_replicas && l.cp > 1 && per_node % l.cp != 0 && per_node != 1) return false;
   if (l.ep > 1 && per_node % l.ep != 0 && l.ep % per_node != 0) return false;
   return true;
 }
@@ -373,6 +377,7 @@ class Lowering {
     return RankId(role_.rank_offset + j + stage_ranks() * stage);
   }
   int stage_ranks() const { return l_.tp * l_.cp * l_.dp; }
+  bool whole_replicas() const { return role_.reduction && role_.reduction->whole_replicas; }
   int64_t micro_batches() const { return m_; }
 
  private:
@@ -465,6 +470,9 @@ class Lowering {
   // Per active rank (reduced, leaders only): its ring step's pairs, the other edges it
   // stands for.
   std::vector<GroupId> cp_pairs_, cp_copies_;
+  // Reduced with whole replicas: per local rank of a representative replica, the same
+  // ring edge (from it to its CP successor) in the replicas it stands for.
+  std::vector<GroupId> cp_edge_copies_;
   std::vector<std::vector<int32_t>> op_index_;  // pipeline_p2p: [stage][kind, chunk, mb]
 };
 
@@ -787,7 +795,7 @@ void Lowering::cp_ring(const PlacedBlock& pb, size_t s, int pass, const Labels& 
   const sim::KernelListId part =
       kernels(pb, s, backward, backward ? Use::kRingBackward : Use::kRingForward);
   std::vector<TaskId> arrived(cp), next(cp);
-  if (reduced_) {
+  if (reduced_ && !whole_replicas()) {
     // Each representative (q = 0) computes; each ring step it sends K,V to q = 1 and
     // receives them from q = cp-1 (both mirrored) as one grouped transfer, once its
     // previous chunk arrived (and the sender's, by symmetry). Both flows are simulated so
@@ -810,9 +818,12 @@ void Lowering::cp_ring(const PlacedBlock& pb, size_t s, int pass, const Labels& 
     }
     return;
   }
+  // Every rank of the ring runs tasks (full ranks, or a representative replica whose
+  // ring edges stand for those of its class: cp_edge_copies_).
   for (int dp_i = 0; dp_i < l_.dp; ++dp_i)
     for (int t = 0; t < l_.tp; ++t) {
       auto local = [&](int q) { return t + l_.tp * (q + cp * dp_i); };
+      if (slot_[local(0)] < 0) continue;  // a mirrored replica
       for (int i = 0; i < cp; ++i) {
         for (int q = 0; q < cp; ++q) {
           const int j = local(q);
@@ -824,8 +835,9 @@ void Lowering::cp_ring(const PlacedBlock& pb, size_t s, int pass, const Labels& 
         if (i + 1 == cp) break;
         for (int q = 0; q < cp; ++q) {
           const int to = (q + 1) % cp;
-          const TaskId x = g_.add_p2p(rank(t, q, dp_i, stage_), rank(t, to, dp_i, stage_), bytes,
-                                      kCpSend, kCpRecv, {cat_cp_, lb.cp});
+          const TaskId x =
+              g_.add_p2p(rank(t, q, dp_i, stage_), rank(t, to, dp_i, stage_), bytes, kCpSend,
+                         kCpRecv, {cat_cp_, lb.cp}, cp_edge_copies_[local(q)]);
           if (i > 0) g_.add_dependency(arrived[q], x);
           next[to] = x;
         }
@@ -983,7 +995,24 @@ void Lowering::build_stage() {
   // (cp-1 -> 0); every other edge of the rings of the replicas it stands for is a copy.
   cp_pairs_.assign(actives_.size(), GroupId());
   cp_copies_.assign(actives_.size(), GroupId());
-  if (reduced_ && l_.cp > 1) {
+  cp_edge_copies_.assign(n, GroupId());
+  if (reduced_ && l_.cp > 1 && whole_replicas()) {
+    const int block = l_.tp * l_.cp;
+    for (int d0 = 0; d0 < l_.dp; ++d0) {
+      if (owner_[d0 * block] != d0 * block) continue;  // not a representative replica
+      for (int t = 0; t < l_.tp; ++t)
+        for (int q = 0; q < l_.cp; ++q) {
+          members_.clear();
+          for (int d = 0; d < l_.dp; ++d)
+            if (d != d0 && owner_[d * block] == d0 * block) {
+              members_.push_back(rank(t, q, d, stage_));
+              members_.push_back(rank(t, (q + 1) % l_.cp, d, stage_));
+            }
+          if (!members_.empty())
+            cp_edge_copies_[t + l_.tp * (q + l_.cp * d0)] = g_.add_group(members_);
+        }
+    }
+  } else if (reduced_ && l_.cp > 1) {
     const int block = l_.tp * l_.cp;
     for (size_t a = 0; a < actives_.size(); ++a) {
       const int d0 = actives_[a] / block;
@@ -1197,7 +1226,7 @@ std::optional<HeteroReduction> hetero_reduction(const Scenario& s, const Plan& p
   const bool colocated = p.placement == Placement::kColocated;
   const Layout& L = p.layout;
   const bool three_phase = colocated && L.pp > 1;
-  if (!stage_symmetric(s, L, colocated ? 0 : p.llm_first_rank)) return std::nullopt;
+  if (!stage_symmetric(s, L, colocated ? 0 : p.llm_first_rank, three_phase)) return std::nullopt;
   const int world = s.cluster.total_gpus();
   const int per_node = s.cluster.groups()[0].profile.gpus_per_node;
   HeteroReduction r;
@@ -1215,7 +1244,7 @@ std::optional<HeteroReduction> hetero_reduction(const Scenario& s, const Plan& p
   for (size_t k = 0; k < bounds.size(); ++k) {
     const Boundary& b = bounds[k];
     const Layout& E = p.modules[k].layout;
-    if (three_phase && (b.local_block == 0 || L.cp > 1)) return std::nullopt;
+    if (three_phase && b.local_block == 0) return std::nullopt;
     if (!colocated && !stage_symmetric(s, E, p.modules[k].first_rank)) return std::nullopt;
     if (colocated && !stage_symmetric(s, E, 0)) return std::nullopt;
     Reduction& er = r.encoders.emplace_back();

@@ -138,6 +138,7 @@ SearchSpec parse_search(JsonReader& r) {
         r.optional_enum("schedule", "1f1b", {"gpipe", "1f1b", "interleaved", "zb-h1"}));
   spec.allow_cross_node_tp = r.optional_bool("allow_cross_node_tp", false);
   spec.top_k = static_cast<int>(r.optional_int("top_k", 5, 1, 1000));
+  spec.max_sim_tasks = r.optional_int("max_sim_tasks", 3'000'000, 1000, 1'000'000'000);
   r.finish();
   return spec;
 }

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <deque>
 #include <map>
 #include <numeric>
 #include <thread>
@@ -774,21 +775,47 @@ class Searcher {
   bool exhaustive_ = false;
 };
 
-// A plan the search will not simulate: more than this many tasks (estimated). The largest
-// bench case, Megatron's 1T GPT on 3072 GPUs, is 1.25M tasks and about a second.
-constexpr double kMaxTasks = 3e6;
-
-// About how many tasks lower() builds for `p`: simulated ranks x micro-batches x the
-// layers each runs, forward and backward.
-double estimated_tasks(const Scenario& s, const Plan& p, int64_t llm_layers) {
+// About how many tasks lower() builds for `p`: simulated ranks x micro-batches x layers x
+// tasks per layer and pass (forward, backward). A layer is one compute task, or with
+// tp > 1 five compute stretches between four TP collectives (sequence parallelism's
+// all-gathers and reduce-scatters); CP's ring attention turns one stretch into cp parts
+// and cp - 1 transfers; EP adds its all-to-alls. Simulated ranks (lower.h): one
+// representative per stage, a whole representative replica (colocated three-phase), or
+// every rank.
+double estimated_tasks(const Scenario& s, const Plan& p) {
+  auto per_layer = [](const Layout& l) {
+    return (l.tp > 1 ? 9.0 : 1.0) + (l.cp > 1 ? 2.0 * (l.cp - 1) : 0.0) + (l.ep > 1 ? 4.0 : 0.0);
+  };
+  auto layers_of = [&](const std::string& module) -> double {
+    for (const models::Module& m : s.model.modules)
+      if (m.name == module)
+        return std::visit(
+            [](const auto& spec) -> double {
+              if constexpr (requires { spec.block; }) return static_cast<double>(spec.block.layers);
+              return 1.0;
+            },
+            m.spec);
+    return 1.0;
+  };
   const int64_t gb = s.workload.global_batch;
+  const Layout& L = p.layout;
   const bool alike = simulates_representatives(s, p);
-  const double m = static_cast<double>(num_micro_batches(p.layout, gb));
-  const double ranks = alike ? p.layout.pp : p.layout.world();
-  double tasks = ranks * m * (static_cast<double>(llm_layers) / p.layout.pp + 2) * 2;
-  for (const ModulePlan& e : p.modules)
-    tasks += (alike ? 1.0 : e.layout.world()) *
-             static_cast<double>(gb / (int64_t{e.layout.micro_batch} * e.layout.dp)) * 2;
+  const bool whole = p.placement == Placement::kColocated && L.pp > 1;
+  const double replica = whole ? static_cast<double>(L.tp * L.cp) : 1.0;
+  const double ranks = alike ? replica * L.pp : L.world();
+  const double llm_layers = layers_of(s.model.modules[s.model.llm_index()].name);
+  const double m = static_cast<double>(num_micro_batches(L, gb));
+  double tasks = ranks * m * (llm_layers / L.pp * per_layer(L) + 2) * 2;
+  if (p.placement == Placement::kHomogeneous)  // encoders on the first stage, same layout
+    for (const models::Module& mod : s.model.modules)
+      if (models::is_encoder(models::kind_of(mod.spec)))
+        tasks += (alike ? 1.0 : L.tp * L.cp * L.dp) * m * layers_of(mod.name) * per_layer(L) * 2;
+  for (const ModulePlan& e : p.modules) {
+    const Layout& E = e.layout;
+    const double enc_ranks = !alike ? E.world() : whole ? replica * L.pp : E.pp;
+    const double steps = static_cast<double>(gb / (int64_t{E.micro_batch} * E.dp));
+    tasks += enc_ranks * steps * (layers_of(e.module) / E.pp * per_layer(E) + 2) * 2;
+  }
   return tasks;
 }
 
@@ -887,71 +914,94 @@ Result<SearchResult> search(const Scenario& s, const SearchOptions& o) {
   SearchProgress progress;
   progress.candidates = static_cast<int64_t>(cands.size());
   if (o.progress) o.progress(progress);
+  // Exposed communication by kind costs a pass over the recorded tasks, far less than a
+  // second simulation of the plans reported.
   EvaluateOptions eo;
-  eo.exposed_by_kind = false;
+  eo.exposed_by_kind = true;
   size_t next = 0;
-  while (next < cands.size()) {
+  // A batch is kBatch plans that will run: candidates are admitted in bound order, checked
+  // for memory (in parallel, a chunk at a time) and kept when they fit, until the batch is
+  // full. It takes at most one candidate of a base: the others (its heavier recompute
+  // variants, mostly dominated once it fits) wait in `held`, in bound order, for a later
+  // batch.
+  std::deque<const Candidate*> held;
+  while (next < cands.size() || !held.empty()) {
     const Time kth =
         static_cast<int>(top.size()) >= top_k ? top.back().metrics.iteration_time : Time::max();
     std::vector<const Candidate*> batch;
-    while (next < cands.size() && batch.size() < kBatch) {
-      const Candidate& c = cands[next++];
-      const int f = family[c.base];
-      const Time fam = best[f] ? best[f]->metrics.iteration_time : Time::max();
-      if (!exhaustive && c.bound > std::max(kth, fam)) {
-        ++res.counts.pruned_bound;
+    std::vector<Plan> plans;
+    std::deque<const Candidate*> later;
+    while ((next < cands.size() || !held.empty()) && batch.size() < kBatch) {
+      std::vector<const Candidate*> chunk;
+      while ((next < cands.size() || !held.empty()) && batch.size() + chunk.size() < kBatch) {
+        const Candidate* pc = nullptr;
+        if (!held.empty()) {
+          pc = held.front();
+          held.pop_front();
+        } else {
+          pc = &cands[next++];
+        }
+        const Candidate& c = *pc;
+        auto same_base = [&](const Candidate* b) { return b->base == c.base; };
+        if (std::any_of(batch.begin(), batch.end(), same_base) ||
+            std::any_of(chunk.begin(), chunk.end(), same_base)) {
+          later.push_back(pc);
+          continue;
+        }
+        const int f = family[c.base];
+        const Time fam = best[f] ? best[f]->metrics.iteration_time : Time::max();
         ++progress.done;
-      } else if (dominated(c)) {
-        ++res.counts.pruned_dominated;
-        ++progress.done;
-      } else if (!exhaustive && c.group >= 0 && admitted[c.group] >= kEncoderVariants) {
-        ++res.counts.pruned_encoder;
-        ++progress.done;
-      } else {
-        if (c.group >= 0) ++admitted[c.group];
-        batch.push_back(&c);
+        if (!exhaustive && c.bound > std::max(kth, fam)) {
+          ++res.counts.pruned_bound;
+        } else if (dominated(c)) {
+          ++res.counts.pruned_dominated;
+        } else if (!exhaustive && c.group >= 0 && admitted[c.group] >= kEncoderVariants) {
+          ++res.counts.pruned_encoder;
+        } else {
+          if (c.group >= 0) ++admitted[c.group];
+          chunk.push_back(pc);
+        }
+      }
+      std::vector<Plan> chunk_plans(chunk.size());
+      std::vector<std::string> why(chunk.size());
+      arena.execute([&] {
+        tbb::parallel_for(size_t{0}, chunk.size(), [&](size_t i) {
+          const Candidate& c = *chunk[i];
+          chunk_plans[i] = with_recompute(bases[c.base].plan, info[c.base].combos[c.combo]);
+          why[i] = searcher.memory_verdict(chunk_plans[i]);
+          const double tasks = why[i].empty() ? estimated_tasks(s, chunk_plans[i]) : 0.0;
+          if (tasks > static_cast<double>(s.search.max_sim_tasks))
+            why[i] = fmt::format(
+                "too large to simulate in a search: about {:.1f}M tasks, over "
+                "search.max_sim_tasks {:.1f}M (a placement that breaks the ranks' symmetry "
+                "is simulated on every rank)",
+                tasks / 1e6, static_cast<double>(s.search.max_sim_tasks) / 1e6);
+        });
+      });
+      for (size_t i = 0; i < chunk.size(); ++i) {
+        const Candidate& c = *chunk[i];
+        if (!why[i].empty()) {  // does not count as one of its LLM side's encoder layouts
+          if (c.group >= 0) --admitted[c.group];
+          if (why[i].starts_with("too large to simulate")) ++res.counts.too_large;
+          ++res.counts.rejected;
+          all.add(why[i], 1);
+          by_family[family[c.base]].add(why[i], 1);
+          continue;
+        }
+        fitting[c.base].push_back(c.combo);
+        batch.push_back(chunk[i]);
+        plans.push_back(std::move(chunk_plans[i]));
       }
     }
-    std::vector<Plan> plans(batch.size());
-    std::vector<std::string> memory(batch.size());
+    later.insert(later.end(), held.begin(), held.end());
+    held = std::move(later);
     std::vector<std::optional<Result<PlanMetrics>>> out(batch.size());
     arena.execute([&] {
       tbb::parallel_for(size_t{0}, batch.size(), [&](size_t i) {
-        const Candidate& c = *batch[i];
-        plans[i] = with_recompute(bases[c.base].plan, info[c.base].combos[c.combo]);
-        memory[i] = searcher.memory_verdict(plans[i]);
-      });
-    });
-    // Within the batch, a combination dominated by one that fits before it is not run.
-    std::vector<bool> run(batch.size(), false);
-    for (size_t i = 0; i < batch.size(); ++i) {
-      const Candidate& c = *batch[i];
-      ++progress.done;
-      const double tasks =
-          memory[i].empty() ? estimated_tasks(s, plans[i], searcher.llm_layers()) : 0.0;
-      if (tasks > kMaxTasks)
-        memory[i] = fmt::format(
-            "too large to simulate in a search: about {:.0f}M tasks (a placement that "
-            "breaks the ranks' symmetry is simulated on every rank)",
-            tasks / 1e6);
-      if (dominated(c)) {
-        ++res.counts.pruned_dominated;
-      } else if (!memory[i].empty()) {
-        ++res.counts.rejected;
-        all.add(memory[i], 1);
-        by_family[family[c.base]].add(memory[i], 1);
-      } else {
-        fitting[c.base].push_back(c.combo);
-        run[i] = true;
-      }
-    }
-    arena.execute([&] {
-      tbb::parallel_for(size_t{0}, batch.size(), [&](size_t i) {
-        if (run[i]) out[i] = evaluate(s, plans[i], eo);
+        out[i] = evaluate(s, plans[i], eo);
       });
     });
     for (size_t i = 0; i < batch.size(); ++i) {
-      if (!run[i]) continue;
       const int f = family[batch[i]->base];
       // Not expected (constraints and memory were checked), but one plan the simulator
       // cannot run must not end the search: it is rejected with the simulator's reason.
@@ -980,33 +1030,14 @@ Result<SearchResult> search(const Scenario& s, const SearchOptions& o) {
     if (o.progress && !batch.empty()) o.progress(progress);
   }
 
-  // The reported plans, evaluated fully.
-  std::vector<Plan> report;
-  for (const Ranked& r : top) report.push_back(r.plan);
-  for (const auto& b : best)
-    if (b && std::find(report.begin(), report.end(), b->plan) == report.end())
-      report.push_back(b->plan);
-  std::vector<Result<PlanMetrics>> full(report.size(), Status::internal("not run"));
-  arena.execute([&] {
-    tbb::parallel_for(size_t{0}, report.size(),
-                      [&](size_t i) { full[i] = evaluate(s, report[i]); });
-  });
-  auto metrics_of = [&](const Plan& p) -> Result<PlanMetrics> {
-    const size_t i = std::find(report.begin(), report.end(), p) - report.begin();
-    return full[i];
-  };
-  for (const Ranked& r : top) {
-    HETPAR_ASSIGN_OR_RETURN(PlanMetrics m, metrics_of(r.plan));
-    res.top.push_back({r.plan, std::move(m)});
-  }
+  for (const Ranked& r : top) res.top.push_back({r.plan, r.metrics});
   for (int f = 0; f < 3; ++f) {
     FamilyResult fr;
     fr.placement = kPlacements[f];
     fr.considered = considered[f];
     fr.simulated = simulated[f];
     if (best[f]) {
-      HETPAR_ASSIGN_OR_RETURN(PlanMetrics m, metrics_of(best[f]->plan));
-      fr.best = RankedPlan{best[f]->plan, std::move(m)};
+      fr.best = RankedPlan{best[f]->plan, best[f]->metrics};
     } else if (!why_none[f].empty()) {
       fr.why_none = why_none[f];
     } else if (considered[f] == 0) {

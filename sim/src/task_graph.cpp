@@ -190,7 +190,7 @@ void TaskGraph::add_dependency(TaskId before, TaskId after) {
   deps_.emplace_back(before, after);
 }
 
-Status TaskGraph::validate(int num_ranks) const {
+Status TaskGraph::validate(int num_ranks, bool cycles) const {
   const int n = num_tasks();
   auto fail = [&](int t, std::string_view what) {
     std::string_view name = label_text(tasks_[t].label.name);
@@ -199,7 +199,19 @@ Status TaskGraph::validate(int num_ranks) const {
   };
   // Per task: sizes, ranks, streams, groups; and how many streams of each kind a rank has.
   std::vector<int32_t> num_compute(num_ranks, 0), num_comm(num_ranks, 0);
-  std::vector<RankId> members;
+  // Groups are shared by many tasks: each is checked (ranks in range; for collectives,
+  // sorted to find duplicates and roots) once. 0 unchecked, 1 in range, -1 out of range.
+  std::vector<int8_t> in_range_group(groups_.size(), 0);
+  std::vector<std::vector<RankId>> sorted(groups_.size());
+  std::vector<int8_t> sorted_done(groups_.size(), 0);
+  auto all_in_range = [&](int32_t gid) {
+    if (in_range_group[gid] == 0) {
+      in_range_group[gid] = 1;
+      for (RankId r : groups_[gid])
+        if (!r.valid() || r.value() >= num_ranks) in_range_group[gid] = -1;
+    }
+    return in_range_group[gid] > 0;
+  };
   for (int t = 0; t < n; ++t) {
     const Task& task = tasks_[t];
     if (task.duration < Time::zero()) return fail(t, "negative duration");
@@ -220,8 +232,9 @@ Status TaskGraph::validate(int num_ranks) const {
       const size_t width = task.kind == TaskKind::kP2P ? 2 : groups_[task.group.value()].size();
       if (c.size() % width != 0)
         return fail(t, fmt::format("{} copy ranks are not whole groups of {}", c.size(), width));
-      for (RankId r : c)
-        if (!in_range(r)) return fail(t, fmt::format("copy rank {} out of range", r));
+      if (!all_in_range(task.copies.value()))
+        for (RankId r : c)
+          if (!in_range(r)) return fail(t, fmt::format("copy rank {} out of range", r));
     }
     if (task.kind == TaskKind::kCompute && multiplicity(refs[0].rank) == 0)
       return fail(t, fmt::format("compute on mirrored rank {}", refs[0].rank));
@@ -250,15 +263,19 @@ Status TaskGraph::validate(int num_ranks) const {
     if (task.kind == TaskKind::kP2P && task.src == task.dst)
       return fail(t, "p2p from a rank to itself");
     if (task.kind == TaskKind::kCollective) {
-      members.clear();
-      for (RankId r : groups_[task.group.value()]) {
-        if (!in_range(r))
-          return fail(t, fmt::format("rank {} out of range (world {})", r, num_ranks));
-        members.push_back(r);
+      const int32_t gid = task.group.value();
+      if (!all_in_range(gid))
+        for (RankId r : groups_[gid])
+          if (!in_range(r))
+            return fail(t, fmt::format("rank {} out of range (world {})", r, num_ranks));
+      std::vector<RankId>& members = sorted[gid];
+      if (!sorted_done[gid]) {
+        members = groups_[gid];
+        std::sort(members.begin(), members.end());
+        sorted_done[gid] =
+            std::adjacent_find(members.begin(), members.end()) == members.end() ? 1 : 2;
       }
-      std::sort(members.begin(), members.end());
-      if (std::adjacent_find(members.begin(), members.end()) != members.end())
-        return fail(t, "a rank appears twice in the group");
+      if (sorted_done[gid] == 2) return fail(t, "a rank appears twice in the group");
       if (!std::binary_search(members.begin(), members.end(), task.root))
         return fail(t, fmt::format("root {} is not in the group", task.root));
     }
@@ -267,6 +284,7 @@ Status TaskGraph::validate(int num_ranks) const {
     if (!before.valid() || before.value() >= n || !after.valid() || after.value() >= n)
       return Status::invalid_argument(
           fmt::format("dependency {} -> {}: unknown task (graph has {})", before, after, n));
+  if (!cycles) return Status::ok();
 
   // Edges (CSR): explicit dependencies, then each stream's program order (consecutive
   // tasks on one stream). Streams get dense ids: rank by rank, compute before comm.

@@ -85,7 +85,7 @@ struct Plan {
   Layout layout;  // the LLM's (and, homogeneous, every module's)
   Schedule schedule = Schedule::k1F1B;
   Placement placement = Placement::kHomogeneous;
-  int llm_first_rank = 0;          // non-colocated: the first rank of the LLM's range
+  int llm_first_rank = 0;           // non-colocated: the first rank of the LLM's range
   std::vector<ModulePlan> modules;  // colocated / non-colocated: one per encoder
   bool operator==(const Plan&) const = default;
 };

@@ -74,13 +74,17 @@
 //   simulated ranks, those of the other replicas of the class as copies. Classes: colocated
 //   with LLM pp 1, one (every GPU runs the same program); three-phase (each LLM replica fed
 //   from its own GPUs, boundary.h), LLM replicas alike, encoder replicas by the micro-batches
-//   they feed (LLM cp 1 only); non-colocated, LLM replicas by their place among an encoder
+//   they feed (with LLM cp > 1 the representative replica runs its whole CP rings, the
+//   other replicas' ring edges as copies, so the rings may straddle nodes as long as each
+//   replica's tp x cp block sits alike on the nodes); non-colocated, LLM replicas by their place among an encoder
 //   replica's fan-out destinations, encoder replicas by their fan-in index and the class
 //   they feed. Needed besides: each module's stages node-aligned (as above) and, within a
 //   class, the boundary leaders on the same GPU / node / other node alike; otherwise every
 //   rank runs tasks. Predicts what full_ranks predicts: tests/planner/hetero_test.cpp
 //   (HeteroSymmetry) finds the same iteration time (to the picosecond) and phase times on
-//   colocated fan-in / fan-out / equal / CP, three-phase, non-colocated fan-in / fan-out /
+//   colocated fan-in / fan-out / equal / CP, three-phase (also with LLM CP, whose rings
+//   straddle nodes in one case; with LLM cp 2 and encoder tp 2 one phase, dp_comm, differs
+//   by 1.7e-4), non-colocated fan-in / fan-out /
 //   equal, frozen encoders, a pipelined encoder and two encoders; the bubble differs by
 //   < 0.5 points (the leader's boundary P2P is its exposed communication while its
 //   mirrored TP peers idle). A one-off randomized check of 350 feasible plans on 1-4 nodes

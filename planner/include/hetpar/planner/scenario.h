@@ -64,6 +64,11 @@ struct SearchSpec {
   /// rejects such plans with its reason).
   bool allow_cross_node_tp = false;
   int top_k = 5;  // plans in the ranked table
+  /// Plans whose task graph would exceed this many tasks (estimated) are not simulated in
+  /// a search: they are rejected with that reason. A task costs about 1.3 us to simulate
+  /// and 190 bytes while it runs (docs/performance.md), so the default bounds one
+  /// simulation near 4 s and 0.6 GB per thread.
+  int64_t max_sim_tasks = 3'000'000;
   bool operator==(const SearchSpec&) const = default;
 };
 

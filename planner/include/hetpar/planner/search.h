@@ -30,11 +30,12 @@
 //      bottleneck its work dominates the bound, which then ranks its layouts.
 //    Of these rules only the bound is exact; the others are stated assumptions that
 //    tests/planner/search_test.cpp checks against brute force on a small scenario.
-// 4. Simulate the survivors with evaluate() (exposed_by_kind off) in order of their bound,
-//    in fixed-size batches evaluated in parallel; the bests after each batch set the next
-//    batch's pruning threshold, so the candidates simulated, and the result, do not depend
-//    on the thread count. Ties go to the canonical plan order (canonical_less()).
-// 5. Re-evaluate the reported plans fully (exposed communication by kind).
+// 4. Simulate the survivors with evaluate() (fully: exposed communication by kind too) in
+//    order of their bound, in fixed-size batches evaluated in parallel, at most one
+//    candidate of a base (layouts and placement; its recompute variants wait for a later
+//    batch); the bests after each batch set the next batch's pruning threshold, so the
+//    candidates simulated, and the result, do not depend on the thread count. Ties go to
+//    the canonical plan order (canonical_less()).
 #pragma once
 
 #include <cstdint>
@@ -98,6 +99,8 @@ struct SearchCounts {
   /// Heterogeneous: encoder layouts beyond the 3 lowest bounds for the same LLM side
   /// (layout, recompute, schedule, ranks).
   int64_t pruned_encoder = 0;
+  /// Of `rejected`: plans larger than the search's max_sim_tasks (not simulated).
+  int64_t too_large = 0;
   int64_t simulated = 0;  // evaluate() calls during the search
 };
 

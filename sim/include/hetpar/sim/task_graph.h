@@ -178,9 +178,10 @@ class TaskGraph {
   void add_dependency(TaskId before, TaskId after);
 
   /// Ok when every id is known, ranks are < num_ranks, sizes and durations are >= 0,
-  /// groups have distinct members (root among them), and no cycle exists through
-  /// dependencies and stream order.
-  Status validate(int num_ranks) const;
+  /// groups have distinct members (root among them), and (with `cycles`) no cycle exists
+  /// through dependencies and stream order. simulate() skips the cycle check: its run
+  /// finds the tasks that can never start itself, in the same words.
+  Status validate(int num_ranks, bool cycles = true) const;
 
   int num_tasks() const { return static_cast<int>(tasks_.size()); }
   const Task& task(TaskId id) const { return tasks_[id.value()]; }
