@@ -24,10 +24,13 @@
 //    - a lower bound on the iteration time (lower_bound() below) worse than both the
 //      current k-th best and the current best of the candidate's family;
 //    - heterogeneous plans: for one LLM side (its layout, recompute, schedule and ranks),
-//      only the 3 encoder layouts with the lowest bounds are simulated. An encoder that is
-//      a few percent of the work gives dozens of layouts within noise of each other, and
-//      each heterogeneous simulation runs every rank (lower.h); where the encoder is the
-//      bottleneck its work dominates the bound, which then ranks its layouts.
+//      only the 3 encoder layouts with the lowest bounds that fit in memory are simulated.
+//      An encoder that is a few percent of the work gives dozens of layouts within noise of
+//      each other, and heterogeneous simulations are the costly ones (whole replicas or
+//      every rank, lower.h); where the encoder is the bottleneck its work dominates the
+//      bound, which then ranks its layouts;
+//    - plans whose estimated task graph exceeds the scenario's search.max_sim_tasks are
+//      rejected as too large to simulate (counted in SearchCounts::too_large).
 //    Of these rules only the bound is exact; the others are stated assumptions that
 //    tests/planner/search_test.cpp checks against brute force on a small scenario.
 // 4. Simulate the survivors with evaluate() (fully: exposed communication by kind too) in
