@@ -281,6 +281,11 @@ Result<std::vector<ExportFile>> write_megatron_mimo(const Context& c) {
       break;
   }
   if (enc) {
+    if (enc->layout.pp > 1)
+      r.add(fmt::format(
+          "encoder {} pp {}: the MIMO example fixes the encoder grid's PP at 1 (export it with "
+          "--to megatron-bridge, whose per-module parallelism has a pipeline size)",
+          enc->module, enc->layout.pp));
     refuse_mimo_encoder_batch(c, *enc, "the MIMO example", r);
     refuse_mimo_ddp_mismatch(c, *enc,
                              "the MIMO example takes one --use-distributed-optimizer, "

@@ -261,7 +261,9 @@ Time bound(CostCache& cache, const std::vector<EncoderInfo>& encoders, const Sce
     if (p.placement == Placement::kColocated) {
       enc_total += (t.f + t.b) * steps;
     } else {
-      enc_total = std::max(enc_total, (t.f + t.b) * steps);
+      // Over pp stages: at least the average stage's work per step; the first forward and
+      // the last backward still cross every stage.
+      enc_total = std::max(enc_total, Time::ps((t.f + t.b).count_ps() * steps / mp.layout.pp));
       enc_first = std::max(enc_first, t.f);
       enc_last = std::max(enc_last, t.b);
     }
@@ -741,28 +743,36 @@ class Searcher {
     const LayoutFix& fx = module_fix(e.name);
     const Layout& llm = b.plan.layout;
     const int64_t gb = s_.workload.global_batch;
+    // Pipeline stages: colocated encoders run on every GPU with pp 1; a non-colocated one
+    // may pipeline over its own ranks (1, 2, 4 or 8 stages: encoders are shallow enough
+    // that deeper pipelines only add fill; infeasibility() checks pp <= its layers).
+    const bool own_ranks = b.plan.placement == Placement::kNonColocated;
+    if (!fixed_ok(fx.cp, 1)) return;
     for (int tp : tp_options(fx, std::min(gpus, 8))) {
       if (gpus % tp != 0) continue;
-      const int dp = gpus / tp;
-      if (!fixed_ok(fx.dp, dp)) continue;
-      if (!fixed_ok(fx.pp, 1) || !fixed_ok(fx.cp, 1)) continue;
-      // An encoder step must split into whole LLM micro-batches (boundary.h).
-      const int fan_out = llm.dp > dp && llm.dp % dp == 0 ? llm.dp / dp : 1;
-      const int base_mbs = llm.micro_batch * fan_out;
-      for (int mbs : mbs_options(fx.micro_batch, gb % dp == 0 ? gb / dp : 1, base_mbs)) {
-        int dv = 1;
-        for (bool dopt : distopt_options(fx, dp, &dv)) {
-          Base x = b;
-          ModulePlan mp;
-          mp.module = e.name;
-          mp.layout.tp = tp;
-          mp.layout.dp = dp;
-          mp.layout.micro_batch = mbs;
-          mp.layout.sequence_parallel = fx.sequence_parallel.value_or(false);
-          mp.layout.distributed_optimizer = dopt;
-          x.plan.modules.push_back(mp);
-          x.distopt_variants *= dv;
-          add_encoders(x, k + 1, gpus, out);
+      for (int pp = 1; pp <= (own_ranks ? 8 : 1); pp *= 2) {
+        if ((gpus / tp) % pp != 0 || !fixed_ok(fx.pp, pp)) continue;
+        const int dp = gpus / (tp * pp);
+        if (!fixed_ok(fx.dp, dp)) continue;
+        // An encoder step must split into whole LLM micro-batches (boundary.h).
+        const int fan_out = llm.dp > dp && llm.dp % dp == 0 ? llm.dp / dp : 1;
+        const int base_mbs = llm.micro_batch * fan_out;
+        for (int mbs : mbs_options(fx.micro_batch, gb % dp == 0 ? gb / dp : 1, base_mbs)) {
+          int dv = 1;
+          for (bool dopt : distopt_options(fx, dp, &dv)) {
+            Base x = b;
+            ModulePlan mp;
+            mp.module = e.name;
+            mp.layout.tp = tp;
+            mp.layout.pp = pp;
+            mp.layout.dp = dp;
+            mp.layout.micro_batch = mbs;
+            mp.layout.sequence_parallel = fx.sequence_parallel.value_or(false);
+            mp.layout.distributed_optimizer = dopt;
+            x.plan.modules.push_back(mp);
+            x.distopt_variants *= dv;
+            add_encoders(x, k + 1, gpus, out);
+          }
         }
       }
     }
@@ -997,9 +1007,8 @@ Result<SearchResult> search(const Scenario& s, const SearchOptions& o) {
     held = std::move(later);
     std::vector<std::optional<Result<PlanMetrics>>> out(batch.size());
     arena.execute([&] {
-      tbb::parallel_for(size_t{0}, batch.size(), [&](size_t i) {
-        out[i] = evaluate(s, plans[i], eo);
-      });
+      tbb::parallel_for(size_t{0}, batch.size(),
+                        [&](size_t i) { out[i] = evaluate(s, plans[i], eo); });
     });
     for (size_t i = 0; i < batch.size(); ++i) {
       const int f = family[batch[i]->base];

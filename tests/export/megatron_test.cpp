@@ -228,6 +228,14 @@ TEST(ExportMegatronMimo, RefusesWhatTheExampleCannotRun) {
             std::string::npos)
       << refusal(s, two_steps, Target::kMegatronMimo);
 
+  Plan pipelined = two_steps;  // the encoder over 2 pipeline stages on ranks 0-1
+  pipelined.modules[0] = {enc, layout(1, 2, 1, 6), 0};
+  ASSERT_EQ(planner::infeasibility(s, pipelined), "");
+  EXPECT_NE(refusal(s, pipelined, Target::kMegatronMimo)
+                .find("encoder vision pp 2: the MIMO example fixes the encoder grid's PP at 1"),
+            std::string::npos)
+      << refusal(s, pipelined, Target::kMegatronMimo);
+
   planner::Scenario llama = scenario("llama-3.1-8b", 4, 8192, 512);
   EXPECT_NE(refusal(llama, llama_plans()[1], Target::kMegatronMimo).find("virtual stages"),
             std::string::npos);

@@ -154,6 +154,38 @@ TEST(Search, HonoursTheSearchSection) {
   for (const FamilyResult& f : none.families) EXPECT_FALSE(f.why_none.empty());
 }
 
+TEST(Search, PipelinesANonColocatedEncoder) {
+  // The encoder's pipeline depth is searched on its own ranks; here it is fixed to 2.
+  const Scenario s = tiny(R"({"modules": {"vision": {"pp": 2}},
+                              "forbid_placements": ["homogeneous", "colocated"]})");
+  const SearchResult r = run(s, threads(2));
+  ASSERT_FALSE(r.top.empty()) << r.families[2].why_none;
+  for (const RankedPlan& p : r.top) {
+    EXPECT_EQ(p.plan.placement, Placement::kNonColocated);
+    ASSERT_EQ(p.plan.modules.size(), 1u);
+    EXPECT_EQ(p.plan.modules[0].layout.pp, 2) << describe(p.plan);
+    EXPECT_LE(lower_bound(s, p.plan), p.metrics.iteration_time) << describe(p.plan);
+  }
+}
+
+TEST(Search, PlansOverTheTaskCapAreRejectedWithTheField) {
+  // Uncapped, the search simulates plans of several thousand tasks; capped at 1000 it
+  // rejects them with the field's name and keeps only small ones (the estimate is within
+  // 2x of the real count).
+  const SearchResult all = run(tiny(R"({"top_k": 1000})"), threads(2));
+  int64_t largest = 0;
+  for (const RankedPlan& p : all.top) largest = std::max(largest, p.metrics.tasks);
+  EXPECT_EQ(all.counts.too_large, 0);
+  EXPECT_GT(largest, 2000);
+  const SearchResult r = run(tiny(R"({"max_sim_tasks": 1000, "top_k": 1000})"), threads(2));
+  EXPECT_GT(r.counts.too_large, 0);
+  for (const RankedPlan& p : r.top) EXPECT_LT(p.metrics.tasks, 2000) << describe(p.plan);
+  bool named = false;
+  for (const RejectionReason& rr : r.rejections)
+    named |= rr.example.find("over search.max_sim_tasks") != std::string::npos;
+  EXPECT_TRUE(named);
+}
+
 TEST(Search, BadSearchSectionsNameThePath) {
   const std::string base = R"({"model": "llava-1.5-7b",
       "workload": {"seq_len": 4096, "global_batch": 8, "images_per_sample": 1},
@@ -164,6 +196,7 @@ TEST(Search, BadSearchSectionsNameThePath) {
       {R"({"forbid_placements": ["nowhere"]})", "search.forbid_placements[0]"},
       {R"({"schedule": "1f2b"})", "search.schedule"},
       {R"({"top_k": 0})", "search.top_k"},
+      {R"({"max_sim_tasks": 10})", "search.max_sim_tasks"},
       {R"({"colour": 1})", "search.colour"},
   };
   for (const auto& [section, path] : cases) {
