@@ -169,9 +169,14 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
     return fmt::format("tp {} x cp {} x pp {} x dp {} = {} GPUs, the cluster has {}", l.tp, l.cp,
                        l.pp, l.dp, l.world(), gpus);
   for (const hardware::NodeGroup& g : s.cluster.groups()) {
-    if (g.profile.gpus_per_node % l.tp != 0)
-      return fmt::format("tp {} does not fit nodes of {} GPUs ({}): a TP group must stay in a node",
-                         l.tp, g.profile.gpus_per_node, g.profile.name);
+    // A TP group is part of a node or whole nodes (cross-node TP: its collectives then
+    // cross the scale-out network, which the simulator prices; the search enumerates it
+    // only with search.allow_cross_node_tp).
+    if (g.profile.gpus_per_node % l.tp != 0 && l.tp % g.profile.gpus_per_node != 0)
+      return fmt::format(
+          "tp {} does not fit nodes of {} GPUs ({}): a TP group must be part of a node or "
+          "whole nodes",
+          l.tp, g.profile.gpus_per_node, g.profile.name);
     if (!g.profile.gpu.supports(s.workload.precision))
       return fmt::format("{} does not support {}", g.profile.gpu.model,
                          hardware::to_string(s.workload.precision));

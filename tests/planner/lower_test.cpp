@@ -257,8 +257,12 @@ TEST(Lower, InfeasiblePlansSayWhy) {
   EXPECT_EQ(why(plan(2, 2, 1)), "tp 2 x cp 1 x pp 2 x dp 1 = 4 GPUs, the cluster has 8");
   EXPECT_EQ(why(plan(1, 1, 8, Schedule::k1F1B, 1, 1)), "");
   Scenario two = make(8, 16, 2);
-  EXPECT_EQ(infeasibility(two, plan(16, 1, 1)),
-            "tp 16 does not fit nodes of 8 GPUs (dgx-h100): a TP group must stay in a node");
+  // TP over two whole nodes passes the node rule (the heads are what stop it here).
+  EXPECT_EQ(infeasibility(two, plan(16, 1, 1)), "tp 16 does not divide llm kv_heads 8");
+  Scenario three = make(8, 16, 3);
+  EXPECT_EQ(infeasibility(three, plan(12, 1, 2)),
+            "tp 12 does not fit nodes of 8 GPUs (dgx-h100): a TP group must be part of a node "
+            "or whole nodes");
   Scenario odd = make(6, 16, 1);
   EXPECT_EQ(infeasibility(odd, plan(1, 4, 2)),
             "pp 4 x vpp 1 does not divide llm layers 6 (an uneven split: first_stage_layers / "

@@ -1,9 +1,9 @@
+#include "hetpar/planner/published_run.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
-
-#include "hetpar/planner/published_run.h"
 
 namespace hetpar::planner {
 namespace {
@@ -14,7 +14,8 @@ std::string write_run(const std::string& measured) {
     "workload": {"seq_len": 2048, "global_batch": 1536},
     "cluster": {"profile": "dgx-a100-80gb", "nodes": 128},
     "plan": {"tp": 8, "pp": 8, "dp": 16, "micro_batch": 1},
-    "measured": )" << measured << "}";
+    "measured": )" << measured
+                      << "}";
   return path;
 }
 
@@ -58,8 +59,7 @@ TEST(PublishedRun, ShippedRunsLoad) {
     auto run = load_published_run(e.path().string());
     EXPECT_TRUE(run.is_ok()) << run.status().to_string();
     if (run.is_ok()) {
-      EXPECT_EQ(run->scenario.plan->layout.world(), run->scenario.cluster.total_gpus())
-          << e.path();
+      EXPECT_EQ(run->scenario.plan->layout.world(), run->scenario.cluster.total_gpus()) << e.path();
       EXPECT_GT(measured_iteration_time(*run), Time::zero());
     }
     ++n;

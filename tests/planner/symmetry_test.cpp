@@ -77,6 +77,11 @@ std::vector<Case> cases() {
     p.layout.recompute = models::Recompute::kFull;
     out.push_back({"dgx-a100 tp4 pp2 dp2 gpipe full recompute", make("dgx-a100-80gb", 2, 8), p});
   }
+  {
+    Scenario s = make("dgx-h100", 8, 16);
+    std::get<models::LlmSpec>(s.model.modules[0].spec).block.kv_heads = 16;  // tp 16 divides
+    out.push_back({"dgx-h100 tp16 pp2 dp2 (TP groups of two whole nodes)", s, plan(16, 1, 2, 2)});
+  }
   out.push_back({"dgx-h100 tp2 pp8 dp1 (stages inside and across nodes)", make("dgx-h100", 2, 16),
                  plan(2, 1, 8, 1)});
   const std::string moe =

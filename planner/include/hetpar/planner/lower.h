@@ -76,9 +76,9 @@
 //   from its own GPUs, boundary.h), LLM replicas alike, encoder replicas by the micro-batches
 //   they feed (with LLM cp > 1 the representative replica runs its whole CP rings, the
 //   other replicas' ring edges as copies, so the rings may straddle nodes as long as each
-//   replica's tp x cp block sits alike on the nodes); non-colocated, LLM replicas by their place among an encoder
-//   replica's fan-out destinations, encoder replicas by their fan-in index and the class
-//   they feed. Needed besides: each module's stages node-aligned (as above) and, within a
+//   replica's tp x cp block sits alike on the nodes); non-colocated, LLM replicas by their place
+//   among an encoder replica's fan-out destinations, encoder replicas by their fan-in index and the
+//   class they feed. Needed besides: each module's stages node-aligned (as above) and, within a
 //   class, the boundary leaders on the same GPU / node / other node alike; otherwise every
 //   rank runs tasks. Predicts what full_ranks predicts: tests/planner/hetero_test.cpp
 //   (HeteroSymmetry) finds the same iteration time (to the picosecond) and phase times on

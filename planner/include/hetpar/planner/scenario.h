@@ -60,8 +60,8 @@ struct SearchSpec {
   /// Per-GPU memory cap below the GPUs' own capacity; unset = the capacity.
   std::optional<Bytes> max_memory;
   std::optional<Schedule> schedule;  // the pipeline schedule every plan must use
-  /// TP groups may span nodes (the simulator's lowering still keeps TP inside a node and
-  /// rejects such plans with its reason).
+  /// The search also enumerates TP groups of whole nodes (lower() accepts them in any plan:
+  /// their collectives cross the scale-out network).
   bool allow_cross_node_tp = false;
   int top_k = 5;  // plans in the ranked table
   /// Plans whose task graph would exceed this many tasks (estimated) are not simulated in

@@ -9,9 +9,9 @@
 //    "search" section (fixed fields, forbidden placements, schedule). Every grid point is
 //    "considered".
 // 2. Reject what the real trainers cannot run, with a reason a user reads:
-//    infeasibility() (tp divides heads and kv heads and stays in a node, layers split over
-//    pp·vpp, global batch divisible by micro-batch·dp, DP sizes across the boundary divide
-//    each other, power-of-two TP on the MIMO path, seq divisible by 2·cp, ...), then
+//    infeasibility() (tp divides heads and kv heads and is part of a node or whole nodes, layers
+//    split over pp·vpp, global batch divisible by micro-batch·dp, DP sizes across the boundary
+//    divide each other, power-of-two TP on the MIMO path, seq divisible by 2·cp, ...), then
 //    estimate_memory() against the GPUs' memory (or the search's cap).
 // 3. Prune without simulating:
 //    - dominated variants: for fixed everything else, more recompute only adds compute, so
