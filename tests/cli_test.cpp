@@ -260,6 +260,37 @@ TEST(Cli, PlanJsonHasTheDocumentedKeysAndTheWrittenPlanSimulates) {
     EXPECT_NE(text.out.find(part), std::string::npos) << part << "\n" << text.out;
 }
 
+TEST(Cli, PlanFileElsewhereStillFindsAProfileFileNamedRelatively) {
+  // The scenario names its profile file relative to its own directory; the plan file goes
+  // to another directory and must still find it.
+  namespace fs = std::filesystem;
+  const fs::path root = fs::path(::testing::TempDir()) / fmt::format("{}.relprofile", ::getpid());
+  fs::remove_all(root);
+  fs::create_directories(root / "scenarios" / "profiles");
+  fs::create_directories(root / "plans");
+  for (const auto& p : nlohmann::json::parse(run("hardware --json").out))
+    if (p["name"] == "dgx-h100")
+      std::ofstream(root / "scenarios" / "profiles" / "h100.json") << p.dump();
+  const fs::path scenario = root / "scenarios" / "s.json";
+  std::ofstream(scenario) << R"({"name": "small", "model": "llava-1.5-7b",
+      "workload": {"seq_len": 2048, "global_batch": 16, "images_per_sample": 1},
+      "cluster": {"profile": "profiles/h100.json", "nodes": 1},
+      "search": {"forbid_placements": ["colocated", "non_colocated"]}})";
+  const fs::path out = root / "plans" / "best.plan.json";
+  CliRun r = run(fmt::format("plan --out {} {}", out.string(), scenario.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto written = nlohmann::json::parse(slurp(out.string()));
+  EXPECT_EQ(written["cluster"]["profile"], "../scenarios/profiles/h100.json");
+  CliRun sim = run("simulate --json " + out.string());
+  EXPECT_EQ(sim.exit_code, 0) << sim.err;
+  // Built-in profile names are left alone.
+  const std::string builtin = small_plan_scenario("builtin.json");
+  const fs::path out2 = root / "plans" / "builtin.plan.json";
+  ASSERT_EQ(run(fmt::format("plan --out {} {}", out2.string(), builtin)).exit_code, 0);
+  EXPECT_EQ(nlohmann::json::parse(slurp(out2.string()))["cluster"]["profile"], "dgx-h100");
+  fs::remove_all(root);
+}
+
 TEST(Cli, PlanRejectsABadSearchSectionAndReportsNoFeasiblePlan) {
   const std::string out = fmt::format("{}/{}.never.plan.json", ::testing::TempDir(), ::getpid());
   std::filesystem::remove(out);

@@ -120,7 +120,7 @@ int run_plan(const PlanOptions& opts) {
   }
 
   const std::string out_path = opts.out.empty() ? default_out_path(opts.path) : opts.out;
-  auto text = plan_file_text(opts.path, r.top.front().plan);
+  auto text = plan_file_text(opts.path, r.top.front().plan, out_path);
   if (!text.is_ok()) return report_error(text.status());
   if (Status st = write_file_atomically(out_path, *text); !st.is_ok()) return report_error(st);
 

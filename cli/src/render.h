@@ -40,9 +40,12 @@ std::string validate_to_json(const planner::Scenario& s, const planner::Plan& p,
 /// plan --json: best, families, top, counts, rejections, search_time_s, plan_file.
 std::string search_to_json(const planner::Scenario& s, const planner::SearchResult& r,
                            const std::string& plan_file);
-/// The plan file `plan` writes: the scenario file's JSON without "plans" and "search", with
-/// "plan" set to `p`. Errors name the file when it cannot be read.
-Result<std::string> plan_file_text(const std::string& scenario_path, const planner::Plan& p);
+/// The plan file `plan` writes to `out_path`: the scenario file's JSON without "plans" and
+/// "search", with "plan" set to `p`, and profile files the scenario names by a relative
+/// path re-pointed from the plan file's directory. Errors name the file when it cannot be
+/// read.
+Result<std::string> plan_file_text(const std::string& scenario_path, const planner::Plan& p,
+                                   const std::string& out_path);
 /// The zoo with each entry's parameter count.
 std::string zoo_to_json();
 /// The built-in profiles in full (the profile file schema, provenance included).

@@ -1,7 +1,10 @@
+#include <algorithm>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "hetpar/core/json_reader.h"
 #include "hetpar/hardware/hardware_json.h"
+#include "hetpar/hardware/system_profile.h"
 #include "hetpar/models/load.h"
 #include "hetpar/models/totals.h"
 #include "hetpar/planner/plan_json.h"
@@ -120,10 +123,31 @@ std::string search_to_json(const planner::Scenario& s, const planner::SearchResu
       .dump(2);
 }
 
-Result<std::string> plan_file_text(const std::string& scenario_path, const planner::Plan& p) {
+Result<std::string> plan_file_text(const std::string& scenario_path, const planner::Plan& p,
+                                   const std::string& out_path) {
   HETPAR_ASSIGN_OR_RETURN(nlohmann::json j, read_json_file(scenario_path));
   j.erase("plans");
   j.erase("search");
+  // A profile file named relative to the scenario's directory, named relative to the plan
+  // file's (built-in profile names stay).
+  namespace fs = std::filesystem;
+  const fs::path from = fs::absolute(fs::path(scenario_path)).lexically_normal().parent_path();
+  const fs::path to = fs::absolute(fs::path(out_path)).lexically_normal().parent_path();
+  const std::vector<std::string> builtins = hardware::builtin_profile_names();
+  auto repoint = [&](nlohmann::json& ref) {
+    if (!ref.is_string()) return;
+    const std::string name = ref.get<std::string>();
+    if (std::find(builtins.begin(), builtins.end(), name) != builtins.end()) return;
+    if (fs::path(name).is_absolute()) return;
+    ref = (from / name).lexically_normal().lexically_relative(to).generic_string();
+  };
+  if (j.contains("cluster") && j["cluster"].is_object()) {
+    nlohmann::json& c = j["cluster"];
+    if (c.contains("profile")) repoint(c["profile"]);
+    if (c.contains("groups") && c["groups"].is_array())
+      for (nlohmann::json& g : c["groups"])
+        if (g.is_object() && g.contains("profile")) repoint(g["profile"]);
+  }
   j["plan"] = planner::plan_to_json(p);
   return j.dump(2) + "\n";
 }
