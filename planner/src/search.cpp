@@ -496,27 +496,23 @@ class Searcher {
         why_none[f] = "the model has no encoder the workload feeds";
         continue;
       }
-      if (pl == Placement::kNonColocated && encoders_.size() > 1) {
-        why_none[f] = fmt::format(
-            "the search gives one encoder its own ranks; the workload feeds {} encoders",
-            encoders_.size());
-        continue;
-      }
       if (pl == Placement::kHomogeneous) {
         for (const Base& b : llm_bases(world_, true)) out.push_back(b);
       } else if (pl == Placement::kColocated) {
         for (const Base& b : llm_bases(world_, true)) {
           Base x = b;
           x.plan.placement = pl;
-          add_encoders(x, 0, world_, out);
+          add_encoders(x, 0, std::vector<int>(encoders_.size(), world_), out);
         }
       } else {
-        for (int enc_gpus : encoder_splits()) {
+        // Each encoder on its own ranks, in module order from rank 0, the LLM after them.
+        for (const std::vector<int>& split : encoder_split_sets()) {
+          const int enc_gpus = std::accumulate(split.begin(), split.end(), 0);
           for (const Base& b : llm_bases(world_ - enc_gpus, false)) {
             Base x = b;
             x.plan.placement = pl;
             x.plan.llm_first_rank = enc_gpus;
-            add_encoders(x, 0, enc_gpus, out);
+            add_encoders(x, 0, split, out);
           }
         }
       }
@@ -723,18 +719,41 @@ class Searcher {
     }
   }
 
-  // Encoder GPU counts under non-colocated placement: whole nodes, and powers of two below
-  // a node.
-  std::vector<int> encoder_splits() const {
-    std::vector<int> out;
-    for (int g = 1; g < gpn_; g *= 2)
-      if (g < world_) out.push_back(g);
-    for (int g = gpn_; g < world_; g += gpn_) out.push_back(g);
+  // Encoder GPU counts under non-colocated placement, one per encoder (ranks in module
+  // order from 0; the LLM takes the rest, at least one GPU). One encoder: whole nodes, and
+  // powers of two below a node. Several: each a power of two below a node or a power of two
+  // of whole nodes (every combination of those grows fast with the encoders).
+  std::vector<std::vector<int>> encoder_split_sets() const {
+    std::vector<int> sizes;
+    for (int g = 1; g < gpn_; g *= 2) sizes.push_back(g);
+    if (encoders_.size() == 1) {
+      for (int g = gpn_; g < world_; g += gpn_) sizes.push_back(g);
+    } else {
+      for (int g = gpn_; g < world_; g *= 2) sizes.push_back(g);
+    }
+    std::vector<std::vector<int>> out;
+    std::vector<int> cur;
+    auto rec = [&](auto& self, int used) -> void {
+      if (cur.size() == encoders_.size()) {
+        out.push_back(cur);
+        return;
+      }
+      for (int g : sizes) {
+        if (used + g >= world_) continue;
+        cur.push_back(g);
+        self(self, used + g);
+        cur.pop_back();
+      }
+    };
+    rec(rec, 0);
     return out;
   }
 
-  // Adds, for encoder k onwards, every layout on `gpus` ranks (colocated: the world).
-  void add_encoders(const Base& b, size_t k, int gpus, std::vector<Base>& out) const {
+  // Adds, for encoder k onwards, every layout on `gpus[k]` ranks (colocated: the world;
+  // non-colocated: encoder k's ranks start after those of encoders 0..k-1).
+  void add_encoders(const Base& b, size_t k, const std::vector<int>& gpus_of,
+                    std::vector<Base>& out) const {
+    const int gpus = k < gpus_of.size() ? gpus_of[k] : 0;
     if (k == encoders_.size()) {
       out.push_back(b);
       return;
@@ -763,6 +782,7 @@ class Searcher {
             Base x = b;
             ModulePlan mp;
             mp.module = e.name;
+            if (own_ranks) mp.first_rank = std::accumulate(gpus_of.begin(), gpus_of.begin() + k, 0);
             mp.layout.tp = tp;
             mp.layout.pp = pp;
             mp.layout.dp = dp;
@@ -771,7 +791,7 @@ class Searcher {
             mp.layout.distributed_optimizer = dopt;
             x.plan.modules.push_back(mp);
             x.distopt_variants *= dv;
-            add_encoders(x, k + 1, gpus, out);
+            add_encoders(x, k + 1, gpus_of, out);
           }
         }
       }

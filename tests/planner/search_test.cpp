@@ -168,6 +168,40 @@ TEST(Search, PipelinesANonColocatedEncoder) {
   }
 }
 
+TEST(Search, GivesEachOfTwoEncodersItsOwnRanks) {
+  // A vision and an audio encoder, non-colocated: every encoder on its own rank range in
+  // module order from rank 0, the LLM after them (the LLM's layout fixed to keep it small).
+  auto s = parse_scenario_text(
+      R"({"model": {"name": "clip-whisper-qwen", "modules": [
+            {"name": "vision", "kind": "vision_encoder", "spec": "clip-vit-l-14-336"},
+            {"name": "vproj", "kind": "projector", "spec": {"input_hidden": 1024,
+             "output_hidden": 3584, "layers": 2, "ffn_hidden": 3584}},
+            {"name": "audio", "kind": "audio_encoder", "spec": "whisper-large-v3-encoder"},
+            {"name": "aproj", "kind": "projector", "spec": {"input_hidden": 1280,
+             "output_hidden": 3584, "layers": 2, "ffn_hidden": 3584}},
+            {"name": "llm", "kind": "llm", "spec": "qwen2.5-7b"}],
+           "edges": [["vision", "vproj"], ["vproj", "llm"], ["audio", "aproj"], ["aproj", "llm"]]},
+          "workload": {"seq_len": 4096, "global_batch": 32, "images_per_sample": 1,
+                       "audio_clips_per_sample": 1},
+          "cluster": {"profile": "dgx-h100", "nodes": 2},
+          "search": {"forbid_placements": ["homogeneous", "colocated"],
+                     "llm": {"tp": 4, "pp": 2, "micro_batch": 1}}})",
+      "two.json");
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  const SearchResult r = run(*s, threads(2));
+  ASSERT_FALSE(r.top.empty()) << r.families[2].why_none;
+  for (const RankedPlan& p : r.top) {
+    ASSERT_EQ(p.plan.modules.size(), 2u) << describe(p.plan);
+    const ModulePlan &a = p.plan.modules[0], &b = p.plan.modules[1];
+    EXPECT_EQ(a.first_rank, 0);
+    EXPECT_EQ(b.first_rank, a.layout.world());
+    EXPECT_EQ(p.plan.llm_first_rank, b.first_rank + b.layout.world());
+    EXPECT_EQ(p.plan.llm_first_rank + p.plan.layout.world(), 16);
+    EXPECT_TRUE(infeasibility(*s, p.plan).empty());
+    EXPECT_LE(lower_bound(*s, p.plan), p.metrics.iteration_time) << describe(p.plan);
+  }
+}
+
 TEST(Search, PlansOverTheTaskCapAreRejectedWithTheField) {
   // Uncapped, the search simulates plans of several thousand tasks; capped at 1000 it
   // rejects them with the field's name and keeps only small ones (the estimate is within

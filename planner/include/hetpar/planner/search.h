@@ -2,7 +2,10 @@
 // ep, micro-batch, recompute, distributed optimizer, sequence parallelism with tp > 1)
 // with the pipeline schedule, under every placement: homogeneous, colocated heterogeneous,
 // and non-colocated heterogeneous with every sensible split of the GPUs between the
-// encoders and the LLM (whole nodes, and sub-node encoder ranges of a power-of-two size).
+// encoders and the LLM (one encoder: whole nodes, and sub-node ranges of a power-of-two
+// size; several: each a power of two of GPUs below a node or of whole nodes, in module
+// order from rank 0, the LLM after them); a non-colocated encoder may pipeline over 1, 2,
+// 4 or 8 stages.
 //
 // How (research/planners.md, "What to beat"):
 // 1. Enumerate the grid (exact factorisations of each module's GPUs) within the scenario's
