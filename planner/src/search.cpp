@@ -77,6 +77,8 @@ struct BlockTime {
 struct ModuleTime {
   BlockTime pre, layer, post;
   int64_t layers = 0;
+  int64_t pre_params = 0, layer_params = 0, post_params = 0;  // per rank, dense
+  Bytes boundary;  // one micro-batch's activation between pipeline stages, per rank
 };
 
 Time collective_time(sim::CollectiveKind kind, Bytes bytes, int n, Bandwidth link) {
@@ -153,6 +155,10 @@ class CostCache {
       t.layer = block_time(mc.layer, l, link, frozen);
       t.post = block_time(mc.post, l, link, frozen);
       t.layers = mc.layers;
+      t.pre_params = mc.pre.dense_params;
+      t.layer_params = mc.layer.dense_params;
+      t.post_params = mc.post.dense_params;
+      t.boundary = mc.boundary_bytes;
       if (l.recompute == Recompute::kFull && !frozen) {
         t.layer.b += t.layer.f_compute;
         t.layer.b_input += t.layer.f_compute;
@@ -237,8 +243,88 @@ Time llm_pipeline_bound(CostCache& cache, const Scenario& s, const Plan& p,
   return best;
 }
 
-Time bound(CostCache& cache, const std::vector<EncoderInfo>& encoders, const Scenario& s,
-           const Plan& p) {
+// The LLM's gradient reduction as a floor: the iteration ends after every stage's
+// reduce-scatter (the first half of an all-reduce). Where a stage spans k nodes, a DP group
+// of n = dp·cp ranks has n/k on each; each shard (1/n of the gradient G) owned on a node
+// needs the other nodes' contributions at least once (in through the node's ingress), and
+// each shard owned elsewhere this node's (pre-reduced) contribution (out through its
+// egress): per node, gpus·G/n bytes in and gpus·G·(k-1)/n out. The links: the NICs (the
+// network's inter-node bus bandwidth) or, slower, the internet link's down / up rates.
+// Zero where no stage spans nodes, TP spans nodes, the LLM's ranks are not node-aligned or
+// node types differ.
+Time dp_floor(CostCache& cache, const Scenario& s, const Plan& p) {
+  const Layout& l = p.layout;
+  const hardware::ClusterSpec& c = s.cluster;
+  if (c.groups().size() != 1 || c.num_nodes() < 2 || l.dp * l.cp < 2) return Time::zero();
+  const hardware::SystemProfile& prof = c.groups()[0].profile;
+  const int gpn = prof.gpus_per_node;
+  const int stage_ranks = l.tp * l.cp * l.dp;
+  const int first = p.placement == Placement::kNonColocated ? p.llm_first_rank : 0;
+  if (stage_ranks <= gpn || stage_ranks % gpn != 0 || first % gpn != 0 || l.tp > gpn)
+    return Time::zero();
+  const double nic =
+      prof.collective(hardware::CollectiveScope::kInterNode, hardware::Collective::kAllReduce)
+          .bus_bandwidth(c.num_nodes())
+          .bytes_per_s();
+  const double ingress = prof.wan ? std::min(nic, prof.wan->down.bytes_per_s()) : nic;
+  const double egress = prof.wan ? std::min(nic, prof.wan->up.bytes_per_s()) : nic;
+  const int k = stage_ranks / gpn;
+  const ModuleTime& mt = cache.get(s.model.llm_index(), l, true, false);
+  const std::vector<int64_t> split = layers_per_virtual_stage(l, mt.layers, nullptr);
+  int64_t most = 0;  // the largest stage's parameters per rank
+  for (int st = 0; st < l.pp; ++st) {
+    int64_t params = (st == 0 ? mt.pre_params : 0) + (st == l.pp - 1 ? mt.post_params : 0);
+    for (int ch = 0; ch < l.vpp; ++ch) {
+      const size_t v = static_cast<size_t>(ch * l.pp + st);
+      params += mt.layer_params * (v < split.size() ? split[v] : 0);
+    }
+    most = std::max(most, params);
+  }
+  const double bytes = static_cast<double>(gpn) * static_cast<double>(most) *
+                       gradient_bytes(s.workload.precision) / (l.dp * l.cp);
+  return Time::seconds(std::max(bytes / ingress, bytes * (k - 1) / egress));
+}
+
+// The LLM's pipeline transfers as a floor: every micro-batch crosses each virtual-stage
+// boundary forward (activation) and backward (its gradient), each rank sending to its peer
+// on the next (previous) stage; what leaves a node for another goes through its egress (the
+// NICs, or the internet link). Zero for pp 1 or mixed node types.
+Time pp_floor(CostCache& cache, const Scenario& s, const Plan& p) {
+  const Layout& l = p.layout;
+  const hardware::ClusterSpec& c = s.cluster;
+  if (c.groups().size() != 1 || c.num_nodes() < 2 || l.pp < 2) return Time::zero();
+  const hardware::SystemProfile& prof = c.groups()[0].profile;
+  const int gpn = prof.gpus_per_node;
+  double egress =
+      prof.collective(hardware::CollectiveScope::kInterNode, hardware::Collective::kAllReduce)
+          .bus_bandwidth(c.num_nodes())
+          .bytes_per_s();
+  if (prof.wan) egress = std::min(egress, prof.wan->up.bytes_per_s());
+  const ModuleTime& mt = cache.get(s.model.llm_index(), l, true, false);
+  const int first = p.placement == Placement::kNonColocated ? p.llm_first_rank : 0;
+  const int stage_ranks = l.tp * l.cp * l.dp;
+  const int vstages = l.pp * l.vpp;
+  std::map<int, int64_t> sends;  // per node, transfers leaving it per micro-batch
+  for (int v = 0; v + 1 < vstages; ++v) {
+    const int a = v % l.pp, b = (v + 1) % l.pp;
+    for (int j = 0; j < stage_ranks; ++j) {
+      const int ra = first + a * stage_ranks + j, rb = first + b * stage_ranks + j;
+      if (ra / gpn == rb / gpn) continue;
+      ++sends[ra / gpn];  // the activation forward
+      ++sends[rb / gpn];  // its gradient backward
+    }
+  }
+  int64_t most = 0;
+  for (const auto& [node, n] : sends) most = std::max(most, n);
+  const int64_t m = num_micro_batches(l, s.workload.global_batch);
+  return Time::seconds(static_cast<double>(most) * static_cast<double>(m) *
+                       mt.boundary.as_double() / egress);
+}
+
+// The bound from compute and TP communication (search.h); `floor` gets the communication
+// floors (dp_floor, pp_floor), which the full bound is the max with.
+Time compute_bound(CostCache& cache, const std::vector<EncoderInfo>& encoders, const Scenario& s,
+                   const Plan& p) {
   if (p.placement == Placement::kHomogeneous) {
     BlockTime extra;
     for (const EncoderInfo& e : encoders) {
@@ -273,6 +359,17 @@ Time bound(CostCache& cache, const std::vector<EncoderInfo>& encoders, const Sce
   // gradients may still be running then).
   if (splits_weight_gradient(p.schedule)) enc_last = Time::zero();
   return std::max(enc_total, enc_first + llm + enc_last);
+}
+
+// The communication floors are floors of their own (not added to compute: the transfers
+// may overlap any compute, the encoders' included).
+Time comm_floor(CostCache& cache, const Scenario& s, const Plan& p) {
+  return std::max(dp_floor(cache, s, p), pp_floor(cache, s, p));
+}
+
+Time bound(CostCache& cache, const std::vector<EncoderInfo>& encoders, const Scenario& s,
+           const Plan& p) {
+  return std::max(compute_bound(cache, encoders, s, p), comm_floor(cache, s, p));
 }
 
 }  // namespace
@@ -431,7 +528,8 @@ struct Base {
 struct Candidate {
   uint32_t base = 0;
   uint16_t combo = 0;
-  Time bound;
+  Time bound;          // lower_bound()
+  Time compute;        // its compute part (the tie-break)
   int32_t group = -1;  // heterogeneous: the LLM side (its layout and recompute), else -1
 };
 
@@ -912,6 +1010,7 @@ Result<SearchResult> search(const Scenario& s, const SearchOptions& o) {
     }
     for (size_t c = 0; c < r.combos.size(); ++c)
       cands.push_back({static_cast<uint32_t>(i), static_cast<uint16_t>(c), Time::zero(),
+                       Time::zero(),
                        side < 0 ? -1 : side * 3 + static_cast<int32_t>(r.combos[c][0])});
   }
   std::vector<int> admitted(sides.size() * 3, 0);  // encoder variants per LLM side
@@ -921,12 +1020,16 @@ Result<SearchResult> search(const Scenario& s, const SearchOptions& o) {
   arena.execute([&] {
     tbb::parallel_for(size_t{0}, cands.size(), [&](size_t i) {
       const Candidate& c = cands[i];
-      cands[i].bound = bound(caches.local(), encoders, s,
-                             with_recompute(bases[c.base].plan, info[c.base].combos[c.combo]));
+      const Plan plan = with_recompute(bases[c.base].plan, info[c.base].combos[c.combo]);
+      cands[i].compute = compute_bound(caches.local(), encoders, s, plan);
+      cands[i].bound = std::max(cands[i].compute, comm_floor(caches.local(), s, plan));
     });
   });
   std::sort(cands.begin(), cands.end(), [](const Candidate& a, const Candidate& b) {
-    return std::tie(a.bound, a.base, a.combo) < std::tie(b.bound, b.base, b.combo);
+    // Ties (plans whose communication floor dominates) by the compute bound: the encoder
+    // layouts of one LLM side then come in the order of their own work.
+    return std::tie(a.bound, a.compute, a.base, a.combo) <
+           std::tie(b.bound, b.compute, b.base, b.combo);
   });
 
   // 3. In bound order, batch by batch: prune by the bound, skip combinations dominated by a

@@ -202,6 +202,48 @@ TEST(Search, GivesEachOfTwoEncodersItsOwnRanks) {
   }
 }
 
+TEST(Search, TheBoundCountsTransfersThatCrossASlowLink) {
+  // Over a 20 Mb/s internet uplink the pipeline's activations and the DP reduction dominate
+  // the iteration: the bound's communication floors (pipeline transfers leaving a node, the
+  // DP shards entering it) must see that, and stay below the simulated time.
+  const std::string model = R"("model": {"name": "tiny-llm", "modules": [
+      {"name": "llm", "kind": "llm", "spec": {"layers": 4, "hidden": 2048,
+        "ffn_hidden": 8192, "heads": 16, "kv_heads": 4, "vocab": 32000,
+        "activation": "swiglu", "norm": "rmsnorm", "position_embedding": "rope",
+        "tied_embeddings": false}}]},
+      "workload": {"seq_len": 2048, "global_batch": 16})";
+  auto cluster = [&](const std::string& wan) {
+    auto s = parse_scenario_text(
+        "{" + model + R"(, "cluster": {"profile": "dgx-h100", "nodes": 2)" + wan + "}}",
+        "wan.json");
+    EXPECT_TRUE(s.is_ok()) << s.status().to_string();
+    return *s;
+  };
+  const Scenario fast = cluster("");
+  const Scenario slow =
+      cluster(R"(, "wan": {"up_gbps": 0.02, "down_gbps": 0.1, "latency_ms": 40})");
+  std::vector<Plan> plans;
+  for (auto [pp, dp] : {std::pair{2, 8}, {4, 4}, {1, 16}}) {
+    Plan p;
+    p.layout.pp = pp;
+    p.layout.dp = dp;
+    p.layout.distributed_optimizer = true;
+    plans.push_back(p);
+  }
+  for (const Plan& p : plans) {
+    SCOPED_TRACE(describe(p));
+    ASSERT_EQ(infeasibility(slow, p), "");
+    auto m = evaluate(slow, p);
+    ASSERT_TRUE(m.is_ok() && m->feasible);
+    const Time b = lower_bound(slow, p);
+    EXPECT_LE(b, m->iteration_time);
+    // The floor: several times the fast network's (compute) bound, and within a factor 3
+    // of the simulated time.
+    EXPECT_GT(b, lower_bound(fast, p) * 5);
+    EXPECT_GT(b * 3, m->iteration_time) << b.to_seconds() << " vs " << m->iteration_time.to_seconds();
+  }
+}
+
 TEST(Search, PlansOverTheTaskCapAreRejectedWithTheField) {
   // Uncapped, the search simulates plans of several thousand tasks; capped at 1000 it
   // rejects them with the field's name and keeps only small ones (the estimate is within

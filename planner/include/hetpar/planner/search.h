@@ -133,6 +133,12 @@ Result<SearchResult> search(const Scenario& s, const SearchOptions& o = {});
 /// own ranks, and the first step's forward and the last step's backward around the LLM's
 /// pipeline). Ignores DP, CP, EP and pipeline transfers, the optimizer step and
 /// contention, so it is below the simulated time (tests/planner/search_test.cpp checks it).
+/// With one node type, the bound is also at least each of two communication floors: the
+/// LLM's pipeline transfers leaving a node (every micro-batch's activation and gradient at
+/// each virtual-stage boundary between nodes) over its egress, and the DP reduce-scatter's
+/// shards entering and leaving a node over its ingress / egress (NICs, or the internet
+/// link's down / up rates); where those dominate (internet-scale links), ties go to the
+/// compute part, so an LLM side's encoder layouts keep their order.
 /// REQUIRES: infeasibility(s, p) is empty.
 Time lower_bound(const Scenario& s, const Plan& p);
 
