@@ -304,18 +304,28 @@ Time pp_floor(CostCache& cache, const Scenario& s, const Plan& p) {
   const int first = p.placement == Placement::kNonColocated ? p.llm_first_rank : 0;
   const int stage_ranks = l.tp * l.cp * l.dp;
   const int vstages = l.pp * l.vpp;
-  std::map<int, int64_t> sends;  // per node, transfers leaving it per micro-batch
-  for (int v = 0; v + 1 < vstages; ++v) {
-    const int a = v % l.pp, b = (v + 1) % l.pp;
-    for (int j = 0; j < stage_ranks; ++j) {
-      const int ra = first + a * stage_ranks + j, rb = first + b * stage_ranks + j;
-      if (ra / gpn == rb / gpn) continue;
-      ++sends[ra / gpn];  // the activation forward
-      ++sends[rb / gpn];  // its gradient backward
+  int64_t most = 0;  // the most transfers leaving one node per micro-batch
+  if (stage_ranks % gpn == 0 && first % gpn == 0) {
+    // Stages on whole nodes: every boundary's transfers cross, gpn per node of the sender.
+    std::vector<int64_t> out(static_cast<size_t>(l.pp), 0);
+    for (int v = 0; v + 1 < vstages; ++v) {
+      ++out[static_cast<size_t>(v % l.pp)];        // the activation forward
+      ++out[static_cast<size_t>((v + 1) % l.pp)];  // its gradient backward
     }
+    for (int64_t n : out) most = std::max(most, n * gpn);
+  } else {
+    std::map<int, int64_t> sends;  // per node
+    for (int v = 0; v + 1 < vstages; ++v) {
+      const int a = v % l.pp, b = (v + 1) % l.pp;
+      for (int j = 0; j < stage_ranks; ++j) {
+        const int ra = first + a * stage_ranks + j, rb = first + b * stage_ranks + j;
+        if (ra / gpn == rb / gpn) continue;
+        ++sends[ra / gpn];
+        ++sends[rb / gpn];
+      }
+    }
+    for (const auto& [node, n] : sends) most = std::max(most, n);
   }
-  int64_t most = 0;
-  for (const auto& [node, n] : sends) most = std::max(most, n);
   const int64_t m = num_micro_batches(l, s.workload.global_batch);
   return Time::seconds(static_cast<double>(most) * static_cast<double>(m) *
                        mt.boundary.as_double() / egress);

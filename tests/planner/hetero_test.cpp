@@ -12,6 +12,7 @@
 #include "hetpar/planner/lower.h"
 #include "hetpar/planner/memory.h"
 #include "hetpar/sim/simulate.h"
+#include "two_encoders.h"
 
 namespace hetpar::planner {
 namespace {
@@ -880,20 +881,11 @@ namespace {
 // Two encoders (a ViT and a Whisper encoder feeding Qwen2.5-7B), each with its own boundary
 // shape: the representatives still predict what every rank does.
 TEST(HeteroSymmetry, TwoEncoders) {
-  auto s = parse_scenario_text(
-      R"({"model": {"name": "clip-whisper-qwen", "modules": [
-            {"name": "vision", "kind": "vision_encoder", "spec": "clip-vit-l-14-336"},
-            {"name": "vproj", "kind": "projector", "spec": {"input_hidden": 1024,
-             "output_hidden": 3584, "layers": 2, "ffn_hidden": 3584}},
-            {"name": "audio", "kind": "audio_encoder", "spec": "whisper-large-v3-encoder"},
-            {"name": "aproj", "kind": "projector", "spec": {"input_hidden": 1280,
-             "output_hidden": 3584, "layers": 2, "ffn_hidden": 3584}},
-            {"name": "llm", "kind": "llm", "spec": "qwen2.5-7b"}],
-           "edges": [["vision", "vproj"], ["vproj", "llm"], ["audio", "aproj"], ["aproj", "llm"]]},
+  auto s = parse_scenario_text(std::string(R"({"model": )") + kTwoEncoderModel + R"(,
           "workload": {"seq_len": 4096, "global_batch": 48, "images_per_sample": 1,
                        "audio_clips_per_sample": 1},
           "cluster": {"profile": "dgx-h100", "nodes": 3}})",
-      "test.json");
+                               "test.json");
   ASSERT_TRUE(s.is_ok()) << s.status().to_string();
   std::vector<Plan> plans;
   {

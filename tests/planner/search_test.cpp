@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "hetpar/planner/lower.h"
+#include "two_encoders.h"
 
 namespace hetpar::planner {
 namespace {
@@ -171,22 +172,13 @@ TEST(Search, PipelinesANonColocatedEncoder) {
 TEST(Search, GivesEachOfTwoEncodersItsOwnRanks) {
   // A vision and an audio encoder, non-colocated: every encoder on its own rank range in
   // module order from rank 0, the LLM after them (the LLM's layout fixed to keep it small).
-  auto s = parse_scenario_text(
-      R"({"model": {"name": "clip-whisper-qwen", "modules": [
-            {"name": "vision", "kind": "vision_encoder", "spec": "clip-vit-l-14-336"},
-            {"name": "vproj", "kind": "projector", "spec": {"input_hidden": 1024,
-             "output_hidden": 3584, "layers": 2, "ffn_hidden": 3584}},
-            {"name": "audio", "kind": "audio_encoder", "spec": "whisper-large-v3-encoder"},
-            {"name": "aproj", "kind": "projector", "spec": {"input_hidden": 1280,
-             "output_hidden": 3584, "layers": 2, "ffn_hidden": 3584}},
-            {"name": "llm", "kind": "llm", "spec": "qwen2.5-7b"}],
-           "edges": [["vision", "vproj"], ["vproj", "llm"], ["audio", "aproj"], ["aproj", "llm"]]},
+  auto s = parse_scenario_text(std::string(R"({"model": )") + kTwoEncoderModel + R"(,
           "workload": {"seq_len": 4096, "global_batch": 32, "images_per_sample": 1,
                        "audio_clips_per_sample": 1},
           "cluster": {"profile": "dgx-h100", "nodes": 2},
           "search": {"forbid_placements": ["homogeneous", "colocated"],
                      "llm": {"tp": 4, "pp": 2, "micro_batch": 1}}})",
-      "two.json");
+                               "two.json");
   ASSERT_TRUE(s.is_ok()) << s.status().to_string();
   const SearchResult r = run(*s, threads(2));
   ASSERT_FALSE(r.top.empty()) << r.families[2].why_none;
@@ -240,7 +232,8 @@ TEST(Search, TheBoundCountsTransfersThatCrossASlowLink) {
     // The floor: several times the fast network's (compute) bound, and within a factor 3
     // of the simulated time.
     EXPECT_GT(b, lower_bound(fast, p) * 5);
-    EXPECT_GT(b * 3, m->iteration_time) << b.to_seconds() << " vs " << m->iteration_time.to_seconds();
+    EXPECT_GT(b * 3, m->iteration_time)
+        << b.to_seconds() << " vs " << m->iteration_time.to_seconds();
   }
 }
 
