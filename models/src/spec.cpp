@@ -12,6 +12,13 @@ ModuleKind kind_of(const ModuleSpec& spec) {
   return static_cast<ModuleKind>(spec.index());
 }
 
+const TransformerSpec* transformer_of(const ModuleSpec& spec) {
+  if (const auto* s = std::get_if<LlmSpec>(&spec)) return &s->block;
+  if (const auto* s = std::get_if<VisionEncoderSpec>(&spec)) return &s->block;
+  if (const auto* s = std::get_if<AudioEncoderSpec>(&spec)) return &s->block;
+  return nullptr;
+}
+
 bool is_encoder(ModuleKind kind) {
   return kind == ModuleKind::kVisionEncoder || kind == ModuleKind::kAudioEncoder;
 }

@@ -35,13 +35,6 @@ std::string check_module(const models::TransformerSpec& t, std::string_view name
   return {};
 }
 
-const models::TransformerSpec* block_of(const models::ModuleSpec& spec) {
-  if (auto* s = std::get_if<models::LlmSpec>(&spec)) return &s->block;
-  if (auto* s = std::get_if<models::VisionEncoderSpec>(&spec)) return &s->block;
-  if (auto* s = std::get_if<models::AudioEncoderSpec>(&spec)) return &s->block;
-  return nullptr;
-}
-
 bool power_of_two_tp(int tp) {
   return tp == 1 || tp == 2 || tp == 4 || tp == 8;
 }
@@ -88,9 +81,9 @@ std::string heterogeneous_infeasibility(const Scenario& s, const Plan& p) {
           "module \"{}\": pp {} > 1 for a colocated encoder (colocated encoders keep pp 1 and "
           "run on every GPU; non-colocated encoders may be pipelined)",
           mp.module, e.pp);
-    if (e.pp > 1 && block_of(spec)->layers < e.pp)
+    if (e.pp > 1 && models::transformer_of(spec)->layers < e.pp)
       return fmt::format("module \"{}\": pp {} exceeds its {} layers", mp.module, e.pp,
-                         block_of(spec)->layers);
+                         models::transformer_of(spec)->layers);
     if (e.vpp != 1 || e.ep != 1)
       return fmt::format("module \"{}\": vpp {} and ep {} must be 1 for an encoder", mp.module,
                          e.vpp, e.ep);
@@ -103,11 +96,13 @@ std::string heterogeneous_infeasibility(const Scenario& s, const Plan& p) {
       if (g.profile.gpus_per_node % e.tp != 0)
         return fmt::format("module \"{}\": tp {} does not fit nodes of {} GPUs", mp.module, e.tp,
                            g.profile.gpus_per_node);
-    if (std::string why = check_module(*block_of(spec), mp.module, e); !why.empty()) return why;
+    if (std::string why = check_module(*models::transformer_of(spec), mp.module, e); !why.empty())
+      return why;
     for (const models::Edge& ed : s.model.edges)
       if (ed.from == *idx &&
           models::kind_of(s.model.modules[ed.to].spec) == models::ModuleKind::kProjector) {
-        if (const models::TransformerSpec* t = block_of(s.model.modules[ed.to].spec)) {
+        if (const models::TransformerSpec* t =
+                models::transformer_of(s.model.modules[ed.to].spec)) {
           if (std::string why = check_module(*t, s.model.modules[ed.to].name, e); !why.empty())
             return why;
         }
@@ -185,7 +180,7 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
   const auto& llm = std::get<models::LlmSpec>(s.model.modules[s.model.llm_index()].spec);
   for (const models::Module& m : s.model.modules) {
     if (hetero && !std::holds_alternative<models::LlmSpec>(m.spec)) continue;
-    if (const models::TransformerSpec* t = block_of(m.spec)) {
+    if (const models::TransformerSpec* t = models::transformer_of(m.spec)) {
       std::string why = check_module(*t, m.name, l);
       if (!why.empty()) return why;
     }

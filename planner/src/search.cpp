@@ -252,6 +252,20 @@ Time llm_pipeline_bound(CostCache& cache, const Scenario& s, const Plan& p,
 // network's inter-node bus bandwidth) or, slower, the internet link's down / up rates.
 // Zero where no stage spans nodes, TP spans nodes, the LLM's ranks are not node-aligned or
 // node types differ.
+// A node's rates to and from other nodes, bytes/s: the network's inter-node bus bandwidth
+// (its NICs, network_builder.h), or the internet link's down / up rates where slower.
+struct NodeRates {
+  double in = 0, out = 0;
+};
+NodeRates node_rates(const hardware::SystemProfile& prof, int nodes) {
+  const double nic =
+      prof.collective(hardware::CollectiveScope::kInterNode, hardware::Collective::kAllReduce)
+          .bus_bandwidth(nodes)
+          .bytes_per_s();
+  if (!prof.wan) return {nic, nic};
+  return {std::min(nic, prof.wan->down.bytes_per_s()), std::min(nic, prof.wan->up.bytes_per_s())};
+}
+
 Time dp_floor(CostCache& cache, const Scenario& s, const Plan& p) {
   const Layout& l = p.layout;
   const hardware::ClusterSpec& c = s.cluster;
@@ -262,12 +276,7 @@ Time dp_floor(CostCache& cache, const Scenario& s, const Plan& p) {
   const int first = p.placement == Placement::kNonColocated ? p.llm_first_rank : 0;
   if (stage_ranks <= gpn || stage_ranks % gpn != 0 || first % gpn != 0 || l.tp > gpn)
     return Time::zero();
-  const double nic =
-      prof.collective(hardware::CollectiveScope::kInterNode, hardware::Collective::kAllReduce)
-          .bus_bandwidth(c.num_nodes())
-          .bytes_per_s();
-  const double ingress = prof.wan ? std::min(nic, prof.wan->down.bytes_per_s()) : nic;
-  const double egress = prof.wan ? std::min(nic, prof.wan->up.bytes_per_s()) : nic;
+  const NodeRates rate = node_rates(prof, c.num_nodes());
   const int k = stage_ranks / gpn;
   const ModuleTime& mt = cache.get(s.model.llm_index(), l, true, false);
   const std::vector<int64_t> split = layers_per_virtual_stage(l, mt.layers, nullptr);
@@ -282,7 +291,7 @@ Time dp_floor(CostCache& cache, const Scenario& s, const Plan& p) {
   }
   const double bytes = static_cast<double>(gpn) * static_cast<double>(most) *
                        gradient_bytes(s.workload.precision) / (l.dp * l.cp);
-  return Time::seconds(std::max(bytes / ingress, bytes * (k - 1) / egress));
+  return Time::seconds(std::max(bytes / rate.in, bytes * (k - 1) / rate.out));
 }
 
 // The LLM's pipeline transfers as a floor: every micro-batch crosses each virtual-stage
@@ -295,11 +304,6 @@ Time pp_floor(CostCache& cache, const Scenario& s, const Plan& p) {
   if (c.groups().size() != 1 || c.num_nodes() < 2 || l.pp < 2) return Time::zero();
   const hardware::SystemProfile& prof = c.groups()[0].profile;
   const int gpn = prof.gpus_per_node;
-  double egress =
-      prof.collective(hardware::CollectiveScope::kInterNode, hardware::Collective::kAllReduce)
-          .bus_bandwidth(c.num_nodes())
-          .bytes_per_s();
-  if (prof.wan) egress = std::min(egress, prof.wan->up.bytes_per_s());
   const ModuleTime& mt = cache.get(s.model.llm_index(), l, true, false);
   const int first = p.placement == Placement::kNonColocated ? p.llm_first_rank : 0;
   const int stage_ranks = l.tp * l.cp * l.dp;
@@ -328,11 +332,11 @@ Time pp_floor(CostCache& cache, const Scenario& s, const Plan& p) {
   }
   const int64_t m = num_micro_batches(l, s.workload.global_batch);
   return Time::seconds(static_cast<double>(most) * static_cast<double>(m) *
-                       mt.boundary.as_double() / egress);
+                       mt.boundary.as_double() / node_rates(prof, c.num_nodes()).out);
 }
 
-// The bound from compute and TP communication (search.h); `floor` gets the communication
-// floors (dp_floor, pp_floor), which the full bound is the max with.
+// The bound from compute and TP communication (search.h); bound() is its max with
+// comm_floor().
 Time compute_bound(CostCache& cache, const std::vector<EncoderInfo>& encoders, const Scenario& s,
                    const Plan& p) {
   if (p.placement == Placement::kHomogeneous) {
@@ -925,15 +929,10 @@ double estimated_tasks(const Scenario& s, const Plan& p) {
     return (l.tp > 1 ? 9.0 : 1.0) + (l.cp > 1 ? 2.0 * (l.cp - 1) : 0.0) + (l.ep > 1 ? 4.0 : 0.0);
   };
   auto layers_of = [&](const std::string& module) -> double {
-    for (const models::Module& m : s.model.modules)
-      if (m.name == module)
-        return std::visit(
-            [](const auto& spec) -> double {
-              if constexpr (requires { spec.block; }) return static_cast<double>(spec.block.layers);
-              return 1.0;
-            },
-            m.spec);
-    return 1.0;
+    const std::optional<size_t> i = s.model.find(module);
+    const models::TransformerSpec* t =
+        i ? models::transformer_of(s.model.modules[*i].spec) : nullptr;
+    return t ? static_cast<double>(t->layers) : 1.0;
   };
   const int64_t gb = s.workload.global_batch;
   const Layout& L = p.layout;

@@ -5,7 +5,6 @@
 #include <unordered_map>
 
 #include "hetpar/core/check.h"
-#include "hetpar/core/format.h"
 #include "hetpar/sim/event_queue.h"
 #include "hetpar/sim/flow_network.h"
 
@@ -204,11 +203,7 @@ Result<SimResult> Engine::run() {
     HETPAR_CHECK(t < nt, "{} of {} tasks never finished", nt - finished_, nt);
     int never = 0;
     for (int u = 0; u < nt; ++u) never += waiting_[u] > 0 ? 1 : 0;
-    const Task& task = g_.task(TaskId(t));
-    return Status::invalid_argument(fmt::format(
-        "task {} ({} \"{}\"): on a cycle of dependencies and stream order ({} of {} tasks can "
-        "never start)",
-        t, to_string(task.kind), g_.label_text(task.label.name), never, nt));
+    return g_.cycle_error(TaskId(t), never);
   }
 
   SimResult& r = result_;

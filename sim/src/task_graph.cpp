@@ -190,6 +190,14 @@ void TaskGraph::add_dependency(TaskId before, TaskId after) {
   deps_.emplace_back(before, after);
 }
 
+Status TaskGraph::cycle_error(TaskId first, int stuck) const {
+  const Task& task = tasks_[first.value()];
+  return Status::invalid_argument(fmt::format(
+      "task {} ({} \"{}\"): on a cycle of dependencies and stream order ({} of {} tasks can "
+      "never start)",
+      first.value(), to_string(task.kind), label_text(task.label.name), stuck, num_tasks()));
+}
+
 Status TaskGraph::validate(int num_ranks, bool cycles) const {
   const int n = num_tasks();
   auto fail = [&](int t, std::string_view what) {
@@ -330,9 +338,7 @@ Status TaskGraph::validate(int num_ranks, bool cycles) const {
   if (done < n) {
     int t = static_cast<int>(
         std::find_if(indeg.begin(), indeg.end(), [](int32_t d) { return d > 0; }) - indeg.begin());
-    return fail(t, fmt::format("on a cycle of dependencies and stream order ({} of {} tasks "
-                               "can never start)",
-                               n - done, n));
+    return cycle_error(TaskId(t), n - done);
   }
   return Status::ok();
 }

@@ -101,6 +101,8 @@ std::string_view to_string(ModuleKind kind);
 std::string_view to_string(Activation a);         // "gelu", "swiglu"
 std::string_view to_string(Norm n);               // "layernorm", "rmsnorm"
 std::string_view to_string(PositionEmbedding p);  // "rope", "learned", "sinusoidal"
+/// The transformer block of an LLM or encoder; null for a projector.
+const TransformerSpec* transformer_of(const ModuleSpec& spec);
 /// Tokens one image or clip becomes at an encoder's output. REQUIRES: an encoder spec.
 int64_t encoder_tokens_per_item(const ModuleSpec& encoder);
 

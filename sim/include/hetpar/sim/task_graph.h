@@ -182,6 +182,9 @@ class TaskGraph {
   /// through dependencies and stream order. simulate() skips the cycle check: its run
   /// finds the tasks that can never start itself, in the same words.
   Status validate(int num_ranks, bool cycles = true) const;
+  /// The error for `stuck` tasks that can never start, `first` of them named: what
+  /// validate() and simulate() report for a cycle of dependencies and stream order.
+  Status cycle_error(TaskId first, int stuck) const;
 
   int num_tasks() const { return static_cast<int>(tasks_.size()); }
   const Task& task(TaskId id) const { return tasks_[id.value()]; }
