@@ -175,9 +175,29 @@ TEST_F(ExecutorMpi, PlansRun) {
     ExecuteOptions o;
     o.warmup = 1;
     o.iterations = 2;
+    o.census_device = &s.cluster.profile_of_gpu(backend_->info().rank).gpu;
+    o.census_precision = s.workload.precision;
+    o.census_reps = 1;
     auto m = execute(*backend_, *lp, o);
     ASSERT_TRUE(m.is_ok()) << m.status().to_string();
     EXPECT_EQ(m->world, 4);
+    // The census: every kernel of every rank, predicted as the simulator timed its task.
+    double calls = 0, compute_s = 0;
+    for (int t = 0; t < lp->graph.num_tasks(); ++t) {
+      const sim::Task& task = lp->graph.task(TaskId(t));
+      if (task.kind != sim::TaskKind::kCompute) continue;
+      compute_s += task.duration.to_seconds();
+      for (const sim::Kernel& k : lp->graph.kernels(task.kernels))
+        calls += k.kind != sim::KernelKind::kGemm || k.m * k.n * k.k > 0 ? 1 : 0;
+    }
+    double census_calls = 0, census_s = 0;
+    for (const KernelTiming& k : m->kernels) {
+      census_calls += k.calls;
+      census_s += k.predicted.to_seconds();
+      EXPECT_GT(k.measured, Time::zero()) << sim::to_string(k.kind);
+    }
+    EXPECT_NEAR(census_calls, calls / 4, 1e-3);
+    EXPECT_NEAR(census_s, compute_s / 4, 1e-6 * compute_s);
     EXPECT_GT(m->iteration_time, Time::zero());
     const bool hetero = plan.placement != Placement::kHomogeneous;
     bool boundary = false, encoder = false;

@@ -1,7 +1,8 @@
 // `hetpar validate FILE [--profile FILE] [--iterations N] [--warmup N] [--backend cpu|cuda]
-// [--json OUT]`, run under `mpirun -np WORLD`: executes the scenario's plan for real (the
-// per-rank programs the simulator replays, executor/) and prints, on rank 0, measured
-// against predicted — iteration time, TFLOPS/GPU and each phase — with relative errors.
+// [--json OUT] [--kernel-census N]`, run under `mpirun -np WORLD`: executes the scenario's
+// plan for real (the per-rank programs the simulator replays, executor/) and prints, on
+// rank 0, measured against predicted — iteration time, TFLOPS/GPU, each phase and each
+// kind of kernel (the census) — with relative errors.
 // The prediction uses the scenario's hardware, or the profile of --profile (e.g. from
 // `hetpar calibrate`) for every node. Errors before anything runs: a world size other than
 // the plan's, a plan that is infeasible or does not fit the device memory.
@@ -67,6 +68,13 @@ void print_report(const ValidateOptions& o, const planner::Scenario& s,
     fmt::print("  {:<26} {:>12} {:>12} {:>9}\n", ph.phase, to_string(ph.per_rank),
                to_string(measured), relative(ph.per_rank.to_seconds(), measured.to_seconds()));
   }
+  if (!m.kernels.empty()) {
+    fmt::print("kernels (each timed alone, per rank)\n");
+    for (const executor::KernelTiming& k : m.kernels)
+      fmt::print("  {:<16} {:>7.0f} calls {:>12} {:>12} {:>9}\n", sim::to_string(k.kind), k.calls,
+                 to_string(k.predicted), to_string(k.measured),
+                 relative(k.predicted.to_seconds(), k.measured.to_seconds()));
+  }
   fmt::print(
       "\nTFLOPS/GPU: model FLOPs (3x forward, causal attention as half, no recompute) per "
       "iteration time and rank, as `simulate` counts them. Measured iterations:");
@@ -82,9 +90,10 @@ int run_validate(const ValidateOptions& o) {
   if (!scenario->plan)
     return report_error(Status::invalid_argument(fmt::format(
         "{}: plan: missing required object (validate runs the \"plan\" section)", o.path)));
-  if (o.iterations < 1 || o.warmup < 0)
+  if (o.iterations < 1 || o.warmup < 0 || o.census_reps < 0)
     return report_error(Status::invalid_argument(
-        fmt::format("--iterations {} must be >= 1 and --warmup {} >= 0", o.iterations, o.warmup)));
+        fmt::format("--iterations {} must be >= 1, --warmup {} and --kernel-census {} >= 0",
+                    o.iterations, o.warmup, o.census_reps)));
   if (!o.profile.empty()) {
     Status st = apply_profile(*scenario, o.profile);
     if (!st.is_ok()) return report_error(st);
@@ -122,6 +131,11 @@ int run_validate(const ValidateOptions& o) {
   executor::ExecuteOptions eo;
   eo.warmup = o.warmup;
   eo.iterations = o.iterations;
+  eo.census_reps = o.census_reps;
+  if (o.census_reps > 0) {
+    eo.census_device = &scenario->cluster.profile_of_gpu(b.info().rank).gpu;
+    eo.census_precision = scenario->workload.precision;
+  }
   auto measured = executor::execute(b, *lowered, eo);
   if (!measured.is_ok()) return fail(measured.status());
   if (!lead) return 0;

@@ -68,6 +68,7 @@ struct ValidateOptions {
   int warmup = 2;
   std::string backend = "cpu";
   std::string json_path;  // record output, "" = none
+  int census_reps = 3;    // kernel census passes (executor.h), 0 = none
 };
 /// Under mpirun -np WORLD. Exit 2 for a world size other than the plan's, 3 when the plan is
 /// infeasible or does not fit the device memory.

@@ -106,6 +106,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   cmd_validate->add_option("--backend", validate.backend, "cpu or cuda")->capture_default_str();
   cmd_validate->add_option("--json", validate.json_path, "Write the record as JSON to this file");
+  cmd_validate
+      ->add_option("--kernel-census", validate.census_reps,
+                   "Passes of the kernel census: each kernel timed alone, by kind, against the "
+                   "profile (0 = none)")
+      ->capture_default_str();
 
   CalibrateOptions calibrate;
   auto* cmd_calibrate = app.add_subcommand(

@@ -19,6 +19,17 @@ double relative(double predicted, double measured) {
   return measured == 0 ? 0 : (predicted - measured) / measured;
 }
 
+nlohmann::json kernels_json(const std::vector<executor::KernelTiming>& kernels) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const executor::KernelTiming& k : kernels)
+    j.push_back({{"kind", sim::to_string(k.kind)},
+                 {"calls_per_rank", k.calls},
+                 {"predicted_s", k.predicted.to_seconds()},
+                 {"measured_s", k.measured.to_seconds()},
+                 {"relative_error", relative(k.predicted.to_seconds(), k.measured.to_seconds())}});
+  return j;
+}
+
 }  // namespace
 
 std::string validate_to_json(const planner::Scenario& s, const planner::Plan& p,
@@ -60,6 +71,7 @@ std::string validate_to_json(const planner::Scenario& s, const planner::Plan& p,
          relative(pred.iteration_time.to_seconds(), m.iteration_time.to_seconds())},
         {"tflops_per_gpu", relative(pred.tflops_per_gpu, m.tflops_per_gpu)},
         {"phases", phase_errors}}},
+      {"kernels", kernels_json(m.kernels)},
       {"convention",
        "relative_error = (predicted - measured) / measured; TFLOPS/GPU counts model FLOPs (3x "
        "forward, causal attention as half, no recompute)"}};

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "hetpar/executor/program.h"
+#include "hetpar/planner/kernels.h"
 
 namespace hetpar::executor {
 
@@ -100,6 +101,7 @@ class Runner {
 
   Status prepare();
   Status iteration(bool timed);
+  Status census(const ExecuteOptions& o);
   Result<Measurement> finish(const ExecuteOptions& o);
 
  private:
@@ -128,6 +130,8 @@ class Runner {
   std::vector<double> category_us_;   // this rank, summed over timed iterations
   std::vector<double> iteration_us_;  // this rank, per timed iteration
   int64_t pool_bytes_ = 0;
+  static constexpr int kKinds = 4;  // sim::KernelKind values
+  std::array<double, kKinds> census_calls_{}, census_predicted_us_{}, census_measured_us_{};
 };
 
 Status Runner::prepare() {
@@ -374,13 +378,62 @@ Status Runner::iteration(bool timed) {
   return Status::ok();
 }
 
+Status Runner::census(const ExecuteOptions& o) {
+  if (o.census_device == nullptr) return Status::ok();
+  std::vector<const Kernel*> run;  // this rank's kernels, in program order
+  for (const ProgramTask& pt : prog_.tasks) {
+    const sim::Task& t = g_.task(pt.id);
+    if (t.kind != sim::TaskKind::kCompute) continue;
+    for (const Kernel& k : g_.kernels(t.kernels)) {
+      const bool empty = k.kind == KernelKind::kGemm
+                             ? k.m <= 0 || k.n <= 0 || k.k <= 0 || k.batch <= 0
+                         : k.kind == KernelKind::kMemory ? k.bytes / 4 <= 0
+                                                         : k.seq_q <= 0 || k.seq_kv <= 0;
+      if (empty) continue;
+      run.push_back(&k);
+      const int kind = static_cast<int>(k.kind);
+      census_calls_[kind] += 1;
+      census_predicted_us_[kind] +=
+          planner::kernel_time(k, *o.census_device, o.census_precision).to_us();
+    }
+  }
+  std::array<std::vector<double>, kKinds> passes;
+  std::vector<runtime::Event> before(run.size()), after(run.size());
+  for (int rep = 0; rep < std::max(1, o.census_reps); ++rep) {
+    for (size_t i = 0; i < run.size(); ++i) {
+      HETPAR_ASSIGN_OR_RETURN(before[i], b_.record(runtime::kComputeStream));
+      HETPAR_RETURN_IF_ERROR(run_kernel(runtime::kComputeStream, *run[i]));
+      HETPAR_ASSIGN_OR_RETURN(after[i], b_.record(runtime::kComputeStream));
+    }
+    HETPAR_RETURN_IF_ERROR(b_.synchronize());
+    std::array<double, kKinds> sum{};
+    for (size_t i = 0; i < run.size(); ++i) {
+      HETPAR_ASSIGN_OR_RETURN(Time d, b_.elapsed(before[i], after[i]));
+      sum[static_cast<int>(run[i]->kind)] += d.to_us();
+    }
+    for (int k = 0; k < kKinds; ++k) passes[k].push_back(sum[k]);
+  }
+  for (int k = 0; k < kKinds; ++k) {
+    std::sort(passes[k].begin(), passes[k].end());
+    census_measured_us_[k] = passes[k][passes[k].size() / 2];
+  }
+  return Status::ok();
+}
+
 Result<Measurement> Runner::finish(const ExecuteOptions& o) {
-  // Gather every rank's figures: [iteration times..., category times..., pool bytes (MiB)].
+  // Gather every rank's figures: [iteration times..., category times..., census (calls,
+  // predicted, measured per kind), pool bytes (MiB)].
   const int world = b_.info().world;
-  const int64_t n = static_cast<int64_t>(iteration_us_.size() + category_us_.size() + 1);
+  const int64_t census_at = static_cast<int64_t>(iteration_us_.size() + category_us_.size());
+  const int64_t n = census_at + 3 * kKinds + 1;
   std::vector<float> mine;
   for (double v : iteration_us_) mine.push_back(static_cast<float>(v));
   for (double v : category_us_) mine.push_back(static_cast<float>(v / o.iterations));
+  for (int k = 0; k < kKinds; ++k) {
+    mine.push_back(static_cast<float>(census_calls_[k]));
+    mine.push_back(static_cast<float>(census_predicted_us_[k]));
+    mine.push_back(static_cast<float>(census_measured_us_[k]));
+  }
   mine.push_back(static_cast<float>(static_cast<double>(pool_bytes_) / (1 << 20)));
   HETPAR_ASSIGN_OR_RETURN(Buffer send, b_.allocate(Bytes(n * 4)));
   HETPAR_ASSIGN_OR_RETURN(Buffer recv, b_.allocate(Bytes(n * 4 * world)));
@@ -418,6 +471,23 @@ Result<Measurement> Runner::finish(const ExecuteOptions& o) {
   std::sort(
       m.phases.begin(), m.phases.end(),
       [](const planner::PhaseTime& a, const planner::PhaseTime& b) { return a.phase < b.phase; });
+  if (o.census_device != nullptr)
+    for (int k = 0; k < kKinds; ++k) {
+      KernelTiming kt;
+      kt.kind = static_cast<KernelKind>(k);
+      double predicted = 0, measured = 0;
+      for (int r = 0; r < world; ++r) {
+        const float* c = &all[r * n + census_at + 3 * k];
+        kt.calls += c[0];
+        predicted += c[1];
+        measured += c[2];
+      }
+      if (kt.calls == 0) continue;
+      kt.calls /= world;
+      kt.predicted = Time::us(predicted / world);
+      kt.measured = Time::us(measured / world);
+      m.kernels.push_back(kt);
+    }
   double pool = 0;
   for (int r = 0; r < world; ++r) pool = std::max<double>(pool, all[r * n + n - 1]);
   m.pool_bytes = Bytes(static_cast<int64_t>(pool * (1 << 20)));
@@ -442,6 +512,7 @@ Result<Measurement> execute(Backend& backend, const planner::LoweredPlan& lp,
   HETPAR_RETURN_IF_ERROR(r.prepare());
   for (int i = 0; i < o.warmup; ++i) HETPAR_RETURN_IF_ERROR(r.iteration(false));
   for (int i = 0; i < o.iterations; ++i) HETPAR_RETURN_IF_ERROR(r.iteration(true));
+  HETPAR_RETURN_IF_ERROR(r.census(o));
   return r.finish(o);
 }
 

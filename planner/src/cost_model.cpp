@@ -147,9 +147,11 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
       if (op.read.count() <= qkv * g.dtype_bytes) {  // flash attention: one fused kernel
         // The kernel's rate depends on the key/value length of one call: under context
         // parallelism each ring step attends to this rank's s_kv / cp chunk.
+        // Each of the cp ring steps is its own kernel call, with its own launch.
         const int64_t seq_kv = ceil_div(a.seq_kv, cp);
-        c.forward = dev.attention_time(c.forward_flops, ap, false, seq_kv);
-        c.dgrad = dev.attention_time(c.dgrad_flops, ap, true, seq_kv);
+        const double steps = static_cast<double>(cp);
+        c.forward = dev.attention_time(c.forward_flops / steps, ap, false, seq_kv) * cp;
+        c.dgrad = dev.attention_time(c.dgrad_flops / steps, ap, true, seq_kv) * cp;
         break;
       }
       // Without flash attention (Megatron-LM before its flash integration, e.g. Narayanan et
@@ -371,6 +373,25 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
   if (l.recompute == models::Recompute::kSelective && models::is_recomputed(op, l.recompute))
     k.recompute = k.forward;
   return k;
+}
+
+Time kernel_time(const sim::Kernel& k, const hardware::DeviceProfile& dev, Precision p) {
+  Precision kp = p;
+  if (k.element_bytes == 1) kp = Precision::kFp8;
+  if (k.element_bytes == 2) kp = p == Precision::kFp16 ? Precision::kFp16 : Precision::kBf16;
+  if (k.element_bytes == 4) kp = p == Precision::kTf32 ? Precision::kTf32 : Precision::kFp32;
+  switch (k.kind) {
+    case sim::KernelKind::kGemm:
+      if (k.m <= 0 || k.n <= 0 || k.k <= 0 || k.batch <= 0) return Time::zero();
+      return dev.gemm_time(k.m, k.n, k.k, k.batch, kp);
+    case sim::KernelKind::kAttentionForward:
+    case sim::KernelKind::kAttentionBackward:
+      return dev.attention_time(Flops(k.flops()), kp, k.kind == sim::KernelKind::kAttentionBackward,
+                                k.seq_kv);
+    case sim::KernelKind::kMemory:
+      return dev.memory_time(Bytes(k.bytes));
+  }
+  return Time::zero();
 }
 
 }  // namespace hetpar::planner

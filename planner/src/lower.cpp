@@ -742,6 +742,21 @@ sim::KernelListId Lowering::kernels(const PlacedBlock& pb, size_t s, bool backwa
         k.seq_kv /= l_.cp;
     }
   }
+  if (use == Use::kRecompute && cp_split && l_.cp > 1) {
+    // Recomputed attention re-runs the ring: cp calls, each against one K,V chunk (the
+    // cost model times it so, cost_model.cpp).
+    std::vector<sim::Kernel> steps;
+    for (const sim::Kernel& k : list) {
+      if (k.kind != sim::KernelKind::kAttentionForward) {
+        steps.push_back(k);
+        continue;
+      }
+      sim::Kernel chunk = k;
+      chunk.seq_kv /= l_.cp;
+      steps.insert(steps.end(), static_cast<size_t>(l_.cp), chunk);
+    }
+    list = std::move(steps);
+  }
   const sim::KernelListId id = g_.add_kernels(list);
   kernel_ids_.emplace(key, id);
   return id;

@@ -1,6 +1,8 @@
 // Kernel descriptions (sim/kernel.h, planner/kernels.h) attached by lower(): every compute
 // task says what it runs, its kernels' FLOPs are the FLOPs the task was timed with, and
 // attaching them changes no prediction.
+#include "hetpar/planner/kernels.h"
+
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -30,7 +32,8 @@ Layout layout(int tp, int cp, int pp, int dp) {
 }
 
 // Each compute task's kernels add up to its FLOPs (GEMMs and attention; memory kernels
-// carry none), and every compute task has kernels.
+// carry none) and, timed one by one with kernel_time(), to its duration; every compute
+// task has kernels.
 void expect_kernels_match(const Scenario& s, const Plan& p) {
   LowerOptions o;
   o.full_ranks = true;
@@ -46,6 +49,12 @@ void expect_kernels_match(const Scenario& s, const Plan& p) {
     double flops = 0;
     for (const sim::Kernel& k : lp->graph.kernels(task.kernels)) flops += k.flops();
     EXPECT_NEAR(flops, task.flops.count(), 1e-9 * std::max(1.0, task.flops.count()))
+        << lp->graph.label_text(task.label.name);
+    Time timed;
+    for (const sim::Kernel& k : lp->graph.kernels(task.kernels))
+      timed += kernel_time(k, s.cluster.profile_of_gpu(0).gpu, s.workload.precision);
+    EXPECT_NEAR(timed.to_seconds(), task.duration.to_seconds(),
+                1e-9 + 1e-9 * task.duration.to_seconds())
         << lp->graph.label_text(task.label.name);
     if (task.duration > Time::zero()) {
       EXPECT_FALSE(lp->graph.kernels(task.kernels).empty());

@@ -19,6 +19,12 @@
 // ranks / ranks, as SimResult counts it — except that a blocking collective's time here
 // includes waiting for its slowest member. TFLOPS/GPU: the simulator's convention
 // (LoweredPlan::model_flops_per_iteration / (iteration time x world)).
+//
+// Kernel census (optional, after the timed iterations): each rank runs its compute tasks'
+// kernels once more, one at a time with an event on either side, and sums their times by
+// kind (GEMM, attention forward/backward, memory-bound) next to what the profile predicts
+// for the same kernels (planner::kernel_time, the terms the simulator added up). A phase
+// that misses says where; the census says which kind of kernel.
 #pragma once
 
 #include <string>
@@ -27,6 +33,7 @@
 
 #include "hetpar/core/status.h"
 #include "hetpar/core/units.h"
+#include "hetpar/hardware/device_profile.h"
 #include "hetpar/planner/evaluate.h"
 #include "hetpar/planner/lower.h"
 #include "hetpar/runtime/backend.h"
@@ -36,6 +43,19 @@ namespace hetpar::executor {
 struct ExecuteOptions {
   int warmup = 1;
   int iterations = 3;
+  /// Kernel census against this rank's device profile (null: no census) in the workload's
+  /// precision, `census_reps` passes, the median pass per kind.
+  const hardware::DeviceProfile* census_device = nullptr;
+  hardware::Precision census_precision = hardware::Precision::kBf16;
+  int census_reps = 3;
+};
+
+/// One kind of kernel in the census: per rank (mean over ranks), one iteration's worth.
+struct KernelTiming {
+  sim::KernelKind kind = sim::KernelKind::kGemm;
+  double calls = 0;  // kernels run per rank (empty shapes skipped)
+  Time predicted;    // the profile's time for those kernels
+  Time measured;     // each kernel timed alone, summed
 };
 
 struct Measurement {
@@ -46,8 +66,9 @@ struct Measurement {
   Flops model_flops_per_iteration;
   /// Per task category: stream time summed over ranks / ranks, mean over timed iterations.
   std::vector<planner::PhaseTime> phases;
-  int64_t tasks = 0;  // tasks of the whole graph
-  Bytes pool_bytes;   // the largest rank's buffer pool
+  std::vector<KernelTiming> kernels;  // the census, in KernelKind order; empty without one
+  int64_t tasks = 0;                  // tasks of the whole graph
+  Bytes pool_bytes;                   // the largest rank's buffer pool
 };
 
 /// Lowers nothing: `lp` must come from planner::lower() with full_ranks and kernels on (a

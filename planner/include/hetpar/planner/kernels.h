@@ -9,6 +9,8 @@
 
 #include <vector>
 
+#include "hetpar/core/units.h"
+#include "hetpar/hardware/device_profile.h"
 #include "hetpar/hardware/precision.h"
 #include "hetpar/models/op_graph.h"
 #include "hetpar/planner/layout.h"
@@ -23,5 +25,12 @@ struct OpKernels {
 /// One op's kernels on one rank under `l` (the arguments of op_cost()).
 OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layout& l,
                      bool context_parallel, hardware::Precision p);
+
+/// The time op_cost() gives one kernel on `dev`: gemm_time, attention_time (at the kernel's
+/// own key/value length) or memory_time. `p` is the workload precision, which settles what
+/// a kernel's element size means (2 bytes: bf16 unless p is fp16; 4 bytes: fp32 unless p
+/// is tf32). A compute task's kernels add up to its duration (kernels_test pins it), so an
+/// executor can compare kernel by kernel what the simulator assumed.
+Time kernel_time(const sim::Kernel& k, const hardware::DeviceProfile& dev, hardware::Precision p);
 
 }  // namespace hetpar::planner
