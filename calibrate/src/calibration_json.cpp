@@ -63,6 +63,7 @@ json fits_json(const Fits& f) {
             {"collectives", colls},
             {"p2p_pairs", pairs}};
   if (f.memory) j["memory_traffic"] = fit_json(*f.memory);
+  if (f.memory_Bps > 0) j["memory_GBps"] = f.memory_Bps / 1e9;
   return j;
 }
 

@@ -81,13 +81,21 @@ Result<Fits> fit_samples(const Samples& s) {
     f.gemm.push_back(gf);
   }
 
-  double flops[2] = {0, 0}, secs[2] = {0, 0};
+  // attention_time() adds the launch overhead to flops / rate, so the rate is fitted on the
+  // time without it (at most 90% of a call is taken for overhead).
+  std::map<int64_t, std::pair<double, double>> by_seq[2];  // seq_kv -> (flops, seconds)
   for (const AttentionSample& a : s.attention) {
-    flops[a.backward] += a.flops();
-    secs[a.backward] += a.t.median_s;
+    auto& [flops, secs] = by_seq[a.backward][a.desc.seq_kv];
+    flops += a.flops();
+    secs += std::max(a.t.median_s - f.launch_s, 0.1 * a.t.median_s);
   }
-  if (secs[0] > 0) f.attention_fwd_flops_per_s = flops[0] / secs[0];
-  if (secs[1] > 0) f.attention_bwd_flops_per_s = flops[1] / secs[1];
+  for (int backward = 0; backward < 2; ++backward) {
+    auto& out = backward ? f.attention_bwd_by_seq : f.attention_fwd_by_seq;
+    for (const auto& [seq, fs] : by_seq[backward])
+      if (fs.second > 0) out.emplace_back(seq, fs.first / fs.second);
+    if (!out.empty())
+      (backward ? f.attention_bwd_flops_per_s : f.attention_fwd_flops_per_s) = out.back().second;
+  }
 
   std::vector<std::pair<int64_t, TimingStats>> copies;
   for (const CopySample& c : s.copies) {
@@ -98,7 +106,12 @@ Result<Fits> fit_samples(const Samples& s) {
       (c.to_host ? f.device_to_host_Bps : f.host_to_device_Bps) = bw;
     }
   }
-  if (!copies.empty()) f.memory = fit_alpha_beta_or_bounds(points(copies));
+  if (!copies.empty()) {
+    f.memory = fit_alpha_beta_or_bounds(points(copies));
+    std::vector<double> rates;
+    for (const auto& [bytes, t] : copies) rates.push_back(static_cast<double>(bytes) / t.median_s);
+    f.memory_Bps = quantile(rates, 0.5);
+  }
 
   using Key = std::tuple<CollectiveScope, Collective, int, int>;
   std::map<Key, std::vector<std::pair<int64_t, TimingStats>>> groups;
@@ -182,12 +195,14 @@ class Builder {
         mark(p, field, from_base(field));
     }
 
-    // Memory: the fitted bandwidth of the copy sweep on memory traffic.
-    if (f_.memory) {
-      const double bw = f_.memory->beta_Bps;
+    // Memory: the copy sweep's traffic / time (Fits::memory_Bps).
+    if (f_.memory && f_.memory_Bps > 0) {
+      const double bw = f_.memory_Bps;
       const std::string how = fmt::format(
-          "{}: device copy sweep, alpha-beta fit on read+write traffic: {:.1f} GB/s (R^2 {:.4f})",
-          measured_, bw / 1e9, f_.memory->r2);
+          "{}: device copy sweep, median of read+write traffic / time over {} sizes: {:.1f} GB/s "
+          "(alpha-beta fit: {:.1f} GB/s, alpha {:.1f} us, R^2 {:.4f})",
+          measured_, f_.memory->points, bw / 1e9, f_.memory->beta_Bps / 1e9,
+          f_.memory->alpha_s * 1e6, f_.memory->r2);
       if (base && o_.base->gpu.memory_bandwidth.bytes_per_s() >= bw) {
         g.memory_efficiency = bw / g.memory_bandwidth.bytes_per_s();
         mark(p, "gpu.memory_GBps", from_base("datasheet peak"));
@@ -294,12 +309,29 @@ class Builder {
     // (FlashAttention's benchmark convention): the efficiency is quoted the same way.
     const double work = backward ? hardware::kFlashBackwardWork : 1.0;
     eff = std::clamp(rate * work / p.gpu.peak(use).per_second(), 1e-6, 1.0);
+    const auto& by_seq = backward ? f_.attention_bwd_by_seq : f_.attention_fwd_by_seq;
     mark(p, field,
-         fmt::format("{}: {} model FLOPs / time over {} shapes = {:.1f} GFLOP/s{} / {} peak",
-                     measured_, backward ? "backward (2x forward)" : "forward",
-                     s_.attention.size() / 2, rate / 1e9,
+         fmt::format("{}: {} model FLOPs / (time - launch) at seq {} = {:.1f} GFLOP/s{} / {} "
+                     "peak",
+                     measured_, backward ? "backward (2x forward)" : "forward", by_seq.back().first,
+                     rate / 1e9,
                      backward ? " x 2.5/2 (FlashAttention's backward work convention)" : "",
                      hardware::to_string(use)));
+    // Shorter sequences run slower: with two or more lengths measured, their rates relative
+    // to the longest are the seq-scale curve (device_profile.h).
+    if (by_seq.size() < 2) return;
+    std::vector<hardware::AttentionSeqPoint>& curve =
+        backward ? p.gpu.attention_bwd_seq_scale : p.gpu.attention_fwd_seq_scale;
+    curve.clear();
+    std::string rates, seqs;
+    for (const auto& [seq, r] : by_seq) {
+      curve.push_back({seq, std::clamp(r / rate, 1e-3, 10.0)});
+      rates += fmt::format("{}{:.1f}", rates.empty() ? "" : " / ", r / 1e9);
+      seqs += fmt::format("{}{}", seqs.empty() ? "" : " / ", seq);
+    }
+    mark(p, backward ? "gpu.attention.bwd_seq_scale" : "gpu.attention.fwd_seq_scale",
+         fmt::format("{}: {} GFLOP/s at seq {} (time - launch), divided by the last", measured_,
+                     rates, seqs));
   }
 
   // A run that measured fp32 GEMMs and no bf16 ones (the cpu backend computes every dtype

@@ -63,8 +63,10 @@ SweepPlan default_plan(std::string_view backend, bool quick) {
                  {4096, 512, 4096},
                  {8192, 8192, 8192},
                  {2048, 14336, 4096}};
-    for (int64_t seq : {128, 256}) p.attention.push_back(attention(1, 4, seq, 64, att));
-    if (!cpu) p.attention = {attention(1, 16, 2048, 128, att), attention(1, 16, 4096, 128, att)};
+    // Several key lengths: the shorter ones give the profile's seq-scale curve.
+    for (int64_t seq :
+         cpu ? std::vector<int64_t>{32, 64, 128, 256} : std::vector<int64_t>{512, 1024, 2048, 4096})
+      p.attention.push_back(attention(1, cpu ? 4 : 16, seq, cpu ? 64 : 128, att));
     // Copies larger than the last-level cache (32 MiB on the CI machine's EPYC), so the
     // fit sees memory, not cache, bandwidth.
     p.copy_bytes = cpu ? std::vector<int64_t>{64 * kMiB, 128 * kMiB, 256 * kMiB}
@@ -78,7 +80,7 @@ SweepPlan default_plan(std::string_view backend, bool quick) {
     p.max_inner = 20;
   } else {
     p.gemms = zoo_gemm_grid(cpu ? 1024 : 0);
-    for (int64_t seq : cpu ? std::vector<int64_t>{128, 256, 512, 1024}
+    for (int64_t seq : cpu ? std::vector<int64_t>{32, 64, 128, 256, 512, 1024}
                            : std::vector<int64_t>{512, 1024, 2048, 4096, 8192})
       for (int64_t d : {64, 128}) p.attention.push_back(attention(1, cpu ? 4 : 16, seq, d, att));
     p.copy_bytes = cpu ? geometric(64 * kMiB, kGiB, 2) : geometric(64 * kMiB, 4 * kGiB, 2);
@@ -271,8 +273,12 @@ class Runner {
         g.n = d.n;
         g.k = d.k;
         g.dtype = t;
+        // Cold (cache flushed) like the large kernels of a training step, except GEMMs whose
+        // operands fit in 64 KiB: their time is the per-call overhead (the profile's launch
+        // time), which a flush would inflate with cold code and TLB misses.
+        const bool tiny = (d.m * d.k + d.k * d.n + d.m * d.n) * runtime::dtype_bytes(t) < 64 * 1024;
         HETPAR_ASSIGN_OR_RETURN(
-            auto reps, time_local([&] { return b_.gemm(kComputeStream, g, a, bm, c); }, true));
+            auto reps, time_local([&] { return b_.gemm(kComputeStream, g, a, bm, c); }, !tiny));
         HETPAR_ASSIGN_OR_RETURN(TimingStats st, pooled(reps));
         s_.gemms.push_back({d, t, st});
       }

@@ -36,11 +36,21 @@ void print_fits(const calibrate::Fits& f, const calibrate::Samples& s, const std
         g.best.k, g.median_flops_per_s / 1e9, g.min_flops_per_s / 1e9);
   fmt::print("Launch        {:.2f} us (8x8x8 GEMM)\n", f.launch_s * 1e6);
   if (f.attention_fwd_flops_per_s > 0)
-    fmt::print("Attention     forward {:.1f} GFLOP/s, backward {:.1f} GFLOP/s\n",
-               f.attention_fwd_flops_per_s / 1e9, f.attention_bwd_flops_per_s / 1e9);
+    fmt::print("Attention     forward {:.1f} GFLOP/s, backward {:.1f} GFLOP/s at seq {}\n",
+               f.attention_fwd_flops_per_s / 1e9, f.attention_bwd_flops_per_s / 1e9,
+               f.attention_fwd_by_seq.back().first);
+  for (size_t i = 0; i + 1 < f.attention_fwd_by_seq.size(); ++i)
+    fmt::print(
+        "              seq {:>5}: forward {:.1f} GFLOP/s{}\n", f.attention_fwd_by_seq[i].first,
+        f.attention_fwd_by_seq[i].second / 1e9,
+        i < f.attention_bwd_by_seq.size()
+            ? fmt::format(", backward {:.1f} GFLOP/s", f.attention_bwd_by_seq[i].second / 1e9)
+            : std::string());
   if (f.memory)
-    fmt::print("Memory        {:.1f} GB/s read+write (alpha {:.2f} us, R^2 {:.4f})\n",
-               f.memory->beta_Bps / 1e9, f.memory->alpha_s * 1e6, f.memory->r2);
+    fmt::print(
+        "Memory        {:.1f} GB/s read+write (median traffic / time; alpha-beta fit {:.1f} GB/s, "
+        "alpha {:.2f} us, R^2 {:.4f})\n",
+        f.memory_Bps / 1e9, f.memory->beta_Bps / 1e9, f.memory->alpha_s * 1e6, f.memory->r2);
   if (f.host_to_device_Bps > 0)
     fmt::print("Host link     to device {:.1f} GB/s, to host {:.1f} GB/s\n",
                f.host_to_device_Bps / 1e9, f.device_to_host_Bps / 1e9);

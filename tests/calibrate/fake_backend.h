@@ -18,7 +18,7 @@ namespace hetpar::calibrate::testing {
 struct FakeModel {
   double gemm_peak = 200e9;      // FLOP/s of a large GEMM
   double gemm_launch = 2e-6;     // s per call
-  double attention_rate = 50e9;  // FLOP/s
+  double attention_rate = 50e9;  // FLOP/s at key length >= 256, slower below
   double copy_Bps = 20e9;        // memory traffic (read + write)
   double copy_alpha = 1e-6;
   double host_Bps = 8e9;
@@ -32,6 +32,14 @@ struct FakeModel {
     // Skinny dims lose speed linearly below 64.
     const double shape = std::min<double>(1.0, std::min({m, n, k}) / 64.0);
     return gemm_launch + 2.0 * m * n * k / (gemm_peak * shape);
+  }
+  // One attention call: the launch (the 8x8x8 GEMM's time) plus its FLOPs at a rate that
+  // falls linearly to half at short key lengths.
+  double attention_rate_at(int64_t seq_kv) const {
+    return attention_rate * (seq_kv >= 256 ? 1.0 : 0.5 + 0.5 * static_cast<double>(seq_kv) / 256);
+  }
+  double attention_s(double flops, int64_t seq_kv) const {
+    return gemm_s(8, 8, 8) + flops / attention_rate_at(seq_kv);
   }
   double coll_alpha_s(hardware::Collective op, int n) const {
     return coll_alpha * (1 + static_cast<int>(op)) * (n - 1);
@@ -84,14 +92,14 @@ class FakeBackend : public runtime::Backend {
   Status attention_forward(runtime::Stream, const runtime::AttentionDesc& d, const runtime::Buffer&,
                            const runtime::Buffer&, const runtime::Buffer&, runtime::Buffer&,
                            runtime::Buffer&) override {
-    advance(d.forward_flops() / model_.attention_rate);
+    advance(model_.attention_s(d.forward_flops(), d.seq_kv));
     return Status::ok();
   }
   Status attention_backward(runtime::Stream, const runtime::AttentionDesc& d,
                             const runtime::Buffer&, const runtime::Buffer&, const runtime::Buffer&,
                             const runtime::Buffer&, const runtime::Buffer&, const runtime::Buffer&,
                             runtime::Buffer&, runtime::Buffer&, runtime::Buffer&) override {
-    advance(2 * d.forward_flops() / model_.attention_rate);
+    advance(model_.attention_s(2 * d.forward_flops(), d.seq_kv));
     return Status::ok();
   }
   Status elementwise(runtime::Stream, const runtime::ElementwiseDesc& d,

@@ -44,10 +44,18 @@ struct GemmFit {
 
 struct Fits {
   std::vector<GemmFit> gemm;
-  double launch_s = 0;                   // median time of the smallest GEMM
-  double attention_fwd_flops_per_s = 0;  // total model FLOPs / total time over the sweep
+  double launch_s = 0;  // median time of the smallest GEMM
+  /// Attention rates: model FLOPs / (time - launch_s), pooled over the shapes of one key
+  /// length, ascending in seq_kv. The *_flops_per_s figures are the longest length's (the
+  /// profile's efficiency); the shorter ones become its seq-scale curve.
+  std::vector<std::pair<int64_t, double>> attention_fwd_by_seq, attention_bwd_by_seq;
+  double attention_fwd_flops_per_s = 0;
   double attention_bwd_flops_per_s = 0;
   std::optional<AlphaBetaFit> memory;  // on memory traffic (read + write = 2x copied)
+  /// The profile's memory bandwidth: the median over copies of traffic / time. The
+  /// simulator's memory_time() is bytes / bandwidth with no intercept, so a fitted slope
+  /// whose intercept came out large (noise on a loaded host) would predict too fast.
+  double memory_Bps = 0;
   double host_to_device_Bps = 0;
   double device_to_host_Bps = 0;
   std::vector<CollectiveFit> collectives;  // sorted by (scope, op, ranks); incl. send_recv

@@ -7,7 +7,9 @@
 // How a sample is timed: `warmup` untimed calls, then `reps` timed repetitions, each
 // between two backend events, reported as median, p10 and p90 over the repetitions.
 // - GEMM and attention: one call per repetition, the L2 cache flushed before each
-//   (calibration.md 4.3: otherwise a repeated GEMM runs from a warm cache).
+//   (calibration.md 4.3: otherwise a repeated GEMM runs from a warm cache) — except GEMMs
+//   whose operands fit in 64 KiB (the 8x8x8 launch probe), timed warm like copies: their
+//   time is per-call overhead, not memory traffic.
 // - Copies, P2P and collectives: `inner` back-to-back calls per repetition, inner chosen
 //   after warm-up so that a repetition lasts about min_rep_s (timer resolution, launch and
 //   start skew amortized, as nccl-tests does with its iteration count).
