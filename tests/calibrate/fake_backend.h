@@ -6,6 +6,7 @@
 // measured the same.
 #pragma once
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <vector>
@@ -33,10 +34,12 @@ struct FakeModel {
     const double shape = std::min<double>(1.0, std::min({m, n, k}) / 64.0);
     return gemm_launch + 2.0 * m * n * k / (gemm_peak * shape);
   }
+  double short_seq_factor = 0.5;  // attention rate at key length 0 / attention_rate
   // One attention call: the launch (the 8x8x8 GEMM's time) plus its FLOPs at a rate that
-  // falls linearly to half at short key lengths.
+  // goes linearly from short_seq_factor x attention_rate at length 0 to attention_rate at 256.
   double attention_rate_at(int64_t seq_kv) const {
-    return attention_rate * (seq_kv >= 256 ? 1.0 : 0.5 + 0.5 * static_cast<double>(seq_kv) / 256);
+    const double x = std::min(1.0, static_cast<double>(seq_kv) / 256);
+    return attention_rate * (short_seq_factor + (1 - short_seq_factor) * x);
   }
   double attention_s(double flops, int64_t seq_kv) const {
     return gemm_s(8, 8, 8) + flops / attention_rate_at(seq_kv);

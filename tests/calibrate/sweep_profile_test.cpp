@@ -91,6 +91,22 @@ TEST(Sweep, SamplesAndFitsRecoverTheBackendsCosts) {
   ASSERT_EQ(f->pairs.size(), 1u);
 }
 
+TEST(CalibratedProfile, ShortSequencesMeasuredFasterAreCappedAtTheLongOnesRate) {
+  // Noise on a shared host can make the long sequence the slow one: the seq-scale factors
+  // stay at most 1 and the profile stays valid (the validator allows at most 1.5).
+  FakeModel m;
+  m.short_seq_factor = 2.0;
+  FakeBackend b(1, m);
+  const Samples s = sweep(b, small_plan());
+  ProfileOptions o;
+  o.date = "2026-11-29T12:00:00Z";
+  Result<hardware::SystemProfile> p = build_profile(s, *fit_samples(s), o);
+  ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+  ASSERT_FALSE(p->gpu.attention_fwd_seq_scale.empty());
+  for (const auto& pt : p->gpu.attention_fwd_seq_scale) EXPECT_EQ(pt.factor, 1.0) << pt.seq;
+  for (const auto& pt : p->gpu.attention_bwd_seq_scale) EXPECT_EQ(pt.factor, 1.0) << pt.seq;
+}
+
 TEST(Sweep, GroupSizesTwoToWorldEachRecovered) {
   const FakeModel m;
   FakeBackend b(4, m);
