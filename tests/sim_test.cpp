@@ -583,6 +583,67 @@ TEST(CollectiveTest, SingleRankCollectiveIsFree) {
 
 // ---------------------------------------------------------------- trace
 
+TEST(SimulateTest, CollectivesSlowTheComputeTheyOverlap) {
+  // 10 ms of compute on rank 0 beside an all-reduce of d on ranks 0 and 1, slowdown 0.5:
+  // the compute does d / 1.5 of its work while the collective runs, the rest at full
+  // speed afterwards. Rank 1's compute, started when the collective ends, is not slowed.
+  Network net = single_switch_network(2, kB, Time::us(1));
+  const auto grp = ranks(2);
+  TaskGraph g;
+  g.add_compute(RankId(0), 0, Time::ms(10), Flops(0));
+  const TaskId ar = g.add_collective({.group = grp, .bytes = Bytes::GB(0.5)});
+  const TaskId after = g.add_compute(RankId(1), 0, Time::ms(3), Flops(0));
+  g.add_dependency(ar, after);
+  SimOptions o;
+  o.record_tasks = true;
+  const SimResult plain = *simulate(g, net, o);
+  const Time d = plain.tasks[ar.value()].end;
+  ASSERT_GT(d, Time::ms(1));
+  ASSERT_LT(d, Time::ms(10));
+  EXPECT_EQ(plain.tasks[0].end, Time::ms(10));
+
+  o.collective_compute_slowdown = {0.5, 0.5};
+  const SimResult slowed = *simulate(g, net, o);
+  EXPECT_EQ(slowed.tasks[ar.value()].end, d) << "the collective itself is not slowed";
+  const double expect_ps = d.count_ps() + (Time::ms(10).count_ps() - d.count_ps() / 1.5);
+  EXPECT_NEAR(static_cast<double>(slowed.tasks[0].end.count_ps()), expect_ps, 2.0);
+  EXPECT_EQ(slowed.tasks[after.value()].end - slowed.tasks[after.value()].start, Time::ms(3));
+
+  // A compute task that starts inside the collective runs slowed until it ends.
+  TaskGraph g2;
+  const TaskId ar2 = g2.add_collective({.group = grp, .bytes = Bytes::GB(1)});
+  const TaskId inside = g2.add_compute(RankId(1), 0, Time::us(100), Flops(0));
+  const SimResult r2 = *simulate(g2, net, o);
+  EXPECT_LT(r2.tasks[inside.value()].end, r2.tasks[ar2.value()].end);
+  EXPECT_EQ(r2.tasks[inside.value()].end, Time::us(150));
+
+  // P2P transfers leave compute alone.
+  TaskGraph g3;
+  g3.add_compute(RankId(0), 0, Time::ms(10), Flops(0));
+  g3.add_p2p(RankId(0), RankId(1), Bytes::GB(1), 0, 0);
+  EXPECT_EQ(simulate(g3, net, o)->tasks[0].end, Time::ms(10));
+
+  // So do collectives across nodes; one inside a node slows its members only.
+  Network two_nodes = cluster_network({.nodes = 2, .gpus_per_node = 2});
+  TaskGraph g4;
+  g4.add_compute(RankId(0), 0, Time::ms(10), Flops(0));
+  g4.add_compute(RankId(2), 0, Time::ms(10), Flops(0));
+  const RankId across[] = {RankId(0), RankId(2)};
+  g4.add_collective({.group = across, .bytes = Bytes::GB(0.01)});
+  o.collective_compute_slowdown = {0.5, 0.5, 0.5, 0.5};
+  const SimResult r4 = *simulate(g4, two_nodes, o);
+  EXPECT_EQ(r4.tasks[0].end, Time::ms(10));
+  EXPECT_EQ(r4.tasks[1].end, Time::ms(10));
+  TaskGraph g5;
+  g5.add_compute(RankId(0), 0, Time::ms(10), Flops(0));
+  g5.add_compute(RankId(2), 0, Time::ms(10), Flops(0));
+  const RankId inside_node[] = {RankId(0), RankId(1)};
+  g5.add_collective({.group = inside_node, .bytes = Bytes::GB(0.01)});
+  const SimResult r5 = *simulate(g5, two_nodes, o);
+  EXPECT_GT(r5.tasks[0].end, Time::ms(10));
+  EXPECT_EQ(r5.tasks[1].end, Time::ms(10)) << "rank 2 is not a member";
+}
+
 TEST(TraceTest, ChromeTraceIsValidJsonWithOneEventPerTaskStream) {
   Network net = single_switch_network(2, kB, Time::us(1));
   TaskGraph g;

@@ -233,6 +233,11 @@ class Builder {
       mark(p, "gpu.host_link_GBps", "[not measured] host memory is device memory");
     }
 
+    // Compute slowed by overlapped collectives: not measured by the sweeps (they time
+    // kernels alone); the base profile's figure, else none.
+    if (g.collective_overlap_slowdown > 0)
+      mark(p, "gpu.collective_overlap_slowdown", from_base("collective overlap slowdown"));
+
     // GEMM: measured precisions get the table and eta_max; a cpu fp32 measurement also
     // stands for bf16 (the cpu backend computes every dtype in fp32).
     for (const GemmFit& gf : f_.gemm) {

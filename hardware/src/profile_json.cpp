@@ -79,6 +79,7 @@ void read_gpu(JsonReader r, DeviceProfile& g, JsonReader& parent) {
   g.memory_bandwidth = from_GBps(r.required_double("memory_GBps"));
   g.memory_efficiency = r.required_double("memory_efficiency");
   g.host_link = from_GBps(r.required_double("host_link_GBps"));
+  g.collective_overlap_slowdown = r.optional_double("collective_overlap_slowdown", 0, 0, 1);
 
   JsonReader compute = r.object("compute");
   if (const nlohmann::json* cj = r.raw("compute"); cj && cj->is_object()) {
@@ -316,6 +317,7 @@ nlohmann::json profile_to_json(const SystemProfile& p) {
         {"memory_GBps", to_GBps(g.memory_bandwidth)},
         {"memory_efficiency", g.memory_efficiency},
         {"host_link_GBps", to_GBps(g.host_link)},
+        {"collective_overlap_slowdown", g.collective_overlap_slowdown},
         {"compute", compute},
         {"gemm", gemm},
         {"attention", attention}}},

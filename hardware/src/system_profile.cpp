@@ -122,6 +122,9 @@ Status validate_profile(const SystemProfile& p) {
   c.positive("gpu.memory_GBps", g.memory_bandwidth.to_GBps());
   c.fraction("gpu.memory_efficiency", g.memory_efficiency);
   c.positive("gpu.host_link_GBps", g.host_link.to_GBps());
+  if (!(g.collective_overlap_slowdown >= 0 && g.collective_overlap_slowdown <= 1))
+    c.fail("gpu.collective_overlap_slowdown",
+           fmt::format("must be in [0, 1], got {}", g.collective_overlap_slowdown));
   if (!g.supports(Precision::kBf16)) c.fail("gpu.compute.bf16", "missing required precision");
   for (Precision prec : kAllPrecisions) {
     if (!g.supports(prec)) continue;
@@ -235,6 +238,7 @@ std::vector<std::string> missing_provenance(const SystemProfile& p) {
     fields.push_back(fmt::format("gpu.compute.{}.eta_max", to_string(prec)));
   }
   if (p.intra_node.nvls) fields.push_back("intra_node.nvls_min_group");
+  if (p.gpu.collective_overlap_slowdown > 0) fields.push_back("gpu.collective_overlap_slowdown");
   for (Precision prec : kAllPrecisions)
     if (!p.gpu.gemm_measured[precision_index(prec)].empty())
       fields.push_back(fmt::format("gpu.gemm.measured.{}", to_string(prec)));

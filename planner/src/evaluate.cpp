@@ -123,6 +123,12 @@ Result<PlanMetrics> evaluate(const Scenario& s, const Plan& p, const EvaluateOpt
   sim::SimOptions so;
   so.collectives = collective_config(s.cluster);
   so.record_tasks = o.exposed_by_kind;
+  for (int r = 0; r < lowered.world; ++r) {
+    const double slow = s.cluster.profile_of_gpu(r).gpu.collective_overlap_slowdown;
+    if (slow > 0 && so.collective_compute_slowdown.empty())
+      so.collective_compute_slowdown.assign(static_cast<size_t>(lowered.world), 0.0);
+    if (slow > 0) so.collective_compute_slowdown[static_cast<size_t>(r)] = slow;
+  }
   HETPAR_ASSIGN_OR_RETURN(sim::SimResult r,
                           sim::simulate(lowered.graph, lowered.network, so, o.trace));
 

@@ -76,6 +76,20 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
   Time isolated_time(const Plan& p, const Task& task);
   void finish(Time now, int32_t t);
   void report(int32_t t, const StreamRef& s, Time end, bool started);
+  double slowdown(int32_t rank) const {
+    return slowdown_.empty() ? 0.0 : slowdown_[static_cast<size_t>(rank)];
+  }
+  // A collective of `rank` starts (+1) or ends (-1): re-times its running compute tasks
+  // when the rank goes from no collective to one or back.
+  void collective_changed(int32_t rank, int delta);
+  // Whether a collective slows its members' compute: slowdown on, all members on one node.
+  bool slows_compute(const Task& task) const {
+    if (slowdown_.empty()) return false;
+    auto members = g_.group(task.group);
+    for (RankId r : members)
+      if (net_.node_of(r) != net_.node_of(members[0])) return false;
+    return !members.empty();
+  }
   const Plan& plan(const Task& task, Algorithm algorithm);
   const Plan& p2p_plan(const Task& task);
   void add_flow(Plan& p, RankId src, RankId dst, double share);
@@ -127,6 +141,19 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
   std::vector<double> link_load_;  // weigh() scratch: per link, flows of copies
   std::vector<int32_t> link_rep_;  // weigh() scratch: per link, flows of the task
   std::vector<int32_t> touched_;   // weigh() scratch: links with a load
+
+  // Compute slowed by collectives (SimOptions::collective_compute_slowdown): per rank, the
+  // collectives in flight and the compute tasks running, each with its pending end event
+  // and the work left (picoseconds at full speed) as of `since`.
+  struct Running {
+    int32_t task = 0;
+    EventHandle end;
+    double left_ps = 0;
+    Time since;
+  };
+  std::vector<double> slowdown_;
+  std::vector<int32_t> collectives_active_;
+  std::vector<std::vector<Running>> running_;
 };
 
 Engine::Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, TraceSink* sink)
@@ -186,6 +213,33 @@ Engine::Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, Tr
   category_tasks_.assign(g.num_labels() + 1, 0);
   flops_.assign(nr, Flops(0));
   if (opt.record_tasks) result_.tasks.resize(nt);
+  bool slowed = false;
+  for (double s : opt.collective_compute_slowdown) slowed = slowed || s > 0;
+  if (slowed) {
+    HETPAR_CHECK(static_cast<int>(opt.collective_compute_slowdown.size()) == nr,
+                 "collective_compute_slowdown has {} entries for {} ranks",
+                 opt.collective_compute_slowdown.size(), nr);
+    slowdown_ = opt.collective_compute_slowdown;
+    collectives_active_.assign(nr, 0);
+    running_.resize(nr);
+  }
+}
+
+void Engine::collective_changed(int32_t rank, int delta) {
+  int32_t& active = collectives_active_[rank];
+  const bool was = active > 0;
+  active += delta;
+  if (was == (active > 0)) return;
+  const Time now = queue_.now();
+  const double before = was ? 1.0 + slowdown_[rank] : 1.0;
+  const double after = active > 0 ? 1.0 + slowdown_[rank] : 1.0;
+  for (Running& r : running_[rank]) {
+    r.left_ps = std::max(0.0, r.left_ps - static_cast<double>((now - r.since).count_ps()) / before);
+    r.since = now;
+    queue_.cancel(r.end);
+    r.end = queue_.schedule_in(Time::ps(std::llround(r.left_ps * after)), *this,
+                               static_cast<uint32_t>(r.task));
+  }
 }
 
 Result<SimResult> Engine::run() {
@@ -259,10 +313,23 @@ void Engine::start(int32_t t) {
     if (sink_) report(t, s, now, true);
   }
   const Task& task = g_.task(TaskId(t));
+  if (task.kind == TaskKind::kCollective && slows_compute(task))
+    for (const StreamRef& s : g_.streams(TaskId(t)))
+      if (slowdown(s.rank.value()) > 0) collective_changed(s.rank.value(), +1);
   switch (task.kind) {
-    case TaskKind::kCompute:
-      queue_.schedule_in(task.duration, *this, static_cast<uint32_t>(t));
+    case TaskKind::kCompute: {
+      const int32_t rank = g_.streams(TaskId(t))[0].rank.value();
+      if (slowdown(rank) <= 0) {
+        queue_.schedule_in(task.duration, *this, static_cast<uint32_t>(t));
+        break;
+      }
+      Running r{t, {}, static_cast<double>(task.duration.count_ps()), now};
+      const double factor = collectives_active_[rank] > 0 ? 1.0 + slowdown_[rank] : 1.0;
+      r.end = queue_.schedule_in(Time::ps(std::llround(r.left_ps * factor)), *this,
+                                 static_cast<uint32_t>(t));
+      running_[rank].push_back(r);
       break;
+    }
     case TaskKind::kP2P:
     case TaskKind::kCollective: {
       if (fixed_[t] >= Time::zero()) {
@@ -486,6 +553,16 @@ void Engine::finish(Time now, int32_t t) {
   const Task& task = g_.task(TaskId(t));
   auto refs = g_.streams(TaskId(t));
   if (task.kind == TaskKind::kCompute) flops_[refs[0].rank.value()] += task.flops;
+  if (!slowdown_.empty()) {
+    if (task.kind == TaskKind::kCompute && slowdown(refs[0].rank.value()) > 0) {
+      std::vector<Running>& run = running_[refs[0].rank.value()];
+      run.erase(
+          std::find_if(run.begin(), run.end(), [t](const Running& r) { return r.task == t; }));
+    }
+    if (task.kind == TaskKind::kCollective && slows_compute(task))
+      for (const StreamRef& s : refs)
+        if (slowdown(s.rank.value()) > 0) collective_changed(s.rank.value(), -1);
+  }
   const int32_t cat = task.label.category.valid() ? task.label.category.value() : g_.num_labels();
   category_time_[cat] += span * g_.world_streams(TaskId(t));
   category_tasks_[cat] += task.kind == TaskKind::kCompute ? g_.multiplicity(refs[0].rank)

@@ -77,6 +77,9 @@ struct DeviceProfile {
   /// prologue and epilogue per query block).
   std::vector<AttentionSeqPoint> attention_fwd_seq_scale;
   std::vector<AttentionSeqPoint> attention_bwd_seq_scale;
+  /// Compute kernels take (1 + this) times as long while a collective of this GPU runs
+  /// (NCCL's kernels occupy SMs and memory bandwidth); 0 = overlap is free.
+  double collective_overlap_slowdown = 0;
 
   bool operator==(const DeviceProfile&) const = default;
 

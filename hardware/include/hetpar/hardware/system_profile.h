@@ -9,6 +9,8 @@
 //             "memory_GBps": 3350,          // HBM datasheet peak
 //             "memory_efficiency": 0.90,    // achievable fraction for streaming kernels
 //             "host_link_GBps": 55.4,       // PCIe per direction, achievable
+//             "collective_overlap_slowdown": 0.189,  // optional (0): compute under a
+//                                           // collective takes (1 + this) x as long
 //             "compute": {"bf16": {"peak_tflops": 989.4, "eta_max": 0.803}, ...},
 //                                           // dense peaks; keys fp32|tf32|bf16|fp16|fp8;
 //                                           // bf16 required, absent = unsupported

@@ -1,7 +1,8 @@
 // simulate(): replays a TaskGraph on a Network and reports when everything ran. One call
 // builds its own engine (event queue, flow network, stream states), so concurrent calls
 // on different threads are independent; the graph and network are only read.
-// Compute tasks take their given duration; P2P tasks are one flow (route latency + bytes
+// Compute tasks take their given duration (longer while a collective of their rank runs,
+// SimOptions::collective_compute_slowdown); P2P tasks are one flow (route latency + bytes
 // at the max-min share); collectives are the flow patterns of collective.h. Graphs reduced
 // by symmetry (task_graph.h: multiplicities, mirrored ranks, copies) report the world they
 // stand for: category totals count every stream of every copy and every rank a
@@ -24,6 +25,14 @@ namespace hetpar::sim {
 
 struct SimOptions {
   CollectiveConfig collectives;
+  /// Per rank (empty: none): while at least one collective of rank r whose members all sit
+  /// on one node is in flight, its compute tasks run (1 + s[r]) times slower — NCCL's
+  /// kernels take SMs and memory bandwidth from the GEMMs they overlap. A compute task that
+  /// straddles the start or end of such a collective is re-timed at that instant (its
+  /// remaining work at the new speed). Collectives across nodes and P2P transfers leave
+  /// compute alone: the measurement behind the profiles' figure is of collectives inside
+  /// one node (and NCCL drives NICs and P2P with few channels).
+  std::vector<double> collective_compute_slowdown;
   /// Fill SimResult::tasks (costs 16 bytes per task).
   bool record_tasks = false;
 };
