@@ -644,6 +644,26 @@ TEST(SimulateTest, CollectivesSlowTheComputeTheyOverlap) {
   EXPECT_EQ(r5.tasks[1].end, Time::ms(10)) << "rank 2 is not a member";
 }
 
+TEST(SimulateTest, RanksSharingComputeUnitsShareTheirSpeed) {
+  // 4 ranks on one node with 2 units: three 10 ms tasks and one 5 ms task start together.
+  // All four run at half speed until the short one ends at 10 ms (5 ms of work each done),
+  // then three share 2 units: the rest takes 5 x 1.5 ms, ending at 17.5 ms = 35 ms / 2.
+  Network net = single_switch_network(4, kB, Time::us(1));
+  TaskGraph g;
+  for (int r = 0; r < 3; ++r) g.add_compute(RankId(r), 0, Time::ms(10), Flops(0));
+  const TaskId short_task = g.add_compute(RankId(3), 0, Time::ms(5), Flops(0));
+  SimOptions o;
+  o.record_tasks = true;
+  o.node_compute_units = {2};
+  const SimResult r = *simulate(g, net, o);
+  EXPECT_EQ(r.tasks[short_task.value()].end, Time::ms(10));
+  for (int t = 0; t < 3; ++t) EXPECT_EQ(r.tasks[t].end, Time::us(17500)) << t;
+  EXPECT_EQ(r.makespan, Time::us(17500));
+  // As many units as ranks: nothing shared.
+  o.node_compute_units = {4};
+  EXPECT_EQ(simulate(g, net, o)->makespan, Time::ms(10));
+}
+
 TEST(TraceTest, ChromeTraceIsValidJsonWithOneEventPerTaskStream) {
   Network net = single_switch_network(2, kB, Time::us(1));
   TaskGraph g;

@@ -136,6 +136,7 @@ std::string calibration_to_json_text(const hardware::SystemProfile& profile, con
       {"mode", opts.mode},
       {"world", s.device.world},
       {"hosts", s.topology.hosts()},
+      {"host_cores", s.device.host_cores},
       {"host_of_rank", s.topology.host_of_rank},
       {"base", opts.base ? opts.base_ref : ""},
       {"warmup", s.warmup},

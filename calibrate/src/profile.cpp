@@ -156,6 +156,14 @@ class Builder {
     p.name = o_.name.empty() ? fmt::format("calibrated-{}", dev.backend) : o_.name;
     p.description = fmt::format("{}; {}", measured_, dev.versions);
     p.gpus_per_node = per_host;
+    // A cpu host's ranks share its cores (the simulator slows them when they outnumber
+    // them: system_profile.h); GPUs are a device each.
+    p.shared_compute_units = dev.host_cores;
+    if (dev.host_cores > 0)
+      mark(p, "shared_compute_units",
+           fmt::format("{}: the cores rank 0 may run on (its affinity mask), shared by the "
+                       "host's ranks",
+                       measured_));
     HETPAR_RETURN_IF_ERROR(device(p));
     intra(p);
     inter(p, hosts);

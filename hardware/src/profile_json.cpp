@@ -231,6 +231,7 @@ Result<SystemProfile> parse_profile(const nlohmann::json& j, const std::string& 
   p.name = r.required_string("name");
   p.description = r.optional_string("description", "");
   p.gpus_per_node = read_count(r, "gpus_per_node");
+  p.shared_compute_units = static_cast<int>(r.optional_int("shared_compute_units", 0, 0, 1 << 20));
   read_gpu(r.object("gpu"), p.gpu, r);
 
   JsonReader intra = r.object("intra_node");
@@ -309,6 +310,7 @@ nlohmann::json profile_to_json(const SystemProfile& p) {
       {"name", p.name},
       {"description", p.description},
       {"gpus_per_node", p.gpus_per_node},
+      {"shared_compute_units", p.shared_compute_units},
       {"gpu",
        {{"model", g.model},
         {"sm_count", g.sm_count},

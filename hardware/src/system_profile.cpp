@@ -239,6 +239,7 @@ std::vector<std::string> missing_provenance(const SystemProfile& p) {
   }
   if (p.intra_node.nvls) fields.push_back("intra_node.nvls_min_group");
   if (p.gpu.collective_overlap_slowdown > 0) fields.push_back("gpu.collective_overlap_slowdown");
+  if (p.shared_compute_units > 0) fields.push_back("shared_compute_units");
   for (Precision prec : kAllPrecisions)
     if (!p.gpu.gemm_measured[precision_index(prec)].empty())
       fields.push_back(fmt::format("gpu.gemm.measured.{}", to_string(prec)));

@@ -117,12 +117,21 @@ Result<PlanMetrics> evaluate(const Scenario& s, const Plan& p, const EvaluateOpt
     if (o.enforce_memory) return m;
   }
 
+  // Ranks that share a node's compute units (a CPU host) slow each other only as far as
+  // they compute at once, so every rank is simulated (representatives would hide the
+  // others' load).
+  std::vector<double> node_units;
+  for (int n = 0; n < s.cluster.num_nodes(); ++n)
+    node_units.push_back(s.cluster.profile_of_node(NodeId(n)).shared_compute_units);
+  const bool shared =
+      std::any_of(node_units.begin(), node_units.end(), [](double u) { return u > 0; });
   LowerOptions lo;
-  lo.full_ranks = o.full_ranks;
+  lo.full_ranks = o.full_ranks || shared;
   HETPAR_ASSIGN_OR_RETURN(LoweredPlan lowered, lower(s, p, lo));
   sim::SimOptions so;
   so.collectives = collective_config(s.cluster);
   so.record_tasks = o.exposed_by_kind;
+  if (shared) so.node_compute_units = node_units;
   for (int r = 0; r < lowered.world; ++r) {
     const double slow = s.cluster.profile_of_gpu(r).gpu.collective_overlap_slowdown;
     if (slow > 0 && so.collective_compute_slowdown.empty())

@@ -76,13 +76,14 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
   Time isolated_time(const Plan& p, const Task& task);
   void finish(Time now, int32_t t);
   void report(int32_t t, const StreamRef& s, Time end, bool started);
-  double slowdown(int32_t rank) const {
-    return slowdown_.empty() ? 0.0 : slowdown_[static_cast<size_t>(rank)];
-  }
-  // A collective of `rank` starts (+1) or ends (-1): re-times its running compute tasks
-  // when the rank goes from no collective to one or back.
-  void collective_changed(int32_t rank, int delta);
-  // Whether a collective slows its members' compute: slowdown on, all members on one node.
+  // Variable-speed compute (SimOptions::collective_compute_slowdown, node_compute_units):
+  // the time multiplier of `rank`'s compute now, and re-timing its running tasks when it
+  // changed (their remaining work at the new speed).
+  double speed_factor(int32_t rank) const;
+  void retime(int32_t rank);
+  void retime_node(int32_t node);
+  // Whether a collective slows its members' compute: a slowdown set, all members on one
+  // node.
   bool slows_compute(const Task& task) const {
     if (slowdown_.empty()) return false;
     auto members = g_.group(task.group);
@@ -142,18 +143,25 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
   std::vector<int32_t> link_rep_;  // weigh() scratch: per link, flows of the task
   std::vector<int32_t> touched_;   // weigh() scratch: links with a load
 
-  // Compute slowed by collectives (SimOptions::collective_compute_slowdown): per rank, the
-  // collectives in flight and the compute tasks running, each with its pending end event
-  // and the work left (picoseconds at full speed) as of `since`.
+  // Variable-speed compute, on when a slowdown or a shared node is set (else every compute
+  // task is one fixed event): per rank the slowdown, the slowing collectives in flight, the
+  // current time multiplier and the compute tasks running, each with its pending end event
+  // and its work left (picoseconds at full speed) as of `since`; per node the shared units
+  // (0 = none), the compute tasks running and the node's ranks.
   struct Running {
     int32_t task = 0;
     EventHandle end;
     double left_ps = 0;
     Time since;
   };
+  bool variable_ = false;
   std::vector<double> slowdown_;
   std::vector<int32_t> collectives_active_;
+  std::vector<double> factor_;
   std::vector<std::vector<Running>> running_;
+  std::vector<double> units_;
+  std::vector<int32_t> computing_;
+  std::vector<std::vector<int32_t>> ranks_of_node_;
 };
 
 Engine::Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, TraceSink* sink)
@@ -213,26 +221,49 @@ Engine::Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, Tr
   category_tasks_.assign(g.num_labels() + 1, 0);
   flops_.assign(nr, Flops(0));
   if (opt.record_tasks) result_.tasks.resize(nt);
-  bool slowed = false;
-  for (double s : opt.collective_compute_slowdown) slowed = slowed || s > 0;
+  bool slowed = false, shared = false;
+  for (double x : opt.collective_compute_slowdown) slowed = slowed || x > 0;
+  for (double x : opt.node_compute_units) shared = shared || x > 0;
   if (slowed) {
     HETPAR_CHECK(static_cast<int>(opt.collective_compute_slowdown.size()) == nr,
                  "collective_compute_slowdown has {} entries for {} ranks",
                  opt.collective_compute_slowdown.size(), nr);
     slowdown_ = opt.collective_compute_slowdown;
     collectives_active_.assign(nr, 0);
+  }
+  if (shared) {
+    int nodes = 0;
+    for (int r = 0; r < nr; ++r) nodes = std::max(nodes, net.node_of(RankId(r)).value() + 1);
+    units_.assign(nodes, 0.0);
+    for (size_t n = 0; n < opt.node_compute_units.size() && n < units_.size(); ++n)
+      units_[n] = opt.node_compute_units[n];
+    computing_.assign(nodes, 0);
+    ranks_of_node_.resize(nodes);
+    for (int r = 0; r < nr; ++r) ranks_of_node_[net.node_of(RankId(r)).value()].push_back(r);
+  }
+  variable_ = slowed || shared;
+  if (variable_) {
+    factor_.assign(nr, 1.0);
     running_.resize(nr);
   }
 }
 
-void Engine::collective_changed(int32_t rank, int delta) {
-  int32_t& active = collectives_active_[rank];
-  const bool was = active > 0;
-  active += delta;
-  if (was == (active > 0)) return;
+double Engine::speed_factor(int32_t rank) const {
+  double f = 1.0;
+  if (!slowdown_.empty() && collectives_active_[rank] > 0) f *= 1.0 + slowdown_[rank];
+  if (!units_.empty()) {
+    const int32_t node = net_.node_of(RankId(rank)).value();
+    if (units_[node] > 0 && computing_[node] > units_[node]) f *= computing_[node] / units_[node];
+  }
+  return f;
+}
+
+void Engine::retime(int32_t rank) {
+  const double after = speed_factor(rank);
+  const double before = factor_[rank];
+  if (after == before) return;
+  factor_[rank] = after;
   const Time now = queue_.now();
-  const double before = was ? 1.0 + slowdown_[rank] : 1.0;
-  const double after = active > 0 ? 1.0 + slowdown_[rank] : 1.0;
   for (Running& r : running_[rank]) {
     r.left_ps = std::max(0.0, r.left_ps - static_cast<double>((now - r.since).count_ps()) / before);
     r.since = now;
@@ -240,6 +271,11 @@ void Engine::collective_changed(int32_t rank, int delta) {
     r.end = queue_.schedule_in(Time::ps(std::llround(r.left_ps * after)), *this,
                                static_cast<uint32_t>(r.task));
   }
+}
+
+void Engine::retime_node(int32_t node) {
+  if (units_[node] <= 0) return;
+  for (int32_t r : ranks_of_node_[node]) retime(r);
 }
 
 Result<SimResult> Engine::run() {
@@ -314,18 +350,25 @@ void Engine::start(int32_t t) {
   }
   const Task& task = g_.task(TaskId(t));
   if (task.kind == TaskKind::kCollective && slows_compute(task))
-    for (const StreamRef& s : g_.streams(TaskId(t)))
-      if (slowdown(s.rank.value()) > 0) collective_changed(s.rank.value(), +1);
+    for (const StreamRef& s : g_.streams(TaskId(t))) {
+      ++collectives_active_[s.rank.value()];
+      retime(s.rank.value());
+    }
   switch (task.kind) {
     case TaskKind::kCompute: {
-      const int32_t rank = g_.streams(TaskId(t))[0].rank.value();
-      if (slowdown(rank) <= 0) {
+      if (!variable_) {
         queue_.schedule_in(task.duration, *this, static_cast<uint32_t>(t));
         break;
       }
+      const int32_t rank = g_.streams(TaskId(t))[0].rank.value();
+      if (!units_.empty()) {
+        const int32_t node = net_.node_of(RankId(rank)).value();
+        ++computing_[node];
+        retime_node(node);
+      }
+      factor_[rank] = speed_factor(rank);
       Running r{t, {}, static_cast<double>(task.duration.count_ps()), now};
-      const double factor = collectives_active_[rank] > 0 ? 1.0 + slowdown_[rank] : 1.0;
-      r.end = queue_.schedule_in(Time::ps(std::llround(r.left_ps * factor)), *this,
+      r.end = queue_.schedule_in(Time::ps(std::llround(r.left_ps * factor_[rank])), *this,
                                  static_cast<uint32_t>(t));
       running_[rank].push_back(r);
       break;
@@ -553,15 +596,23 @@ void Engine::finish(Time now, int32_t t) {
   const Task& task = g_.task(TaskId(t));
   auto refs = g_.streams(TaskId(t));
   if (task.kind == TaskKind::kCompute) flops_[refs[0].rank.value()] += task.flops;
-  if (!slowdown_.empty()) {
-    if (task.kind == TaskKind::kCompute && slowdown(refs[0].rank.value()) > 0) {
-      std::vector<Running>& run = running_[refs[0].rank.value()];
+  if (variable_) {
+    if (task.kind == TaskKind::kCompute) {
+      const int32_t rank = refs[0].rank.value();
+      std::vector<Running>& run = running_[rank];
       run.erase(
           std::find_if(run.begin(), run.end(), [t](const Running& r) { return r.task == t; }));
+      if (!units_.empty()) {
+        const int32_t node = net_.node_of(RankId(rank)).value();
+        --computing_[node];
+        retime_node(node);
+      }
     }
     if (task.kind == TaskKind::kCollective && slows_compute(task))
-      for (const StreamRef& s : refs)
-        if (slowdown(s.rank.value()) > 0) collective_changed(s.rank.value(), -1);
+      for (const StreamRef& s : refs) {
+        --collectives_active_[s.rank.value()];
+        retime(s.rank.value());
+      }
   }
   const int32_t cat = task.label.category.valid() ? task.label.category.value() : g_.num_labels();
   category_time_[cat] += span * g_.world_streams(TaskId(t));

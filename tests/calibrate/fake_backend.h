@@ -61,6 +61,7 @@ class FakeBackend : public runtime::Backend {
     info_.memory = Bytes::GiB(16);
     info_.versions = "fake 1.0";
     info_.world = world;
+    info_.host_cores = 1;  // its ranks share one core, as cpu ranks oversubscribed
   }
 
   const runtime::DeviceInfo& info() const override { return info_; }

@@ -177,6 +177,7 @@ TEST(CalibratedProfile, ValidRoundTripsAndReproducesTheMeasurements) {
   EXPECT_EQ(hardware::missing_provenance(*p), std::vector<std::string>{});
   EXPECT_EQ(p->name, "fake-node");
   EXPECT_EQ(p->gpus_per_node, 2);
+  EXPECT_EQ(p->shared_compute_units, 1) << "the host's cores, from the device info";
   EXPECT_EQ(p->gpu.model, "Fake Device");
 
   // The GEMM model reproduces every measured shape (the table is exact there).

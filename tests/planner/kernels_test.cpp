@@ -105,6 +105,22 @@ TEST(Kernels, HeterogeneousPlansMatchTaskFlops) {
   expect_kernels_match(s, non);
 }
 
+TEST(Evaluate, RanksSharingCoresComputeSlowerTogether) {
+  // The 4-rank tiny plan on a host whose 4 ranks share 2 cores (shared_compute_units):
+  // the iteration is longer than on 4 devices, but not longer than doing all four ranks'
+  // work on 2 cores back to back with nothing overlapped.
+  Scenario s = tiny(4);
+  auto own = evaluate(s, *s.plan);
+  ASSERT_TRUE(own.is_ok() && own->feasible);
+  std::vector<hardware::NodeGroup> groups = s.cluster.groups();
+  for (hardware::NodeGroup& g : groups) g.profile.shared_compute_units = 2;
+  s.cluster = *hardware::ClusterSpec::create(groups, s.cluster.overrides());
+  auto shared = evaluate(s, *s.plan);
+  ASSERT_TRUE(shared.is_ok() && shared->feasible);
+  EXPECT_GT(shared->iteration_time.to_seconds(), 1.5 * own->iteration_time.to_seconds());
+  EXPECT_LE(shared->iteration_time.to_seconds(), 2 * own->iteration_time.to_seconds() + 1e-3);
+}
+
 TEST(Kernels, ShardedShapes) {
   // Column-parallel qkv under tp 2: N halves; the attention kernel has heads / tp and, under
   // cp, seq_q / cp.

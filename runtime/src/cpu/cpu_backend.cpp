@@ -1,6 +1,7 @@
 #include "cpu_backend.h"
 
 #include <fmt/format.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <Eigen/Core>
@@ -71,6 +72,11 @@ class CpuBackend final : public Backend {
     info_.rank = w.rank;
     info_.local_rank = w.local_rank;
     info_.hosts = w.hosts;
+    cpu_set_t cores;
+    CPU_ZERO(&cores);
+    info_.host_cores = sched_getaffinity(0, sizeof(cores), &cores) == 0
+                           ? CPU_COUNT(&cores)
+                           : static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
     MPI_Comm_dup(MPI_COMM_WORLD, &p2p_);
     MPI_Comm_set_errhandler(p2p_, MPI_ERRORS_RETURN);
   }

@@ -5,6 +5,7 @@
 //
 //   {
 //     "name": "dgx-h100", "description": "...", "gpus_per_node": 8,
+//     "shared_compute_units": 2,            // optional (0): cores the ranks share (cpu)
 //     "gpu": {"model": "H100-SXM5-80GB", "sm_count": 132, "l2_MiB": 50, "memory_GiB": 80,
 //             "memory_GBps": 3350,          // HBM datasheet peak
 //             "memory_efficiency": 0.90,    // achievable fraction for streaming kernels
@@ -116,6 +117,10 @@ struct SystemProfile {
   std::string description;
   DeviceProfile gpu;
   int gpus_per_node = 0;
+  /// Compute units the node's ranks share (a CPU host's cores, when its ranks outnumber
+  /// them); 0 = every rank has a device of its own (GPUs). While more ranks of a node
+  /// compute than it has units, each computes at units / computing ranks of its speed.
+  int shared_compute_units = 0;
   IntraNodeFabric intra_node;
   InterNodeNetwork inter_node;
   std::optional<WanLink> wan;

@@ -158,6 +158,9 @@ struct DeviceInfo {
   int rank = 0;
   int local_rank = 0;  // rank within its host
   int hosts = 1;       // distinct hosts in the world
+  /// cpu: the cores this process may run on (its affinity mask), which the host's ranks
+  /// share; cuda: 0 (each rank has its own GPU).
+  int host_cores = 0;
 };
 
 class Backend {

@@ -33,6 +33,10 @@ struct SimOptions {
   /// compute alone: the measurement behind the profiles' figure is of collectives inside
   /// one node (and NCCL drives NICs and P2P with few channels).
   std::vector<double> collective_compute_slowdown;
+  /// Per node (by NodeId; empty or 0: none): compute units its ranks share (a CPU host's
+  /// cores). While n compute tasks of the node's ranks run and n exceeds the units, each
+  /// runs n / units times slower (processor sharing), re-timed whenever n changes.
+  std::vector<double> node_compute_units;
   /// Fill SimResult::tasks (costs 16 bytes per task).
   bool record_tasks = false;
 };
