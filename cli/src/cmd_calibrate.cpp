@@ -1,10 +1,14 @@
-// `hetpar calibrate --backend cpu|cuda [--quick] [--out FILE] [--base PROFILE] [--name N]`:
-// run under `mpirun -np N` (one process per device). Every rank sweeps; rank 0 fits the
-// samples, prints the fitted figures, and writes the profile (with the raw samples under
-// "$calibration") atomically. Progress goes to stderr on rank 0.
+// `hetpar calibrate --backend cpu|cuda [--quick] [--out FILE] [--base PROFILE] [--name N]
+// [--shapes-from SCENARIO [--max-shapes K]]`: run under `mpirun -np N` (one process per
+// device). Every rank sweeps; rank 0 fits the samples, prints the fitted figures, and writes
+// the profile (with the raw samples under "$calibration") atomically. Progress goes to
+// stderr on rank 0. --shapes-from adds the GEMMs a scenario's plan runs (lowered as
+// `hetpar validate` runs it) in its workload's dtype: the profile's GEMM table is exact at
+// measured shapes, so a plan validated against it meets no interpolation error.
 #include <fmt/chrono.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 
@@ -12,6 +16,9 @@
 #include "hetpar/calibrate/profile.h"
 #include "hetpar/calibrate/sweep.h"
 #include "hetpar/core/file_io.h"
+#include "hetpar/planner/kernels.h"
+#include "hetpar/planner/lower.h"
+#include "hetpar/planner/scenario.h"
 #include "hetpar/runtime/backend.h"
 
 namespace hetpar::cli {
@@ -79,6 +86,46 @@ std::string default_base(const runtime::DeviceInfo& d) {
   return "";
 }
 
+// The GEMMs of `path`'s plan, added to `plan` (shapes not already there, at most `max`,
+// most FLOPs first) with the workload's dtype for GEMMs and attention; fp8 workloads add
+// shapes only (their GEMM sweeps would need the TN layout).
+Status add_plan_shapes(const std::string& path, int max, calibrate::SweepPlan& plan,
+                       std::string* what) {
+  if (max < 1) return Status::invalid_argument(fmt::format("--max-shapes {} must be >= 1", max));
+  HETPAR_ASSIGN_OR_RETURN(planner::Scenario s, planner::load_scenario(path));
+  if (!s.plan)
+    return Status::invalid_argument(fmt::format(
+        "{}: plan: missing required object (--shapes-from measures the plan's GEMMs)", path));
+  planner::LowerOptions lo;
+  lo.full_ranks = lo.kernels = true;
+  HETPAR_ASSIGN_OR_RETURN(planner::LoweredPlan lp, planner::lower(s, *s.plan, lo));
+  int added = 0, total = 0;
+  for (const sim::Kernel& k : planner::distinct_gemms(lp.graph)) {
+    ++total;
+    const calibrate::GemmDims d{k.m, k.n, k.k};
+    if (added >= max || std::find(plan.gemms.begin(), plan.gemms.end(), d) != plan.gemms.end())
+      continue;
+    plan.gemms.push_back(d);
+    ++added;
+  }
+  std::string dtype = "none (fp8 plans are measured in bf16)";
+  if (s.workload.precision != hardware::Precision::kFp8) {
+    const runtime::DType t =
+        s.workload.precision == hardware::Precision::kBf16   ? runtime::DType::kBf16
+        : s.workload.precision == hardware::Precision::kFp16 ? runtime::DType::kF16
+                                                             : runtime::DType::kF32;
+    if (std::find(plan.gemm_dtypes.begin(), plan.gemm_dtypes.end(), t) == plan.gemm_dtypes.end())
+      plan.gemm_dtypes.push_back(t);
+    // Attention in the dtype the plan runs it in too (its efficiency is then quoted against
+    // that dtype's measured peak, the one attention_time() reads for the plan).
+    for (runtime::AttentionDesc& a : plan.attention) a.dtype = t;
+    dtype = std::string(runtime::to_string(t));
+  }
+  *what =
+      fmt::format("{} of the {} GEMM shapes of {}'s plan, dtypes {}", added, total, path, dtype);
+  return Status::ok();
+}
+
 }  // namespace
 
 int run_calibrate(const CalibrateOptions& opts) {
@@ -110,7 +157,13 @@ int run_calibrate(const CalibrateOptions& opts) {
       fmt::print(stderr, "calibrate: [{:>4}/{}] {}\n", done + 1, total, phase);
     last_phase = std::string(phase);
   };
-  const calibrate::SweepPlan plan = calibrate::default_plan(opts.backend, opts.quick);
+  calibrate::SweepPlan plan = calibrate::default_plan(opts.backend, opts.quick);
+  if (!opts.shapes_from.empty()) {
+    std::string what;
+    Status st = add_plan_shapes(opts.shapes_from, opts.max_shapes, plan, &what);
+    if (!st.is_ok()) return report_error(st.with_context("--shapes-from"));
+    if (root) fmt::print(stderr, "calibrate: adds {}\n", what);
+  }
   auto samples = calibrate::run_sweeps(b, plan, progress);
   if (!samples.is_ok()) return report_error(samples.status());
   if (!root) return 0;

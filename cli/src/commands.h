@@ -80,6 +80,9 @@ struct CalibrateOptions {
   std::string out;   // "" = calibrated-<backend>.json
   std::string base;  // profile supplying datasheet peaks and unmeasured figures
   std::string name;  // profile name, "" = calibrated-<backend>
+  /// Scenario whose plan's GEMM shapes (and workload dtype) the sweep adds, "" = none.
+  std::string shapes_from;
+  int max_shapes = 48;  // of those, the ones with the most FLOPs
 };
 /// Run under mpirun; every rank sweeps, rank 0 fits, prints and writes.
 int run_calibrate(const CalibrateOptions& opts);

@@ -129,6 +129,13 @@ int main(int argc, char** argv) {
                             "the run cannot measure (e.g. inter-node figures on one host); "
                             "cuda default: the built-in profile of the GPU's name");
   cmd_calibrate->add_option("--name", calibrate.name, "Name of the written profile");
+  cmd_calibrate->add_option("--shapes-from", calibrate.shapes_from,
+                            "Scenario with a plan: also measure the GEMM shapes its ranks run, "
+                            "in its workload's dtype, so the profile is exact at them");
+  cmd_calibrate
+      ->add_option("--max-shapes", calibrate.max_shapes,
+                   "With --shapes-from: at most this many shapes, most FLOPs first")
+      ->capture_default_str();
 
   CatalogOptions models;
   auto* cmd_models = app.add_subcommand("models", "List the model zoo");

@@ -1,6 +1,8 @@
 #include "hetpar/planner/cost_model.h"
 
 #include <algorithm>
+#include <map>
+#include <tuple>
 
 #include "hetpar/core/check.h"
 #include "hetpar/planner/kernels.h"
@@ -392,6 +394,30 @@ Time kernel_time(const sim::Kernel& k, const hardware::DeviceProfile& dev, Preci
       return dev.memory_time(Bytes(k.bytes));
   }
   return Time::zero();
+}
+
+std::vector<sim::Kernel> distinct_gemms(const sim::TaskGraph& g) {
+  std::map<std::tuple<int64_t, int64_t, int64_t>, std::pair<double, int>> seen;  // flops, bytes
+  for (int t = 0; t < g.num_tasks(); ++t) {
+    const sim::Task& task = g.task(TaskId(t));
+    if (task.kind != sim::TaskKind::kCompute || !task.kernels.valid()) continue;
+    for (const sim::Kernel& k : g.kernels(task.kernels)) {
+      if (k.kind != sim::KernelKind::kGemm || k.m <= 0 || k.n <= 0 || k.k <= 0) continue;
+      auto& [flops, bytes] = seen[{k.m, k.n, k.k}];
+      flops += k.flops();
+      bytes = k.element_bytes;
+    }
+  }
+  std::vector<std::pair<double, sim::Kernel>> order;
+  for (const auto& [shape, use] : seen) {
+    const auto [m, n, k] = shape;
+    order.push_back({use.first, sim::gemm_kernel(m, n, k, 1, use.second)});
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<sim::Kernel> out;
+  for (const auto& [flops, k] : order) out.push_back(k);
+  return out;
 }
 
 }  // namespace hetpar::planner

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
+#include <tuple>
 
 #include "hetpar/planner/evaluate.h"
 #include "hetpar/planner/lower.h"
@@ -119,6 +121,33 @@ TEST(Evaluate, RanksSharingCoresComputeSlowerTogether) {
   ASSERT_TRUE(shared.is_ok() && shared->feasible);
   EXPECT_GT(shared->iteration_time.to_seconds(), 1.5 * own->iteration_time.to_seconds());
   EXPECT_LE(shared->iteration_time.to_seconds(), 2 * own->iteration_time.to_seconds() + 1e-3);
+}
+
+TEST(Kernels, DistinctGemmsCoverEveryGemmOnceMostFlopsFirst) {
+  const Scenario s = tiny(1);
+  LowerOptions o;
+  o.full_ranks = o.kernels = true;
+  auto lp = lower(s, *s.plan, o);
+  ASSERT_TRUE(lp.is_ok());
+  const std::vector<sim::Kernel> shapes = distinct_gemms(lp->graph);
+  std::map<std::tuple<int64_t, int64_t, int64_t>, double> flops;  // what the graph runs
+  for (int t = 0; t < lp->graph.num_tasks(); ++t) {
+    const sim::Task& task = lp->graph.task(TaskId(t));
+    if (task.kind != sim::TaskKind::kCompute) continue;
+    for (const sim::Kernel& k : lp->graph.kernels(task.kernels))
+      if (k.kind == sim::KernelKind::kGemm) flops[{k.m, k.n, k.k}] += k.flops();
+  }
+  ASSERT_EQ(shapes.size(), flops.size());
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    EXPECT_EQ(shapes[i].batch, 1);
+    EXPECT_EQ(shapes[i].element_bytes, 2);  // bf16 workload
+    ASSERT_TRUE(flops.count({shapes[i].m, shapes[i].n, shapes[i].k}));
+    if (i == 0) continue;
+    const auto before = std::make_tuple(shapes[i - 1].m, shapes[i - 1].n, shapes[i - 1].k);
+    const auto here = std::make_tuple(shapes[i].m, shapes[i].n, shapes[i].k);
+    EXPECT_GE(flops[before], flops[here]);
+  }
+  EXPECT_TRUE(distinct_gemms(sim::TaskGraph{}).empty());
 }
 
 TEST(Kernels, ShardedShapes) {

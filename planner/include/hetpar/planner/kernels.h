@@ -15,6 +15,7 @@
 #include "hetpar/models/op_graph.h"
 #include "hetpar/planner/layout.h"
 #include "hetpar/sim/kernel.h"
+#include "hetpar/sim/task_graph.h"
 
 namespace hetpar::planner {
 
@@ -32,5 +33,11 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
 /// is tf32). A compute task's kernels add up to its duration (kernels_test pins it), so an
 /// executor can compare kernel by kernel what the simulator assumed.
 Time kernel_time(const sim::Kernel& k, const hardware::DeviceProfile& dev, hardware::Precision p);
+
+/// The distinct GEMM shapes (m, n, k) the compute tasks of `g` run (a batched kernel
+/// counts as its batch-1 shape), the ones with the most FLOPs over all calls first (ties by
+/// shape): what `hetpar calibrate --shapes-from` measures so a profile is exact at a plan's
+/// own GEMMs. Empty without kernels (LowerOptions::kernels).
+std::vector<sim::Kernel> distinct_gemms(const sim::TaskGraph& g);
 
 }  // namespace hetpar::planner
