@@ -47,6 +47,20 @@ std::vector<planner::PhaseTime> group_phases(const std::vector<planner::PhaseTim
 
 namespace {
 
+// Whether `k` does any work: a kernel with an empty shape (a shard of nothing) is skipped.
+bool runs(const Kernel& k) {
+  switch (k.kind) {
+    case KernelKind::kGemm:
+      return k.m > 0 && k.n > 0 && k.k > 0 && k.batch > 0;
+    case KernelKind::kAttentionForward:
+    case KernelKind::kAttentionBackward:
+      return k.seq_q > 0 && k.seq_kv > 0 && k.heads > 0;
+    case KernelKind::kMemory:
+      return k.bytes / 4 > 0;  // run as a copy of bytes / 4 bf16 elements
+  }
+  return false;
+}
+
 DType kernel_dtype(const Kernel& k) {
   return k.element_bytes == 1 ? DType::kF8E4M3 : k.element_bytes == 4 ? DType::kF32 : DType::kBf16;
 }
@@ -242,10 +256,10 @@ Status Runner::prepare() {
 }
 
 Status Runner::run_kernel(Stream s, const Kernel& k) {
+  if (!runs(k)) return Status::ok();
   const DType t = kernel_dtype(k);
   switch (k.kind) {
     case KernelKind::kGemm: {
-      if (k.m <= 0 || k.n <= 0 || k.k <= 0 || k.batch <= 0) return Status::ok();
       runtime::GemmDesc d;
       d.m = k.m;
       d.n = k.n;
@@ -257,7 +271,6 @@ Status Runner::run_kernel(Stream s, const Kernel& k) {
     }
     case KernelKind::kAttentionForward:
     case KernelKind::kAttentionBackward: {
-      if (k.seq_q <= 0 || k.seq_kv <= 0 || k.heads <= 0) return Status::ok();
       runtime::AttentionDesc d;
       d.batch = k.batch;
       d.heads = k.heads;
@@ -277,7 +290,6 @@ Status Runner::run_kernel(Stream s, const Kernel& k) {
     case KernelKind::kMemory: {
       // Read bytes/2 and write bytes/2: a copy of bytes/4 bf16 elements.
       const int64_t elements = k.bytes / 4;
-      if (elements <= 0) return Status::ok();
       runtime::ElementwiseDesc d;
       d.op = runtime::ElementwiseOp::kCopy;
       d.elements = elements;
@@ -385,11 +397,7 @@ Status Runner::census(const ExecuteOptions& o) {
     const sim::Task& t = g_.task(pt.id);
     if (t.kind != sim::TaskKind::kCompute) continue;
     for (const Kernel& k : g_.kernels(t.kernels)) {
-      const bool empty = k.kind == KernelKind::kGemm
-                             ? k.m <= 0 || k.n <= 0 || k.k <= 0 || k.batch <= 0
-                         : k.kind == KernelKind::kMemory ? k.bytes / 4 <= 0
-                                                         : k.seq_q <= 0 || k.seq_kv <= 0;
-      if (empty) continue;
+      if (!runs(k)) continue;
       run.push_back(&k);
       const int kind = static_cast<int>(k.kind);
       census_calls_[kind] += 1;
