@@ -83,13 +83,17 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
   void retime(int32_t rank);
   void retime_node(int32_t node);
   // Whether a collective slows its members' compute: a slowdown set, all members on one
-  // node.
-  bool slows_compute(const Task& task) const {
+  // node (decided once per group: a collective asks at its start and at its end).
+  bool slows_compute(const Task& task) {
     if (slowdown_.empty()) return false;
-    auto members = g_.group(task.group);
-    for (RankId r : members)
-      if (net_.node_of(r) != net_.node_of(members[0])) return false;
-    return !members.empty();
+    int8_t& known = group_in_node_[task.group.value()];
+    if (known < 0) {
+      auto members = g_.group(task.group);
+      known = members.empty() ? 0 : 1;
+      for (RankId r : members)
+        if (net_.node_of(r) != net_.node_of(members[0])) known = 0;
+    }
+    return known == 1;
   }
   const Plan& plan(const Task& task, Algorithm algorithm);
   const Plan& p2p_plan(const Task& task);
@@ -145,20 +149,21 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
 
   // Variable-speed compute, on when a slowdown or a shared node is set (else every compute
   // task is one fixed event): per rank the slowdown, the slowing collectives in flight, the
-  // current time multiplier and the compute tasks running, each with its pending end event
-  // and its work left (picoseconds at full speed) as of `since`; per node the shared units
-  // (0 = none), the compute tasks running and the node's ranks.
+  // current time multiplier; per compute stream the task it runs (-1: none) with its pending
+  // end event and its work left (picoseconds at full speed) as of `since`; per node the
+  // shared units (0 = none), the compute tasks running and the node's ranks.
   struct Running {
-    int32_t task = 0;
+    int32_t task = -1;
     EventHandle end;
     double left_ps = 0;
     Time since;
   };
   bool variable_ = false;
   std::vector<double> slowdown_;
+  std::vector<int8_t> group_in_node_;  // per group: -1 not yet known, else 0 / 1
   std::vector<int32_t> collectives_active_;
   std::vector<double> factor_;
-  std::vector<std::vector<Running>> running_;
+  std::vector<Running> running_;  // indexed like streams (only compute ones used)
   std::vector<double> units_;
   std::vector<int32_t> computing_;
   std::vector<std::vector<int32_t>> ranks_of_node_;
@@ -229,6 +234,7 @@ Engine::Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, Tr
                  "collective_compute_slowdown has {} entries for {} ranks",
                  opt.collective_compute_slowdown.size(), nr);
     slowdown_ = opt.collective_compute_slowdown;
+    group_in_node_.assign(static_cast<size_t>(g.num_groups()), -1);
     collectives_active_.assign(nr, 0);
   }
   if (shared) {
@@ -244,7 +250,7 @@ Engine::Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, Tr
   variable_ = slowed || shared;
   if (variable_) {
     factor_.assign(nr, 1.0);
-    running_.resize(nr);
+    running_.resize(stream_base_[nr]);
   }
 }
 
@@ -264,7 +270,9 @@ void Engine::retime(int32_t rank) {
   if (after == before) return;
   factor_[rank] = after;
   const Time now = queue_.now();
-  for (Running& r : running_[rank]) {
+  for (int32_t st = stream_base_[rank]; st < stream_base_[rank] + num_compute_[rank]; ++st) {
+    Running& r = running_[st];
+    if (r.task < 0) continue;
     r.left_ps = std::max(0.0, r.left_ps - static_cast<double>((now - r.since).count_ps()) / before);
     r.since = now;
     queue_.cancel(r.end);
@@ -360,17 +368,18 @@ void Engine::start(int32_t t) {
         queue_.schedule_in(task.duration, *this, static_cast<uint32_t>(t));
         break;
       }
-      const int32_t rank = g_.streams(TaskId(t))[0].rank.value();
+      const StreamRef& ref = g_.streams(TaskId(t))[0];
+      const int32_t rank = ref.rank.value();
       if (!units_.empty()) {
-        const int32_t node = net_.node_of(RankId(rank)).value();
+        const int32_t node = net_.node_of(ref.rank).value();
         ++computing_[node];
         retime_node(node);
       }
       factor_[rank] = speed_factor(rank);
-      Running r{t, {}, static_cast<double>(task.duration.count_ps()), now};
+      Running& r = running_[stream_of(ref)];
+      r = {t, {}, static_cast<double>(task.duration.count_ps()), now};
       r.end = queue_.schedule_in(Time::ps(std::llround(r.left_ps * factor_[rank])), *this,
                                  static_cast<uint32_t>(t));
-      running_[rank].push_back(r);
       break;
     }
     case TaskKind::kP2P:
@@ -599,9 +608,7 @@ void Engine::finish(Time now, int32_t t) {
   if (variable_) {
     if (task.kind == TaskKind::kCompute) {
       const int32_t rank = refs[0].rank.value();
-      std::vector<Running>& run = running_[rank];
-      run.erase(
-          std::find_if(run.begin(), run.end(), [t](const Running& r) { return r.task == t; }));
+      running_[stream_of(refs[0])].task = -1;
       if (!units_.empty()) {
         const int32_t node = net_.node_of(RankId(rank)).value();
         --computing_[node];
