@@ -36,12 +36,17 @@ Plan plan(int tp, int pp, int dp, int mbs, Schedule sch = Schedule::k1F1B, int v
 }
 
 // `search`: as a layout search evaluates (no exposed-comm sweep, memory not enforced, so
-// that a plan the memory model rejects is still timed).
+// that a plan the memory model rejects is still timed). Each iteration reuses one
+// Workspace, as a search thread does; `cold`: none, as a single `hetpar simulate` runs.
 void run(benchmark::State& state, const Scenario& s, const Plan& p, bool full_ranks = false,
-         bool search = false) {
+         bool search = false, bool cold = false) {
+  Workspace ws;
   for (auto _ : state) {
-    auto m = evaluate(
-        s, p, {.full_ranks = full_ranks, .enforce_memory = !search, .exposed_by_kind = !search});
+    auto m = evaluate(s, p,
+                      {.full_ranks = full_ranks,
+                       .enforce_memory = !search,
+                       .exposed_by_kind = !search,
+                       .workspace = cold ? nullptr : &ws});
     if (!m.is_ok() || !m->feasible) {
       state.SkipWithError(m.is_ok() ? m->infeasible_reason.c_str() : m.status().message().c_str());
       return;
@@ -78,9 +83,10 @@ void BM_Gpt1T_3072xA100(benchmark::State& state) {
           "activation": "gelu", "norm": "layernorm", "position_embedding": "learned",
           "max_positions": 2048, "tied_embeddings": true}}]})",
       2048, 3072, "dgx-a100-80gb", 384);
-  run(state, s, plan(8, 64, 6, 1));
+  run(state, s, plan(8, 64, 6, 1), false, false, state.range(0) == 1);
 }
-BENCHMARK(BM_Gpt1T_3072xA100)->Unit(benchmark::kMillisecond);
+// Arg 0: a reused Workspace (the planner's case); 1: cold, every array allocated afresh.
+BENCHMARK(BM_Gpt1T_3072xA100)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
 
 // Llama-3.1-405B on 16384 H100s, TP8 PP16 DP128, seq 8192, global batch 2048: Meta's
 // 7/8/.../8/7 layer split (126 layers), distributed optimizer, full recompute (the memory
@@ -96,8 +102,8 @@ void BM_Llama405B_16384xH100(benchmark::State& state) {
 BENCHMARK(BM_Llama405B_16384xH100)->Unit(benchmark::kMillisecond);
 
 // InternViT-6B (4 tiles per sample, pixel-shuffled to 256 tokens each) + Llama-3.1-70B on
-// 1024 H100s (examples/internvit6b-llama70b-1024xh100.json), the heterogeneous plans a layout search
-// evaluates by the thousand.
+// 1024 H100s (examples/internvit6b-llama70b-1024xh100.json), the heterogeneous plans a layout
+// search evaluates by the thousand.
 const Scenario& internvit_1024() {
   static const Scenario s = make(
       R"({"name": "internvit-6b-llama-3.1-70b", "modules": [

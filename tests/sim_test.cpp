@@ -771,5 +771,47 @@ TEST(DeterminismTest, SameInputsGiveIdenticalResultsAcrossRunsAndThreads) {
   expect_same(first, on_thread[1]);
 }
 
+// A workspace carries only capacity: a smaller graph simulated after a larger one (its
+// arrays hold the larger one's stale values) gives what a fresh engine gives, and a graph
+// refilled after clear() is the graph built afresh.
+TEST(DeterminismTest, AReusedWorkspaceAndAClearedGraphChangeNothing) {
+  const Network net = cluster_network({.nodes = 2, .gpus_per_node = 4});
+  SimOptions opt;
+  opt.record_tasks = true;
+  auto small = [](TaskGraph& g) {
+    const LabelId fwd = g.label("fwd");
+    TaskId a = g.add_compute(RankId(0), 0, Time::us(200), Flops(1e12), {.category = fwd});
+    TaskId x = g.add_p2p(RankId(0), RankId(5), Bytes::MiB(8), 0, 0);
+    TaskId b = g.add_compute(RankId(5), 0, Time::us(100), Flops(1e12), {.category = fwd});
+    g.add_dependency(a, x);
+    g.add_dependency(x, b);
+    std::vector<RankId> grp = {RankId(0), RankId(5)};
+    g.add_collective({.group = grp, .bytes = Bytes::MiB(4), .stream = 1});
+  };
+  TaskGraph fresh;
+  small(fresh);
+  const SimResult expected = *simulate(fresh, net, opt);
+
+  SimWorkspace ws;
+  TaskGraph g = pipeline_graph();
+  SimResult big = *simulate(g, net, opt, nullptr, &ws);
+  EXPECT_EQ(big.tasks.size(), static_cast<size_t>(g.num_tasks()));
+  ws.recycle(std::move(big));
+  g.clear();
+  EXPECT_EQ(g.num_tasks(), 0);
+  EXPECT_EQ(g.num_labels(), 0);
+  EXPECT_EQ(g.num_groups(), 0);
+  small(g);
+  ASSERT_EQ(g.num_tasks(), fresh.num_tasks());
+  EXPECT_EQ(g.label_text(LabelId(0)), "fwd");
+  EXPECT_TRUE(g.validate(net.num_ranks()).is_ok());
+  const SimResult reused = *simulate(g, net, opt, nullptr, &ws);
+  expect_same(expected, reused);
+  EXPECT_EQ(expected.categories.size(), reused.categories.size());
+  // And the large graph again, after the small one.
+  expect_same(*simulate(pipeline_graph(), net, opt),
+              *simulate(pipeline_graph(), net, opt, nullptr, &ws));
+}
+
 }  // namespace
 }  // namespace hetpar::sim

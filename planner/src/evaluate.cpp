@@ -127,6 +127,7 @@ Result<PlanMetrics> evaluate(const Scenario& s, const Plan& p, const EvaluateOpt
       std::any_of(node_units.begin(), node_units.end(), [](double u) { return u > 0; });
   LowerOptions lo;
   lo.full_ranks = o.full_ranks || shared;
+  if (o.workspace) lo.reuse = &o.workspace->graph;
   HETPAR_ASSIGN_OR_RETURN(LoweredPlan lowered, lower(s, p, lo));
   sim::SimOptions so;
   so.collectives = collective_config(s.cluster);
@@ -139,7 +140,8 @@ Result<PlanMetrics> evaluate(const Scenario& s, const Plan& p, const EvaluateOpt
     if (slow > 0) so.collective_compute_slowdown[static_cast<size_t>(r)] = slow;
   }
   HETPAR_ASSIGN_OR_RETURN(sim::SimResult r,
-                          sim::simulate(lowered.graph, lowered.network, so, o.trace));
+                          sim::simulate(lowered.graph, lowered.network, so, o.trace,
+                                        o.workspace ? &o.workspace->sim : nullptr));
 
   m.feasible = true;
   m.world = lowered.world;
@@ -176,6 +178,10 @@ Result<PlanMetrics> evaluate(const Scenario& s, const Plan& p, const EvaluateOpt
     m.phases.push_back(
         {c.category.empty() ? "other" : c.category, Time::ps(c.rank_time.count_ps() / ranks)});
   if (o.exposed_by_kind) m.exposed_by_kind = exposed_by_kind(lowered.graph, r);
+  if (o.workspace) {
+    o.workspace->graph = std::move(lowered.graph);
+    o.workspace->sim.recycle(std::move(r));
+  }
   return m;
 }
 

@@ -1649,6 +1649,10 @@ Result<LoweredPlan> lower(const Scenario& s, const Plan& p, const LowerOptions& 
   std::string why = infeasibility(s, p);
   if (!why.empty()) return Status::invalid_argument(why);
   LoweredPlan out;
+  if (o.reuse) {
+    out.graph = std::move(*o.reuse);
+    out.graph.clear();
+  }
   if (p.placement == Placement::kHomogeneous)
     Lowering(s, p, o, out).run();
   else

@@ -1060,6 +1060,8 @@ Result<SearchResult> search(const Scenario& s, const SearchOptions& o) {
   // second simulation of the plans reported.
   EvaluateOptions eo;
   eo.exposed_by_kind = true;
+  // Each thread refills one graph and one set of simulator arrays, plan after plan.
+  tbb::enumerable_thread_specific<Workspace> workspaces;
   size_t next = 0;
   // A batch is kBatch plans that will run: candidates are admitted in bound order, checked
   // for memory (in parallel, a chunk at a time) and kept when they fit, until the batch is
@@ -1139,8 +1141,11 @@ Result<SearchResult> search(const Scenario& s, const SearchOptions& o) {
     held = std::move(later);
     std::vector<std::optional<Result<PlanMetrics>>> out(batch.size());
     arena.execute([&] {
-      tbb::parallel_for(size_t{0}, batch.size(),
-                        [&](size_t i) { out[i] = evaluate(s, plans[i], eo); });
+      tbb::parallel_for(size_t{0}, batch.size(), [&](size_t i) {
+        EvaluateOptions mine = eo;
+        mine.workspace = &workspaces.local();
+        out[i] = evaluate(s, plans[i], mine);
+      });
     });
     for (size_t i = 0; i < batch.size(); ++i) {
       const int f = family[batch[i]->base];

@@ -55,9 +55,45 @@ struct RankClock {
   }
 };
 
+// What the engine tracks per task, together so that starting and finishing a task touch
+// one cache line rather than one per array (a 1T-parameter plan has over a million tasks).
+struct TaskState {
+  Time start;
+  Time tail_latency;           // collective: paid after its last flow
+  Time fixed = Time::ps(-1);   // comm: its time when it runs alone (find_uncontended), else < 0
+  const Plan* plan = nullptr;  // comm: its resolved plan
+  int32_t waiting = 0;         // dependencies + streams not yet at it
+  int32_t flows_left = 0;      // comm: flows in flight
+};
+
+}  // namespace
+
+// The engine's per-task arrays, kept between calls by a SimWorkspace.
+struct SimWorkspace::Arrays {
+  std::vector<TaskState> state;
+  std::vector<int32_t> succ_begin, succ, fill, stream_tasks;
+  std::vector<Algorithm> algorithm;
+  std::vector<TaskTiming> timings;
+};
+
+SimWorkspace::SimWorkspace() : arrays_(std::make_unique<Arrays>()) {}
+SimWorkspace::~SimWorkspace() = default;
+SimWorkspace::SimWorkspace(SimWorkspace&&) noexcept = default;
+SimWorkspace& SimWorkspace::operator=(SimWorkspace&&) noexcept = default;
+
+void SimWorkspace::recycle(SimResult&& result) {
+  if (result.tasks.capacity() > arrays_->timings.capacity())
+    arrays_->timings = std::move(result.tasks);
+  if (result.algorithms.capacity() > arrays_->algorithm.capacity())
+    arrays_->algorithm = std::move(result.algorithms);
+}
+
+namespace {
+
 class Engine final : public EventSource, public FlowNetwork::Observer {
  public:
-  Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, TraceSink* sink);
+  Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, TraceSink* sink,
+         SimWorkspace* ws);
   Result<SimResult> run();
 
   void on_event(Time now, uint32_t task) override { finish(now, static_cast<int32_t>(task)); }
@@ -104,22 +140,27 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
   const Network& net_;
   const SimOptions& opt_;
   TraceSink* sink_;
+  // The per-task arrays: the workspace's when one is given, else the engine's own.
+  SimWorkspace::Arrays own_;
+  SimWorkspace::Arrays& a_;
   EventQueue queue_;
   FlowNetwork flows_;
 
   // Streams: rank r owns streams stream_base_[r] .. +num_compute_[r] (compute) and the
   // comm streams after them. Each stream's tasks in program order (CSR) and its head.
   std::vector<int32_t> stream_base_, num_compute_;
-  std::vector<int32_t> stream_task_begin_, stream_tasks_, stream_head_;
+  std::vector<int32_t> stream_task_begin_, stream_head_;
+  std::vector<int32_t>& stream_tasks_ = a_.stream_tasks;
   std::vector<Time> stream_busy_;
   std::vector<RankClock> clocks_;
   std::vector<Flops> flops_;
 
   // Tasks: what each still waits for (dependencies + streams not yet at it), successors
   // (CSR), start times, flows in flight and the latency paid after the last one.
-  std::vector<int32_t> waiting_, succ_begin_, succ_, flows_left_;
-  std::vector<Time> start_, tail_latency_;
-  std::vector<Algorithm> algorithm_;
+  std::vector<int32_t>& succ_begin_ = a_.succ_begin;
+  std::vector<int32_t>& succ_ = a_.succ;
+  std::vector<TaskState>& state_ = a_.state;
+  std::vector<Algorithm>& algorithm_ = a_.algorithm;
   std::vector<Time> category_time_;
   std::vector<int64_t> category_tasks_;
   int32_t finished_ = 0;
@@ -127,8 +168,6 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
   SimResult result_;
 
   std::unordered_map<PlanKey, Plan, PlanKeyHash> plans_;  // node-based: stable addresses
-  std::vector<const Plan*> plan_of_;                      // per comm task
-  std::vector<Time> fixed_;  // per task: its time when it runs alone, else < 0
   struct Isolated {
     const Plan* plan = nullptr;
     Bytes bytes;
@@ -169,11 +208,13 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
   std::vector<std::vector<int32_t>> ranks_of_node_;
 };
 
-Engine::Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, TraceSink* sink)
+Engine::Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, TraceSink* sink,
+               SimWorkspace* ws)
     : g_(g),
       net_(net),
       opt_(opt),
       sink_(sink),
+      a_(ws ? ws->arrays() : own_),
       flows_(queue_, net, *this),
       iso_flows_(iso_queue_, net, iso_) {
   const int nr = net.num_ranks();
@@ -191,12 +232,12 @@ Engine::Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, Tr
   const int ns = stream_base_[nr];
 
   // Program order per stream, and per task the number of things it waits for.
-  waiting_.assign(nt, 0);
+  state_.assign(nt, TaskState{});
   stream_task_begin_.assign(ns + 1, 0);
   for (int t = 0; t < nt; ++t)
     for (const StreamRef& s : g.streams(TaskId(t))) {
       ++stream_task_begin_[stream_of(s) + 1];
-      ++waiting_[t];
+      ++state_[t].waiting;
     }
   for (int s = 0; s < ns; ++s) stream_task_begin_[s + 1] += stream_task_begin_[s];
   stream_tasks_.resize(stream_task_begin_[ns]);
@@ -210,22 +251,23 @@ Engine::Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, Tr
   succ_begin_.assign(nt + 1, 0);
   for (auto [before, after] : g.dependencies()) {
     ++succ_begin_[before.value() + 1];
-    ++waiting_[after.value()];
+    ++state_[after.value()].waiting;
   }
   for (int t = 0; t < nt; ++t) succ_begin_[t + 1] += succ_begin_[t];
   succ_.resize(succ_begin_[nt]);
   {
-    std::vector<int32_t> fill(succ_begin_.begin(), succ_begin_.end() - 1);
+    std::vector<int32_t>& fill = a_.fill;
+    fill.assign(succ_begin_.begin(), succ_begin_.end() - 1);
     for (auto [before, after] : g.dependencies()) succ_[fill[before.value()]++] = after.value();
   }
-  start_.assign(nt, Time::zero());
-  tail_latency_.assign(nt, Time::zero());
-  flows_left_.assign(nt, 0);
   algorithm_.assign(nt, Algorithm::kRing);
   category_time_.assign(g.num_labels() + 1, Time::zero());  // last slot: no category
   category_tasks_.assign(g.num_labels() + 1, 0);
   flops_.assign(nr, Flops(0));
-  if (opt.record_tasks) result_.tasks.resize(nt);
+  if (opt.record_tasks) {
+    result_.tasks = std::move(a_.timings);
+    result_.tasks.assign(nt, TaskTiming{});
+  }
   bool slowed = false, shared = false;
   for (double x : opt.collective_compute_slowdown) slowed = slowed || x > 0;
   for (double x : opt.node_compute_units) shared = shared || x > 0;
@@ -297,10 +339,10 @@ Result<SimResult> Engine::run() {
     // check TaskGraph::validate() leaves to this run.
     const int nt = g_.num_tasks();
     int t = 0;
-    while (t < nt && waiting_[t] == 0) ++t;
+    while (t < nt && state_[t].waiting == 0) ++t;
     HETPAR_CHECK(t < nt, "{} of {} tasks never finished", nt - finished_, nt);
     int never = 0;
-    for (int u = 0; u < nt; ++u) never += waiting_[u] > 0 ? 1 : 0;
+    for (int u = 0; u < nt; ++u) never += state_[u].waiting > 0 ? 1 : 0;
     return g_.cycle_error(TaskId(t), never);
   }
 
@@ -327,12 +369,12 @@ Result<SimResult> Engine::run() {
   }
   std::sort(r.categories.begin(), r.categories.end(),
             [](const CategoryTotal& a, const CategoryTotal& b) { return a.category < b.category; });
-  if (opt_.record_tasks) r.algorithms = algorithm_;
+  if (opt_.record_tasks) r.algorithms.assign(algorithm_.begin(), algorithm_.end());
   return std::move(result_);
 }
 
 void Engine::arrive(int32_t t) {
-  if (--waiting_[t] == 0) start(t);
+  if (--state_[t].waiting == 0) start(t);
 }
 
 void Engine::report(int32_t t, const StreamRef& s, Time end, bool started) {
@@ -340,7 +382,7 @@ void Engine::report(int32_t t, const StreamRef& s, Time end, bool started) {
   std::string_view name = g_.label_text(task.label.name);
   if (name.empty())
     name = task.kind == TaskKind::kCollective ? to_string(task.collective) : to_string(task.kind);
-  TaskSpan span{TaskId(t), s, g_.label_text(task.label.category), name, start_[t], end};
+  TaskSpan span{TaskId(t), s, g_.label_text(task.label.category), name, state_[t].start, end};
   if (started)
     sink_->task_started(span);
   else
@@ -349,13 +391,20 @@ void Engine::report(int32_t t, const StreamRef& s, Time end, bool started) {
 
 void Engine::start(int32_t t) {
   const Time now = queue_.now();
-  start_[t] = now;
+  state_[t].start = now;
   for (const StreamRef& s : g_.streams(TaskId(t))) {
     RankClock& c = clocks_[s.rank.value()];
     c.advance(now);
     ++(s.kind == StreamKind::kCompute ? c.compute_active : c.comm_active);
     if (sink_) report(t, s, now, true);
+    // finish() will touch the state of the stream's next task: fetch it while this one
+    // runs (a million-task graph's states are far from cache).
+    const int32_t stream = stream_of(s);
+    if (stream_head_[stream] + 1 < stream_task_begin_[stream + 1])
+      __builtin_prefetch(&state_[stream_tasks_[stream_head_[stream] + 1]], 1);
   }
+  for (int32_t i = succ_begin_[t]; i < succ_begin_[t + 1]; ++i)
+    __builtin_prefetch(&state_[succ_[i]], 1);
   const Task& task = g_.task(TaskId(t));
   if (task.kind == TaskKind::kCollective && slows_compute(task))
     for (const StreamRef& s : g_.streams(TaskId(t))) {
@@ -384,15 +433,16 @@ void Engine::start(int32_t t) {
     }
     case TaskKind::kP2P:
     case TaskKind::kCollective: {
-      if (fixed_[t] >= Time::zero()) {
-        queue_.schedule_in(fixed_[t], *this, static_cast<uint32_t>(t));
+      if (state_[t].fixed >= Time::zero()) {
+        queue_.schedule_in(state_[t].fixed, *this, static_cast<uint32_t>(t));
         break;
       }
-      const Plan& p = *plan_of_[t];
-      tail_latency_[t] = task.kind == TaskKind::kCollective ? p.pattern.latency : Time::zero();
-      flows_left_[t] = launch(p, task, static_cast<uint32_t>(t), flows_);
-      if (flows_left_[t] == 0)
-        queue_.schedule_in(tail_latency_[t], *this, static_cast<uint32_t>(t));
+      const Plan& p = *state_[t].plan;
+      state_[t].tail_latency =
+          task.kind == TaskKind::kCollective ? p.pattern.latency : Time::zero();
+      state_[t].flows_left = launch(p, task, static_cast<uint32_t>(t), flows_);
+      if (state_[t].flows_left == 0)
+        queue_.schedule_in(state_[t].tail_latency, *this, static_cast<uint32_t>(t));
       break;
     }
   }
@@ -558,8 +608,6 @@ Time Engine::isolated_time(const Plan& p, const Task& task) {
 // one after another.
 void Engine::find_uncontended() {
   const int nt = g_.num_tasks();
-  plan_of_.assign(nt, nullptr);
-  fixed_.assign(nt, Time::ps(-1));
   std::vector<int32_t> owner(net_.num_links(), -1);  // -1 unused, -2 shared, else stream
   auto occupies = [&](int32_t t, int32_t stream) {
     for (const StreamRef& s : g_.streams(TaskId(t)))
@@ -569,7 +617,7 @@ void Engine::find_uncontended() {
   for (int32_t t = 0; t < nt; ++t) {
     if (g_.task(TaskId(t)).kind == TaskKind::kCompute) continue;
     const Plan& p = resolve(t);
-    plan_of_[t] = &p;
+    state_[t].plan = &p;
     const int32_t first = stream_of(g_.streams(TaskId(t))[0]);
     for (LinkId l : p.links) {
       int32_t& o = owner[l.value()];
@@ -580,28 +628,28 @@ void Engine::find_uncontended() {
     }
   }
   for (int32_t t = 0; t < nt; ++t) {
-    if (!plan_of_[t]) continue;
-    const Plan& p = *plan_of_[t];
+    if (!state_[t].plan) continue;
+    const Plan& p = *state_[t].plan;
     bool alone = true;
     for (LinkId l : p.links) alone = alone && owner[l.value()] >= 0;
-    if (alone) fixed_[t] = isolated_time(p, g_.task(TaskId(t)));
+    if (alone) state_[t].fixed = isolated_time(p, g_.task(TaskId(t)));
   }
 }
 
 void Engine::on_flow_done(Time now, uint32_t task) {
   const auto t = static_cast<int32_t>(task);
-  if (--flows_left_[t] > 0) return;
-  if (tail_latency_[t] == Time::zero())
+  if (--state_[t].flows_left > 0) return;
+  if (state_[t].tail_latency == Time::zero())
     finish(now, t);
   else
-    queue_.schedule_in(tail_latency_[t], *this, task);
+    queue_.schedule_in(state_[t].tail_latency, *this, task);
 }
 
 void Engine::finish(Time now, int32_t t) {
   ++finished_;
   makespan_ = std::max(makespan_, now);
-  const Time span = now - start_[t];
-  if (opt_.record_tasks) result_.tasks[t] = {start_[t], now};
+  const Time span = now - state_[t].start;
+  if (opt_.record_tasks) result_.tasks[t] = {state_[t].start, now};
   const Task& task = g_.task(TaskId(t));
   auto refs = g_.streams(TaskId(t));
   if (task.kind == TaskKind::kCompute) flops_[refs[0].rank.value()] += task.flops;
@@ -641,10 +689,10 @@ void Engine::finish(Time now, int32_t t) {
 }  // namespace
 
 Result<SimResult> simulate(const TaskGraph& graph, const Network& net, const SimOptions& options,
-                           TraceSink* sink) {
+                           TraceSink* sink, SimWorkspace* workspace) {
   HETPAR_RETURN_IF_ERROR(net.validate());
   HETPAR_RETURN_IF_ERROR(graph.validate(net.num_ranks(), /*cycles=*/false));
-  Engine engine(graph, net, options, sink);
+  Engine engine(graph, net, options, sink, workspace);
   return engine.run();
 }
 

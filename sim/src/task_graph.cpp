@@ -108,6 +108,20 @@ void TaskGraph::set_kernels(TaskId task, KernelListId list) {
   tasks_[task.value()].kernels = list;
 }
 
+void TaskGraph::clear() {
+  tasks_.clear();
+  stream_begin_.assign(1, 0);
+  stream_refs_.clear();
+  deps_.clear();
+  groups_.clear();
+  group_ids_.clear();
+  label_text_.clear();
+  label_ids_.clear();
+  multiplicity_.clear();
+  kernels_.clear();
+  kernel_begin_.assign(1, 0);
+}
+
 void TaskGraph::reserve(size_t tasks, size_t stream_refs, size_t deps) {
   tasks_.reserve(tasks);
   stream_begin_.reserve(tasks + 1);

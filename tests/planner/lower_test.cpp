@@ -7,6 +7,8 @@
 #include <set>
 
 #include "hetpar/models/totals.h"
+#include "hetpar/planner/evaluate.h"
+#include "hetpar/planner/evaluate.h"
 #include "hetpar/planner/network_builder.h"
 #include "hetpar/sim/simulate.h"
 
@@ -209,6 +211,31 @@ TEST(Lower, GraphsValidateAndAreDeterministic) {
     o.collectives = collective_config(s.cluster);
     EXPECT_EQ(run(a, a.network, o).makespan, run(b, b.network, o).makespan);
   }
+}
+
+// evaluate() with a Workspace reused across plans of different sizes (as a search thread
+// does) reports exactly what it reports without one.
+TEST(Lower, AReusedWorkspaceGivesTheSameMetrics) {
+  Scenario s = make(8, 32, 2);
+  std::vector<Plan> plans = {plan(2, 4, 2, Schedule::kInterleaved, 2), plan(1, 1, 16),
+                             plan(8, 2, 1), plan(4, 2, 1, Schedule::kGpipe, 1, 2)};
+  plans[2].layout.sequence_parallel = true;
+  Workspace ws;
+  for (int round = 0; round < 2; ++round)
+    for (const Plan& p : plans) {
+      auto a = evaluate(s, p);
+      auto b = evaluate(s, p, {.workspace = &ws});
+      ASSERT_TRUE(a.is_ok() && b.is_ok());
+      EXPECT_EQ(a->iteration_time, b->iteration_time);
+      EXPECT_EQ(a->tasks, b->tasks);
+      EXPECT_EQ(a->exposed_comm, b->exposed_comm);
+      ASSERT_EQ(a->phases.size(), b->phases.size());
+      for (size_t i = 0; i < a->phases.size(); ++i)
+        EXPECT_EQ(a->phases[i].per_rank, b->phases[i].per_rank) << a->phases[i].phase;
+      ASSERT_EQ(a->exposed_by_kind.size(), b->exposed_by_kind.size());
+      for (size_t i = 0; i < a->exposed_by_kind.size(); ++i)
+        EXPECT_EQ(a->exposed_by_kind[i].per_rank, b->exposed_by_kind[i].per_rank);
+    }
 }
 
 TEST(Lower, FasterNicsNeverSlowTheIterationDown) {

@@ -18,6 +18,8 @@
 #include "hetpar/planner/layout.h"
 #include "hetpar/planner/memory.h"
 #include "hetpar/planner/scenario.h"
+#include "hetpar/sim/simulate.h"
+#include "hetpar/sim/task_graph.h"
 #include "hetpar/sim/trace.h"
 
 namespace hetpar::planner {
@@ -53,6 +55,14 @@ struct PlanMetrics {
   int64_t tasks = 0;  // simulated tasks (one representative rank per stage, lower.h)
 };
 
+/// What evaluate() can reuse from one plan to the next on a thread: the task graph's and
+/// the simulator's arrays (sim::SimWorkspace). A search keeps one per thread; results do
+/// not depend on it. One evaluate() at a time per workspace.
+struct Workspace {
+  sim::TaskGraph graph;
+  sim::SimWorkspace sim;
+};
+
 struct EvaluateOptions {
   /// Receives every task's start and end (e.g. a ChromeTraceWriter); may be null.
   sim::TraceSink* trace = nullptr;
@@ -67,6 +77,8 @@ struct EvaluateOptions {
   /// and an interval sweep; a search that only ranks plans turns it off and
   /// exposed_by_kind stays empty (everything else is unchanged).
   bool exposed_by_kind = true;
+  /// Arrays to reuse (see Workspace); may be null.
+  Workspace* workspace = nullptr;
 };
 
 /// Errors only for internal failures (a graph that does not validate); a plan that does

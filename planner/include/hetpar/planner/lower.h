@@ -127,6 +127,9 @@ struct LowerOptions {
   /// for the executor; the simulator ignores them. Off by default (the planner's search
   /// does not need them).
   bool kernels = false;
+  /// A graph whose arrays lower() refills (cleared first) instead of allocating a new one,
+  /// e.g. the previous plan's (evaluate()'s Workspace); may be null. Left empty.
+  sim::TaskGraph* reuse = nullptr;
 };
 
 struct LoweredPlan {

@@ -11,6 +11,7 @@
 // sum(stat x multiplicity) / sum(multiplicity).
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -75,11 +76,33 @@ struct SimResult {
   std::vector<Algorithm> algorithms;
 };
 
+/// Arrays simulate() can reuse from one call to the next. A caller that simulates plan
+/// after plan on one thread (a layout search, a benchmark) passes the same workspace to
+/// each call: the engine's per-task arrays (some 50 bytes per task) then keep their memory
+/// rather than being allocated and page-faulted afresh, which on a million-task plan costs
+/// as much as a fifth of the run. Results do not depend on it. One call at a time per
+/// workspace.
+class SimWorkspace {
+ public:
+  SimWorkspace();
+  ~SimWorkspace();
+  SimWorkspace(SimWorkspace&&) noexcept;
+  SimWorkspace& operator=(SimWorkspace&&) noexcept;
+  /// Takes back a finished result's per-task arrays (tasks, algorithms) for the next call.
+  void recycle(SimResult&& result);
+
+  struct Arrays;  // defined where simulate() is
+  Arrays& arrays() { return *arrays_; }
+
+ private:
+  std::unique_ptr<Arrays> arrays_;
+};
+
 /// Busy time of a stream is counted from the task's start (all participants there) to
 /// its end; time a participant waits at a collective for the others is idle time.
 /// Errors: the graph does not validate against the network's ranks, or the network has
-/// no router.
+/// no router. `workspace` (may be null): arrays to reuse, see SimWorkspace.
 Result<SimResult> simulate(const TaskGraph& graph, const Network& net, const SimOptions& options,
-                           TraceSink* sink = nullptr);
+                           TraceSink* sink = nullptr, SimWorkspace* workspace = nullptr);
 
 }  // namespace hetpar::sim

@@ -172,6 +172,10 @@ class TaskGraph {
   }
   /// Room for this many tasks, stream references and dependencies (no effect on results).
   void reserve(size_t tasks, size_t stream_refs, size_t deps);
+  /// Empties the graph (no tasks, groups, labels, kernels or multiplicities) but keeps its
+  /// arrays' capacity: a graph refilled for plan after plan (LowerOptions::reuse) is not
+  /// allocated and page-faulted afresh each time.
+  void clear();
   size_t num_stream_refs() const { return stream_refs_.size(); }
   size_t num_dependencies() const { return deps_.size(); }
   /// `after` starts only once `before` has finished.
