@@ -437,6 +437,8 @@ const std::vector<std::string>& bad_texts() {
       R"({"model": "llava-1.5-7b", "workload": {"seq_len": 4096, "global_batch": 64, "images_per_sample": 1, "tokens_per_image": 500}, )" +
           kCluster + "}",
       R"([1, 2, 3])",
+      R"({"model": "llama-3.1-8b", )" + kWorkload + ", " + kCluster +
+          R"(, "plan": {"micro_batch": 1, "dp": 8, "fp8_recipe": "current"}})",
   };
   return texts;
 }
@@ -465,7 +467,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadScenario{"wrong_type", bad_texts()[12].c_str(), "workload.seq_len: expected an integer"},
         BadScenario{"missing_cluster", bad_texts()[13].c_str(), "cluster: missing required object"},
         BadScenario{"tokens_not_square", bad_texts()[14].c_str(), "workload.tokens_per_image: 500"},
-        BadScenario{"not_an_object", bad_texts()[15].c_str(), "expected an object"}),
+        BadScenario{"not_an_object", bad_texts()[15].c_str(), "expected an object"},
+        BadScenario{"unknown_fp8_recipe", bad_texts()[16].c_str(),
+                    "plan.fp8_recipe: unknown value \"current\""}),
     [](const ::testing::TestParamInfo<BadScenario>& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -46,9 +46,12 @@ std::vector<Flag> precision_flags(const Context& c) {
       return {{"--bf16", ""}};
     case hardware::Precision::kFp16:
       return {{"--fp16", ""}};
-    // FP8 GEMMs through Transformer Engine, BF16 elsewhere.
+    // FP8 GEMMs through Transformer Engine, BF16 elsewhere; --fp8-recipe names the scaling
+    // (delayed, or tensorwise = current scaling).
     case hardware::Precision::kFp8:
-      return {{"--bf16", ""}, {"--fp8-format", "hybrid"}};
+      return {{"--bf16", ""},
+              {"--fp8-format", "hybrid"},
+              {"--fp8-recipe", std::string(planner::to_string(c.layout().fp8_recipe))}};
     default:
       return {};  // fp32: Megatron's default
   }

@@ -107,6 +107,59 @@ bool fp8_input_cast(const models::Op& op) {
   return op.name == "attn_out" || ends_with(op.name, "fc2");
 }
 
+// FP8 current scaling (Fp8Recipe::kTensorwise, TE's Float8CurrentScalingQuantizer,
+// pytorch/csrc/quantizer.cpp): a tensor's amax is a pass of its own (read 2 bytes per
+// element) before the cast, where delayed scaling finds it inside the cast kernel. Extra
+// bytes for one local GEMM `s` of a layer's Linear module, beyond what delayed scaling
+// costs here. Forward: the norm in front of qkv / fc1 can no longer write fp8 itself; it
+// writes bf16 (its amax fused, TE >= 2.7) and a cast + transpose follows (read 2, write
+// 1 + 1) on its local input, which sequence parallelism shards by tp before the fp8
+// all-gather; other inputs get the amax pass (fc2's comes fused with the activation
+// kernel, nothing extra). Backward: the amax pass before each output gradient's cast.
+struct Fp8Extra {
+  int64_t forward = 0, backward = 0;
+};
+Fp8Extra fp8_current_scaling_bytes(const models::Op& op, const models::GemmShape& s,
+                                   const Layout& l) {
+  Fp8Extra x;
+  if (l.fp8_recipe != Fp8Recipe::kTensorwise) return x;
+  const bool after_norm = op.name == "qkv" || (ends_with(op.name, "fc1") && !is_expert(op));
+  if (after_norm)
+    x.forward = kFp8CastTransposeBytes * s.m * s.k * s.batch / (l.sequence_parallel ? l.tp : 1);
+  else if (!ends_with(op.name, "fc2"))
+    x.forward = 2 * s.m * s.k * s.batch;
+  x.backward = 2 * s.m * s.n * s.batch;
+  return x;
+}
+
+// The memory-bound work Transformer Engine's P2P ring attention (AttnFuncWithCPAndKVP2P,
+// transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py, TE 2.x)
+// runs around its cp attention calls, per rank and micro-batch, averaged over the ring's
+// ranks (rank r runs r + 1 full and cp - 1 - r half steps). Counted in element reads +
+// writes, Nq = b·(s/cp)·h_q·d and Nkv the same with h_kv (heads / tp) in the activation
+// dtype, L = b·(s/cp)·h_q softmax statistics in fp32. Forward: K,V packed into the send
+// buffer (4 Nkv); the first step's LSE cloned (2 L); the cp - 1 later steps' LSE
+// corrections (3 L full, 1.5 L half); the output initialised from the first step (2 Nq +
+// 2 L) and corrected after each later step (3 Nq + 2 L full, half that for half steps).
+// Backward: K,V copied into the ring buffer (4 Nkv); the second-half LSE made contiguous
+// (L); dq copied or accumulated per step (2 Nq, then 2.25 Nq on average per later step);
+// dK,dV the same (4 Nkv, then 4.5 Nkv). In bf16 nothing is accumulated in fp32.
+struct CpRingBytes {
+  double forward = 0, backward = 0;
+};
+CpRingBytes cp_ring_bytes(const models::AttentionShape& a, const Layout& l, int64_t e) {
+  const double cp = l.cp, later = cp - 1;
+  const double tokens = static_cast<double>(a.batch) * static_cast<double>(a.seq_q) / cp;
+  const double nq = tokens * static_cast<double>(ceil_div(a.heads, l.tp) * a.head_dim);
+  const double nkv = tokens * static_cast<double>(ceil_div(a.kv_heads, l.tp) * a.head_dim);
+  const double lse = tokens * static_cast<double>(ceil_div(a.heads, l.tp)) * 4;
+  const double ed = static_cast<double>(e);
+  CpRingBytes b;
+  b.forward = ed * (4 * nkv + (2 + 2.25 * later) * nq) + lse * (4 + 3.75 * later);
+  b.backward = ed * ((8 + 4.5 * later) * nkv + (2 + 2.25 * later) * nq) + lse;
+  return b;
+}
+
 }  // namespace
 
 PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l,
@@ -131,6 +184,9 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
           if (fp8_input_cast(op))
             c.forward += dev.memory_time(Bytes(kFp8CastTransposeBytes * s.m * s.k * s.batch));
           c.dgrad += dev.memory_time(Bytes(kFp8CastTransposeBytes * s.m * s.n * s.batch));
+          const Fp8Extra x = fp8_current_scaling_bytes(op, s, l);
+          if (x.forward > 0) c.forward += dev.memory_time(Bytes(x.forward));
+          if (x.backward > 0) c.dgrad += dev.memory_time(Bytes(x.backward));
         }
       }
       const double per_rank = shard * static_cast<double>(cp);
@@ -154,6 +210,11 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
         const double steps = static_cast<double>(cp);
         c.forward = dev.attention_time(c.forward_flops / steps, ap, false, seq_kv) * cp;
         c.dgrad = dev.attention_time(c.dgrad_flops / steps, ap, true, seq_kv) * cp;
+        if (cp > 1) {
+          const CpRingBytes ring = cp_ring_bytes(a, l, activation_bytes(g, p));
+          c.forward += dev.memory_time(Bytes(static_cast<int64_t>(ring.forward)));
+          c.dgrad += dev.memory_time(Bytes(static_cast<int64_t>(ring.backward)));
+        }
         break;
       }
       // Without flash attention (Megatron-LM before its flash integration, e.g. Narayanan et
@@ -313,6 +374,9 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
           if (fp8_input_cast(op))
             k.forward.push_back(sim::memory_kernel(kFp8CastTransposeBytes * s.m * s.k * s.batch));
           k.dgrad.push_back(sim::memory_kernel(kFp8CastTransposeBytes * s.m * s.n * s.batch));
+          const Fp8Extra x = fp8_current_scaling_bytes(op, s, l);
+          if (x.forward > 0) k.forward.push_back(sim::memory_kernel(x.forward));
+          if (x.backward > 0) k.dgrad.push_back(sim::memory_kernel(x.backward));
         }
       }
       break;
@@ -334,6 +398,11 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
         k.forward.push_back(f);
         f.kind = sim::KernelKind::kAttentionBackward;
         k.dgrad.push_back(f);
+        if (cp > 1) {
+          const CpRingBytes ring = cp_ring_bytes(a, l, activation_bytes(g, p));
+          k.forward.push_back(sim::memory_kernel(static_cast<int64_t>(ring.forward)));
+          k.dgrad.push_back(sim::memory_kernel(static_cast<int64_t>(ring.backward)));
+        }
         break;
       }
       const int64_t bh = a.batch * ceil_div(a.heads, l.tp);

@@ -4,28 +4,48 @@ namespace hetpar::planner {
 
 std::string_view to_string(Schedule s) {
   switch (s) {
-    case Schedule::kGpipe: return "gpipe";
-    case Schedule::k1F1B: return "1f1b";
-    case Schedule::kInterleaved: return "interleaved";
-    case Schedule::kZeroBubble: return "zb-h1";
+    case Schedule::kGpipe:
+      return "gpipe";
+    case Schedule::k1F1B:
+      return "1f1b";
+    case Schedule::kInterleaved:
+      return "interleaved";
+    case Schedule::kZeroBubble:
+      return "zb-h1";
   }
   return "?";
 }
 
 std::string_view to_string(models::Recompute r) {
   switch (r) {
-    case models::Recompute::kNone: return "none";
-    case models::Recompute::kSelective: return "selective";
-    case models::Recompute::kFull: return "full";
+    case models::Recompute::kNone:
+      return "none";
+    case models::Recompute::kSelective:
+      return "selective";
+    case models::Recompute::kFull:
+      return "full";
+  }
+  return "?";
+}
+
+std::string_view to_string(Fp8Recipe r) {
+  switch (r) {
+    case Fp8Recipe::kDelayed:
+      return "delayed";
+    case Fp8Recipe::kTensorwise:
+      return "tensorwise";
   }
   return "?";
 }
 
 std::string_view to_string(Placement p) {
   switch (p) {
-    case Placement::kHomogeneous: return "homogeneous";
-    case Placement::kColocated: return "colocated";
-    case Placement::kNonColocated: return "non_colocated";
+    case Placement::kHomogeneous:
+      return "homogeneous";
+    case Placement::kColocated:
+      return "colocated";
+    case Placement::kNonColocated:
+      return "non_colocated";
   }
   return "?";
 }

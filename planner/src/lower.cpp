@@ -206,6 +206,9 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
   } else if (l.vpp > 1) {
     return fmt::format("vpp {} needs the interleaved schedule", l.vpp);
   }
+  if (l.fp8_recipe != Fp8Recipe::kDelayed && s.workload.precision != hardware::Precision::kFp8)
+    return fmt::format("fp8_recipe {} needs workload precision fp8, not {}",
+                       to_string(l.fp8_recipe), hardware::to_string(s.workload.precision));
   const int64_t seq = s.workload.seq_len;
   if (l.cp > 1 && seq % (2 * l.cp) != 0)
     return fmt::format("seq_len {} not divisible by 2 x cp {}", seq, l.cp);

@@ -46,6 +46,9 @@ Layout parse_layout(JsonReader& r) {
   l.overlap_grad_reduce = r.optional_bool("overlap_grad_reduce", true);
   l.overlap_param_gather = r.optional_bool("overlap_param_gather", true);
   l.flash_attention = r.optional_bool("flash_attention", true);
+  l.fp8_recipe = r.optional_enum("fp8_recipe", "delayed", {"delayed", "tensorwise"}) == "tensorwise"
+                     ? Fp8Recipe::kTensorwise
+                     : Fp8Recipe::kDelayed;
   l.first_stage_layers = static_cast<int>(r.optional_int("first_stage_layers", 0, 0, kMaxDegree));
   l.last_stage_layers = static_cast<int>(r.optional_int("last_stage_layers", 0, 0, kMaxDegree));
   l.account_for_embedding = r.optional_bool("account_for_embedding", false);
@@ -72,6 +75,7 @@ nlohmann::json layout_to_json(const Layout& l) {
   if (l.last_stage_layers > 0) j["last_stage_layers"] = l.last_stage_layers;
   if (l.account_for_embedding) j["account_for_embedding"] = true;
   if (l.account_for_loss) j["account_for_loss"] = true;
+  if (l.fp8_recipe != Fp8Recipe::kDelayed) j["fp8_recipe"] = to_string(l.fp8_recipe);
   return j;
 }
 

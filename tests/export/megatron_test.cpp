@@ -128,6 +128,11 @@ TEST(ExportMegatron, MixtureOfExpertsAndPrecisions) {
   EXPECT_EQ(f.at("--moe-router-topk"), "2");
   EXPECT_EQ(f.at("--expert-tensor-parallel-size"), "2");
   EXPECT_EQ(f.at("--fp8-format"), "hybrid");
+  EXPECT_EQ(f.at("--fp8-recipe"), "delayed");
+  Plan current = p;
+  current.layout.fp8_recipe = planner::Fp8Recipe::kTensorwise;
+  EXPECT_EQ(all_flags(exported(s, current, Target::kMegatron).at("launch.sh")).at("--fp8-recipe"),
+            "tensorwise");
   s.workload.precision = hardware::Precision::kFp16;
   EXPECT_EQ(all_flags(exported(s, p, Target::kMegatron).at("launch.sh")).count("--fp16"), 1u);
   s.workload.precision = hardware::Precision::kTf32;

@@ -2,9 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "hetpar/hardware/system_profile.h"
 #include "hetpar/models/load.h"
 #include "hetpar/models/totals.h"
+#include "hetpar/planner/kernels.h"
 
 namespace hetpar::planner {
 namespace {
@@ -110,6 +113,75 @@ TEST(CostModel, ContextParallelAttentionIsARingStep) {
   // Encoders are not split by CP: every cp rank repeats them.
   ModuleCost rep = module_cost(f.g, l, false, f.dev, hardware::Precision::kBf16);
   EXPECT_GT(layer_total(rep).forward_flops / layer_total(m).forward_flops, 3.9);
+}
+
+// Under CP the flash attention is cp calls at the chunk's key length plus the ring's
+// memory-bound corrections and accumulations (TE's AttnFuncWithCPAndKVP2P): GPT-3 175B,
+// 96 heads (no GQA), tp 8, cp 2, s 2048, bf16. Nq = Nkv = 1024 x 12 x 128, L = 1024 x 12.
+TEST(CostModel, ContextParallelAttentionPaysTheRingsCorrections) {
+  Fixture f = gpt();
+  Layout l;
+  l.tp = 8;
+  l.cp = 2;
+  const models::Op& attn = op_named(f.g, "attention");
+  const PassCost c = op_cost(attn, f.g, l, true, f.dev, hardware::Precision::kBf16);
+  const double n = 1024.0 * 12 * 128, lse = 1024.0 * 12 * 4;
+  const Bytes fwd(static_cast<int64_t>(2 * (4 * n + 4.25 * n) + 7.75 * lse));
+  const Bytes bwd(static_cast<int64_t>(2 * (12.5 * n + 4.25 * n) + lse));
+  const Time kernels_fwd =
+      f.dev.attention_time(c.forward_flops / 2, hardware::Precision::kBf16, false, 1024) * 2;
+  const Time kernels_bwd =
+      f.dev.attention_time(c.dgrad_flops / 2, hardware::Precision::kBf16, true, 1024) * 2;
+  EXPECT_EQ(c.forward, kernels_fwd + f.dev.memory_time(fwd));
+  EXPECT_EQ(c.dgrad, kernels_bwd + f.dev.memory_time(bwd));
+  // And the kernels say the same (the executor runs them).
+  const OpKernels k = op_kernels(attn, f.g, l, true, hardware::Precision::kBf16);
+  ASSERT_EQ(k.forward.size(), 2u);
+  EXPECT_EQ(k.forward[1].bytes, fwd.count());
+  ASSERT_EQ(k.dgrad.size(), 2u);
+  EXPECT_EQ(k.dgrad[1].bytes, bwd.count());
+  // Without CP nothing is added.
+  Layout none;
+  none.tp = 8;
+  EXPECT_EQ(op_kernels(attn, f.g, none, true, hardware::Precision::kBf16).forward.size(), 1u);
+}
+
+// FP8 current scaling (tensorwise) adds, per Linear GEMM: forward, the cast the norm can no
+// longer fuse in front of qkv / fc1 (4 bytes per element of the local input, sharded by tp
+// under SP) or the amax pass before attn_out's cast (2 bytes); fc2 nothing; backward, the
+// amax pass before each output gradient's cast (2 bytes). GPT-3 175B, tp 8 with SP.
+TEST(CostModel, Fp8CurrentScalingAddsTheAmaxPasses) {
+  Fixture f = gpt(1, true, 1, "dgx-h100");
+  Layout delayed;
+  delayed.tp = 8;
+  delayed.sequence_parallel = true;
+  Layout current = delayed;
+  current.fp8_recipe = Fp8Recipe::kTensorwise;
+  const int64_t t = 2048, h = 12288;
+  const std::map<std::string, std::pair<int64_t, int64_t>> extra = {
+      {"qkv", {4 * t * h / 8, 2 * t * 3 * h / 8}},
+      {"attn_out", {2 * t * h / 8, 2 * t * h}},
+      {"mlp_fc1", {4 * t * h / 8, 2 * t * 4 * h / 8}},
+      {"mlp_fc2", {0, 2 * t * h}}};
+  for (const auto& [name, bytes] : extra) {
+    const models::Op& op = op_named(f.g, name);
+    const OpKernels a = op_kernels(op, f.g, delayed, true, hardware::Precision::kFp8);
+    const OpKernels b = op_kernels(op, f.g, current, true, hardware::Precision::kFp8);
+    EXPECT_EQ(b.forward.size() - a.forward.size(), bytes.first > 0 ? 1u : 0u) << name;
+    if (bytes.first > 0) {
+      EXPECT_EQ(b.forward.back().bytes, bytes.first) << name;
+    }
+    ASSERT_EQ(b.dgrad.size() - a.dgrad.size(), 1u) << name;
+    EXPECT_EQ(b.dgrad.back().bytes, bytes.second) << name;
+    const PassCost ca = op_cost(op, f.g, delayed, true, f.dev, hardware::Precision::kFp8);
+    const PassCost cb = op_cost(op, f.g, current, true, f.dev, hardware::Precision::kFp8);
+    EXPECT_EQ(cb.dgrad - ca.dgrad, f.dev.memory_time(Bytes(bytes.second))) << name;
+  }
+  // The logits GEMM (bf16) and the norms are untouched.
+  for (std::string_view name : {"logits", "attn_norm"})
+    EXPECT_EQ(
+        op_cost(op_named(f.g, name), f.g, current, true, f.dev, hardware::Precision::kFp8).forward,
+        op_cost(op_named(f.g, name), f.g, delayed, true, f.dev, hardware::Precision::kFp8).forward);
 }
 
 TEST(CostModel, SelectiveRecomputeRerunsTheAttentionCore) {

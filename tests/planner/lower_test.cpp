@@ -8,7 +8,6 @@
 
 #include "hetpar/models/totals.h"
 #include "hetpar/planner/evaluate.h"
-#include "hetpar/planner/evaluate.h"
 #include "hetpar/planner/network_builder.h"
 #include "hetpar/sim/simulate.h"
 
@@ -304,6 +303,9 @@ TEST(Lower, InfeasiblePlansSayWhy) {
   Plan sp = plan(1, 1, 8);
   sp.layout.sequence_parallel = true;
   EXPECT_EQ(why(sp), "sequence parallelism needs tp > 1");
+  Plan current = plan(2, 2, 2);
+  current.layout.fp8_recipe = Fp8Recipe::kTensorwise;
+  EXPECT_EQ(why(current), "fp8_recipe tensorwise needs workload precision fp8, not bf16");
   EXPECT_EQ(why(plan(1, 2, 4, Schedule::kInterleaved, 1)),
             "the interleaved schedule needs vpp > 1");
   EXPECT_EQ(why(plan(1, 2, 4, Schedule::k1F1B, 2)), "vpp 2 needs the interleaved schedule");

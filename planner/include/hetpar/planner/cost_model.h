@@ -24,7 +24,8 @@
 // - FP8 (Transformer Engine): only the GEMMs of the layers' Linear modules run in fp8, each
 //   with its cast + transpose kernels (input of attn_out / fc2 forward, output gradient
 //   backward); attention, the logits GEMM (Megatron's own output layer), pointwise ops and
-//   all activation traffic (TP, CP, PP, EP) stay bf16.
+//   all activation traffic (TP, CP, PP, EP) stay bf16. Current scaling (Layout::fp8_recipe
+//   tensorwise) adds each cast's separate amax pass and the cast the norm can no longer fuse.
 // - Selective recompute re-runs the attention core before its backward (cost.recompute);
 //   full recompute re-runs each layer's forward, which lower() replays from the block.
 //
@@ -34,7 +35,9 @@
 // over the full s·b·h/cp activation (nccl-tests size); the vocab-parallel embedding's
 // output is a "g", the logits' input an "f". MoE with ep > 1: all-to-all of the routed
 // tokens (tokens/cp/(tp with SP) · top_k · h) after dispatch and before combine, both
-// directions. CP > 1: the attention core is a ring-attention step exchanging K,V chunks.
+// directions. CP > 1: the attention core is a ring-attention step exchanging K,V chunks
+// (with the memory-bound output / LSE corrections and gradient accumulation Transformer
+// Engine's ring runs around its attention calls).
 #pragma once
 
 #include <cstdint>

@@ -26,6 +26,13 @@ std::string_view to_string(Schedule s);  // "gpipe", "1f1b", "interleaved", "zb-
 
 std::string_view to_string(models::Recompute r);  // "none", "selective", "full"
 
+/// How Transformer Engine scales FP8 tensors (fp8 workloads; Megatron-LM's --fp8-recipe).
+enum class Fp8Recipe {
+  kDelayed,     // scale from the amax history of earlier steps, found inside the cast kernel
+  kTensorwise,  // current scaling: each tensor's own amax, a separate pass before its cast
+};
+std::string_view to_string(Fp8Recipe r);  // "delayed", "tensorwise"
+
 struct Layout {
   int tp = 1;
   bool sequence_parallel = false;  // SP: all-gather + reduce-scatter instead of all-reduce
@@ -43,6 +50,7 @@ struct Layout {
   /// scores materialised, softmax and dropout as separate kernels (Megatron-LM before
   /// flash attention, e.g. Narayanan et al. 2021).
   bool flash_attention = true;
+  Fp8Recipe fp8_recipe = Fp8Recipe::kDelayed;  // meaningful for fp8 workloads only
   // Uneven pipeline splits of the LLM's layers (Megatron-LM; schedule.h's
   // layers_per_virtual_stage). first/last_stage_layers: --decoder-first/last-pipeline-
   // num-layers, the layers of pipeline stage 0 / pp-1 (0 = not set), the rest split evenly
