@@ -94,6 +94,11 @@ LayoutFix parse_layout_fix(JsonReader& r) {
   if (r.has("recompute"))
     f.recompute =
         parse_recompute(r.optional_enum("recompute", "none", {"none", "selective", "full"}));
+  if (r.has("fp8_recipe"))
+    f.fp8_recipe =
+        r.optional_enum("fp8_recipe", "delayed", {"delayed", "tensorwise"}) == "tensorwise"
+            ? Fp8Recipe::kTensorwise
+            : Fp8Recipe::kDelayed;
   r.finish();
   return f;
 }

@@ -133,7 +133,7 @@ class CostCache {
   const ModuleTime& get(size_t module, const Layout& l, bool context_parallel, bool frozen) {
     auto key = std::make_tuple(module, l.tp, l.cp, l.sequence_parallel, l.micro_batch,
                                static_cast<int>(l.recompute), l.flash_attention, l.ep,
-                               context_parallel, frozen);
+                               static_cast<int>(l.fp8_recipe), context_parallel, frozen);
     auto it = memo_.find(key);
     if (it != memo_.end()) return it->second;
     models::ModuleInput in = module_input(s_, module, l.micro_batch);
@@ -174,7 +174,8 @@ class CostCache {
 
  private:
   const Scenario& s_;
-  std::map<std::tuple<size_t, int, int, bool, int, int, bool, int, bool, bool>, ModuleTime> memo_;
+  std::map<std::tuple<size_t, int, int, bool, int, int, bool, int, int, bool, bool>, ModuleTime>
+      memo_;
 };
 
 BlockTime whole_module(const ModuleTime& m) {
@@ -412,7 +413,8 @@ std::vector<int> layout_key(const Layout& l) {
                           l.account_for_loss,
                           l.overlap_grad_reduce,
                           l.overlap_param_gather,
-                          l.flash_attention};
+                          l.flash_attention,
+                          static_cast<int>(l.fp8_recipe)};
 }
 
 // The LLM side of a plan: placement, the LLM's layout, schedule and first rank.
@@ -773,6 +775,7 @@ class Searcher {
           l.pp = pp;
           l.dp = dp;
           l.sequence_parallel = fx.sequence_parallel.value_or(tp > 1);
+          l.fp8_recipe = fx.fp8_recipe.value_or(Fp8Recipe::kDelayed);
           const bool even = layers_ % pp == 0;
           if (!even) uneven_split(pp, l);
           std::vector<int> eps{1};
@@ -901,6 +904,7 @@ class Searcher {
             mp.layout.micro_batch = mbs;
             mp.layout.sequence_parallel = fx.sequence_parallel.value_or(false);
             mp.layout.distributed_optimizer = dopt;
+            mp.layout.fp8_recipe = fx.fp8_recipe.value_or(llm.fp8_recipe);
             x.plan.modules.push_back(mp);
             x.distopt_variants *= dv;
             add_encoders(x, k + 1, gpus_of, out);

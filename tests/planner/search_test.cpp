@@ -15,8 +15,10 @@ namespace {
 // A small vision encoder + projector + a 4-layer LLM (16 heads, 4 kv heads: TP 8 does not
 // divide them) on one DGX H100 node: few tasks to simulate, yet compute-bound as real
 // models are (the search's dominance rules assume that; see search.h).
-Scenario tiny(const std::string& search = "", int global_batch = 8) {
-  std::string text = fmt::format(R"({{
+Scenario tiny(const std::string& search = "", int global_batch = 8,
+              const std::string& precision = "bf16") {
+  std::string text =
+      fmt::format(R"({{
     "name": "tiny",
     "model": {{"name": "tiny-vlm", "modules": [
       {{"name": "vision", "kind": "vision_encoder", "spec": {{"layers": 4, "hidden": 1024,
@@ -29,10 +31,11 @@ Scenario tiny(const std::string& search = "", int global_batch = 8) {
         "activation": "swiglu", "norm": "rmsnorm", "position_embedding": "rope",
         "tied_embeddings": false}}}}],
       "edges": [["vision", "projector"], ["projector", "llm"]]}},
-    "workload": {{"seq_len": 2048, "global_batch": {}, "images_per_sample": 1}},
+    "workload": {{"seq_len": 2048, "global_batch": {}, "images_per_sample": 1,
+                  "precision": "{}"}},
     "cluster": {{"profile": "dgx-h100", "nodes": 1}}{}
   }})",
-                                 global_batch, search.empty() ? "" : ", \"search\": " + search);
+                  global_batch, precision, search.empty() ? "" : ", \"search\": " + search);
   auto s = parse_scenario_text(text, "tiny.json");
   EXPECT_TRUE(s.is_ok()) << s.status().to_string();
   return *s;
@@ -155,6 +158,24 @@ TEST(Search, HonoursTheSearchSection) {
   for (const FamilyResult& f : none.families) EXPECT_FALSE(f.why_none.empty());
 }
 
+// The FP8 recipe is the run's numerics: fixed by the search section (every module's
+// layout carries it), never searched; current scaling costs the amax passes, so the same
+// plans take longer than under delayed scaling.
+TEST(Search, KeepsTheFp8RecipeOfTheSearchSection) {
+  const SearchResult delayed = run(tiny("", 8, "fp8"), threads(2));
+  const SearchResult current =
+      run(tiny(R"({"llm": {"fp8_recipe": "tensorwise"}})", 8, "fp8"), threads(2));
+  ASSERT_FALSE(delayed.top.empty());
+  ASSERT_FALSE(current.top.empty());
+  for (const RankedPlan& p : current.top) {
+    EXPECT_EQ(p.plan.layout.fp8_recipe, Fp8Recipe::kTensorwise) << describe(p.plan);
+    for (const ModulePlan& m : p.plan.modules)
+      EXPECT_EQ(m.layout.fp8_recipe, Fp8Recipe::kTensorwise);
+  }
+  for (const RankedPlan& p : delayed.top) EXPECT_EQ(p.plan.layout.fp8_recipe, Fp8Recipe::kDelayed);
+  EXPECT_GT(current.top[0].metrics.iteration_time, delayed.top[0].metrics.iteration_time);
+}
+
 TEST(Search, PipelinesANonColocatedEncoder) {
   // The encoder's pipeline depth is searched on its own ranks; here it is fixed to 2.
   const Scenario s = tiny(R"({"modules": {"vision": {"pp": 2}},
@@ -267,6 +288,7 @@ TEST(Search, BadSearchSectionsNameThePath) {
       {R"({"top_k": 0})", "search.top_k"},
       {R"({"max_sim_tasks": 10})", "search.max_sim_tasks"},
       {R"({"colour": 1})", "search.colour"},
+      {R"({"llm": {"fp8_recipe": "current"}})", "search.llm.fp8_recipe"},
   };
   for (const auto& [section, path] : cases) {
     auto s = parse_scenario_text(base + section + "}", "x.json");

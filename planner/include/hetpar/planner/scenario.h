@@ -46,6 +46,9 @@ struct LayoutFix {
   std::optional<int> tp, cp, pp, vpp, dp, ep, micro_batch;
   std::optional<bool> sequence_parallel, distributed_optimizer;
   std::optional<models::Recompute> recompute;
+  /// The FP8 scaling every searched layout uses (the LLM's fix sets the run's; default
+  /// delayed). Not searched: it is the trainer's numerics, not a parallel layout.
+  std::optional<Fp8Recipe> fp8_recipe;
   bool operator==(const LayoutFix&) const = default;
 };
 
