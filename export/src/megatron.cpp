@@ -211,6 +211,7 @@ Result<std::vector<ExportFile>> write_megatron(const Context& c) {
   std::vector<Flag> parallel = {{"--tensor-model-parallel-size", num(l.tp)},
                                 {"--pipeline-model-parallel-size", num(l.pp)},
                                 {"--context-parallel-size", num(l.cp)}};
+  if (l.cp > 1) parallel.push_back({"--cp-comm-type", std::string(planner::to_string(l.cp_comm))});
   if (c.llm.moe) {
     parallel.push_back({"--expert-model-parallel-size", num(l.ep)});
     // hetpar shards experts over the LLM's TP group (Megatron's default, made explicit).

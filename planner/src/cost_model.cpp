@@ -144,6 +144,26 @@ Fp8Extra fp8_current_scaling_bytes(const models::Op& op, const models::GemmShape
 // Backward: K,V copied into the ring buffer (4 Nkv); the second-half LSE made contiguous
 // (L); dq copied or accumulated per step (2 Nq, then 2.25 Nq on average per later step);
 // dK,dV the same (4 Nkv, then 4.5 Nkv). In bf16 nothing is accumulated in fp32.
+// The memory-bound work of Transformer Engine's all-gather CP (AttnFuncWithCPAndKVAllGather,
+// same file), per rank and micro-batch, in element reads + writes. Nkv = b·s·h_kv·d, one
+// gathered K (or V), Nq = b·(s/cp)·h_q·d local queries. Forward: the gathered K and V put
+// back in sequence order (index_select: 4 Nkv), the two calls' outputs copied into place
+// (2 Nq). Backward: K,V gathered and reordered again (4 Nkv), the bf16 dK,dV buffers
+// zero-filled (2 Nkv) and accumulated over the two calls' key ranges ((2 cp + 1) / (2 cp)
+// of the sequence: 4 (1 + 1/(2 cp)) Nkv), put back in load-balanced order before the
+// reduce-scatter (4 Nkv), dq copied into place (2 Nq).
+struct CpGatherBytes {
+  double forward = 0, backward = 0;
+};
+CpGatherBytes cp_all_gather_bytes(const models::AttentionShape& a, const Layout& l, int64_t e) {
+  const double cp = l.cp;
+  const double tokens = static_cast<double>(a.batch) * static_cast<double>(a.seq_q);
+  const double nkv = tokens * static_cast<double>(ceil_div(a.kv_heads, l.tp) * a.head_dim);
+  const double nq = tokens / cp * static_cast<double>(ceil_div(a.heads, l.tp) * a.head_dim);
+  const double ed = static_cast<double>(e);
+  return {ed * (4 * nkv + 2 * nq), ed * ((14 + 2 / cp) * nkv + 2 * nq)};
+}
+
 struct CpRingBytes {
   double forward = 0, backward = 0;
 };
@@ -203,6 +223,17 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
       const models::AttentionShape& a = *op.attention;
       const int64_t qkv = a.batch * a.seq_q * (a.heads + 2 * a.kv_heads) * a.head_dim;
       if (op.read.count() <= qkv * g.dtype_bytes) {  // flash attention: one fused kernel
+        if (cp > 1 && l.cp_comm == CpComm::kAllGather) {
+          // All-gather CP: one call per local chunk (two, load-balanced), its queries against
+          // the keys up to it, half the sequence on average (all_gather_attention_kernels).
+          const int64_t seq_kv = ceil_div(a.seq_kv, 2);
+          const CpGatherBytes extra = cp_all_gather_bytes(a, l, activation_bytes(g, p));
+          c.forward = dev.attention_time(c.forward_flops / 2.0, ap, false, seq_kv) * 2 +
+                      dev.memory_time(Bytes(static_cast<int64_t>(extra.forward)));
+          c.dgrad = dev.attention_time(c.dgrad_flops / 2.0, ap, true, seq_kv) * 2 +
+                    dev.memory_time(Bytes(static_cast<int64_t>(extra.backward)));
+          break;
+        }
         // The kernel's rate depends on the key/value length of one call: under context
         // parallelism each ring step attends to this rank's s_kv / cp chunk.
         // Each of the cp ring steps is its own kernel call, with its own launch.
@@ -386,6 +417,25 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
       const models::AttentionShape& a = *op.attention;
       const int64_t qkv = a.batch * a.seq_q * (a.heads + 2 * a.kv_heads) * a.head_dim;
       if (op.read.count() <= qkv * g.dtype_bytes) {  // flash attention: one fused kernel
+        if (cp > 1 && l.cp_comm == CpComm::kAllGather) {
+          // Two calls per rank, one per local chunk: a chunk's s / (2 cp) queries against the
+          // keys before it. Causal within its own block only, so as FLOPs a non-causal
+          // product against s / 2 keys, the mean over the ring's ranks and both chunks.
+          sim::Kernel f{.kind = sim::KernelKind::kAttentionForward,
+                        .batch = a.batch,
+                        .heads = ceil_div(a.heads, l.tp),
+                        .kv_heads = ceil_div(a.kv_heads, l.tp),
+                        .seq_q = ceil_div(a.seq_q, 2 * cp),
+                        .seq_kv = ceil_div(a.seq_kv, 2),
+                        .head_dim = a.head_dim,
+                        .causal = false,
+                        .element_bytes = elem(ap)};
+          const CpGatherBytes extra = cp_all_gather_bytes(a, l, activation_bytes(g, p));
+          k.forward = {f, f, sim::memory_kernel(static_cast<int64_t>(extra.forward))};
+          f.kind = sim::KernelKind::kAttentionBackward;
+          k.dgrad = {f, f, sim::memory_kernel(static_cast<int64_t>(extra.backward))};
+          break;
+        }
         sim::Kernel f{.kind = sim::KernelKind::kAttentionForward,
                       .batch = a.batch,
                       .heads = ceil_div(a.heads, l.tp),

@@ -38,6 +38,16 @@ std::string_view to_string(Fp8Recipe r) {
   return "?";
 }
 
+std::string_view to_string(CpComm c) {
+  switch (c) {
+    case CpComm::kP2P:
+      return "p2p";
+    case CpComm::kAllGather:
+      return "all_gather";
+  }
+  return "?";
+}
+
 std::string_view to_string(Placement p) {
   switch (p) {
     case Placement::kHomogeneous:

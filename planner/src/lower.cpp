@@ -209,6 +209,8 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
   if (l.fp8_recipe != Fp8Recipe::kDelayed && s.workload.precision != hardware::Precision::kFp8)
     return fmt::format("fp8_recipe {} needs workload precision fp8, not {}",
                        to_string(l.fp8_recipe), hardware::to_string(s.workload.precision));
+  if (l.cp_comm != CpComm::kP2P && l.cp == 1)
+    return fmt::format("cp_comm {} needs cp > 1", to_string(l.cp_comm));
   const int64_t seq = s.workload.seq_len;
   if (l.cp > 1 && seq % (2 * l.cp) != 0)
     return fmt::format("seq_len {} not divisible by 2 x cp {}", seq, l.cp);
@@ -414,7 +416,9 @@ class Lowering {
   // What a compute task of a block step runs (LowerOptions::kernels; invalid when off).
   enum class Use : uint8_t { kForward, kBackward, kRecompute, kWgrad, kRingForward, kRingBackward };
   sim::KernelListId kernels(const PlacedBlock& pb, size_t s, bool backward, Use use);
-  void collective(CollectiveKind kind, Bytes bytes, sim::Label label, bool ep);
+  // A blocking collective over each group of `gs` (TP, EP or CP) on the TP stream: it
+  // waits for each member's last task, and the member's next task waits for it.
+  void collective(CollectiveKind kind, Bytes bytes, sim::Label label, const GroupSet& gs);
   // One collective per group of `gs` (reduced: only the representative's group, the others
   // as its copies), then on_rank(local index, task) for each active member.
   template <class OnRank>
@@ -469,7 +473,7 @@ class Lowering {
   std::vector<RankState> st_;
   std::vector<std::vector<std::vector<TaskId>>> last_grad_;  // [chunk][block][j]
   std::vector<RankId> members_;
-  GroupSet tp_groups_, ep_groups_, dp_groups_, edp_groups_;
+  GroupSet tp_groups_, ep_groups_, cp_groups_, dp_groups_, edp_groups_;
   // Per active rank (reduced, leaders only): its ring step's pairs, the other edges it
   // stands for.
   std::vector<GroupId> cp_pairs_, cp_copies_;
@@ -745,7 +749,7 @@ sim::KernelListId Lowering::kernels(const PlacedBlock& pb, size_t s, bool backwa
         k.seq_kv /= l_.cp;
     }
   }
-  if (use == Use::kRecompute && cp_split && l_.cp > 1) {
+  if (use == Use::kRecompute && cp_split && l_.cp > 1 && l_.cp_comm == CpComm::kP2P) {
     // Recomputed attention re-runs the ring: cp calls, each against one K,V chunk (the
     // cost model times it so, cost_model.cpp).
     std::vector<sim::Kernel> steps;
@@ -795,13 +799,12 @@ void Lowering::group_collectives(const GroupSet& gs, CollectiveKind kind, Bytes 
   }
 }
 
-void Lowering::collective(CollectiveKind kind, Bytes bytes, sim::Label label, bool ep) {
-  group_collectives(ep ? ep_groups_ : tp_groups_, kind, bytes, kTpStream, label,
-                    [&](int j, TaskId c) {
-                      RankState& rs = st_[j];
-                      if (rs.last.valid()) g_.add_dependency(rs.last, c);
-                      rs.need = rs.last = c;
-                    });
+void Lowering::collective(CollectiveKind kind, Bytes bytes, sim::Label label, const GroupSet& gs) {
+  group_collectives(gs, kind, bytes, kTpStream, label, [&](int j, TaskId c) {
+    RankState& rs = st_[j];
+    if (rs.last.valid()) g_.add_dependency(rs.last, c);
+    rs.need = rs.last = c;
+  });
 }
 
 // Ring attention over each cp group: attention part i runs once the K,V chunk of ring step
@@ -872,6 +875,13 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
   switch (step.kind) {
     case StepKind::kCompute:
     case StepKind::kCpAttention: {
+      const bool gather = step.kind == StepKind::kCpAttention && l_.cp_comm == CpComm::kAllGather;
+      // All-gather CP (Megatron's --cp-comm-type all_gather): K,V gathered over the cp group
+      // before the attention, forward and again before its backward (only the local chunk
+      // is kept), which waits for them; dK,dV reduce-scattered back to their owners after
+      // it. step.bytes is one rank's K,V chunk.
+      if (gather)
+        collective(CollectiveKind::kAllGather, step.bytes * l_.cp, {cat_cp_, lb.cp}, cp_groups_);
       if (backward && step.cost.recompute > Time::zero()) {  // selective recompute
         const sim::KernelListId k = kernels(pb, s, true, Use::kRecompute);
         for (int j : actives_) {
@@ -879,7 +889,7 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
           compute(j, c.recompute, c.recompute_flops, kR, recompute, k);
         }
       }
-      if (step.kind == StepKind::kCpAttention) return cp_ring(pb, s, pass, lb);
+      if (step.kind == StepKind::kCpAttention && !gather) return cp_ring(pb, s, pass, lb);
       const sim::KernelListId k =
           kernels(pb, s, backward, backward ? Use::kBackward : Use::kForward);
       for (int j : actives_) {
@@ -890,24 +900,27 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
         else
           compute(j, c.forward, c.forward_flops, pass, lb.compute, k);
       }
+      if (gather && backward)
+        collective(CollectiveKind::kReduceScatter, step.bytes * l_.cp, {cat_cp_, lb.cp},
+                   cp_groups_);
       return;
     }
     case StepKind::kTpEntry:
       if (backward)
         collective(sp ? CollectiveKind::kReduceScatter : CollectiveKind::kAllReduce, step.bytes,
-                   {cat_tp_, lb.tp}, false);
+                   {cat_tp_, lb.tp}, tp_groups_);
       else if (sp)
-        collective(CollectiveKind::kAllGather, step.bytes, {cat_tp_, lb.tp}, false);
+        collective(CollectiveKind::kAllGather, step.bytes, {cat_tp_, lb.tp}, tp_groups_);
       return;
     case StepKind::kTpExit:
       if (!backward)
         collective(sp ? CollectiveKind::kReduceScatter : CollectiveKind::kAllReduce, step.bytes,
-                   {cat_tp_, lb.tp}, false);
+                   {cat_tp_, lb.tp}, tp_groups_);
       else if (sp)
-        collective(CollectiveKind::kAllGather, step.bytes, {cat_tp_, lb.tp}, false);
+        collective(CollectiveKind::kAllGather, step.bytes, {cat_tp_, lb.tp}, tp_groups_);
       return;
     case StepKind::kEpAllToAll:
-      collective(CollectiveKind::kAllToAll, step.bytes, {cat_ep_, lb.ep}, true);
+      collective(CollectiveKind::kAllToAll, step.bytes, {cat_ep_, lb.ep}, ep_groups_);
       return;
   }
 }
@@ -993,6 +1006,15 @@ void Lowering::build_stage() {
       }
   }
   make_groups(ep_groups_, locals);
+  // CP groups (all-gather CP): the cp ranks of one dp replica with the same tp rank.
+  locals.clear();
+  if (l_.cp > 1 && l_.cp_comm == CpComm::kAllGather)
+    for (int d = 0; d < l_.dp; ++d)
+      for (int t = 0; t < l_.tp; ++t) {
+        locals.emplace_back();
+        for (int q = 0; q < l_.cp; ++q) locals.back().push_back(t + l_.tp * (q + l_.cp * d));
+      }
+  make_groups(cp_groups_, locals);
   // DP: the dp x cp ranks with one tp rank; expert DP: those with one ep position too.
   const int cpdp = l_.cp * l_.dp;
   locals.clear();

@@ -35,6 +35,9 @@ Layout parse_layout(JsonReader& r) {
   l.tp = static_cast<int>(r.optional_int("tp", 1, 1, kMaxDegree));
   l.sequence_parallel = r.optional_bool("sp", false);
   l.cp = static_cast<int>(r.optional_int("cp", 1, 1, kMaxDegree));
+  l.cp_comm = r.optional_enum("cp_comm", "p2p", {"p2p", "all_gather"}) == "all_gather"
+                  ? CpComm::kAllGather
+                  : CpComm::kP2P;
   l.pp = static_cast<int>(r.optional_int("pp", 1, 1, kMaxDegree));
   l.vpp = static_cast<int>(r.optional_int("vpp", 1, 1, kMaxDegree));
   l.dp = static_cast<int>(r.optional_int("dp", 1, 1, kMaxDegree));
@@ -76,6 +79,7 @@ nlohmann::json layout_to_json(const Layout& l) {
   if (l.account_for_embedding) j["account_for_embedding"] = true;
   if (l.account_for_loss) j["account_for_loss"] = true;
   if (l.fp8_recipe != Fp8Recipe::kDelayed) j["fp8_recipe"] = to_string(l.fp8_recipe);
+  if (l.cp_comm != CpComm::kP2P) j["cp_comm"] = to_string(l.cp_comm);
   return j;
 }
 

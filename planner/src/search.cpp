@@ -133,7 +133,8 @@ class CostCache {
   const ModuleTime& get(size_t module, const Layout& l, bool context_parallel, bool frozen) {
     auto key = std::make_tuple(module, l.tp, l.cp, l.sequence_parallel, l.micro_batch,
                                static_cast<int>(l.recompute), l.flash_attention, l.ep,
-                               static_cast<int>(l.fp8_recipe), context_parallel, frozen);
+                               static_cast<int>(l.fp8_recipe), static_cast<int>(l.cp_comm),
+                               context_parallel, frozen);
     auto it = memo_.find(key);
     if (it != memo_.end()) return it->second;
     models::ModuleInput in = module_input(s_, module, l.micro_batch);
@@ -174,7 +175,8 @@ class CostCache {
 
  private:
   const Scenario& s_;
-  std::map<std::tuple<size_t, int, int, bool, int, int, bool, int, int, bool, bool>, ModuleTime>
+  std::map<std::tuple<size_t, int, int, bool, int, int, bool, int, int, int, bool, bool>,
+           ModuleTime>
       memo_;
 };
 
@@ -414,7 +416,8 @@ std::vector<int> layout_key(const Layout& l) {
                           l.overlap_grad_reduce,
                           l.overlap_param_gather,
                           l.flash_attention,
-                          static_cast<int>(l.fp8_recipe)};
+                          static_cast<int>(l.fp8_recipe),
+                          static_cast<int>(l.cp_comm)};
 }
 
 // The LLM side of a plan: placement, the LLM's layout, schedule and first rank.
@@ -452,7 +455,7 @@ namespace {
 std::string describe_layout(const Layout& l, bool llm) {
   std::string out = fmt::format("tp{}", l.tp);
   if (l.sequence_parallel) out += " sp";
-  if (l.cp > 1) out += fmt::format(" cp{}", l.cp);
+  if (l.cp > 1) out += fmt::format(" cp{}{}", l.cp, l.cp_comm == CpComm::kAllGather ? " ag" : "");
   if (l.pp > 1) out += fmt::format(" pp{}", l.pp);
   if (l.vpp > 1) out += fmt::format(" vpp{}", l.vpp);
   out += fmt::format(" dp{}", l.dp);
@@ -784,15 +787,21 @@ class Searcher {
             for (int ep = 1; ep <= dp * cp; ep *= 2)
               if ((dp * cp) % ep == 0 && moe_experts_ % ep == 0) eps.push_back(ep);
           }
-          for (int ep : eps) {
-            if (!fixed_ok(fx.ep, ep)) continue;
-            l.ep = ep;
-            for (int mbs : mbs_options(fx.micro_batch, gb % dp == 0 ? gb / dp : 1, 1)) {
-              l.micro_batch = mbs;
-              int dv = 1;
-              for (bool dopt : distopt_options(fx, dp * cp, &dv)) {
-                l.distributed_optimizer = dopt;
-                add_schedules(l, even, dv, out);
+          std::vector<CpComm> comms{CpComm::kP2P};
+          if (cp > 1 && fx.any_cp_comm) comms.push_back(CpComm::kAllGather);
+          if (cp > 1 && fx.cp_comm) comms = {*fx.cp_comm};
+          for (CpComm comm : comms) {
+            l.cp_comm = comm;
+            for (int ep : eps) {
+              if (!fixed_ok(fx.ep, ep)) continue;
+              l.ep = ep;
+              for (int mbs : mbs_options(fx.micro_batch, gb % dp == 0 ? gb / dp : 1, 1)) {
+                l.micro_batch = mbs;
+                int dv = 1;
+                for (bool dopt : distopt_options(fx, dp * cp, &dv)) {
+                  l.distributed_optimizer = dopt;
+                  add_schedules(l, even, dv, out);
+                }
               }
             }
           }

@@ -129,6 +129,13 @@ TEST(ExportMegatron, MixtureOfExpertsAndPrecisions) {
   EXPECT_EQ(f.at("--expert-tensor-parallel-size"), "2");
   EXPECT_EQ(f.at("--fp8-format"), "hybrid");
   EXPECT_EQ(f.at("--fp8-recipe"), "delayed");
+  EXPECT_EQ(f.count("--cp-comm-type"), 0u);  // cp 1
+  Plan gather = p;
+  gather.layout.cp = 2;
+  gather.layout.dp = 4;
+  gather.layout.cp_comm = planner::CpComm::kAllGather;
+  EXPECT_EQ(all_flags(exported(s, gather, Target::kMegatron).at("launch.sh")).at("--cp-comm-type"),
+            "all_gather");
   Plan current = p;
   current.layout.fp8_recipe = planner::Fp8Recipe::kTensorwise;
   EXPECT_EQ(all_flags(exported(s, current, Target::kMegatron).at("launch.sh")).at("--fp8-recipe"),

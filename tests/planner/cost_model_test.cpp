@@ -184,6 +184,40 @@ TEST(CostModel, Fp8CurrentScalingAddsTheAmaxPasses) {
         op_cost(op_named(f.g, name), f.g, delayed, true, f.dev, hardware::Precision::kFp8).forward);
 }
 
+// All-gather CP (cp_comm all_gather, TE's AttnFuncWithCPAndKVAllGather): two calls per rank,
+// one per local chunk, against half the keys on average, plus the gathered K,V reorders and
+// the dK,dV accumulation; the same FLOPs as the ring.
+TEST(CostModel, AllGatherContextParallelAttentionIsTwoCallsPerRank) {
+  Fixture f = gpt();
+  Layout l;
+  l.tp = 8;
+  l.cp = 2;
+  l.cp_comm = CpComm::kAllGather;
+  const models::Op& attn = op_named(f.g, "attention");
+  const PassCost c = op_cost(attn, f.g, l, true, f.dev, hardware::Precision::kBf16);
+  Layout ring = l;
+  ring.cp_comm = CpComm::kP2P;
+  const PassCost r = op_cost(attn, f.g, ring, true, f.dev, hardware::Precision::kBf16);
+  EXPECT_EQ(c.forward_flops, r.forward_flops);
+  const double nkv = 2048.0 * 12 * 128, nq = 1024.0 * 12 * 128;
+  const Bytes fwd(static_cast<int64_t>(2 * (4 * nkv + 2 * nq)));
+  const Bytes bwd(static_cast<int64_t>(2 * (15 * nkv + 2 * nq)));
+  EXPECT_EQ(
+      c.forward,
+      f.dev.attention_time(c.forward_flops / 2.0, hardware::Precision::kBf16, false, 1024) * 2 +
+          f.dev.memory_time(fwd));
+  EXPECT_EQ(c.dgrad,
+            f.dev.attention_time(c.dgrad_flops / 2.0, hardware::Precision::kBf16, true, 1024) * 2 +
+                f.dev.memory_time(bwd));
+  const OpKernels k = op_kernels(attn, f.g, l, true, hardware::Precision::kBf16);
+  ASSERT_EQ(k.forward.size(), 3u);
+  EXPECT_DOUBLE_EQ(k.forward[0].flops() + k.forward[1].flops(), c.forward_flops.count());
+  EXPECT_EQ(k.forward[0].seq_kv, 1024);
+  EXPECT_EQ(k.forward[2].bytes, fwd.count());
+  ASSERT_EQ(k.dgrad.size(), 3u);
+  EXPECT_EQ(k.dgrad[2].bytes, bwd.count());
+}
+
 TEST(CostModel, SelectiveRecomputeRerunsTheAttentionCore) {
   Fixture f = gpt();
   Layout l;

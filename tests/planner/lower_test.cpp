@@ -161,6 +161,49 @@ TEST(Lower, TensorParallelCommunicationPerLayer) {
   }
 }
 
+// All-gather CP: per layer and micro-batch, each CP group all-gathers K,V before the
+// forward attention and again before its backward, then reduce-scatters dK,dV; no ring P2P.
+// tiny: 8 kv heads of 64 over tp 2, s 2048 over cp 2: one rank's K,V chunk is
+// 2 x 1024 x 4 x 64 x 2 bytes, the gathered total cp times that.
+TEST(Lower, AllGatherContextParallelGathersAndReduceScatters) {
+  Scenario s = make(4, 4, 2);
+  Plan p = plan(2, 1, 4, Schedule::k1F1B, 1, 2);
+  p.layout.cp_comm = CpComm::kAllGather;
+  LoweredPlan lp = lowered(s, p, {.full_ranks = true});
+  std::map<sim::CollectiveKind, int> count;
+  int p2p = 0;
+  for (int t = 0; t < lp.graph.num_tasks(); ++t) {
+    const sim::Task& task = lp.graph.task(TaskId(t));
+    if (lp.graph.label_text(task.label.category) != "cp_comm") continue;
+    if (task.kind == sim::TaskKind::kP2P) {
+      ++p2p;
+      continue;
+    }
+    ++count[task.collective];
+    EXPECT_EQ(task.bytes, Bytes(2 * 2 * 1024 * 4 * 64 * 2));
+    EXPECT_EQ(lp.graph.group(task.group).size(), 2u);
+  }
+  EXPECT_EQ(p2p, 0);
+  const int groups = 2 * 4, layers_mbs = 4 * 1;  // tp x dp groups; 4 layers x 1 micro-batch
+  EXPECT_EQ(count[sim::CollectiveKind::kAllGather], 2 * groups * layers_mbs);
+  EXPECT_EQ(count[sim::CollectiveKind::kReduceScatter], groups * layers_mbs);
+  // The ring instead: cp_comm P2P, no collectives.
+  p.layout.cp_comm = CpComm::kP2P;
+  LoweredPlan ring = lowered(s, p, {.full_ranks = true});
+  int ring_collectives = 0;
+  for (int t = 0; t < ring.graph.num_tasks(); ++t) {
+    const sim::Task& task = ring.graph.task(TaskId(t));
+    if (ring.graph.label_text(task.label.category) == "cp_comm" &&
+        task.kind == sim::TaskKind::kCollective)
+      ++ring_collectives;
+  }
+  EXPECT_EQ(ring_collectives, 0);
+  // cp_comm without cp is a plan error.
+  Plan one = plan(2, 2, 4);
+  one.layout.cp_comm = CpComm::kAllGather;
+  EXPECT_EQ(infeasibility(s, one), "cp_comm all_gather needs cp > 1");
+}
+
 // One reduction per bucket per iteration, carrying every local gradient once.
 TEST(Lower, DataParallelReducesEachBucketOnce) {
   Scenario s = make(8, 16, 2);

@@ -176,6 +176,27 @@ TEST(Search, KeepsTheFp8RecipeOfTheSearchSection) {
   EXPECT_GT(current.top[0].metrics.iteration_time, delayed.top[0].metrics.iteration_time);
 }
 
+// CP's exchange: the ring by default, all-gather when the search section fixes it, both
+// with "any" (the winner is the faster of the two).
+TEST(Search, SearchesTheCpExchangeTheSectionAsksFor) {
+  const std::string fix = R"({"llm": {"cp": 2, "tp": 2, "cp_comm": "%"}})";
+  auto with = [&](const char* comm) {
+    std::string f = fix;
+    f.replace(f.find('%'), 1, comm);
+    return run(tiny(f), threads(2));
+  };
+  const SearchResult ring = run(tiny(R"({"llm": {"cp": 2, "tp": 2}})"), threads(2));
+  const SearchResult gather = with("all_gather");
+  const SearchResult any = with("any");
+  ASSERT_FALSE(ring.top.empty() || gather.top.empty() || any.top.empty());
+  for (const RankedPlan& p : ring.top) EXPECT_EQ(p.plan.layout.cp_comm, CpComm::kP2P);
+  for (const RankedPlan& p : gather.top) EXPECT_EQ(p.plan.layout.cp_comm, CpComm::kAllGather);
+  EXPECT_NE(describe(gather.top[0].plan).find("cp2 ag"), std::string::npos);
+  EXPECT_GT(any.counts.considered, ring.counts.considered);
+  EXPECT_EQ(any.top[0].metrics.iteration_time,
+            std::min(ring.top[0].metrics.iteration_time, gather.top[0].metrics.iteration_time));
+}
+
 TEST(Search, PipelinesANonColocatedEncoder) {
   // The encoder's pipeline depth is searched on its own ranks; here it is fixed to 2.
   const Scenario s = tiny(R"({"modules": {"vision": {"pp": 2}},

@@ -73,6 +73,17 @@ std::vector<Case> cases() {
   out.push_back(
       {"rtx4090 tp4 cp2 pp2 dp2 (CP in a node)", make("rtx4090-node", 4, 16), plan(4, 2, 2, 2)});
   {
+    Plan p = plan(8, 2, 2, 2);
+    p.layout.cp_comm = CpComm::kAllGather;
+    out.push_back(
+        {"dgx-h100 tp8 cp2 pp2 dp2 all-gather CP across nodes", make("dgx-h100", 8, 16), p});
+    Plan q = plan(2, 2, 2, 4);
+    q.layout.cp_comm = CpComm::kAllGather;
+    q.layout.recompute = models::Recompute::kSelective;
+    out.push_back({"dgx-h100 tp2 cp2 pp2 dp4 all-gather CP, selective recompute",
+                   make("dgx-h100", 4, 32, 8), q});
+  }
+  {
     Plan p = plan(4, 1, 2, 2, Schedule::kGpipe);
     p.layout.recompute = models::Recompute::kFull;
     out.push_back({"dgx-a100 tp4 pp2 dp2 gpipe full recompute", make("dgx-a100-80gb", 2, 8), p});

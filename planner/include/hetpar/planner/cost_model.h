@@ -37,7 +37,8 @@
 // tokens (tokens/cp/(tp with SP) · top_k · h) after dispatch and before combine, both
 // directions. CP > 1: the attention core is a ring-attention step exchanging K,V chunks
 // (with the memory-bound output / LSE corrections and gradient accumulation Transformer
-// Engine's ring runs around its attention calls).
+// Engine's ring runs around its attention calls); with cp_comm all_gather, two calls per
+// rank (one per local chunk) against the gathered keys, and TE's reorder copies.
 #pragma once
 
 #include <cstdint>

@@ -33,10 +33,19 @@ enum class Fp8Recipe {
 };
 std::string_view to_string(Fp8Recipe r);  // "delayed", "tensorwise"
 
+/// How context parallelism exchanges K,V (Megatron-LM's --cp-comm-type).
+enum class CpComm {
+  kP2P,        // a ring: cp attention steps, each overlapping the next chunk's transfer
+  kAllGather,  // K,V all-gathered before one attention over every key (exposed), dK,dV
+               // reduce-scattered after the backward (Meta's Llama 3 CP)
+};
+std::string_view to_string(CpComm c);  // "p2p", "all_gather"
+
 struct Layout {
   int tp = 1;
   bool sequence_parallel = false;  // SP: all-gather + reduce-scatter instead of all-reduce
   int cp = 1;
+  CpComm cp_comm = CpComm::kP2P;  // meaningful when cp > 1
   int pp = 1;
   int vpp = 1;  // virtual pipeline stages per rank (interleaved schedule); 1 = none
   int dp = 1;

@@ -15,6 +15,8 @@
 //   next compute ("tp_comm", "ep_comm"). CP: ring attention, the attention core split
 //   into cp parts, part j waiting for K,V ring step j-1 (P2P to the next cp rank on comm
 //   streams 1/2), overlapping the rest ("cp_comm"; backward sends K,V and dK,dV).
+//   cp_comm all_gather: K,V all-gathered over the cp group before the attention and again
+//   before its backward, dK,dV reduce-scattered after it, all blocking (comm stream 0).
 // - PP: after a chunk's forward (backward) each TP x CP rank sends s·b·h/cp to its peer
 //   on the next (previous) virtual stage ("pp_comm", comm streams 3-6: one per direction
 //   and side, so sends and receives keep each sender's order).

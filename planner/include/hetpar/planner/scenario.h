@@ -49,6 +49,11 @@ struct LayoutFix {
   /// The FP8 scaling every searched layout uses (the LLM's fix sets the run's; default
   /// delayed). Not searched: it is the trainer's numerics, not a parallel layout.
   std::optional<Fp8Recipe> fp8_recipe;
+  /// How CP exchanges K,V in layouts with cp > 1; unset: the ring (p2p) only, which the
+  /// simulator rates at least as fast wherever the ring's steps hide their transfers;
+  /// `any_cp_comm`: both (more plans to simulate: +50% search time on the 1024-GPU example).
+  std::optional<CpComm> cp_comm;
+  bool any_cp_comm = false;
   bool operator==(const LayoutFix&) const = default;
 };
 
