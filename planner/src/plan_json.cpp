@@ -25,6 +25,18 @@ std::optional<Placement> parse_placement(std::string_view s) {
   return std::nullopt;
 }
 
+std::optional<Fp8Recipe> parse_fp8_recipe(std::string_view s) {
+  for (Fp8Recipe r : {Fp8Recipe::kDelayed, Fp8Recipe::kTensorwise})
+    if (to_string(r) == s) return r;
+  return std::nullopt;
+}
+
+std::optional<CpComm> parse_cp_comm(std::string_view s) {
+  for (CpComm c : {CpComm::kP2P, CpComm::kAllGather})
+    if (to_string(c) == s) return c;
+  return std::nullopt;
+}
+
 namespace {
 
 constexpr int64_t kMaxDegree = 1 << 20;
@@ -35,9 +47,7 @@ Layout parse_layout(JsonReader& r) {
   l.tp = static_cast<int>(r.optional_int("tp", 1, 1, kMaxDegree));
   l.sequence_parallel = r.optional_bool("sp", false);
   l.cp = static_cast<int>(r.optional_int("cp", 1, 1, kMaxDegree));
-  l.cp_comm = r.optional_enum("cp_comm", "p2p", {"p2p", "all_gather"}) == "all_gather"
-                  ? CpComm::kAllGather
-                  : CpComm::kP2P;
+  l.cp_comm = *parse_cp_comm(r.optional_enum("cp_comm", "p2p", {"p2p", "all_gather"}));
   l.pp = static_cast<int>(r.optional_int("pp", 1, 1, kMaxDegree));
   l.vpp = static_cast<int>(r.optional_int("vpp", 1, 1, kMaxDegree));
   l.dp = static_cast<int>(r.optional_int("dp", 1, 1, kMaxDegree));
@@ -49,9 +59,8 @@ Layout parse_layout(JsonReader& r) {
   l.overlap_grad_reduce = r.optional_bool("overlap_grad_reduce", true);
   l.overlap_param_gather = r.optional_bool("overlap_param_gather", true);
   l.flash_attention = r.optional_bool("flash_attention", true);
-  l.fp8_recipe = r.optional_enum("fp8_recipe", "delayed", {"delayed", "tensorwise"}) == "tensorwise"
-                     ? Fp8Recipe::kTensorwise
-                     : Fp8Recipe::kDelayed;
+  l.fp8_recipe =
+      *parse_fp8_recipe(r.optional_enum("fp8_recipe", "delayed", {"delayed", "tensorwise"}));
   l.first_stage_layers = static_cast<int>(r.optional_int("first_stage_layers", 0, 0, kMaxDegree));
   l.last_stage_layers = static_cast<int>(r.optional_int("last_stage_layers", 0, 0, kMaxDegree));
   l.account_for_embedding = r.optional_bool("account_for_embedding", false);

@@ -96,16 +96,12 @@ LayoutFix parse_layout_fix(JsonReader& r) {
         parse_recompute(r.optional_enum("recompute", "none", {"none", "selective", "full"}));
   if (r.has("cp_comm")) {
     const std::string c = r.optional_enum("cp_comm", "p2p", {"p2p", "all_gather", "any"});
-    if (c == "any")
-      f.any_cp_comm = true;
-    else
-      f.cp_comm = c == "all_gather" ? CpComm::kAllGather : CpComm::kP2P;
+    f.any_cp_comm = c == "any";
+    if (!f.any_cp_comm) f.cp_comm = parse_cp_comm(c);
   }
   if (r.has("fp8_recipe"))
     f.fp8_recipe =
-        r.optional_enum("fp8_recipe", "delayed", {"delayed", "tensorwise"}) == "tensorwise"
-            ? Fp8Recipe::kTensorwise
-            : Fp8Recipe::kDelayed;
+        parse_fp8_recipe(r.optional_enum("fp8_recipe", "delayed", {"delayed", "tensorwise"}));
   r.finish();
   return f;
 }
