@@ -21,11 +21,15 @@ void print_text(const planner::Scenario& s, const planner::Plan& p, const planne
   const planner::Layout& l = p.layout;
   fmt::print("Scenario   {} on {} GPUs\n", s.name, s.cluster.total_gpus());
   fmt::print(
-      "Plan       tp {}{} cp {} pp {} vpp {} dp {} ep {}, micro-batch {}, {} schedule, "
-      "recompute {}, distributed optimizer {}\n",
-      l.tp, l.sequence_parallel ? " (sp)" : "", l.cp, l.pp, l.vpp, l.dp, l.ep, l.micro_batch,
-      planner::to_string(p.schedule), planner::to_string(l.recompute),
-      l.distributed_optimizer ? "on" : "off");
+      "Plan       tp {}{} cp {}{} pp {} vpp {} dp {} ep {}, micro-batch {}, {} schedule, "
+      "recompute {}, distributed optimizer {}{}\n",
+      l.tp, l.sequence_parallel ? " (sp)" : "", l.cp,
+      l.cp > 1 ? fmt::format(" ({})", planner::to_string(l.cp_comm)) : "", l.pp, l.vpp, l.dp, l.ep,
+      l.micro_batch, planner::to_string(p.schedule), planner::to_string(l.recompute),
+      l.distributed_optimizer ? "on" : "off",
+      s.workload.precision == hardware::Precision::kFp8
+          ? fmt::format(", fp8 recipe {}", planner::to_string(l.fp8_recipe))
+          : "");
   if (!m.feasible) {
     fmt::print("Infeasible: {}\n", m.infeasible_reason);
     return;
