@@ -1035,7 +1035,16 @@ Result<SearchResult> search(const Scenario& s, const SearchOptions& o) {
                        Time::zero(),
                        side < 0 ? -1 : side * 3 + static_cast<int32_t>(r.combos[c][0])});
   }
-  std::vector<int> admitted(sides.size() * 3, 0);  // encoder variants per LLM side
+  // Per LLM side and recompute: the bounds of the encoder layouts admitted (and not turned
+  // away for memory). A layout is admitted while fewer than kEncoderVariants of them have a
+  // bound at or below its own: a recompute variant held for a later batch (its lighter
+  // variant did not fit) keeps the place its bound gives it rather than the slots that
+  // higher-bound layouts took meanwhile.
+  std::vector<std::vector<Time>> admitted(sides.size() * 3);
+  auto ahead = [&](const Candidate& c) {
+    return std::count_if(admitted[c.group].begin(), admitted[c.group].end(),
+                         [&](Time b) { return b <= c.bound; });
+  };
 
   // 2. Lower bounds, and the order they give.
   tbb::enumerable_thread_specific<CostCache> caches([&] { return CostCache(s); });
@@ -1112,10 +1121,10 @@ Result<SearchResult> search(const Scenario& s, const SearchOptions& o) {
           ++res.counts.pruned_bound;
         } else if (dominated(c)) {
           ++res.counts.pruned_dominated;
-        } else if (!exhaustive && c.group >= 0 && admitted[c.group] >= kEncoderVariants) {
+        } else if (!exhaustive && c.group >= 0 && ahead(c) >= kEncoderVariants) {
           ++res.counts.pruned_encoder;
         } else {
-          if (c.group >= 0) ++admitted[c.group];
+          if (c.group >= 0) admitted[c.group].push_back(c.bound);
           chunk.push_back(pc);
         }
       }
@@ -1138,7 +1147,10 @@ Result<SearchResult> search(const Scenario& s, const SearchOptions& o) {
       for (size_t i = 0; i < chunk.size(); ++i) {
         const Candidate& c = *chunk[i];
         if (!why[i].empty()) {  // does not count as one of its LLM side's encoder layouts
-          if (c.group >= 0) --admitted[c.group];
+          if (c.group >= 0) {
+            auto& in = admitted[c.group];
+            in.erase(std::find(in.begin(), in.end(), c.bound));
+          }
           if (why[i].starts_with("too large to simulate")) ++res.counts.too_large;
           ++res.counts.rejected;
           all.add(why[i], 1);
