@@ -152,32 +152,27 @@ Fp8Extra fp8_current_scaling_bytes(const models::Op& op, const models::GemmShape
 // zero-filled (2 Nkv) and accumulated over the two calls' key ranges ((2 cp + 1) / (2 cp)
 // of the sequence: 4 (1 + 1/(2 cp)) Nkv), put back in load-balanced order before the
 // reduce-scatter (4 Nkv), dq copied into place (2 Nq).
-struct CpGatherBytes {
-  double forward = 0, backward = 0;
+struct CpBytes {
+  int64_t forward = 0, backward = 0;
 };
-CpGatherBytes cp_all_gather_bytes(const models::AttentionShape& a, const Layout& l, int64_t e) {
-  const double cp = l.cp;
+// The above for the layout's cp_comm (l.cp > 1), e bytes per activation element.
+CpBytes cp_attention_bytes(const models::AttentionShape& a, const Layout& l, int64_t e) {
+  const double cp = l.cp, later = cp - 1, ed = static_cast<double>(e);
   const double tokens = static_cast<double>(a.batch) * static_cast<double>(a.seq_q);
-  const double nkv = tokens * static_cast<double>(ceil_div(a.kv_heads, l.tp) * a.head_dim);
-  const double nq = tokens / cp * static_cast<double>(ceil_div(a.heads, l.tp) * a.head_dim);
-  const double ed = static_cast<double>(e);
-  return {ed * (4 * nkv + 2 * nq), ed * ((14 + 2 / cp) * nkv + 2 * nq)};
-}
-
-struct CpRingBytes {
-  double forward = 0, backward = 0;
-};
-CpRingBytes cp_ring_bytes(const models::AttentionShape& a, const Layout& l, int64_t e) {
-  const double cp = l.cp, later = cp - 1;
-  const double tokens = static_cast<double>(a.batch) * static_cast<double>(a.seq_q) / cp;
-  const double nq = tokens * static_cast<double>(ceil_div(a.heads, l.tp) * a.head_dim);
-  const double nkv = tokens * static_cast<double>(ceil_div(a.kv_heads, l.tp) * a.head_dim);
-  const double lse = tokens * static_cast<double>(ceil_div(a.heads, l.tp)) * 4;
-  const double ed = static_cast<double>(e);
-  CpRingBytes b;
-  b.forward = ed * (4 * nkv + (2 + 2.25 * later) * nq) + lse * (4 + 3.75 * later);
-  b.backward = ed * ((8 + 4.5 * later) * nkv + (2 + 2.25 * later) * nq) + lse;
-  return b;
+  const double q_width = static_cast<double>(ceil_div(a.heads, l.tp) * a.head_dim);
+  const double kv_width = static_cast<double>(ceil_div(a.kv_heads, l.tp) * a.head_dim);
+  auto out = [](double f, double b) {
+    return CpBytes{static_cast<int64_t>(f), static_cast<int64_t>(b)};
+  };
+  if (l.cp_comm == CpComm::kAllGather) {
+    const double nkv = tokens * kv_width, nq = tokens / cp * q_width;  // nkv: gathered
+    return out(ed * (4 * nkv + 2 * nq), ed * ((14 + 2 / cp) * nkv + 2 * nq));
+  }
+  const double local = tokens / cp;
+  const double nq = local * q_width, nkv = local * kv_width;
+  const double lse = local * static_cast<double>(ceil_div(a.heads, l.tp)) * 4;
+  return out(ed * (4 * nkv + (2 + 2.25 * later) * nq) + lse * (4 + 3.75 * later),
+             ed * ((8 + 4.5 * later) * nkv + (2 + 2.25 * later) * nq) + lse);
 }
 
 }  // namespace
@@ -223,28 +218,20 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
       const models::AttentionShape& a = *op.attention;
       const int64_t qkv = a.batch * a.seq_q * (a.heads + 2 * a.kv_heads) * a.head_dim;
       if (op.read.count() <= qkv * g.dtype_bytes) {  // flash attention: one fused kernel
-        if (cp > 1 && l.cp_comm == CpComm::kAllGather) {
-          // All-gather CP: one call per local chunk (two, load-balanced), its queries against
-          // the keys up to it, half the sequence on average (all_gather_attention_kernels).
-          const int64_t seq_kv = ceil_div(a.seq_kv, 2);
-          const CpGatherBytes extra = cp_all_gather_bytes(a, l, activation_bytes(g, p));
-          c.forward = dev.attention_time(c.forward_flops / 2.0, ap, false, seq_kv) * 2 +
-                      dev.memory_time(Bytes(static_cast<int64_t>(extra.forward)));
-          c.dgrad = dev.attention_time(c.dgrad_flops / 2.0, ap, true, seq_kv) * 2 +
-                    dev.memory_time(Bytes(static_cast<int64_t>(extra.backward)));
-          break;
-        }
-        // The kernel's rate depends on the key/value length of one call: under context
-        // parallelism each ring step attends to this rank's s_kv / cp chunk.
-        // Each of the cp ring steps is its own kernel call, with its own launch.
-        const int64_t seq_kv = ceil_div(a.seq_kv, cp);
-        const double steps = static_cast<double>(cp);
-        c.forward = dev.attention_time(c.forward_flops / steps, ap, false, seq_kv) * cp;
-        c.dgrad = dev.attention_time(c.dgrad_flops / steps, ap, true, seq_kv) * cp;
+        // The kernel's rate depends on the key/value length of one call. Ring CP: each of
+        // the cp ring steps is its own call, against this rank's s_kv / cp chunk. All-gather
+        // CP: one call per local chunk (two, load-balanced), its queries against the keys up
+        // to it, half the sequence on average (op_kernels).
+        const bool gather = cp > 1 && l.cp_comm == CpComm::kAllGather;
+        const int64_t calls = gather ? 2 : cp;
+        const int64_t seq_kv = ceil_div(a.seq_kv, gather ? 2 : cp);
+        const double per_call = static_cast<double>(calls);
+        c.forward = dev.attention_time(c.forward_flops / per_call, ap, false, seq_kv) * calls;
+        c.dgrad = dev.attention_time(c.dgrad_flops / per_call, ap, true, seq_kv) * calls;
         if (cp > 1) {
-          const CpRingBytes ring = cp_ring_bytes(a, l, activation_bytes(g, p));
-          c.forward += dev.memory_time(Bytes(static_cast<int64_t>(ring.forward)));
-          c.dgrad += dev.memory_time(Bytes(static_cast<int64_t>(ring.backward)));
+          const CpBytes x = cp_attention_bytes(a, l, activation_bytes(g, p));
+          c.forward += dev.memory_time(Bytes(x.forward));
+          c.dgrad += dev.memory_time(Bytes(x.backward));
         }
         break;
       }
@@ -417,41 +404,28 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
       const models::AttentionShape& a = *op.attention;
       const int64_t qkv = a.batch * a.seq_q * (a.heads + 2 * a.kv_heads) * a.head_dim;
       if (op.read.count() <= qkv * g.dtype_bytes) {  // flash attention: one fused kernel
-        if (cp > 1 && l.cp_comm == CpComm::kAllGather) {
-          // Two calls per rank, one per local chunk: a chunk's s / (2 cp) queries against the
-          // keys before it. Causal within its own block only, so as FLOPs a non-causal
-          // product against s / 2 keys, the mean over the ring's ranks and both chunks.
-          sim::Kernel f{.kind = sim::KernelKind::kAttentionForward,
-                        .batch = a.batch,
-                        .heads = ceil_div(a.heads, l.tp),
-                        .kv_heads = ceil_div(a.kv_heads, l.tp),
-                        .seq_q = ceil_div(a.seq_q, 2 * cp),
-                        .seq_kv = ceil_div(a.seq_kv, 2),
-                        .head_dim = a.head_dim,
-                        .causal = false,
-                        .element_bytes = elem(ap)};
-          const CpGatherBytes extra = cp_all_gather_bytes(a, l, activation_bytes(g, p));
-          k.forward = {f, f, sim::memory_kernel(static_cast<int64_t>(extra.forward))};
-          f.kind = sim::KernelKind::kAttentionBackward;
-          k.dgrad = {f, f, sim::memory_kernel(static_cast<int64_t>(extra.backward))};
-          break;
-        }
+        // Ring CP: one kernel of the rank's whole work (lower() splits it into the cp ring
+        // steps). All-gather CP: two calls per rank, one per local chunk, a chunk's
+        // s / (2 cp) queries against the keys before it; causal within its own block only,
+        // so as FLOPs a non-causal product against s / 2 keys, the mean over the ranks and
+        // both chunks.
+        const bool gather = cp > 1 && l.cp_comm == CpComm::kAllGather;
         sim::Kernel f{.kind = sim::KernelKind::kAttentionForward,
                       .batch = a.batch,
                       .heads = ceil_div(a.heads, l.tp),
                       .kv_heads = ceil_div(a.kv_heads, l.tp),
-                      .seq_q = ceil_div(a.seq_q, cp),
-                      .seq_kv = a.seq_kv,
+                      .seq_q = ceil_div(a.seq_q, gather ? 2 * cp : cp),
+                      .seq_kv = gather ? ceil_div(a.seq_kv, 2) : a.seq_kv,
                       .head_dim = a.head_dim,
-                      .causal = a.causal,
+                      .causal = !gather && a.causal,
                       .element_bytes = elem(ap)};
-        k.forward.push_back(f);
+        k.forward.assign(gather ? 2 : 1, f);
         f.kind = sim::KernelKind::kAttentionBackward;
-        k.dgrad.push_back(f);
+        k.dgrad.assign(gather ? 2 : 1, f);
         if (cp > 1) {
-          const CpRingBytes ring = cp_ring_bytes(a, l, activation_bytes(g, p));
-          k.forward.push_back(sim::memory_kernel(static_cast<int64_t>(ring.forward)));
-          k.dgrad.push_back(sim::memory_kernel(static_cast<int64_t>(ring.backward)));
+          const CpBytes x = cp_attention_bytes(a, l, activation_bytes(g, p));
+          k.forward.push_back(sim::memory_kernel(x.forward));
+          k.dgrad.push_back(sim::memory_kernel(x.backward));
         }
         break;
       }
