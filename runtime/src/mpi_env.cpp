@@ -4,6 +4,9 @@
 #include <fmt/format.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <system_error>
 #include <vector>
 
 #include "hetpar/runtime/host_data.h"
@@ -47,11 +50,26 @@ class MpiState {
         // helper daemon and its UCX start-up (0.6 of 0.9 s here). Users' settings win.
         setenv("OMPI_MCA_ess_singleton_isolated", "1", 0);
         setenv("OMPI_MCA_pml", "ob1", 0);
+        // Every isolated singleton on a host has job family 0, so all share the session
+        // directory <tmp>/ompi.<host>.<uid>/jf.0, and one finishing removes it while another
+        // starts (mkdir ENOENT in MPI_Init, seen when ctest runs tests in parallel). Give
+        // this process its own session-directory base unless the user chose one.
+        if (std::getenv("OMPI_MCA_orte_tmpdir_base") == nullptr) {
+          std::error_code ec;
+          std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
+          if (ec) tmp = "/tmp";
+          std::string templ = (tmp / "hetpar-mpi-XXXXXX").string();
+          if (mkdtemp(templ.data()) != nullptr) {
+            session_base_ = templ;
+            setenv("OMPI_MCA_orte_tmpdir_base", templ.c_str(), 1);
+          }
+        }
       }
       int provided = 0;
       int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
       if (rc != MPI_SUCCESS) {
         error_ = Status::unavailable("MPI_Init_thread failed");
+        remove_session_base();
         return;
       }
       owns_ = true;
@@ -79,11 +97,13 @@ class MpiState {
   ~MpiState() {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!error_.is_ok() || finalized) return;
-    MPI_Op_free(&sum_bf16_);
-    MPI_Op_free(&sum_f16_);
-    MPI_Op_free(&sum_f8_);
-    if (owns_) MPI_Finalize();
+    if (error_.is_ok() && !finalized) {
+      MPI_Op_free(&sum_bf16_);
+      MPI_Op_free(&sum_f16_);
+      MPI_Op_free(&sum_f8_);
+      if (owns_) MPI_Finalize();
+    }
+    remove_session_base();
   }
   MpiState(const MpiState&) = delete;
   MpiState& operator=(const MpiState&) = delete;
@@ -105,8 +125,16 @@ class MpiState {
   }
 
  private:
+  void remove_session_base() {
+    if (session_base_.empty()) return;
+    std::error_code ec;  // best effort: a leftover empty directory in /tmp is harmless
+    std::filesystem::remove_all(session_base_, ec);
+    session_base_.clear();
+  }
+
   Status error_;
   bool owns_ = false;
+  std::string session_base_;  // this singleton's Open MPI session-directory base, if made
   MpiWorld world_;
   MPI_Op sum_bf16_ = MPI_OP_NULL, sum_f16_ = MPI_OP_NULL, sum_f8_ = MPI_OP_NULL;
 };
