@@ -217,6 +217,11 @@ TEST(DeviceProfile, AttentionAndMemoryTimes) {
   EXPECT_GT(bwd, fwd);
   // 3 GB at 0.9 x 3.35 TB/s.
   EXPECT_NEAR(h100.memory_time(Bytes::GB(3)).to_ms(), 3.0 / (0.9 * 3.35), 1e-6);
+  // A memory-bound kernel pays the per-kernel launch like a GEMM; no bytes, no kernel.
+  EXPECT_EQ(h100.memory_kernel_time(Bytes::GB(3)),
+            h100.memory_time(Bytes::GB(3)) + h100.gemm_launch_overhead);
+  EXPECT_EQ(h100.memory_kernel_time(Bytes(0)), Time::zero());
+  EXPECT_GT(h100.gemm_launch_overhead, Time::zero());
 }
 
 TEST(DeviceProfile, AttentionRateFollowsTheMeasuredSequenceLengthCurve) {

@@ -143,4 +143,9 @@ Time DeviceProfile::memory_time(Bytes bytes) const {
   return bytes / effective_memory_bandwidth();
 }
 
+Time DeviceProfile::memory_kernel_time(Bytes bytes) const {
+  if (bytes.count() <= 0) return Time::zero();
+  return memory_time(bytes) + gemm_launch_overhead;
+}
+
 }  // namespace hetpar::hardware

@@ -197,11 +197,12 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
         c.wgrad += dev.gemm_time(s.k, s.n, s.m, s.batch, gp);
         if (gp == Precision::kFp8 && op.layer >= 0 && op.name != "router") {
           if (fp8_input_cast(op))
-            c.forward += dev.memory_time(Bytes(kFp8CastTransposeBytes * s.m * s.k * s.batch));
-          c.dgrad += dev.memory_time(Bytes(kFp8CastTransposeBytes * s.m * s.n * s.batch));
+            c.forward +=
+                dev.memory_kernel_time(Bytes(kFp8CastTransposeBytes * s.m * s.k * s.batch));
+          c.dgrad += dev.memory_kernel_time(Bytes(kFp8CastTransposeBytes * s.m * s.n * s.batch));
           const Fp8Extra x = fp8_current_scaling_bytes(op, s, l);
-          if (x.forward > 0) c.forward += dev.memory_time(Bytes(x.forward));
-          if (x.backward > 0) c.dgrad += dev.memory_time(Bytes(x.backward));
+          if (x.forward > 0) c.forward += dev.memory_kernel_time(Bytes(x.forward));
+          if (x.backward > 0) c.dgrad += dev.memory_kernel_time(Bytes(x.backward));
         }
       }
       const double per_rank = shard * static_cast<double>(cp);
@@ -229,9 +230,12 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
         c.forward = dev.attention_time(c.forward_flops / per_call, ap, false, seq_kv) * calls;
         c.dgrad = dev.attention_time(c.dgrad_flops / per_call, ap, true, seq_kv) * calls;
         if (cp > 1) {
+          // The ring runs its memory passes once per step (lower() splits them cp ways,
+          // each a kernel of its own); all-gather CP once.
           const CpBytes x = cp_attention_bytes(a, l, activation_bytes(g, p));
-          c.forward += dev.memory_time(Bytes(x.forward));
-          c.dgrad += dev.memory_time(Bytes(x.backward));
+          const int64_t passes = gather ? 1 : cp;
+          c.forward += dev.memory_kernel_time(Bytes(x.forward / passes)) * passes;
+          c.dgrad += dev.memory_kernel_time(Bytes(x.backward / passes)) * passes;
         }
         break;
       }
@@ -256,15 +260,15 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
         return Bytes(static_cast<int64_t>(static_cast<double>(scores) *
                                           static_cast<double>(bytes_per_score) / per_rank));
       };
-      c.forward += dev.memory_time(local(2 * e + dropout_bytes));
-      c.dgrad += dev.memory_time(local(3 * e + dropout_bytes));
+      c.forward += dev.memory_kernel_time(local(2 * e + dropout_bytes));
+      c.dgrad += dev.memory_kernel_time(local(3 * e + dropout_bytes));
       break;
     }
     case models::OpKind::kLoss: {
       // Vocab-parallel cross-entropy in fp32 over this rank's logits (T x V / (tp·cp)).
       const int64_t logits = op.read.count() / g.dtype_bytes / (cp * l.tp);
-      c.forward = dev.memory_time(Bytes(kCrossEntropyForwardBytes * logits));
-      c.dgrad = dev.memory_time(Bytes(kCrossEntropyBackwardBytes * logits));
+      c.forward = dev.memory_kernel_time(Bytes(kCrossEntropyForwardBytes * logits));
+      c.dgrad = dev.memory_kernel_time(Bytes(kCrossEntropyBackwardBytes * logits));
       break;
     }
     default: {
@@ -272,8 +276,9 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
       if (pointwise_tp_sharded(op, l, g.kind)) shard *= l.tp;
       const Bytes traffic =
           (op.read + op.written) * (activation_bytes(g, p) / g.dtype_bytes) / shard;
-      c.forward = dev.memory_time(traffic);
-      (op.kind == models::OpKind::kEmbedding ? c.wgrad : c.dgrad) = dev.memory_time(traffic * 2);
+      c.forward = dev.memory_kernel_time(traffic);
+      (op.kind == models::OpKind::kEmbedding ? c.wgrad : c.dgrad) =
+          dev.memory_kernel_time(traffic * 2);
       break;
     }
   }
@@ -484,7 +489,7 @@ Time kernel_time(const sim::Kernel& k, const hardware::DeviceProfile& dev, Preci
       return dev.attention_time(Flops(k.flops()), kp, k.kind == sim::KernelKind::kAttentionBackward,
                                 k.seq_kv);
     case sim::KernelKind::kMemory:
-      return dev.memory_time(Bytes(k.bytes));
+      return dev.memory_kernel_time(Bytes(k.bytes));
   }
   return Time::zero();
 }

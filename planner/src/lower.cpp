@@ -750,16 +750,19 @@ sim::KernelListId Lowering::kernels(const PlacedBlock& pb, size_t s, bool backwa
     }
   }
   if (use == Use::kRecompute && cp_split && l_.cp > 1 && l_.cp_comm == CpComm::kP2P) {
-    // Recomputed attention re-runs the ring: cp calls, each against one K,V chunk (the
-    // cost model times it so, cost_model.cpp).
+    // Recomputed attention re-runs the ring: cp calls, each against one K,V chunk, each
+    // step with its own memory passes (the cost model times it so, cost_model.cpp).
     std::vector<sim::Kernel> steps;
     for (const sim::Kernel& k : list) {
-      if (k.kind != sim::KernelKind::kAttentionForward) {
+      sim::Kernel chunk = k;
+      if (k.kind == sim::KernelKind::kAttentionForward) {
+        chunk.seq_kv /= l_.cp;
+      } else if (k.kind == sim::KernelKind::kMemory) {
+        chunk.bytes /= l_.cp;
+      } else {
         steps.push_back(k);
         continue;
       }
-      sim::Kernel chunk = k;
-      chunk.seq_kv /= l_.cp;
       steps.insert(steps.end(), static_cast<size_t>(l_.cp), chunk);
     }
     list = std::move(steps);
@@ -1155,9 +1158,9 @@ void Lowering::gradients_and_optimizer() {
   sim::KernelListId opt_kernels;
   for (int j : actives_) {
     const hardware::DeviceProfile& dev = s_.cluster.groups()[group_[j]].profile.gpu;
-    opt[j] =
-        g_.add_compute(rank_of(j, stage_), 0, dev.memory_time(Bytes(params * kAdamBytesPerParam)),
-                       Flops(), {cat_opt_, opt_name});
+    opt[j] = g_.add_compute(rank_of(j, stage_), 0,
+                            dev.memory_kernel_time(Bytes(params * kAdamBytesPerParam)), Flops(),
+                            {cat_opt_, opt_name});
     if (last_comm[j].valid()) g_.add_dependency(last_comm[j], opt[j]);
     if (o_.kernels) {
       if (!opt_kernels.valid()) {

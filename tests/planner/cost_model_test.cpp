@@ -132,8 +132,9 @@ TEST(CostModel, ContextParallelAttentionPaysTheRingsCorrections) {
       f.dev.attention_time(c.forward_flops / 2, hardware::Precision::kBf16, false, 1024) * 2;
   const Time kernels_bwd =
       f.dev.attention_time(c.dgrad_flops / 2, hardware::Precision::kBf16, true, 1024) * 2;
-  EXPECT_EQ(c.forward, kernels_fwd + f.dev.memory_time(fwd));
-  EXPECT_EQ(c.dgrad, kernels_bwd + f.dev.memory_time(bwd));
+  // The ring's memory passes run once per ring step: cp kernels of 1/cp of the bytes.
+  EXPECT_EQ(c.forward, kernels_fwd + f.dev.memory_kernel_time(fwd / 2) * 2);
+  EXPECT_EQ(c.dgrad, kernels_bwd + f.dev.memory_kernel_time(bwd / 2) * 2);
   // And the kernels say the same (the executor runs them).
   const OpKernels k = op_kernels(attn, f.g, l, true, hardware::Precision::kBf16);
   ASSERT_EQ(k.forward.size(), 2u);
@@ -175,7 +176,7 @@ TEST(CostModel, Fp8CurrentScalingAddsTheAmaxPasses) {
     EXPECT_EQ(b.dgrad.back().bytes, bytes.second) << name;
     const PassCost ca = op_cost(op, f.g, delayed, true, f.dev, hardware::Precision::kFp8);
     const PassCost cb = op_cost(op, f.g, current, true, f.dev, hardware::Precision::kFp8);
-    EXPECT_EQ(cb.dgrad - ca.dgrad, f.dev.memory_time(Bytes(bytes.second))) << name;
+    EXPECT_EQ(cb.dgrad - ca.dgrad, f.dev.memory_kernel_time(Bytes(bytes.second))) << name;
   }
   // The logits GEMM (bf16) and the norms are untouched.
   for (std::string_view name : {"logits", "attn_norm"})
@@ -205,10 +206,10 @@ TEST(CostModel, AllGatherContextParallelAttentionIsTwoCallsPerRank) {
   EXPECT_EQ(
       c.forward,
       f.dev.attention_time(c.forward_flops / 2.0, hardware::Precision::kBf16, false, 1024) * 2 +
-          f.dev.memory_time(fwd));
+          f.dev.memory_kernel_time(fwd));
   EXPECT_EQ(c.dgrad,
             f.dev.attention_time(c.dgrad_flops / 2.0, hardware::Precision::kBf16, true, 1024) * 2 +
-                f.dev.memory_time(bwd));
+                f.dev.memory_kernel_time(bwd));
   const OpKernels k = op_kernels(attn, f.g, l, true, hardware::Precision::kBf16);
   ASSERT_EQ(k.forward.size(), 3u);
   EXPECT_DOUBLE_EQ(k.forward[0].flops() + k.forward[1].flops(), c.forward_flops.count());
@@ -282,8 +283,8 @@ TEST(CostModel, CrossEntropyStreamsFp32Logits) {
   const PassCost c =
       op_cost(op_named(f.g, "loss"), f.g, l, true, f.dev, hardware::Precision::kBf16);
   const int64_t logits = 2048LL * 51200 / 8;
-  EXPECT_EQ(c.forward, f.dev.memory_time(Bytes(38 * logits)));
-  EXPECT_EQ(c.dgrad, f.dev.memory_time(Bytes(14 * logits)));
+  EXPECT_EQ(c.forward, f.dev.memory_kernel_time(Bytes(38 * logits)));
+  EXPECT_EQ(c.dgrad, f.dev.memory_kernel_time(Bytes(14 * logits)));
 }
 
 }  // namespace

@@ -53,8 +53,9 @@ struct Fits {
   double attention_bwd_flops_per_s = 0;
   std::optional<AlphaBetaFit> memory;  // on memory traffic (read + write = 2x copied)
   /// The profile's memory bandwidth: the median over copies of traffic / time. The
-  /// simulator's memory_time() is bytes / bandwidth with no intercept, so a fitted slope
-  /// whose intercept came out large (noise on a loaded host) would predict too fast.
+  /// simulator's memory kernel is launch_s + bytes / bandwidth (memory_kernel_time), its
+  /// intercept the GEMM-measured launch, so a fitted slope whose intercept came out large
+  /// (noise on a loaded host) would predict too fast.
   double memory_Bps = 0;
   double host_to_device_Bps = 0;
   double device_to_host_Bps = 0;

@@ -65,6 +65,8 @@ struct DeviceProfile {
   Bandwidth host_link;           // PCIe, per direction, achievable
   std::array<std::optional<PrecisionRate>, kAllPrecisions.size()> compute;
   std::vector<GemmTile> gemm_tiles;
+  /// Per-kernel launch overhead (profile key gpu.gemm.launch_us). Every kernel pays it:
+  /// gemm_time, attention_time and memory_kernel_time add it once per call.
   Time gemm_launch_overhead;
   bool gemm_split_k = true;
   /// Measured GEMM rates per precision (indexed like `compute`; empty = none measured).
@@ -110,8 +112,12 @@ struct DeviceProfile {
   Time attention_time(Flops flops, Precision p, bool backward, int64_t seq_kv = 0) const;
   /// The factor of the seq-scale curve at `seq_kv` (1 without a curve or for seq_kv <= 0).
   static double attention_seq_factor(const std::vector<AttentionSeqPoint>& curve, int64_t seq_kv);
-  /// A memory-bound kernel moving `bytes` (reads + writes) through HBM.
+  /// `bytes` (reads + writes) streamed through HBM at the effective bandwidth, no launch.
   Time memory_time(Bytes bytes) const;
+  /// One memory-bound kernel moving `bytes`: memory_time(bytes) plus the per-kernel launch
+  /// overhead, as gemm_time and attention_time charge it (calibration.md 3.4:
+  /// t = max(compute, bytes / (BW·eta_mem)) + t_launch). Zero bytes: no kernel, zero time.
+  Time memory_kernel_time(Bytes bytes) const;
   Bandwidth effective_memory_bandwidth() const { return memory_bandwidth * memory_efficiency; }
 
  private:
