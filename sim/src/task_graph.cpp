@@ -146,11 +146,11 @@ TaskId TaskGraph::add_collective(const CollectiveSpec& spec, Label label) {
   if (spec.copies.valid() && spec.copies.value() < num_groups() && !group.empty())
     copies = static_cast<int32_t>(groups_[spec.copies.value()].size() / group.size());
   return push({.kind = TaskKind::kCollective,
-               .label = label,
-               .bytes = spec.bytes,
                .collective = spec.kind,
                .algorithm = spec.algorithm,
+               .label = label,
                .group = gid,
+               .bytes = spec.bytes,
                .root = spec.root.valid() || group.empty() ? spec.root : group[0],
                .copies = spec.copies,
                .num_copies = copies});
@@ -174,8 +174,8 @@ TaskId TaskGraph::add_p2p_group(GroupId pairs, Bytes bytes, int32_t src_stream, 
   }
   return push({.kind = TaskKind::kP2P,
                .label = label,
-               .bytes = bytes,
                .group = pairs,
+               .bytes = bytes,
                .src = src,
                .dst = dst,
                .copies = copies,

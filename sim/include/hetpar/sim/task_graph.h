@@ -93,14 +93,16 @@ struct CollectiveSpec {
 
 /// One task; fields that do not apply to its kind keep their defaults.
 struct Task {
+  // Fields ordered so that the struct packs into one 64-byte cache line (the engine walks
+  // millions of tasks); designated initializers must follow this order.
   TaskKind kind = TaskKind::kCompute;
+  CollectiveKind collective = CollectiveKind::kAllReduce;
+  Algorithm algorithm = Algorithm::kAuto;
   Label label{};
+  GroupId group{};
   Time duration{};  // compute
   Flops flops{};    // compute, for metrics only
   Bytes bytes{};    // collective (see CollectiveKind), p2p
-  CollectiveKind collective = CollectiveKind::kAllReduce;
-  Algorithm algorithm = Algorithm::kAuto;
-  GroupId group{};
   RankId root{};
   RankId src{}, dst{};     // p2p: the (first) transfer; `group`, when valid, all of them
   GroupId copies{};        // collective, p2p: see CollectiveSpec::copies; invalid = none
@@ -109,6 +111,7 @@ struct Task {
   /// The simulator ignores it.
   KernelListId kernels{};
 };
+static_assert(sizeof(Task) <= 64, "Task should fit one cache line");
 
 class TaskGraph {
  public:
