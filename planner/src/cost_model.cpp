@@ -330,8 +330,11 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
   }
   const int64_t e = activation_bytes(g, p);  // bf16 activations under fp8
   const Bytes activation = Bytes(tokens / cp * g.hidden * e);
-  m.boundary_bytes = activation;
   const bool tp = l.tp > 1;
+  // Between pipeline stages each TP rank sends the hidden states it holds: under sequence
+  // parallelism its s/tp slice (Megatron core's p2p tensor shape divides the sequence by
+  // the TP size), otherwise the whole, replicated tensor.
+  m.boundary_bytes = tp && l.sequence_parallel ? activation / l.tp : activation;
 
   bool seen_layer = false;
   for (const models::Op& op : g.ops) {

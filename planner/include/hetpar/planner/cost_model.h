@@ -93,8 +93,9 @@ struct ModuleCost {
   Block layer;  // one transformer layer
   Block post;   // after the last layer (final norm, logits, loss)
   int64_t layers = 0;
-  /// Activation one rank sends to the next pipeline stage: s·b·h/cp (Megatron sends the
-  /// full tensor on every TP rank).
+  /// Activation one rank sends to the next pipeline stage: s·b·h/cp, divided by tp under
+  /// sequence parallelism (each rank sends its sequence slice); without it Megatron sends
+  /// the full tensor on every TP rank.
   Bytes boundary_bytes;
 };
 
