@@ -201,8 +201,8 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
                 dev.memory_kernel_time(Bytes(kFp8CastTransposeBytes * s.m * s.k * s.batch));
           c.dgrad += dev.memory_kernel_time(Bytes(kFp8CastTransposeBytes * s.m * s.n * s.batch));
           const Fp8Extra x = fp8_current_scaling_bytes(op, s, l);
-          if (x.forward > 0) c.forward += dev.memory_kernel_time(Bytes(x.forward));
-          if (x.backward > 0) c.dgrad += dev.memory_kernel_time(Bytes(x.backward));
+          c.forward += dev.memory_kernel_time(Bytes(x.forward));  // zero bytes: no kernel
+          c.dgrad += dev.memory_kernel_time(Bytes(x.backward));
         }
       }
       const double per_rank = shard * static_cast<double>(cp);

@@ -738,32 +738,31 @@ sim::KernelListId Lowering::kernels(const PlacedBlock& pb, size_t s, bool backwa
   } else {
     add(block(0, pb, backward).steps[s]);
   }
+  // One ring step's share of an attention kernel (the local queries against one rank's K,V
+  // chunk, 1/cp of the keys) or of a memory pass (1/cp of its bytes); false for a GEMM,
+  // which each use below sizes itself.
+  auto ring_share = [&](sim::Kernel& k) {
+    if (k.kind == sim::KernelKind::kGemm) return false;
+    if (k.kind == sim::KernelKind::kMemory)
+      k.bytes /= l_.cp;
+    else
+      k.seq_kv /= l_.cp;
+    return true;
+  };
   if (use == Use::kRingForward || use == Use::kRingBackward) {
-    // One ring step: the local queries against one rank's K,V chunk (1/cp of the keys).
-    for (sim::Kernel& k : list) {
-      if (k.kind == sim::KernelKind::kMemory)
-        k.bytes /= l_.cp;
-      else if (k.kind == sim::KernelKind::kGemm)
-        k.batch = std::max<int64_t>(1, k.batch / l_.cp);
-      else
-        k.seq_kv /= l_.cp;
-    }
+    for (sim::Kernel& k : list)
+      if (!ring_share(k)) k.batch = std::max<int64_t>(1, k.batch / l_.cp);
   }
   if (use == Use::kRecompute && cp_split && l_.cp > 1 && l_.cp_comm == CpComm::kP2P) {
-    // Recomputed attention re-runs the ring: cp calls, each against one K,V chunk, each
-    // step with its own memory passes (the cost model times it so, cost_model.cpp).
+    // Recomputed attention re-runs the ring: cp calls, each with its own memory passes
+    // (the cost model times it so, cost_model.cpp).
     std::vector<sim::Kernel> steps;
     for (const sim::Kernel& k : list) {
       sim::Kernel chunk = k;
-      if (k.kind == sim::KernelKind::kAttentionForward) {
-        chunk.seq_kv /= l_.cp;
-      } else if (k.kind == sim::KernelKind::kMemory) {
-        chunk.bytes /= l_.cp;
-      } else {
+      if (ring_share(chunk))
+        steps.insert(steps.end(), static_cast<size_t>(l_.cp), chunk);
+      else
         steps.push_back(k);
-        continue;
-      }
-      steps.insert(steps.end(), static_cast<size_t>(l_.cp), chunk);
     }
     list = std::move(steps);
   }
