@@ -133,6 +133,13 @@ TEST(Cli, SimulateJsonHasTheDocumentedKeysAndWritesATrace) {
   CliRun text = run("simulate " + path);
   EXPECT_EQ(text.exit_code, 0) << text.err;
   EXPECT_NE(text.out.find("Iteration time"), std::string::npos);
+  EXPECT_EQ(text.out.find("Ops of one rank"), std::string::npos);
+  // --ops adds one row per op of layer 0 and the layer's total.
+  CliRun ops = run("simulate --ops " + path);
+  EXPECT_EQ(ops.exit_code, 0) << ops.err;
+  EXPECT_NE(ops.out.find("Ops of one rank, one micro-batch"), std::string::npos) << ops.out;
+  for (const char* op : {"qkv", "attention", "attn_out", "mlp_fc1", "mlp_fc2", "layer total"})
+    EXPECT_NE(ops.out.find(fmt::format("\n  {} ", op)), std::string::npos) << op;
 }
 
 TEST(Cli, SimulateInfeasiblePlanExitsThreeAndWritesNoTrace) {
@@ -142,6 +149,9 @@ TEST(Cli, SimulateInfeasiblePlanExitsThreeAndWritesNoTrace) {
   std::string trace = fmt::format("{}/{}.none.json", ::testing::TempDir(), ::getpid());
   CliRun r = run(fmt::format("simulate --trace {} {}", trace, path));
   EXPECT_EQ(r.exit_code, 3);
+  CliRun ops = run("simulate --ops " + path);  // no ops for a layout that cannot run
+  EXPECT_EQ(ops.exit_code, 3);
+  EXPECT_EQ(ops.out.find("Ops of one rank"), std::string::npos);
   EXPECT_NE(r.err.find("infeasible"), std::string::npos) << r.err;
   EXPECT_FALSE(std::filesystem::exists(trace));
   std::string no_plan = write_temp("no_plan.json", R"({"model": "gpt3-1.3b",

@@ -9,7 +9,9 @@
 #include "hetpar/core/format.h"
 #include "hetpar/hardware/cluster.h"
 #include "hetpar/hardware/system_profile.h"
+#include "hetpar/planner/cost_model.h"
 #include "hetpar/planner/evaluate.h"
+#include "hetpar/planner/lower.h"
 #include "hetpar/sim/trace.h"
 #include "render.h"
 
@@ -55,6 +57,40 @@ void print_text(const planner::Scenario& s, const planner::Plan& p, const planne
   for (const auto& e : m.exposed_by_kind) fmt::print(", {} {}", e.kind, e.per_rank);
   fmt::print("\n\nTime by phase (stream time per rank)\n");
   for (const auto& ph : m.phases) fmt::print("  {:<12} {:>10}\n", ph.phase, ph.per_rank);
+}
+
+// --ops: each op of the LLM's first layer (and the work before and after the layers) as one
+// rank of the plan's layout runs it for one micro-batch, on the first node group's GPUs:
+// time and achieved rate per pass. The same op_cost() the lowering sums into its tasks.
+void print_ops(const planner::Scenario& s, const planner::Plan& p) {
+  const models::ModelSpec& model = s.model;
+  const size_t llm = model.llm_index();
+  models::ModuleInput in = planner::module_input(s, llm, p.layout.micro_batch);
+  in.flash_attention = p.layout.flash_attention;
+  const models::OpGraph g = models::build_op_graph(model.modules[llm].spec, in);
+  const hardware::DeviceProfile& dev = s.cluster.groups()[0].profile.gpu;
+  fmt::print("\nOps of one rank, one micro-batch ({} module; layer 0 of {})\n",
+             model.modules[llm].name, g.layers);
+  fmt::print("  {:<16} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9}\n", "op", "forward", "dgrad",
+             "wgrad", "recompute", "fwd TF/s", "bwd TF/s");
+  planner::PassCost layer;
+  auto rate = [](Flops f, Time t) {
+    return t > Time::zero() ? f.count() / t.to_seconds() / 1e12 : 0.0;
+  };
+  for (const models::Op& op : g.ops) {
+    if (op.layer > 0) continue;
+    const planner::PassCost c = planner::op_cost(op, g, p.layout, true, dev, s.workload.precision);
+    if (op.layer == 0) layer += c;
+    const std::string name = op.layer == 0 ? op.name : fmt::format("({})", op.name);
+    fmt::print("  {:<16} {:>10} {:>10} {:>10} {:>10} {:>9.0f} {:>9.0f}\n", name, c.forward, c.dgrad,
+               c.wgrad, c.recompute, rate(c.forward_flops, c.forward),
+               rate(c.dgrad_flops + c.wgrad_flops, c.dgrad + c.wgrad));
+  }
+  fmt::print("  {:<16} {:>10} {:>10} {:>10} {:>10} {:>9.0f} {:>9.0f}\n", "layer total",
+             layer.forward, layer.dgrad, layer.wgrad, layer.recompute,
+             rate(layer.forward_flops, layer.forward),
+             rate(layer.dgrad_flops + layer.wgrad_flops, layer.dgrad + layer.wgrad));
+  fmt::print("  (parenthesised: outside the layers)\n");
 }
 
 // --profile: the one node group's profile replaced, the cluster overrides re-applied.
@@ -109,6 +145,9 @@ int run_simulate(const SimulateOptions& opts) {
     fmt::print("{}\n", metrics_to_json(*scenario, plan, *metrics));
   else
     print_text(*scenario, plan, *metrics);
+  // Also for a plan only the memory model rejects: its ops are what would not fit.
+  if (opts.ops && !opts.json && planner::infeasibility(*scenario, plan).empty())
+    print_ops(*scenario, plan);
   if (!metrics->feasible) {
     fmt::print(stderr, "hetpar: plan is infeasible: {}\n", metrics->infeasible_reason);
     return 3;

@@ -21,6 +21,8 @@ struct SimulateOptions {
   /// A profile (built-in name or file, e.g. from `hetpar calibrate`) that replaces the
   /// cluster's; "" = the scenario's own. The cluster must have a single node group.
   std::string profile;
+  /// Also print the per-op cost of one LLM layer on one rank (text output only).
+  bool ops = false;
 };
 /// Exit 3 when the plan is infeasible (the reason goes to stderr).
 int run_simulate(const SimulateOptions& opts);

@@ -29,6 +29,8 @@ int main(int argc, char** argv) {
   cmd_simulate->add_flag("--json", simulate.json, "Print JSON instead of text");
   cmd_simulate->add_option("--trace", simulate.trace_path,
                            "Write the iteration timeline as a Perfetto/Chrome trace JSON");
+  cmd_simulate->add_flag("--ops", simulate.ops,
+                         "Also print each op of one LLM layer: time per pass and achieved rate");
   cmd_simulate->add_option("--profile", simulate.profile,
                            "Hardware profile (built-in name or file, e.g. from `hetpar "
                            "calibrate`) replacing the cluster's");

@@ -295,10 +295,19 @@ class BlockBuilder {
  public:
   explicit BlockBuilder(Block& b) : b_(b) {}
   void compute(const PassCost& c, int32_t op) {
-    if (b_.steps.empty() || b_.steps.back().kind != StepKind::kCompute)
+    if (b_.steps.empty() || b_.steps.back().kind != StepKind::kCompute ||
+        b_.steps.back().overlaps_tp_entry)
       b_.steps.push_back({StepKind::kCompute, {}, {}, {}});
     b_.steps.back().cost += c;
     b_.steps.back().ops.push_back(op);
+  }
+  // A column-parallel linear right after a TP entry: its own step (WorkStep::overlaps_tp_entry).
+  bool after_tp_entry() const {
+    return !b_.steps.empty() && b_.steps.back().kind == StepKind::kTpEntry;
+  }
+  void linear_after_tp_entry(const PassCost& c, int32_t op) {
+    b_.steps.push_back({StepKind::kCompute, c, {}, {op}});
+    b_.steps.back().overlaps_tp_entry = true;
   }
   void comm(StepKind kind, Bytes bytes, const PassCost& cost = {}, int32_t op = -1) {
     b_.steps.push_back({kind, cost, bytes, {}});
@@ -360,6 +369,9 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
       const auto& s = *op.attention;
       const int64_t kv = 2 * (s.batch * s.seq_q / cp) * (s.kv_heads / l.tp) * s.head_dim;
       b.comm(StepKind::kCpAttention, Bytes(kv * e), c, op_index);
+    } else if (tp && l.tp_backward_overlap && op.kind == models::OpKind::kGemm &&
+               gemm_split(op, g) == Split::kColumn && b.after_tp_entry()) {
+      b.linear_after_tp_entry(c, op_index);
     } else {
       b.compute(c, op_index);
     }

@@ -256,8 +256,11 @@ Block for_direction(const Block& b, bool backward, bool sp) {
   out.steps.clear();
   for (const WorkStep& s : b.steps) {
     if (!sp && s.kind == (backward ? StepKind::kTpExit : StepKind::kTpEntry)) continue;
+    // Backward keeps a linear that overlaps its TP entry's collective a task of its own.
+    const bool apart = backward && (s.overlaps_tp_entry ||
+                                    (!out.steps.empty() && out.steps.back().overlaps_tp_entry));
     if (s.kind == StepKind::kCompute && !out.steps.empty() &&
-        out.steps.back().kind == StepKind::kCompute) {
+        out.steps.back().kind == StepKind::kCompute && !apart) {
       out.steps.back().cost += s.cost;
       out.steps.back().ops.insert(out.steps.back().ops.end(), s.ops.begin(), s.ops.end());
     } else
@@ -413,8 +416,23 @@ class Lowering {
   void run_step(const PlacedBlock& pb, size_t s, int pass, const Labels& lb,
                 sim::LabelId recompute);
   void compute(int j, Time d, Flops f, int pass, sim::LabelId name, sim::KernelListId kernels = {});
+  // Backward of a column-parallel linear after a TP entry (WorkStep::overlaps_tp_entry):
+  // [SP: input all-gather beside] dgrad, then the entry's collective beside wgrad.
+  void linear_backward(const PlacedBlock& pb, size_t s, const Labels& lb);
+  // Whether backward step s, a TP entry, is run by the linear after it (linear_backward).
+  bool overlapped_entry(const PlacedBlock& pb, size_t s);
   // What a compute task of a block step runs (LowerOptions::kernels; invalid when off).
-  enum class Use : uint8_t { kForward, kBackward, kRecompute, kWgrad, kRingForward, kRingBackward };
+  // kDgrad / kStepWgrad: one step's dgrad / wgrad kernels; kWgrad: the whole block's wgrad.
+  enum class Use : uint8_t {
+    kForward,
+    kBackward,
+    kRecompute,
+    kWgrad,
+    kRingForward,
+    kRingBackward,
+    kDgrad,
+    kStepWgrad
+  };
   sim::KernelListId kernels(const PlacedBlock& pb, size_t s, bool backward, Use use);
   // A blocking collective over each group of `gs` (TP, EP or CP) on the TP stream: it
   // waits for each member's last task, and the member's next task waits for it.
@@ -728,7 +746,11 @@ sim::KernelListId Lowering::kernels(const PlacedBlock& pb, size_t s, bool backwa
           list.insert(list.end(), k.recompute.begin(), k.recompute.end());
           break;
         case Use::kWgrad:
+        case Use::kStepWgrad:
           list.insert(list.end(), k.wgrad.begin(), k.wgrad.end());
+          break;
+        case Use::kDgrad:
+          list.insert(list.end(), k.dgrad.begin(), k.dgrad.end());
           break;
       }
     }
@@ -736,7 +758,7 @@ sim::KernelListId Lowering::kernels(const PlacedBlock& pb, size_t s, bool backwa
   if (use == Use::kWgrad) {
     for (const WorkStep& step : block(0, pb).steps) add(step);
   } else {
-    add(block(0, pb, backward).steps[s]);
+    add(block(0, pb, backward || use == Use::kStepWgrad || use == Use::kDgrad).steps[s]);
   }
   // One ring step's share of an attention kernel (the local queries against one rank's K,V
   // chunk, 1/cp of the keys) or of a memory pass (1/cp of its bytes); false for a GEMM,
@@ -869,6 +891,45 @@ void Lowering::cp_ring(const PlacedBlock& pb, size_t s, int pass, const Labels& 
     }
 }
 
+bool Lowering::overlapped_entry(const PlacedBlock& pb, size_t s) {
+  const std::vector<WorkStep>& steps = block(0, pb, true).steps;
+  return !split_w_ && s + 1 < steps.size() && steps[s + 1].overlaps_tp_entry;
+}
+
+void Lowering::linear_backward(const PlacedBlock& pb, size_t s, const Labels& lb) {
+  const std::vector<WorkStep>& steps = block(0, pb, true).steps;
+  HETPAR_CHECK(s > 0 && steps[s - 1].kind == StepKind::kTpEntry,
+               "a linear that overlaps its TP entry follows one");
+  const bool sp = l_.sequence_parallel;
+  const Bytes bytes = steps[s - 1].bytes;
+  const int n = stage_ranks();
+  std::vector<TaskId> gathered(n), dgrad(n), reduced(n);
+  if (sp)  // the saved input slice, gathered again for the wgrad GEMM
+    group_collectives(tp_groups_, CollectiveKind::kAllGather, bytes, kTpStream, {cat_tp_, lb.tp},
+                      [&](int j, TaskId c) {
+                        if (st_[j].last.valid()) g_.add_dependency(st_[j].last, c);
+                        gathered[j] = c;
+                      });
+  const sim::KernelListId kd = kernels(pb, s, true, Use::kDgrad);
+  for (int j : actives_) {
+    const PassCost& c = block(j, pb, true).steps[s].cost;
+    compute(j, c.dgrad, c.dgrad_flops, kB, lb.compute, kd);
+    dgrad[j] = st_[j].last;
+  }
+  group_collectives(tp_groups_, sp ? CollectiveKind::kReduceScatter : CollectiveKind::kAllReduce,
+                    bytes, kTpStream, {cat_tp_, lb.tp}, [&](int j, TaskId c) {
+                      g_.add_dependency(dgrad[j], c);
+                      reduced[j] = c;
+                    });
+  const sim::KernelListId kw = kernels(pb, s, true, Use::kStepWgrad);
+  for (int j : actives_) {
+    const PassCost& c = block(j, pb, true).steps[s].cost;
+    st_[j].need = gathered[j];
+    compute(j, c.wgrad, c.wgrad_flops, kB, lb.compute, kw);
+    st_[j].need = reduced[j];  // the layer's earlier backward takes the reduced gradient
+  }
+}
+
 void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels& lb,
                         sim::LabelId recompute) {
   const bool sp = l_.sequence_parallel;
@@ -892,6 +953,7 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
         }
       }
       if (step.kind == StepKind::kCpAttention && !gather) return cp_ring(pb, s, pass, lb);
+      if (backward && step.overlaps_tp_entry && !split_w_) return linear_backward(pb, s, lb);
       const sim::KernelListId k =
           kernels(pb, s, backward, backward ? Use::kBackward : Use::kForward);
       for (int j : actives_) {
@@ -908,6 +970,7 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
       return;
     }
     case StepKind::kTpEntry:
+      if (backward && overlapped_entry(pb, s)) return;  // linear_backward() ran it
       if (backward)
         collective(sp ? CollectiveKind::kReduceScatter : CollectiveKind::kAllReduce, step.bytes,
                    {cat_tp_, lb.tp}, tp_groups_);

@@ -59,6 +59,7 @@ Layout parse_layout(JsonReader& r) {
   l.overlap_grad_reduce = r.optional_bool("overlap_grad_reduce", true);
   l.overlap_param_gather = r.optional_bool("overlap_param_gather", true);
   l.flash_attention = r.optional_bool("flash_attention", true);
+  l.tp_backward_overlap = r.optional_bool("tp_backward_overlap", true);
   l.fp8_recipe =
       *parse_fp8_recipe(r.optional_enum("fp8_recipe", "delayed", {"delayed", "tensorwise"}));
   l.first_stage_layers = static_cast<int>(r.optional_int("first_stage_layers", 0, 0, kMaxDegree));
@@ -89,6 +90,7 @@ nlohmann::json layout_to_json(const Layout& l) {
   if (l.account_for_loss) j["account_for_loss"] = true;
   if (l.fp8_recipe != Fp8Recipe::kDelayed) j["fp8_recipe"] = to_string(l.fp8_recipe);
   if (l.cp_comm != CpComm::kP2P) j["cp_comm"] = to_string(l.cp_comm);
+  if (!l.tp_backward_overlap) j["tp_backward_overlap"] = false;
   return j;
 }
 

@@ -70,8 +70,11 @@ std::vector<EncoderInfo> fed_encoders(const Scenario& s) {
 
 // One block's per-micro-batch time on one rank: forward, backward (dgrad + wgrad +
 // recompute) and the part of the backward that cannot be deferred (ZB-H1 defers wgrad).
+// tp_hidden: the TP entries' backward collectives the next linear's wgrad may hide
+// (WorkStep::overlaps_tp_entry), left out of b; a ZB-H1 schedule, which defers that wgrad,
+// exposes them (b_input keeps them).
 struct BlockTime {
-  Time f, f_compute, b, b_input;
+  Time f, f_compute, b, b_input, tp_hidden;
 };
 
 struct ModuleTime {
@@ -91,7 +94,8 @@ BlockTime block_time(const Block& b, const Layout& l, Bandwidth link, bool froze
   using CK = sim::CollectiveKind;
   const bool sp = l.sequence_parallel;
   BlockTime t;
-  for (const WorkStep& st : b.steps) {
+  for (size_t i = 0; i < b.steps.size(); ++i) {
+    const WorkStep& st = b.steps[i];
     switch (st.kind) {
       case StepKind::kCompute:
       case StepKind::kCpAttention:
@@ -103,8 +107,12 @@ BlockTime block_time(const Block& b, const Layout& l, Bandwidth link, bool froze
       case StepKind::kTpEntry: {  // fwd: SP all-gather; bwd: SP reduce-scatter / all-reduce
         if (sp) t.f += collective_time(CK::kAllGather, st.bytes, l.tp, link);
         Time bwd = collective_time(sp ? CK::kReduceScatter : CK::kAllReduce, st.bytes, l.tp, link);
-        t.b += bwd;
+        Time hidden;
+        if (i + 1 < b.steps.size() && b.steps[i + 1].overlaps_tp_entry)
+          hidden = std::min(bwd, b.steps[i + 1].cost.wgrad);
+        t.b += bwd - hidden;
         t.b_input += bwd;
+        t.tp_hidden += hidden;
         break;
       }
       case StepKind::kTpExit: {  // fwd: SP reduce-scatter / all-reduce; bwd: SP all-gather
@@ -120,7 +128,7 @@ BlockTime block_time(const Block& b, const Layout& l, Bandwidth link, bool froze
         break;
     }
   }
-  if (frozen) t.b = t.b_input = Time::zero();
+  if (frozen) t.b = t.b_input = t.tp_hidden = Time::zero();
   return t;
 }
 
@@ -132,9 +140,9 @@ class CostCache {
   // The fastest node group's time (a bound for every group).
   const ModuleTime& get(size_t module, const Layout& l, bool context_parallel, bool frozen) {
     auto key = std::make_tuple(module, l.tp, l.cp, l.sequence_parallel, l.micro_batch,
-                               static_cast<int>(l.recompute), l.flash_attention, l.ep,
-                               static_cast<int>(l.fp8_recipe), static_cast<int>(l.cp_comm),
-                               context_parallel, frozen);
+                               static_cast<int>(l.recompute), l.flash_attention,
+                               l.tp_backward_overlap, l.ep, static_cast<int>(l.fp8_recipe),
+                               static_cast<int>(l.cp_comm), context_parallel, frozen);
     auto it = memo_.find(key);
     if (it != memo_.end()) return it->second;
     models::ModuleInput in = module_input(s_, module, l.micro_batch);
@@ -175,7 +183,7 @@ class CostCache {
 
  private:
   const Scenario& s_;
-  std::map<std::tuple<size_t, int, int, bool, int, int, bool, int, int, int, bool, bool>,
+  std::map<std::tuple<size_t, int, int, bool, int, int, bool, bool, int, int, int, bool, bool>,
            ModuleTime>
       memo_;
 };
@@ -187,6 +195,7 @@ BlockTime whole_module(const ModuleTime& m) {
     t.f_compute += b.f_compute * times;
     t.b += b.b * times;
     t.b_input += b.b_input * times;
+    t.tp_hidden += b.tp_hidden * times;
   };
   add(m.pre, 1);
   add(m.layer, m.layers);
@@ -204,6 +213,7 @@ BlockTime encoder_time(CostCache& cache, const Scenario& s, const EncoderInfo& e
     t.f_compute += q.f_compute;
     t.b += q.b;
     t.b_input += q.b_input;
+    t.tp_hidden += q.tp_hidden;
   }
   return t;
 }
@@ -217,23 +227,25 @@ Time llm_pipeline_bound(CostCache& cache, const Scenario& s, const Plan& p,
   const ModuleTime& mt = cache.get(s.model.llm_index(), l, true, false);
   const std::vector<int64_t> split = layers_per_virtual_stage(l, mt.layers, nullptr);
   const int vstages = l.pp * l.vpp;
+  const bool zb = splits_weight_gradient(p.schedule);
+  // ZB-H1 runs the TP entries' backward collectives without their wgrad beside them.
+  auto backward = [zb](const BlockTime& b) { return zb ? b.b + b.tp_hidden : b.b; };
   std::vector<BlockTime> v(vstages);
   for (int i = 0; i < vstages; ++i) {
     const int64_t n = i < static_cast<int>(split.size()) ? split[i] : 0;
     v[i].f = mt.layer.f * n;
-    v[i].b = mt.layer.b * n;
+    v[i].b = backward(mt.layer) * n;
     v[i].b_input = mt.layer.b_input * n;
   }
-  auto add = [](BlockTime& a, const BlockTime& b) {
+  auto add = [&backward](BlockTime& a, const BlockTime& b) {
     a.f += b.f;
-    a.b += b.b;
+    a.b += backward(b);
     a.b_input += b.b_input;
   };
   add(v[0], mt.pre);
   add(v[0], stage0_extra);
   add(v[vstages - 1], mt.post);
   const int64_t m = num_micro_batches(l, s.workload.global_batch);
-  const bool zb = splits_weight_gradient(p.schedule);
   Time best, fill;
   for (int st = 0; st < l.pp; ++st) {
     Time work;
@@ -349,6 +361,7 @@ Time compute_bound(CostCache& cache, const std::vector<EncoderInfo>& encoders, c
       extra.f += t.f;
       extra.b += t.b;
       extra.b_input += t.b_input;
+      extra.tp_hidden += t.tp_hidden;
     }
     return llm_pipeline_bound(cache, s, p, extra);
   }
@@ -416,6 +429,7 @@ std::vector<int> layout_key(const Layout& l) {
                           l.overlap_grad_reduce,
                           l.overlap_param_gather,
                           l.flash_attention,
+                          l.tp_backward_overlap,
                           static_cast<int>(l.fp8_recipe),
                           static_cast<int>(l.cp_comm)};
 }

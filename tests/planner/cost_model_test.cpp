@@ -77,13 +77,40 @@ TEST(CostModel, LayerCommunicationPoints) {
     }
     EXPECT_EQ(entry, 2);
     EXPECT_EQ(exit, 2);
-    EXPECT_EQ(compute, 5);  // norm | qkv..attn_out | residual+norm | mlp | residual
+    // norm | qkv | rope..attn_out | residual+norm | fc1 | act, fc2 | residual: the
+    // column-parallel linear after each entry is a step of its own.
+    EXPECT_EQ(compute, 7);
+    for (size_t i = 0; i < m.layer.steps.size(); ++i) {
+      const bool linear = i > 0 && m.layer.steps[i - 1].kind == StepKind::kTpEntry;
+      EXPECT_EQ(m.layer.steps[i].overlaps_tp_entry, linear) << i;
+      if (linear) {
+        ASSERT_EQ(m.layer.steps[i].ops.size(), 1u);
+        const std::string& name = f.g.ops[m.layer.steps[i].ops[0]].name;
+        EXPECT_TRUE(name == "qkv" || name == "mlp_fc1") << name;
+      }
+    }
     // 12h^2 weights split over 8 ranks (norms replicated, a rounding error here).
     EXPECT_NEAR(static_cast<double>(m.layer.dense_params) * 8, 12.0 * 12288 * 12288,
                 0.001 * 12 * 12288.0 * 12288);
     // Megatron's pipeline P2P shape: the sequence divided by tp under SP, else the whole.
     EXPECT_EQ(m.boundary_bytes, Bytes(2048LL * 12288 * 2 / (sp ? 8 : 1)));
   }
+}
+
+// Without the backward overlap (Megatron-LM of 2021) the linear merges with its neighbours
+// again: five compute steps, none flagged.
+TEST(CostModel, BlockingTpBackwardKeepsTheLinearInItsStep) {
+  Fixture f = gpt();
+  Layout l;
+  l.tp = 8;
+  l.tp_backward_overlap = false;
+  ModuleCost m = module_cost(f.g, l, true, f.dev, hardware::Precision::kBf16);
+  int compute = 0;
+  for (const WorkStep& s : m.layer.steps) {
+    compute += s.kind == StepKind::kCompute;
+    EXPECT_FALSE(s.overlaps_tp_entry);
+  }
+  EXPECT_EQ(compute, 5);  // norm | qkv..attn_out | residual+norm | mlp | residual
 }
 
 // Sequence parallelism splits norms and residuals over tp: the layer's memory-bound time drops.

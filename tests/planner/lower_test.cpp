@@ -133,7 +133,8 @@ TEST(Lower, ZeroBubbleBeatsOneFOneB) {
 }
 
 // TP traffic per layer and micro-batch: 2 all-reduces forward and 2 backward of s·b·h
-// bytes without SP; with SP an all-gather and a reduce-scatter in each place (4 + 4).
+// bytes without SP; with SP an all-gather and a reduce-scatter in each place (4 + 4), plus
+// the all-gather of qkv's and fc1's saved input slices again in backward (2 more).
 TEST(Lower, TensorParallelCommunicationPerLayer) {
   Scenario s = make(4, 2, 1);
   for (bool sp : {false, true}) {
@@ -152,11 +153,56 @@ TEST(Lower, TensorParallelCommunicationPerLayer) {
     }
     const int per_layer_mb = 4 * 2;  // 4 layers x 2 micro-batches
     if (sp) {
-      EXPECT_EQ(count[sim::CollectiveKind::kAllGather], 4 * per_layer_mb);
+      EXPECT_EQ(count[sim::CollectiveKind::kAllGather], 6 * per_layer_mb);
       EXPECT_EQ(count[sim::CollectiveKind::kReduceScatter], 4 * per_layer_mb);
     } else {
       EXPECT_EQ(count[sim::CollectiveKind::kAllReduce], 4 * per_layer_mb);
       EXPECT_EQ(count.size(), 1u);
+    }
+  }
+}
+
+// Megatron's column-parallel backward: the entry's collective runs beside the linear's wgrad
+// GEMM (and under SP the input re-gather beside its dgrad), so backward TP collectives
+// overlap compute on rank 0; with the 2021 blocking all-reduce none does. Without SP
+// that only hides the all-reduce, so the iteration gets shorter; under SP the re-gather is
+// extra traffic, which on this tiny layer's short GEMMs costs more than it hides.
+TEST(Lower, TensorParallelBackwardOverlapsTheLinearsGemms) {
+  Scenario s = make(2, 1, 1);
+  for (bool sp : {false, true}) {
+    Time with, without;
+    for (bool overlap : {true, false}) {
+      Plan p = plan(8, 1, 1);
+      p.layout.sequence_parallel = sp;
+      p.layout.tp_backward_overlap = overlap;
+      LoweredPlan lp = lowered(s, p);
+      sim::SimOptions o;
+      o.collectives = collective_config(s.cluster);
+      o.record_tasks = true;
+      const sim::SimResult r = run(lp, lp.network, o);
+      (overlap ? with : without) = r.makespan;
+      int overlapped = 0;
+      for (int a = 0; a < lp.graph.num_tasks(); ++a) {
+        const sim::Task& c = lp.graph.task(TaskId(a));
+        if (lp.graph.label_text(c.label.category) != "tp_comm") continue;
+        for (int b = 0; b < lp.graph.num_tasks(); ++b) {
+          const sim::Task& k = lp.graph.task(TaskId(b));
+          if (k.kind != sim::TaskKind::kCompute || lp.graph.streams(TaskId(b))[0].rank.value() != 0)
+            continue;
+          if (r.tasks[a].start < r.tasks[b].end && r.tasks[b].start < r.tasks[a].end &&
+              lp.graph.label_text(k.label.category) == "bwd")
+            ++overlapped;
+        }
+      }
+      // Per layer: the reduction beside qkv's and fc1's wgrad, under SP also the re-gather
+      // beside their dgrad (the logits' entry likewise).
+      if (overlap)
+        EXPECT_GE(overlapped, 2 * 2 * (sp ? 2 : 1)) << sp;
+      else
+        EXPECT_EQ(overlapped, 0) << sp;
+    }
+    if (!sp) {
+      EXPECT_LT(with, without);
     }
   }
 }

@@ -30,7 +30,8 @@
 //   full recompute re-runs each layer's forward, which lower() replays from the block.
 //
 // Communication points (tp > 1): a layer's entry "f" after each norm (forward: SP
-// all-gather; backward: SP reduce-scatter, else all-reduce) and exit "g" before each
+// all-gather; backward: SP reduce-scatter, else all-reduce, beside the wgrad GEMM of the
+// column-parallel linear that follows it, WorkStep::overlaps_tp_entry) and exit "g" before each
 // residual add (forward: SP reduce-scatter, else all-reduce; backward: SP all-gather),
 // over the full s·b·h/cp activation (nccl-tests size); the vocab-parallel embedding's
 // output is a "g", the logits' input an "f". MoE with ep > 1: all-to-all of the routed
@@ -78,6 +79,14 @@ struct WorkStep {
   /// kCompute, kCpAttention: the graph's ops (indices into OpGraph::ops, forward order)
   /// whose work this step is, for their kernels (kernels.h).
   std::vector<int32_t> ops;
+  /// kCompute: this step is one column-parallel linear (qkv, fc1, logits) right after a
+  /// TP entry, alone in its step. Its backward runs as Megatron's
+  /// LinearWithGradAccumulationAndAsyncCommunication (and Transformer Engine's Linear /
+  /// LayerNormLinear) do: dgrad first, then the entry's backward collective (SP
+  /// reduce-scatter, else all-reduce of the input gradient) runs beside the wgrad GEMM;
+  /// under SP the linear's input, saved as this rank's sequence slice, is all-gathered
+  /// again beside the dgrad GEMM, which the wgrad GEMM waits for.
+  bool overlaps_tp_entry = false;
 };
 
 /// The layers of a module share one Block; so do the ops before and after them.

@@ -59,6 +59,13 @@ struct Layout {
   /// scores materialised, softmax and dropout as separate kernels (Megatron-LM before
   /// flash attention, e.g. Narayanan et al. 2021).
   bool flash_attention = true;
+  /// The backward of a column-parallel linear overlaps the TP collective of its input
+  /// gradient with its wgrad GEMM (and, under SP, re-gathers its input beside the dgrad
+  /// GEMM), as Megatron-LM's LinearWithGradAccumulationAndAsyncCommunication and
+  /// Transformer Engine do (cost_model.h, WorkStep::overlaps_tp_entry). Off: the all-reduce
+  /// runs after the linear's whole backward (Megatron-LM before late 2021, e.g. Narayanan
+  /// et al. 2021). Every trainer hetpar exports to overlaps.
+  bool tp_backward_overlap = true;
   Fp8Recipe fp8_recipe = Fp8Recipe::kDelayed;  // meaningful for fp8 workloads only
   // Uneven pipeline splits of the LLM's layers (Megatron-LM; schedule.h's
   // layers_per_virtual_stage). first/last_stage_layers: --decoder-first/last-pipeline-
