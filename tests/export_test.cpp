@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "export/helpers.h"
 #include "hetpar/planner/lower.h"
@@ -284,6 +285,55 @@ TEST(ExportVocabulary, TorchtitanDeepspeedNanotronEmitOnlyTheirKeys) {
   nano_cp.layout.account_for_embedding = nano_cp.layout.account_for_loss = false;
   nano_cp.layout.distributed_optimizer = true;
   expect_known_names(Target::kNanotron, llama, {nano, nano_cp});
+}
+
+// FSDP plans: each target's spelling, in its vocabulary, or a refusal that says why.
+TEST(ExportFsdp, EachTrainerSpellsFullySharding) {
+  planner::Scenario llama = scenario("llama-3.1-8b", 4, 8192, 512);
+  Plan p;
+  p.layout = layout(2, 1, 16);
+  p.layout.sequence_parallel = true;
+  p.layout.fsdp = true;
+  Plan kept = p;
+  kept.layout.fsdp_reshard_after_forward = false;
+  for (Target t : {Target::kMegatron, Target::kMegatronBridge, Target::kTorchtitan})
+    expect_known_names(t, llama, {p});
+  expect_known_names(Target::kMegatron, llama, {kept});
+  expect_known_names(Target::kTorchtitan, llama, {kept});
+
+  auto f = all_flags(exported(llama, p, Target::kMegatron).at("launch.sh"));
+  EXPECT_EQ(f.count("--use-megatron-fsdp"), 1u);
+  EXPECT_EQ(f.at("--data-parallel-sharding-strategy"), "optim_grads_params");
+  EXPECT_EQ(f.count("--use-distributed-optimizer"), 1u);
+  f = all_flags(exported(llama, kept, Target::kMegatron).at("launch.sh"));
+  EXPECT_EQ(f.count("--use-torch-fsdp2"), 1u);
+  EXPECT_EQ(f.count("--torch-fsdp2-no-reshard-after-forward"), 1u);
+  EXPECT_EQ(f.count("--use-megatron-fsdp"), 0u);
+
+  const auto y = yaml_settings(exported(llama, p, Target::kMegatronBridge).begin()->second);
+  EXPECT_EQ(y.at("ddp.use_megatron_fsdp"), "true");
+  EXPECT_EQ(y.at("ddp.data_parallel_sharding_strategy"), "\"optim_grads_params\"");
+  EXPECT_NE(refusal(llama, kept, Target::kMegatronBridge).find("optim_grads_params"),
+            std::string::npos);
+
+  f = all_flags(exported(llama, p, Target::kTorchtitan).at("launch.sh"));
+  EXPECT_EQ(f.at("--parallelism.data_parallel_shard_degree"), "16");
+  EXPECT_EQ(f.at("--parallelism.data_parallel_replicate_degree"), "1");
+  EXPECT_EQ(f.at("--parallelism.fsdp_reshard_after_forward"), "always");
+  f = all_flags(exported(llama, kept, Target::kTorchtitan).at("launch.sh"));
+  EXPECT_EQ(f.at("--parallelism.fsdp_reshard_after_forward"), "never");
+
+  Plan ds;
+  ds.layout = layout(1, 1, 32);
+  ds.layout.fsdp = true;
+  ds.layout.overlap_grad_reduce = ds.layout.overlap_param_gather = false;
+  auto j = nlohmann::json::parse(exported(llama, ds, Target::kDeepspeed).at("ds_config.json"));
+  EXPECT_EQ(j["zero_optimization"]["stage"], 3);
+  ds.layout = layout(4, 2, 4);
+  ds.layout.fsdp = true;
+  ds.layout.overlap_grad_reduce = ds.layout.overlap_param_gather = false;
+  EXPECT_NE(refusal(llama, ds, Target::kDeepspeed).find("ZeRO stage 1 at most"), std::string::npos);
+  EXPECT_NE(refusal(llama, p, Target::kNanotron).find("fsdp: nanotron"), std::string::npos);
 }
 
 TEST(ExportScripts, LaunchScriptsAreValidBash) {

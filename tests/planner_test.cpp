@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "hetpar/models/totals.h"
+#include "hetpar/planner/plan_json.h"
 #include "hetpar/planner/scenario.h"
 #include "hetpar/planner/summary.h"
 
@@ -63,6 +64,31 @@ TEST(Scenario, ImageTokensMustFitTheSequence) {
   EXPECT_EQ(s.status().message(),
             "x.json: workload.seq_len: 1152 modality tokens per sample do not fit in a fused "
             "sequence of 1024");
+}
+
+// plan_to_json writes what parse_plan reads back, the layout's switches included.
+TEST(PlanJson, RoundTripsEveryLayoutSwitch) {
+  Plan p;
+  p.layout.tp = 4;
+  p.layout.sequence_parallel = true;
+  p.layout.dp = 16;
+  p.layout.fsdp = true;
+  p.layout.fsdp_reshard_after_forward = false;
+  p.layout.tp_backward_overlap = false;
+  p.layout.flash_attention = false;
+  auto back = parse_plan(plan_to_json(p), "plan");
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+  EXPECT_EQ(*back, p);
+  p.layout.fsdp = false;
+  p.layout.fsdp_reshard_after_forward = true;
+  p.layout.tp_backward_overlap = true;
+  back = parse_plan(plan_to_json(p), "plan");
+  ASSERT_TRUE(back.is_ok());
+  EXPECT_EQ(*back, p);
+  auto bad = parse_plan(nlohmann::json::parse(R"({"micro_batch": 1, "fsdp": "yes"})"), "plan");
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().to_string().find("plan.fsdp"), std::string::npos)
+      << bad.status().to_string();
 }
 
 TEST(Summary, AddsUpModulesAndClusterPeak) {

@@ -24,11 +24,14 @@ void print_text(const planner::Scenario& s, const planner::Plan& p, const planne
   fmt::print("Scenario   {} on {} GPUs\n", s.name, s.cluster.total_gpus());
   fmt::print(
       "Plan       tp {}{} cp {}{} pp {} vpp {} dp {} ep {}, micro-batch {}, {} schedule, "
-      "recompute {}, distributed optimizer {}{}\n",
+      "recompute {}, {}{}\n",
       l.tp, l.sequence_parallel ? " (sp)" : "", l.cp,
       l.cp > 1 ? fmt::format(" ({})", planner::to_string(l.cp_comm)) : "", l.pp, l.vpp, l.dp, l.ep,
       l.micro_batch, planner::to_string(p.schedule), planner::to_string(l.recompute),
-      l.distributed_optimizer ? "on" : "off",
+      l.fsdp ? (l.fsdp_reshard_after_forward ? "fsdp (parameters gathered for forward and backward)"
+                                             : "fsdp (parameters kept from forward to backward)")
+      : l.distributed_optimizer ? "distributed optimizer on"
+                                : "distributed optimizer off",
       s.workload.precision == hardware::Precision::kFp8
           ? fmt::format(", fp8 recipe {}", planner::to_string(l.fp8_recipe))
           : "");

@@ -60,6 +60,11 @@ Result<std::vector<ExportFile>> write_deepspeed(const Context& c) {
     r.add(
         "the parameter all-gather overlapped with the forward (overlap_param_gather): ZeRO-1 "
         "gathers after the optimizer step (set overlap_param_gather false)");
+  if (l.fsdp && l.pp > 1)
+    r.add(fmt::format("fsdp with pp {}: DeepSpeed's pipeline engine runs ZeRO stage 1 at most",
+                      l.pp));
+  if (l.fsdp && !l.fsdp_reshard_after_forward)
+    r.add("fsdp without resharding after the forward: ZeRO-3 releases gathered parameters");
   if (!r.empty()) return r.status(c.target);
 
   nlohmann::ordered_json j;
@@ -70,7 +75,7 @@ Result<std::vector<ExportFile>> write_deepspeed(const Context& c) {
     j["bf16"] = {{"enabled", true}};
   else
     j["fp16"] = {{"enabled", true}};
-  j["zero_optimization"] = {{"stage", l.distributed_optimizer ? 1 : 0}};
+  j["zero_optimization"] = {{"stage", l.fsdp ? 3 : l.distributed_optimizer ? 1 : 0}};
   if (l.tp > 1) j["tensor_parallel"] = {{"autotp_size", l.tp}};
   if (l.ep > 1) j["expert_parallel"] = {{"enabled", true}, {"autoep_size", l.ep}};
   j["pipeline"] = {

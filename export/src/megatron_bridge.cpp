@@ -69,10 +69,15 @@ void add_training(std::vector<Setting>& s, const Context& c) {
   s.push_back({"train.micro_batch_size", num(l.micro_batch)});
   s.push_back({"train.global_batch_size", num(c.s.workload.global_batch)});
   s.push_back({"dataset.seq_length", num(c.s.workload.seq_len)});
-  s.push_back({"ddp.use_distributed_optimizer", yaml_bool(l.distributed_optimizer)});
+  s.push_back({"ddp.use_distributed_optimizer", yaml_bool(l.distributed_optimizer || l.fsdp)});
+  if (l.fsdp) {  // Megatron-FSDP, ZeRO-3 (write_megatron_bridge refuses FSDP without reshard)
+    s.push_back({"dist.use_megatron_fsdp", "true"});
+    s.push_back({"ddp.use_megatron_fsdp", "true"});
+    s.push_back({"ddp.data_parallel_sharding_strategy", yaml_string("optim_grads_params")});
+  }
   s.push_back({"ddp.overlap_grad_reduce", yaml_bool(l.overlap_grad_reduce)});
-  s.push_back(
-      {"ddp.overlap_param_gather", yaml_bool(l.overlap_param_gather && l.distributed_optimizer)});
+  s.push_back({"ddp.overlap_param_gather",
+               yaml_bool(l.overlap_param_gather && (l.distributed_optimizer || l.fsdp))});
   // The recipe also sets model.pipeline_dtype, which MCore needs with PP > 1.
   s.push_back({"mixed_precision",
                yaml_string(c.s.workload.precision == hardware::Precision::kFp16 ? "fp16_mixed"
@@ -149,6 +154,10 @@ Result<std::vector<ExportFile>> write_megatron_bridge(const Context& c) {
   refuse_schedule(c, r);
   refuse_precision_unless(c, r, {hardware::Precision::kBf16, hardware::Precision::kFp16});
   if (c.heterogeneous()) refuse_mimo(c, r);
+  if (c.layout().fsdp && !c.layout().fsdp_reshard_after_forward)
+    r.add(
+        "fsdp without resharding after the forward: Megatron-FSDP's optim_grads_params "
+        "strategy gathers the parameters again for the backward");
   if (!r.empty()) return r.status(c.target);
 
   std::string text = header(c);

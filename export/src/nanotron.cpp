@@ -37,6 +37,7 @@ Result<std::vector<ExportFile>> write_nanotron(const Context& c) {
         "selective recompute of the attention core: nanotron recomputes whole layers "
         "(parallelism.recompute_layer)");
   if (c.llm.moe) r.add("a mixture-of-experts LLM: nanotron's Llama model is dense");
+  if (l.fsdp) r.add("fsdp: nanotron shards the optimizer state at most (optimizer.zero_stage 1)");
   if (b.norm != models::Norm::kRmsNorm || b.activation != models::Activation::kSwiglu ||
       c.llm.positions != models::PositionEmbedding::kRope)
     r.add(fmt::format(

@@ -24,15 +24,18 @@ Result<std::vector<ExportFile>> write_torchtitan(const Context& c) {
                                   l.pp));
   refuse_uneven_split(c, r);
   refuse_precision_unless(c, r, {hardware::Precision::kBf16, hardware::Precision::kFp32});
-  if (l.cp > 1)
+  if (l.cp > 1 && !l.fsdp)
     r.add(fmt::format(
-        "context parallelism (cp {}): torchtitan shards the weights over the CP group with FSDP",
+        "context parallelism (cp {}) without fsdp: torchtitan shards the weights over the CP "
+        "group with FSDP",
         l.cp));
   if (l.ep > 1)
     r.add(fmt::format("expert parallelism (ep {}): torchtitan's EP borrows FSDP-sharded ranks",
                       l.ep));
   const bool only_dp = l.tp == 1 && l.pp == 1 && l.cp == 1;
-  if (l.dp > 1 && l.distributed_optimizer)
+  if (l.fsdp) {
+    // torchtitan's FSDP: data_parallel_shard_degree ranks, CP folded in as it shards.
+  } else if (l.dp > 1 && l.distributed_optimizer)
     r.add(fmt::format(
         "the distributed optimizer over dp {}: torchtitan shards data parallelism with FSDP, "
         "which also shards weights and gradients (ZeRO-3), not the optimizer state alone",
@@ -42,11 +45,11 @@ Result<std::vector<ExportFile>> write_torchtitan(const Context& c) {
         fmt::format("data parallelism (dp {}) without FSDP next to tp {} / pp {}: torchtitan's DDP "
                     "(data_parallel_replicate_degree) runs only as the sole parallelism",
                     l.dp, l.tp, l.pp));
-  if (l.dp > 1 && !l.overlap_grad_reduce)
+  if (l.dp > 1 && !l.overlap_grad_reduce && !l.fsdp)
     r.add(
         "gradient reduction after the backward (overlap_grad_reduce off): torchtitan's DDP "
         "overlaps it with the backward");
-  if (c.s.workload.precision == hardware::Precision::kBf16 && !only_dp)
+  if (c.s.workload.precision == hardware::Precision::kBf16 && !only_dp && !l.fsdp)
     r.add(fmt::format(
         "bf16 mixed precision with tp {} / pp {} and no FSDP: torchtitan applies "
         "mixed_precision_param through FSDP, or autocast under pure DDP / one device only",
@@ -78,13 +81,16 @@ Result<std::vector<ExportFile>> write_torchtitan(const Context& c) {
   if (c.p.schedule == planner::Schedule::kInterleaved) schedule = "Interleaved1F1B";
   const int64_t seq = c.s.workload.seq_len;
   std::vector<Flag> parallel = {
-      {"--parallelism.data_parallel_replicate_degree", num(l.dp)},
-      {"--parallelism.data_parallel_shard_degree", "1"},
+      {"--parallelism.data_parallel_replicate_degree", num(l.fsdp ? 1 : l.dp)},
+      {"--parallelism.data_parallel_shard_degree", num(l.fsdp ? l.dp : 1)},
       {"--parallelism.tensor_parallel_degree", num(l.tp)},
       {"--parallelism.enable_sequence_parallel", l.sequence_parallel ? "True" : "False"},
       {"--parallelism.context_parallel_degree", num(l.cp)},
       {"--parallelism.pipeline_parallel_degree", num(l.pp)},
   };
+  if (l.fsdp)
+    parallel.push_back({"--parallelism.fsdp_reshard_after_forward",
+                        l.fsdp_reshard_after_forward ? "always" : "never"});
   if (l.pp > 1) {
     parallel.push_back({"--parallelism.pipeline_parallel_schedule", schedule});
     parallel.push_back({"--parallelism.num_pp_microbatches", num(c.micro_batches)});

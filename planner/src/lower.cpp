@@ -211,6 +211,12 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
                        to_string(l.fp8_recipe), hardware::to_string(s.workload.precision));
   if (l.cp_comm != CpComm::kP2P && l.cp == 1)
     return fmt::format("cp_comm {} needs cp > 1", to_string(l.cp_comm));
+  if (l.fsdp && l.ep > 1)
+    return fmt::format(
+        "fsdp with ep {}: sharding expert parameters over their own "
+        "data-parallel group is not modelled",
+        l.ep);
+  if (l.fsdp && hetero) return "fsdp: heterogeneous placements do not model it (use homogeneous)";
   const int64_t seq = s.workload.seq_len;
   if (l.cp > 1 && seq % (2 * l.cp) != 0)
     return fmt::format("seq_len {} not divisible by 2 x cp {}", seq, l.cp);
@@ -236,6 +242,8 @@ constexpr int32_t kTpStreamBase = 0;  // TP and EP collectives
 constexpr int32_t kCpSendBase = 1, kCpRecvBase = 2;
 constexpr int32_t kFwdSendBase = 3, kFwdRecvBase = 4, kBwdSendBase = 5, kBwdRecvBase = 6;
 constexpr int32_t kDpStreamBase = 7;
+constexpr int32_t kFsdpGatherStreamBase = 8;  // FSDP's parameter all-gathers
+constexpr int32_t kCommStreams = 9;           // a role's comm streams (Role::stream_offset)
 
 enum Pass : int { kF = 0, kB = 1, kW = 2, kR = 3 };  // forward, backward, weight, recompute
 constexpr std::string_view kPassName[] = {"fwd", "bwd", "wgrad", "recompute"};
@@ -361,7 +369,8 @@ class Lowering {
         kFwdRecv(kFwdRecvBase + role_.stream_offset),
         kBwdSend(kBwdSendBase + role_.stream_offset),
         kBwdRecv(kBwdRecvBase + role_.stream_offset),
-        kDpStream(kDpStreamBase + role_.stream_offset) {}
+        kDpStream(kDpStreamBase + role_.stream_offset),
+        kFsdpGather(kFsdpGatherStreamBase + role_.stream_offset) {}
   void run();
   // run() in pieces, so a colocated plan can interleave two Lowerings' programs.
   void setup();
@@ -393,9 +402,10 @@ class Lowering {
     bool ready = false;
     sim::LabelId compute, tp, ep, cp;
   };
-  // Per local rank of the stage being built: what its next compute waits for, its last task.
+  // Per local rank of the stage being built: what its next compute waits for (need: the
+  // step's communication; gathered: FSDP's parameter all-gather), its last task.
   struct RankState {
-    TaskId need, last;
+    TaskId need, gathered, last;
   };
   // Groups of local ranks of the stage being built, interned; with copies of the first one
   // (the group holding the representative) when reduced.
@@ -421,6 +431,10 @@ class Lowering {
   void linear_backward(const PlacedBlock& pb, size_t s, const Labels& lb);
   // Whether backward step s, a TP entry, is run by the linear after it (linear_backward).
   bool overlapped_entry(const PlacedBlock& pb, size_t s);
+  // FSDP (Layout::fsdp): the block's parameter all-gather on each rank after `after[j]`
+  // (its next compute waits for it), and its gradient reduce-scatter after its last task.
+  void fsdp_gather(const PlacedBlock& pb, const std::vector<TaskId>& after);
+  void fsdp_reduce(const PlacedBlock& pb);
   // What a compute task of a block step runs (LowerOptions::kernels; invalid when off).
   // kDgrad / kStepWgrad: one step's dgrad / wgrad kernels; kWgrad: the whole block's wgrad.
   enum class Use : uint8_t {
@@ -463,7 +477,8 @@ class Lowering {
   const Layout& l_;
   LoweredPlan& out_;
   sim::TaskGraph& g_;
-  const int32_t kTpStream, kCpSend, kCpRecv, kFwdSend, kFwdRecv, kBwdSend, kBwdRecv, kDpStream;
+  const int32_t kTpStream, kCpSend, kCpRecv, kFwdSend, kFwdRecv, kBwdSend, kBwdRecv, kDpStream,
+      kFsdpGather;
   bool has_llm_ = true;
   sim::LabelId cat_[4]{}, cat_tp_, cat_cp_, cat_pp_, cat_dp_, cat_ep_, cat_opt_;
   int64_t m_ = 0;
@@ -490,6 +505,9 @@ class Lowering {
   std::vector<int> group_;  // node group of local rank j
   std::vector<RankState> st_;
   std::vector<std::vector<std::vector<TaskId>>> last_grad_;  // [chunk][block][j]
+  // FSDP, per local rank: what the next block's all-gather follows (the task before the
+  // block ahead of it started), and the last gradient reduce-scatter.
+  std::vector<TaskId> fsdp_after_, fsdp_reduced_;
   std::vector<RankId> members_;
   GroupSet tp_groups_, ep_groups_, cp_groups_, dp_groups_, edp_groups_;
   // Per active rank (reduced, leaders only): its ring step's pairs, the other edges it
@@ -799,7 +817,8 @@ void Lowering::compute(int j, Time d, Flops f, int pass, sim::LabelId name,
   if (kernels.valid()) g_.set_kernels(t, kernels);
   RankState& rs = st_[j];
   if (rs.need.valid()) g_.add_dependency(rs.need, t);
-  rs.need = TaskId();
+  if (rs.gathered.valid()) g_.add_dependency(rs.gathered, t);
+  rs.need = rs.gathered = TaskId();
   rs.last = t;
 }
 
@@ -930,6 +949,32 @@ void Lowering::linear_backward(const PlacedBlock& pb, size_t s, const Labels& lb
   }
 }
 
+void Lowering::fsdp_gather(const PlacedBlock& pb, const std::vector<TaskId>& after) {
+  const int64_t params = block(0, pb).dense_params;
+  if (params == 0 || dp_groups_.locals.empty() || dp_groups_.locals[0].size() < 2) return;
+  const int64_t weight_bytes = hardware::bytes_per_element(s_.workload.precision) == 4 ? 4 : 2;
+  const sim::LabelId name =
+      g_.label(fmt::format("{}fsdp all_gather params {} stage {}", role_.prefix, pb.name, stage_));
+  group_collectives(dp_groups_, CollectiveKind::kAllGather, Bytes(params * weight_bytes),
+                    kFsdpGather, {cat_dp_, name}, [&](int j, TaskId c) {
+                      if (after[j].valid()) g_.add_dependency(after[j], c);
+                      st_[j].gathered = c;
+                    });
+}
+
+void Lowering::fsdp_reduce(const PlacedBlock& pb) {
+  const int64_t params = block(0, pb).dense_params;
+  if (params == 0 || dp_groups_.locals.empty() || dp_groups_.locals[0].size() < 2) return;
+  const int64_t gb = o_.grad_bytes > 0 ? o_.grad_bytes : gradient_bytes(s_.workload.precision);
+  const sim::LabelId name = g_.label(
+      fmt::format("{}fsdp reduce_scatter grads {} stage {}", role_.prefix, pb.name, stage_));
+  group_collectives(dp_groups_, CollectiveKind::kReduceScatter, Bytes(params * gb), kDpStream,
+                    {cat_dp_, name}, [&](int j, TaskId c) {
+                      if (st_[j].last.valid()) g_.add_dependency(st_[j].last, c);
+                      fsdp_reduced_[j] = c;
+                    });
+}
+
 void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels& lb,
                         sim::LabelId recompute) {
   const bool sp = l_.sequence_parallel;
@@ -994,13 +1039,25 @@ void Lowering::run_op(const PipelineOp& op, std::vector<OpSpan>& spans) {
   const int v = op.chunk * l_.pp + stage_;
   const std::vector<PlacedBlock>& blocks = chunks_[v];
   const size_t first_task = static_cast<size_t>(g_.num_tasks());
+  const bool fsdp = l_.fsdp && !role_.frozen;
   auto grads_done = [&](size_t b) {
     for (int j : actives_) last_grad_[op.chunk][b][j] = st_[j].last;
+    if (fsdp) fsdp_reduce(blocks[b]);
   };
+  // FSDP gathers each block's parameters for its forward and, resharded after it, again for
+  // its backward; a block's all-gather starts once the block before it has started.
+  const bool gathers = fsdp && (op.kind == PassKind::kForward ||
+                                (op.kind == PassKind::kBackward && l_.fsdp_reshard_after_forward));
+  if (gathers)
+    for (int j : actives_) fsdp_after_[j] = st_[j].last;
   for (size_t bi = 0; bi < blocks.size(); ++bi) {
     const size_t b = op.kind == PassKind::kForward ? bi : blocks.size() - 1 - bi;
     const PlacedBlock& pb = blocks[b];
     const size_t nsteps = block(0, pb, op.kind == PassKind::kBackward).steps.size();
+    if (gathers) {
+      fsdp_gather(pb, fsdp_after_);
+      for (int j : actives_) fsdp_after_[j] = st_[j].last;
+    }
     switch (op.kind) {
       case PassKind::kForward: {
         const Labels& lb = labels(v, b, kF);
@@ -1054,6 +1111,8 @@ void Lowering::build_stage() {
   group_.resize(n);
   for (int j = 0; j < n; ++j) group_[j] = group_of_rank_[rank_of(j, stage_).value()];
   st_.assign(n, {});
+  fsdp_after_.assign(n, TaskId());
+  fsdp_reduced_.assign(n, TaskId());
   // TP groups: tp consecutive local ranks; EP groups: ep consecutive (cp, dp) positions
   // with the same tp rank.
   std::vector<std::vector<int>> locals;
@@ -1196,6 +1255,10 @@ void Lowering::gradients_and_optimizer() {
   };
   const bool experts_apart = l_.ep > 1;
   std::vector<TaskId> ready(n);
+  if (l_.fsdp) {  // reduced block by block after each backward (fsdp_reduce)
+    buckets.clear();
+    for (int j : actives_) last_comm[j] = fsdp_reduced_[j];
+  }
   for (const Bucket& bk : buckets) {
     for (int j : actives_)  // the bucket's lowest block runs its backward last
       ready[j] = l_.overlap_grad_reduce ? last_grad_[bk.chunk][bk.first][j]
@@ -1214,7 +1277,7 @@ void Lowering::gradients_and_optimizer() {
       dense += block(0, pb).dense_params;
       expert += block(0, pb).expert_params;
     }
-  const int64_t params = dist ? dense / cpdp + expert / edp : dense + expert;
+  const int64_t params = dist || l_.fsdp ? dense / cpdp + expert / edp : dense + expert;
   const sim::LabelId opt_name = g_.label(fmt::format("{}optimizer stage {}", role_.prefix, stage_));
   std::vector<TaskId> opt(n);
   sim::KernelListId opt_kernels;
@@ -1232,7 +1295,7 @@ void Lowering::gradients_and_optimizer() {
       g_.set_kernels(opt[j], opt_kernels);
     }
   }
-  if (!dist) return;
+  if (!dist || l_.fsdp) return;  // FSDP gathers parameters when a block runs
   // Parameter all-gather: buckets in forward order (the reverse of readiness); with
   // overlap_param_gather only the first one, the rest hides behind the next forward.
   const int64_t param_bytes = hardware::bytes_per_element(s_.workload.precision);
@@ -1451,7 +1514,7 @@ void lower_heterogeneous(const Scenario& s, const Plan& p, const LowerOptions& o
           models::kind_of(s.model.modules[e.to].spec) == models::ModuleKind::kProjector)
         r.modules.push_back(e.to);
     r.rank_offset = colocated ? 0 : mp.first_rank;
-    r.stream_offset = 8 * static_cast<int32_t>(k + 1);
+    r.stream_offset = kCommStreams * static_cast<int32_t>(k + 1);
     r.encoder_categories = true;
     r.frozen = s.workload.frozen_encoders;
     for (int st = 0; st < mp.layout.pp; ++st)
@@ -1531,7 +1594,7 @@ void lower_heterogeneous(const Scenario& s, const Plan& p, const LowerOptions& o
     const int es = E.pp - 1;  // the encoder's last stage, where the boundary leaves
     const std::vector<int64_t> ef = index_of(enc.order(es), PassKind::kForward, b.enc_steps);
     const std::vector<int64_t> eb = index_of(enc.order(es), PassKind::kBackward, b.enc_steps);
-    const int32_t base = 8 * (nenc + 1) + 6 * static_cast<int32_t>(k);
+    const int32_t base = kCommStreams * (nenc + 1) + 6 * static_cast<int32_t>(k);
     const int32_t fwd_send = base, fwd_recv = base + 1, bwd_send = base + 2, bwd_recv = base + 3,
                   fwd_coll = base + 4, bwd_coll = base + 5;
     const std::string& name = p.modules[k].module;

@@ -47,6 +47,7 @@ struct Tally {
   double p2p = 0;               // pipeline send and receive buffers
   double gathered = 0;          // the largest SP all-gather of a layer input
   double frozen_params = 0;     // of params: frozen (no gradient)
+  double unit_params = 0;       // FSDP: the largest block's local parameters (one gathered unit)
 };
 
 Bytes to_bytes(double b) {
@@ -163,13 +164,20 @@ class Estimator {
     const int home = plan_layout_ ? 0 : last;  // an encoder's own projector: its last stage
 
     std::vector<double> rework(static_cast<size_t>(g.layers));  // one micro-batch, per layer
+    // FSDP units: each layer, the ops before the layers, the ops after them.
+    std::vector<double> unit(static_cast<size_t>(g.layers) + 2);
     bool before_layers = true;
     for (const models::Op& op : g.ops) {
       if (op.layer >= 0) before_layers = false;
       const bool head = (llm || encoder) && op.layer < 0 && !before_layers;
       const bool stem = before_layers && models::is_encoder(kind);
       const int st = op.layer >= 0 ? stage_of[op.layer] : head ? last : home;
-      add_params(st, local_params(op, stem, l_, vocab_params), is_routed_expert(op));
+      const double params = local_params(op, stem, l_, vocab_params);
+      add_params(st, params, is_routed_expert(op));
+      const size_t u = op.layer >= 0 ? static_cast<size_t>(op.layer) + 2 : before_layers ? 0 : 1;
+      unit[u] += params;
+      Tally& t = stages_[st];
+      t.unit_params = std::max(t.unit_params, unit[u]);
       const double share = activation_share(op, stem, l_) *
                            precision_share(op, s_.workload.precision, g.dtype_bytes);
       const double kept = frozen_ ? 0 : kept_bytes(op, l_.recompute, g.dtype_bytes) * share;
@@ -207,6 +215,7 @@ class Estimator {
       t.p2p += u.p2p;
       t.gathered = std::max(t.gathered, u.gathered);
       t.frozen_params += u.frozen_params;
+      t.unit_params = std::max(t.unit_params, u.unit_params);
     }
   }
 
@@ -214,11 +223,22 @@ class Estimator {
     const bool fp32 = s_.workload.precision == hardware::Precision::kFp32 ||
                       s_.workload.precision == hardware::Precision::kTf32;
     const double weight_bytes = fp32 ? 4 : 2, optimizer_bytes = fp32 ? 8 : 12;
+    const double grad_bytes = gradient_bytes(s_.workload.precision);
     MemoryReport r;
     for (const Tally& t : stages_) {
       MemoryBreakdown b;
       b.weights = to_bytes(t.params * weight_bytes);
-      b.gradients = to_bytes((t.params - t.frozen_params) * gradient_bytes(s_.workload.precision));
+      b.gradients = to_bytes((t.params - t.frozen_params) * grad_bytes);
+      if (l_.fsdp) {
+        // This rank's shards, plus what is gathered: resharded after the forward, the
+        // running block and the one prefetched; else every block of the stage, held from
+        // its forward to its backward. One block's full gradient before its reduce-scatter.
+        const double group = static_cast<double>(l_.dp) * l_.cp;
+        const double gathered =
+            l_.fsdp_reshard_after_forward ? std::min(2 * t.unit_params, t.params) : t.params;
+        b.weights = to_bytes((t.params / group + gathered) * weight_bytes);
+        b.gradients = to_bytes(((t.params - t.frozen_params) / group + t.unit_params) * grad_bytes);
+      }
       b.optimizer_state = to_bytes(t.optimizer_params * optimizer_bytes);
       b.activations = to_bytes(t.activations + t.working_set);
       b.communication_buffers = to_bytes(t.p2p + t.gathered);
@@ -247,7 +267,8 @@ class Estimator {
       stages_[stage].frozen_params += params;
       return;
     }
-    stages_[stage].optimizer_params += l_.distributed_optimizer ? params / group : params;
+    stages_[stage].optimizer_params +=
+        l_.distributed_optimizer || l_.fsdp ? params / group : params;
   }
 
   const Scenario& s_;

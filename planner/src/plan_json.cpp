@@ -56,6 +56,8 @@ Layout parse_layout(JsonReader& r) {
   l.recompute =
       *parse_recompute(r.optional_enum("recompute", "none", {"none", "selective", "full"}));
   l.distributed_optimizer = r.optional_bool("distributed_optimizer", false);
+  l.fsdp = r.optional_bool("fsdp", false);
+  l.fsdp_reshard_after_forward = r.optional_bool("fsdp_reshard_after_forward", true);
   l.overlap_grad_reduce = r.optional_bool("overlap_grad_reduce", true);
   l.overlap_param_gather = r.optional_bool("overlap_param_gather", true);
   l.flash_attention = r.optional_bool("flash_attention", true);
@@ -91,6 +93,10 @@ nlohmann::json layout_to_json(const Layout& l) {
   if (l.fp8_recipe != Fp8Recipe::kDelayed) j["fp8_recipe"] = to_string(l.fp8_recipe);
   if (l.cp_comm != CpComm::kP2P) j["cp_comm"] = to_string(l.cp_comm);
   if (!l.tp_backward_overlap) j["tp_backward_overlap"] = false;
+  if (l.fsdp) {
+    j["fsdp"] = true;
+    j["fsdp_reshard_after_forward"] = l.fsdp_reshard_after_forward;
+  }
   return j;
 }
 

@@ -207,6 +207,43 @@ TEST(Lower, TensorParallelBackwardOverlapsTheLinearsGemms) {
   }
 }
 
+// FSDP: per micro-batch, each block (4 layers, the embedding, the head) all-gathers its
+// bf16 parameters before its forward and, resharded, again before its backward, and
+// reduce-scatters its fp32 gradients after it, over the dp ranks; no bucketed reduction and
+// no parameter all-gather after the optimizer. Kept from forward to backward: no second
+// gather. Every parameter crosses once per pass and micro-batch.
+TEST(Lower, FsdpGathersAndReducesEachBlockPerMicroBatch) {
+  Scenario s = make(4, 16, 2);
+  const double params = static_cast<double>(models::count_params(s.model).total);
+  for (bool reshard : {true, false}) {
+    Plan p = plan(2, 1, 8);
+    p.layout.fsdp = true;
+    p.layout.fsdp_reshard_after_forward = reshard;
+    LoweredPlan lp = lowered(s, p);
+    const int64_t m = 2;  // 16 samples over dp 8
+    std::map<sim::CollectiveKind, int> count;
+    std::map<sim::CollectiveKind, Bytes> bytes;
+    for (int t = 0; t < lp.graph.num_tasks(); ++t) {
+      const sim::Task& task = lp.graph.task(TaskId(t));
+      if (lp.graph.label_text(task.label.category) != "dp_comm") continue;
+      EXPECT_NE(lp.graph.label_text(task.label.name).find("fsdp"), std::string_view::npos);
+      EXPECT_EQ(lp.graph.group(task.group).size(), 8u);
+      ++count[task.collective];
+      bytes[task.collective] += task.bytes;
+    }
+    const int blocks = 4 + 2;
+    EXPECT_EQ(count[sim::CollectiveKind::kAllGather], blocks * m * (reshard ? 2 : 1)) << reshard;
+    EXPECT_EQ(count[sim::CollectiveKind::kReduceScatter], blocks * m) << reshard;
+    EXPECT_EQ(count.size(), 2u);
+    // One TP rank's tasks stand for its peer: tp 2 halves what each carries (norms,
+    // replicated over tp, are a rounding error).
+    EXPECT_NEAR(bytes[sim::CollectiveKind::kReduceScatter].as_double() / 4 * 2 / m, params,
+                0.002 * params);
+    EXPECT_NEAR(bytes[sim::CollectiveKind::kAllGather].as_double() / 2 * 2 / m,
+                params * (reshard ? 2 : 1), 0.002 * params);
+  }
+}
+
 // All-gather CP: per layer and micro-batch, each CP group all-gathers K,V before the
 // forward attention and again before its backward, then reduce-scatters dK,dV; no ring P2P.
 // tiny: 8 kv heads of 64 over tp 2, s 2048 over cp 2: one rank's K,V chunk is
@@ -420,6 +457,12 @@ TEST(Lower, InfeasiblePlansSayWhy) {
   Plan ep4 = plan(1, 1, 8);
   ep4.layout.ep = 4;
   EXPECT_EQ(infeasibility(moe, ep4), "ep 4 does not divide experts 6");
+  Plan ep2 = plan(1, 1, 8);
+  ep2.layout.ep = 2;
+  ep2.layout.fsdp = true;
+  EXPECT_EQ(infeasibility(moe, ep2),
+            "fsdp with ep 2: sharding expert parameters over their own data-parallel group is "
+            "not modelled");
   ASSERT_FALSE(lower(s, plan(3, 1, 1)).is_ok());
 }
 

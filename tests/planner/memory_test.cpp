@@ -209,6 +209,25 @@ TEST(MemoryModelState, Fp16TrainingKeepsFp16Gradients) {
   EXPECT_NEAR((b.weights + b.gradients + b.optimizer_state) / b.weights * 2, 16, 1e-9);
 }
 
+// FSDP over d = dp x cp ranks: every state is sharded; gathered on top, the largest block's
+// parameters twice (running and prefetched) and its gradient once, or, kept from forward to
+// backward, all the stage's parameters. Llama 3 8B: the largest block is the head (final
+// norm and the 128256 x 4096 output layer).
+TEST(MemoryModelState, FsdpShardsEveryStateAndGathersBlocks) {
+  Scenario s = scenario(R"("llama-3.1-8b")", 4096, 64);
+  const double params = static_cast<double>(models::count_params(s.model).total);
+  const double head = 128256.0 * 4096 + 4096;
+  MemoryBreakdown b = estimate_memory(s, plan({.dp = 8, .fsdp = true})).per_stage[0];
+  EXPECT_NEAR(b.weights.as_double(), (params / 8 + 2 * head) * 2, 1e-9 * params);
+  EXPECT_NEAR(b.gradients.as_double(), (params / 8 + head) * 4, 1e-9 * params);
+  EXPECT_NEAR(b.optimizer_state.as_double(), params / 8 * 12, 1e-9 * params);
+  b = estimate_memory(s,
+                      plan({.cp = 2, .dp = 4, .fsdp = true, .fsdp_reshard_after_forward = false}))
+          .per_stage[0];
+  EXPECT_NEAR(b.weights.as_double(), (params / 8 + params) * 2, 1e-9 * params);
+  EXPECT_NEAR(b.optimizer_state.as_double(), params / 8 * 12, 1e-9 * params);
+}
+
 TEST(MemoryModelState, RoutedExpertsSplitByEp) {
   // Mixtral 8x7B: 32 layers x 8 experts x 3 x 4096 x 14336 expert parameters; EP 8 keeps
   // one expert per layer and rank, whose optimizer state the distributed optimizer shards

@@ -53,8 +53,18 @@ struct Layout {
   int micro_batch = 1;  // samples per micro-batch
   models::Recompute recompute = models::Recompute::kNone;
   bool distributed_optimizer = false;  // ZeRO-1: optimizer state sharded over dp
-  bool overlap_grad_reduce = true;     // DP gradient reduction overlapped with backward
-  bool overlap_param_gather = true;    // distributed optimizer all-gather overlapped with forward
+  /// Fully sharded data parallelism (torch FSDP / FSDP2, Megatron-FSDP, DeepSpeed ZeRO-3):
+  /// parameters, gradients and optimizer state sharded over the dp x cp ranks. Each block
+  /// (a transformer layer, the work before or after the layers) all-gathers its parameters
+  /// before its forward, one block ahead, and again before its backward; after each
+  /// micro-batch's backward it reduce-scatters its gradients into the rank's shard.
+  bool fsdp = false;
+  /// With fsdp: the forward's gathered parameters are freed after it, so the backward
+  /// gathers them again (FSDP2's default, ZeRO-3). Off: they stay gathered until the
+  /// block's backward (FSDP's SHARD_GRAD_OP, ZeRO-2 style; Meta's Llama 3 FSDP).
+  bool fsdp_reshard_after_forward = true;
+  bool overlap_grad_reduce = true;   // DP gradient reduction overlapped with backward
+  bool overlap_param_gather = true;  // distributed optimizer all-gather overlapped with forward
   /// Fused flash attention (default). Off: attention as batched GEMMs with the s x s
   /// scores materialised, softmax and dropout as separate kernels (Megatron-LM before
   /// flash attention, e.g. Narayanan et al. 2021).
