@@ -99,6 +99,15 @@ LayoutFix parse_layout_fix(JsonReader& r) {
     f.any_cp_comm = c == "any";
     if (!f.any_cp_comm) f.cp_comm = parse_cp_comm(c);
   }
+  if (r.has("fsdp")) {
+    // true, false or "any"
+    const nlohmann::json* v = r.raw("fsdp");
+    if (v && v->is_string()) {
+      f.any_fsdp = r.optional_enum("fsdp", "any", {"any"}) == "any";
+    } else {
+      f.fsdp = r.optional_bool("fsdp", false);
+    }
+  }
   if (r.has("fp8_recipe"))
     f.fp8_recipe =
         parse_fp8_recipe(r.optional_enum("fp8_recipe", "delayed", {"delayed", "tensorwise"}));

@@ -422,6 +422,8 @@ std::vector<int> layout_key(const Layout& l) {
                           static_cast<int>(l.recompute),
                           l.sequence_parallel,
                           l.distributed_optimizer,
+                          l.fsdp,
+                          l.fsdp_reshard_after_forward,
                           l.first_stage_layers,
                           l.last_stage_layers,
                           l.account_for_embedding,
@@ -477,6 +479,7 @@ std::string describe_layout(const Layout& l, bool llm) {
   out += fmt::format(" mb{}", l.micro_batch);
   if (l.recompute != Recompute::kNone) out += fmt::format(" rc:{}", to_string(l.recompute));
   if (l.distributed_optimizer) out += " dopt";
+  if (l.fsdp) out += l.fsdp_reshard_after_forward ? " fsdp" : " fsdp-kept";
   if (llm && (l.first_stage_layers > 0 || l.last_stage_layers > 0))
     out += fmt::format(" first/last {}/{}", l.first_stage_layers, l.last_stage_layers);
   return out;
@@ -628,9 +631,9 @@ class Searcher {
         continue;
       }
       if (pl == Placement::kHomogeneous) {
-        for (const Base& b : llm_bases(world_, true)) out.push_back(b);
+        for (const Base& b : llm_bases(world_, true, true)) out.push_back(b);
       } else if (pl == Placement::kColocated) {
-        for (const Base& b : llm_bases(world_, true)) {
+        for (const Base& b : llm_bases(world_, true, false)) {
           Base x = b;
           x.plan.placement = pl;
           add_encoders(x, 0, std::vector<int>(encoders_.size(), world_), out);
@@ -639,7 +642,7 @@ class Searcher {
         // Each encoder on its own ranks, in module order from rank 0, the LLM after them.
         for (const std::vector<int>& split : encoder_split_sets()) {
           const int enc_gpus = std::accumulate(split.begin(), split.end(), 0);
-          for (const Base& b : llm_bases(world_ - enc_gpus, false)) {
+          for (const Base& b : llm_bases(world_ - enc_gpus, false, false)) {
             Base x = b;
             x.plan.placement = pl;
             x.plan.llm_first_rank = enc_gpus;
@@ -770,8 +773,16 @@ class Searcher {
     return true;
   }
 
-  // The LLM's layouts on `world` GPUs (cp only when `allow_cp`) with their schedules.
-  std::vector<Base> llm_bases(int world, bool allow_cp) const {
+  // FSDP settings of a layout (LayoutFix::fsdp): only homogeneous ones, with dp·cp > 1, no EP.
+  std::vector<bool> fsdp_options(const LayoutFix& f, bool allow, int dp_cp, int ep) const {
+    if (!allow || dp_cp == 1 || ep > 1) return {false};
+    if (f.any_fsdp) return {false, true};
+    return {f.fsdp.value_or(false)};
+  }
+
+  // The LLM's layouts on `world` GPUs (cp only when `allow_cp`, FSDP only when
+  // `allow_fsdp`) with their schedules.
+  std::vector<Base> llm_bases(int world, bool allow_cp, bool allow_fsdp) const {
     std::vector<Base> out;
     if (world < 1) return out;
     const LayoutFix& fx = spec_.llm;
@@ -811,10 +822,18 @@ class Searcher {
               l.ep = ep;
               for (int mbs : mbs_options(fx.micro_batch, gb % dp == 0 ? gb / dp : 1, 1)) {
                 l.micro_batch = mbs;
-                int dv = 1;
-                for (bool dopt : distopt_options(fx, dp * cp, &dv)) {
-                  l.distributed_optimizer = dopt;
-                  add_schedules(l, even, dv, out);
+                for (bool fsdp : fsdp_options(fx, allow_fsdp, dp * cp, ep)) {
+                  l.fsdp = fsdp;
+                  if (fsdp) {  // shards the optimizer state too
+                    l.distributed_optimizer = true;
+                    add_schedules(l, even, 1, out);
+                    continue;
+                  }
+                  int dv = 1;
+                  for (bool dopt : distopt_options(fx, dp * cp, &dv)) {
+                    l.distributed_optimizer = dopt;
+                    add_schedules(l, even, dv, out);
+                  }
                 }
               }
             }

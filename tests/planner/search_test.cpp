@@ -182,6 +182,36 @@ TEST(Search, KeepsTheFp8RecipeOfTheSearchSection) {
 
 // CP's exchange: the ring by default, all-gather when the search section fixes it, both
 // with "any" (the winner is the faster of the two).
+// FSDP is searched only when the section asks: never by default, only FSDP with true, both
+// with "any" (homogeneous layouts only; the heterogeneous families never shard fully).
+TEST(Search, SearchesFsdpOnlyWhenTheSectionAsks) {
+  const SearchResult none = run(tiny(R"({"llm": {"pp": 1}})"), threads(2));
+  const SearchResult only = run(tiny(R"({"llm": {"pp": 1, "fsdp": true}})"), threads(2));
+  const SearchResult any = run(tiny(R"({"llm": {"pp": 1, "fsdp": "any"}})"), threads(2));
+  ASSERT_FALSE(none.top.empty() || only.top.empty() || any.top.empty());
+  for (const RankedPlan& p : none.top) EXPECT_FALSE(p.plan.layout.fsdp);
+  for (const RankedPlan& p : only.top) {
+    EXPECT_EQ(p.plan.layout.fsdp, p.plan.placement == Placement::kHomogeneous &&
+                                      p.plan.layout.dp * p.plan.layout.cp > 1)
+        << describe(p.plan);
+    if (p.plan.layout.fsdp) {
+      EXPECT_NE(describe(p.plan).find(" fsdp"), std::string::npos);
+    }
+  }
+  EXPECT_GT(any.counts.considered, none.counts.considered);
+  ASSERT_TRUE(none.families[0].best && only.families[0].best && any.families[0].best);
+  EXPECT_EQ(any.families[0].best->metrics.iteration_time,
+            std::min(none.families[0].best->metrics.iteration_time,
+                     only.families[0].best->metrics.iteration_time));
+  auto bad = parse_scenario_text(R"({"model": "llama-3.1-8b", "workload": {"seq_len": 4096,
+      "global_batch": 64}, "cluster": {"profile": "dgx-h100", "nodes": 1},
+      "search": {"llm": {"fsdp": "sometimes"}}})",
+                                 "bad.json");
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().to_string().find("search.llm.fsdp"), std::string::npos)
+      << bad.status().to_string();
+}
+
 TEST(Search, SearchesTheCpExchangeTheSectionAsksFor) {
   const std::string fix = R"({"llm": {"cp": 2, "tp": 2, "cp_comm": "%"}})";
   auto with = [&](const char* comm) {
