@@ -142,6 +142,21 @@ TEST(Cli, SimulateJsonHasTheDocumentedKeysAndWritesATrace) {
     EXPECT_NE(ops.out.find(fmt::format("\n  {} ", op)), std::string::npos) << op;
 }
 
+// A validation run file is a scenario with a `measured` object: simulate takes it as is; a
+// `measured` that is not an object is an error naming it.
+TEST(Cli, SimulateTakesAValidationRunFile) {
+  const std::string run_file = std::string(HETPAR_SOURCE_DIR) +
+                               "/validation/runs/megatron-2022-gpt-22b-8xa100-selective.json";
+  CliRun r = run("simulate --json " + run_file);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(nlohmann::json::parse(r.out)["feasible"].get<bool>());
+  std::string bad = kSmallPlan;
+  bad.insert(bad.rfind('}'), R"(, "measured": 3)");
+  CliRun b = run("simulate " + write_temp("measured_not_object.json", bad));
+  EXPECT_EQ(b.exit_code, 2);
+  EXPECT_NE(b.err.find("measured: expected an object"), std::string::npos) << b.err;
+}
+
 TEST(Cli, SimulateInfeasiblePlanExitsThreeAndWritesNoTrace) {
   std::string bad = kSmallPlan;
   bad.replace(bad.find(R"("tp": 2)"), 7, R"("tp": 3)");

@@ -213,6 +213,11 @@ Result<Scenario> parse_scenario(const nlohmann::json& j, std::string_view source
       }
     }
   }
+  // A validation run's published measurement (validation/README.md): read by
+  // load_published_run(), carried along here so every command takes a run file.
+  if (const nlohmann::json* measured = root.raw("measured"); measured && !measured->is_object())
+    root.fail("measured", fmt::format("expected an object (a published measurement), got {}",
+                                      measured->type_name()));
   if (root.has("search") && root.ok()) {
     JsonReader search = root.object("search");
     s.search = parse_search(search);

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# The GPU session's one call (the `device` tool, ../.library/device/README.md): on a GPU
+# machine that has CUDA, CMake and ninja but not hetpar's Debian libraries, unpack the .deb
+# files scripts/device_bundle.sh put in .device/debs, build hetpar with its cuda backend,
+# run the gpu-labelled tests, then calibrate the GPU at the GEMM shapes of the validation
+# runs (hetpar calibrate --backend cuda --shapes-from) and predict each run's ops with the
+# built-in and the calibrated profile (hetpar simulate --ops), so a miss can be told apart:
+# kernel rate or the rest of the model. Everything it writes lands in $OUT (default
+# build-device/out): logs, calibrated profiles, the per-op tables.
+#
+#   here:   bash scripts/device_bundle.sh
+#   device: run(command="bash scripts/device_check.sh", carry=[".device"], timeout_s=600)
+#
+# HETPAR_DEVICE_RUNS: validation runs to calibrate at (names under validation/runs, without
+# .json); HETPAR_DEVICE_BASE: the built-in profile the calibration starts from (dgx-h200);
+# HETPAR_DEVICE_ARCH: CMAKE_CUDA_ARCHITECTURES (90). Steps go on after a failure where they
+# can; the exit status is the first failure's.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-build-device/out}
+mkdir -p "$out"
+runs=${HETPAR_DEVICE_RUNS:-"nemo-24.07-llama3-8b-8xh100-fp8 nemo-24.07-gpt3-175b-128xh100-fp8 llama3-405b-16384xh100"}
+base=${HETPAR_DEVICE_BASE:-dgx-h200}
+arch=${HETPAR_DEVICE_ARCH:-90}
+status=0
+step() {  # step NAME COMMAND...: runs it, its output in $out/NAME.log
+  local name=$1
+  shift
+  local t0=$SECONDS
+  "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  echo "$name: exit $rc, $((SECONDS - t0)) s" | tee -a "$out/summary.txt"
+  if [ "$rc" -ne 0 ] && [ "$status" -eq 0 ]; then status=$rc; fi
+  return "$rc"
+}
+
+# 1. Hetpar's libraries, unpacked where nothing else looks (no root file system change).
+deps=${HETPAR_DEPS_ROOT:-/tmp/hetpar-deps}
+if ! ls .device/debs/*.deb >/dev/null 2>&1; then
+  echo "device_check: no .device/debs/*.deb: run scripts/device_bundle.sh first and carry .device" >&2
+  exit 2
+fi
+mkdir -p "$deps"
+for f in .device/debs/*.deb; do dpkg -x "$f" "$deps"; done
+lib=$deps/usr/lib/x86_64-linux-gnu
+export PATH=$deps/usr/bin:$PATH
+export LD_LIBRARY_PATH=$lib:$lib/openmpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export OPAL_PREFIX=$deps/usr  # Open MPI finds its components and help files under it
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# NCCL: the CUDA toolkit's, NCCL_HOME's, or else the one PyTorch's pip packages bring
+# (nvidia/nccl, which has libnccl.so.2 only: CMake looks for libnccl.so).
+if [ -z "${NCCL_HOME:-}" ] && [ ! -f /usr/local/cuda/include/nccl.h ]; then
+  pip_nccl=$(python3 -c 'import os, nvidia
+for p in nvidia.__path__:
+    d = os.path.join(p, "nccl")
+    if os.path.exists(os.path.join(d, "include", "nccl.h")): print(d); break' 2>/dev/null)
+  if [ -n "$pip_nccl" ]; then
+    mkdir -p /tmp/hetpar-nccl/lib
+    ln -sfn "$pip_nccl/include" /tmp/hetpar-nccl/include
+    ln -sf "$pip_nccl/lib/libnccl.so.2" /tmp/hetpar-nccl/lib/libnccl.so
+    export NCCL_HOME=/tmp/hetpar-nccl LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$pip_nccl/lib
+  fi
+fi
+nvidia-smi >"$out/nvidia-smi.txt" 2>&1 || true
+
+# 2. Configure and build. Open MPI's compiler wrapper is not unpacked; FindMPI gets the
+# library and header directly.
+step configure cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DHETPAR_CUDA=ON -DHETPAR_BUILD_BENCH=OFF -DCMAKE_CUDA_ARCHITECTURES="$arch" \
+  -DCMAKE_PREFIX_PATH="$deps/usr" -DCMAKE_LIBRARY_ARCHITECTURE=x86_64-linux-gnu \
+  -DMPI_CXX_SKIP_MPICXX=ON -DMPI_CXX_ADDITIONAL_INCLUDE_DIRS="$lib/openmpi/include" \
+  -DMPI_CXX_LIB_NAMES=mpi \
+  -DMPI_mpi_LIBRARY="$lib/openmpi/lib/libmpi.so" || exit "$status"
+step build cmake --build build-device --parallel "$(nproc)" || exit "$status"
+
+# 3. The cuda backend against the cpu one (skipped, and so reported, without a GPU).
+step gpu-tests ctest --test-dir build-device -L gpu --output-on-failure
+
+# 4. Calibrate at each run's own GEMMs; predict its ops with both profiles.
+hetpar=build-device/cli/hetpar
+for r in $runs; do
+  scenario=validation/runs/$r.json
+  if [ ! -f "$scenario" ]; then
+    echo "no $scenario" | tee -a "$out/summary.txt"
+    [ "$status" -eq 0 ] && status=2
+    continue
+  fi
+  step "calibrate-$r" "$hetpar" calibrate --backend cuda --quick --base "$base" \
+    --shapes-from "$scenario" --max-shapes 24 --out "$out/$base-$r.json"
+  step "ops-builtin-$r" "$hetpar" simulate "$scenario" --profile "$base" --ops
+  [ -f "$out/$base-$r.json" ] &&
+    step "ops-calibrated-$r" "$hetpar" simulate "$scenario" --profile "$out/$base-$r.json" --ops
+done
+echo "device_check: done, exit $status; outputs in $out" | tee -a "$out/summary.txt"
+exit "$status"
