@@ -336,6 +336,30 @@ TEST(ExportFsdp, EachTrainerSpellsFullySharding) {
   EXPECT_NE(refusal(llama, p, Target::kNanotron).find("fsdp: nanotron"), std::string::npos);
 }
 
+// A head width apart from hidden / heads (Qwen3): Megatron's --kv-channels, Megatron-Bridge's
+// model.kv_channels; nanotron's Llama cannot say it.
+TEST(ExportHeadDim, TheHeadsWidthTravels) {
+  planner::Scenario qwen = scenario("qwen3-30b-a3b", 2, 4096, 512);
+  Plan p;
+  p.layout = layout(1, 2, 8);
+  p.layout.ep = 8;
+  expect_known_names(Target::kMegatron, qwen, {p});
+  expect_known_names(Target::kMegatronBridge, qwen, {p});
+  EXPECT_EQ(all_flags(exported(qwen, p, Target::kMegatron).at("launch.sh")).at("--kv-channels"),
+            "128");
+  EXPECT_EQ(yaml_settings(exported(qwen, p, Target::kMegatronBridge).begin()->second)
+                .at("model.kv_channels"),
+            "128");
+  EXPECT_NE(refusal(qwen, p, Target::kNanotron).find("head_dim 128 with 32 heads"),
+            std::string::npos);
+  // Where the width is hidden / heads, nothing extra is written.
+  planner::Scenario llama = scenario("llama-3.1-8b", 4, 8192, 512);
+  Plan d;
+  d.layout = layout(2, 1, 16);
+  EXPECT_EQ(all_flags(exported(llama, d, Target::kMegatron).at("launch.sh")).count("--kv-channels"),
+            0u);
+}
+
 TEST(ExportScripts, LaunchScriptsAreValidBash) {
   planner::Scenario llama = scenario("llama-3.1-8b", 4, 8192, 512);
   planner::Scenario vlm = scenario("llava-1.5-7b", 1, 4096, 96, 1);

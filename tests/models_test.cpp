@@ -64,12 +64,16 @@ TEST(Zoo, ParameterCountsMatchPublished) {
   };
   for (const Case& c : exact)
     EXPECT_EQ(static_cast<double>(count_params(zoo_model(c.name)).total), c.published) << c.name;
-  const std::vector<Case> rounded = {{"gpt3-175b", 175e9}, {"llava-1.5-7b", 7.06e9}};
+  const std::vector<Case> rounded = {
+      {"gpt3-175b", 175e9}, {"llava-1.5-7b", 7.06e9}, {"qwen3-30b-a3b", 30.5e9}};
   for (const Case& c : rounded) {
     ParamCounts p = count_params(zoo_model(c.name));
     EXPECT_LT(rel_err(static_cast<double>(p.total), c.published), 0.005)
         << c.name << " " << p.total;
   }
+  // Qwen3-30B-A3B: "3.3B activated" (model card); heads x head_dim (4096) is not hidden.
+  EXPECT_LT(rel_err(static_cast<double>(count_params(zoo_model("qwen3-30b-a3b")).active), 3.3e9),
+            0.02);
   EXPECT_LT(rel_err(static_cast<double>(count_params(zoo_model("mixtral-8x7b")).active), 12.9e9),
             0.005);
 
@@ -268,6 +272,26 @@ TEST(OpGraph, MoeExpertShapes) {
   EXPECT_DOUBLE_EQ(gemm / 1001, 2 * active_matmul);
 }
 
+// head_dim apart from hidden / heads (Qwen3): the projections and the attention take the
+// heads' own width, 32 x 128 = 4096 against a 2048-wide residual stream.
+TEST(OpGraph, HeadDimSetsTheAttentionWidth) {
+  OpGraph g = build_op_graph(zoo_module("qwen3-30b-a3b"), input(1, 4096));
+  for (const Op& op : g.ops) {
+    if (op.layer != 0) continue;
+    if (op.name == "qkv") {
+      EXPECT_EQ(op.gemms[0].n, (32 + 2 * 4) * 128);
+      EXPECT_EQ(op.gemms[0].k, 2048);
+    }
+    if (op.name == "attn_out") {
+      EXPECT_EQ(op.gemms[0].n, 2048);
+      EXPECT_EQ(op.gemms[0].k, 32 * 128);
+    }
+    if (op.name == "attention") {
+      EXPECT_EQ(op.attention->head_dim, 128);
+    }
+  }
+}
+
 // Korthikanti et al. 2022, sec. 4.1: 34sbh + 5as^2b bytes per layer (bf16, dropout, GeLU
 // MLP of 4h, no tensor parallelism); flash attention keeps 4asb bytes of softmax stats
 // instead of the 5as^2b. Selective recompute leaves 34sbh; full keeps the 2sbh layer input.
@@ -394,6 +418,7 @@ TEST(Json, BadInputsNameTheirPath) {
        "model.modules[0].spec.heads", "must divide hidden (1000), got 24"},
       {one(llm + R"(, "kv_heads": 3)"), "model.modules[0].spec.kv_heads",
        "must divide heads (4), got 3"},
+      {one(llm + R"(, "head_dim": -8)"), "model.modules[0].spec.head_dim", "-8"},
       {one(R"("layers": 0, "hidden": 256, "ffn_hidden": 512, "heads": 4, "vocab": 10, "activation": "gelu", "norm": "rmsnorm")"),
        "model.modules[0].spec.layers", "must be >= 1, got 0"},
       {one(R"("layers": 2, "hidden": 256, "ffn_hidden": -512, "heads": 4, "vocab": 10, "activation": "gelu", "norm": "rmsnorm")"),

@@ -167,6 +167,7 @@ std::vector<Flag> megatron_model_flags(const Context& c) {
   std::vector<Flag> f = {{"--num-layers", num(b.layers)},
                          {"--hidden-size", num(b.hidden)},
                          {"--num-attention-heads", num(b.heads)}};
+  if (b.head_size > 0) f.push_back({"--kv-channels", num(b.head_dim())});
   if (b.kv_heads != b.heads) {
     f.push_back({"--group-query-attention", ""});
     f.push_back({"--num-query-groups", num(b.kv_heads)});

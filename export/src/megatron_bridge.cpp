@@ -40,6 +40,7 @@ void add_model_shape(std::vector<Setting>& s, const Context& c) {
   s.push_back({"model.hidden_size", num(b.hidden)});
   s.push_back({"model.num_attention_heads", num(b.heads)});
   s.push_back({"model.num_query_groups", num(b.kv_heads)});
+  if (b.head_size > 0) s.push_back({"model.kv_channels", num(b.head_dim())});
   if (llm.moe) {
     s.push_back({"model.ffn_hidden_size", num(llm.moe->expert_ffn_hidden)});
     s.push_back({"model.num_moe_experts", num(llm.moe->experts)});

@@ -38,6 +38,11 @@ Result<std::vector<ExportFile>> write_nanotron(const Context& c) {
         "(parallelism.recompute_layer)");
   if (c.llm.moe) r.add("a mixture-of-experts LLM: nanotron's Llama model is dense");
   if (l.fsdp) r.add("fsdp: nanotron shards the optimizer state at most (optimizer.zero_stage 1)");
+  if (b.head_size > 0 && b.head_size * b.heads != b.hidden)
+    r.add(
+        fmt::format("head_dim {} with {} heads of hidden {}: nanotron's Llama derives the head "
+                    "width from hidden / heads",
+                    b.head_size, b.heads, b.hidden));
   if (b.norm != models::Norm::kRmsNorm || b.activation != models::Activation::kSwiglu ||
       c.llm.positions != models::PositionEmbedding::kRope)
     r.add(fmt::format(

@@ -94,6 +94,7 @@ TransformerSpec read_block(JsonReader& r) {
   t.ffn_hidden = r.has("moe") ? r.optional_int("ffn_hidden", 0) : r.required_int("ffn_hidden");
   t.heads = r.required_int("heads");
   t.kv_heads = r.optional_int("kv_heads", t.heads);
+  t.head_size = r.optional_int("head_dim", 0);
   t.activation = read_activation(r);
   t.norm = r.required_enum("norm", {"layernorm", "rmsnorm"}) == "rmsnorm" ? Norm::kRmsNorm
                                                                           : Norm::kLayerNorm;

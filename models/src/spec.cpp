@@ -113,7 +113,10 @@ void check_block(Checker& c, const TransformerSpec& t, bool moe = false) {
     c.fail("ffn_hidden", "unused with moe (experts take moe.expert_ffn_hidden)");
   c.positive("heads", t.heads);
   c.positive("kv_heads", t.kv_heads);
-  c.divides("heads", t.heads, "hidden", t.hidden);
+  if (t.head_size == 0)
+    c.divides("heads", t.heads, "hidden", t.hidden);
+  else
+    c.positive("head_dim", t.head_size);
   c.divides("kv_heads", t.kv_heads, "heads", t.heads);
 }
 

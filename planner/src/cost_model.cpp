@@ -186,8 +186,9 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
       const Split split = gemm_split(op, g);
       const Precision gp = gemm_precision(op, p);
       double shard = split == Split::kNone ? 1.0 : l.tp;
+      // Experts: a rank runs E / ep experts on the tokens its ep group routes to them, as
+      // many as its own micro-batch routes in all: the op's FLOPs, not 1 / ep of them.
       const std::vector<models::GemmShape> shapes = local_gemms(op, l);
-      if (is_expert(op)) shard *= l.ep;
       for (models::GemmShape s : shapes) {
         s.m = ceil_div(s.m, cp);
         if (split == Split::kColumn) s.n = ceil_div(s.n, l.tp);

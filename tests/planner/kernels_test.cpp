@@ -92,6 +92,28 @@ TEST(Kernels, HomogeneousLayoutsMatchTaskFlops) {
   expect_kernels_match(s, zb);
 }
 
+// Expert parallelism: a rank's experts run the tokens its ep group routes to them, as many
+// as its own micro-batch routes (the task's FLOPs are the op's, not 1 / ep of them), and
+// fully sharded data parallelism; both under the same kernel bookkeeping.
+TEST(Kernels, ExpertParallelAndFsdpPlansMatchTaskFlops) {
+  auto s = parse_scenario_text(R"({"model": {"name": "tiny-moe", "modules": [{"name": "llm",
+      "kind": "llm", "spec": {"layers": 2, "hidden": 128, "heads": 4, "vocab": 512,
+      "activation": "swiglu", "norm": "rmsnorm",
+      "moe": {"experts": 8, "top_k": 2, "expert_ffn_hidden": 256}}}]},
+      "workload": {"seq_len": 64, "global_batch": 8},
+      "cluster": {"profile": "dgx-h100", "nodes": 1}})",
+                               "moe.json");
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  Plan ep;
+  ep.layout = layout(1, 1, 1, 8);
+  ep.layout.ep = 4;
+  expect_kernels_match(*s, ep);
+  Plan fsdp;
+  fsdp.layout = layout(1, 1, 1, 4);
+  fsdp.layout.fsdp = true;
+  expect_kernels_match(tiny(4), fsdp);
+}
+
 TEST(Kernels, HeterogeneousPlansMatchTaskFlops) {
   const Scenario s = tiny(4);
   Plan co;

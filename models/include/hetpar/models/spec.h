@@ -33,7 +33,10 @@ struct TransformerSpec {
   bool qkv_bias = false;     // biases on the Q, K, V projections
   bool linear_bias = false;  // biases on the attention output projection and MLP linears
   bool dropout = false;      // training with dropout: its masks are saved for backward
-  int64_t head_dim() const { return hidden / heads; }
+  /// Width of one attention head; 0: hidden / heads. Set where the heads' width differs
+  /// (Qwen3, Gemma: heads x head_dim != hidden; Megatron-LM's --kv-channels).
+  int64_t head_size = 0;
+  int64_t head_dim() const { return head_size > 0 ? head_size : hidden / heads; }
 };
 
 /// Mixture of experts replacing every layer's MLP. Each token goes to `top_k` of `experts`
