@@ -80,9 +80,15 @@ void add_training(std::vector<Setting>& s, const Context& c) {
   s.push_back({"ddp.overlap_param_gather",
                yaml_bool(l.overlap_param_gather && (l.distributed_optimizer || l.fsdp))});
   // The recipe also sets model.pipeline_dtype, which MCore needs with PP > 1.
-  s.push_back({"mixed_precision",
-               yaml_string(c.s.workload.precision == hardware::Precision::kFp16 ? "fp16_mixed"
-                                                                                : "bf16_mixed")});
+  // A recipe of megatron.bridge.training.mixed_precision by name; FP8 keeps bf16 outside the
+  // Linear GEMMs, scaled as the plan's fp8_recipe says.
+  std::string recipe = "bf16_mixed";
+  if (c.s.workload.precision == hardware::Precision::kFp16) recipe = "fp16_mixed";
+  if (c.s.workload.precision == hardware::Precision::kFp8)
+    recipe = l.fp8_recipe == planner::Fp8Recipe::kTensorwise
+                 ? "bf16_with_fp8_current_scaling_mixed"
+                 : "bf16_with_fp8_delayed_scaling_mixed";
+  s.push_back({"mixed_precision", yaml_string(recipe)});
 }
 
 void refuse_schedule(const Context& c, Refusals& r) {
@@ -153,7 +159,8 @@ Result<std::vector<ExportFile>> write_megatron_bridge(const Context& c) {
   Refusals r;
   refuse_megatron_model(c, r);
   refuse_schedule(c, r);
-  refuse_precision_unless(c, r, {hardware::Precision::kBf16, hardware::Precision::kFp16});
+  refuse_precision_unless(
+      c, r, {hardware::Precision::kBf16, hardware::Precision::kFp16, hardware::Precision::kFp8});
   if (c.heterogeneous()) refuse_mimo(c, r);
   if (c.layout().fsdp && !c.layout().fsdp_reshard_after_forward)
     r.add(

@@ -131,8 +131,19 @@ TEST(ExportMegatronBridge, RefusesWhatMegatronMimoRejects) {
   s.workload.frozen_encoders = true;  // a frozen encoder has no optimizer to disagree
   EXPECT_EQ(refusal(s, p, Target::kMegatronBridge), "");
   s.workload.frozen_encoders = false;
-  s.workload.precision = hardware::Precision::kFp8;
-  EXPECT_NE(refusal(s, p, Target::kMegatronBridge).find("precision fp8"), std::string::npos);
+  s.workload.precision = hardware::Precision::kFp32;
+  EXPECT_NE(refusal(s, p, Target::kMegatronBridge).find("precision fp32"), std::string::npos);
+}
+
+// FP8 plans name the mixed-precision recipe of their scaling (Megatron-Bridge's
+// bf16_with_fp8_{delayed,current}_scaling_mixed).
+TEST(ExportMegatronBridge, Fp8NamesItsScalingRecipe) {
+  planner::Scenario s = scenario("llama-3.1-8b", 4, 8192, 512, 0, "fp8");
+  Plan p;
+  p.layout = layout(2, 1, 16);
+  EXPECT_EQ(bridge(s, p).at("mixed_precision"), "\"bf16_with_fp8_delayed_scaling_mixed\"");
+  p.layout.fp8_recipe = planner::Fp8Recipe::kTensorwise;
+  EXPECT_EQ(bridge(s, p).at("mixed_precision"), "\"bf16_with_fp8_current_scaling_mixed\"");
 }
 
 }  // namespace
