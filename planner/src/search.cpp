@@ -824,9 +824,13 @@ class Searcher {
                 l.micro_batch = mbs;
                 for (bool fsdp : fsdp_options(fx, allow_fsdp, dp * cp, ep)) {
                   l.fsdp = fsdp;
-                  if (fsdp) {  // shards the optimizer state too
+                  if (fsdp) {  // shards the optimizer state too; resharded or kept gathered
                     l.distributed_optimizer = true;
-                    add_schedules(l, even, 1, out);
+                    for (bool reshard : {true, false}) {
+                      l.fsdp_reshard_after_forward = reshard;
+                      add_schedules(l, even, 1, out);
+                    }
+                    l.fsdp_reshard_after_forward = true;
                     continue;
                   }
                   int dv = 1;
