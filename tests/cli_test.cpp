@@ -231,6 +231,22 @@ TEST(Cli, CompareNamesAWinnerAndExplainsIt) {
   CliRun text = run("compare " + example("llava-7b-8xh100-compare.json"));
   EXPECT_EQ(text.exit_code, 0) << text.err;
   EXPECT_NE(text.out.find("Winner: " + winner), std::string::npos) << text.out;
+  // A plan name longer than the column widens it: every row's iteration ends under the
+  // header's "iteration".
+  CliRun fsdp = run("compare " + example("llama3-8b-8xh100-fsdp-compare.json"));
+  ASSERT_EQ(fsdp.exit_code, 0) << fsdp.err;
+  std::string renamed = slurp(example("llama3-8b-8xh100-fsdp-compare.json"));
+  renamed.replace(renamed.find("\"fsdp_kept\""), 11, "\"fsdp_kept_gathered_until_backward\"");
+  CliRun wide = run("compare " + write_temp("wide_names.json", renamed));
+  ASSERT_EQ(wide.exit_code, 0) << wide.err;
+  const size_t header = wide.out.find("plan ");
+  const size_t header_end = wide.out.find("iteration", header) + std::string("iteration").size();
+  const size_t column = header_end - header;
+  const size_t row = wide.out.find("fsdp_kept_gathered_until_backward ");
+  ASSERT_NE(row, std::string::npos) << wide.out;
+  const size_t line_end = wide.out.find('\n', row);
+  ASSERT_GT(line_end - row, column);
+  EXPECT_EQ(wide.out.substr(row + column - 2, 2), " s") << wide.out;
   CliRun no_plans = run("compare " + example("default.json"));
   EXPECT_EQ(no_plans.exit_code, 2);
   EXPECT_NE(no_plans.err.find("plans: missing required object"), std::string::npos);

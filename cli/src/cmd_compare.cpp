@@ -2,6 +2,7 @@
 // puts them side by side, with what makes the fastest one fast.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 
 #include "commands.h"
@@ -34,15 +35,18 @@ int run_compare(const CompareOptions& opts) {
     return best ? 0 : 3;
   }
   fmt::print("Scenario  {} on {} GPUs\n\n", scenario->name, scenario->cluster.total_gpus());
-  fmt::print("{:<16} {:>11} {:>10} {:>11} {:>7} {:>11} {:>8} {:>11} {:>10}\n", "plan", "iteration",
-             "tokens/s", "TFLOPS/GPU", "MFU", "peak mem", "bubble", "exposed", "boundary");
+  size_t width = 16;  // the plan column fits the longest name
+  for (const auto& r : rows) width = std::max(width, r.first.size() + 1);
+  fmt::print("{:<{}} {:>11} {:>10} {:>11} {:>7} {:>11} {:>8} {:>11} {:>10}\n", "plan", width,
+             "iteration", "tokens/s", "TFLOPS/GPU", "MFU", "peak mem", "bubble", "exposed",
+             "boundary");
   for (const auto& [name, m] : rows) {
     if (!m.feasible) {
-      fmt::print("{:<16} infeasible: {}\n", name, m.infeasible_reason);
+      fmt::print("{:<{}} infeasible: {}\n", name, width, m.infeasible_reason);
       continue;
     }
-    fmt::print("{:<16} {:>11} {:>10} {:>11.1f} {:>6.1f}% {:>11} {:>7.1f}% {:>11} {:>10}\n", name,
-               m.iteration_time, format_count(m.tokens_per_s), m.tflops_per_gpu, 100 * m.mfu,
+    fmt::print("{:<{}} {:>11} {:>10} {:>11.1f} {:>6.1f}% {:>11} {:>7.1f}% {:>11} {:>10}\n", name,
+               width, m.iteration_time, format_count(m.tokens_per_s), m.tflops_per_gpu, 100 * m.mfu,
                m.memory.peak, 100 * m.bubble_fraction, m.exposed_comm, m.boundary_bytes);
   }
   if (!best) {
