@@ -298,7 +298,7 @@ class BlockBuilder {
   void compute(const PassCost& c, int32_t op) {
     if (b_.steps.empty() || b_.steps.back().kind != StepKind::kCompute ||
         b_.steps.back().overlaps_tp_entry)
-      b_.steps.push_back({StepKind::kCompute, {}, {}, {}});
+      b_.steps.push_back({StepKind::kCompute, {}, {}, {}, {}});
     b_.steps.back().cost += c;
     b_.steps.back().ops.push_back(op);
   }
@@ -307,13 +307,15 @@ class BlockBuilder {
     return !b_.steps.empty() && b_.steps.back().kind == StepKind::kTpEntry;
   }
   void linear_after_tp_entry(const PassCost& c, int32_t op) {
-    b_.steps.push_back({StepKind::kCompute, c, {}, {op}});
+    b_.steps.push_back({StepKind::kCompute, c, {}, {}, {op}});
     b_.steps.back().overlaps_tp_entry = true;
   }
   void comm(StepKind kind, Bytes bytes, const PassCost& cost = {}, int32_t op = -1) {
-    b_.steps.push_back({kind, cost, bytes, {}});
+    b_.steps.push_back({kind, cost, bytes, bytes, {}});
     if (op >= 0) b_.steps.back().ops.push_back(op);
   }
+  // The last step (a TP entry) gathers `bytes` instead of its own size.
+  void gather_as(Bytes bytes) { b_.steps.back().gather_bytes = bytes; }
 
  private:
   Block& b_;
@@ -377,8 +379,14 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
       b.compute(c, op_index);
     }
 
-    if (tp && (op.name == "attn_norm" || op.name == "mlp_norm"))
+    if (tp && (op.name == "attn_norm" || op.name == "mlp_norm")) {
       b.comm(StepKind::kTpEntry, activation);
+      // FP8: the norm's output reaches qkv / fc1 (TE LayerNormLinear / LayerNormMLP) as FP8,
+      // quantised before the SP all-gather (layernorm_linear.py, layernorm_mlp.py:
+      // with_quantized_norm, gather_along_first_dim(..., quantizer=...)); backward's
+      // re-gather of the saved input likewise. The reduce-scatter of its gradient stays bf16.
+      if (p == Precision::kFp8 && l.sequence_parallel) b.gather_as(Bytes(tokens / cp * g.hidden));
+    }
     if (tp && op.kind == models::OpKind::kEmbedding) b.comm(StepKind::kTpExit, activation);
     if (tp && g.kind == models::ModuleKind::kProjector && op.name == "fc2")
       b.comm(StepKind::kTpExit, activation);

@@ -924,8 +924,8 @@ void Lowering::linear_backward(const PlacedBlock& pb, size_t s, const Labels& lb
   const int n = stage_ranks();
   std::vector<TaskId> gathered(n), dgrad(n), reduced(n);
   if (sp)  // the saved input slice, gathered again for the wgrad GEMM
-    group_collectives(tp_groups_, CollectiveKind::kAllGather, bytes, kTpStream, {cat_tp_, lb.tp},
-                      [&](int j, TaskId c) {
+    group_collectives(tp_groups_, CollectiveKind::kAllGather, steps[s - 1].gather_bytes, kTpStream,
+                      {cat_tp_, lb.tp}, [&](int j, TaskId c) {
                         if (st_[j].last.valid()) g_.add_dependency(st_[j].last, c);
                         gathered[j] = c;
                       });
@@ -1020,7 +1020,7 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
         collective(sp ? CollectiveKind::kReduceScatter : CollectiveKind::kAllReduce, step.bytes,
                    {cat_tp_, lb.tp}, tp_groups_);
       else if (sp)
-        collective(CollectiveKind::kAllGather, step.bytes, {cat_tp_, lb.tp}, tp_groups_);
+        collective(CollectiveKind::kAllGather, step.gather_bytes, {cat_tp_, lb.tp}, tp_groups_);
       return;
     case StepKind::kTpExit:
       if (!backward)

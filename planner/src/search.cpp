@@ -105,7 +105,7 @@ BlockTime block_time(const Block& b, const Layout& l, Bandwidth link, bool froze
         t.b_input += st.cost.dgrad + st.cost.recompute;
         break;
       case StepKind::kTpEntry: {  // fwd: SP all-gather; bwd: SP reduce-scatter / all-reduce
-        if (sp) t.f += collective_time(CK::kAllGather, st.bytes, l.tp, link);
+        if (sp) t.f += collective_time(CK::kAllGather, st.gather_bytes, l.tp, link);
         Time bwd = collective_time(sp ? CK::kReduceScatter : CK::kAllReduce, st.bytes, l.tp, link);
         Time hidden;
         if (i + 1 < b.steps.size() && b.steps[i + 1].overlaps_tp_entry)

@@ -97,6 +97,32 @@ TEST(CostModel, LayerCommunicationPoints) {
   }
 }
 
+// FP8 under SP: the layer's entries gather qkv's and fc1's inputs as FP8 (1 byte per element,
+// Transformer Engine quantises before the all-gather); their gradients' reduce-scatters, and
+// everything in bf16, keep 2 bytes.
+TEST(CostModel, Fp8SequenceParallelGathersFp8Inputs) {
+  Fixture f = gpt(1, true, 2, "dgx-h100");
+  Layout l;
+  l.tp = 8;
+  l.sequence_parallel = true;
+  for (hardware::Precision p : {hardware::Precision::kBf16, hardware::Precision::kFp8}) {
+    ModuleCost m = module_cost(f.g, l, true, f.dev, p);
+    int entries = 0;
+    for (const WorkStep& s : m.layer.steps) {
+      if (s.kind != StepKind::kTpEntry) continue;
+      ++entries;
+      EXPECT_EQ(s.bytes, Bytes(2048LL * 12288 * 2));
+      EXPECT_EQ(s.gather_bytes, p == hardware::Precision::kFp8 ? s.bytes / 2 : s.bytes);
+    }
+    EXPECT_EQ(entries, 2);
+    for (const WorkStep& s : m.post.steps) {  // the logits: Megatron's own bf16 output layer
+      if (s.kind == StepKind::kTpEntry) {
+        EXPECT_EQ(s.gather_bytes, s.bytes);
+      }
+    }
+  }
+}
+
 // Without the backward overlap (Megatron-LM of 2021) the linear merges with its neighbours
 // again: five compute steps, none flagged.
 TEST(CostModel, BlockingTpBackwardKeepsTheLinearInItsStep) {

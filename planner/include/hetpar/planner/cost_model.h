@@ -76,6 +76,10 @@ struct WorkStep {
   /// all-gather total); all-to-all: one rank's send buffer; CP: the K,V chunk one ring
   /// step sends forward (backward sends K,V and their gradients: twice that).
   Bytes bytes;
+  /// kTpEntry: what its SP all-gathers (forward, and the backward re-gather of
+  /// overlaps_tp_entry) move: `bytes`, or half of it where the linear after the entry is a
+  /// Transformer Engine FP8 module, which quantises its input before the gather.
+  Bytes gather_bytes;
   /// kCompute, kCpAttention: the graph's ops (indices into OpGraph::ops, forward order)
   /// whose work this step is, for their kernels (kernels.h).
   std::vector<int32_t> ops;
