@@ -224,6 +224,27 @@ TEST(DeviceProfile, AttentionAndMemoryTimes) {
   EXPECT_GT(h100.gemm_launch_overhead, Time::zero());
 }
 
+// The sustained GEMM rate against K (the MSMF finder's K walk on an H200, bf16): one
+// (M, N) shape at the measured K values runs at 722 / 749 / 741 / 727 TFLOP/s relative to
+// each other; the FP8 curve falls to 0.958 past K = 16384; profiles without a curve keep one
+// rate for every K.
+TEST(DeviceProfile, GemmRateFollowsTheMeasuredKCurve) {
+  const DeviceProfile h200 = builtin("dgx-h200").gpu;
+  // The kernel's rate without its launch overhead (one wave of 256 x 128 tiles at every K).
+  const auto eff = [&](int64_t k, Precision p) {
+    return 2.0 * 1536 * 2816 * static_cast<double>(k) /
+           (h200.gemm_time(1536, 2816, k, 1, p) - h200.gemm_launch_overhead).to_seconds();
+  };
+  EXPECT_NEAR(eff(20480, Precision::kBf16) / eff(6144, Precision::kBf16), 727.0 / 749, 0.002);
+  EXPECT_NEAR(eff(10240, Precision::kBf16) / eff(6144, Precision::kBf16), 741.0 / 749, 0.002);
+  EXPECT_NEAR(eff(4096, Precision::kBf16) / eff(6144, Precision::kBf16), 722.0 / 749, 0.002);
+  EXPECT_NEAR(eff(16384, Precision::kFp8) / eff(10240, Precision::kFp8), 0.958, 0.002);
+  EXPECT_DOUBLE_EQ(
+      DeviceProfile::curve_factor(h200.gemm_k_scale[precision_index(Precision::kBf16)], 65536),
+      0.971);  // clamped past the last point
+  EXPECT_TRUE(builtin("dgx-a100-80gb").gpu.gemm_k_scale[precision_index(Precision::kBf16)].empty());
+}
+
 TEST(DeviceProfile, AttentionRateFollowsTheMeasuredSequenceLengthCurve) {
   // cuDNN causal head-dim-128 forward on H100 (FlashAttention-3 paper, Figure 5):
   // 315 / 410 / 484 / 518 / 529 / 539 TFLOP/s at 512 .. 16K key/value tokens.
@@ -241,8 +262,7 @@ TEST(DeviceProfile, AttentionRateFollowsTheMeasuredSequenceLengthCurve) {
   EXPECT_NEAR(fwd_tflops(256), 315, 2);    // and before the first
   EXPECT_NEAR(fwd_tflops(0), 539, 2);      // 0 = a long sequence
   // Between points: linear in log2(seq); 2896 ~ 2^11.5 is halfway between 2K and 4K.
-  EXPECT_NEAR(h100.attention_seq_factor(h100.attention_fwd_seq_scale, 2896), (0.898 + 0.961) / 2,
-              1e-3);
+  EXPECT_NEAR(h100.curve_factor(h100.attention_fwd_seq_scale, 2896), (0.898 + 0.961) / 2, 1e-3);
   // Backward: derived causal rates 193 .. 467 TFLOP/s in the 2.5x-forward convention.
   const auto bwd_tflops = [&](int64_t seq) {
     const Time t = h100.attention_time(f, Precision::kBf16, true, seq) - h100.gemm_launch_overhead;
@@ -318,6 +338,16 @@ TEST(ProfileJson, RejectsBadProfilesNamingTheField) {
          j["gpu"]["gemm"]["tiles"][1] = {128, 256};
        },
        "gpu.gemm.tiles[1]: expected [Tm, Tn, efficiency]"},
+      {"descending K scale",
+       [](nlohmann::json& j) {
+         j["gpu"]["gemm"]["k_scale"] = {{"bf16", {{8192, 1.0}, {4096, 0.9}}}};
+       },
+       "gpu.gemm.k_scale.bf16[1]: K must be strictly ascending"},
+      {"K scale of an unknown precision",
+       [](nlohmann::json& j) {
+         j["gpu"]["gemm"]["k_scale"] = {{"fp4", {{8192, 1.0}}}};
+       },
+       "gpu.gemm.k_scale.fp4: unknown precision"},
       {"descending seq scale",
        [](nlohmann::json& j) {
          j["gpu"]["attention"]["fwd_seq_scale"] = {{1024, 0.8}, {512, 0.9}};

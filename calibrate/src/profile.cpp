@@ -270,6 +270,7 @@ class Builder {
           mark(p, key + ".eta_max", "peak is the best measured rate");
         }
         g.gemm_measured[i].clear();
+        g.gemm_k_scale[i].clear();  // the measured shapes carry their own K dependence
         for (const GemmSample& gs : s_.gemms)
           if (gs.dtype == gf.dtype)
             g.gemm_measured[i].push_back({gs.dims.m, gs.dims.n, gs.dims.k,
@@ -283,6 +284,10 @@ class Builder {
                       : ""));
       }
     }
+    for (Precision prec : hardware::kAllPrecisions)  // unmeasured precisions keep the base's
+      if (!g.gemm_k_scale[hardware::precision_index(prec)].empty())
+        mark(p, fmt::format("gpu.gemm.k_scale.{}", hardware::to_string(prec)),
+             from_base("sustained GEMM rate against K"));
     if (!g.supports(Precision::kBf16))
       return Status::invalid_argument(
           "calibration: no bf16 (or cpu fp32) GEMM samples and no base profile to supply bf16");

@@ -32,7 +32,8 @@ double DeviceProfile::eta_max(Precision p) const {
 double DeviceProfile::model_gemm_seconds(int64_t m, int64_t n, int64_t k, int64_t batch,
                                          Precision p) const {
   const PrecisionRate& rate = *compute[precision_index(p)];
-  const double sm_flops = rate.peak.per_second() * rate.eta_max / sm_count;
+  const double sm_flops = rate.peak.per_second() * rate.eta_max *
+                          curve_factor(gemm_k_scale[precision_index(p)], k) / sm_count;
   const double mem_bps = memory_bandwidth.bytes_per_s() * memory_efficiency;
   const double b = static_cast<double>(batch);
   const double md = static_cast<double>(m), nd = static_cast<double>(n),
@@ -111,31 +112,29 @@ double DeviceProfile::gemm_efficiency(int64_t m, int64_t n, int64_t k, int64_t b
   return flops / (gemm_time(m, n, k, batch, p).to_seconds() * peak(p).per_second());
 }
 
-double DeviceProfile::attention_seq_factor(const std::vector<AttentionSeqPoint>& curve,
-                                           int64_t seq_kv) {
-  if (curve.empty() || seq_kv <= 0) return 1.0;
-  if (seq_kv <= curve.front().seq) return curve.front().factor;
-  if (seq_kv >= curve.back().seq) return curve.back().factor;
+double DeviceProfile::curve_factor(const std::vector<CurvePoint>& curve, int64_t at) {
+  if (curve.empty() || at <= 0) return 1.0;
+  if (at <= curve.front().at) return curve.front().factor;
+  if (at >= curve.back().at) return curve.back().factor;
   size_t i = 1;
-  while (curve[i].seq < seq_kv) ++i;
-  const AttentionSeqPoint& lo = curve[i - 1];
-  const AttentionSeqPoint& hi = curve[i];
-  const double t = std::log2(static_cast<double>(seq_kv) / static_cast<double>(lo.seq)) /
-                   std::log2(static_cast<double>(hi.seq) / static_cast<double>(lo.seq));
+  while (curve[i].at < at) ++i;
+  const CurvePoint& lo = curve[i - 1];
+  const CurvePoint& hi = curve[i];
+  const double t = std::log2(static_cast<double>(at) / static_cast<double>(lo.at)) /
+                   std::log2(static_cast<double>(hi.at) / static_cast<double>(lo.at));
   return lo.factor + t * (hi.factor - lo.factor);
 }
 
 Time DeviceProfile::attention_time(Flops flops, Precision p, bool backward, int64_t seq_kv) const {
   if (!backward)
     return flops / (peak(p) * attention_fwd_efficiency *
-                    attention_seq_factor(attention_fwd_seq_scale, seq_kv)) +
+                    curve_factor(attention_fwd_seq_scale, seq_kv)) +
            gemm_launch_overhead;
   // The backward efficiency is quoted as FlashAttention's benchmarks count it: 2.5x the
   // forward FLOPs (dQ, dK, dV plus the recomputed QK^T), not the model-FLOP 2x the caller
   // passes, so the kernel does 2.5 / 2 times the work `flops` names.
   return flops * kFlashBackwardWork /
-             (peak(p) * attention_bwd_efficiency *
-              attention_seq_factor(attention_bwd_seq_scale, seq_kv)) +
+             (peak(p) * attention_bwd_efficiency * curve_factor(attention_bwd_seq_scale, seq_kv)) +
          gemm_launch_overhead;
 }
 

@@ -113,30 +113,44 @@ void read_gpu(JsonReader r, DeviceProfile& g, JsonReader& parent) {
   }
   g.gemm_launch_overhead = Time::us(gemm.required_double("launch_us"));
   g.gemm_split_k = gemm.optional_bool("split_k", true);
-  if (gemm.has("measured")) {
-    JsonReader measured = gemm.object("measured");
-    const nlohmann::json* mj = gemm.raw("measured");
-    for (auto it = mj->begin(); mj->is_object() && it != mj->end() && measured.ok(); ++it) {
+  // gpu.gemm.<key>: an object of precision -> rows; `each` takes one precision's key.
+  auto per_precision = [&gemm](std::string_view key, auto&& each) {
+    if (!gemm.has(key)) return;
+    JsonReader table = gemm.object(key);
+    const nlohmann::json* tj = gemm.raw(key);
+    for (auto it = tj->begin(); tj->is_object() && it != tj->end() && table.ok(); ++it) {
       if (!it.key().empty() && it.key()[0] == '$') continue;
       std::optional<Precision> prec = parse_precision(it.key());
       if (!prec) {
-        measured.fail(it.key(), "unknown precision (expected fp32|tf32|bf16|fp16|fp8)");
+        table.fail(it.key(), "unknown precision (expected fp32|tf32|bf16|fp16|fp8)");
         break;
       }
-      for (const auto& row : read_rows(measured, it.key(), 4, "[m, n, k, tflops]")) {
-        if (!is_whole(row[0]) || !is_whole(row[1]) || !is_whole(row[2])) {
-          measured.fail(it.key(), fmt::format("GEMM sizes must be integers, got {}x{}x{}", row[0],
-                                              row[1], row[2]));
-          break;
-        }
-        g.gemm_measured[precision_index(*prec)].push_back(
-            {static_cast<int64_t>(row[0]), static_cast<int64_t>(row[1]),
-             static_cast<int64_t>(row[2]), FlopRate::per_second(std::round(row[3] * 1e12))});
-      }
+      each(table, it.key(), *prec);
     }
-    measured.finish();
-    gemm.merge(measured.status());
-  }
+    table.finish();
+    gemm.merge(table.status());
+  };
+  per_precision("measured", [&g](JsonReader& measured, const std::string& key, Precision prec) {
+    for (const auto& row : read_rows(measured, key, 4, "[m, n, k, tflops]")) {
+      if (!is_whole(row[0]) || !is_whole(row[1]) || !is_whole(row[2])) {
+        measured.fail(
+            key, fmt::format("GEMM sizes must be integers, got {}x{}x{}", row[0], row[1], row[2]));
+        break;
+      }
+      g.gemm_measured[precision_index(prec)].push_back(
+          {static_cast<int64_t>(row[0]), static_cast<int64_t>(row[1]), static_cast<int64_t>(row[2]),
+           FlopRate::per_second(std::round(row[3] * 1e12))});
+    }
+  });
+  per_precision("k_scale", [&g](JsonReader& ks, const std::string& key, Precision prec) {
+    for (const auto& row : read_rows(ks, key, 2, "[K, factor]")) {
+      if (!is_whole(row[0]) || row[0] < 1) {
+        ks.fail(key, fmt::format("K must be a positive integer, got {}", row[0]));
+        break;
+      }
+      g.gemm_k_scale[precision_index(prec)].push_back({static_cast<int64_t>(row[0]), row[1]});
+    }
+  });
   gemm.finish();
   r.merge(gemm.status());
 
@@ -293,12 +307,19 @@ nlohmann::json profile_to_json(const SystemProfile& p) {
     for (const GemmMeasurement& m : pts) rows.push_back({m.m, m.n, m.k, to_tflops(m.rate)});
     gemm["measured"][std::string(to_string(prec))] = rows;
   }
+  for (Precision prec : kAllPrecisions) {
+    const std::vector<CurvePoint>& curve = g.gemm_k_scale[precision_index(prec)];
+    if (curve.empty()) continue;
+    nlohmann::json rows = nlohmann::json::array();
+    for (const CurvePoint& pt : curve) rows.push_back({pt.at, pt.factor});
+    gemm["k_scale"][std::string(to_string(prec))] = rows;
+  }
 
   nlohmann::json attention = {{"fwd_efficiency", g.attention_fwd_efficiency},
                               {"bwd_efficiency", g.attention_bwd_efficiency}};
   const auto seq_scale_rows = [](const std::vector<AttentionSeqPoint>& curve) {
     nlohmann::json rows = nlohmann::json::array();
-    for (const AttentionSeqPoint& pt : curve) rows.push_back({pt.seq, pt.factor});
+    for (const CurvePoint& pt : curve) rows.push_back({pt.at, pt.factor});
     return rows;
   };
   if (!g.attention_fwd_seq_scale.empty())

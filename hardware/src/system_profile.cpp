@@ -106,6 +106,18 @@ class Checker {
   Status status;
 };
 
+// An efficiency curve: factors in (0, 1.5], sizes strictly ascending (`what` names them).
+void check_curve(Checker& c, const std::string& key, const std::vector<CurvePoint>& curve,
+                 std::string_view what) {
+  for (size_t i = 0; i < curve.size(); ++i) {
+    const std::string at = fmt::format("{}[{}]", key, i);
+    if (curve[i].factor <= 0 || curve[i].factor > 1.5)
+      c.fail(at, fmt::format("factor {} must be in (0, 1.5]", curve[i].factor));
+    if (i > 0 && curve[i].at <= curve[i - 1].at)
+      c.fail(at, fmt::format("{} must be strictly ascending", what));
+  }
+}
+
 }  // namespace
 
 Status validate_profile(const SystemProfile& p) {
@@ -154,19 +166,20 @@ Status validate_profile(const SystemProfile& p) {
       c.positive(at + "[3]", m.rate.to_tflops());
     }
   }
+  for (Precision prec : kAllPrecisions) {
+    const std::vector<CurvePoint>& curve = g.gemm_k_scale[precision_index(prec)];
+    const std::string key = fmt::format("gpu.gemm.k_scale.{}", to_string(prec));
+    if (!curve.empty() && !g.supports(prec))
+      c.fail(key,
+             fmt::format("a K curve for {}, which gpu.compute does not list", to_string(prec)));
+    check_curve(c, key, curve, "K");
+  }
   c.fraction("gpu.attention.fwd_efficiency", g.attention_fwd_efficiency);
   c.fraction("gpu.attention.bwd_efficiency", g.attention_bwd_efficiency);
   for (const auto& [key, curve] :
        {std::pair{"gpu.attention.fwd_seq_scale", &g.attention_fwd_seq_scale},
-        std::pair{"gpu.attention.bwd_seq_scale", &g.attention_bwd_seq_scale}}) {
-    for (size_t i = 0; i < curve->size(); ++i) {
-      const std::string at = fmt::format("{}[{}]", key, i);
-      if ((*curve)[i].factor <= 0 || (*curve)[i].factor > 1.5)
-        c.fail(at, fmt::format("factor {} must be in (0, 1.5]", (*curve)[i].factor));
-      if (i > 0 && (*curve)[i].seq <= (*curve)[i - 1].seq)
-        c.fail(at, "sequence lengths must be strictly ascending");
-    }
-  }
+        std::pair{"gpu.attention.bwd_seq_scale", &g.attention_bwd_seq_scale}})
+    check_curve(c, key, *curve, "sequence lengths");
 
   const IntraNodeFabric& f = p.intra_node;
   if (p.gpus_per_node > 1) {
@@ -240,9 +253,12 @@ std::vector<std::string> missing_provenance(const SystemProfile& p) {
   if (p.intra_node.nvls) fields.push_back("intra_node.nvls_min_group");
   if (p.gpu.collective_overlap_slowdown > 0) fields.push_back("gpu.collective_overlap_slowdown");
   if (p.shared_compute_units > 0) fields.push_back("shared_compute_units");
-  for (Precision prec : kAllPrecisions)
+  for (Precision prec : kAllPrecisions) {
     if (!p.gpu.gemm_measured[precision_index(prec)].empty())
       fields.push_back(fmt::format("gpu.gemm.measured.{}", to_string(prec)));
+    if (!p.gpu.gemm_k_scale[precision_index(prec)].empty())
+      fields.push_back(fmt::format("gpu.gemm.k_scale.{}", to_string(prec)));
+  }
   if (p.wan) {
     fields.push_back("wan.up_gbps");
     fields.push_back("wan.down_gbps");

@@ -103,8 +103,8 @@ TEST(CalibratedProfile, ShortSequencesMeasuredFasterAreCappedAtTheLongOnesRate) 
   Result<hardware::SystemProfile> p = build_profile(s, *fit_samples(s), o);
   ASSERT_TRUE(p.is_ok()) << p.status().to_string();
   ASSERT_FALSE(p->gpu.attention_fwd_seq_scale.empty());
-  for (const auto& pt : p->gpu.attention_fwd_seq_scale) EXPECT_EQ(pt.factor, 1.0) << pt.seq;
-  for (const auto& pt : p->gpu.attention_bwd_seq_scale) EXPECT_EQ(pt.factor, 1.0) << pt.seq;
+  for (const auto& pt : p->gpu.attention_fwd_seq_scale) EXPECT_EQ(pt.factor, 1.0) << pt.at;
+  for (const auto& pt : p->gpu.attention_bwd_seq_scale) EXPECT_EQ(pt.factor, 1.0) << pt.at;
 }
 
 TEST(Sweep, GroupSizesTwoToWorldEachRecovered) {

@@ -38,13 +38,15 @@ struct GemmTile {
 /// the FlashAttention benchmark convention over the 2x forward model FLOPs).
 inline constexpr double kFlashBackwardWork = 2.5 / 2.0;
 
-/// One point of a flash-attention efficiency curve: at `seq` tokens of key/value per
-/// kernel call the kernel runs at `factor` times the profile's long-sequence efficiency.
-struct AttentionSeqPoint {
-  int64_t seq = 0;
+/// One point of an efficiency curve: at size `at` a kernel runs at `factor` times the
+/// profile's reference efficiency. Attention: `at` = key/value tokens per call, against the
+/// long-sequence efficiency; GEMMs: `at` = the reduction length K, against eta_max.
+struct CurvePoint {
+  int64_t at = 0;
   double factor = 1.0;
-  bool operator==(const AttentionSeqPoint&) const = default;
+  bool operator==(const CurvePoint&) const = default;
 };
+using AttentionSeqPoint = CurvePoint;
 
 /// One measured GEMM (batch 1, m x k times k x n) and the rate it ran at.
 struct GemmMeasurement {
@@ -71,6 +73,11 @@ struct DeviceProfile {
   bool gemm_split_k = true;
   /// Measured GEMM rates per precision (indexed like `compute`; empty = none measured).
   std::array<std::vector<GemmMeasurement>, kAllPrecisions.size()> gemm_measured;
+  /// Sustained GEMM rate against the reduction length K, per precision (indexed like
+  /// `compute`; empty: none): factors on eta_max, ascending in K, interpolated linearly in
+  /// log2(K) and clamped. At the power limit a longer K holds a lower clock (more power per
+  /// tile), a short K loses to each tile's prologue and epilogue.
+  std::array<std::vector<CurvePoint>, kAllPrecisions.size()> gemm_k_scale;
   double attention_fwd_efficiency = 0;  // fraction of the precision's peak (long sequences)
   double attention_bwd_efficiency = 0;
   /// Sequence-length dependence of the flash-attention rates (empty: none): factors on the
@@ -110,8 +117,8 @@ struct DeviceProfile {
   /// length of one kernel call and selects the point on the seq-scale curves; 0 means a
   /// long sequence (factor 1).
   Time attention_time(Flops flops, Precision p, bool backward, int64_t seq_kv = 0) const;
-  /// The factor of the seq-scale curve at `seq_kv` (1 without a curve or for seq_kv <= 0).
-  static double attention_seq_factor(const std::vector<AttentionSeqPoint>& curve, int64_t seq_kv);
+  /// The factor of an efficiency curve at `at` (1 without a curve or for at <= 0).
+  static double curve_factor(const std::vector<CurvePoint>& curve, int64_t at);
   /// `bytes` (reads + writes) streamed through HBM at the effective bandwidth, no launch.
   Time memory_time(Bytes bytes) const;
   /// One memory-bound kernel moving `bytes`: memory_time(bytes) plus the per-kernel launch

@@ -17,8 +17,10 @@
 //                                           // bf16 required, absent = unsupported
 //             "gemm": {"tiles": [[256, 128, 1.0], ...],   // [Tm, Tn, relative efficiency]
 //                      "launch_us": 4, "split_k": true,
-//                      "measured": {"bf16": [[m, n, k, tflops], ...]}},  // optional,
+//                      "measured": {"bf16": [[m, n, k, tflops], ...]},  // optional,
 //                                            // from `hetpar calibrate` (device_profile.h)
+//                      "k_scale": {"bf16": [[K, factor], ...]}},  // optional: sustained
+//                                            // rate against K, a factor on eta_max
 //             "attention": {"fwd_efficiency": 0.6, "bwd_efficiency": 0.45}},
 //                                           // FlashAttention benchmark rates (bwd counted
 //                                           // as 2.5x forward FLOPs, device_profile.h)
