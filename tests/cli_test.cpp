@@ -157,6 +157,30 @@ TEST(Cli, SimulateTakesAValidationRunFile) {
   EXPECT_NE(b.err.find("measured: expected an object"), std::string::npos) << b.err;
 }
 
+// `validation` summarises per source document: two runs of one paper, one of another.
+TEST(Cli, ValidationSummarisesEachSource) {
+  const std::string runs = std::string(HETPAR_SOURCE_DIR) + "/validation/runs/";
+  const std::string dir = fmt::format("{}/{}.validation_runs", ::testing::TempDir(), ::getpid());
+  std::filesystem::create_directories(dir);
+  for (const char* f :
+       {"megatron-2022-gpt-22b-8xa100-selective.json",
+        "megatron-2022-gpt-175b-64xa100-selective.json", "megatron-2021-gpt-1.7b-32xa100.json"})
+    std::filesystem::copy_file(runs + f, dir + "/" + f,
+                               std::filesystem::copy_options::overwrite_existing);
+  CliRun r = run("validation --json " + dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["sources"].size(), 2u) << r.out;
+  for (const auto& s : j["sources"]) {
+    const int n = s["source"] == "https://arxiv.org/abs/2205.05198" ? 2 : 1;
+    EXPECT_EQ(s["runs"].get<int>(), n) << s;
+    EXPECT_LE(s["mean_abs_error"].get<double>(), s["max_abs_error"].get<double>()) << s;
+  }
+  CliRun text = run("validation " + dir);
+  EXPECT_NE(text.out.find("By source"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("%  https://arxiv.org/abs/2104.04473"), std::string::npos) << text.out;
+}
+
 TEST(Cli, SimulateInfeasiblePlanExitsThreeAndWritesNoTrace) {
   std::string bad = kSmallPlan;
   bad.replace(bad.find(R"("tp": 2)"), 7, R"("tp": 3)");
@@ -247,6 +271,11 @@ TEST(Cli, CompareNamesAWinnerAndExplainsIt) {
   const size_t line_end = wide.out.find('\n', row);
   ASSERT_GT(line_end - row, column);
   EXPECT_EQ(wide.out.substr(row + column - 2, 2), " s") << wide.out;
+  // The per-phase table names it in full too.
+  const size_t phases = wide.out.find("Time by phase");
+  ASSERT_NE(phases, std::string::npos) << wide.out;
+  EXPECT_NE(wide.out.find(" fsdp_kept_gathered_until_backward", phases), std::string::npos)
+      << wide.out;
   CliRun no_plans = run("compare " + example("default.json"));
   EXPECT_EQ(no_plans.exit_code, 2);
   EXPECT_NE(no_plans.err.find("plans: missing required object"), std::string::npos);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <vector>
 
 #include "commands.h"
 #include "hetpar/core/format.h"
@@ -55,15 +56,19 @@ int run_compare(const CompareOptions& opts) {
   }
   fmt::print("\nTime by phase (stream time per rank)\n{:<16}", "phase");
   std::map<std::string, bool> phases;
+  std::vector<size_t> widths;  // a column is as wide as its plan's name, at least 12
   for (const auto& [name, m] : rows) {
-    fmt::print(" {:>12}", name.substr(0, 12));
+    widths.push_back(std::max<size_t>(12, name.size()));
+    fmt::print(" {:>{}}", name, widths.back());
     for (const auto& p : m.phases) phases[p.phase] = true;
   }
   fmt::print("\n");
   for (const auto& [phase, _] : phases) {
     fmt::print("{:<16}", phase);
-    for (const auto& [name, m] : rows)
-      fmt::print(" {:>12}", m.feasible ? to_string(phase_time(m, phase)) : "-");
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const auto& m = rows[i].second;
+      fmt::print(" {:>{}}", m.feasible ? to_string(phase_time(m, phase)) : "-", widths[i]);
+    }
     fmt::print("\n");
   }
   fmt::print("\nWinner: {} ({})\n", best->first, best->second.iteration_time);

@@ -67,6 +67,12 @@ int run_validation(const ValidationOptions& opts) {
     fmt::print(
         "(iteration time per run; each published figure converted to time under its "
         "source's FLOP convention, see docs/validation.md)\n");
+    fmt::print("\nBy source {:>5} {:>8} {:>8}\n", "runs", "mean", "max");
+    for (const planner::SourceSummary& s : planner::summarize_by_source(rows))
+      fmt::print("{:>15} {:>7.1f}% {:>7.1f}%  {}\n",
+                 s.predicted == s.runs ? fmt::format("{}", s.runs)
+                                       : fmt::format("{}/{}", s.predicted, s.runs),
+                 100 * s.mean_abs_error, 100 * s.max_abs_error, s.source);
   }
   bool missed = (opts.max_mean_error > 0 && mean > opts.max_mean_error) ||
                 (opts.max_error > 0 && worst > opts.max_error) ||

@@ -214,6 +214,7 @@ std::string validation_to_json(const std::vector<planner::RunComparison>& rows, 
   nlohmann::json runs = nlohmann::json::array();
   for (const auto& r : rows) {
     nlohmann::json row = {{"name", r.name},
+                          {"source", r.source},
                           {"gpus", r.gpus},
                           {"measured_iteration_time_s", r.measured.to_seconds()},
                           {"feasible", r.predicted.feasible}};
@@ -228,8 +229,17 @@ std::string validation_to_json(const std::vector<planner::RunComparison>& rows, 
     }
     runs.push_back(row);
   }
-  return nlohmann::json{
-      {"runs", runs}, {"mean_abs_error", mean_error}, {"max_abs_error", max_error}}
+  nlohmann::json sources = nlohmann::json::array();
+  for (const planner::SourceSummary& s : planner::summarize_by_source(rows))
+    sources.push_back({{"source", s.source},
+                       {"runs", s.runs},
+                       {"predicted", s.predicted},
+                       {"mean_abs_error", s.mean_abs_error},
+                       {"max_abs_error", s.max_abs_error}});
+  return nlohmann::json{{"runs", runs},
+                        {"sources", sources},
+                        {"mean_abs_error", mean_error},
+                        {"max_abs_error", max_error}}
       .dump(2);
 }
 

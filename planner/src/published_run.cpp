@@ -1,5 +1,7 @@
 #include "hetpar/planner/published_run.h"
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 
 #include "hetpar/core/check.h"
@@ -53,6 +55,7 @@ Time measured_iteration_time(const PublishedRun& run) {
 Result<RunComparison> compare(const PublishedRun& run) {
   RunComparison c;
   c.name = run.scenario.name;
+  c.source = run.measured.source.substr(0, run.measured.source.find(" ("));
   c.gpus = run.scenario.cluster.total_gpus();
   c.measured = measured_iteration_time(run);
   // The run really ran: its time is compared even when the memory model disagrees.
@@ -62,6 +65,23 @@ Result<RunComparison> compare(const PublishedRun& run) {
   HETPAR_ASSIGN_OR_RETURN(c.predicted, evaluate(run.scenario, *run.scenario.plan, o));
   if (c.predicted.feasible) c.error = c.predicted.iteration_time / c.measured - 1.0;
   return c;
+}
+
+std::vector<SourceSummary> summarize_by_source(const std::vector<RunComparison>& rows) {
+  std::vector<SourceSummary> out;
+  for (const RunComparison& r : rows) {
+    auto it = std::find_if(out.begin(), out.end(),
+                           [&](const SourceSummary& s) { return s.source == r.source; });
+    if (it == out.end()) it = out.insert(out.end(), SourceSummary{.source = r.source});
+    ++it->runs;
+    if (!r.predicted.feasible) continue;
+    ++it->predicted;
+    it->mean_abs_error += std::fabs(r.error);  // a sum until the end
+    it->max_abs_error = std::max(it->max_abs_error, std::fabs(r.error));
+  }
+  for (SourceSummary& s : out)
+    if (s.predicted) s.mean_abs_error /= s.predicted;
+  return out;
 }
 
 }  // namespace hetpar::planner

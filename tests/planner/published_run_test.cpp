@@ -67,5 +67,37 @@ TEST(PublishedRun, ShippedRunsLoad) {
   EXPECT_GE(n, 15);
 }
 
+// Runs group by source document; an unpredicted run counts as a run but not in the errors.
+TEST(PublishedRun, SummarizesBySource) {
+  auto row = [](std::string source, bool feasible, double error) {
+    RunComparison r;
+    r.source = std::move(source);
+    r.predicted.feasible = feasible;
+    r.error = error;
+    return r;
+  };
+  auto s = summarize_by_source(
+      {row("a", true, 0.10), row("b", true, -0.30), row("a", true, -0.20), row("a", false, 9.0)});
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_EQ(s[0].source, "a");
+  EXPECT_EQ(s[0].runs, 3);
+  EXPECT_EQ(s[0].predicted, 2);
+  EXPECT_NEAR(s[0].mean_abs_error, 0.15, 1e-12);
+  EXPECT_NEAR(s[0].max_abs_error, 0.20, 1e-12);
+  EXPECT_EQ(s[1].source, "b");
+  EXPECT_NEAR(s[1].mean_abs_error, 0.30, 1e-12);
+}
+
+// compare() names the source document without its rendered-page link.
+TEST(PublishedRun, ComparisonCarriesTheSourceDocument) {
+  auto run = load_published_run(std::string(HETPAR_SOURCE_DIR) +
+                                "/validation/runs/nemo-24.07-llama3-8b-8xh100-fp8.json");
+  ASSERT_TRUE(run.is_ok()) << run.status().to_string();
+  auto c = compare(*run);
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  EXPECT_EQ(c->source.find("https://github.com/NVIDIA/NeMo/blob/"), 0u) << c->source;
+  EXPECT_EQ(c->source.find("rendered"), std::string::npos) << c->source;
+}
+
 }  // namespace
 }  // namespace hetpar::planner

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "hetpar/core/status.h"
 #include "hetpar/core/units.h"
@@ -48,6 +49,7 @@ Time measured_iteration_time(const PublishedRun& run);
 
 struct RunComparison {
   std::string name;
+  std::string source;  // the measurement's source document (its URL, without the rendered link)
   int gpus = 0;
   Time measured;
   PlanMetrics predicted;  // predicted.feasible false: no prediction (reason inside)
@@ -56,5 +58,17 @@ struct RunComparison {
 };
 
 Result<RunComparison> compare(const PublishedRun& run);
+
+/// The error of one source document's runs (only the predicted ones count).
+struct SourceSummary {
+  std::string source;
+  int runs = 0;
+  int predicted = 0;
+  double mean_abs_error = 0;
+  double max_abs_error = 0;
+};
+
+/// One summary per distinct RunComparison::source, in order of first appearance.
+std::vector<SourceSummary> summarize_by_source(const std::vector<RunComparison>& rows);
 
 }  // namespace hetpar::planner
