@@ -338,7 +338,7 @@ class Builder {
     // Shorter sequences run slower: with two or more lengths measured, their rates relative
     // to the longest are the seq-scale curve (device_profile.h).
     if (by_seq.size() < 2) return;
-    std::vector<hardware::AttentionSeqPoint>& curve =
+    std::vector<hardware::CurvePoint>& curve =
         backward ? p.gpu.attention_bwd_seq_scale : p.gpu.attention_fwd_seq_scale;
     curve.clear();
     // A shorter length measured faster than the longest is noise (a slow window of a shared

@@ -68,9 +68,7 @@ void print_text(const planner::Scenario& s, const planner::Plan& p, const planne
 void print_ops(const planner::Scenario& s, const planner::Plan& p) {
   const models::ModelSpec& model = s.model;
   const size_t llm = model.llm_index();
-  models::ModuleInput in = planner::module_input(s, llm, p.layout.micro_batch);
-  in.flash_attention = p.layout.flash_attention;
-  const models::OpGraph g = models::build_op_graph(model.modules[llm].spec, in);
+  const models::OpGraph g = planner::module_graph(s, llm, p.layout);
   const hardware::DeviceProfile& dev = s.cluster.groups()[0].profile.gpu;
   fmt::print("\nOps of one rank, one micro-batch ({} module; layer 0 of {})\n",
              model.modules[llm].name, g.layers);

@@ -71,6 +71,25 @@ bool is_whole(double v) {
   return v == std::floor(v) && std::fabs(v) < 1e9;
 }
 
+// An efficiency curve, rows [size, factor] under r's `key`; `column` names the size in the
+// row shape, `sizes` in the message when one is not a positive integer.
+void read_curve(JsonReader& r, std::string_view key, std::string_view column,
+                std::string_view sizes, std::vector<CurvePoint>& out) {
+  for (const auto& row : read_rows(r, key, 2, fmt::format("[{}, factor]", column))) {
+    if (!is_whole(row[0]) || row[0] < 1) {
+      r.fail(key, fmt::format("{} must be positive integers, got {}", sizes, row[0]));
+      return;
+    }
+    out.push_back({static_cast<int64_t>(row[0]), row[1]});
+  }
+}
+
+nlohmann::json curve_json(const std::vector<CurvePoint>& curve) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const CurvePoint& pt : curve) rows.push_back({pt.at, pt.factor});
+  return rows;
+}
+
 void read_gpu(JsonReader r, DeviceProfile& g, JsonReader& parent) {
   g.model = r.required_string("model");
   g.sm_count = read_count(r, "sm_count");
@@ -143,13 +162,7 @@ void read_gpu(JsonReader r, DeviceProfile& g, JsonReader& parent) {
     }
   });
   per_precision("k_scale", [&g](JsonReader& ks, const std::string& key, Precision prec) {
-    for (const auto& row : read_rows(ks, key, 2, "[K, factor]")) {
-      if (!is_whole(row[0]) || row[0] < 1) {
-        ks.fail(key, fmt::format("K must be a positive integer, got {}", row[0]));
-        break;
-      }
-      g.gemm_k_scale[precision_index(prec)].push_back({static_cast<int64_t>(row[0]), row[1]});
-    }
+    read_curve(ks, key, "K", "K values", g.gemm_k_scale[precision_index(prec)]);
   });
   gemm.finish();
   r.merge(gemm.status());
@@ -157,18 +170,9 @@ void read_gpu(JsonReader r, DeviceProfile& g, JsonReader& parent) {
   JsonReader att = r.object("attention");
   g.attention_fwd_efficiency = att.required_double("fwd_efficiency");
   g.attention_bwd_efficiency = att.required_double("bwd_efficiency");
-  const auto read_seq_scale = [&att](std::string_view key, std::vector<AttentionSeqPoint>& out) {
-    if (!att.has(key)) return;
-    for (const auto& row : read_rows(att, key, 2, "[seq, factor]")) {
-      if (!is_whole(row[0]) || row[0] < 1) {
-        att.fail(key, fmt::format("sequence lengths must be positive integers, got {}", row[0]));
-        return;
-      }
-      out.push_back({static_cast<int64_t>(row[0]), row[1]});
-    }
-  };
-  read_seq_scale("fwd_seq_scale", g.attention_fwd_seq_scale);
-  read_seq_scale("bwd_seq_scale", g.attention_bwd_seq_scale);
+  for (const auto& [key, curve] : {std::pair{"fwd_seq_scale", &g.attention_fwd_seq_scale},
+                                   std::pair{"bwd_seq_scale", &g.attention_bwd_seq_scale}})
+    if (att.has(key)) read_curve(att, key, "seq", "sequence lengths", *curve);
   att.finish();
   r.merge(att.status());
 
@@ -307,25 +311,16 @@ nlohmann::json profile_to_json(const SystemProfile& p) {
     for (const GemmMeasurement& m : pts) rows.push_back({m.m, m.n, m.k, to_tflops(m.rate)});
     gemm["measured"][std::string(to_string(prec))] = rows;
   }
-  for (Precision prec : kAllPrecisions) {
-    const std::vector<CurvePoint>& curve = g.gemm_k_scale[precision_index(prec)];
-    if (curve.empty()) continue;
-    nlohmann::json rows = nlohmann::json::array();
-    for (const CurvePoint& pt : curve) rows.push_back({pt.at, pt.factor});
-    gemm["k_scale"][std::string(to_string(prec))] = rows;
-  }
+  for (Precision prec : kAllPrecisions)
+    if (const auto& curve = g.gemm_k_scale[precision_index(prec)]; !curve.empty())
+      gemm["k_scale"][std::string(to_string(prec))] = curve_json(curve);
 
   nlohmann::json attention = {{"fwd_efficiency", g.attention_fwd_efficiency},
                               {"bwd_efficiency", g.attention_bwd_efficiency}};
-  const auto seq_scale_rows = [](const std::vector<AttentionSeqPoint>& curve) {
-    nlohmann::json rows = nlohmann::json::array();
-    for (const CurvePoint& pt : curve) rows.push_back({pt.at, pt.factor});
-    return rows;
-  };
   if (!g.attention_fwd_seq_scale.empty())
-    attention["fwd_seq_scale"] = seq_scale_rows(g.attention_fwd_seq_scale);
+    attention["fwd_seq_scale"] = curve_json(g.attention_fwd_seq_scale);
   if (!g.attention_bwd_seq_scale.empty())
-    attention["bwd_seq_scale"] = seq_scale_rows(g.attention_bwd_seq_scale);
+    attention["bwd_seq_scale"] = curve_json(g.attention_bwd_seq_scale);
 
   nlohmann::json j = {
       {"name", p.name},

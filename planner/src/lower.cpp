@@ -435,6 +435,8 @@ class Lowering {
   // (its next compute waits for it), and its gradient reduce-scatter after its last task.
   void fsdp_gather(const PlacedBlock& pb, const std::vector<TaskId>& after);
   void fsdp_reduce(const PlacedBlock& pb);
+  // The block's parameters FSDP shards over the DP group: none with a group of one.
+  int64_t fsdp_sharded_params(const PlacedBlock& pb);
   // What a compute task of a block step runs (LowerOptions::kernels; invalid when off).
   // kDgrad / kStepWgrad: one step's dgrad / wgrad kernels; kWgrad: the whole block's wgrad.
   enum class Use : uint8_t {
@@ -656,9 +658,7 @@ void Lowering::build_costs() {
 
   std::vector<models::OpGraph> graphs;
   for (size_t i : order) {
-    models::ModuleInput in = module_input(s_, i, l_.micro_batch);
-    in.flash_attention = l_.flash_attention;
-    graphs.push_back(models::build_op_graph(model.modules[i].spec, in));
+    graphs.push_back(module_graph(s_, i, l_));
     out_.model_flops_per_iteration +=
         models::model_flops(graphs.back()) * static_cast<double>(m_ * l_.dp);
     module_names_.push_back(model.modules[i].name);
@@ -949,22 +949,27 @@ void Lowering::linear_backward(const PlacedBlock& pb, size_t s, const Labels& lb
   }
 }
 
+int64_t Lowering::fsdp_sharded_params(const PlacedBlock& pb) {
+  if (dp_groups_.locals.empty() || dp_groups_.locals[0].size() < 2) return 0;
+  return block(0, pb).dense_params;
+}
+
 void Lowering::fsdp_gather(const PlacedBlock& pb, const std::vector<TaskId>& after) {
-  const int64_t params = block(0, pb).dense_params;
-  if (params == 0 || dp_groups_.locals.empty() || dp_groups_.locals[0].size() < 2) return;
-  const int64_t weight_bytes = hardware::bytes_per_element(s_.workload.precision) == 4 ? 4 : 2;
+  const int64_t params = fsdp_sharded_params(pb);
+  if (params == 0) return;
   const sim::LabelId name =
       g_.label(fmt::format("{}fsdp all_gather params {} stage {}", role_.prefix, pb.name, stage_));
-  group_collectives(dp_groups_, CollectiveKind::kAllGather, Bytes(params * weight_bytes),
-                    kFsdpGather, {cat_dp_, name}, [&](int j, TaskId c) {
+  group_collectives(dp_groups_, CollectiveKind::kAllGather,
+                    Bytes(params * weight_bytes(s_.workload.precision)), kFsdpGather,
+                    {cat_dp_, name}, [&](int j, TaskId c) {
                       if (after[j].valid()) g_.add_dependency(after[j], c);
                       st_[j].gathered = c;
                     });
 }
 
 void Lowering::fsdp_reduce(const PlacedBlock& pb) {
-  const int64_t params = block(0, pb).dense_params;
-  if (params == 0 || dp_groups_.locals.empty() || dp_groups_.locals[0].size() < 2) return;
+  const int64_t params = fsdp_sharded_params(pb);
+  if (params == 0) return;
   const int64_t gb = o_.grad_bytes > 0 ? o_.grad_bytes : gradient_bytes(s_.workload.precision);
   const sim::LabelId name = g_.label(
       fmt::format("{}fsdp reduce_scatter grads {} stage {}", role_.prefix, pb.name, stage_));

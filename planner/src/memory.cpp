@@ -36,6 +36,10 @@ int gradient_bytes(hardware::Precision p) {
   return p == hardware::Precision::kFp16 ? 2 : 4;
 }
 
+int weight_bytes(hardware::Precision p) {
+  return p == hardware::Precision::kFp32 || p == hardware::Precision::kTf32 ? 4 : 2;
+}
+
 namespace {
 
 // What one rank of a stage accumulates, before the conversion to bytes.
@@ -148,9 +152,7 @@ class Estimator {
   void add_module(size_t i) {
     const models::ModuleSpec& spec = s_.model.modules[i].spec;
     const models::ModuleKind kind = models::kind_of(spec);
-    models::ModuleInput in = module_input(s_, i, l_.micro_batch);
-    in.flash_attention = l_.flash_attention;
-    const models::OpGraph g = models::build_op_graph(spec, in);
+    const models::OpGraph g = module_graph(s_, i, l_);
     const auto* llm = std::get_if<models::LlmSpec>(&spec);
     const double vocab_params =
         llm ? static_cast<double>(llm->vocab) * static_cast<double>(llm->block.hidden) : 0;
@@ -222,12 +224,12 @@ class Estimator {
   MemoryReport report() const {
     const bool fp32 = s_.workload.precision == hardware::Precision::kFp32 ||
                       s_.workload.precision == hardware::Precision::kTf32;
-    const double weight_bytes = fp32 ? 4 : 2, optimizer_bytes = fp32 ? 8 : 12;
+    const double param_bytes = weight_bytes(s_.workload.precision), optimizer_bytes = fp32 ? 8 : 12;
     const double grad_bytes = gradient_bytes(s_.workload.precision);
     MemoryReport r;
     for (const Tally& t : stages_) {
       MemoryBreakdown b;
-      b.weights = to_bytes(t.params * weight_bytes);
+      b.weights = to_bytes(t.params * param_bytes);
       b.gradients = to_bytes((t.params - t.frozen_params) * grad_bytes);
       if (l_.fsdp) {
         // This rank's shards, plus what is gathered: resharded after the forward, the
@@ -236,7 +238,7 @@ class Estimator {
         const double group = static_cast<double>(l_.dp) * l_.cp;
         const double gathered =
             l_.fsdp_reshard_after_forward ? std::min(2 * t.unit_params, t.params) : t.params;
-        b.weights = to_bytes((t.params / group + gathered) * weight_bytes);
+        b.weights = to_bytes((t.params / group + gathered) * param_bytes);
         b.gradients = to_bytes(((t.params - t.frozen_params) / group + t.unit_params) * grad_bytes);
       }
       b.optimizer_state = to_bytes(t.optimizer_params * optimizer_bytes);

@@ -75,6 +75,14 @@ std::vector<EncoderInfo> fed_encoders(const Scenario& s) {
 // exposes them (b_input keeps them).
 struct BlockTime {
   Time f, f_compute, b, b_input, tp_hidden;
+  BlockTime& add(const BlockTime& o, int64_t times = 1) {
+    f += o.f * times;
+    f_compute += o.f_compute * times;
+    b += o.b * times;
+    b_input += o.b_input * times;
+    tp_hidden += o.tp_hidden * times;
+    return *this;
+  }
 };
 
 struct ModuleTime {
@@ -145,9 +153,7 @@ class CostCache {
                                static_cast<int>(l.cp_comm), context_parallel, frozen);
     auto it = memo_.find(key);
     if (it != memo_.end()) return it->second;
-    models::ModuleInput in = module_input(s_, module, l.micro_batch);
-    in.flash_attention = l.flash_attention;
-    const models::OpGraph g = models::build_op_graph(s_.model.modules[module].spec, in);
+    const models::OpGraph g = module_graph(s_, module, l);
     ModuleTime best;
     bool first = true;
     for (const hardware::NodeGroup& group : s_.cluster.groups()) {
@@ -189,32 +195,14 @@ class CostCache {
 };
 
 BlockTime whole_module(const ModuleTime& m) {
-  BlockTime t;
-  auto add = [&t](const BlockTime& b, int64_t times) {
-    t.f += b.f * times;
-    t.f_compute += b.f_compute * times;
-    t.b += b.b * times;
-    t.b_input += b.b_input * times;
-    t.tp_hidden += b.tp_hidden * times;
-  };
-  add(m.pre, 1);
-  add(m.layer, m.layers);
-  add(m.post, 1);
-  return t;
+  return BlockTime().add(m.pre).add(m.layer, m.layers).add(m.post);
 }
 
 // An encoder and its projectors under `l`: one micro-batch of l.micro_batch samples.
 BlockTime encoder_time(CostCache& cache, const Scenario& s, const EncoderInfo& e, const Layout& l) {
   const bool frozen = s.workload.frozen_encoders;
   BlockTime t = whole_module(cache.get(e.index, l, false, frozen));
-  for (size_t p : e.projectors) {
-    BlockTime q = whole_module(cache.get(p, l, false, frozen));
-    t.f += q.f;
-    t.f_compute += q.f_compute;
-    t.b += q.b;
-    t.b_input += q.b_input;
-    t.tp_hidden += q.tp_hidden;
-  }
+  for (size_t p : e.projectors) t.add(whole_module(cache.get(p, l, false, frozen)));
   return t;
 }
 
@@ -356,13 +344,7 @@ Time compute_bound(CostCache& cache, const std::vector<EncoderInfo>& encoders, c
                    const Plan& p) {
   if (p.placement == Placement::kHomogeneous) {
     BlockTime extra;
-    for (const EncoderInfo& e : encoders) {
-      BlockTime t = encoder_time(cache, s, e, p.layout);
-      extra.f += t.f;
-      extra.b += t.b;
-      extra.b_input += t.b_input;
-      extra.tp_hidden += t.tp_hidden;
-    }
+    for (const EncoderInfo& e : encoders) extra.add(encoder_time(cache, s, e, p.layout));
     return llm_pipeline_bound(cache, s, p, extra);
   }
   const Time llm = llm_pipeline_bound(cache, s, p, {});

@@ -46,7 +46,6 @@ struct CurvePoint {
   double factor = 1.0;
   bool operator==(const CurvePoint&) const = default;
 };
-using AttentionSeqPoint = CurvePoint;
 
 /// One measured GEMM (batch 1, m x k times k x n) and the rate it ran at.
 struct GemmMeasurement {
@@ -84,8 +83,8 @@ struct DeviceProfile {
   /// efficiencies above, ascending in seq, interpolated linearly in log2(seq) and clamped
   /// at both ends. Short sequences run slower (causal tiles on the diagonal, pipeline
   /// prologue and epilogue per query block).
-  std::vector<AttentionSeqPoint> attention_fwd_seq_scale;
-  std::vector<AttentionSeqPoint> attention_bwd_seq_scale;
+  std::vector<CurvePoint> attention_fwd_seq_scale;
+  std::vector<CurvePoint> attention_bwd_seq_scale;
   /// Compute kernels take (1 + this) times as long while a collective of this GPU runs
   /// (NCCL's kernels occupy SMs and memory bandwidth); 0 = overlap is free.
   double collective_overlap_slowdown = 0;

@@ -104,6 +104,9 @@ MemoryReport estimate_memory(const Scenario& s, const Plan& p, const MemoryOptio
 /// all-reduce to be done in fp32"); fp16 training keeps the parameters' dtype (the flag
 /// defaults off), 2 bytes; fp32 / tf32 training 4.
 int gradient_bytes(hardware::Precision p);
+/// Bytes per element of the parameters a rank holds (and FSDP gathers): 2 (bf16 / fp16;
+/// fp8 training keeps bf16 weights), 4 for fp32 / tf32 training.
+int weight_bytes(hardware::Precision p);
 
 /// Micro-batches whose activations pipeline stage `stage` (0-based, of pp) holds at its
 /// peak, in units of the stage's whole activations for one micro-batch, with m micro-batches

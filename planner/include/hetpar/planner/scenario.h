@@ -118,4 +118,8 @@ int64_t modality_tokens_per_item(const models::ModelSpec& model, size_t encoder_
 /// batches of images (clips) per sample times micro_batch, projector tokens likewise.
 models::ModuleInput module_input(const Scenario& s, size_t index, int64_t micro_batch);
 
+/// The op graph of module `index` for one micro-batch of `l`: its size and attention kernel
+/// (Layout::flash_attention).
+models::OpGraph module_graph(const Scenario& s, size_t index, const Layout& l);
+
 }  // namespace hetpar::planner
