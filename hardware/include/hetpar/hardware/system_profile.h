@@ -21,9 +21,12 @@
 //                                            // from `hetpar calibrate` (device_profile.h)
 //                      "k_scale": {"bf16": [[K, factor], ...]}},  // optional: sustained
 //                                            // rate against K, a factor on eta_max
-//             "attention": {"fwd_efficiency": 0.6, "bwd_efficiency": 0.45}},
+//             "attention": {"fwd_efficiency": 0.6, "bwd_efficiency": 0.45,
 //                                           // FlashAttention benchmark rates (bwd counted
 //                                           // as 2.5x forward FLOPs, device_profile.h)
+//                           "fwd_seq_scale": [[seq, factor], ...],  // optional, and
+//                           "bwd_seq_scale": [[seq, factor], ...]}},  // the rates against
+//                                           // the key/value length per call
 //     "intra_node": {"fabric": "nvswitch|pcie|none",
 //                    "GBps": 450,            // per GPU, one direction
 //                    "latency_us": 0.6,      // GPU to GPU through the fabric
