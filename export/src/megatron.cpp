@@ -87,7 +87,7 @@ std::vector<Flag> training_flags(const Context& c) {
   std::vector<Flag> f = {{"--micro-batch-size", num(l.micro_batch)},
                          {"--global-batch-size", num(c.s.workload.global_batch)}};
   for (Flag& x : megatron_recompute_flags(l)) f.push_back(std::move(x));
-  if (l.distributed_optimizer || l.fsdp) f.push_back({"--use-distributed-optimizer", ""});
+  if (l.shards_optimizer_state()) f.push_back({"--use-distributed-optimizer", ""});
   // FSDP: Megatron-FSDP's ZeRO-3 strategy reshards after the forward; torch FSDP2 can keep
   // the gathered parameters until the backward.
   if (l.fsdp && l.fsdp_reshard_after_forward) {
@@ -99,7 +99,7 @@ std::vector<Flag> training_flags(const Context& c) {
   }
   if (l.overlap_grad_reduce) f.push_back({"--overlap-grad-reduce", ""});
   // The parameter all-gather exists only with the distributed optimizer (Megatron asserts).
-  if (l.overlap_param_gather && (l.distributed_optimizer || l.fsdp))
+  if (l.overlap_param_gather && l.shards_optimizer_state())
     f.push_back({"--overlap-param-gather", ""});
   for (Flag& x : precision_flags(c)) f.push_back(std::move(x));
   f.push_back({"--attention-backend", l.flash_attention ? "flash" : "unfused"});

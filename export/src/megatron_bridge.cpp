@@ -70,7 +70,7 @@ void add_training(std::vector<Setting>& s, const Context& c) {
   s.push_back({"train.micro_batch_size", num(l.micro_batch)});
   s.push_back({"train.global_batch_size", num(c.s.workload.global_batch)});
   s.push_back({"dataset.seq_length", num(c.s.workload.seq_len)});
-  s.push_back({"ddp.use_distributed_optimizer", yaml_bool(l.distributed_optimizer || l.fsdp)});
+  s.push_back({"ddp.use_distributed_optimizer", yaml_bool(l.shards_optimizer_state())});
   if (l.fsdp) {  // Megatron-FSDP, ZeRO-3 (write_megatron_bridge refuses FSDP without reshard)
     s.push_back({"dist.use_megatron_fsdp", "true"});
     s.push_back({"ddp.use_megatron_fsdp", "true"});
@@ -78,7 +78,7 @@ void add_training(std::vector<Setting>& s, const Context& c) {
   }
   s.push_back({"ddp.overlap_grad_reduce", yaml_bool(l.overlap_grad_reduce)});
   s.push_back({"ddp.overlap_param_gather",
-               yaml_bool(l.overlap_param_gather && (l.distributed_optimizer || l.fsdp))});
+               yaml_bool(l.overlap_param_gather && l.shards_optimizer_state())});
   // The recipe also sets model.pipeline_dtype, which MCore needs with PP > 1.
   // A recipe of megatron.bridge.training.mixed_precision by name; FP8 keeps bf16 outside the
   // Linear GEMMs, scaled as the plan's fp8_recipe says.

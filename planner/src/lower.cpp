@@ -1282,7 +1282,7 @@ void Lowering::gradients_and_optimizer() {
       dense += block(0, pb).dense_params;
       expert += block(0, pb).expert_params;
     }
-  const int64_t params = dist || l_.fsdp ? dense / cpdp + expert / edp : dense + expert;
+  const int64_t params = l_.shards_optimizer_state() ? dense / cpdp + expert / edp : dense + expert;
   const sim::LabelId opt_name = g_.label(fmt::format("{}optimizer stage {}", role_.prefix, stage_));
   std::vector<TaskId> opt(n);
   sim::KernelListId opt_kernels;

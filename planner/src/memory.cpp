@@ -269,8 +269,7 @@ class Estimator {
       stages_[stage].frozen_params += params;
       return;
     }
-    stages_[stage].optimizer_params +=
-        l_.distributed_optimizer || l_.fsdp ? params / group : params;
+    stages_[stage].optimizer_params += l_.shards_optimizer_state() ? params / group : params;
   }
 
   const Scenario& s_;

@@ -63,6 +63,8 @@ struct Layout {
   /// gathers them again (FSDP2's default, ZeRO-3). Off: they stay gathered until the
   /// block's backward (FSDP's SHARD_GRAD_OP, ZeRO-2 style; Meta's Llama 3 FSDP).
   bool fsdp_reshard_after_forward = true;
+  /// The optimizer state is sharded over dp x cp: the distributed optimizer or FSDP.
+  bool shards_optimizer_state() const { return distributed_optimizer || fsdp; }
   bool overlap_grad_reduce = true;   // DP gradient reduction overlapped with backward
   bool overlap_param_gather = true;  // distributed optimizer all-gather overlapped with forward
   /// Fused flash attention (default). Off: attention as batched GEMMs with the s x s
