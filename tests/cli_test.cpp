@@ -509,6 +509,8 @@ const std::vector<std::string>& bad_texts() {
       R"([1, 2, 3])",
       R"({"model": "llama-3.1-8b", )" + kWorkload + ", " + kCluster +
           R"(, "plan": {"micro_batch": 1, "dp": 8, "fp8_recipe": "current"}})",
+      R"({"model": "llama-3.1-8b", )" + kWorkload + ", " + kCluster +
+          R"(, "plan": {"micro_batch": 1, "dp": 8, "grad_reduce_dtype": "bfloat16"}})",
   };
   return texts;
 }
@@ -539,7 +541,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadScenario{"tokens_not_square", bad_texts()[14].c_str(), "workload.tokens_per_image: 500"},
         BadScenario{"not_an_object", bad_texts()[15].c_str(), "expected an object"},
         BadScenario{"unknown_fp8_recipe", bad_texts()[16].c_str(),
-                    "plan.fp8_recipe: unknown value \"current\""}),
+                    "plan.fp8_recipe: unknown value \"current\""},
+        BadScenario{"unknown_grad_reduce_dtype", bad_texts()[17].c_str(),
+                    "plan.grad_reduce_dtype: unknown value \"bfloat16\""}),
     [](const ::testing::TestParamInfo<BadScenario>& info) { return std::string(info.param.name); });
 
 }  // namespace

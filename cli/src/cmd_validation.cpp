@@ -59,8 +59,9 @@ int run_validation(const ValidationOptions& opts) {
                  r.predicted.iteration_time, 100 * r.error, 100 * r.predicted.mfu,
                  r.predicted.memory.fits()
                      ? ""
-                     : fmt::format("(memory model: {} > {})", r.predicted.memory.peak,
-                                   r.predicted.memory.capacity));
+                     : fmt::format("(memory model: {} > {} by {})", r.predicted.memory.peak,
+                                   r.predicted.memory.capacity,
+                                   r.predicted.memory.peak - r.predicted.memory.capacity));
     }
     fmt::print("\n{} runs, {} predicted: mean |error| {:.1f}%, max |error| {:.1f}%\n", rows.size(),
                predicted, 100 * mean, 100 * worst);

@@ -75,6 +75,13 @@ Result<std::vector<ExportFile>> write_deepspeed(const Context& c) {
     j["bf16"] = {{"enabled", true}};
   else
     j["fp16"] = {{"enabled", true}};
+  // The gradient buffer and its reduction, spelled out: DeepSpeed's defaults differ by ZeRO
+  // stage and precision.
+  const char* grads = c.fp32_gradients()                                     ? "fp32"
+                      : c.s.workload.precision == hardware::Precision::kBf16 ? "bf16"
+                                                                             : "fp16";
+  j["communication_data_type"] = grads;
+  j["data_types"] = {{"grad_accum_dtype", grads}};
   j["zero_optimization"] = {{"stage", l.fsdp ? 3 : l.distributed_optimizer ? 1 : 0}};
   if (l.tp > 1) j["tensor_parallel"] = {{"autotp_size", l.tp}};
   if (l.ep > 1) j["expert_parallel"] = {{"enabled", true}, {"autoep_size", l.ep}};

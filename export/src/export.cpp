@@ -8,6 +8,7 @@
 #include <variant>
 
 #include "hetpar/planner/lower.h"
+#include "hetpar/planner/memory.h"
 #include "writer.h"
 
 namespace hetpar::exporter {
@@ -95,6 +96,10 @@ Result<std::vector<ExportFile>> export_plan(const planner::Scenario& s, const pl
 
 namespace detail {
 
+bool Context::fp32_gradients() const {
+  return planner::gradient_bytes(s.workload.precision, layout().grad_reduce_dtype) == 4;
+}
+
 Status Refusals::status(Target t) const {
   std::string msg = fmt::format("{} cannot express this plan: ", to_string(t));
   for (size_t i = 0; i < why_.size(); ++i) msg += (i ? "; " : "") + why_[i];
@@ -171,10 +176,12 @@ void refuse_mimo_ddp_mismatch(const Context& c, const planner::ModulePlan& m,
   if (c.s.workload.frozen_encoders) return;  // no encoder gradients, no encoder optimizer
   if (e.distributed_optimizer == l.distributed_optimizer &&
       e.overlap_grad_reduce == l.overlap_grad_reduce &&
+      e.grad_reduce_dtype == l.grad_reduce_dtype &&
       (!l.distributed_optimizer || e.overlap_param_gather == l.overlap_param_gather))
     return;
   r.add(
-      fmt::format("encoder {} with other distributed-optimizer / overlap settings than the LLM: {}",
+      fmt::format("encoder {} with other distributed-optimizer / overlap / gradient-dtype settings "
+                  "than the LLM: {}",
                   m.module, where));
 }
 
@@ -186,6 +193,8 @@ std::string layout_summary(const planner::Layout& l) {
   if (l.ep > 1) out += fmt::format(" ep {}", l.ep);
   out += fmt::format(", micro-batch {}, recompute {}, distributed optimizer {}", l.micro_batch,
                      planner::to_string(l.recompute), l.distributed_optimizer ? "on" : "off");
+  if (l.grad_reduce_dtype != planner::GradReduceDtype::kDefault)
+    out += fmt::format(", {} gradients", planner::to_string(l.grad_reduce_dtype));
   return out;
 }
 

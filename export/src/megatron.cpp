@@ -102,6 +102,11 @@ std::vector<Flag> training_flags(const Context& c) {
   if (l.overlap_param_gather && l.shards_optimizer_state())
     f.push_back({"--overlap-param-gather", ""});
   for (Flag& x : precision_flags(c)) f.push_back(std::move(x));
+  // The gradient buffer where it departs from Megatron's default for the precision (fp32
+  // under bf16 / fp8, fp16 under fp16: arguments.py).
+  const bool fp16 = c.s.workload.precision == hardware::Precision::kFp16;
+  if (!c.fp32_gradients() && !fp16) f.push_back({"--grad-reduce-in-bf16", ""});
+  if (c.fp32_gradients() && fp16) f.push_back({"--accumulate-allreduce-grads-in-fp32", ""});
   f.push_back({"--attention-backend", l.flash_attention ? "flash" : "unfused"});
   return f;
 }

@@ -166,6 +166,17 @@ Result<std::vector<ExportFile>> write_megatron_bridge(const Context& c) {
     r.add(
         "fsdp without resharding after the forward: Megatron-FSDP's optim_grads_params "
         "strategy gathers the parameters again for the backward");
+  // Every named recipe reduces gradients in fp32 with 16-bit weights of bf16, in fp16 with
+  // fp16 weights; MixedPrecisionConfig.setup() copies the recipe's grad_reduce_in_fp32 over
+  // ddp.grad_reduce_in_fp32, and an override naming a recipe cannot also set its fields.
+  const bool fp16 = c.s.workload.precision == hardware::Precision::kFp16;
+  if (c.fp32_gradients() == fp16)
+    r.add(fmt::format(
+        "grad_reduce_dtype {}: the YAML names a mixed-precision recipe, whose "
+        "grad_reduce_in_fp32 ({}) Megatron-Bridge copies over ddp.grad_reduce_in_fp32; set "
+        "cfg.mixed_precision.grad_reduce_in_fp32 = {} in a Python recipe, as its performance "
+        "scripts do",
+        planner::to_string(l.grad_reduce_dtype), fp16 ? "false" : "true", fp16 ? "True" : "False"));
   if (!r.empty()) return r.status(c.target);
 
   std::string text = header(c);

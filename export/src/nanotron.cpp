@@ -91,6 +91,7 @@ Result<std::vector<ExportFile>> write_nanotron(const Context& c) {
       {"tokens.batch_accumulation_per_replica", num(c.micro_batches)},
       {"tokens.train_steps", "100"},
       {"optimizer.zero_stage", l.distributed_optimizer ? "1" : "0"},
+      {"optimizer.accumulate_grad_in_fp32", yaml_bool(c.fp32_gradients())},
   };
   std::string yaml = header(c);
   yaml += fmt::format(

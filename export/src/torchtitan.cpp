@@ -107,6 +107,8 @@ Result<std::vector<ExportFile>> write_torchtitan(const Context& c) {
       {"--training.num_tokens_per_train_step", num(c.s.workload.global_batch * seq)},
       {"--training.mixed_precision_param",
        c.s.workload.precision == hardware::Precision::kBf16 ? "bfloat16" : "float32"},
+      // FSDP's reduce-scatter dtype, the plan's gradient buffer.
+      {"--training.mixed_precision_reduce", c.fp32_gradients() ? "float32" : "bfloat16"},
   };
   // Trainer.Config raises without it when PP > 1.
   if (l.pp > 1) training.push_back({"--training.disable_cuda_graphs", "True"});

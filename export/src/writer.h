@@ -32,6 +32,10 @@ struct Context {
   bool multimodal() const { return !encoders.empty(); }
   bool heterogeneous() const { return p.placement != planner::Placement::kHomogeneous; }
   const planner::Layout& layout() const { return p.layout; }
+  /// The LLM's gradient buffer, and its data-parallel reduction, is fp32 (planner
+  /// gradient_bytes(): the plan's grad_reduce_dtype, else the trainers' default for the
+  /// precision); otherwise it has the weights' 16-bit dtype.
+  bool fp32_gradients() const;
   std::string_view target_name() const { return to_string(target); }
 };
 

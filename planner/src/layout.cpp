@@ -38,6 +38,20 @@ std::string_view to_string(Fp8Recipe r) {
   return "?";
 }
 
+std::string_view to_string(GradReduceDtype d) {
+  switch (d) {
+    case GradReduceDtype::kDefault:
+      return "default";
+    case GradReduceDtype::kFp32:
+      return "fp32";
+    case GradReduceDtype::kBf16:
+      return "bf16";
+    case GradReduceDtype::kFp16:
+      return "fp16";
+  }
+  return "?";
+}
+
 std::string_view to_string(CpComm c) {
   switch (c) {
     case CpComm::kP2P:

@@ -149,6 +149,24 @@ std::string heterogeneous_infeasibility(const Scenario& s, const Plan& p) {
   return {};
 }
 
+// The gradient buffer's dtype against the training precision: Megatron keeps a 16-bit
+// buffer in the weights' dtype (bf16 for bf16 / fp8 training, fp16 for fp16), and fp32
+// training has fp32 gradients.
+std::string grad_reduce_dtype_infeasibility(const Layout& l, hardware::Precision p) {
+  const GradReduceDtype d = l.grad_reduce_dtype;
+  const bool fp32 = p == hardware::Precision::kFp32 || p == hardware::Precision::kTf32;
+  const bool bf16 = p == hardware::Precision::kBf16 || p == hardware::Precision::kFp8;
+  if ((d == GradReduceDtype::kBf16 && !bf16) || (d == GradReduceDtype::kFp16 && (fp32 || bf16)))
+    return fmt::format(
+        "grad_reduce_dtype {} with workload precision {}: a 16-bit gradient buffer has the "
+        "weights' dtype ({})",
+        to_string(d), hardware::to_string(p),
+        fp32   ? "fp32 here"
+        : bf16 ? "bf16"
+               : "fp16");
+  return {};
+}
+
 }  // namespace
 
 std::string infeasibility(const Scenario& s, const Plan& p) {
@@ -209,6 +227,8 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
   if (l.fp8_recipe != Fp8Recipe::kDelayed && s.workload.precision != hardware::Precision::kFp8)
     return fmt::format("fp8_recipe {} needs workload precision fp8, not {}",
                        to_string(l.fp8_recipe), hardware::to_string(s.workload.precision));
+  if (std::string why = grad_reduce_dtype_infeasibility(l, s.workload.precision); !why.empty())
+    return why;
   if (l.cp_comm != CpComm::kP2P && l.cp == 1)
     return fmt::format("cp_comm {} needs cp > 1", to_string(l.cp_comm));
   if (l.fsdp && l.ep > 1)
@@ -970,7 +990,7 @@ void Lowering::fsdp_gather(const PlacedBlock& pb, const std::vector<TaskId>& aft
 void Lowering::fsdp_reduce(const PlacedBlock& pb) {
   const int64_t params = fsdp_sharded_params(pb);
   if (params == 0) return;
-  const int64_t gb = o_.grad_bytes > 0 ? o_.grad_bytes : gradient_bytes(s_.workload.precision);
+  const int64_t gb = gradient_bytes(s_.workload.precision, l_.grad_reduce_dtype);
   const sim::LabelId name = g_.label(
       fmt::format("{}fsdp reduce_scatter grads {} stage {}", role_.prefix, pb.name, stage_));
   group_collectives(dp_groups_, CollectiveKind::kReduceScatter, Bytes(params * gb), kDpStream,
@@ -1269,7 +1289,7 @@ void Lowering::gradients_and_optimizer() {
       ready[j] = l_.overlap_grad_reduce ? last_grad_[bk.chunk][bk.first][j]
                                         : spans_[stage_].back()[slot_[j]].last;
     const int64_t dense = bk.dense + (experts_apart ? 0 : bk.expert);
-    const int64_t gb = o_.grad_bytes > 0 ? o_.grad_bytes : gradient_bytes(s_.workload.precision);
+    const int64_t gb = gradient_bytes(s_.workload.precision, l_.grad_reduce_dtype);
     reduce_over(Bytes(dense * gb), bk, ready, reduce, "grads", dp_groups_);
     if (experts_apart)
       reduce_over(Bytes(bk.expert * gb), bk, ready, reduce, "expert grads", edp_groups_);

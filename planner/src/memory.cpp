@@ -32,8 +32,17 @@ double in_flight_micro_batches(Schedule sch, int stage, int pp, int vpp, int64_t
   return 0;
 }
 
-int gradient_bytes(hardware::Precision p) {
-  return p == hardware::Precision::kFp16 ? 2 : 4;
+int gradient_bytes(hardware::Precision p, GradReduceDtype d) {
+  switch (d) {
+    case GradReduceDtype::kDefault:
+      return p == hardware::Precision::kFp16 ? 2 : 4;
+    case GradReduceDtype::kFp32:
+      return 4;
+    case GradReduceDtype::kBf16:
+    case GradReduceDtype::kFp16:
+      return 2;
+  }
+  return 4;
 }
 
 int weight_bytes(hardware::Precision p) {
@@ -225,7 +234,7 @@ class Estimator {
     const bool fp32 = s_.workload.precision == hardware::Precision::kFp32 ||
                       s_.workload.precision == hardware::Precision::kTf32;
     const double param_bytes = weight_bytes(s_.workload.precision), optimizer_bytes = fp32 ? 8 : 12;
-    const double grad_bytes = gradient_bytes(s_.workload.precision);
+    const double grad_bytes = gradient_bytes(s_.workload.precision, l_.grad_reduce_dtype);
     MemoryReport r;
     for (const Tally& t : stages_) {
       MemoryBreakdown b;

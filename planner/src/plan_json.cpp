@@ -37,6 +37,13 @@ std::optional<CpComm> parse_cp_comm(std::string_view s) {
   return std::nullopt;
 }
 
+std::optional<GradReduceDtype> parse_grad_reduce_dtype(std::string_view s) {
+  for (GradReduceDtype d : {GradReduceDtype::kDefault, GradReduceDtype::kFp32,
+                            GradReduceDtype::kBf16, GradReduceDtype::kFp16})
+    if (to_string(d) == s) return d;
+  return std::nullopt;
+}
+
 namespace {
 
 constexpr int64_t kMaxDegree = 1 << 20;
@@ -64,6 +71,8 @@ Layout parse_layout(JsonReader& r) {
   l.tp_backward_overlap = r.optional_bool("tp_backward_overlap", true);
   l.fp8_recipe =
       *parse_fp8_recipe(r.optional_enum("fp8_recipe", "delayed", {"delayed", "tensorwise"}));
+  l.grad_reduce_dtype = *parse_grad_reduce_dtype(
+      r.optional_enum("grad_reduce_dtype", "default", {"default", "fp32", "bf16", "fp16"}));
   l.first_stage_layers = static_cast<int>(r.optional_int("first_stage_layers", 0, 0, kMaxDegree));
   l.last_stage_layers = static_cast<int>(r.optional_int("last_stage_layers", 0, 0, kMaxDegree));
   l.account_for_embedding = r.optional_bool("account_for_embedding", false);
@@ -92,6 +101,8 @@ nlohmann::json layout_to_json(const Layout& l) {
   if (l.account_for_loss) j["account_for_loss"] = true;
   if (l.fp8_recipe != Fp8Recipe::kDelayed) j["fp8_recipe"] = to_string(l.fp8_recipe);
   if (l.cp_comm != CpComm::kP2P) j["cp_comm"] = to_string(l.cp_comm);
+  if (l.grad_reduce_dtype != GradReduceDtype::kDefault)
+    j["grad_reduce_dtype"] = to_string(l.grad_reduce_dtype);
   if (!l.tp_backward_overlap) j["tp_backward_overlap"] = false;
   if (l.fsdp) {
     j["fsdp"] = true;

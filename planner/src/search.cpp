@@ -293,7 +293,7 @@ Time dp_floor(CostCache& cache, const Scenario& s, const Plan& p) {
     most = std::max(most, params);
   }
   const double bytes = static_cast<double>(gpn) * static_cast<double>(most) *
-                       gradient_bytes(s.workload.precision) / (l.dp * l.cp);
+                       gradient_bytes(s.workload.precision, l.grad_reduce_dtype) / (l.dp * l.cp);
   return Time::seconds(std::max(bytes / rate.in, bytes * (k - 1) / rate.out));
 }
 
@@ -415,7 +415,8 @@ std::vector<int> layout_key(const Layout& l) {
                           l.flash_attention,
                           l.tp_backward_overlap,
                           static_cast<int>(l.fp8_recipe),
-                          static_cast<int>(l.cp_comm)};
+                          static_cast<int>(l.cp_comm),
+                          static_cast<int>(l.grad_reduce_dtype)};
 }
 
 // The LLM side of a plan: placement, the LLM's layout, schedule and first rank.
@@ -786,6 +787,7 @@ class Searcher {
           l.dp = dp;
           l.sequence_parallel = fx.sequence_parallel.value_or(tp > 1);
           l.fp8_recipe = fx.fp8_recipe.value_or(Fp8Recipe::kDelayed);
+          l.grad_reduce_dtype = fx.grad_reduce_dtype.value_or(GradReduceDtype::kDefault);
           const bool even = layers_ % pp == 0;
           if (!even) uneven_split(pp, l);
           std::vector<int> eps{1};
@@ -933,6 +935,7 @@ class Searcher {
             mp.layout.sequence_parallel = fx.sequence_parallel.value_or(false);
             mp.layout.distributed_optimizer = dopt;
             mp.layout.fp8_recipe = fx.fp8_recipe.value_or(llm.fp8_recipe);
+            mp.layout.grad_reduce_dtype = fx.grad_reduce_dtype.value_or(llm.grad_reduce_dtype);
             x.plan.modules.push_back(mp);
             x.distopt_variants *= dv;
             add_encoders(x, k + 1, gpus_of, out);

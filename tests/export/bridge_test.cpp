@@ -144,6 +144,13 @@ TEST(ExportMegatronBridge, Fp8NamesItsScalingRecipe) {
   EXPECT_EQ(bridge(s, p).at("mixed_precision"), "\"bf16_with_fp8_delayed_scaling_mixed\"");
   p.layout.fp8_recipe = planner::Fp8Recipe::kTensorwise;
   EXPECT_EQ(bridge(s, p).at("mixed_precision"), "\"bf16_with_fp8_current_scaling_mixed\"");
+  // bf16 gradients: the recipe's grad_reduce_in_fp32 wins over ddp's, and a YAML naming the
+  // recipe cannot set it.
+  p.layout.grad_reduce_dtype = planner::GradReduceDtype::kBf16;
+  EXPECT_NE(refusal(s, p, Target::kMegatronBridge).find("grad_reduce_dtype bf16"),
+            std::string::npos);
+  p.layout.grad_reduce_dtype = planner::GradReduceDtype::kFp32;  // the recipe's own
+  EXPECT_EQ(bridge(s, p).at("mixed_precision"), "\"bf16_with_fp8_current_scaling_mixed\"");
 }
 
 }  // namespace

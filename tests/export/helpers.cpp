@@ -25,6 +25,11 @@ planner::Scenario scenario(const std::string& model, int nodes, int64_t seq, int
   return *s;
 }
 
+planner::Plan with_grads(planner::Plan p, planner::GradReduceDtype d) {
+  p.layout.grad_reduce_dtype = d;
+  return p;
+}
+
 planner::Layout layout(int tp, int pp, int dp, int mb) {
   planner::Layout l;
   l.tp = tp;

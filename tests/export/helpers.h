@@ -20,6 +20,8 @@ planner::Scenario scenario(const std::string& model, int nodes, int64_t seq, int
                            int64_t images = 0, const std::string& precision = "bf16",
                            const std::string& profile = "dgx-h100", bool frozen = false);
 planner::Layout layout(int tp, int pp, int dp, int mb = 1);
+/// `p` with the LLM's gradient buffer in `d`.
+planner::Plan with_grads(planner::Plan p, planner::GradReduceDtype d);
 /// The first encoder module's name.
 std::string encoder_name(const planner::Scenario& s);
 

@@ -140,8 +140,21 @@ TEST(ExportMegatron, MixtureOfExpertsAndPrecisions) {
   current.layout.fp8_recipe = planner::Fp8Recipe::kTensorwise;
   EXPECT_EQ(all_flags(exported(s, current, Target::kMegatron).at("launch.sh")).at("--fp8-recipe"),
             "tensorwise");
+  // The gradient buffer: flags only where it departs from Megatron's default.
+  EXPECT_EQ(
+      all_flags(exported(s, p, Target::kMegatron).at("launch.sh")).count("--grad-reduce-in-bf16"),
+      0u);
+  EXPECT_EQ(all_flags(exported(s, with_grads(p, planner::GradReduceDtype::kBf16), Target::kMegatron)
+                          .at("launch.sh"))
+                .count("--grad-reduce-in-bf16"),
+            1u);
   s.workload.precision = hardware::Precision::kFp16;
   EXPECT_EQ(all_flags(exported(s, p, Target::kMegatron).at("launch.sh")).count("--fp16"), 1u);
+  const auto fp16 =
+      all_flags(exported(s, with_grads(p, planner::GradReduceDtype::kFp32), Target::kMegatron)
+                    .at("launch.sh"));
+  EXPECT_EQ(fp16.count("--accumulate-allreduce-grads-in-fp32"), 1u);
+  EXPECT_EQ(fp16.count("--grad-reduce-in-bf16"), 0u);
   s.workload.precision = hardware::Precision::kTf32;
   EXPECT_NE(refusal(s, p, Target::kMegatron).find("precision tf32"), std::string::npos);
 }

@@ -31,6 +31,11 @@ TEST(ExportTorchtitan, PureDataParallelismInTokens) {
   EXPECT_EQ(f.at("--training.num_tokens_per_microbatch_per_dp_rank"), "16384");  // 2 x 8192
   EXPECT_EQ(f.at("--training.num_tokens_per_train_step"), std::to_string(512 * 8192));
   EXPECT_EQ(f.at("--training.mixed_precision_param"), "bfloat16");
+  EXPECT_EQ(f.at("--training.mixed_precision_reduce"), "float32");
+  const Plan half = with_grads(p, planner::GradReduceDtype::kBf16);
+  EXPECT_EQ(all_flags(exported(s, half, Target::kTorchtitan).at("launch.sh"))
+                .at("--training.mixed_precision_reduce"),
+            "bfloat16");
   // Tokens per step / (tokens per micro-batch x dp) = the plan's micro-batches.
   EXPECT_EQ(512 * 8192 / (16384 * 32), planner::num_micro_batches(p.layout, 512));
 }
@@ -97,6 +102,12 @@ TEST(ExportDeepspeed, ConfigHoldsTheBatchIdentityAndZeroStage) {
   EXPECT_EQ(j["tensor_parallel"]["autotp_size"], 4);
   EXPECT_EQ(j["pipeline"]["activation_checkpoint_interval"], 1);
   EXPECT_EQ(j["bf16"]["enabled"], true);
+  EXPECT_EQ(j["communication_data_type"], "fp32");  // bf16 training's default: fp32 gradients
+  EXPECT_EQ(j["data_types"]["grad_accum_dtype"], "fp32");
+  const Plan half = with_grads(p, planner::GradReduceDtype::kBf16);
+  auto h = nlohmann::json::parse(exported(s, half, Target::kDeepspeed).at("ds_config.json"));
+  EXPECT_EQ(h["communication_data_type"], "bf16");
+  EXPECT_EQ(h["data_types"]["grad_accum_dtype"], "bf16");
   EXPECT_NE(files.at("launch.sh").find("num_stages=2"), std::string::npos);
   EXPECT_NE(files.at("launch.sh").find("deepspeed --num_nodes 4 --num_gpus 8"), std::string::npos);
 }
@@ -140,6 +151,11 @@ TEST(ExportNanotron, SectionsMatchThePlan) {
   EXPECT_EQ(y.at("tokens.batch_accumulation_per_replica"), "64");  // 2 x 64 x 4 = 512
   EXPECT_EQ(y.at("model.model_config.num_key_value_heads"), "8");
   EXPECT_EQ(y.at("model.dtype"), "\"bfloat16\"");
+  EXPECT_EQ(y.at("optimizer.accumulate_grad_in_fp32"), "true");
+  const Plan half = with_grads(p, planner::GradReduceDtype::kBf16);
+  EXPECT_EQ(yaml_settings(exported(s, half, Target::kNanotron).at("nanotron.yaml"))
+                .at("optimizer.accumulate_grad_in_fp32"),
+            "false");
   EXPECT_NE(files.at("launch.sh").find("run_train.py --config-file"), std::string::npos);
 }
 

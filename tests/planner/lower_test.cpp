@@ -287,12 +287,16 @@ TEST(Lower, AllGatherContextParallelGathersAndReduceScatters) {
   EXPECT_EQ(infeasibility(s, one), "cp_comm all_gather needs cp > 1");
 }
 
-// One reduction per bucket per iteration, carrying every local gradient once.
+// One reduction per bucket per iteration, carrying every local gradient once: 4 bytes
+// each, 2 with bf16 gradients (grad_reduce_dtype).
 TEST(Lower, DataParallelReducesEachBucketOnce) {
   Scenario s = make(8, 16, 2);
-  for (bool dist : {false, true}) {
+  for (int variant = 0; variant < 3; ++variant) {
+    const bool dist = variant > 0;
+    const bool bf16 = variant == 2;
     Plan p = plan(2, 2, 4);
     p.layout.distributed_optimizer = dist;
+    if (bf16) p.layout.grad_reduce_dtype = GradReduceDtype::kBf16;
     LowerOptions o;
     o.bucket_params = 20'000'000;  // ~1.5 layers of 12.6M / tp 2
     o.full_ranks = true;           // every TP rank's reduction is a task
@@ -311,11 +315,11 @@ TEST(Lower, DataParallelReducesEachBucketOnce) {
       reduced += task.bytes;
     }
     for (auto& [name, n] : names) EXPECT_EQ(n, 2) << name;  // once per TP rank
-    // Every parameter's fp32 gradient once over the tp x pp shards (norms, replicated over
+    // Every parameter's gradient once over the tp x pp shards (norms, replicated over
     // tp, are a rounding error).
     EXPECT_GT(names.size(), 2u);
     const double params = static_cast<double>(models::count_params(s.model).total);
-    EXPECT_NEAR(reduced.as_double() / 4, params, 0.002 * params);
+    EXPECT_NEAR(reduced.as_double() / (bf16 ? 2 : 4), params, 0.002 * params) << variant;
   }
 }
 
@@ -432,6 +436,13 @@ TEST(Lower, InfeasiblePlansSayWhy) {
   Plan current = plan(2, 2, 2);
   current.layout.fp8_recipe = Fp8Recipe::kTensorwise;
   EXPECT_EQ(why(current), "fp8_recipe tensorwise needs workload precision fp8, not bf16");
+  Plan fp16_grads = plan(2, 2, 2);
+  fp16_grads.layout.grad_reduce_dtype = GradReduceDtype::kFp16;
+  EXPECT_EQ(why(fp16_grads),
+            "grad_reduce_dtype fp16 with workload precision bf16: a 16-bit gradient buffer has "
+            "the weights' dtype (bf16)");
+  fp16_grads.layout.grad_reduce_dtype = GradReduceDtype::kBf16;
+  EXPECT_EQ(why(fp16_grads), "");
   EXPECT_EQ(why(plan(1, 2, 4, Schedule::kInterleaved, 1)),
             "the interleaved schedule needs vpp > 1");
   EXPECT_EQ(why(plan(1, 2, 4, Schedule::k1F1B, 2)), "vpp 2 needs the interleaved schedule");

@@ -209,6 +209,24 @@ TEST(MemoryModelState, Fp16TrainingKeepsFp16Gradients) {
   EXPECT_NEAR((b.weights + b.gradients + b.optimizer_state) / b.weights * 2, 16, 1e-9);
 }
 
+// A layout's grad_reduce_dtype names the buffer's dtype: bf16 gradients (Megatron-LM
+// --grad-reduce-in-bf16, Megatron-Bridge grad_reduce_in_fp32 false) take 2 bytes a
+// parameter, 16 in all; fp32 under fp16 training (--accumulate-allreduce-grads-in-fp32) 4.
+TEST(MemoryModelState, GradReduceDtypeSetsTheGradientBuffer) {
+  EXPECT_EQ(gradient_bytes(hardware::Precision::kBf16, GradReduceDtype::kBf16), 2);
+  EXPECT_EQ(gradient_bytes(hardware::Precision::kFp8, GradReduceDtype::kBf16), 2);
+  EXPECT_EQ(gradient_bytes(hardware::Precision::kFp16, GradReduceDtype::kFp32), 4);
+  EXPECT_EQ(gradient_bytes(hardware::Precision::kBf16, GradReduceDtype::kFp32), 4);
+  Scenario s = scenario(R"("llama-3.1-8b")", 4096, 64);
+  Layout half{.dp = 8};
+  half.grad_reduce_dtype = GradReduceDtype::kBf16;
+  const MemoryBreakdown full = estimate_memory(s, plan({.dp = 8})).per_stage[0];
+  const MemoryBreakdown b = estimate_memory(s, plan(half)).per_stage[0];
+  EXPECT_EQ(b.gradients * 2, full.gradients);
+  EXPECT_EQ(b.weights, full.weights);
+  EXPECT_NEAR((b.weights + b.gradients + b.optimizer_state) / b.weights * 2, 16, 1e-9);
+}
+
 // FSDP over d = dp x cp ranks: every state is sharded; gathered on top, the largest block's
 // parameters twice (running and prefetched) and its gradient once, or, kept from forward to
 // backward, all the stage's parameters. Llama 3 8B: the largest block is the head (final

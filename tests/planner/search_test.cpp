@@ -10,6 +10,7 @@
 
 #include "hetpar/planner/evaluate.h"
 #include "hetpar/planner/lower.h"
+#include "hetpar/planner/memory.h"
 #include "hetpar/planner/plan_json.h"
 #include "two_encoders.h"
 
@@ -160,6 +161,27 @@ TEST(Search, HonoursTheSearchSection) {
     cap |= rr.reason.find("memory cap") != std::string::npos;
   EXPECT_TRUE(cap);
   for (const FamilyResult& f : none.families) EXPECT_FALSE(f.why_none.empty());
+}
+
+// The gradient dtype is numerics too: fixed by the search section for every module,
+// never searched; bf16 gradients halve the reduction and the gradient buffer.
+TEST(Search, KeepsTheGradReduceDtypeOfTheSearchSection) {
+  const SearchResult fp32 = run(tiny("", 8), threads(2));
+  const SearchResult bf16 = run(tiny(R"({"llm": {"grad_reduce_dtype": "bf16"}})", 8), threads(2));
+  ASSERT_FALSE(fp32.top.empty());
+  ASSERT_FALSE(bf16.top.empty());
+  for (const RankedPlan& p : bf16.top) {
+    EXPECT_EQ(p.plan.layout.grad_reduce_dtype, GradReduceDtype::kBf16) << describe(p.plan);
+    for (const ModulePlan& m : p.plan.modules)
+      EXPECT_EQ(m.layout.grad_reduce_dtype, GradReduceDtype::kBf16);
+  }
+  for (const RankedPlan& p : fp32.top)
+    EXPECT_EQ(p.plan.layout.grad_reduce_dtype, GradReduceDtype::kDefault);
+  EXPECT_LE(bf16.top[0].metrics.iteration_time, fp32.top[0].metrics.iteration_time);
+  Plan same = fp32.top[0].plan;
+  same.layout.grad_reduce_dtype = GradReduceDtype::kBf16;
+  const Scenario s = tiny("", 8);
+  EXPECT_LT(estimate_memory(s, same).peak, estimate_memory(s, fp32.top[0].plan).peak);
 }
 
 // The FP8 recipe is the run's numerics: fixed by the search section (every module's
@@ -370,6 +392,7 @@ TEST(Search, BadSearchSectionsNameThePath) {
       {R"({"max_sim_tasks": 10})", "search.max_sim_tasks"},
       {R"({"colour": 1})", "search.colour"},
       {R"({"llm": {"fp8_recipe": "current"}})", "search.llm.fp8_recipe"},
+      {R"({"llm": {"grad_reduce_dtype": "fp8"}})", "search.llm.grad_reduce_dtype"},
   };
   for (const auto& [section, path] : cases) {
     auto s = parse_scenario_text(base + section + "}", "x.json");

@@ -41,6 +41,20 @@ enum class CpComm {
 };
 std::string_view to_string(CpComm c);  // "p2p", "all_gather"
 
+/// The dtype of the gradient buffer the backward accumulates into and the data-parallel
+/// reduction runs in (Megatron's main_grad buffer). The trainers' default keeps fp32 for
+/// bf16 / fp8 training (Megatron-LM forces --accumulate-allreduce-grads-in-fp32 unless
+/// --grad-reduce-in-bf16; Megatron-Bridge ddp.grad_reduce_in_fp32 true; torchtitan
+/// mixed_precision_reduce float32) and the weights' fp16 for fp16 training (Megatron-LM's
+/// default without --accumulate-allreduce-grads-in-fp32).
+enum class GradReduceDtype {
+  kDefault,  // the trainers' default for the workload precision, as above
+  kFp32,
+  kBf16,  // bf16 / fp8 training only: the weights' dtype
+  kFp16,  // fp16 training only
+};
+std::string_view to_string(GradReduceDtype d);  // "default", "fp32", "bf16", "fp16"
+
 struct Layout {
   int tp = 1;
   bool sequence_parallel = false;  // SP: all-gather + reduce-scatter instead of all-reduce
@@ -79,6 +93,7 @@ struct Layout {
   /// et al. 2021). Every trainer hetpar exports to overlaps.
   bool tp_backward_overlap = true;
   Fp8Recipe fp8_recipe = Fp8Recipe::kDelayed;  // meaningful for fp8 workloads only
+  GradReduceDtype grad_reduce_dtype = GradReduceDtype::kDefault;
   // Uneven pipeline splits of the LLM's layers (Megatron-LM; schedule.h's
   // layers_per_virtual_stage). first/last_stage_layers: --decoder-first/last-pipeline-
   // num-layers, the layers of pipeline stage 0 / pp-1 (0 = not set), the rest split evenly

@@ -23,7 +23,7 @@
 // - DP: buckets of consecutive layers (backward order, >= bucket_params local params,
 //   Megatron's max(40M, 1M·dp·cp) by default; one set per chunk) reduced over the dp x cp
 //   ranks (expert weights over the expert-dp ranks) on comm stream 7 ("dp_comm"):
-//   all-reduce, or reduce-scatter with the distributed optimizer, in grad_bytes per
+//   all-reduce, or reduce-scatter with the distributed optimizer, in gradient_bytes() per
 //   parameter. overlap_grad_reduce: a bucket starts when the last backward touching its
 //   layers ends; otherwise after the rank's whole backward. Then the optimizer step
 //   ("optimizer"): memory-bound Adam over the rank's (sharded) parameters,
@@ -116,10 +116,6 @@ namespace hetpar::planner {
 inline constexpr int64_t kAdamBytesPerParam = 30;
 
 struct LowerOptions {
-  /// Bytes per gradient element reduced over DP; 0: Megatron's default for the workload
-  /// precision (memory.h gradient_bytes: fp32 for bf16 / fp8, fp16 for fp16 training); 2
-  /// models --grad-reduce-in-bf16.
-  int grad_bytes = 0;
   /// Local parameters per DP bucket; 0 = Megatron's max(40M, 1M x dp·cp).
   int64_t bucket_params = 0;
   /// Simulate every rank instead of one representative per stage (see the top of this

@@ -7,7 +7,8 @@
 // ZeRO, arXiv 1910.02054, sec. 3.1):
 // - weights: 2 B (bf16/fp16/fp8 training keeps bf16 weights); 4 B for fp32/tf32;
 // - gradients: the main-grad buffer Megatron's DDP accumulates and reduces in,
-//   gradient_bytes(): 4 B (fp32) for bf16 / fp8 training, 2 B for fp16 training;
+//   gradient_bytes(): 4 B (fp32) for bf16 / fp8 training, 2 B for fp16 training, unless
+//   the layout's grad_reduce_dtype says otherwise (2 B for bf16 gradients);
 // - optimizer: fp32 master weights + Adam m + v = 12 B (8 B for fp32 training, whose
 //   weights are their own master copy), divided by the data-parallel group (dp * cp; for
 //   routed experts dp * cp / ep) under the distributed optimizer, which shards only this
@@ -102,8 +103,10 @@ MemoryReport estimate_memory(const Scenario& s, const Plan& p, const MemoryOptio
 /// fp8 training accumulate and reduce in fp32 (Megatron-LM arguments.py forces
 /// accumulate_allreduce_grads_in_fp32 for bf16: "bfloat16 requires gradient accumulation and
 /// all-reduce to be done in fp32"); fp16 training keeps the parameters' dtype (the flag
-/// defaults off), 2 bytes; fp32 / tf32 training 4.
-int gradient_bytes(hardware::Precision p);
+/// defaults off), 2 bytes; fp32 / tf32 training 4. A layout's grad_reduce_dtype other than
+/// kDefault names the dtype itself (fp32: 4, bf16 / fp16: 2); infeasibility() has checked
+/// that it suits the precision.
+int gradient_bytes(hardware::Precision p, GradReduceDtype d = GradReduceDtype::kDefault);
 /// Bytes per element of the parameters a rank holds (and FSDP gathers): 2 (bf16 / fp16;
 /// fp8 training keeps bf16 weights), 4 for fp32 / tf32 training.
 int weight_bytes(hardware::Precision p);

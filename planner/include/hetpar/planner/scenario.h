@@ -49,6 +49,9 @@ struct LayoutFix {
   /// The FP8 scaling every searched layout uses (the LLM's fix sets the run's; default
   /// delayed). Not searched: it is the trainer's numerics, not a parallel layout.
   std::optional<Fp8Recipe> fp8_recipe;
+  /// The gradient buffer's dtype every searched layout uses (Layout::grad_reduce_dtype;
+  /// default: the trainers'). Not searched either: it changes the numerics.
+  std::optional<GradReduceDtype> grad_reduce_dtype;
   /// How CP exchanges K,V in layouts with cp > 1; unset: the ring (p2p) only, which the
   /// simulator rates at least as fast wherever the ring's steps hide their transfers;
   /// `any_cp_comm`: both (more plans to simulate: +50% search time on the 1024-GPU example).
