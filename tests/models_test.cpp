@@ -58,6 +58,7 @@ TEST(Zoo, ParameterCountsMatchPublished) {
   // Exact published totals: the closed form reproduces them to the parameter.
   const std::vector<Case> exact = {
       {"llama-2-7b", 6'738'415'616.0},       {"vicuna-7b", 6'738'415'616.0},
+      {"llama-2-13b", 13'015'864'320.0},     {"llama-2-70b", 68'976'648'192.0},
       {"llama-3.1-8b", 8'030'261'248.0},     {"llama-3.1-70b", 70'553'706'496.0},
       {"llama-3.1-405b", 405'853'388'800.0}, {"qwen2.5-7b", 7'615'616'512.0},
       {"qwen2.5-72b", 72'706'203'648.0},     {"mixtral-8x7b", 46'702'792'704.0},
