@@ -100,6 +100,8 @@ Result<std::vector<ExportFile>> write_deepspeed(const Context& c) {
   if (l.tp > 1 && l.pp > 1)
     script +=
         "# Not verified: that AutoTP training composes with PipelineModule in this DeepSpeed.\n";
+  if (l.fsdp && l.ep > 1)
+    script += "# Not verified: that AutoEP composes with ZeRO stage 3 in this DeepSpeed.\n";
   script += fmt::format(
       "# {} node(s) x {} GPUs; HOSTFILE lists the nodes (\"host slots={}\" lines).\n"
       "set -euo pipefail\n\n"

@@ -231,11 +231,6 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
     return why;
   if (l.cp_comm != CpComm::kP2P && l.cp == 1)
     return fmt::format("cp_comm {} needs cp > 1", to_string(l.cp_comm));
-  if (l.fsdp && l.ep > 1)
-    return fmt::format(
-        "fsdp with ep {}: sharding expert parameters over their own "
-        "data-parallel group is not modelled",
-        l.ep);
   if (l.fsdp && hetero) return "fsdp: heterogeneous placements do not model it (use homogeneous)";
   const int64_t seq = s.workload.seq_len;
   if (l.cp > 1 && seq % (2 * l.cp) != 0)
@@ -455,8 +450,16 @@ class Lowering {
   // (its next compute waits for it), and its gradient reduce-scatter after its last task.
   void fsdp_gather(const PlacedBlock& pb, const std::vector<TaskId>& after);
   void fsdp_reduce(const PlacedBlock& pb);
-  // The block's parameters FSDP shards over the DP group: none with a group of one.
-  int64_t fsdp_sharded_params(const PlacedBlock& pb);
+  template <class OnRank>
+  void fsdp_collectives(const PlacedBlock& pb, CollectiveKind kind, int64_t bytes, int32_t stream,
+                        std::string_view what, OnRank&& on_rank);
+  // The block's parameters FSDP shards, per shard group (none with a group of one): over
+  // the dp x cp ranks its dense parameters and, with ep = 1, its experts; with ep > 1 its
+  // experts over their expert-DP group (Megatron-FSDP's and torchtitan's EP meshes).
+  struct FsdpShards {
+    int64_t dense = 0, expert = 0;
+  };
+  FsdpShards fsdp_sharded_params(const PlacedBlock& pb);
   // What a compute task of a block step runs (LowerOptions::kernels; invalid when off).
   // kDgrad / kStepWgrad: one step's dgrad / wgrad kernels; kWgrad: the whole block's wgrad.
   enum class Use : uint8_t {
@@ -969,35 +972,56 @@ void Lowering::linear_backward(const PlacedBlock& pb, size_t s, const Labels& lb
   }
 }
 
-int64_t Lowering::fsdp_sharded_params(const PlacedBlock& pb) {
-  if (dp_groups_.locals.empty() || dp_groups_.locals[0].size() < 2) return 0;
-  return block(0, pb).dense_params;
+Lowering::FsdpShards Lowering::fsdp_sharded_params(const PlacedBlock& pb) {
+  auto shards = [](const GroupSet& gs) { return !gs.locals.empty() && gs.locals[0].size() >= 2; };
+  const Block& b = block(0, pb);
+  FsdpShards f;
+  if (shards(dp_groups_)) f.dense = b.dense_params + (l_.ep > 1 ? 0 : b.expert_params);
+  if (l_.ep > 1 && shards(edp_groups_)) f.expert = b.expert_params;
+  return f;
+}
+
+// Each of pb's FSDP shard groups in turn (dense over dp x cp, then experts over expert-DP),
+// `bytes` per parameter; on_rank(j, task, previous part's task on j or invalid).
+template <class OnRank>
+void Lowering::fsdp_collectives(const PlacedBlock& pb, CollectiveKind kind, int64_t bytes,
+                                int32_t stream, std::string_view what, OnRank&& on_rank) {
+  const FsdpShards f = fsdp_sharded_params(pb);
+  const std::pair<const GroupSet*, int64_t> parts[] = {{&dp_groups_, f.dense},
+                                                       {&edp_groups_, f.expert}};
+  std::vector<TaskId> previous(st_.size()), current(st_.size());
+  for (const auto& [gs, params] : parts) {
+    if (params == 0) continue;
+    const sim::LabelId name =
+        g_.label(fmt::format("{}fsdp {} {}{} {} stage {}", role_.prefix, sim::to_string(kind),
+                             gs == &edp_groups_ ? "expert " : "", what, pb.name, stage_));
+    group_collectives(*gs, kind, Bytes(params * bytes), stream, {cat_dp_, name},
+                      [&](int j, TaskId c) {
+                        on_rank(j, c, previous[j]);
+                        current[j] = c;
+                      });
+    previous = current;
+  }
 }
 
 void Lowering::fsdp_gather(const PlacedBlock& pb, const std::vector<TaskId>& after) {
-  const int64_t params = fsdp_sharded_params(pb);
-  if (params == 0) return;
-  const sim::LabelId name =
-      g_.label(fmt::format("{}fsdp all_gather params {} stage {}", role_.prefix, pb.name, stage_));
-  group_collectives(dp_groups_, CollectiveKind::kAllGather,
-                    Bytes(params * weight_bytes(s_.workload.precision)), kFsdpGather,
-                    {cat_dp_, name}, [&](int j, TaskId c) {
-                      if (after[j].valid()) g_.add_dependency(after[j], c);
-                      st_[j].gathered = c;
-                    });
+  // The block's compute waits for the last gather (rs.gathered).
+  fsdp_collectives(pb, CollectiveKind::kAllGather, weight_bytes(s_.workload.precision), kFsdpGather,
+                   "params", [&](int j, TaskId c, TaskId previous) {
+                     if (after[j].valid()) g_.add_dependency(after[j], c);
+                     if (previous.valid()) g_.add_dependency(previous, c);
+                     st_[j].gathered = c;
+                   });
 }
 
 void Lowering::fsdp_reduce(const PlacedBlock& pb) {
-  const int64_t params = fsdp_sharded_params(pb);
-  if (params == 0) return;
-  const int64_t gb = gradient_bytes(s_.workload.precision, l_.grad_reduce_dtype);
-  const sim::LabelId name = g_.label(
-      fmt::format("{}fsdp reduce_scatter grads {} stage {}", role_.prefix, pb.name, stage_));
-  group_collectives(dp_groups_, CollectiveKind::kReduceScatter, Bytes(params * gb), kDpStream,
-                    {cat_dp_, name}, [&](int j, TaskId c) {
-                      if (st_[j].last.valid()) g_.add_dependency(st_[j].last, c);
-                      fsdp_reduced_[j] = c;
-                    });
+  fsdp_collectives(pb, CollectiveKind::kReduceScatter,
+                   gradient_bytes(s_.workload.precision, l_.grad_reduce_dtype), kDpStream, "grads",
+                   [&](int j, TaskId c, TaskId previous) {
+                     if (st_[j].last.valid()) g_.add_dependency(st_[j].last, c);
+                     if (previous.valid()) g_.add_dependency(previous, c);
+                     fsdp_reduced_[j] = c;
+                   });
 }
 
 void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels& lb,

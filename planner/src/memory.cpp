@@ -61,6 +61,9 @@ struct Tally {
   double gathered = 0;          // the largest SP all-gather of a layer input
   double frozen_params = 0;     // of params: frozen (no gradient)
   double unit_params = 0;       // FSDP: the largest block's local parameters (one gathered unit)
+  double sharded_params = 0;    // FSDP: local parameters over their shard group (dp x cp,
+                                // routed experts dp x cp / ep), as the optimizer state's
+  double sharded_frozen = 0;    // of sharded_params: frozen
 };
 
 Bytes to_bytes(double b) {
@@ -227,6 +230,8 @@ class Estimator {
       t.gathered = std::max(t.gathered, u.gathered);
       t.frozen_params += u.frozen_params;
       t.unit_params = std::max(t.unit_params, u.unit_params);
+      t.sharded_params += u.sharded_params;
+      t.sharded_frozen += u.sharded_frozen;
     }
   }
 
@@ -244,11 +249,10 @@ class Estimator {
         // This rank's shards, plus what is gathered: resharded after the forward, the
         // running block and the one prefetched; else every block of the stage, held from
         // its forward to its backward. One block's full gradient before its reduce-scatter.
-        const double group = static_cast<double>(l_.dp) * l_.cp;
         const double gathered =
             l_.fsdp_reshard_after_forward ? std::min(2 * t.unit_params, t.params) : t.params;
-        b.weights = to_bytes((t.params / group + gathered) * param_bytes);
-        b.gradients = to_bytes(((t.params - t.frozen_params) / group + t.unit_params) * grad_bytes);
+        b.weights = to_bytes((t.sharded_params + gathered) * param_bytes);
+        b.gradients = to_bytes((t.sharded_params - t.sharded_frozen + t.unit_params) * grad_bytes);
       }
       b.optimizer_state = to_bytes(t.optimizer_params * optimizer_bytes);
       b.activations = to_bytes(t.activations + t.working_set);
@@ -274,8 +278,10 @@ class Estimator {
   void add_params(int stage, double params, bool routed_expert) {
     const double group = static_cast<double>(l_.dp) * l_.cp / (routed_expert ? l_.ep : 1);
     stages_[stage].params += params;
+    stages_[stage].sharded_params += params / group;
     if (frozen_) {
       stages_[stage].frozen_params += params;
+      stages_[stage].sharded_frozen += params / group;
       return;
     }
     stages_[stage].optimizer_params += l_.shards_optimizer_state() ? params / group : params;

@@ -756,9 +756,9 @@ class Searcher {
     return true;
   }
 
-  // FSDP settings of a layout (LayoutFix::fsdp): only homogeneous ones, with dp·cp > 1, no EP.
-  std::vector<bool> fsdp_options(const LayoutFix& f, bool allow, int dp_cp, int ep) const {
-    if (!allow || dp_cp == 1 || ep > 1) return {false};
+  // FSDP settings of a layout (LayoutFix::fsdp): only homogeneous ones, with dp·cp > 1.
+  std::vector<bool> fsdp_options(const LayoutFix& f, bool allow, int dp_cp) const {
+    if (!allow || dp_cp == 1) return {false};
     if (f.any_fsdp) return {false, true};
     return {f.fsdp.value_or(false)};
   }
@@ -806,7 +806,7 @@ class Searcher {
               l.ep = ep;
               for (int mbs : mbs_options(fx.micro_batch, gb % dp == 0 ? gb / dp : 1, 1)) {
                 l.micro_batch = mbs;
-                for (bool fsdp : fsdp_options(fx, allow_fsdp, dp * cp, ep)) {
+                for (bool fsdp : fsdp_options(fx, allow_fsdp, dp * cp)) {
                   l.fsdp = fsdp;
                   if (fsdp) {  // shards the optimizer state too; resharded or kept gathered
                     l.distributed_optimizer = true;

@@ -127,6 +127,11 @@ TEST(ExportMegatron, MixtureOfExpertsAndPrecisions) {
   EXPECT_EQ(f.at("--num-experts"), "8");
   EXPECT_EQ(f.at("--moe-router-topk"), "2");
   EXPECT_EQ(f.at("--expert-tensor-parallel-size"), "2");
+  Plan sharded = p;  // Megatron-FSDP shards the experts over their expert-DP group
+  sharded.layout.fsdp = true;
+  const auto fs = all_flags(exported(s, sharded, Target::kMegatron).at("launch.sh"));
+  EXPECT_EQ(fs.count("--use-megatron-fsdp"), 1u);
+  EXPECT_EQ(fs.at("--expert-model-parallel-size"), "8");
   EXPECT_EQ(f.at("--fp8-format"), "hybrid");
   EXPECT_EQ(f.at("--fp8-recipe"), "delayed");
   EXPECT_EQ(f.count("--cp-comm-type"), 0u);  // cp 1

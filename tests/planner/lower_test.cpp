@@ -470,10 +470,8 @@ TEST(Lower, InfeasiblePlansSayWhy) {
   EXPECT_EQ(infeasibility(moe, ep4), "ep 4 does not divide experts 6");
   Plan ep2 = plan(1, 1, 8);
   ep2.layout.ep = 2;
-  ep2.layout.fsdp = true;
-  EXPECT_EQ(infeasibility(moe, ep2),
-            "fsdp with ep 2: sharding expert parameters over their own data-parallel group is "
-            "not modelled");
+  ep2.layout.fsdp = true;  // experts sharded over their expert-DP group
+  EXPECT_EQ(infeasibility(moe, ep2), "");
   ASSERT_FALSE(lower(s, plan(3, 1, 1)).is_ok());
 }
 
@@ -502,6 +500,54 @@ TEST(Lower, UnevenPipelineSplitsPlaceLayers) {
   Plan acc = plan(2, 4, 1);
   acc.layout.account_for_embedding = acc.layout.account_for_loss = true;
   EXPECT_EQ(layers_on(acc), (std::vector<int>{2, 2, 3, 3, 3, 3, 2, 2}));
+}
+
+// FSDP on a mixture-of-experts model: each block gathers and reduces its dense parameters
+// over the dp ranks and, with ep > 1, its experts over their expert-DP group (dp / ep
+// ranks); with ep = 1 the experts go with the dense parameters. Either way every local
+// parameter crosses once per pass and micro-batch.
+TEST(Lower, FsdpShardsExpertsOverTheirExpertDataParallelGroup) {
+  Scenario moe =
+      make(4, 16, 1, "dgx-h100", "",
+           R"(, "ffn_hidden": 0, "moe": {"experts": 8, "top_k": 2, "expert_ffn_hidden": 2048})");
+  const models::ParamCounts pc = models::count_params(moe.model);
+  for (int ep : {1, 2, 8}) {
+    Plan p = plan(1, 1, 8);
+    p.layout.ep = ep;
+    p.layout.fsdp = true;
+    p.layout.fsdp_reshard_after_forward = false;  // one gather per block and micro-batch
+    LoweredPlan lp = lowered(moe, p, {.full_ranks = true});
+    std::map<size_t, Bytes> gathered;  // by group size, over every rank's tasks
+    Bytes reduced;
+    for (int t = 0; t < lp.graph.num_tasks(); ++t) {
+      const sim::Task& task = lp.graph.task(TaskId(t));
+      if (lp.graph.label_text(task.label.category) != "dp_comm") continue;
+      const size_t size = lp.graph.group(task.group).size();
+      const bool expert =
+          lp.graph.label_text(task.label.name).find("expert") != std::string_view::npos;
+      EXPECT_EQ(size, expert ? 8u / ep : 8u) << ep;
+      if (task.collective == sim::CollectiveKind::kAllGather) gathered[size] += task.bytes;
+      if (task.collective == sim::CollectiveKind::kReduceScatter) reduced += task.bytes;
+    }
+    const int64_t m = 2;  // 16 samples over dp 8
+    // Once per block and micro-batch, in bf16: the dense parameters over the one group of 8;
+    // over each of the ep expert-DP groups its ranks' experts (8 / ep of the 8), so all the
+    // experts once over the ep groups together.
+    const double experts = static_cast<double>(pc.total - pc.active) * 8 / 6;  // 6 inactive
+    const double dense = static_cast<double>(pc.total) - experts;
+    EXPECT_NEAR(gathered[8].as_double() / 2 / m, ep == 1 ? dense + experts : dense, 0.002 * dense)
+        << ep;
+    if (ep == 2) {
+      EXPECT_NEAR(gathered[4].as_double() / 2 / m, experts, 0.002 * experts);
+    }
+    if (ep == 8) {
+      EXPECT_EQ(gathered.count(1), 0u);  // expert-DP groups of one: no shards
+    }
+    // fp32 gradients: twice the gathered bytes, everything sharded reduced once per micro-batch.
+    Bytes all;
+    for (const auto& [size, b] : gathered) all += b;
+    EXPECT_EQ(reduced, all * 2) << ep;
+  }
 }
 
 TEST(Lower, MixtureOfExpertsAllToAllOverTheEpGroup) {

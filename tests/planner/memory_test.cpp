@@ -263,6 +263,23 @@ TEST(MemoryModelState, RoutedExpertsSplitByEp) {
   EXPECT_DOUBLE_EQ(a.optimizer_state.as_double(), 12 * (dense + experts) / 8);
 }
 
+// FSDP with EP: the dense state sharded over dp = 8, the routed experts (one per layer and
+// rank under EP 8, two under EP 4) over their expert-DP group, dp / ep ranks; kept from
+// forward to backward, every local parameter is gathered on top.
+TEST(MemoryModelState, FsdpShardsExpertsOverTheirExpertDataParallelGroup) {
+  Scenario s = scenario(R"("mixtral-8x7b")", 4096, 64);
+  const double experts = 32.0 * 8 * 3 * 4096 * 14336;
+  const double dense = static_cast<double>(models::count_params(s.model).total) - experts;
+  for (int ep : {4, 8}) {
+    Layout l{.dp = 8, .ep = ep, .fsdp = true, .fsdp_reshard_after_forward = false};
+    const MemoryBreakdown b = estimate_memory(s, plan(l)).per_stage[0];
+    const double local_experts = experts / ep, edp = 8.0 / ep;
+    const double shards = dense / 8 + local_experts / edp;
+    EXPECT_NEAR(b.weights.as_double(), (shards + dense + local_experts) * 2, 1e-9 * experts) << ep;
+    EXPECT_NEAR(b.optimizer_state.as_double(), shards * 12, 1e-9 * experts) << ep;
+  }
+}
+
 // Llama-3.1-70B (70.6e9 parameters) at seq 4096 on 64 H100s (80 GiB = 85.9e9 B), TP8 SP.
 class MemoryLlama70B : public ::testing::Test {
  protected:

@@ -108,6 +108,17 @@ std::vector<Case> cases() {
     out.push_back(
         {"rtx4090 tp2 pp2 dp8 ep8 (MoE, EP across nodes)", make("rtx4090-node", 4, 32, 4, moe), p});
   }
+  {
+    Plan p = plan(2, 1, 1, 8);
+    p.layout.fsdp = true;
+    out.push_back({"dgx-h100 tp2 dp8 fsdp (across nodes)", make("dgx-h100", 2, 32), p});
+    Plan q = plan(1, 1, 1, 16);
+    q.layout.ep = 4;
+    q.layout.fsdp = true;
+    q.layout.fsdp_reshard_after_forward = false;
+    out.push_back({"dgx-h100 dp16 ep4 fsdp kept gathered (MoE: experts over expert-DP groups)",
+                   make("dgx-h100", 2, 32, 4, moe), q});
+  }
   return out;
 }
 

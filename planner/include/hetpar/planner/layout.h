@@ -68,7 +68,8 @@ struct Layout {
   models::Recompute recompute = models::Recompute::kNone;
   bool distributed_optimizer = false;  // ZeRO-1: optimizer state sharded over dp
   /// Fully sharded data parallelism (torch FSDP / FSDP2, Megatron-FSDP, DeepSpeed ZeRO-3):
-  /// parameters, gradients and optimizer state sharded over the dp x cp ranks. Each block
+  /// parameters, gradients and optimizer state sharded over the dp x cp ranks (routed
+  /// experts with ep > 1 over their expert-DP group, dp x cp / ep ranks). Each block
   /// (a transformer layer, the work before or after the layers) all-gathers its parameters
   /// before its forward, one block ahead, and again before its backward; after each
   /// micro-batch's backward it reduce-scatters its gradients into the rank's shard.

@@ -57,8 +57,8 @@ struct LayoutFix {
   /// `any_cp_comm`: both (more plans to simulate: +50% search time on the 1024-GPU example).
   std::optional<CpComm> cp_comm;
   bool any_cp_comm = false;
-  /// Fully sharded data parallelism (Layout::fsdp) in homogeneous layouts with dp·cp > 1 and
-  /// no EP: unset or false, never (the default); true, always; `any_fsdp`, both.
+  /// Fully sharded data parallelism (Layout::fsdp) in homogeneous layouts with dp·cp > 1:
+  /// unset or false, never (the default); true, always; `any_fsdp`, both.
   std::optional<bool> fsdp;
   bool any_fsdp = false;
   bool operator==(const LayoutFix&) const = default;
