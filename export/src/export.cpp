@@ -195,6 +195,7 @@ std::string layout_summary(const planner::Layout& l) {
                      planner::to_string(l.recompute), l.distributed_optimizer ? "on" : "off");
   if (l.grad_reduce_dtype != planner::GradReduceDtype::kDefault)
     out += fmt::format(", {} gradients", planner::to_string(l.grad_reduce_dtype));
+  if (l.fp8_param_gather) out += ", fp8 parameters";
   return out;
 }
 

@@ -107,6 +107,7 @@ std::vector<Flag> training_flags(const Context& c) {
   const bool fp16 = c.s.workload.precision == hardware::Precision::kFp16;
   if (!c.fp32_gradients() && !fp16) f.push_back({"--grad-reduce-in-bf16", ""});
   if (c.fp32_gradients() && fp16) f.push_back({"--accumulate-allreduce-grads-in-fp32", ""});
+  if (l.fp8_param_gather) f.push_back({"--fp8-param-gather", ""});
   f.push_back({"--attention-backend", l.flash_attention ? "flash" : "unfused"});
   return f;
 }

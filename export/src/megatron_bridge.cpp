@@ -177,6 +177,14 @@ Result<std::vector<ExportFile>> write_megatron_bridge(const Context& c) {
         "cfg.mixed_precision.grad_reduce_in_fp32 = {} in a Python recipe, as its performance "
         "scripts do",
         planner::to_string(l.grad_reduce_dtype), fp16 ? "false" : "true", fp16 ? "True" : "False"));
+  // Its FP8 recipes hold the Linear weights in FP8 (MixedPrecisionConfig.fp8_param_gather
+  // True), which the recipe name cannot turn off.
+  if (c.s.workload.precision == hardware::Precision::kFp8 && !l.fp8_param_gather)
+    r.add(
+        "fp8 without fp8_param_gather: Megatron-Bridge's FP8 recipes keep the Linear weights "
+        "in FP8 (fp8_param_gather = True), which the YAML naming a recipe cannot turn off; set "
+        "the plan's fp8_param_gather, or cfg.mixed_precision.fp8_param_gather = False in a "
+        "Python recipe");
   if (!r.empty()) return r.status(c.target);
 
   std::string text = header(c);

@@ -6,6 +6,7 @@
 
 #include "hetpar/core/check.h"
 #include "hetpar/planner/kernels.h"
+#include "hetpar/planner/memory.h"
 
 namespace hetpar::planner {
 
@@ -356,7 +357,9 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
     Block& block = op.layer == 0 ? m.layer : (seen_layer ? m.post : m.pre);
     BlockBuilder b(block);
     const bool expert = op.kind == models::OpKind::kGemm && is_expert(op);
-    (expert ? block.expert_params : block.dense_params) += local_params(op, g, l);
+    const int64_t params = local_params(op, g, l);
+    (expert ? block.expert_params : block.dense_params) += params;
+    if (is_fp8_linear(op)) (expert ? block.expert_fp8_params : block.dense_fp8_params) += params;
 
     if (tp && (op.name == "attn_residual" || op.name == "mlp_residual"))
       b.comm(StepKind::kTpExit, activation);

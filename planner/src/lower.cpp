@@ -227,6 +227,9 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
   if (l.fp8_recipe != Fp8Recipe::kDelayed && s.workload.precision != hardware::Precision::kFp8)
     return fmt::format("fp8_recipe {} needs workload precision fp8, not {}",
                        to_string(l.fp8_recipe), hardware::to_string(s.workload.precision));
+  if (l.fp8_param_gather && s.workload.precision != hardware::Precision::kFp8)
+    return fmt::format("fp8_param_gather needs workload precision fp8, not {}",
+                       hardware::to_string(s.workload.precision));
   if (std::string why = grad_reduce_dtype_infeasibility(l, s.workload.precision); !why.empty())
     return why;
   if (l.cp_comm != CpComm::kP2P && l.cp == 1)
@@ -450,14 +453,15 @@ class Lowering {
   // (its next compute waits for it), and its gradient reduce-scatter after its last task.
   void fsdp_gather(const PlacedBlock& pb, const std::vector<TaskId>& after);
   void fsdp_reduce(const PlacedBlock& pb);
-  template <class OnRank>
-  void fsdp_collectives(const PlacedBlock& pb, CollectiveKind kind, int64_t bytes, int32_t stream,
-                        std::string_view what, OnRank&& on_rank);
+  template <class PartBytes, class OnRank>
+  void fsdp_collectives(const PlacedBlock& pb, CollectiveKind kind, PartBytes&& bytes,
+                        int32_t stream, std::string_view what, OnRank&& on_rank);
   // The block's parameters FSDP shards, per shard group (none with a group of one): over
   // the dp x cp ranks its dense parameters and, with ep = 1, its experts; with ep > 1 its
   // experts over their expert-DP group (Megatron-FSDP's and torchtitan's EP meshes).
   struct FsdpShards {
     int64_t dense = 0, expert = 0;
+    int64_t dense_fp8 = 0, expert_fp8 = 0;  // of those, TE Linear weights
   };
   FsdpShards fsdp_sharded_params(const PlacedBlock& pb);
   // What a compute task of a block step runs (LowerOptions::kernels; invalid when off).
@@ -976,26 +980,37 @@ Lowering::FsdpShards Lowering::fsdp_sharded_params(const PlacedBlock& pb) {
   auto shards = [](const GroupSet& gs) { return !gs.locals.empty() && gs.locals[0].size() >= 2; };
   const Block& b = block(0, pb);
   FsdpShards f;
-  if (shards(dp_groups_)) f.dense = b.dense_params + (l_.ep > 1 ? 0 : b.expert_params);
-  if (l_.ep > 1 && shards(edp_groups_)) f.expert = b.expert_params;
+  if (shards(dp_groups_)) {
+    f.dense = b.dense_params + (l_.ep > 1 ? 0 : b.expert_params);
+    f.dense_fp8 = b.dense_fp8_params + (l_.ep > 1 ? 0 : b.expert_fp8_params);
+  }
+  if (l_.ep > 1 && shards(edp_groups_)) {
+    f.expert = b.expert_params;
+    f.expert_fp8 = b.expert_fp8_params;
+  }
   return f;
 }
 
 // Each of pb's FSDP shard groups in turn (dense over dp x cp, then experts over expert-DP),
-// `bytes` per parameter; on_rank(j, task, previous part's task on j or invalid).
-template <class OnRank>
-void Lowering::fsdp_collectives(const PlacedBlock& pb, CollectiveKind kind, int64_t bytes,
+// bytes(params, fp8 params) for its part; on_rank(j, task, previous part's task on j or
+// invalid).
+template <class PartBytes, class OnRank>
+void Lowering::fsdp_collectives(const PlacedBlock& pb, CollectiveKind kind, PartBytes&& bytes,
                                 int32_t stream, std::string_view what, OnRank&& on_rank) {
   const FsdpShards f = fsdp_sharded_params(pb);
-  const std::pair<const GroupSet*, int64_t> parts[] = {{&dp_groups_, f.dense},
-                                                       {&edp_groups_, f.expert}};
+  struct Part {
+    const GroupSet* gs;
+    int64_t params, fp8;
+  };
+  const Part parts[] = {{&dp_groups_, f.dense, f.dense_fp8},
+                        {&edp_groups_, f.expert, f.expert_fp8}};
   std::vector<TaskId> previous(st_.size()), current(st_.size());
-  for (const auto& [gs, params] : parts) {
-    if (params == 0) continue;
+  for (const Part& part : parts) {
+    if (part.params == 0) continue;
     const sim::LabelId name =
         g_.label(fmt::format("{}fsdp {} {}{} {} stage {}", role_.prefix, sim::to_string(kind),
-                             gs == &edp_groups_ ? "expert " : "", what, pb.name, stage_));
-    group_collectives(*gs, kind, Bytes(params * bytes), stream, {cat_dp_, name},
+                             part.gs == &edp_groups_ ? "expert " : "", what, pb.name, stage_));
+    group_collectives(*part.gs, kind, Bytes(bytes(part.params, part.fp8)), stream, {cat_dp_, name},
                       [&](int j, TaskId c) {
                         on_rank(j, c, previous[j]);
                         current[j] = c;
@@ -1006,22 +1021,29 @@ void Lowering::fsdp_collectives(const PlacedBlock& pb, CollectiveKind kind, int6
 
 void Lowering::fsdp_gather(const PlacedBlock& pb, const std::vector<TaskId>& after) {
   // The block's compute waits for the last gather (rs.gathered).
-  fsdp_collectives(pb, CollectiveKind::kAllGather, weight_bytes(s_.workload.precision), kFsdpGather,
-                   "params", [&](int j, TaskId c, TaskId previous) {
-                     if (after[j].valid()) g_.add_dependency(after[j], c);
-                     if (previous.valid()) g_.add_dependency(previous, c);
-                     st_[j].gathered = c;
-                   });
+  fsdp_collectives(
+      pb, CollectiveKind::kAllGather,
+      [&](int64_t params, int64_t fp8) {
+        return held_weight_bytes(params, fp8, s_.workload.precision, l_);
+      },
+      kFsdpGather, "params",
+      [&](int j, TaskId c, TaskId previous) {
+        if (after[j].valid()) g_.add_dependency(after[j], c);
+        if (previous.valid()) g_.add_dependency(previous, c);
+        st_[j].gathered = c;
+      });
 }
 
 void Lowering::fsdp_reduce(const PlacedBlock& pb) {
-  fsdp_collectives(pb, CollectiveKind::kReduceScatter,
-                   gradient_bytes(s_.workload.precision, l_.grad_reduce_dtype), kDpStream, "grads",
-                   [&](int j, TaskId c, TaskId previous) {
-                     if (st_[j].last.valid()) g_.add_dependency(st_[j].last, c);
-                     if (previous.valid()) g_.add_dependency(previous, c);
-                     fsdp_reduced_[j] = c;
-                   });
+  const int64_t gb = gradient_bytes(s_.workload.precision, l_.grad_reduce_dtype);
+  fsdp_collectives(
+      pb, CollectiveKind::kReduceScatter, [&](int64_t params, int64_t) { return params * gb; },
+      kDpStream, "grads",
+      [&](int j, TaskId c, TaskId previous) {
+        if (st_[j].last.valid()) g_.add_dependency(st_[j].last, c);
+        if (previous.valid()) g_.add_dependency(previous, c);
+        fsdp_reduced_[j] = c;
+      });
 }
 
 void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels& lb,
@@ -1269,17 +1291,20 @@ void Lowering::gradients_and_optimizer() {
     int chunk = 0;
     size_t first = 0, last = 0;  // block range [first, last]
     int64_t dense = 0, expert = 0;
+    int64_t dense_fp8 = 0, expert_fp8 = 0;  // of those, TE Linear weights
   };
   std::vector<Bucket> buckets;  // in readiness order: chunks backward, blocks backward
   for (int c = l_.vpp - 1; c >= 0; --c) {
     const std::vector<PlacedBlock>& blocks = chunks_[c * l_.pp + stage_];
-    Bucket cur{c, blocks.size(), blocks.size(), 0, 0};
+    Bucket cur{c, blocks.size(), blocks.size()};
     for (size_t b = blocks.size(); b-- > 0;) {
       const Block& blk = block(0, blocks[b]);
       if (cur.first == blocks.size()) cur.last = b;
       cur.first = b;
       cur.dense += blk.dense_params;
       cur.expert += blk.expert_params;
+      cur.dense_fp8 += blk.dense_fp8_params;
+      cur.expert_fp8 += blk.expert_fp8_params;
       if (cur.dense + cur.expert >= bucket_params || b == 0) {
         if (cur.dense + cur.expert > 0) buckets.push_back(cur);
         cur = Bucket{c, blocks.size(), blocks.size(), 0, 0};
@@ -1347,17 +1372,18 @@ void Lowering::gradients_and_optimizer() {
   if (!dist || l_.fsdp) return;  // FSDP gathers parameters when a block runs
   // Parameter all-gather: buckets in forward order (the reverse of readiness); with
   // overlap_param_gather only the first one, the rest hides behind the next forward.
-  const int64_t param_bytes = hardware::bytes_per_element(s_.workload.precision);
+  const hardware::Precision prec = s_.workload.precision;
   const size_t gathered =
       l_.overlap_param_gather ? std::min<size_t>(buckets.size(), 1) : buckets.size();
   for (size_t i = 0; i < gathered; ++i) {
     const Bucket& bk = buckets[buckets.size() - 1 - i];
     const int64_t dense_b = bk.dense + (experts_apart ? 0 : bk.expert);
-    reduce_over(Bytes(dense_b * param_bytes), bk, opt, CollectiveKind::kAllGather, "params",
-                dp_groups_);
+    const int64_t dense_fp8 = bk.dense_fp8 + (experts_apart ? 0 : bk.expert_fp8);
+    reduce_over(Bytes(held_weight_bytes(dense_b, dense_fp8, prec, l_)), bk, opt,
+                CollectiveKind::kAllGather, "params", dp_groups_);
     if (experts_apart)
-      reduce_over(Bytes(bk.expert * param_bytes), bk, opt, CollectiveKind::kAllGather,
-                  "expert params", edp_groups_);
+      reduce_over(Bytes(held_weight_bytes(bk.expert, bk.expert_fp8, prec, l_)), bk, opt,
+                  CollectiveKind::kAllGather, "expert params", edp_groups_);
   }
 }
 

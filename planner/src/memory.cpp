@@ -45,6 +45,16 @@ int gradient_bytes(hardware::Precision p, GradReduceDtype d) {
   return 4;
 }
 
+bool is_fp8_linear(const models::Op& op) {
+  return op.kind == models::OpKind::kGemm && op.layer >= 0 && op.name != "router";
+}
+
+int64_t held_weight_bytes(int64_t params, int64_t fp8_params, hardware::Precision p,
+                          const Layout& l) {
+  const int64_t wb = weight_bytes(p);
+  return params * wb - (l.fp8_param_gather ? fp8_params * (wb - 1) : 0);
+}
+
 int weight_bytes(hardware::Precision p) {
   return p == hardware::Precision::kFp32 || p == hardware::Precision::kTf32 ? 4 : 2;
 }
@@ -64,6 +74,9 @@ struct Tally {
   double sharded_params = 0;    // FSDP: local parameters over their shard group (dp x cp,
                                 // routed experts dp x cp / ep), as the optimizer state's
   double sharded_frozen = 0;    // of sharded_params: frozen
+  double fp8_params = 0;        // of params: TE Linear weights (held in FP8 with
+  double sharded_fp8 = 0;       // Layout::fp8_param_gather); of sharded_params the same
+  double unit_bytes = 0;        // FSDP: the largest block's local weights, in bytes as held
 };
 
 Bytes to_bytes(double b) {
@@ -111,9 +124,7 @@ double kept_bytes(const models::Op& op, models::Recompute policy, int dtype_byte
 // layernorm_linear.py: ctx.save_for_backward(inputmat_t if fp8_wgrad ...)). The output
 // layer is Megatron's own ColumnParallelLinear and keeps its bf16 input.
 double precision_share(const models::Op& op, hardware::Precision p, int dtype_bytes) {
-  const bool fp8_linear = p == hardware::Precision::kFp8 && op.kind == models::OpKind::kGemm &&
-                          op.layer >= 0 && op.name != "router";
-  return fp8_linear ? 1.0 / dtype_bytes : 1.0;
+  return p == hardware::Precision::kFp8 && is_fp8_linear(op) ? 1.0 / dtype_bytes : 1.0;
 }
 
 // Stage of each layer: pp * vpp chunks of consecutive layers, chunk c on stage c % pp, as
@@ -179,7 +190,7 @@ class Estimator {
 
     std::vector<double> rework(static_cast<size_t>(g.layers));  // one micro-batch, per layer
     // FSDP units: each layer, the ops before the layers, the ops after them.
-    std::vector<double> unit(static_cast<size_t>(g.layers) + 2);
+    std::vector<double> unit(static_cast<size_t>(g.layers) + 2), unit_bytes(unit.size());
     bool before_layers = true;
     for (const models::Op& op : g.ops) {
       if (op.layer >= 0) before_layers = false;
@@ -187,11 +198,15 @@ class Estimator {
       const bool stem = before_layers && models::is_encoder(kind);
       const int st = op.layer >= 0 ? stage_of[op.layer] : head ? last : home;
       const double params = local_params(op, stem, l_, vocab_params);
-      add_params(st, params, is_routed_expert(op));
+      const bool fp8 = is_fp8_linear(op);
+      add_params(st, params, is_routed_expert(op), fp8);
       const size_t u = op.layer >= 0 ? static_cast<size_t>(op.layer) + 2 : before_layers ? 0 : 1;
       unit[u] += params;
+      unit_bytes[u] +=
+          params * (fp8 && l_.fp8_param_gather ? 1 : weight_bytes(s_.workload.precision));
       Tally& t = stages_[st];
       t.unit_params = std::max(t.unit_params, unit[u]);
+      t.unit_bytes = std::max(t.unit_bytes, unit_bytes[u]);
       const double share = activation_share(op, stem, l_) *
                            precision_share(op, s_.workload.precision, g.dtype_bytes);
       const double kept = frozen_ ? 0 : kept_bytes(op, l_.recompute, g.dtype_bytes) * share;
@@ -200,7 +215,8 @@ class Estimator {
         stages_[st].activations += op.saved.as_double() * share * w_pending_[st];
       if (op.layer >= 0 && !frozen_) rework[op.layer] += op.saved.as_double() * share - kept;
     }
-    if (llm && llm->tied_embeddings && l_.pp > 1) add_params(last, vocab_params / l_.tp, false);
+    if (llm && llm->tied_embeddings && l_.pp > 1)
+      add_params(last, vocab_params / l_.tp, false, false);
 
     // A layer's input s*b*h on one CP rank; where stored for backward, SP splits it by TP.
     const double layer_input =
@@ -232,6 +248,9 @@ class Estimator {
       t.unit_params = std::max(t.unit_params, u.unit_params);
       t.sharded_params += u.sharded_params;
       t.sharded_frozen += u.sharded_frozen;
+      t.fp8_params += u.fp8_params;
+      t.sharded_fp8 += u.sharded_fp8;
+      t.unit_bytes = std::max(t.unit_bytes, u.unit_bytes);
     }
   }
 
@@ -241,17 +260,22 @@ class Estimator {
     const double param_bytes = weight_bytes(s_.workload.precision), optimizer_bytes = fp32 ? 8 : 12;
     const double grad_bytes = gradient_bytes(s_.workload.precision, l_.grad_reduce_dtype);
     MemoryReport r;
+    // Bytes of `params` weights, `fp8` of them TE Linear weights (1 byte each with
+    // fp8_param_gather).
+    const double fp8_saving = l_.fp8_param_gather ? param_bytes - 1 : 0;
+    auto held = [&](double params, double fp8) { return params * param_bytes - fp8 * fp8_saving; };
     for (const Tally& t : stages_) {
       MemoryBreakdown b;
-      b.weights = to_bytes(t.params * param_bytes);
+      b.weights = to_bytes(held(t.params, t.fp8_params));
       b.gradients = to_bytes((t.params - t.frozen_params) * grad_bytes);
       if (l_.fsdp) {
         // This rank's shards, plus what is gathered: resharded after the forward, the
         // running block and the one prefetched; else every block of the stage, held from
         // its forward to its backward. One block's full gradient before its reduce-scatter.
+        const double stage = held(t.params, t.fp8_params);
         const double gathered =
-            l_.fsdp_reshard_after_forward ? std::min(2 * t.unit_params, t.params) : t.params;
-        b.weights = to_bytes((t.sharded_params + gathered) * param_bytes);
+            l_.fsdp_reshard_after_forward ? std::min(2 * t.unit_bytes, stage) : stage;
+        b.weights = to_bytes(held(t.sharded_params, t.sharded_fp8) + gathered);
         b.gradients = to_bytes((t.sharded_params - t.sharded_frozen + t.unit_params) * grad_bytes);
       }
       b.optimizer_state = to_bytes(t.optimizer_params * optimizer_bytes);
@@ -275,10 +299,14 @@ class Estimator {
 
  private:
   // Routed experts' optimizer state is sharded over their own data-parallel group.
-  void add_params(int stage, double params, bool routed_expert) {
+  void add_params(int stage, double params, bool routed_expert, bool fp8_linear) {
     const double group = static_cast<double>(l_.dp) * l_.cp / (routed_expert ? l_.ep : 1);
     stages_[stage].params += params;
     stages_[stage].sharded_params += params / group;
+    if (fp8_linear) {
+      stages_[stage].fp8_params += params;
+      stages_[stage].sharded_fp8 += params / group;
+    }
     if (frozen_) {
       stages_[stage].frozen_params += params;
       stages_[stage].sharded_frozen += params / group;

@@ -71,6 +71,7 @@ Layout parse_layout(JsonReader& r) {
   l.tp_backward_overlap = r.optional_bool("tp_backward_overlap", true);
   l.fp8_recipe =
       *parse_fp8_recipe(r.optional_enum("fp8_recipe", "delayed", {"delayed", "tensorwise"}));
+  l.fp8_param_gather = r.optional_bool("fp8_param_gather", false);
   l.grad_reduce_dtype = *parse_grad_reduce_dtype(
       r.optional_enum("grad_reduce_dtype", "default", {"default", "fp32", "bf16", "fp16"}));
   l.first_stage_layers = static_cast<int>(r.optional_int("first_stage_layers", 0, 0, kMaxDegree));
@@ -101,6 +102,7 @@ nlohmann::json layout_to_json(const Layout& l) {
   if (l.account_for_loss) j["account_for_loss"] = true;
   if (l.fp8_recipe != Fp8Recipe::kDelayed) j["fp8_recipe"] = to_string(l.fp8_recipe);
   if (l.cp_comm != CpComm::kP2P) j["cp_comm"] = to_string(l.cp_comm);
+  if (l.fp8_param_gather) j["fp8_param_gather"] = true;
   if (l.grad_reduce_dtype != GradReduceDtype::kDefault)
     j["grad_reduce_dtype"] = to_string(l.grad_reduce_dtype);
   if (!l.tp_backward_overlap) j["tp_backward_overlap"] = false;

@@ -416,7 +416,8 @@ std::vector<int> layout_key(const Layout& l) {
                           l.tp_backward_overlap,
                           static_cast<int>(l.fp8_recipe),
                           static_cast<int>(l.cp_comm),
-                          static_cast<int>(l.grad_reduce_dtype)};
+                          static_cast<int>(l.grad_reduce_dtype),
+                          l.fp8_param_gather};
 }
 
 // The LLM side of a plan: placement, the LLM's layout, schedule and first rank.
@@ -788,6 +789,7 @@ class Searcher {
           l.sequence_parallel = fx.sequence_parallel.value_or(tp > 1);
           l.fp8_recipe = fx.fp8_recipe.value_or(Fp8Recipe::kDelayed);
           l.grad_reduce_dtype = fx.grad_reduce_dtype.value_or(GradReduceDtype::kDefault);
+          l.fp8_param_gather = fx.fp8_param_gather.value_or(false);
           const bool even = layers_ % pp == 0;
           if (!even) uneven_split(pp, l);
           std::vector<int> eps{1};
@@ -936,6 +938,7 @@ class Searcher {
             mp.layout.distributed_optimizer = dopt;
             mp.layout.fp8_recipe = fx.fp8_recipe.value_or(llm.fp8_recipe);
             mp.layout.grad_reduce_dtype = fx.grad_reduce_dtype.value_or(llm.grad_reduce_dtype);
+            mp.layout.fp8_param_gather = fx.fp8_param_gather.value_or(llm.fp8_param_gather);
             x.plan.modules.push_back(mp);
             x.distopt_variants *= dv;
             add_encoders(x, k + 1, gpus_of, out);

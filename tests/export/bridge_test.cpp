@@ -136,11 +136,15 @@ TEST(ExportMegatronBridge, RefusesWhatMegatronMimoRejects) {
 }
 
 // FP8 plans name the mixed-precision recipe of their scaling (Megatron-Bridge's
-// bf16_with_fp8_{delayed,current}_scaling_mixed).
+// bf16_with_fp8_{delayed,current}_scaling_mixed), which hold the Linear weights in FP8: a
+// plan without fp8_param_gather is refused.
 TEST(ExportMegatronBridge, Fp8NamesItsScalingRecipe) {
   planner::Scenario s = scenario("llama-3.1-8b", 4, 8192, 512, 0, "fp8");
   Plan p;
   p.layout = layout(2, 1, 16);
+  EXPECT_NE(refusal(s, p, Target::kMegatronBridge).find("fp8 without fp8_param_gather"),
+            std::string::npos);
+  p.layout.fp8_param_gather = true;
   EXPECT_EQ(bridge(s, p).at("mixed_precision"), "\"bf16_with_fp8_delayed_scaling_mixed\"");
   p.layout.fp8_recipe = planner::Fp8Recipe::kTensorwise;
   EXPECT_EQ(bridge(s, p).at("mixed_precision"), "\"bf16_with_fp8_current_scaling_mixed\"");

@@ -134,6 +134,12 @@ TEST(ExportMegatron, MixtureOfExpertsAndPrecisions) {
   EXPECT_EQ(fs.at("--expert-model-parallel-size"), "8");
   EXPECT_EQ(f.at("--fp8-format"), "hybrid");
   EXPECT_EQ(f.at("--fp8-recipe"), "delayed");
+  EXPECT_EQ(f.count("--fp8-param-gather"), 0u);
+  Plan fp8_params = p;
+  fp8_params.layout.fp8_param_gather = true;
+  EXPECT_EQ(all_flags(exported(s, fp8_params, Target::kMegatron).at("launch.sh"))
+                .count("--fp8-param-gather"),
+            1u);
   EXPECT_EQ(f.count("--cp-comm-type"), 0u);  // cp 1
   Plan gather = p;
   gather.layout.cp = 2;

@@ -323,6 +323,31 @@ TEST(Lower, DataParallelReducesEachBucketOnce) {
   }
 }
 
+// The distributed optimizer's parameter all-gather moves the weights as held: bf16 (FP8
+// training casts them for each GEMM), or, with fp8_param_gather, the Linear weights in one
+// byte. tiny: 8 layers of 1024 x (1024 + 2 x 512) + 1024 x 1024 + 3 x 1024 x 4096 weights.
+TEST(Lower, ParameterAllGatherMovesTheWeightsAsHeld) {
+  Scenario s = make(8, 16, 2);
+  s.workload.precision = hardware::Precision::kFp8;
+  const double params = static_cast<double>(models::count_params(s.model).total);
+  const double linear = 8.0 * (1024.0 * 2048 + 1024.0 * 1024 + 3 * 1024.0 * 4096);
+  for (bool fp8 : {false, true}) {
+    Plan p = plan(1, 1, 16);
+    p.layout.distributed_optimizer = true;
+    p.layout.overlap_param_gather = false;  // every bucket's gather is simulated
+    p.layout.fp8_param_gather = fp8;
+    LoweredPlan lp = lowered(s, p);
+    Bytes gathered;
+    for (int t = 0; t < lp.graph.num_tasks(); ++t) {
+      const sim::Task& task = lp.graph.task(TaskId(t));
+      if (lp.graph.label_text(task.label.category) == "dp_comm" &&
+          task.collective == sim::CollectiveKind::kAllGather)
+        gathered += task.bytes;
+    }
+    EXPECT_NEAR(gathered.as_double(), 2 * params - (fp8 ? linear : 0), 1e-9 * params) << fp8;
+  }
+}
+
 TEST(Lower, GraphsValidateAndAreDeterministic) {
   Scenario s = make(8, 32, 2);
   std::vector<Plan> plans = {
@@ -443,6 +468,9 @@ TEST(Lower, InfeasiblePlansSayWhy) {
             "the weights' dtype (bf16)");
   fp16_grads.layout.grad_reduce_dtype = GradReduceDtype::kBf16;
   EXPECT_EQ(why(fp16_grads), "");
+  Plan fp8_params = plan(2, 2, 2);
+  fp8_params.layout.fp8_param_gather = true;
+  EXPECT_EQ(why(fp8_params), "fp8_param_gather needs workload precision fp8, not bf16");
   EXPECT_EQ(why(plan(1, 2, 4, Schedule::kInterleaved, 1)),
             "the interleaved schedule needs vpp > 1");
   EXPECT_EQ(why(plan(1, 2, 4, Schedule::k1F1B, 2)), "vpp 2 needs the interleaved schedule");

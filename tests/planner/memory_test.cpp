@@ -263,6 +263,30 @@ TEST(MemoryModelState, RoutedExpertsSplitByEp) {
   EXPECT_DOUBLE_EQ(a.optimizer_state.as_double(), 12 * (dense + experts) / 8);
 }
 
+// fp8_param_gather holds the TE Linear weights (every GEMM of the layers) in one byte; the
+// embedding, the output layer and the norms stay bf16. Llama 3.1 8B: 32 layers of
+// 4096 x (4096 + 2 x 1024) + 4096 x 4096 + 3 x 4096 x 14336 weights. FSDP's shards and the
+// gathered blocks follow (the largest gathered block, the bf16 head, unchanged).
+TEST(MemoryModelState, Fp8ParamGatherHoldsLinearWeightsInOneByte) {
+  auto s = parse_scenario_text(R"({"model": "llama-3.1-8b", "workload": {"seq_len": 4096,
+      "global_batch": 64, "precision": "fp8"}, "cluster": {"profile": "dgx-h100", "nodes": 8}})",
+                               "test.json");
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  const double linear = 32.0 * (4096.0 * 6144 + 4096.0 * 4096 + 3 * 4096.0 * 14336);
+  for (bool fsdp : {false, true}) {
+    Layout bf16{.dp = 8, .fsdp = fsdp};
+    Layout fp8 = bf16;
+    fp8.fp8_param_gather = true;
+    const MemoryBreakdown a = estimate_memory(*s, plan(bf16)).per_stage[0];
+    const MemoryBreakdown b = estimate_memory(*s, plan(fp8)).per_stage[0];
+    EXPECT_NEAR(a.weights.as_double() - b.weights.as_double(), fsdp ? linear / 8 : linear,
+                1e-9 * linear)
+        << fsdp;
+    EXPECT_EQ(a.gradients, b.gradients);
+    EXPECT_EQ(a.optimizer_state, b.optimizer_state);
+  }
+}
+
 // FSDP with EP: the dense state sharded over dp = 8, the routed experts (one per layer and
 // rank under EP 8, two under EP 4) over their expert-DP group, dp / ep ranks; kept from
 // forward to backward, every local parameter is gathered on top.

@@ -184,19 +184,23 @@ TEST(Search, KeepsTheGradReduceDtypeOfTheSearchSection) {
   EXPECT_LT(estimate_memory(s, same).peak, estimate_memory(s, fp32.top[0].plan).peak);
 }
 
-// The FP8 recipe is the run's numerics: fixed by the search section (every module's
-// layout carries it), never searched; current scaling costs the amax passes, so the same
-// plans take longer than under delayed scaling.
+// The FP8 recipe and FP8 parameters are the run's numerics: fixed by the search section
+// (every module's layout carries them), never searched; current scaling costs the amax
+// passes, so the same plans take longer than under delayed scaling.
 TEST(Search, KeepsTheFp8RecipeOfTheSearchSection) {
   const SearchResult delayed = run(tiny("", 8, "fp8"), threads(2));
   const SearchResult current =
-      run(tiny(R"({"llm": {"fp8_recipe": "tensorwise"}})", 8, "fp8"), threads(2));
+      run(tiny(R"({"llm": {"fp8_recipe": "tensorwise", "fp8_param_gather": true}})", 8, "fp8"),
+          threads(2));
   ASSERT_FALSE(delayed.top.empty());
   ASSERT_FALSE(current.top.empty());
   for (const RankedPlan& p : current.top) {
     EXPECT_EQ(p.plan.layout.fp8_recipe, Fp8Recipe::kTensorwise) << describe(p.plan);
-    for (const ModulePlan& m : p.plan.modules)
+    EXPECT_TRUE(p.plan.layout.fp8_param_gather);
+    for (const ModulePlan& m : p.plan.modules) {
       EXPECT_EQ(m.layout.fp8_recipe, Fp8Recipe::kTensorwise);
+      EXPECT_TRUE(m.layout.fp8_param_gather);
+    }
   }
   for (const RankedPlan& p : delayed.top) EXPECT_EQ(p.plan.layout.fp8_recipe, Fp8Recipe::kDelayed);
   EXPECT_GT(current.top[0].metrics.iteration_time, delayed.top[0].metrics.iteration_time);
@@ -393,6 +397,7 @@ TEST(Search, BadSearchSectionsNameThePath) {
       {R"({"colour": 1})", "search.colour"},
       {R"({"llm": {"fp8_recipe": "current"}})", "search.llm.fp8_recipe"},
       {R"({"llm": {"grad_reduce_dtype": "fp8"}})", "search.llm.grad_reduce_dtype"},
+      {R"({"llm": {"fp8_param_gather": "yes"}})", "search.llm.fp8_param_gather"},
   };
   for (const auto& [section, path] : cases) {
     auto s = parse_scenario_text(base + section + "}", "x.json");

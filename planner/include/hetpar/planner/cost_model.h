@@ -98,6 +98,9 @@ struct Block {
   std::vector<WorkStep> steps;  // forward order; adjacent compute steps already merged
   int64_t dense_params = 0;     // this rank's shard, reduced over dp x cp
   int64_t expert_params = 0;    // this rank's experts, reduced over the expert-dp group
+  /// Of dense_params / expert_params: TE Linear weights (memory.h is_fp8_linear), which
+  /// Layout::fp8_param_gather holds and gathers in FP8.
+  int64_t dense_fp8_params = 0, expert_fp8_params = 0;
   bool empty() const { return steps.empty() && dense_params == 0 && expert_params == 0; }
 };
 

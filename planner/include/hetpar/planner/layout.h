@@ -95,6 +95,12 @@ struct Layout {
   bool tp_backward_overlap = true;
   Fp8Recipe fp8_recipe = Fp8Recipe::kDelayed;  // meaningful for fp8 workloads only
   GradReduceDtype grad_reduce_dtype = GradReduceDtype::kDefault;
+  /// FP8 training: the weights of the Transformer Engine Linear layers (every GEMM of the
+  /// layers but the MoE router) are held in FP8, so the distributed optimizer's and FSDP's
+  /// parameter all-gathers move 1 byte each instead of 2 (Megatron-LM --fp8-param-gather;
+  /// Megatron-Bridge mixed_precision.fp8_param_gather, on in its FP8 recipes). The optimizer
+  /// keeps its fp32 master copy. Off: bf16 weights, cast to FP8 for the GEMMs.
+  bool fp8_param_gather = false;
   // Uneven pipeline splits of the LLM's layers (Megatron-LM; schedule.h's
   // layers_per_virtual_stage). first/last_stage_layers: --decoder-first/last-pipeline-
   // num-layers, the layers of pipeline stage 0 / pp-1 (0 = not set), the rest split evenly

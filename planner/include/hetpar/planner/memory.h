@@ -110,6 +110,14 @@ int gradient_bytes(hardware::Precision p, GradReduceDtype d = GradReduceDtype::k
 /// Bytes per element of the parameters a rank holds (and FSDP gathers): 2 (bf16 / fp16;
 /// fp8 training keeps bf16 weights), 4 for fp32 / tf32 training.
 int weight_bytes(hardware::Precision p);
+/// Whether op's weight is a Transformer Engine Linear's (every GEMM of the layers but the
+/// MoE router), which FP8 training runs in FP8 and Layout::fp8_param_gather holds in FP8.
+bool is_fp8_linear(const models::Op& op);
+/// Bytes `params` parameters occupy (and an all-gather of them moves), `fp8_params` of them
+/// TE Linear weights: 1 byte each for those with the layout's fp8_param_gather, else
+/// weight_bytes().
+int64_t held_weight_bytes(int64_t params, int64_t fp8_params, hardware::Precision p,
+                          const Layout& l);
 
 /// Micro-batches whose activations pipeline stage `stage` (0-based, of pp) holds at its
 /// peak, in units of the stage's whole activations for one micro-batch, with m micro-batches

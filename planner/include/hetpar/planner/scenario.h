@@ -52,6 +52,8 @@ struct LayoutFix {
   /// The gradient buffer's dtype every searched layout uses (Layout::grad_reduce_dtype;
   /// default: the trainers'). Not searched either: it changes the numerics.
   std::optional<GradReduceDtype> grad_reduce_dtype;
+  /// FP8 parameters (Layout::fp8_param_gather) in every searched layout; default off.
+  std::optional<bool> fp8_param_gather;
   /// How CP exchanges K,V in layouts with cp > 1; unset: the ring (p2p) only, which the
   /// simulator rates at least as fast wherever the ring's steps hide their transfers;
   /// `any_cp_comm`: both (more plans to simulate: +50% search time on the 1024-GPU example).
