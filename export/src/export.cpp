@@ -4,7 +4,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
+#include <map>
 #include <variant>
 
 #include "hetpar/planner/lower.h"
@@ -234,16 +236,36 @@ std::string yaml_bool(bool b) {
 }
 
 std::string render_yaml(const std::vector<Setting>& settings) {
-  std::string out;
-  std::vector<std::string> open;  // the parent keys of the previous setting
-  for (const Setting& s : settings) {
+  auto split = [](const std::string& key) {
     std::vector<std::string> parts;
     for (size_t start = 0;;) {
-      size_t dot = s.key.find('.', start);
-      parts.push_back(s.key.substr(start, dot - start));
+      size_t dot = key.find('.', start);
+      parts.push_back(key.substr(start, dot - start));
       if (dot == std::string::npos) break;
       start = dot + 1;
     }
+    return parts;
+  };
+  // Group the settings under their parents, each parent where its first key appears (a YAML
+  // mapping may not repeat a key): sort by the first-appearance rank of each prefix.
+  std::map<std::string, size_t> first;  // dotted prefix -> index of its first setting
+  std::vector<std::pair<std::vector<size_t>, size_t>> order;
+  for (size_t i = 0; i < settings.size(); ++i) {
+    std::vector<size_t> rank;
+    std::string prefix;
+    for (const std::string& part : split(settings[i].key)) {
+      prefix += (prefix.empty() ? "" : ".") + part;
+      rank.push_back(first.emplace(prefix, i).first->second);
+    }
+    order.emplace_back(std::move(rank), i);
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::string out;
+  std::vector<std::string> open;  // the parent keys of the previous setting
+  for (const auto& [rank, index] : order) {
+    const Setting& s = settings[index];
+    const std::vector<std::string> parts = split(s.key);
     size_t common = 0;
     while (common < open.size() && common + 1 < parts.size() && open[common] == parts[common])
       ++common;

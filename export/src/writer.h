@@ -95,7 +95,8 @@ struct Setting {
 };
 std::string yaml_string(std::string_view s);  // "\"...\""
 std::string yaml_bool(bool b);
-/// Nested block YAML of `settings` (keys sharing a prefix must be adjacent), 2-space indent.
+/// Nested block YAML of `settings`, 2-space indent: keys sharing a prefix are grouped under
+/// it, each group where its first key appears (a YAML mapping may not repeat a key).
 std::string render_yaml(const std::vector<Setting>& settings);
 
 /// A command-line flag: `--name value`, or `--name` alone when value is empty.

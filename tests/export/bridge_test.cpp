@@ -135,6 +135,32 @@ TEST(ExportMegatronBridge, RefusesWhatMegatronMimoRejects) {
   EXPECT_NE(refusal(s, p, Target::kMegatronBridge).find("precision fp32"), std::string::npos);
 }
 
+// FSDP sets ddp.* around dist.use_megatron_fsdp: each section is one YAML mapping (a
+// repeated `ddp:` would replace the first, losing use_distributed_optimizer).
+TEST(ExportMegatronBridge, EachSectionIsOneMapping) {
+  planner::Scenario s = scenario("llama-3.1-8b", 1, 8192, 128, 0, "fp8");
+  Plan p;
+  p.layout = layout(1, 1, 8);
+  p.layout.fsdp = true;
+  p.layout.fp8_param_gather = true;
+  const std::string yaml = exported(s, p, Target::kMegatronBridge).at("megatron_bridge.yaml");
+  std::map<std::string, int> top;
+  size_t start = 0;
+  while (start < yaml.size()) {
+    size_t end = yaml.find('\n', start);
+    if (end == std::string::npos) end = yaml.size();
+    const std::string line = yaml.substr(start, end - start);
+    if (!line.empty() && line[0] != ' ' && line[0] != '#') ++top[line.substr(0, line.find(':'))];
+    start = end + 1;
+  }
+  ASSERT_TRUE(top.count("ddp"));
+  for (const auto& [key, n] : top) EXPECT_EQ(n, 1) << key;
+  const auto y = bridge(s, p);
+  EXPECT_EQ(y.at("ddp.use_distributed_optimizer"), "true");
+  EXPECT_EQ(y.at("ddp.use_megatron_fsdp"), "true");
+  EXPECT_EQ(y.at("dist.use_megatron_fsdp"), "true");
+}
+
 // FP8 plans name the mixed-precision recipe of their scaling (Megatron-Bridge's
 // bf16_with_fp8_{delayed,current}_scaling_mixed), which hold the Linear weights in FP8: a
 // plan without fp8_param_gather is refused.
