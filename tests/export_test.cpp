@@ -175,6 +175,7 @@ TEST(ExportVocabulary, MegatronEmitsOnlyMegatronLmFlags) {
   Plan moe;
   moe.layout = layout(2, 4, 8);
   moe.layout.ep = 8;
+  moe.layout.sequence_parallel = true;  // Megatron-Core: EP with TP needs SP
   expect_known_names(Target::kMegatron, scenario("mixtral-8x7b", 8, 4096, 256), {moe});
   Plan vlm;
   vlm.layout = layout(2, 1, 4, 2);
@@ -226,6 +227,7 @@ TEST(ExportVocabulary, MegatronMimoEmitsMegatronLmAndExampleFlags) {
   Plan moe;
   moe.layout = layout(2, 4, 8);
   moe.layout.ep = 8;
+  moe.layout.sequence_parallel = true;  // Megatron-Core: EP with TP needs SP
   expect_known_names(Target::kMegatronMimo, scenario("mixtral-8x7b", 8, 4096, 256), {moe});
   expect_known_names(Target::kMegatronMimo, scenario("llama-3.1-8b", 4, 8192, 512),
                      {megatron_plans()[0]});
@@ -241,6 +243,7 @@ TEST(ExportVocabulary, MegatronBridgeEmitsOnlyConfigContainerKeys) {
   Plan moe;
   moe.layout = layout(2, 4, 8);
   moe.layout.ep = 8;
+  moe.layout.sequence_parallel = true;  // Megatron-Core: EP with TP needs SP
   expect_known_names(Target::kMegatronBridge, scenario("mixtral-8x7b", 8, 4096, 256, 0, "fp16"),
                      {moe});
 }
@@ -273,7 +276,7 @@ TEST(ExportVocabulary, TorchtitanDeepspeedNanotronEmitOnlyTheirKeys) {
   expect_known_names(Target::kDeepspeed, llama, {ds});
   expect_known_names(Target::kDeepspeed, scenario("llama-3.1-8b", 4, 8192, 512, 0, "fp16"), {ds});
   Plan ds_moe = ds;
-  ds_moe.layout = layout(2, 4, 8);
+  ds_moe.layout = layout(1, 4, 16);  // EP with TP would need SP, which DeepSpeed lacks
   ds_moe.layout.ep = 8;
   ds_moe.layout.overlap_grad_reduce = false;
   expect_known_names(Target::kDeepspeed, scenario("mixtral-8x7b", 8, 4096, 256), {ds_moe});

@@ -349,6 +349,15 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
   // the TP size), otherwise the whole, replicated tensor.
   m.boundary_bytes = tp && l.sequence_parallel ? activation / l.tp : activation;
 
+  // A MoE layer under TP with SP (Megatron-Core's token dispatchers): the router and the
+  // permutation run on this rank's sequence slice, the permuted tokens are all-gathered
+  // over the TP group for the TP-split experts and reduce-scattered back before the
+  // combine (moe/token_dispatcher.py: gather_from_sequence_parallel_region over the TP
+  // group, after the EP all-to-all), in place of the MLP's all-gather / reduce-scatter of
+  // the hidden states: top_k times their tokens. Not overlapped with the expert GEMMs.
+  const bool moe_sp = tp && l.sequence_parallel &&
+                      std::any_of(g.ops.begin(), g.ops.end(),
+                                  [](const models::Op& o) { return o.name == "moe_dispatch"; });
   bool seen_layer = false;
   for (const models::Op& op : g.ops) {
     const auto op_index = static_cast<int32_t>(&op - g.ops.data());
@@ -361,9 +370,13 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
     (expert ? block.expert_params : block.dense_params) += params;
     if (is_fp8_linear(op)) (expert ? block.expert_fp8_params : block.dense_fp8_params) += params;
 
-    if (tp && (op.name == "attn_residual" || op.name == "mlp_residual"))
+    if (tp && (op.name == "attn_residual" || (op.name == "mlp_residual" && !moe_sp)))
       b.comm(StepKind::kTpExit, activation);
     if (tp && op.name == "logits") b.comm(StepKind::kTpEntry, activation);
+    if (moe_sp && op.name == "moe_combine")  // the permuted tokens of all TP ranks
+      b.comm(StepKind::kTpExit,
+             Bytes(tokens / cp * static_cast<int64_t>(op.read.count() / op.written.count()) *
+                   g.hidden * e));
     if (l.ep > 1 && op.name == "moe_combine") {
       const int64_t routed = tokens / cp / (l.sequence_parallel ? l.tp : 1) *
                              static_cast<int64_t>(op.read.count() / op.written.count());
@@ -376,13 +389,13 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
       const int64_t kv = 2 * (s.batch * s.seq_q / cp) * (s.kv_heads / l.tp) * s.head_dim;
       b.comm(StepKind::kCpAttention, Bytes(kv * e), c, op_index);
     } else if (tp && l.tp_backward_overlap && op.kind == models::OpKind::kGemm &&
-               gemm_split(op, g) == Split::kColumn && b.after_tp_entry()) {
+               gemm_split(op, g) == Split::kColumn && b.after_tp_entry() && !expert) {
       b.linear_after_tp_entry(c, op_index);
     } else {
       b.compute(c, op_index);
     }
 
-    if (tp && (op.name == "attn_norm" || op.name == "mlp_norm")) {
+    if (tp && (op.name == "attn_norm" || (op.name == "mlp_norm" && !moe_sp))) {
       b.comm(StepKind::kTpEntry, activation);
       // FP8: the norm's output reaches qkv / fc1 (TE LayerNormLinear / LayerNormMLP) as FP8,
       // quantised before the SP all-gather (layernorm_linear.py, layernorm_mlp.py:
@@ -398,6 +411,10 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
                              static_cast<int64_t>(op.written.count() / op.read.count());
       b.comm(StepKind::kEpAllToAll, Bytes(routed * g.hidden * e));
     }
+    if (moe_sp && op.name == "moe_dispatch")
+      b.comm(StepKind::kTpEntry,
+             Bytes(tokens / cp * static_cast<int64_t>(op.written.count() / op.read.count()) *
+                   g.hidden * e));
   }
   HETPAR_CHECK(m.layers == 0 || seen_layer, "module graph without its layer 0");
   return m;

@@ -247,6 +247,8 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
       return fmt::format("ep {} does not divide experts {}", l.ep, llm.moe->experts);
     if ((l.dp * l.cp) % l.ep != 0)
       return fmt::format("ep {} does not divide dp {} x cp {}", l.ep, l.dp, l.cp);
+    if (l.tp > 1 && !l.sequence_parallel)  // Megatron-Core's TransformerConfig raises
+      return fmt::format("ep {} with tp {} needs sequence parallelism (sp)", l.ep, l.tp);
   }
   if (hetero) return heterogeneous_infeasibility(s, p);
   return {};

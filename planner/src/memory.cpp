@@ -98,12 +98,14 @@ double local_params(const models::Op& op, bool stem, const Layout& l, double voc
 
 // Share of op's saved activations one rank keeps: CP splits every token; TP splits the
 // tensors inside its region (heads, MLP width, vocabulary), and with SP the rest too, except
-// encoder stems.
+// encoder stems and the routed experts' first GEMM, whose input is the permuted tokens of
+// the whole TP group (cost_model.cpp: gathered after the EP all-to-all).
 double activation_share(const models::Op& op, bool stem, const Layout& l) {
   const bool inside_tp = op.kind == models::OpKind::kAttention ||
                          op.kind == models::OpKind::kLoss || op.name == "attn_out" ||
                          op.name.ends_with("act") || op.name.ends_with("fc2");
-  const int tp = !stem && (l.sequence_parallel || inside_tp) ? l.tp : 1;
+  const bool gathered_experts = is_routed_expert(op) && op.name.ends_with("fc1");
+  const int tp = !stem && !gathered_experts && (l.sequence_parallel || inside_tp) ? l.tp : 1;
   return 1.0 / (static_cast<double>(tp) * l.cp);
 }
 

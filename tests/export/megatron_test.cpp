@@ -122,6 +122,7 @@ TEST(ExportMegatron, MixtureOfExpertsAndPrecisions) {
   Plan p;
   p.layout = layout(2, 4, 8);
   p.layout.ep = 8;
+  p.layout.sequence_parallel = true;  // Megatron-Core: EP with TP needs SP
   const auto f = all_flags(exported(s, p, Target::kMegatron).at("launch.sh"));
   EXPECT_EQ(parse_layout(f, "--", 64, 32), as_run(p.layout));
   EXPECT_EQ(f.at("--num-experts"), "8");

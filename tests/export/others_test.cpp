@@ -167,6 +167,7 @@ TEST(ExportNanotron, RefusesMultimodalAndMoeModels) {
             std::string::npos);
   p.layout = layout(2, 4, 8);
   p.layout.ep = 8;
+  p.layout.sequence_parallel = true;  // Megatron-Core: EP with TP needs SP
   EXPECT_NE(refusal(scenario("mixtral-8x7b", 8, 4096, 256), p, Target::kNanotron)
                 .find("a mixture-of-experts LLM"),
             std::string::npos);

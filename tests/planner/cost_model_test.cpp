@@ -97,6 +97,42 @@ TEST(CostModel, LayerCommunicationPoints) {
   }
 }
 
+// A MoE layer under TP with SP: the attention keeps its entry and exit; the MLP's give way
+// to Megatron-Core's dispatcher collectives: the permuted tokens (top_k per token, of every TP
+// rank) all-gathered after the EP all-to-all and reduce-scattered before the one back, the
+// first expert GEMM not overlapping its entry. Mixtral-sized: 8 experts, top 2, h 4096.
+TEST(CostModel, MoeLayerUnderSequenceParallelGathersThePermutedTokens) {
+  auto spec = models::load_zoo_module("mixtral-8x7b");
+  ASSERT_TRUE(spec.is_ok());
+  models::ModuleInput in;
+  in.seq_len = 4096;
+  const models::OpGraph g = models::build_op_graph(*spec, in);
+  const hardware::DeviceProfile dev = hardware::load_profile("dgx-h100")->gpu;
+  Layout l;
+  l.tp = 2;
+  l.sequence_parallel = true;
+  l.ep = 4;
+  l.dp = 4;
+  const ModuleCost m = module_cost(g, l, true, dev, hardware::Precision::kBf16);
+  std::vector<StepKind> comm;
+  std::vector<Bytes> bytes;
+  for (const WorkStep& s : m.layer.steps)
+    if (s.kind != StepKind::kCompute) {
+      comm.push_back(s.kind);
+      bytes.push_back(s.bytes);
+    }
+  const Bytes hidden(4096LL * 4096 * 2), routed = hidden * 2;
+  ASSERT_EQ(comm,
+            (std::vector<StepKind>{StepKind::kTpEntry, StepKind::kTpExit, StepKind::kEpAllToAll,
+                                   StepKind::kTpEntry, StepKind::kTpExit, StepKind::kEpAllToAll}));
+  EXPECT_EQ(bytes, (std::vector<Bytes>{hidden, hidden, routed / 2, routed, routed, routed / 2}));
+  for (const WorkStep& s : m.layer.steps)
+    if (s.overlaps_tp_entry) {
+      ASSERT_EQ(s.ops.size(), 1u);
+      EXPECT_EQ(g.ops[s.ops[0]].name, "qkv");
+    }
+}
+
 // FP8 under SP: the layer's entries gather qkv's and fc1's inputs as FP8 (1 byte per element,
 // Transformer Engine quantises before the all-gather); their gradients' reduce-scatters, and
 // everything in bf16, keep 2 bytes.

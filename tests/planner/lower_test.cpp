@@ -500,6 +500,11 @@ TEST(Lower, InfeasiblePlansSayWhy) {
   ep2.layout.ep = 2;
   ep2.layout.fsdp = true;  // experts sharded over their expert-DP group
   EXPECT_EQ(infeasibility(moe, ep2), "");
+  Plan ep2tp2 = plan(2, 1, 4);
+  ep2tp2.layout.ep = 2;
+  EXPECT_EQ(infeasibility(moe, ep2tp2), "ep 2 with tp 2 needs sequence parallelism (sp)");
+  ep2tp2.layout.sequence_parallel = true;
+  EXPECT_EQ(infeasibility(moe, ep2tp2), "");
   ASSERT_FALSE(lower(s, plan(3, 1, 1)).is_ok());
 }
 

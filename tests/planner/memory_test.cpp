@@ -263,6 +263,19 @@ TEST(MemoryModelState, RoutedExpertsSplitByEp) {
   EXPECT_DOUBLE_EQ(a.optimizer_state.as_double(), 12 * (dense + experts) / 8);
 }
 
+// Under TP with SP a MoE layer's tensors are split over the TP ranks, but the routed
+// experts' first GEMM keeps its input whole: the permuted tokens of the TP group, gathered
+// after the all-to-all. Mixtral 8x7B: 32 layers of 4096 tokens x top 2 x 4096 bf16 inputs.
+TEST(MemoryModelState, MoeExpertInputsAreGatheredOverTp) {
+  Scenario s = scenario(R"("mixtral-8x7b")", 4096, 64);
+  const MemoryBreakdown one = estimate_memory(s, plan({.dp = 64})).per_stage[0];
+  Layout tp2{.tp = 2, .sequence_parallel = true, .dp = 32};
+  const MemoryBreakdown two = estimate_memory(s, plan(tp2)).per_stage[0];
+  const double fc1_inputs = 32.0 * 4096 * 2 * 4096 * 2;
+  EXPECT_NEAR(two.activations.as_double() - one.activations.as_double() / 2, fc1_inputs / 2,
+              1e-6 * fc1_inputs);
+}
+
 // fp8_param_gather holds the TE Linear weights (every GEMM of the layers) in one byte; the
 // embedding, the output layer and the norms stay bf16. Llama 3.1 8B: 32 layers of
 // 4096 x (4096 + 2 x 1024) + 4096 x 4096 + 3 x 4096 x 14336 weights. FSDP's shards and the
