@@ -65,8 +65,10 @@ TEST(Zoo, ParameterCountsMatchPublished) {
   };
   for (const Case& c : exact)
     EXPECT_EQ(static_cast<double>(count_params(zoo_model(c.name)).total), c.published) << c.name;
-  const std::vector<Case> rounded = {
-      {"gpt3-175b", 175e9}, {"llava-1.5-7b", 7.06e9}, {"qwen3-30b-a3b", 30.5e9}};
+  const std::vector<Case> rounded = {{"gpt3-175b", 175e9},
+                                     {"llava-1.5-7b", 7.06e9},
+                                     {"qwen3-30b-a3b", 30.5e9},
+                                     {"qwen3-235b-a22b", 235e9}};
   for (const Case& c : rounded) {
     ParamCounts p = count_params(zoo_model(c.name));
     EXPECT_LT(rel_err(static_cast<double>(p.total), c.published), 0.005)

@@ -23,11 +23,12 @@ void print_text(const planner::Scenario& s, const planner::Plan& p, const planne
   const planner::Layout& l = p.layout;
   fmt::print("Scenario   {} on {} GPUs\n", s.name, s.cluster.total_gpus());
   fmt::print(
-      "Plan       tp {}{} cp {}{} pp {} vpp {} dp {} ep {}, micro-batch {}, {} schedule, "
+      "Plan       tp {}{} cp {}{} pp {} vpp {} dp {} ep {}{}, micro-batch {}, {} schedule, "
       "recompute {}, {}{}{}{}\n",
       l.tp, l.sequence_parallel ? " (sp)" : "", l.cp,
       l.cp > 1 ? fmt::format(" ({})", planner::to_string(l.cp_comm)) : "", l.pp, l.vpp, l.dp, l.ep,
-      l.micro_batch, planner::to_string(p.schedule), planner::to_string(l.recompute),
+      l.expert_tp() != l.tp ? fmt::format(" etp {}", l.expert_tp()) : "", l.micro_batch,
+      planner::to_string(p.schedule), planner::to_string(l.recompute),
       l.fsdp ? (l.fsdp_reshard_after_forward ? "fsdp (parameters gathered for forward and backward)"
                                              : "fsdp (parameters kept from forward to backward)")
       : l.distributed_optimizer ? "distributed optimizer on"

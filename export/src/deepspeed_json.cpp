@@ -39,6 +39,9 @@ Result<std::vector<ExportFile>> write_deepspeed(const Context& c) {
     case planner::Schedule::k1F1B:
       break;
   }
+  if (l.expert_tp() != l.tp)
+    r.add(fmt::format("experts of their own TP width (etp {}): AutoEP follows AutoTP's sharding",
+                      l.expert_tp()));
   if (l.cp > 1)
     r.add(fmt::format(
         "context parallelism (cp {}): DeepSpeed's sequence parallelism (Ulysses) splits "

@@ -193,6 +193,7 @@ std::string layout_summary(const planner::Layout& l) {
   if (l.vpp > 1) out += fmt::format(" vpp {}", l.vpp);
   out += fmt::format(" dp {}", l.dp);
   if (l.ep > 1) out += fmt::format(" ep {}", l.ep);
+  if (l.expert_tp() != l.tp) out += fmt::format(" etp {}", l.expert_tp());
   out += fmt::format(", micro-batch {}, recompute {}, distributed optimizer {}", l.micro_batch,
                      planner::to_string(l.recompute), l.distributed_optimizer ? "on" : "off");
   if (l.grad_reduce_dtype != planner::GradReduceDtype::kDefault)

@@ -230,8 +230,8 @@ Result<std::vector<ExportFile>> write_megatron(const Context& c) {
   if (l.cp > 1) parallel.push_back({"--cp-comm-type", std::string(planner::to_string(l.cp_comm))});
   if (c.llm.moe) {
     parallel.push_back({"--expert-model-parallel-size", num(l.ep)});
-    // hetpar shards experts over the LLM's TP group (Megatron's default, made explicit).
-    parallel.push_back({"--expert-tensor-parallel-size", num(l.tp)});
+    // The experts' TP width (Layout::etp; the LLM's TP, Megatron's default, made explicit).
+    parallel.push_back({"--expert-tensor-parallel-size", num(l.expert_tp())});
   }
   if (l.sequence_parallel && l.tp > 1) parallel.push_back({"--sequence-parallel", ""});
   for (Flag& f : pipeline_split_flags(c)) parallel.push_back(std::move(f));
@@ -342,7 +342,7 @@ Result<std::vector<ExportFile>> write_megatron_mimo(const Context& c) {
   grids.push_back({"--llm-dp", num(l.dp)});
   if (c.llm.moe) {
     grids.push_back({"--llm-ep", num(l.ep)});
-    grids.push_back({"--llm-expt-tp", num(l.tp)});
+    grids.push_back({"--llm-expt-tp", num(l.expert_tp())});
   }
   std::vector<Flag> llm = pipeline_split_flags(c);
   if (l.sequence_parallel && l.tp > 1) llm.insert(llm.begin(), {"--sequence-parallel", ""});

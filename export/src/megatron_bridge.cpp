@@ -122,11 +122,11 @@ void refuse_mimo(const Context& c, Refusals& r) {
   if (colocated && l.cp > 1)
     r.add(fmt::format("llm cp {} in a colocated placement: MegatronMIMO colocated requires CP 1",
                       l.cp));
-  if (colocated && c.llm.moe && l.tp > 1)
-    r.add(fmt::format(
-        "experts sharded over the LLM's TP {} in a colocated placement: MegatronMIMO colocated "
-        "requires expert_tensor_parallel_size 1",
-        l.tp));
+  if (colocated && c.llm.moe && l.expert_tp() > 1)
+    r.add(
+        fmt::format("experts sharded over TP {} in a colocated placement: MegatronMIMO colocated "
+                    "requires expert_tensor_parallel_size 1 (set etp 1)",
+                    l.expert_tp()));
   for (const planner::ModulePlan& m : c.p.modules) {
     const Layout& e = m.layout;
     if (e.dp < l.dp)
@@ -207,7 +207,7 @@ Result<std::vector<ExportFile>> write_megatron_bridge(const Context& c) {
     if (l.cp > 1) s.push_back({"model.cp_comm_type", yaml_string(planner::to_string(l.cp_comm))});
     if (c.llm.moe) {
       s.push_back({"model.expert_model_parallel_size", num(l.ep)});
-      s.push_back({"model.expert_tensor_parallel_size", num(l.tp)});
+      s.push_back({"model.expert_tensor_parallel_size", num(l.expert_tp())});
     }
     s.push_back({"model.sequence_parallel", yaml_bool(l.sequence_parallel && l.tp > 1)});
     add_recompute(s, l);
@@ -239,7 +239,7 @@ Result<std::vector<ExportFile>> write_megatron_bridge(const Context& c) {
     for (const planner::ModulePlan& m : c.p.modules)
       text += fmt::format("#   {}: {}\n", m.module, transformer_config_fields(m.layout));
     const bool moe = c.llm.moe.has_value();
-    add_module(s, "language", l, moe ? l.ep : 1, moe ? l.tp : 1,
+    add_module(s, "language", l, moe ? l.ep : 1, moe ? l.expert_tp() : 1,
                colocated ? 0 : c.p.llm_first_rank);
     for (const planner::ModulePlan& m : c.p.modules)
       add_module(s, m.module, m.layout, 1, 1, colocated ? 0 : m.first_rank);

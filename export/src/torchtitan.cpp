@@ -32,6 +32,11 @@ Result<std::vector<ExportFile>> write_torchtitan(const Context& c) {
   if (l.ep > 1)
     r.add(fmt::format("expert parallelism (ep {}): torchtitan's EP borrows FSDP-sharded ranks",
                       l.ep));
+  if (l.expert_tp() != l.tp)
+    r.add(
+        fmt::format("experts of their own TP width (etp {}): hetpar's torchtitan export "
+                    "shards experts like the dense layers",
+                    l.expert_tp()));
   const bool only_dp = l.tp == 1 && l.pp == 1 && l.cp == 1;
   if (l.fsdp) {
     // torchtitan's FSDP: data_parallel_shard_degree ranks, CP folded in as it shards.

@@ -92,8 +92,14 @@ constexpr int64_t kCrossEntropyBackwardBytes = 14;
 // cast + transpose of the bf16 output gradient (fp8_cast_transpose_bgrad_fused).
 constexpr int64_t kFp8CastTransposeBytes = 4;
 
+// The TP width an op's GEMM is split over: the routed experts' own (Layout::expert_tp()).
+int gemm_tp(const models::Op& op, const Layout& l) {
+  return is_expert(op) ? l.expert_tp() : l.tp;
+}
+
 // An op's GEMMs before TP / CP sharding; experts: E / ep local experts sharing the tokens
-// the ep group routes to them.
+// the ep group routes to them, of the TP group's whole sequence when the experts are split
+// over it (gathered, module_cost), of this rank's slice with whole experts (expert_tp 1).
 std::vector<models::GemmShape> local_gemms(const models::Op& op, const Layout& l) {
   if (!is_expert(op)) return op.gemms;
   int64_t rows = 0, experts = 0;
@@ -101,7 +107,9 @@ std::vector<models::GemmShape> local_gemms(const models::Op& op, const Layout& l
     rows += s.m * s.batch;
     experts += s.batch;
   }
-  return {{ceil_div(rows, experts) * l.ep, op.gemms[0].n, op.gemms[0].k, experts / l.ep}};
+  const int64_t slices = l.tp / l.expert_tp();
+  return {{ceil_div(ceil_div(rows, experts) * l.ep, slices), op.gemms[0].n, op.gemms[0].k,
+           experts / l.ep}};
 }
 
 bool fp8_input_cast(const models::Op& op) {
@@ -192,8 +200,8 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
       const std::vector<models::GemmShape> shapes = local_gemms(op, l);
       for (models::GemmShape s : shapes) {
         s.m = ceil_div(s.m, cp);
-        if (split == Split::kColumn) s.n = ceil_div(s.n, l.tp);
-        if (split == Split::kRow) s.k = ceil_div(s.k, l.tp);
+        if (split == Split::kColumn) s.n = ceil_div(s.n, gemm_tp(op, l));
+        if (split == Split::kRow) s.k = ceil_div(s.k, gemm_tp(op, l));
         c.forward += dev.gemm_time(s.m, s.n, s.k, s.batch, gp);
         c.dgrad += dev.gemm_time(s.m, s.k, s.n, s.batch, gp);
         c.wgrad += dev.gemm_time(s.k, s.n, s.m, s.batch, gp);
@@ -325,7 +333,7 @@ class BlockBuilder {
 int64_t local_params(const models::Op& op, const models::OpGraph& g, const Layout& l) {
   if (op.kind == models::OpKind::kEmbedding) return op.params / l.tp;  // vocab-parallel
   if (op.kind != models::OpKind::kGemm || gemm_split(op, g) == Split::kNone) return op.params;
-  return op.params / l.tp / (is_expert(op) ? l.ep : 1);
+  return op.params / gemm_tp(op, l) / (is_expert(op) ? l.ep : 1);
 }
 
 }  // namespace
@@ -355,9 +363,11 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
   // combine (moe/token_dispatcher.py: gather_from_sequence_parallel_region over the TP
   // group, after the EP all-to-all), in place of the MLP's all-gather / reduce-scatter of
   // the hidden states: top_k times their tokens. Not overlapped with the expert GEMMs.
+  // With whole experts (expert_tp 1) nothing is gathered: each rank's own slice is routed.
   const bool moe_sp = tp && l.sequence_parallel &&
                       std::any_of(g.ops.begin(), g.ops.end(),
                                   [](const models::Op& o) { return o.name == "moe_dispatch"; });
+  const bool gather_routed = moe_sp && l.expert_tp() > 1;
   bool seen_layer = false;
   for (const models::Op& op : g.ops) {
     const auto op_index = static_cast<int32_t>(&op - g.ops.data());
@@ -373,7 +383,7 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
     if (tp && (op.name == "attn_residual" || (op.name == "mlp_residual" && !moe_sp)))
       b.comm(StepKind::kTpExit, activation);
     if (tp && op.name == "logits") b.comm(StepKind::kTpEntry, activation);
-    if (moe_sp && op.name == "moe_combine")  // the permuted tokens of all TP ranks
+    if (gather_routed && op.name == "moe_combine")  // the permuted tokens of all TP ranks
       b.comm(StepKind::kTpExit,
              Bytes(tokens / cp * static_cast<int64_t>(op.read.count() / op.written.count()) *
                    g.hidden * e));
@@ -411,7 +421,7 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
                              static_cast<int64_t>(op.written.count() / op.read.count());
       b.comm(StepKind::kEpAllToAll, Bytes(routed * g.hidden * e));
     }
-    if (moe_sp && op.name == "moe_dispatch")
+    if (gather_routed && op.name == "moe_dispatch")
       b.comm(StepKind::kTpEntry,
              Bytes(tokens / cp * static_cast<int64_t>(op.written.count() / op.read.count()) *
                    g.hidden * e));
@@ -432,8 +442,8 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
       const Precision gp = gemm_precision(op, p);
       for (models::GemmShape s : local_gemms(op, l)) {
         s.m = ceil_div(s.m, cp);
-        if (split == Split::kColumn) s.n = ceil_div(s.n, l.tp);
-        if (split == Split::kRow) s.k = ceil_div(s.k, l.tp);
+        if (split == Split::kColumn) s.n = ceil_div(s.n, gemm_tp(op, l));
+        if (split == Split::kRow) s.k = ceil_div(s.k, gemm_tp(op, l));
         k.forward.push_back(sim::gemm_kernel(s.m, s.n, s.k, s.batch, elem(gp)));
         k.dgrad.push_back(sim::gemm_kernel(s.m, s.k, s.n, s.batch, elem(gp)));
         k.wgrad.push_back(sim::gemm_kernel(s.k, s.n, s.m, s.batch, elem(gp)));

@@ -203,9 +203,19 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
       if (!why.empty()) return why;
     }
   }
-  if (llm.moe && llm.moe->expert_ffn_hidden % l.tp != 0)
-    return fmt::format("tp {} does not divide expert_ffn_hidden {}", l.tp,
-                       llm.moe->expert_ffn_hidden);
+  if (l.etp < 0 || (l.etp > 0 && l.etp != 1 && l.etp != l.tp))
+    return fmt::format("etp {} must be 1 or tp {} (other expert TP widths are not modelled)", l.etp,
+                       l.tp);
+  if (l.expert_tp() != l.tp && !llm.moe)
+    return fmt::format("etp {} needs a mixture-of-experts llm", l.etp);
+  if (l.expert_tp() != l.tp && !l.sequence_parallel)
+    return fmt::format(
+        "etp {} with tp {} needs sequence parallelism (sp): whole experts run "
+        "on each rank's own sequence slice",
+        l.etp, l.tp);
+  if (llm.moe && llm.moe->expert_ffn_hidden % l.expert_tp() != 0)
+    return fmt::format("{} {} does not divide expert_ffn_hidden {}", l.etp > 0 ? "etp" : "tp",
+                       l.expert_tp(), llm.moe->expert_ffn_hidden);
   if (l.first_stage_layers < 0 || l.last_stage_layers < 0)
     return fmt::format("first_stage_layers {} and last_stage_layers {} must be >= 0",
                        l.first_stage_layers, l.last_stage_layers);
@@ -245,8 +255,11 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
     if (!llm.moe) return fmt::format("ep {} needs a mixture-of-experts llm", l.ep);
     if (llm.moe->experts % l.ep != 0)
       return fmt::format("ep {} does not divide experts {}", l.ep, llm.moe->experts);
-    if ((l.dp * l.cp) % l.ep != 0)
+    if (l.expert_tp() == l.tp && (l.dp * l.cp) % l.ep != 0)
       return fmt::format("ep {} does not divide dp {} x cp {}", l.ep, l.dp, l.cp);
+    if ((l.tp / l.expert_tp() * l.dp * l.cp) % l.ep != 0)
+      return fmt::format("ep {} does not divide tp {} / etp {} x dp {} x cp {}", l.ep, l.tp,
+                         l.expert_tp(), l.dp, l.cp);
     if (l.tp > 1 && !l.sequence_parallel)  // Megatron-Core's TransformerConfig raises
       return fmt::format("ep {} with tp {} needs sequence parallelism (sp)", l.ep, l.tp);
   }
@@ -439,6 +452,9 @@ class Lowering {
 
   void make_groups(GroupSet& gs, const std::vector<std::vector<int>>& locals);
   bool active(int j) const { return slot_[j] >= 0; }
+  // The routed experts reduce (and FSDP shards them) over their own expert-DP group, not
+  // with the dense parameters: with EP, or with whole experts replicated over the TP ranks.
+  bool experts_apart() const { return l_.ep > 1 || l_.expert_tp() != l_.tp; }
   void build_costs();
   void place_blocks();
   void build_stage();
@@ -983,10 +999,10 @@ Lowering::FsdpShards Lowering::fsdp_sharded_params(const PlacedBlock& pb) {
   const Block& b = block(0, pb);
   FsdpShards f;
   if (shards(dp_groups_)) {
-    f.dense = b.dense_params + (l_.ep > 1 ? 0 : b.expert_params);
-    f.dense_fp8 = b.dense_fp8_params + (l_.ep > 1 ? 0 : b.expert_fp8_params);
+    f.dense = b.dense_params + (experts_apart() ? 0 : b.expert_params);
+    f.dense_fp8 = b.dense_fp8_params + (experts_apart() ? 0 : b.expert_fp8_params);
   }
-  if (l_.ep > 1 && shards(edp_groups_)) {
+  if (experts_apart() && shards(edp_groups_)) {
     f.expert = b.expert_params;
     f.expert_fp8 = b.expert_fp8_params;
   }
@@ -1194,14 +1210,18 @@ void Lowering::build_stage() {
     for (int i = 0; i < l_.tp; ++i) locals.back().push_back(j0 + i);
   }
   make_groups(tp_groups_, locals);
+  // Experts see the stage's n ranks in their own order (Layout::etp): local rank
+  // a + etp * (e + ep * d), a the expert-TP rank, e the EP rank, d the expert-DP rank; with
+  // etp = tp that is t + tp * x, x = e + ep * d of the dp x cp positions.
+  const int etp = l_.expert_tp(), edp = n / (etp * l_.ep);
+  auto expert_rank = [&](int a, int e, int d) { return a + etp * (e + l_.ep * d); };
   locals.clear();
-  if (l_.ep > 1) {
-    for (int x0 = 0; x0 < l_.cp * l_.dp; x0 += l_.ep)
-      for (int t = 0; t < l_.tp; ++t) {
+  if (l_.ep > 1)
+    for (int d = 0; d < edp; ++d)
+      for (int a = 0; a < etp; ++a) {
         locals.emplace_back();
-        for (int i = 0; i < l_.ep; ++i) locals.back().push_back(t + l_.tp * (x0 + i));
+        for (int e = 0; e < l_.ep; ++e) locals.back().push_back(expert_rank(a, e, d));
       }
-  }
   make_groups(ep_groups_, locals);
   // CP groups (all-gather CP): the cp ranks of one dp replica with the same tp rank.
   locals.clear();
@@ -1221,11 +1241,11 @@ void Lowering::build_stage() {
   }
   make_groups(dp_groups_, locals);
   locals.clear();
-  if (l_.ep > 1)
-    for (int t = 0; t < l_.tp; ++t)
-      for (int x0 = 0; x0 < l_.ep; ++x0) {
+  if (experts_apart())
+    for (int a = 0; a < etp; ++a)
+      for (int e = 0; e < l_.ep; ++e) {
         locals.emplace_back();
-        for (int x = x0; x < cpdp; x += l_.ep) locals.back().push_back(t + l_.tp * x);
+        for (int d = 0; d < edp; ++d) locals.back().push_back(expert_rank(a, e, d));
       }
   make_groups(edp_groups_, locals);
   // CP ring: each representative's send (0 -> 1 of tp 0 in its replica) and receive
@@ -1283,7 +1303,7 @@ void Lowering::build_stage() {
 void Lowering::gradients_and_optimizer() {
   const int n = stage_ranks();
   const int cpdp = l_.cp * l_.dp;
-  const int edp = cpdp / l_.ep;
+  const int edp = n / (l_.expert_tp() * l_.ep);
   const int64_t bucket_params =
       o_.bucket_params > 0 ? o_.bucket_params : std::max<int64_t>(40'000'000, 1'000'000LL * cpdp);
   const bool dist = l_.distributed_optimizer;
@@ -1329,7 +1349,7 @@ void Lowering::gradients_and_optimizer() {
       last_comm[j] = c;
     });
   };
-  const bool experts_apart = l_.ep > 1;
+  const bool experts_apart = this->experts_apart();
   std::vector<TaskId> ready(n);
   if (l_.fsdp) {  // reduced block by block after each backward (fsdp_reduce)
     buckets.clear();

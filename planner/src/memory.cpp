@@ -93,7 +93,7 @@ double local_params(const models::Op& op, bool stem, const Layout& l, double voc
   const double all = static_cast<double>(op.params);
   if (op.kind == models::OpKind::kEmbedding) return all - vocab_params + vocab_params / l.tp;
   if (op.kind != models::OpKind::kGemm || op.name == "router" || stem) return all;
-  return all / (l.tp * (is_routed_expert(op) ? l.ep : 1));
+  return all / (is_routed_expert(op) ? l.expert_tp() * l.ep : l.tp);
 }
 
 // Share of op's saved activations one rank keeps: CP splits every token; TP splits the
@@ -104,7 +104,8 @@ double activation_share(const models::Op& op, bool stem, const Layout& l) {
   const bool inside_tp = op.kind == models::OpKind::kAttention ||
                          op.kind == models::OpKind::kLoss || op.name == "attn_out" ||
                          op.name.ends_with("act") || op.name.ends_with("fc2");
-  const bool gathered_experts = is_routed_expert(op) && op.name.ends_with("fc1");
+  const bool gathered_experts =
+      is_routed_expert(op) && op.name.ends_with("fc1") && l.expert_tp() > 1;
   const int tp = !stem && !gathered_experts && (l.sequence_parallel || inside_tp) ? l.tp : 1;
   return 1.0 / (static_cast<double>(tp) * l.cp);
 }
@@ -302,7 +303,10 @@ class Estimator {
  private:
   // Routed experts' optimizer state is sharded over their own data-parallel group.
   void add_params(int stage, double params, bool routed_expert, bool fp8_linear) {
-    const double group = static_cast<double>(l_.dp) * l_.cp / (routed_expert ? l_.ep : 1);
+    // Routed experts: their expert-DP group, tp x dp x cp / (expert_tp x ep) ranks.
+    const double group =
+        static_cast<double>(l_.dp) * l_.cp *
+        (routed_expert ? static_cast<double>(l_.tp) / (l_.expert_tp() * l_.ep) : 1);
     stages_[stage].params += params;
     stages_[stage].sharded_params += params / group;
     if (fp8_linear) {

@@ -59,6 +59,7 @@ Layout parse_layout(JsonReader& r) {
   l.vpp = static_cast<int>(r.optional_int("vpp", 1, 1, kMaxDegree));
   l.dp = static_cast<int>(r.optional_int("dp", 1, 1, kMaxDegree));
   l.ep = static_cast<int>(r.optional_int("ep", 1, 1, kMaxDegree));
+  l.etp = static_cast<int>(r.optional_int("etp", 0, 0, kMaxDegree));
   l.micro_batch = static_cast<int>(r.required_int("micro_batch", 1, kMaxDegree));
   l.recompute =
       *parse_recompute(r.optional_enum("recompute", "none", {"none", "selective", "full"}));
@@ -103,6 +104,7 @@ nlohmann::json layout_to_json(const Layout& l) {
   if (l.fp8_recipe != Fp8Recipe::kDelayed) j["fp8_recipe"] = to_string(l.fp8_recipe);
   if (l.cp_comm != CpComm::kP2P) j["cp_comm"] = to_string(l.cp_comm);
   if (l.fp8_param_gather) j["fp8_param_gather"] = true;
+  if (l.etp > 0) j["etp"] = l.etp;
   if (l.grad_reduce_dtype != GradReduceDtype::kDefault)
     j["grad_reduce_dtype"] = to_string(l.grad_reduce_dtype);
   if (!l.tp_backward_overlap) j["tp_backward_overlap"] = false;

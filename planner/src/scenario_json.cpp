@@ -87,6 +87,7 @@ LayoutFix parse_layout_fix(JsonReader& r) {
   degree("vpp", f.vpp);
   degree("dp", f.dp);
   degree("ep", f.ep);
+  degree("etp", f.etp);
   degree("micro_batch", f.micro_batch);
   if (r.has("sp")) f.sequence_parallel = r.optional_bool("sp", false);
   if (r.has("distributed_optimizer"))

@@ -147,10 +147,10 @@ class CostCache {
 
   // The fastest node group's time (a bound for every group).
   const ModuleTime& get(size_t module, const Layout& l, bool context_parallel, bool frozen) {
-    auto key = std::make_tuple(module, l.tp, l.cp, l.sequence_parallel, l.micro_batch,
-                               static_cast<int>(l.recompute), l.flash_attention,
-                               l.tp_backward_overlap, l.ep, static_cast<int>(l.fp8_recipe),
-                               static_cast<int>(l.cp_comm), context_parallel, frozen);
+    auto key = std::make_tuple(
+        module, l.tp, l.cp, l.sequence_parallel, l.micro_batch, static_cast<int>(l.recompute),
+        l.flash_attention, l.tp_backward_overlap, l.ep, l.expert_tp(),
+        static_cast<int>(l.fp8_recipe), static_cast<int>(l.cp_comm), context_parallel, frozen);
     auto it = memo_.find(key);
     if (it != memo_.end()) return it->second;
     const models::OpGraph g = module_graph(s_, module, l);
@@ -189,7 +189,7 @@ class CostCache {
 
  private:
   const Scenario& s_;
-  std::map<std::tuple<size_t, int, int, bool, int, int, bool, bool, int, int, int, bool, bool>,
+  std::map<std::tuple<size_t, int, int, bool, int, int, bool, bool, int, int, int, int, bool, bool>,
            ModuleTime>
       memo_;
 };
@@ -400,6 +400,7 @@ std::vector<int> layout_key(const Layout& l) {
                           l.vpp,
                           l.dp,
                           l.ep,
+                          l.expert_tp(),
                           l.micro_batch,
                           static_cast<int>(l.recompute),
                           l.sequence_parallel,
@@ -460,6 +461,7 @@ std::string describe_layout(const Layout& l, bool llm) {
   if (l.vpp > 1) out += fmt::format(" vpp{}", l.vpp);
   out += fmt::format(" dp{}", l.dp);
   if (l.ep > 1) out += fmt::format(" ep{}", l.ep);
+  if (l.expert_tp() != l.tp) out += fmt::format(" etp{}", l.expert_tp());
   out += fmt::format(" mb{}", l.micro_batch);
   if (l.recompute != Recompute::kNone) out += fmt::format(" rc:{}", to_string(l.recompute));
   if (l.distributed_optimizer) out += " dopt";
@@ -792,11 +794,14 @@ class Searcher {
           l.fp8_param_gather = fx.fp8_param_gather.value_or(false);
           const bool even = layers_ % pp == 0;
           if (!even) uneven_split(pp, l);
+          // Folded experts (search.llm.etp 1) take their EP ranks from TP too.
+          if (moe_experts_ > 0 && fx.etp) l.etp = *fx.etp;
+          const int ep_ranks = dp * cp * tp / l.expert_tp();
           std::vector<int> eps{1};
           if (moe_experts_ > 0) {
             eps.clear();
-            for (int ep = 1; ep <= dp * cp; ep *= 2)
-              if ((dp * cp) % ep == 0 && moe_experts_ % ep == 0) eps.push_back(ep);
+            for (int ep = 1; ep <= ep_ranks; ep *= 2)
+              if (ep_ranks % ep == 0 && moe_experts_ % ep == 0) eps.push_back(ep);
           }
           std::vector<CpComm> comms{CpComm::kP2P};
           if (cp > 1 && fx.any_cp_comm) comms.push_back(CpComm::kAllGather);

@@ -128,6 +128,11 @@ TEST(ExportMegatron, MixtureOfExpertsAndPrecisions) {
   EXPECT_EQ(f.at("--num-experts"), "8");
   EXPECT_EQ(f.at("--moe-router-topk"), "2");
   EXPECT_EQ(f.at("--expert-tensor-parallel-size"), "2");
+  Plan folded = p;  // MoE parallel folding: whole experts, EP over TP x DP
+  folded.layout.etp = 1;
+  EXPECT_EQ(all_flags(exported(s, folded, Target::kMegatron).at("launch.sh"))
+                .at("--expert-tensor-parallel-size"),
+            "1");
   Plan sharded = p;  // Megatron-FSDP shards the experts over their expert-DP group
   sharded.layout.fsdp = true;
   const auto fs = all_flags(exported(s, sharded, Target::kMegatron).at("launch.sh"));

@@ -131,6 +131,27 @@ TEST(CostModel, MoeLayerUnderSequenceParallelGathersThePermutedTokens) {
       ASSERT_EQ(s.ops.size(), 1u);
       EXPECT_EQ(g.ops[s.ops[0]].name, "qkv");
     }
+  // Folded (etp 1): whole experts on this rank's slice, nothing gathered; the same FLOPs.
+  Layout folded = l;
+  folded.etp = 1;
+  folded.ep = 8;
+  folded.dp = 4;
+  const ModuleCost f = module_cost(g, folded, true, dev, hardware::Precision::kBf16);
+  comm.clear();
+  for (const WorkStep& s : f.layer.steps)
+    if (s.kind != StepKind::kCompute) comm.push_back(s.kind);
+  EXPECT_EQ(comm, (std::vector<StepKind>{StepKind::kTpEntry, StepKind::kTpExit,
+                                         StepKind::kEpAllToAll, StepKind::kEpAllToAll}));
+  const OpKernels k =
+      op_kernels(op_named(g, "expert_fc1"), g, folded, true, hardware::Precision::kBf16);
+  ASSERT_FALSE(k.forward.empty());
+  EXPECT_EQ(k.forward[0].n, 14336);  // the gate GEMM whole; split over etp = tp 2, half
+  EXPECT_EQ(
+      op_kernels(op_named(g, "expert_fc1"), g, l, true, hardware::Precision::kBf16).forward[0].n,
+      14336 / 2);
+  EXPECT_NEAR(layer_total(f).forward_flops / layer_total(m).forward_flops, 1.0, 1e-9);
+  // Per rank: one whole expert of eight, as many weights as two halves of experts / 4.
+  EXPECT_EQ(f.layer.expert_params, m.layer.expert_params);
 }
 
 // FP8 under SP: the layer's entries gather qkv's and fc1's inputs as FP8 (1 byte per element,

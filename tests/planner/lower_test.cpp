@@ -583,6 +583,66 @@ TEST(Lower, FsdpShardsExpertsOverTheirExpertDataParallelGroup) {
   }
 }
 
+// MoE parallel folding (etp 1, Megatron-Core's expert_tensor_parallel_size 1): whole
+// experts on each rank's sequence slice, the EP groups of four taken from the stage's eight
+// ranks in the experts' order (tp peers included), no TP gather of the routed tokens, and
+// the expert gradients reduced over expert-DP pairs {e, e + 4}.
+TEST(Lower, FoldedExpertsTakeTheirEpGroupsFromTp) {
+  Scenario moe =
+      make(4, 16, 1, "dgx-h100", "",
+           R"(, "ffn_hidden": 0, "moe": {"experts": 8, "top_k": 2, "expert_ffn_hidden": 2048})");
+  Plan p = plan(2, 1, 4);
+  p.layout.sequence_parallel = true;
+  p.layout.ep = 4;
+  p.layout.etp = 1;
+  ASSERT_EQ(infeasibility(moe, p), "");
+  LoweredPlan lp = lowered(moe, p, {.full_ranks = true});
+  int a2a = 0, tp_comm = 0;
+  std::set<std::vector<RankId>> expert_grads;
+  for (int t = 0; t < lp.graph.num_tasks(); ++t) {
+    const sim::Task& task = lp.graph.task(TaskId(t));
+    const std::string_view cat = lp.graph.label_text(task.label.category);
+    const auto& group = lp.graph.group(task.group);
+    if (cat == "ep_comm") {
+      ++a2a;
+      EXPECT_EQ(group.size(), 4u);
+      // ranks 0-3 or 4-7: both TP ranks of two dp replicas
+      EXPECT_EQ(group.back().value() - group.front().value(), 3);
+      EXPECT_EQ(task.bytes, Bytes(2048LL / 2 * 2 * 1024 * 2));  // tokens / tp x top_k x h
+    }
+    if (cat == "tp_comm") {
+      ++tp_comm;
+      EXPECT_EQ(task.bytes, Bytes(2048LL * 1024 * 2));  // the attention's, hidden states only
+    }
+    if (cat == "dp_comm" &&
+        lp.graph.label_text(task.label.name).find("expert") != std::string_view::npos)
+      expert_grads.insert(std::vector<RankId>(group.begin(), group.end()));
+  }
+  EXPECT_EQ(a2a, 2 * 4 * 4 * 2 * 2);  // 2 EP groups x 4 layers x 4 mb x 2 a2a x (fwd + bwd)
+  EXPECT_GT(tp_comm, 0);
+  ASSERT_FALSE(expert_grads.empty());
+  for (const auto& g : expert_grads) {
+    ASSERT_EQ(g.size(), 2u);
+    EXPECT_EQ(g[1].value() - g[0].value(), 4);
+  }
+  EXPECT_TRUE(run(lp, lp.network).makespan > Time::zero());
+  // Rules: etp 1 or tp, with a MoE model and SP; ep within the folded ranks.
+  Plan bad = p;
+  bad.layout.etp = 3;
+  EXPECT_EQ(infeasibility(moe, bad),
+            "etp 3 must be 1 or tp 2 (other expert TP widths are not modelled)");
+  bad.layout.etp = 1;
+  bad.layout.sequence_parallel = false;
+  EXPECT_NE(infeasibility(moe, bad).find("needs sequence parallelism"), std::string::npos);
+  bad.layout.sequence_parallel = true;
+  bad.layout.ep = 16;
+  EXPECT_NE(infeasibility(moe, bad).find("ep 16 does not divide"), std::string::npos);
+  Plan dense = plan(2, 1, 4);
+  dense.layout.sequence_parallel = true;
+  dense.layout.etp = 1;
+  EXPECT_EQ(infeasibility(make(4, 16, 1), dense), "etp 1 needs a mixture-of-experts llm");
+}
+
 TEST(Lower, MixtureOfExpertsAllToAllOverTheEpGroup) {
   Scenario moe =
       make(4, 16, 1, "dgx-h100", "",

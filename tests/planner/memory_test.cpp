@@ -276,6 +276,29 @@ TEST(MemoryModelState, MoeExpertInputsAreGatheredOverTp) {
               1e-6 * fc1_inputs);
 }
 
+// Folded experts (etp 1): each rank holds whole experts, experts / ep of them, their
+// optimizer state sharded over the expert-DP group tp x dp / ep; the dense weights stay split
+// over TP. Mixtral 8x7B, TP2 SP DP32 EP8 on 64 GPUs: expert-DP 8.
+TEST(MemoryModelState, FoldedExpertsAreWholeAndShardedOverExpertDp) {
+  Scenario s = scenario(R"("mixtral-8x7b")", 4096, 64);
+  const double experts = 32.0 * 8 * 3 * 4096 * 14336;
+  const double dense = static_cast<double>(models::count_params(s.model).total) - experts;
+  Layout split{
+      .tp = 2, .sequence_parallel = true, .dp = 32, .ep = 8, .distributed_optimizer = true};
+  Layout folded = split;
+  folded.etp = 1;
+  const MemoryBreakdown a = estimate_memory(s, plan(split)).per_stage[0];
+  const MemoryBreakdown b = estimate_memory(s, plan(folded)).per_stage[0];
+  // Weights: split experts / (tp ep) vs whole experts / ep; the dense part (/ tp, the
+  // embedding and output vocab-parallel) is the same in both.
+  EXPECT_NEAR(b.weights.as_double() - a.weights.as_double(), 2 * (experts / 8 - experts / 16),
+              1e-9 * experts);
+  // Optimizer: experts / 16 over 32 / 8 = 4 ranks, against experts / 8 over 64 / 8 = 8.
+  EXPECT_NEAR(b.optimizer_state.as_double() - a.optimizer_state.as_double(),
+              12 * (experts / 8 / 8 - experts / 16 / 4), 1e-9 * experts);
+  EXPECT_GT(dense, 0);
+}
+
 // fp8_param_gather holds the TE Linear weights (every GEMM of the layers) in one byte; the
 // embedding, the output layer and the norms stay bf16. Llama 3.1 8B: 32 layers of
 // 4096 x (4096 + 2 x 1024) + 4096 x 4096 + 3 x 4096 x 14336 weights. FSDP's shards and the

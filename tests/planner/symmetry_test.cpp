@@ -119,6 +119,14 @@ std::vector<Case> cases() {
     out.push_back({"dgx-h100 dp16 ep4 fsdp kept gathered (MoE: experts over expert-DP groups)",
                    make("dgx-h100", 2, 32, 4, moe), q});
   }
+  {
+    Plan p = plan(2, 1, 1, 8);  // EP 8 folded over TP 2 x DP 4 of each node
+    p.layout.sequence_parallel = true;
+    p.layout.ep = 8;
+    p.layout.etp = 1;
+    out.push_back({"dgx-h100 tp2 sp dp8 ep8 etp1 (MoE parallel folding)",
+                   make("dgx-h100", 2, 32, 4, moe), p});
+  }
   return out;
 }
 

@@ -63,7 +63,14 @@ struct Layout {
   int pp = 1;
   int vpp = 1;  // virtual pipeline stages per rank (interleaved schedule); 1 = none
   int dp = 1;
-  int ep = 1;           // expert parallel size (MoE only); divides dp * cp
+  int ep = 1;  // expert parallel size (MoE only); divides dp * cp x tp / expert_tp()
+  /// Expert tensor parallel size (Megatron-Core's --expert-tensor-parallel-size): the TP
+  /// width of the routed experts, tp (0, the default) or 1. With 1 ("MoE parallel
+  /// folding") each rank runs whole experts on its own sequence slice and the EP groups span
+  /// the TP ranks too: the stage's ranks in the experts' order, etp fastest, then ep, then
+  /// expert-DP (rank = a + etp * (e + ep * d)).
+  int etp = 0;
+  int expert_tp() const { return etp > 0 ? etp : tp; }
   int micro_batch = 1;  // samples per micro-batch
   models::Recompute recompute = models::Recompute::kNone;
   bool distributed_optimizer = false;  // ZeRO-1: optimizer state sharded over dp

@@ -44,6 +44,9 @@ struct Workload {
 /// A partial layout the search must keep: each set field is fixed, the rest searched.
 struct LayoutFix {
   std::optional<int> tp, cp, pp, vpp, dp, ep, micro_batch;
+  /// The experts' TP width (Layout::etp): 1 folds EP over the TP ranks in every searched
+  /// MoE layout with TP; unset, the experts follow TP.
+  std::optional<int> etp;
   std::optional<bool> sequence_parallel, distributed_optimizer;
   std::optional<models::Recompute> recompute;
   /// The FP8 scaling every searched layout uses (the LLM's fix sets the run's; default
