@@ -377,8 +377,7 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
     BlockBuilder b(block);
     const bool expert = op.kind == models::OpKind::kGemm && is_expert(op);
     const int64_t params = local_params(op, g, l);
-    (expert ? block.expert_params : block.dense_params) += params;
-    if (is_fp8_linear(op)) (expert ? block.expert_fp8_params : block.dense_fp8_params) += params;
+    (expert ? block.expert : block.dense) += {params, is_fp8_linear(op) ? params : 0};
 
     if (tp && (op.name == "attn_residual" || (op.name == "mlp_residual" && !moe_sp)))
       b.comm(StepKind::kTpExit, activation);

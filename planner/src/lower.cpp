@@ -3,11 +3,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <numeric>
 #include <optional>
 #include <tuple>
+#include <utility>
 
 #include "hetpar/core/check.h"
 #include "hetpar/models/totals.h"
@@ -474,14 +477,23 @@ class Lowering {
   template <class PartBytes, class OnRank>
   void fsdp_collectives(const PlacedBlock& pb, CollectiveKind kind, PartBytes&& bytes,
                         int32_t stream, std::string_view what, OnRank&& on_rank);
-  // The block's parameters FSDP shards, per shard group (none with a group of one): over
-  // the dp x cp ranks its dense parameters and, with ep = 1, its experts; with ep > 1 its
-  // experts over their expert-DP group (Megatron-FSDP's and torchtitan's EP meshes).
-  struct FsdpShards {
-    int64_t dense = 0, expert = 0;
-    int64_t dense_fp8 = 0, expert_fp8 = 0;  // of those, TE Linear weights
+  // Parameters (a block's, a bucket's) by the group that reduces, gathers and shards them:
+  // the dense ones over the dp x cp ranks, with the routed experts unless those are apart
+  // (experts_apart()), which go over their expert-DP group. `prefix` names the part in labels.
+  struct ParamPart {
+    const GroupSet* group;
+    ParamCount params;
+    std::string_view prefix;
   };
-  FsdpShards fsdp_sharded_params(const PlacedBlock& pb);
+  std::array<ParamPart, 2> param_parts(ParamCount dense, ParamCount expert) const {
+    if (!experts_apart()) dense += std::exchange(expert, {});
+    return {{{&dp_groups_, dense, ""}, {&edp_groups_, expert, "expert "}}};
+  }
+  // Bytes of weights as held (memory.h held_weight_bytes).
+  Bytes held_bytes(const ParamCount& c) const {
+    return Bytes(std::llround(held_weight_bytes(
+        static_cast<double>(c.all), static_cast<double>(c.fp8), s_.workload.precision, l_)));
+  }
   // What a compute task of a block step runs (LowerOptions::kernels; invalid when off).
   // kDgrad / kStepWgrad: one step's dgrad / wgrad kernels; kWgrad: the whole block's wgrad.
   enum class Use : uint8_t {
@@ -994,45 +1006,24 @@ void Lowering::linear_backward(const PlacedBlock& pb, size_t s, const Labels& lb
   }
 }
 
-Lowering::FsdpShards Lowering::fsdp_sharded_params(const PlacedBlock& pb) {
-  auto shards = [](const GroupSet& gs) { return !gs.locals.empty() && gs.locals[0].size() >= 2; };
-  const Block& b = block(0, pb);
-  FsdpShards f;
-  if (shards(dp_groups_)) {
-    f.dense = b.dense_params + (experts_apart() ? 0 : b.expert_params);
-    f.dense_fp8 = b.dense_fp8_params + (experts_apart() ? 0 : b.expert_fp8_params);
-  }
-  if (experts_apart() && shards(edp_groups_)) {
-    f.expert = b.expert_params;
-    f.expert_fp8 = b.expert_fp8_params;
-  }
-  return f;
-}
-
-// Each of pb's FSDP shard groups in turn (dense over dp x cp, then experts over expert-DP),
-// bytes(params, fp8 params) for its part; on_rank(j, task, previous part's task on j or
-// invalid).
+// Each of pb's FSDP shard groups in turn (param_parts: dense, then experts apart), for
+// groups of two ranks or more; bytes(params) for its part; on_rank(j, task, previous part's
+// task on j or invalid).
 template <class PartBytes, class OnRank>
 void Lowering::fsdp_collectives(const PlacedBlock& pb, CollectiveKind kind, PartBytes&& bytes,
                                 int32_t stream, std::string_view what, OnRank&& on_rank) {
-  const FsdpShards f = fsdp_sharded_params(pb);
-  struct Part {
-    const GroupSet* gs;
-    int64_t params, fp8;
-  };
-  const Part parts[] = {{&dp_groups_, f.dense, f.dense_fp8},
-                        {&edp_groups_, f.expert, f.expert_fp8}};
+  const Block& b = block(0, pb);
   std::vector<TaskId> previous(st_.size()), current(st_.size());
-  for (const Part& part : parts) {
-    if (part.params == 0) continue;
+  for (const ParamPart& part : param_parts(b.dense, b.expert)) {
+    const GroupSet& gs = *part.group;
+    if (part.params.all == 0 || gs.locals.empty() || gs.locals[0].size() < 2) continue;
     const sim::LabelId name =
         g_.label(fmt::format("{}fsdp {} {}{} {} stage {}", role_.prefix, sim::to_string(kind),
-                             part.gs == &edp_groups_ ? "expert " : "", what, pb.name, stage_));
-    group_collectives(*part.gs, kind, Bytes(bytes(part.params, part.fp8)), stream, {cat_dp_, name},
-                      [&](int j, TaskId c) {
-                        on_rank(j, c, previous[j]);
-                        current[j] = c;
-                      });
+                             part.prefix, what, pb.name, stage_));
+    group_collectives(gs, kind, bytes(part.params), stream, {cat_dp_, name}, [&](int j, TaskId c) {
+      on_rank(j, c, previous[j]);
+      current[j] = c;
+    });
     previous = current;
   }
 }
@@ -1040,10 +1031,7 @@ void Lowering::fsdp_collectives(const PlacedBlock& pb, CollectiveKind kind, Part
 void Lowering::fsdp_gather(const PlacedBlock& pb, const std::vector<TaskId>& after) {
   // The block's compute waits for the last gather (rs.gathered).
   fsdp_collectives(
-      pb, CollectiveKind::kAllGather,
-      [&](int64_t params, int64_t fp8) {
-        return held_weight_bytes(params, fp8, s_.workload.precision, l_);
-      },
+      pb, CollectiveKind::kAllGather, [&](const ParamCount& c) { return held_bytes(c); },
       kFsdpGather, "params",
       [&](int j, TaskId c, TaskId previous) {
         if (after[j].valid()) g_.add_dependency(after[j], c);
@@ -1055,7 +1043,7 @@ void Lowering::fsdp_gather(const PlacedBlock& pb, const std::vector<TaskId>& aft
 void Lowering::fsdp_reduce(const PlacedBlock& pb) {
   const int64_t gb = gradient_bytes(s_.workload.precision, l_.grad_reduce_dtype);
   fsdp_collectives(
-      pb, CollectiveKind::kReduceScatter, [&](int64_t params, int64_t) { return params * gb; },
+      pb, CollectiveKind::kReduceScatter, [&](const ParamCount& c) { return Bytes(c.all * gb); },
       kDpStream, "grads",
       [&](int j, TaskId c, TaskId previous) {
         if (st_[j].last.valid()) g_.add_dependency(st_[j].last, c);
@@ -1312,24 +1300,22 @@ void Lowering::gradients_and_optimizer() {
   struct Bucket {
     int chunk = 0;
     size_t first = 0, last = 0;  // block range [first, last]
-    int64_t dense = 0, expert = 0;
-    int64_t dense_fp8 = 0, expert_fp8 = 0;  // of those, TE Linear weights
+    ParamCount dense, expert;
   };
   std::vector<Bucket> buckets;  // in readiness order: chunks backward, blocks backward
   for (int c = l_.vpp - 1; c >= 0; --c) {
     const std::vector<PlacedBlock>& blocks = chunks_[c * l_.pp + stage_];
-    Bucket cur{c, blocks.size(), blocks.size()};
+    Bucket cur{c, blocks.size(), blocks.size(), {}, {}};
     for (size_t b = blocks.size(); b-- > 0;) {
       const Block& blk = block(0, blocks[b]);
       if (cur.first == blocks.size()) cur.last = b;
       cur.first = b;
-      cur.dense += blk.dense_params;
-      cur.expert += blk.expert_params;
-      cur.dense_fp8 += blk.dense_fp8_params;
-      cur.expert_fp8 += blk.expert_fp8_params;
-      if (cur.dense + cur.expert >= bucket_params || b == 0) {
-        if (cur.dense + cur.expert > 0) buckets.push_back(cur);
-        cur = Bucket{c, blocks.size(), blocks.size(), 0, 0};
+      cur.dense += blk.dense;
+      cur.expert += blk.expert;
+      const int64_t all = cur.dense.all + cur.expert.all;
+      if (all >= bucket_params || b == 0) {
+        if (all > 0) buckets.push_back(cur);
+        cur = Bucket{c, blocks.size(), blocks.size(), {}, {}};
       }
     }
   }
@@ -1337,6 +1323,7 @@ void Lowering::gradients_and_optimizer() {
   // Groups (build_stage): dense gradients over the dp x cp ranks with the same tp rank;
   // expert gradients over the expert-dp ranks (same tp rank and ep position).
   std::vector<TaskId> last_comm(n);
+  const int64_t gb = gradient_bytes(s_.workload.precision, l_.grad_reduce_dtype);
   auto reduce_over = [&](Bytes bytes, const Bucket& bk, const std::vector<TaskId>& after,
                          CollectiveKind kind, std::string_view what, const GroupSet& gs) {
     if (gs.locals.empty() || gs.locals[0].size() < 2 || bytes.count() == 0) return;
@@ -1349,7 +1336,6 @@ void Lowering::gradients_and_optimizer() {
       last_comm[j] = c;
     });
   };
-  const bool experts_apart = this->experts_apart();
   std::vector<TaskId> ready(n);
   if (l_.fsdp) {  // reduced block by block after each backward (fsdp_reduce)
     buckets.clear();
@@ -1359,19 +1345,17 @@ void Lowering::gradients_and_optimizer() {
     for (int j : actives_)  // the bucket's lowest block runs its backward last
       ready[j] = l_.overlap_grad_reduce ? last_grad_[bk.chunk][bk.first][j]
                                         : spans_[stage_].back()[slot_[j]].last;
-    const int64_t dense = bk.dense + (experts_apart ? 0 : bk.expert);
-    const int64_t gb = gradient_bytes(s_.workload.precision, l_.grad_reduce_dtype);
-    reduce_over(Bytes(dense * gb), bk, ready, reduce, "grads", dp_groups_);
-    if (experts_apart)
-      reduce_over(Bytes(bk.expert * gb), bk, ready, reduce, "expert grads", edp_groups_);
+    for (const ParamPart& part : param_parts(bk.dense, bk.expert))
+      reduce_over(Bytes(part.params.all * gb), bk, ready, reduce,
+                  fmt::format("{}grads", part.prefix), *part.group);
   }
 
   // Adam over this rank's parameters (its dp shard with the distributed optimizer).
   int64_t dense = 0, expert = 0;
   for (int c = 0; c < l_.vpp; ++c)
     for (const PlacedBlock& pb : chunks_[c * l_.pp + stage_]) {
-      dense += block(0, pb).dense_params;
-      expert += block(0, pb).expert_params;
+      dense += block(0, pb).dense.all;
+      expert += block(0, pb).expert.all;
     }
   const int64_t params = l_.shards_optimizer_state() ? dense / cpdp + expert / edp : dense + expert;
   const sim::LabelId opt_name = g_.label(fmt::format("{}optimizer stage {}", role_.prefix, stage_));
@@ -1394,18 +1378,13 @@ void Lowering::gradients_and_optimizer() {
   if (!dist || l_.fsdp) return;  // FSDP gathers parameters when a block runs
   // Parameter all-gather: buckets in forward order (the reverse of readiness); with
   // overlap_param_gather only the first one, the rest hides behind the next forward.
-  const hardware::Precision prec = s_.workload.precision;
   const size_t gathered =
       l_.overlap_param_gather ? std::min<size_t>(buckets.size(), 1) : buckets.size();
   for (size_t i = 0; i < gathered; ++i) {
     const Bucket& bk = buckets[buckets.size() - 1 - i];
-    const int64_t dense_b = bk.dense + (experts_apart ? 0 : bk.expert);
-    const int64_t dense_fp8 = bk.dense_fp8 + (experts_apart ? 0 : bk.expert_fp8);
-    reduce_over(Bytes(held_weight_bytes(dense_b, dense_fp8, prec, l_)), bk, opt,
-                CollectiveKind::kAllGather, "params", dp_groups_);
-    if (experts_apart)
-      reduce_over(Bytes(held_weight_bytes(bk.expert, bk.expert_fp8, prec, l_)), bk, opt,
-                  CollectiveKind::kAllGather, "expert params", edp_groups_);
+    for (const ParamPart& part : param_parts(bk.dense, bk.expert))
+      reduce_over(held_bytes(part.params), bk, opt, CollectiveKind::kAllGather,
+                  fmt::format("{}params", part.prefix), *part.group);
   }
 }
 

@@ -49,9 +49,8 @@ bool is_fp8_linear(const models::Op& op) {
   return op.kind == models::OpKind::kGemm && op.layer >= 0 && op.name != "router";
 }
 
-int64_t held_weight_bytes(int64_t params, int64_t fp8_params, hardware::Precision p,
-                          const Layout& l) {
-  const int64_t wb = weight_bytes(p);
+double held_weight_bytes(double params, double fp8_params, hardware::Precision p, const Layout& l) {
+  const double wb = weight_bytes(p);
   return params * wb - (l.fp8_param_gather ? fp8_params * (wb - 1) : 0);
 }
 
@@ -205,8 +204,7 @@ class Estimator {
       add_params(st, params, is_routed_expert(op), fp8);
       const size_t u = op.layer >= 0 ? static_cast<size_t>(op.layer) + 2 : before_layers ? 0 : 1;
       unit[u] += params;
-      unit_bytes[u] +=
-          params * (fp8 && l_.fp8_param_gather ? 1 : weight_bytes(s_.workload.precision));
+      unit_bytes[u] += held_weight_bytes(params, fp8 ? params : 0, s_.workload.precision, l_);
       Tally& t = stages_[st];
       t.unit_params = std::max(t.unit_params, unit[u]);
       t.unit_bytes = std::max(t.unit_bytes, unit_bytes[u]);
@@ -260,13 +258,12 @@ class Estimator {
   MemoryReport report() const {
     const bool fp32 = s_.workload.precision == hardware::Precision::kFp32 ||
                       s_.workload.precision == hardware::Precision::kTf32;
-    const double param_bytes = weight_bytes(s_.workload.precision), optimizer_bytes = fp32 ? 8 : 12;
+    const double optimizer_bytes = fp32 ? 8 : 12;
     const double grad_bytes = gradient_bytes(s_.workload.precision, l_.grad_reduce_dtype);
     MemoryReport r;
-    // Bytes of `params` weights, `fp8` of them TE Linear weights (1 byte each with
-    // fp8_param_gather).
-    const double fp8_saving = l_.fp8_param_gather ? param_bytes - 1 : 0;
-    auto held = [&](double params, double fp8) { return params * param_bytes - fp8 * fp8_saving; };
+    auto held = [&](double params, double fp8) {
+      return held_weight_bytes(params, fp8, s_.workload.precision, l_);
+    };
     for (const Tally& t : stages_) {
       MemoryBreakdown b;
       b.weights = to_bytes(held(t.params, t.fp8_params));

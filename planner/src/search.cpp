@@ -170,9 +170,9 @@ class CostCache {
       t.layer = block_time(mc.layer, l, link, frozen);
       t.post = block_time(mc.post, l, link, frozen);
       t.layers = mc.layers;
-      t.pre_params = mc.pre.dense_params;
-      t.layer_params = mc.layer.dense_params;
-      t.post_params = mc.post.dense_params;
+      t.pre_params = mc.pre.dense.all;
+      t.layer_params = mc.layer.dense.all;
+      t.post_params = mc.post.dense.all;
       t.boundary = mc.boundary_bytes;
       if (l.recompute == Recompute::kFull && !frozen) {
         t.layer.b += t.layer.f_compute;

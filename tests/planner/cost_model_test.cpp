@@ -90,7 +90,7 @@ TEST(CostModel, LayerCommunicationPoints) {
       }
     }
     // 12h^2 weights split over 8 ranks (norms replicated, a rounding error here).
-    EXPECT_NEAR(static_cast<double>(m.layer.dense_params) * 8, 12.0 * 12288 * 12288,
+    EXPECT_NEAR(static_cast<double>(m.layer.dense.all) * 8, 12.0 * 12288 * 12288,
                 0.001 * 12 * 12288.0 * 12288);
     // Megatron's pipeline P2P shape: the sequence divided by tp under SP, else the whole.
     EXPECT_EQ(m.boundary_bytes, Bytes(2048LL * 12288 * 2 / (sp ? 8 : 1)));
@@ -151,7 +151,7 @@ TEST(CostModel, MoeLayerUnderSequenceParallelGathersThePermutedTokens) {
       14336 / 2);
   EXPECT_NEAR(layer_total(f).forward_flops / layer_total(m).forward_flops, 1.0, 1e-9);
   // Per rank: one whole expert of eight, as many weights as two halves of experts / 4.
-  EXPECT_EQ(f.layer.expert_params, m.layer.expert_params);
+  EXPECT_EQ(f.layer.expert.all, m.layer.expert.all);
 }
 
 // FP8 under SP: the layer's entries gather qkv's and fc1's inputs as FP8 (1 byte per element,

@@ -93,15 +93,23 @@ struct WorkStep {
   bool overlaps_tp_entry = false;
 };
 
+/// Parameters one rank holds: how many, and how many of them are Transformer Engine Linear
+/// weights (memory.h is_fp8_linear), which Layout::fp8_param_gather holds and gathers in FP8.
+struct ParamCount {
+  int64_t all = 0, fp8 = 0;
+  ParamCount& operator+=(const ParamCount& o) {
+    all += o.all;
+    fp8 += o.fp8;
+    return *this;
+  }
+};
+
 /// The layers of a module share one Block; so do the ops before and after them.
 struct Block {
   std::vector<WorkStep> steps;  // forward order; adjacent compute steps already merged
-  int64_t dense_params = 0;     // this rank's shard, reduced over dp x cp
-  int64_t expert_params = 0;    // this rank's experts, reduced over the expert-dp group
-  /// Of dense_params / expert_params: TE Linear weights (memory.h is_fp8_linear), which
-  /// Layout::fp8_param_gather holds and gathers in FP8.
-  int64_t dense_fp8_params = 0, expert_fp8_params = 0;
-  bool empty() const { return steps.empty() && dense_params == 0 && expert_params == 0; }
+  ParamCount dense;             // this rank's shard, reduced over dp x cp
+  ParamCount expert;            // this rank's routed experts (see lower.cpp's param_parts)
+  bool empty() const { return steps.empty() && dense.all == 0 && expert.all == 0; }
 };
 
 struct ModuleCost {

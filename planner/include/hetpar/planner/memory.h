@@ -115,9 +115,8 @@ int weight_bytes(hardware::Precision p);
 bool is_fp8_linear(const models::Op& op);
 /// Bytes `params` parameters occupy (and an all-gather of them moves), `fp8_params` of them
 /// TE Linear weights: 1 byte each for those with the layout's fp8_param_gather, else
-/// weight_bytes().
-int64_t held_weight_bytes(int64_t params, int64_t fp8_params, hardware::Precision p,
-                          const Layout& l);
+/// weight_bytes(). Fractional counts (a rank's shard of a tally) are allowed.
+double held_weight_bytes(double params, double fp8_params, hardware::Precision p, const Layout& l);
 
 /// Micro-batches whose activations pipeline stage `stage` (0-based, of pp) holds at its
 /// peak, in units of the stage's whole activations for one micro-batch, with m micro-batches
