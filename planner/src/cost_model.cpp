@@ -97,19 +97,31 @@ int gemm_tp(const models::Op& op, const Layout& l) {
   return is_expert(op) ? l.expert_tp() : l.tp;
 }
 
-// An op's GEMMs before TP / CP sharding; experts: E / ep local experts sharing the tokens
-// the ep group routes to them, of the TP group's whole sequence when the experts are split
-// over it (gathered, module_cost), of this rank's slice with whole experts (expert_tp 1).
-std::vector<models::GemmShape> local_gemms(const models::Op& op, const Layout& l) {
-  if (!is_expert(op)) return op.gemms;
-  int64_t rows = 0, experts = 0;
-  for (const auto& s : op.gemms) {
-    rows += s.m * s.batch;
-    experts += s.batch;
+// One rank's shares of an op's GEMMs: rows split by CP, columns (rows of the weight) by
+// the op's TP width for column- (row-) parallel linears. Experts: E / ep local experts
+// sharing the tokens the ep group routes to them, of the TP group's whole sequence when the
+// experts are split over it (gathered, module_cost), of this rank's slice with whole
+// experts (expert_tp 1).
+std::vector<models::GemmShape> rank_gemms(const models::Op& op, const models::OpGraph& g,
+                                          const Layout& l, int64_t cp) {
+  std::vector<models::GemmShape> shapes = op.gemms;
+  if (is_expert(op)) {
+    int64_t rows = 0, experts = 0;
+    for (const auto& s : op.gemms) {
+      rows += s.m * s.batch;
+      experts += s.batch;
+    }
+    const int64_t slices = l.tp / l.expert_tp();
+    shapes = {{ceil_div(ceil_div(rows, experts) * l.ep, slices), op.gemms[0].n, op.gemms[0].k,
+               experts / l.ep}};
   }
-  const int64_t slices = l.tp / l.expert_tp();
-  return {{ceil_div(ceil_div(rows, experts) * l.ep, slices), op.gemms[0].n, op.gemms[0].k,
-           experts / l.ep}};
+  const Split split = gemm_split(op, g);
+  for (models::GemmShape& s : shapes) {
+    s.m = ceil_div(s.m, cp);
+    if (split == Split::kColumn) s.n = ceil_div(s.n, gemm_tp(op, l));
+    if (split == Split::kRow) s.k = ceil_div(s.k, gemm_tp(op, l));
+  }
+  return shapes;
 }
 
 bool fp8_input_cast(const models::Op& op) {
@@ -197,15 +209,11 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
       double shard = split == Split::kNone ? 1.0 : l.tp;
       // Experts: a rank runs E / ep experts on the tokens its ep group routes to them, as
       // many as its own micro-batch routes in all: the op's FLOPs, not 1 / ep of them.
-      const std::vector<models::GemmShape> shapes = local_gemms(op, l);
-      for (models::GemmShape s : shapes) {
-        s.m = ceil_div(s.m, cp);
-        if (split == Split::kColumn) s.n = ceil_div(s.n, gemm_tp(op, l));
-        if (split == Split::kRow) s.k = ceil_div(s.k, gemm_tp(op, l));
+      for (const models::GemmShape& s : rank_gemms(op, g, l, cp)) {
         c.forward += dev.gemm_time(s.m, s.n, s.k, s.batch, gp);
         c.dgrad += dev.gemm_time(s.m, s.k, s.n, s.batch, gp);
         c.wgrad += dev.gemm_time(s.k, s.n, s.m, s.batch, gp);
-        if (gp == Precision::kFp8 && op.layer >= 0 && op.name != "router") {
+        if (gp == Precision::kFp8 && is_fp8_linear(op)) {
           if (fp8_input_cast(op))
             c.forward +=
                 dev.memory_kernel_time(Bytes(kFp8CastTransposeBytes * s.m * s.k * s.batch));
@@ -368,6 +376,13 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
                       std::any_of(g.ops.begin(), g.ops.end(),
                                   [](const models::Op& o) { return o.name == "moe_dispatch"; });
   const bool gather_routed = moe_sp && l.expert_tp() > 1;
+  // A MoE permutation's routed tokens (top_k per token) in bytes: of the CP rank's whole
+  // sequence, or with `slice` of its TP rank's share under SP.
+  auto routed_bytes = [&](const models::Op& op, bool slice) {
+    const int64_t top_k = op.name == "moe_dispatch" ? op.written.count() / op.read.count()
+                                                    : op.read.count() / op.written.count();
+    return Bytes(tokens / cp / (slice && l.sequence_parallel ? l.tp : 1) * top_k * g.hidden * e);
+  };
   bool seen_layer = false;
   for (const models::Op& op : g.ops) {
     const auto op_index = static_cast<int32_t>(&op - g.ops.data());
@@ -383,14 +398,8 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
       b.comm(StepKind::kTpExit, activation);
     if (tp && op.name == "logits") b.comm(StepKind::kTpEntry, activation);
     if (gather_routed && op.name == "moe_combine")  // the permuted tokens of all TP ranks
-      b.comm(StepKind::kTpExit,
-             Bytes(tokens / cp * static_cast<int64_t>(op.read.count() / op.written.count()) *
-                   g.hidden * e));
-    if (l.ep > 1 && op.name == "moe_combine") {
-      const int64_t routed = tokens / cp / (l.sequence_parallel ? l.tp : 1) *
-                             static_cast<int64_t>(op.read.count() / op.written.count());
-      b.comm(StepKind::kEpAllToAll, Bytes(routed * g.hidden * e));
-    }
+      b.comm(StepKind::kTpExit, routed_bytes(op, false));
+    if (l.ep > 1 && op.name == "moe_combine") b.comm(StepKind::kEpAllToAll, routed_bytes(op, true));
 
     const PassCost c = op_cost(op, g, l, context_parallel, dev, p);
     if (op.kind == models::OpKind::kAttention && cp > 1) {
@@ -415,15 +424,10 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
     if (tp && op.kind == models::OpKind::kEmbedding) b.comm(StepKind::kTpExit, activation);
     if (tp && g.kind == models::ModuleKind::kProjector && op.name == "fc2")
       b.comm(StepKind::kTpExit, activation);
-    if (l.ep > 1 && op.name == "moe_dispatch") {
-      const int64_t routed = tokens / cp / (l.sequence_parallel ? l.tp : 1) *
-                             static_cast<int64_t>(op.written.count() / op.read.count());
-      b.comm(StepKind::kEpAllToAll, Bytes(routed * g.hidden * e));
-    }
+    if (l.ep > 1 && op.name == "moe_dispatch")
+      b.comm(StepKind::kEpAllToAll, routed_bytes(op, true));
     if (gather_routed && op.name == "moe_dispatch")
-      b.comm(StepKind::kTpEntry,
-             Bytes(tokens / cp * static_cast<int64_t>(op.written.count() / op.read.count()) *
-                   g.hidden * e));
+      b.comm(StepKind::kTpEntry, routed_bytes(op, false));
   }
   HETPAR_CHECK(m.layers == 0 || seen_layer, "module graph without its layer 0");
   return m;
@@ -437,16 +441,12 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
   OpKernels k;
   switch (op.kind) {
     case models::OpKind::kGemm: {
-      const Split split = gemm_split(op, g);
       const Precision gp = gemm_precision(op, p);
-      for (models::GemmShape s : local_gemms(op, l)) {
-        s.m = ceil_div(s.m, cp);
-        if (split == Split::kColumn) s.n = ceil_div(s.n, gemm_tp(op, l));
-        if (split == Split::kRow) s.k = ceil_div(s.k, gemm_tp(op, l));
+      for (const models::GemmShape& s : rank_gemms(op, g, l, cp)) {
         k.forward.push_back(sim::gemm_kernel(s.m, s.n, s.k, s.batch, elem(gp)));
         k.dgrad.push_back(sim::gemm_kernel(s.m, s.k, s.n, s.batch, elem(gp)));
         k.wgrad.push_back(sim::gemm_kernel(s.k, s.n, s.m, s.batch, elem(gp)));
-        if (gp == Precision::kFp8 && op.layer >= 0 && op.name != "router") {
+        if (gp == Precision::kFp8 && is_fp8_linear(op)) {
           if (fp8_input_cast(op))
             k.forward.push_back(sim::memory_kernel(kFp8CastTransposeBytes * s.m * s.k * s.batch));
           k.dgrad.push_back(sim::memory_kernel(kFp8CastTransposeBytes * s.m * s.n * s.batch));
