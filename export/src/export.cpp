@@ -249,24 +249,29 @@ std::string render_yaml(const std::vector<Setting>& settings) {
   };
   // Group the settings under their parents, each parent where its first key appears (a YAML
   // mapping may not repeat a key): sort by the first-appearance rank of each prefix.
+  struct Entry {
+    std::vector<size_t> rank;  // per prefix of the key, the index of its first setting
+    std::vector<std::string> parts;
+    const Setting* setting;
+  };
   std::map<std::string, size_t> first;  // dotted prefix -> index of its first setting
-  std::vector<std::pair<std::vector<size_t>, size_t>> order;
+  std::vector<Entry> order;
   for (size_t i = 0; i < settings.size(); ++i) {
-    std::vector<size_t> rank;
+    Entry e{{}, split(settings[i].key), &settings[i]};
     std::string prefix;
-    for (const std::string& part : split(settings[i].key)) {
+    for (const std::string& part : e.parts) {
       prefix += (prefix.empty() ? "" : ".") + part;
-      rank.push_back(first.emplace(prefix, i).first->second);
+      e.rank.push_back(first.emplace(prefix, i).first->second);
     }
-    order.emplace_back(std::move(rank), i);
+    order.push_back(std::move(e));
   }
   std::stable_sort(order.begin(), order.end(),
-                   [](const auto& a, const auto& b) { return a.first < b.first; });
+                   [](const Entry& a, const Entry& b) { return a.rank < b.rank; });
   std::string out;
   std::vector<std::string> open;  // the parent keys of the previous setting
-  for (const auto& [rank, index] : order) {
-    const Setting& s = settings[index];
-    const std::vector<std::string> parts = split(s.key);
+  for (const Entry& entry : order) {
+    const Setting& s = *entry.setting;
+    const std::vector<std::string>& parts = entry.parts;
     size_t common = 0;
     while (common < open.size() && common + 1 < parts.size() && open[common] == parts[common])
       ++common;

@@ -258,11 +258,11 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
     if (!llm.moe) return fmt::format("ep {} needs a mixture-of-experts llm", l.ep);
     if (llm.moe->experts % l.ep != 0)
       return fmt::format("ep {} does not divide experts {}", l.ep, llm.moe->experts);
-    if (l.expert_tp() == l.tp && (l.dp * l.cp) % l.ep != 0)
-      return fmt::format("ep {} does not divide dp {} x cp {}", l.ep, l.dp, l.cp);
-    if ((l.tp / l.expert_tp() * l.dp * l.cp) % l.ep != 0)
-      return fmt::format("ep {} does not divide tp {} / etp {} x dp {} x cp {}", l.ep, l.tp,
-                         l.expert_tp(), l.dp, l.cp);
+    if (l.expert_ranks() % l.ep != 0)
+      return l.expert_tp() == l.tp
+                 ? fmt::format("ep {} does not divide dp {} x cp {}", l.ep, l.dp, l.cp)
+                 : fmt::format("ep {} does not divide tp {} / etp {} x dp {} x cp {}", l.ep, l.tp,
+                               l.expert_tp(), l.dp, l.cp);
     if (l.tp > 1 && !l.sequence_parallel)  // Megatron-Core's TransformerConfig raises
       return fmt::format("ep {} with tp {} needs sequence parallelism (sp)", l.ep, l.tp);
   }
@@ -1201,7 +1201,7 @@ void Lowering::build_stage() {
   // Experts see the stage's n ranks in their own order (Layout::etp): local rank
   // a + etp * (e + ep * d), a the expert-TP rank, e the EP rank, d the expert-DP rank; with
   // etp = tp that is t + tp * x, x = e + ep * d of the dp x cp positions.
-  const int etp = l_.expert_tp(), edp = n / (etp * l_.ep);
+  const int etp = l_.expert_tp(), edp = l_.expert_ranks() / l_.ep;
   auto expert_rank = [&](int a, int e, int d) { return a + etp * (e + l_.ep * d); };
   locals.clear();
   if (l_.ep > 1)
@@ -1291,7 +1291,7 @@ void Lowering::build_stage() {
 void Lowering::gradients_and_optimizer() {
   const int n = stage_ranks();
   const int cpdp = l_.cp * l_.dp;
-  const int edp = n / (l_.expert_tp() * l_.ep);
+  const int edp = l_.expert_ranks() / l_.ep;
   const int64_t bucket_params =
       o_.bucket_params > 0 ? o_.bucket_params : std::max<int64_t>(40'000'000, 1'000'000LL * cpdp);
   const bool dist = l_.distributed_optimizer;

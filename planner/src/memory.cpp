@@ -300,10 +300,9 @@ class Estimator {
  private:
   // Routed experts' optimizer state is sharded over their own data-parallel group.
   void add_params(int stage, double params, bool routed_expert, bool fp8_linear) {
-    // Routed experts: their expert-DP group, tp x dp x cp / (expert_tp x ep) ranks.
-    const double group =
-        static_cast<double>(l_.dp) * l_.cp *
-        (routed_expert ? static_cast<double>(l_.tp) / (l_.expert_tp() * l_.ep) : 1);
+    // Routed experts: their expert-DP group (Layout::expert_ranks).
+    const double group = routed_expert ? static_cast<double>(l_.expert_ranks()) / l_.ep
+                                       : static_cast<double>(l_.dp) * l_.cp;
     stages_[stage].params += params;
     stages_[stage].sharded_params += params / group;
     if (fp8_linear) {

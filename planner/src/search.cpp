@@ -796,7 +796,7 @@ class Searcher {
           if (!even) uneven_split(pp, l);
           // Folded experts (search.llm.etp 1) take their EP ranks from TP too.
           if (moe_experts_ > 0 && fx.etp) l.etp = *fx.etp;
-          const int ep_ranks = dp * cp * tp / l.expert_tp();
+          const int ep_ranks = l.expert_ranks();
           std::vector<int> eps{1};
           if (moe_experts_ > 0) {
             eps.clear();

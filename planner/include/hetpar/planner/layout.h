@@ -71,6 +71,9 @@ struct Layout {
   /// expert-DP (rank = a + etp * (e + ep * d)).
   int etp = 0;
   int expert_tp() const { return etp > 0 ? etp : tp; }
+  /// The ranks of a pipeline stage the experts' EP x expert-DP groups tile: tp / expert_tp()
+  /// x dp x cp (with ep: expert-DP = expert_ranks() / ep).
+  int expert_ranks() const { return tp / expert_tp() * dp * cp; }
   int micro_batch = 1;  // samples per micro-batch
   models::Recompute recompute = models::Recompute::kNone;
   bool distributed_optimizer = false;  // ZeRO-1: optimizer state sharded over dp
