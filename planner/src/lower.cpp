@@ -1324,13 +1324,15 @@ void Lowering::gradients_and_optimizer() {
   // expert gradients over the expert-dp ranks (same tp rank and ep position).
   std::vector<TaskId> last_comm(n);
   const int64_t gb = gradient_bytes(s_.workload.precision, l_.grad_reduce_dtype);
+  // One part (param_parts) of a bucket; `what` after the part's prefix in the label.
   auto reduce_over = [&](Bytes bytes, const Bucket& bk, const std::vector<TaskId>& after,
-                         CollectiveKind kind, std::string_view what, const GroupSet& gs) {
+                         CollectiveKind kind, const ParamPart& part, std::string_view what) {
+    const GroupSet& gs = *part.group;
     if (gs.locals.empty() || gs.locals[0].size() < 2 || bytes.count() == 0) return;
-    const sim::LabelId name =
-        g_.label(fmt::format("{}dp {} {} bucket {}-{} stage {}", role_.prefix, sim::to_string(kind),
-                             what, chunks_[bk.chunk * l_.pp + stage_][bk.first].name,
-                             chunks_[bk.chunk * l_.pp + stage_][bk.last].name, stage_));
+    const sim::LabelId name = g_.label(
+        fmt::format("{}dp {} {}{} bucket {}-{} stage {}", role_.prefix, sim::to_string(kind),
+                    part.prefix, what, chunks_[bk.chunk * l_.pp + stage_][bk.first].name,
+                    chunks_[bk.chunk * l_.pp + stage_][bk.last].name, stage_));
     group_collectives(gs, kind, bytes, kDpStream, {cat_dp_, name}, [&](int j, TaskId c) {
       if (after[j].valid()) g_.add_dependency(after[j], c);
       last_comm[j] = c;
@@ -1346,8 +1348,7 @@ void Lowering::gradients_and_optimizer() {
       ready[j] = l_.overlap_grad_reduce ? last_grad_[bk.chunk][bk.first][j]
                                         : spans_[stage_].back()[slot_[j]].last;
     for (const ParamPart& part : param_parts(bk.dense, bk.expert))
-      reduce_over(Bytes(part.params.all * gb), bk, ready, reduce,
-                  fmt::format("{}grads", part.prefix), *part.group);
+      reduce_over(Bytes(part.params.all * gb), bk, ready, reduce, part, "grads");
   }
 
   // Adam over this rank's parameters (its dp shard with the distributed optimizer).
@@ -1383,8 +1384,7 @@ void Lowering::gradients_and_optimizer() {
   for (size_t i = 0; i < gathered; ++i) {
     const Bucket& bk = buckets[buckets.size() - 1 - i];
     for (const ParamPart& part : param_parts(bk.dense, bk.expert))
-      reduce_over(held_bytes(part.params), bk, opt, CollectiveKind::kAllGather,
-                  fmt::format("{}params", part.prefix), *part.group);
+      reduce_over(held_bytes(part.params), bk, opt, CollectiveKind::kAllGather, part, "params");
   }
 }
 
