@@ -10,14 +10,13 @@
 namespace hetpar::planner {
 namespace {
 
+// `workload`: further workload fields, e.g. R"(, "precision": "fp8")".
 Scenario make(const char* model_json, int64_t seq, int64_t gbs, const char* profile, int nodes,
-              int images = 0) {
+              const std::string& workload = "") {
   auto s = parse_scenario_text(
       fmt::format(R"({{"model": {}, "workload": {{"seq_len": {}, "global_batch": {}{}}},
                       "cluster": {{"profile": "{}", "nodes": {}}}}})",
-                  model_json, seq, gbs,
-                  images > 0 ? fmt::format(R"(, "images_per_sample": {})", images) : "", profile,
-                  nodes),
+                  model_json, seq, gbs, workload, profile, nodes),
       "bench");
   if (!s.is_ok()) throw std::runtime_error(s.status().to_string());
   return *s;
@@ -101,6 +100,25 @@ void BM_Llama405B_16384xH100(benchmark::State& state) {
 }
 BENCHMARK(BM_Llama405B_16384xH100)->Unit(benchmark::kMillisecond);
 
+// Qwen3-235B-A22B (128 experts, top-8) on 256 H100s in FP8 as Megatron-Bridge 25.11 ran it
+// (validation/runs/mbridge-25.11-qwen3-235b-a22b-256xh100-fp8.json): TP2 PP8 VP4 DP16, EP32
+// folded over TP x DP, so every MoE layer's all-to-alls span four nodes (32 x 31 flows
+// each, as bundles 2 per source: sim::SimOptions::bundle_flows).
+void BM_Qwen3_235B_256xH100(benchmark::State& state) {
+  static const Scenario s =
+      make(R"("qwen3-235b-a22b")", 4096, 2048, "dgx-h100", 32, R"(, "precision": "fp8")");
+  Plan p = plan(2, 8, 16, 1, Schedule::kInterleaved, 4);
+  p.layout.ep = 32;
+  p.layout.etp = 1;
+  p.layout.distributed_optimizer = true;
+  p.layout.account_for_embedding = p.layout.account_for_loss = true;
+  p.layout.fp8_param_gather = true;
+  p.layout.fp8_recipe = Fp8Recipe::kTensorwise;
+  p.layout.grad_reduce_dtype = GradReduceDtype::kBf16;
+  run(state, s, p);
+}
+BENCHMARK(BM_Qwen3_235B_256xH100)->Unit(benchmark::kMillisecond);
+
 // InternViT-6B (4 tiles per sample, pixel-shuffled to 256 tokens each) + Llama-3.1-70B on
 // 1024 H100s (examples/internvit6b-llama70b-1024xh100.json), the heterogeneous plans a layout
 // search evaluates by the thousand.
@@ -113,7 +131,7 @@ const Scenario& internvit_1024() {
            "downsample": 2}},
           {"name": "llm", "kind": "llm", "spec": "llama-3.1-70b"}],
           "edges": [["vision", "projector"], ["projector", "llm"]]})",
-      8192, 1024, "dgx-h100", 128, 4);
+      8192, 1024, "dgx-h100", 128, R"(, "images_per_sample": 4)");
   return s;
 }
 

@@ -543,6 +543,117 @@ TEST(CollectiveTest, AllToAllAcrossNodesRunsAtOneNicPerRank) {
   EXPECT_NEAR(t.to_seconds(), s.as_double() / 2 / 50e9, 1e-3 * t.to_seconds());
 }
 
+// SimOptions::bundle_flows on and off, for the same graph.
+std::pair<SimResult, SimResult> bundled_and_not(const TaskGraph& g, const Network& net) {
+  SimOptions flat;
+  flat.bundle_flows = false;
+  return {run(g, net), run(g, net, flat)};
+}
+
+TEST(CollectiveTest, BundledAllToAllsRunAsTheirFlowsDoWithTwoFlowsPerSource) {
+  // Two concurrent all-to-alls over 4 nodes x 8 (they contend, so they run in the shared
+  // flow network): each source's 7 NVLink flows and 24 NIC flows become two bundles, and
+  // every task ends when it does flow by flow.
+  Network net = cluster_network({.nodes = 4, .gpus_per_node = 8});
+  auto grp = ranks(32);
+  TaskGraph g;
+  for (int stream = 0; stream < 2; ++stream)
+    g.add_collective({.kind = CollectiveKind::kAllToAll,
+                      .group = grp,
+                      .bytes = Bytes::MiB(256 + 128 * stream),
+                      .stream = stream});
+  auto [bundled, flat] = bundled_and_not(g, net);
+  EXPECT_EQ(bundled.flows_started, 2 * 32 * 2);
+  EXPECT_EQ(flat.flows_started, 2 * 32 * 31);
+  for (int t = 0; t < 2; ++t)
+    EXPECT_NEAR(static_cast<double>(bundled.tasks[t].end.count_ps()),
+                static_cast<double>(flat.tasks[t].end.count_ps()), 1e3)
+        << "task " << t;
+}
+
+TEST(CollectiveTest, BundlesOfATaskWithCopiesWeighTheirMembersAndTheCopies) {
+  // An all-to-all over the 8 GPUs of node 0 standing for the same on nodes 1..3, beside a
+  // ring all-reduce over one GPU per node (sharing its NVLink and NIC links): bundles carry
+  // their members times the copies' load on each link, as per-flow weights do.
+  Network net = cluster_network({.nodes = 4, .gpus_per_node = 8});
+  TaskGraph g;
+  std::vector<RankId> copies;
+  for (int node = 1; node < 4; ++node)
+    for (RankId r : ranks(8, 8 * node)) copies.push_back(r);
+  const auto node0 = ranks(8);
+  g.add_collective({.kind = CollectiveKind::kAllToAll,
+                    .group = node0,
+                    .bytes = Bytes::GiB(1),
+                    .copies = g.add_group(copies)});
+  const std::vector<RankId> across = {RankId(0), RankId(8), RankId(16), RankId(24)};
+  g.add_collective({.kind = CollectiveKind::kAllGather,
+                    .group = across,
+                    .bytes = Bytes::GiB(2),
+                    .stream = 1,
+                    .algorithm = Algorithm::kRing});
+  const std::vector<RankId> inside = {RankId(0), RankId(1)};
+  g.add_collective({.group = inside, .bytes = Bytes::GiB(1), .stream = 2});
+  auto [bundled, flat] = bundled_and_not(g, net);
+  EXPECT_LT(bundled.flows_started, flat.flows_started);
+  for (int t = 0; t < 3; ++t)
+    EXPECT_NEAR(static_cast<double>(bundled.tasks[t].end.count_ps()),
+                static_cast<double>(flat.tasks[t].end.count_ps()), 1e3)
+        << "task " << t;
+}
+
+TEST(CollectiveTest, ABundleWeighsItsMembersOnTheLinkTheyShare) {
+  // Six ranks on one switch whose up links are 4x slower than its down links: a rank's two
+  // all-to-all flows share its up link at C/2 each, so each S/3 takes 2S / (3C), bundled or
+  // not, alone or standing for a copy on ranks 3..5.
+  const Bandwidth up = Bandwidth::GBps(25);
+  Network net(6);
+  for (int r = 0; r < 6; ++r) net.add_link(up, Time::zero(), fmt::format("up {}", r));
+  for (int r = 0; r < 6; ++r) net.add_link(up * 4.0, Time::zero(), fmt::format("down {}", r));
+  net.set_router([](RankId src, RankId dst, std::vector<LinkId>& out) {
+    out.push_back(LinkId(src.value()));
+    out.push_back(LinkId(6 + dst.value()));
+  });
+  SimOptions zero;
+  zero.collectives = {.ring_base = Time::zero(), .intra_hop = Time::zero()};
+  SimOptions flat = zero;
+  flat.bundle_flows = false;
+  const Bytes s = Bytes::GB(3);
+  const double want = 2.0 * s.as_double() / (3.0 * up.bytes_per_s());
+  for (bool with_copies : {false, true}) {
+    TaskGraph g;
+    const auto copy = ranks(3, 3);
+    g.add_collective({.kind = CollectiveKind::kAllToAll,
+                      .group = ranks(3),
+                      .bytes = s,
+                      .copies = with_copies ? g.add_group(copy) : GroupId()});
+    for (const SimOptions& o : {zero, flat})
+      EXPECT_NEAR(run(g, net, o).makespan.to_seconds(), want, 1e-9)
+          << (with_copies ? "with copies, " : "") << (o.bundle_flows ? "bundled" : "flat");
+  }
+}
+
+TEST(CollectiveTest, ABundleUnderUnevenContentionEndsWithItsMostContendedMember) {
+  // All-to-all of S over ranks 0..2 on one switch, beside a long transfer 3 -> 1: rank 1's
+  // down link carries 0 -> 1, 2 -> 1 and 3 -> 1 at B/3 each, so the members into rank 1
+  // (S/3 each) end at S / B, in both modes; the others end earlier (flow by flow) or move
+  // at their bundle's pace (bundled), which the collective's end does not see.
+  Network net = single_switch_network(4, kB, Time::zero());
+  SimOptions zero;
+  zero.collectives = {.ring_base = Time::zero(), .intra_hop = Time::zero()};
+  const Bytes s = Bytes::GB(3);
+  TaskGraph g;
+  g.add_collective({.kind = CollectiveKind::kAllToAll, .group = ranks(3), .bytes = s});
+  g.add_p2p(RankId(3), RankId(1), Bytes::GB(100), 1, 1);
+  SimOptions flat = zero;
+  flat.bundle_flows = false;
+  const SimResult bundled = run(g, net, zero), per_flow = run(g, net, flat);
+  EXPECT_EQ(bundled.flows_started, 3 + 1);
+  EXPECT_EQ(per_flow.flows_started, 6 + 1);
+  const double want = s.as_double() / kB.bytes_per_s();
+  EXPECT_NEAR(bundled.tasks[0].end.to_seconds(), want, 1e-9);
+  EXPECT_NEAR(per_flow.tasks[0].end.to_seconds(), want, 1e-9);
+}
+
 TEST(CollectiveTest, TreeAllReduceMovesAboutTwiceTheBufferPerRank) {
   // Double binary tree: each tree carries S/2 up and down every edge; summed over ranks
   // the shares are 2(n-1) (each of the 2 trees x (n-1) edges x 2 directions x 1/2).

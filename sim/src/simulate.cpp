@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <tuple>
 #include <unordered_map>
 
 #include "hetpar/core/check.h"
@@ -11,13 +13,16 @@
 namespace hetpar::sim {
 namespace {
 
-// A collective pattern (or a P2P's one flow) with its routes resolved, its link weights
-// when it has copies, and its idle-network cost per byte.
+// A collective pattern (or a P2P's flows) as the flow network runs it: its flows, bundled
+// (SimOptions::bundle_flows), with their routes resolved and their link weights (members
+// of the bundle and the task's copies on each link), and its idle-network cost per byte.
 struct Plan {
-  CollectivePattern pattern;
-  std::vector<int32_t> route_begin;  // flow i's route is links[route_begin[i] .. [i+1])
+  CollectivePattern pattern;         // the pattern's own flows, one per (src, dst, share)
+  std::vector<double> share;         // per flow started: the share of S of each member
+  std::vector<int32_t> route_begin;  // started flow i's links are links[route_begin[i] .. [i+1])
   std::vector<LinkId> links;
-  std::vector<double> weights;  // parallel to links; empty without copies
+  std::vector<int32_t> members;  // parallel to links: the flows of the bundle crossing it
+  std::vector<double> weights;   // parallel to links; empty when all 1
   double seconds_per_byte = 0;
   std::vector<Time> p2p_latency;  // P2P: per flow, its route's latency
 };
@@ -134,6 +139,7 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
   const Plan& plan(const Task& task, Algorithm algorithm);
   const Plan& p2p_plan(const Task& task);
   void add_flow(Plan& p, RankId src, RankId dst, double share);
+  void bundle_flows(Plan& p);
   void weigh(Plan& p, const Task& task, Algorithm algorithm);
 
   const TaskGraph& g_;
@@ -441,6 +447,7 @@ void Engine::start(int32_t t) {
       state_[t].tail_latency =
           task.kind == TaskKind::kCollective ? p.pattern.latency : Time::zero();
       state_[t].flows_left = launch(p, task, static_cast<uint32_t>(t), flows_);
+      result_.flows_started += state_[t].flows_left;
       if (state_[t].flows_left == 0)
         queue_.schedule_in(state_[t].tail_latency, *this, static_cast<uint32_t>(t));
       break;
@@ -450,15 +457,76 @@ void Engine::start(int32_t t) {
 
 void Engine::add_flow(Plan& p, RankId src, RankId dst, double share) {
   p.pattern.flows.push_back({src, dst, share});
+  p.share.push_back(share);
   net_.route(src, dst, route_);
   p.links.insert(p.links.end(), route_.begin(), route_.end());
+  p.members.insert(p.members.end(), route_.size(), 1);
   p.route_begin.push_back(static_cast<int32_t>(p.links.size()));
+}
+
+// The pattern's flows as bundles: flows of the same source with the same share that leave
+// through the same first link start as one flow, whose route is the union of theirs and
+// which weighs, on each link, the number of members crossing it. All members then move
+// at one rate, the bundle's, and the flow network tracks one flow and two events instead
+// of one per member (an all-to-all over n ranks: 2 per source rather than n - 1). Exact
+// when the members' max-min rates are equal, as in a symmetric collective on a symmetric
+// fabric, where they share their source's egress and meet alike loads after it; otherwise
+// every member moves at the pace of the most contended one.
+void Engine::bundle_flows(Plan& p) {
+  const size_t n = p.pattern.flows.size();
+  if (link_rep_.empty()) {
+    link_rep_.assign(net_.num_links(), 0);
+    link_load_.assign(net_.num_links(), 0.0);
+  }
+  // Bundles in order of their first flow; members in pattern order.
+  std::map<std::tuple<int32_t, double, int32_t>, int32_t> bundle_at;  // (src, share, link)
+  std::vector<std::vector<int32_t>> flows_of;
+  for (size_t i = 0; i < n; ++i) {
+    const CollectiveFlow& f = p.pattern.flows[i];
+    if (p.route_begin[i] == p.route_begin[i + 1]) {  // no route: on its own
+      flows_of.push_back({static_cast<int32_t>(i)});
+      continue;
+    }
+    auto [it, fresh] = bundle_at.try_emplace(
+        {f.src.value(), f.share, p.links[p.route_begin[i]].value()}, int32_t(flows_of.size()));
+    if (fresh) flows_of.emplace_back();
+    flows_of[it->second].push_back(static_cast<int32_t>(i));
+  }
+  if (flows_of.size() == n) return;
+  std::vector<LinkId> links;
+  std::vector<int32_t> members, route_begin{0};
+  std::vector<double> share;
+  for (const std::vector<int32_t>& flows : flows_of) {
+    const size_t begin = links.size();
+    for (int32_t i : flows)
+      for (int32_t k = p.route_begin[i]; k < p.route_begin[i + 1]; ++k) {
+        int32_t& at = link_rep_[p.links[k].value()];  // 1 + its index in `links`, or 0
+        if (at == 0) {
+          links.push_back(p.links[k]);
+          members.push_back(0);
+          at = static_cast<int32_t>(links.size());
+        }
+        ++members[at - 1];
+      }
+    for (size_t k = begin; k < links.size(); ++k) link_rep_[links[k].value()] = 0;
+    route_begin.push_back(static_cast<int32_t>(links.size()));
+    share.push_back(p.pattern.flows[flows[0]].share);
+  }
+  p.links = std::move(links);
+  p.members = std::move(members);
+  p.route_begin = std::move(route_begin);
+  p.share = std::move(share);
 }
 
 // Link weights of a task with copies: on each link, (its flows + the copies' flows) / its
 // flows.
 void Engine::weigh(Plan& p, const Task& task, Algorithm algorithm) {
-  if (!task.copies.valid() || task.num_copies == 0) return;
+  if (!task.copies.valid() || task.num_copies == 0) {
+    bool bundled = false;
+    for (int32_t m : p.members) bundled = bundled || m != 1;
+    if (bundled) p.weights.assign(p.members.begin(), p.members.end());
+    return;
+  }
   if (link_rep_.empty()) {
     link_rep_.assign(net_.num_links(), 0);
     link_load_.assign(net_.num_links(), 0.0);
@@ -467,9 +535,10 @@ void Engine::weigh(Plan& p, const Task& task, Algorithm algorithm) {
     if (link_load_[l.value()] == 0) touched_.push_back(l.value());
     link_load_[l.value()] += 1;
   };
-  for (LinkId l : p.links) {
-    ++link_rep_[l.value()];
-    load(l);
+  for (size_t i = 0; i < p.links.size(); ++i) {
+    const LinkId l = p.links[i];
+    link_rep_[l.value()] += p.members[i];
+    for (int32_t m = 0; m < p.members[i]; ++m) load(l);
   }
   auto count = [&](RankId src, RankId dst) {
     net_.route(src, dst, route_);
@@ -494,7 +563,7 @@ void Engine::weigh(Plan& p, const Task& task, Algorithm algorithm) {
   p.weights.resize(p.links.size());
   for (size_t i = 0; i < p.links.size(); ++i) {
     const int32_t l = p.links[i].value();
-    p.weights[i] = link_load_[l] / link_rep_[l];
+    p.weights[i] = p.members[i] * link_load_[l] / link_rep_[l];
   }
   for (int32_t l : touched_) link_load_[l] = 0;
   for (LinkId l : p.links) link_rep_[l.value()] = 0;
@@ -520,6 +589,7 @@ const Plan& Engine::plan(const Task& task, Algorithm algorithm) {
   p.route_begin.push_back(0);
   for (const CollectiveFlow& f : pattern.flows) add_flow(p, f.src, f.dst, f.share);
   p.seconds_per_byte = idle_seconds_per_byte(p.pattern, net_);
+  if (opt_.bundle_flows) bundle_flows(p);
   weigh(p, task, algorithm);
   return p;
 }
@@ -572,8 +642,7 @@ int32_t Engine::launch(const Plan& p, const Task& task, uint32_t cookie, FlowNet
   const bool p2p = task.kind == TaskKind::kP2P;
   const size_t n = p.route_begin.size() - 1;
   for (size_t i = 0; i < n; ++i) {
-    const Bytes bytes =
-        p2p ? task.bytes : Bytes(std::llround(p.pattern.flows[i].share * task.bytes.as_double()));
+    const Bytes bytes = p2p ? task.bytes : Bytes(std::llround(p.share[i] * task.bytes.as_double()));
     std::span<const LinkId> route(p.links.data() + p.route_begin[i],
                                   p.links.data() + p.route_begin[i + 1]);
     std::span<const double> weights;

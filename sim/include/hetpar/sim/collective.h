@@ -1,8 +1,9 @@
 // Collective algorithms as NCCL runs them, reduced to their steady state: the flows a
 // collective keeps busy while it streams, plus a latency term from NCCL's tuner formulas
-// (calibration.md §3.3). simulate() starts all flows of a collective at once and ends it
-// `latency` after the last one is delivered; link latencies are not added on top (the
-// tuner's per-hop latencies stand for them).
+// (calibration.md §3.3). simulate() starts all flows of a collective at once (bundled per
+// source and first link, SimOptions::bundle_flows) and ends it `latency` after the last
+// one is delivered; link latencies are not added on top (the tuner's per-hop latencies
+// stand for them).
 //
 // Why flows, not steps: on an idle network this gives latency + max over flows of
 // share·S / rate, and under contention every flow gets its max-min share. It is the

@@ -38,6 +38,11 @@ struct SimOptions {
   /// cores). While n compute tasks of the node's ranks run and n exceeds the units, each
   /// runs n / units times slower (processor sharing), re-timed whenever n changes.
   std::vector<double> node_compute_units;
+  /// Start a collective's flows of one source with the same share through the same first
+  /// link as one bundle moving at one rate (simulate.cpp: exact when their max-min rates
+  /// are equal, as in symmetric collectives; an all-to-all then costs 2 flows per source,
+  /// not n - 1). false: every flow of the pattern on its own.
+  bool bundle_flows = true;
   /// Fill SimResult::tasks (costs 16 bytes per task).
   bool record_tasks = false;
 };
@@ -74,6 +79,9 @@ struct SimResult {
   /// Resolved algorithm per task (kAuto resolved; kRing for non-collectives) when
   /// record_tasks, else empty.
   std::vector<Algorithm> algorithms;
+  /// Flows the shared flow network ran (bundles count once; tasks that ran alone on
+  /// their links, with a fixed time, start none): what the network part of a run costs.
+  int64_t flows_started = 0;
 };
 
 /// Arrays simulate() can reuse from one call to the next. A caller that simulates plan
