@@ -171,6 +171,20 @@ void refuse_mimo_encoder_batch(const Context& c, const planner::ModulePlan& m, s
       samples % m.layout.dp == 0 ? std::to_string(samples / m.layout.dp) : "a fraction of a"));
 }
 
+void refuse_mimo_fsdp(const Context& c, std::string_view who, Refusals& r) {
+  if (!c.heterogeneous()) return;
+  auto refuse = [&](std::string_view module) {
+    r.add(
+        fmt::format("{} fsdp in the {} placement: {} builds each module's grid with Megatron's "
+                    "DDP and distributed optimizer, and hetpar knows no setting that fully "
+                    "shards one (use distributed_optimizer, or the homogeneous placement)",
+                    module, planner::to_string(c.p.placement), who));
+  };
+  if (c.layout().fsdp) refuse("llm");
+  for (const planner::ModulePlan& m : c.p.modules)
+    if (m.layout.fsdp) refuse(fmt::format("module {}", m.module));
+}
+
 void refuse_mimo_ddp_mismatch(const Context& c, const planner::ModulePlan& m,
                               std::string_view where, Refusals& r) {
   const planner::Layout& l = c.layout();
@@ -198,6 +212,7 @@ std::string layout_summary(const planner::Layout& l) {
                      planner::to_string(l.recompute), l.distributed_optimizer ? "on" : "off");
   if (l.grad_reduce_dtype != planner::GradReduceDtype::kDefault)
     out += fmt::format(", {} gradients", planner::to_string(l.grad_reduce_dtype));
+  if (l.fsdp) out += l.fsdp_reshard_after_forward ? ", fsdp" : ", fsdp kept gathered";
   if (l.fp8_param_gather) out += ", fp8 parameters";
   return out;
 }

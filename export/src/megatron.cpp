@@ -271,6 +271,7 @@ Result<std::vector<ExportFile>> write_megatron_mimo(const Context& c) {
   refuse_megatron_model(c, r);
   refuse_schedule(c, r, /*interleaving_ok=*/false);
   refuse_tf32(c, r);
+  refuse_mimo_fsdp(c, "the MIMO example", r);
   if (l.cp > 1)
     r.add(fmt::format("llm cp {}: the MIMO example runs the language grid with CP 1 only", l.cp));
   const planner::ModulePlan* enc = nullptr;

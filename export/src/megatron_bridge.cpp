@@ -119,6 +119,7 @@ void refuse_mimo(const Context& c, Refusals& r) {
         "{} encoders colocated with an LLM of pp {}: the colocated three-phase schedule takes "
         "exactly one modality module",
         c.p.modules.size(), l.pp));
+  refuse_mimo_fsdp(c, "MegatronMIMO", r);
   if (colocated && l.cp > 1)
     r.add(fmt::format("llm cp {} in a colocated placement: MegatronMIMO colocated requires CP 1",
                       l.cp));

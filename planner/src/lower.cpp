@@ -42,6 +42,12 @@ bool power_of_two_tp(int tp) {
   return tp == 1 || tp == 2 || tp == 4 || tp == 8;
 }
 
+// How a layout shards its parameters, for messages.
+std::string_view fsdp_setting(const Layout& l) {
+  if (!l.fsdp) return "off";
+  return l.fsdp_reshard_after_forward ? "on (resharded after the forward)" : "on (kept gathered)";
+}
+
 // The checks of a colocated / non-colocated plan beyond the LLM's own layout.
 std::string heterogeneous_infeasibility(const Scenario& s, const Plan& p) {
   const Layout& l = p.layout;
@@ -110,6 +116,14 @@ std::string heterogeneous_infeasibility(const Scenario& s, const Plan& p) {
             return why;
         }
       }
+    // One memory model per rank (memory.cpp merges a colocated encoder's tallies into the
+    // LLM's ranks and holds them as the LLM's layout does): one FSDP setting for both.
+    if (colocated && (e.fsdp != l.fsdp ||
+                      (e.fsdp && e.fsdp_reshard_after_forward != l.fsdp_reshard_after_forward)))
+      return fmt::format(
+          "module \"{}\": fsdp {} differs from the llm's {}: a colocated encoder shares the "
+          "LLM's ranks and must shard its parameters as the LLM does",
+          mp.module, fsdp_setting(e), fsdp_setting(l));
     if (colocated && e.tp * e.dp != gpus)
       return fmt::format(
           "colocated placement: module \"{}\" tp {} x dp {} = {} GPUs, must span the world of {}",
@@ -247,7 +261,6 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
     return why;
   if (l.cp_comm != CpComm::kP2P && l.cp == 1)
     return fmt::format("cp_comm {} needs cp > 1", to_string(l.cp_comm));
-  if (l.fsdp && hetero) return "fsdp: heterogeneous placements do not model it (use homogeneous)";
   const int64_t seq = s.workload.seq_len;
   if (l.cp > 1 && seq % (2 * l.cp) != 0)
     return fmt::format("seq_len {} not divisible by 2 x cp {}", seq, l.cp);

@@ -278,6 +278,20 @@ TEST(ExportMegatronMimo, RefusesWhatTheExampleCannotRun) {
             std::string::npos)
       << refusal(s, pipelined, Target::kMegatronMimo);
 
+  Plan sharded = llm_first;  // the encoder fully sharded over its 2 ranks
+  sharded.llm_first_rank = 2;
+  sharded.modules[0] = {enc, layout(1, 1, 2, 3), 0};
+  sharded.modules[0].layout.fsdp = true;
+  ASSERT_EQ(planner::infeasibility(s, sharded), "");
+  EXPECT_NE(refusal(s, sharded, Target::kMegatronMimo)
+                .find("module vision fsdp in the non_colocated placement: the MIMO example"),
+            std::string::npos)
+      << refusal(s, sharded, Target::kMegatronMimo);
+  EXPECT_NE(refusal(s, sharded, Target::kMegatronBridge)
+                .find("module vision fsdp in the non_colocated placement: MegatronMIMO"),
+            std::string::npos)
+      << refusal(s, sharded, Target::kMegatronBridge);
+
   planner::Scenario llama = scenario("llama-3.1-8b", 4, 8192, 512);
   EXPECT_NE(refusal(llama, llama_plans()[1], Target::kMegatronMimo).find("virtual stages"),
             std::string::npos);
