@@ -694,6 +694,34 @@ TEST(CollectiveTest, SingleRankCollectiveIsFree) {
 
 // ---------------------------------------------------------------- trace
 
+TEST(SimulateTest, CopyEngineCollectivesLeaveComputeAloneAndPayNoNcclLatency) {
+  // The all-reduce of CollectivesSlowTheComputeTheyOverlap, moved by copy engines: the
+  // 10 ms of compute beside it keep their time, and it takes its flows' time only.
+  Network net = single_switch_network(2, kB, Time::zero());
+  const auto grp = ranks(2);
+  for (bool copy_engine : {false, true}) {
+    TaskGraph g;
+    g.add_compute(RankId(0), 0, Time::ms(10), Flops(0));
+    const TaskId ar =
+        g.add_collective({.group = grp, .bytes = Bytes::GB(0.5), .copy_engine = copy_engine});
+    SimOptions o;
+    o.record_tasks = true;
+    o.collective_compute_slowdown = {0.5, 0.5};
+    const SimResult r = *simulate(g, net, o);
+    const Time flows = r.tasks[ar.value()].end;
+    const Time latency =
+        collective_pattern(CollectiveKind::kAllReduce, Algorithm::kRing, grp, RankId(0), net, {})
+            .latency;
+    if (copy_engine) {
+      EXPECT_EQ(r.tasks[0].end, Time::ms(10));
+      EXPECT_EQ(flows, Bytes::GB(0.5) / kB) << "one ring edge of S at B, no latency";
+    } else {
+      EXPECT_GT(r.tasks[0].end, Time::ms(10));
+      EXPECT_EQ(flows, Bytes::GB(0.5) / kB + latency);
+    }
+  }
+}
+
 TEST(SimulateTest, CollectivesSlowTheComputeTheyOverlap) {
   // 10 ms of compute on rank 0 beside an all-reduce of d on ranks 0 and 1, slowdown 0.5:
   // the compute does d / 1.5 of its work while the collective runs, the rest at full

@@ -126,7 +126,7 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
   // Whether a collective slows its members' compute: a slowdown set, all members on one
   // node (decided once per group: a collective asks at its start and at its end).
   bool slows_compute(const Task& task) {
-    if (slowdown_.empty()) return false;
+    if (slowdown_.empty() || task.copy_engine) return false;
     int8_t& known = group_in_node_[task.group.value()];
     if (known < 0) {
       auto members = g_.group(task.group);
@@ -177,6 +177,7 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
   struct Isolated {
     const Plan* plan = nullptr;
     Bytes bytes;
+    bool copy_engine = false;
     Time time;
   };
   std::unordered_map<uint64_t, Isolated> isolated_;
@@ -444,8 +445,9 @@ void Engine::start(int32_t t) {
         break;
       }
       const Plan& p = *state_[t].plan;
-      state_[t].tail_latency =
-          task.kind == TaskKind::kCollective ? p.pattern.latency : Time::zero();
+      state_[t].tail_latency = task.kind == TaskKind::kCollective && !task.copy_engine
+                                   ? p.pattern.latency
+                                   : Time::zero();
       state_[t].flows_left = launch(p, task, static_cast<uint32_t>(t), flows_);
       result_.flows_started += state_[t].flows_left;
       if (state_[t].flows_left == 0)
@@ -657,17 +659,20 @@ int32_t Engine::launch(const Plan& p, const Task& task, uint32_t cookie, FlowNet
 // the shared one gives it when nothing else uses its links (rates are solved per connected
 // component, and times are relative to the start).
 Time Engine::isolated_time(const Plan& p, const Task& task) {
-  const uint64_t key = reinterpret_cast<uintptr_t>(&p) * 0x9E3779B97F4A7C15ULL ^
-                       static_cast<uint64_t>(task.bytes.count());
+  const uint64_t key = (reinterpret_cast<uintptr_t>(&p) * 0x9E3779B97F4A7C15ULL ^
+                        static_cast<uint64_t>(task.bytes.count())) +
+                       (task.copy_engine ? 1 : 0);
   auto [it, fresh] = isolated_.try_emplace(key);
-  if (!fresh && it->second.plan == &p && it->second.bytes == task.bytes) return it->second.time;
+  if (!fresh && it->second.plan == &p && it->second.bytes == task.bytes &&
+      it->second.copy_engine == task.copy_engine)
+    return it->second.time;
   const Time begin = iso_queue_.now();
   iso_.last = begin;
   launch(p, task, 0, iso_flows_);
   iso_queue_.run();
   Time time = iso_.last - begin;
-  if (task.kind == TaskKind::kCollective) time += p.pattern.latency;
-  if (fresh) it->second = {&p, task.bytes, time};
+  if (task.kind == TaskKind::kCollective && !task.copy_engine) time += p.pattern.latency;
+  if (fresh) it->second = {&p, task.bytes, task.copy_engine, time};
   return time;
 }
 

@@ -148,6 +148,7 @@ TaskId TaskGraph::add_collective(const CollectiveSpec& spec, Label label) {
   return push({.kind = TaskKind::kCollective,
                .collective = spec.kind,
                .algorithm = spec.algorithm,
+               .copy_engine = spec.copy_engine,
                .label = label,
                .group = gid,
                .bytes = spec.bytes,

@@ -89,6 +89,10 @@ struct CollectiveSpec {
   /// When valid, the group (from TaskGraph::add_group) instead of `group`: saves interning
   /// the same list per task.
   GroupId group_id{};
+  /// Moved by the GPUs' copy engines rather than by kernels on their SMs (Transformer
+  /// Engine's userbuffers ring exchange): compute beside it is not slowed
+  /// (SimOptions::collective_compute_slowdown), and no NCCL latency is paid.
+  bool copy_engine = false;
 };
 
 /// One task; fields that do not apply to its kind keep their defaults.
@@ -98,6 +102,7 @@ struct Task {
   TaskKind kind = TaskKind::kCompute;
   CollectiveKind collective = CollectiveKind::kAllReduce;
   Algorithm algorithm = Algorithm::kAuto;
+  bool copy_engine = false;  // collective: see CollectiveSpec::copy_engine
   Label label{};
   GroupId group{};
   Time duration{};  // compute
