@@ -199,7 +199,8 @@ CpBytes cp_attention_bytes(const models::AttentionShape& a, const Layout& l, int
 }  // namespace
 
 PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l,
-                 bool context_parallel, const hardware::DeviceProfile& dev, hardware::Precision p) {
+                 bool context_parallel, const hardware::DeviceProfile& dev, hardware::Precision p,
+                 GemmChunks chunks) {
   const int64_t cp = context_parallel ? l.cp : 1;
   PassCost c;
   switch (op.kind) {
@@ -210,8 +211,9 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
       // Experts: a rank runs E / ep experts on the tokens its ep group routes to them, as
       // many as its own micro-batch routes in all: the op's FLOPs, not 1 / ep of them.
       for (const models::GemmShape& s : rank_gemms(op, g, l, cp)) {
-        c.forward += dev.gemm_time(s.m, s.n, s.k, s.batch, gp);
-        c.dgrad += dev.gemm_time(s.m, s.k, s.n, s.batch, gp);
+        c.forward +=
+            dev.gemm_time(ceil_div(s.m, chunks.forward), s.n, s.k, s.batch, gp) * chunks.forward;
+        c.dgrad += dev.gemm_time(ceil_div(s.m, chunks.dgrad), s.k, s.n, s.batch, gp) * chunks.dgrad;
         c.wgrad += dev.gemm_time(s.k, s.n, s.m, s.batch, gp);
         if (gp == Precision::kFp8 && is_fp8_linear(op)) {
           if (fp8_input_cast(op))
@@ -314,7 +316,7 @@ class BlockBuilder {
   explicit BlockBuilder(Block& b) : b_(b) {}
   void compute(const PassCost& c, int32_t op) {
     if (b_.steps.empty() || b_.steps.back().kind != StepKind::kCompute ||
-        b_.steps.back().overlaps_tp_entry)
+        b_.steps.back().overlaps_tp_entry || b_.steps.back().overlaps_tp_exit)
       b_.steps.push_back({StepKind::kCompute, {}, {}, {}, {}});
     b_.steps.back().cost += c;
     b_.steps.back().ops.push_back(op);
@@ -323,9 +325,16 @@ class BlockBuilder {
   bool after_tp_entry() const {
     return !b_.steps.empty() && b_.steps.back().kind == StepKind::kTpEntry;
   }
-  void linear_after_tp_entry(const PassCost& c, int32_t op) {
+  void linear_after_tp_entry(const PassCost& c, int32_t op, bool ring_exchange) {
     b_.steps.push_back({StepKind::kCompute, c, {}, {}, {op}});
     b_.steps.back().overlaps_tp_entry = true;
+    b_.steps.back().ring_exchange = ring_exchange;
+  }
+  // A row-parallel linear right before a TP exit, its collective in a ring exchange.
+  void linear_before_tp_exit(const PassCost& c, int32_t op) {
+    b_.steps.push_back({StepKind::kCompute, c, {}, {}, {op}});
+    b_.steps.back().overlaps_tp_exit = true;
+    b_.steps.back().ring_exchange = true;
   }
   void comm(StepKind kind, Bytes bytes, const PassCost& cost = {}, int32_t op = -1) {
     b_.steps.push_back({kind, cost, bytes, bytes, {}});
@@ -383,6 +392,14 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
                                                     : op.read.count() / op.written.count();
     return Bytes(tokens / cp / (slice && l.sequence_parallel ? l.tp : 1) * top_k * g.hidden * e);
   };
+  // Userbuffers (Layout::tp_comm_overlap): the layer linears next to the SP collectives.
+  const bool userbuffers = tp && l.sequence_parallel && l.tp_comm_overlap;
+  // Whether the op after `i` begins with the TP exit (as the loop below places it).
+  auto exit_follows = [&](int32_t i) {
+    if (static_cast<size_t>(i) + 1 >= g.ops.size()) return false;
+    const std::string& next = g.ops[i + 1].name;
+    return next == "attn_residual" || (next == "mlp_residual" && !moe_sp);
+  };
   bool seen_layer = false;
   for (const models::Op& op : g.ops) {
     const auto op_index = static_cast<int32_t>(&op - g.ops.data());
@@ -406,9 +423,14 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
       const auto& s = *op.attention;
       const int64_t kv = 2 * (s.batch * s.seq_q / cp) * (s.kv_heads / l.tp) * s.head_dim;
       b.comm(StepKind::kCpAttention, Bytes(kv * e), c, op_index);
-    } else if (tp && l.tp_backward_overlap && op.kind == models::OpKind::kGemm &&
+    } else if (tp && (l.tp_backward_overlap || userbuffers) && op.kind == models::OpKind::kGemm &&
                gemm_split(op, g) == Split::kColumn && b.after_tp_entry() && !expert) {
-      b.linear_after_tp_entry(c, op_index);
+      const bool ring = userbuffers && is_fp8_linear(op);  // a TE layer linear, not logits
+      b.linear_after_tp_entry(ring ? op_cost(op, g, l, context_parallel, dev, p, {l.tp, 1}) : c,
+                              op_index, ring);
+    } else if (userbuffers && is_fp8_linear(op) && !expert && gemm_split(op, g) == Split::kRow &&
+               exit_follows(op_index)) {
+      b.linear_before_tp_exit(op_cost(op, g, l, context_parallel, dev, p, {l.tp, l.tp}), op_index);
     } else {
       b.compute(c, op_index);
     }

@@ -101,6 +101,9 @@ std::string heterogeneous_infeasibility(const Scenario& s, const Plan& p) {
                          mp.module, e.tp);
     if (e.sequence_parallel && e.tp == 1)
       return fmt::format("module \"{}\": sequence parallelism needs tp > 1", mp.module);
+    if (e.tp_comm_overlap && !e.sequence_parallel)
+      return fmt::format(
+          "module \"{}\": tp_comm_overlap needs tp > 1 with sequence parallelism (sp)", mp.module);
     for (const hardware::NodeGroup& g : s.cluster.groups())
       if (g.profile.gpus_per_node % e.tp != 0)
         return fmt::format("module \"{}\": tp {} does not fit nodes of {} GPUs", mp.module, e.tp,
@@ -212,6 +215,9 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
                          hardware::to_string(s.workload.precision));
   }
   if (l.sequence_parallel && l.tp == 1) return "sequence parallelism needs tp > 1";
+  if (l.tp_comm_overlap && !l.sequence_parallel)
+    return "tp_comm_overlap needs tp > 1 with sequence parallelism (sp): userbuffers overlap the "
+           "SP all-gathers and reduce-scatters with the GEMMs";
   const auto& llm = std::get<models::LlmSpec>(s.model.modules[s.model.llm_index()].spec);
   for (const models::Module& m : s.model.modules) {
     if (hetero && !std::holds_alternative<models::LlmSpec>(m.spec)) continue;
@@ -313,9 +319,12 @@ Block for_direction(const Block& b, bool backward, bool sp) {
   out.steps.clear();
   for (const WorkStep& s : b.steps) {
     if (!sp && s.kind == (backward ? StepKind::kTpExit : StepKind::kTpEntry)) continue;
-    // Backward keeps a linear that overlaps its TP entry's collective a task of its own.
-    const bool apart = backward && (s.overlaps_tp_entry ||
-                                    (!out.steps.empty() && out.steps.back().overlaps_tp_entry));
+    // Backward keeps a linear that overlaps its TP entry's collective a task of its own;
+    // both directions a ring-exchange linear (userbuffers).
+    const bool after_ring = !out.steps.empty() && out.steps.back().ring_exchange;
+    const bool apart = s.ring_exchange || after_ring ||
+                       (backward && (s.overlaps_tp_entry ||
+                                     (!out.steps.empty() && out.steps.back().overlaps_tp_entry)));
     if (s.kind == StepKind::kCompute && !out.steps.empty() &&
         out.steps.back().kind == StepKind::kCompute && !apart) {
       out.steps.back().cost += s.cost;
@@ -527,7 +536,19 @@ class Lowering {
   // as its copies), then on_rank(local index, task) for each active member.
   template <class OnRank>
   void group_collectives(const GroupSet& gs, CollectiveKind kind, Bytes bytes, int32_t stream,
-                         sim::Label label, OnRank&& on_rank);
+                         sim::Label label, OnRank&& on_rank) {
+    group_collectives(gs, kind, bytes, stream, label, /*copy_engine=*/false, on_rank);
+  }
+  template <class OnRank>
+  void group_collectives(const GroupSet& gs, CollectiveKind kind, Bytes bytes, int32_t stream,
+                         sim::Label label, bool copy_engine, OnRank&& on_rank);
+  // Userbuffers (Layout::tp_comm_overlap): a copy-engine TP collective that starts after
+  // each member's last task, without blocking its next one; ring_[j] holds it.
+  void ring_collective(CollectiveKind kind, Bytes bytes, sim::LabelId name);
+  // A ring-exchange row-parallel linear (WorkStep::overlaps_tp_exit): forward, its exit's
+  // reduce-scatter but one chunk beside the GEMM; backward, the gradient's all-gather
+  // beside the dgrad GEMM, which the wgrad GEMM waits for.
+  void ring_linear(const PlacedBlock& pb, size_t s, int pass, const Labels& lb);
   void cp_ring(const PlacedBlock& pb, size_t s, int pass, const Labels& lb);
   void pipeline_p2p(int stage);
   void gradients_and_optimizer();
@@ -576,6 +597,9 @@ class Lowering {
   int stage_ = 0;
   std::vector<int> group_;  // node group of local rank j
   std::vector<RankState> st_;
+  // Per local rank: the userbuffers collective running beside a ring-exchange linear, which
+  // the task after the linear (or the exit's tail) waits for (Layout::tp_comm_overlap).
+  std::vector<TaskId> ring_;
   std::vector<std::vector<std::vector<TaskId>>> last_grad_;  // [chunk][block][j]
   // FSDP, per local rank: what the next block's all-gather follows (the task before the
   // block ahead of it started), and the last gradient reduce-scatter.
@@ -897,7 +921,8 @@ void Lowering::compute(int j, Time d, Flops f, int pass, sim::LabelId name,
 // Reduced: only the group holding the representative, with the others as copies.
 template <class OnRank>
 void Lowering::group_collectives(const GroupSet& gs, CollectiveKind kind, Bytes bytes,
-                                 int32_t stream, sim::Label label, OnRank&& on_rank) {
+                                 int32_t stream, sim::Label label, bool copy_engine,
+                                 OnRank&& on_rank) {
   for (size_t k = 0; k < gs.ids.size(); ++k) {
     if (!gs.emitted[k]) continue;
     sim::CollectiveSpec spec;
@@ -906,6 +931,7 @@ void Lowering::group_collectives(const GroupSet& gs, CollectiveKind kind, Bytes 
     spec.bytes = bytes;
     spec.stream = stream;
     spec.copies = gs.copies[k];
+    spec.copy_engine = copy_engine;
     const TaskId c = g_.add_collective(spec, label);
     for (int j : gs.locals[k])
       if (active(j)) on_rank(j, c);
@@ -918,6 +944,47 @@ void Lowering::collective(CollectiveKind kind, Bytes bytes, sim::Label label, co
     if (rs.last.valid()) g_.add_dependency(rs.last, c);
     rs.need = rs.last = c;
   });
+}
+
+void Lowering::ring_collective(CollectiveKind kind, Bytes bytes, sim::LabelId name) {
+  group_collectives(tp_groups_, kind, bytes, kTpStream, {cat_tp_, name}, /*copy_engine=*/true,
+                    [&](int j, TaskId c) {
+                      if (st_[j].last.valid()) g_.add_dependency(st_[j].last, c);
+                      ring_[j] = c;
+                    });
+}
+
+void Lowering::ring_linear(const PlacedBlock& pb, size_t s, int pass, const Labels& lb) {
+  const bool backward = pass == kB;
+  const std::vector<WorkStep>& steps = block(0, pb, backward).steps;
+  HETPAR_CHECK(s + 1 < steps.size() && steps[s + 1].kind == StepKind::kTpExit,
+               "a ring-exchange row-parallel linear precedes a TP exit");
+  const Bytes exit = steps[s + 1].bytes;
+  if (!backward) {
+    // The partial sums of tp - 1 chunks move while the GEMM computes; the last chunk's
+    // reduce-scatter (the exit, run_step) follows the GEMM.
+    ring_collective(CollectiveKind::kReduceScatter, exit * (l_.tp - 1) / l_.tp, lb.tp);
+    const sim::KernelListId k = kernels(pb, s, false, Use::kForward);
+    for (int j : actives_) {
+      const PassCost& c = block(j, pb).steps[s].cost;
+      compute(j, c.forward, c.forward_flops, pass, lb.compute, k);
+    }
+    return;
+  }
+  // The exit's backward (run_step) started the gradient's all-gather beside this dgrad.
+  const sim::KernelListId kd = kernels(pb, s, true, Use::kDgrad);
+  for (int j : actives_) {
+    const PassCost& c = block(j, pb, true).steps[s].cost;
+    compute(j, c.dgrad, c.dgrad_flops, kB, lb.compute, kd);
+    st_[j].need = ring_[j];
+    ring_[j] = TaskId();
+  }
+  if (split_w_) return;  // the W pass runs the wgrad
+  const sim::KernelListId kw = kernels(pb, s, true, Use::kStepWgrad);
+  for (int j : actives_) {
+    const PassCost& c = block(j, pb, true).steps[s].cost;
+    compute(j, c.wgrad, c.wgrad_flops, kB, lb.compute, kw);
+  }
 }
 
 // Ring attention over each cp group: attention part i runs once the K,V chunk of ring step
@@ -1088,6 +1155,7 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
         }
       }
       if (step.kind == StepKind::kCpAttention && !gather) return cp_ring(pb, s, pass, lb);
+      if (step.ring_exchange && step.overlaps_tp_exit) return ring_linear(pb, s, pass, lb);
       if (backward && step.overlaps_tp_entry && !split_w_) return linear_backward(pb, s, lb);
       const sim::KernelListId k =
           kernels(pb, s, backward, backward ? Use::kBackward : Use::kForward);
@@ -1098,27 +1166,52 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
                   c.dgrad_flops + (split_w_ ? Flops() : c.wgrad_flops), pass, lb.compute, k);
         else
           compute(j, c.forward, c.forward_flops, pass, lb.compute, k);
+        // A ring-exchange column-parallel linear: what follows it waits for the all-gather
+        // that ran beside it (its TP entry, run_step).
+        if (!backward && step.ring_exchange) {
+          st_[j].need = ring_[j];
+          ring_[j] = TaskId();
+        }
       }
       if (gather && backward)
         collective(CollectiveKind::kReduceScatter, step.bytes * l_.cp, {cat_cp_, lb.cp},
                    cp_groups_);
       return;
     }
-    case StepKind::kTpEntry:
+    case StepKind::kTpEntry: {
       if (backward && overlapped_entry(pb, s)) return;  // linear_backward() ran it
+      const std::vector<WorkStep>& steps = block(0, pb, backward).steps;
+      if (!backward && sp && s + 1 < steps.size() && steps[s + 1].ring_exchange)
+        return ring_collective(CollectiveKind::kAllGather, step.gather_bytes, lb.tp);
       if (backward)
         collective(sp ? CollectiveKind::kReduceScatter : CollectiveKind::kAllReduce, step.bytes,
                    {cat_tp_, lb.tp}, tp_groups_);
       else if (sp)
         collective(CollectiveKind::kAllGather, step.gather_bytes, {cat_tp_, lb.tp}, tp_groups_);
       return;
-    case StepKind::kTpExit:
+    }
+    case StepKind::kTpExit: {
+      const std::vector<WorkStep>& steps = block(0, pb, backward).steps;
+      if (s > 0 && steps[s - 1].ring_exchange) {
+        if (backward)  // the gradient's all-gather, beside the linear's dgrad (ring_linear)
+          return ring_collective(CollectiveKind::kAllGather, step.bytes, lb.tp);
+        // The last chunk's reduce-scatter, after the GEMM and the chunks before it.
+        const std::vector<TaskId> before = ring_;
+        ring_collective(CollectiveKind::kReduceScatter, step.bytes / l_.tp, lb.tp);
+        for (int j : actives_) {
+          if (before[j].valid()) g_.add_dependency(before[j], ring_[j]);
+          st_[j].need = st_[j].last = ring_[j];
+          ring_[j] = TaskId();
+        }
+        return;
+      }
       if (!backward)
         collective(sp ? CollectiveKind::kReduceScatter : CollectiveKind::kAllReduce, step.bytes,
                    {cat_tp_, lb.tp}, tp_groups_);
       else if (sp)
         collective(CollectiveKind::kAllGather, step.bytes, {cat_tp_, lb.tp}, tp_groups_);
       return;
+    }
     case StepKind::kEpAllToAll:
       collective(CollectiveKind::kAllToAll, step.bytes, {cat_ep_, lb.ep}, ep_groups_);
       return;
@@ -1201,6 +1294,7 @@ void Lowering::build_stage() {
   group_.resize(n);
   for (int j = 0; j < n; ++j) group_[j] = group_of_rank_[rank_of(j, stage_).value()];
   st_.assign(n, {});
+  ring_.assign(n, TaskId());
   fsdp_after_.assign(n, TaskId());
   fsdp_reduced_.assign(n, TaskId());
   // TP groups: tp consecutive local ranks; EP groups: ep consecutive (cp, dp) positions
@@ -1890,6 +1984,12 @@ bool simulates_representatives(const Scenario& s, const Plan& p) {
 Result<LoweredPlan> lower(const Scenario& s, const Plan& p, const LowerOptions& o) {
   std::string why = infeasibility(s, p);
   if (!why.empty()) return Status::invalid_argument(why);
+  bool userbuffers = p.layout.tp_comm_overlap;
+  for (const ModulePlan& m : p.modules) userbuffers = userbuffers || m.layout.tp_comm_overlap;
+  if (o.kernels && userbuffers)
+    return Status::invalid_argument(
+        "tp_comm_overlap: the executor runs each TP collective as one NCCL call after its "
+        "GEMM, not as userbuffers' chunked ring exchange");
   LoweredPlan out;
   if (o.reuse) {
     out.graph = std::move(*o.reuse);

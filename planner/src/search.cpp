@@ -149,7 +149,7 @@ class CostCache {
   const ModuleTime& get(size_t module, const Layout& l, bool context_parallel, bool frozen) {
     auto key = std::make_tuple(
         module, l.tp, l.cp, l.sequence_parallel, l.micro_batch, static_cast<int>(l.recompute),
-        l.flash_attention, l.tp_backward_overlap, l.ep, l.expert_tp(),
+        l.flash_attention, l.tp_backward_overlap, l.tp_comm_overlap, l.ep, l.expert_tp(),
         static_cast<int>(l.fp8_recipe), static_cast<int>(l.cp_comm), context_parallel, frozen);
     auto it = memo_.find(key);
     if (it != memo_.end()) return it->second;
@@ -189,7 +189,8 @@ class CostCache {
 
  private:
   const Scenario& s_;
-  std::map<std::tuple<size_t, int, int, bool, int, int, bool, bool, int, int, int, int, bool, bool>,
+  std::map<std::tuple<size_t, int, int, bool, int, int, bool, bool, bool, int, int, int, int, bool,
+                      bool>,
            ModuleTime>
       memo_;
 };
@@ -415,6 +416,7 @@ std::vector<int> layout_key(const Layout& l) {
                           l.overlap_param_gather,
                           l.flash_attention,
                           l.tp_backward_overlap,
+                          l.tp_comm_overlap,
                           static_cast<int>(l.fp8_recipe),
                           static_cast<int>(l.cp_comm),
                           static_cast<int>(l.grad_reduce_dtype),
@@ -792,6 +794,7 @@ class Searcher {
           l.fp8_recipe = fx.fp8_recipe.value_or(Fp8Recipe::kDelayed);
           l.grad_reduce_dtype = fx.grad_reduce_dtype.value_or(GradReduceDtype::kDefault);
           l.fp8_param_gather = fx.fp8_param_gather.value_or(false);
+          l.tp_comm_overlap = fx.tp_comm_overlap.value_or(false) && tp > 1 && l.sequence_parallel;
           const bool even = layers_ % pp == 0;
           if (!even) uneven_split(pp, l);
           // Folded experts (search.llm.etp 1) take their EP ranks from TP too.

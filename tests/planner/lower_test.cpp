@@ -207,6 +207,83 @@ TEST(Lower, TensorParallelBackwardOverlapsTheLinearsGemms) {
   }
 }
 
+// Userbuffers (Layout::tp_comm_overlap), per layer and micro-batch: forward, the SP
+// all-gathers before qkv and fc1 and tp - 1 chunks of the reduce-scatters after proj and fc2
+// run on the copy engines beside those GEMMs, the last chunk after them; backward, the
+// gradient all-gathers before proj's and fc2's dgrad likewise. The linears do not wait for
+// their all-gather; the op after each does. The rest is as without it: the logits' entry,
+// the backward of qkv and fc1 (bulk, as tp_backward_overlap), and the embedding's exit.
+TEST(Lower, UserbuffersRunTheSpCollectivesBesideTheLinears) {
+  const int layers = 2;
+  Scenario s = make(layers, 1, 1);
+  Plan p = plan(8, 1, 1);
+  p.layout.sequence_parallel = true;
+  const LoweredPlan base = lowered(s, p);
+  p.layout.tp_comm_overlap = true;
+  const LoweredPlan lp = lowered(s, p);
+  const sim::TaskGraph& g = lp.graph;
+  std::map<std::pair<sim::CollectiveKind, bool>, int> count;  // (kind, copy engine)
+  Bytes ring_rs;
+  auto tp_tasks = [](const sim::TaskGraph& graph) {
+    int n = 0;
+    for (int t = 0; t < graph.num_tasks(); ++t)
+      n += graph.label_text(graph.task(TaskId(t)).label.category) == "tp_comm" ? 1 : 0;
+    return n;
+  };
+  for (int t = 0; t < g.num_tasks(); ++t) {
+    const sim::Task& task = g.task(TaskId(t));
+    if (g.label_text(task.label.category) != "tp_comm") continue;
+    ++count[{task.collective, task.copy_engine}];
+    if (task.copy_engine && task.collective == sim::CollectiveKind::kReduceScatter)
+      ring_rs += task.bytes;
+  }
+  const auto ag = sim::CollectiveKind::kAllGather, rs = sim::CollectiveKind::kReduceScatter;
+  EXPECT_EQ((count[{ag, true}]), layers * (2 + 2));  // qkv, fc1 forward; proj, fc2 backward
+  EXPECT_EQ((count[{rs, true}]), layers * 2 * 2);    // proj, fc2: the chunks, the last one
+  const Bytes activation = Bytes(2048 * 1024 * 2);   // s x h in bf16
+  EXPECT_EQ(ring_rs, activation * (layers * 2));
+  EXPECT_EQ(tp_tasks(g), tp_tasks(base.graph) + layers * 2) << "one more task per reduce-scatter";
+  // Every copy-engine all-gather of the forward runs beside a linear that does not wait.
+  for (int t = 0; t < g.num_tasks(); ++t) {
+    const sim::Task& task = g.task(TaskId(t));
+    if (!task.copy_engine || task.collective != ag ||
+        g.label_text(task.label.name).find("bwd") != std::string_view::npos)
+      continue;
+    int waiting = 0;
+    for (auto [before, after] : g.dependencies())
+      if (before == TaskId(t)) {
+        EXPECT_EQ(g.task(after).kind, sim::TaskKind::kCompute);
+        EXPECT_GT(after.value(), t + 1) << "the linear lowered right after it does not wait";
+        ++waiting;
+      }
+    EXPECT_EQ(waiting, 1);
+  }
+  sim::SimOptions o;
+  o.collectives = collective_config(s.cluster);
+  const sim::SimResult with = run(lp, lp.network, o), without = run(base, base.network, o);
+  Time exposed_with, exposed_without;
+  for (const sim::RankStats& r : with.ranks) exposed_with += r.exposed_comm;
+  for (const sim::RankStats& r : without.ranks) exposed_without += r.exposed_comm;
+  EXPECT_LT(exposed_with, exposed_without);
+}
+
+TEST(Lower, UserbuffersNeedSpAndAreNotForTheExecutor) {
+  Scenario s = make(2, 1, 1);
+  Plan p = plan(8, 1, 1);
+  p.layout.tp_comm_overlap = true;
+  EXPECT_EQ(infeasibility(s, p),
+            "tp_comm_overlap needs tp > 1 with sequence parallelism (sp): userbuffers overlap the "
+            "SP all-gathers and reduce-scatters with the GEMMs");
+  p.layout.sequence_parallel = true;
+  EXPECT_EQ(infeasibility(s, p), "");
+  LowerOptions o;
+  o.kernels = true;
+  o.full_ranks = true;
+  auto r = lower(s, p, o);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("not as userbuffers"), std::string::npos);
+}
+
 // FSDP: per micro-batch, each block (4 layers, the embedding, the head) all-gathers its
 // bf16 parameters before its forward and, resharded, again before its backward, and
 // reduce-scatters its fp32 gradients after it, over the dp ranks; no bucketed reduction and

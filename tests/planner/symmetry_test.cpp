@@ -65,6 +65,11 @@ std::vector<Case> cases() {
   }
   // One NIC per GPU.
   out.push_back({"dgx-h100 tp2 pp2 dp4", make("dgx-h100", 2, 32), plan(2, 1, 2, 4)});
+  {
+    Plan p = plan(4, 1, 2, 4);
+    p.layout.tp_comm_overlap = true;
+    out.push_back({"dgx-h100 tp4 pp2 dp4 userbuffers", make("dgx-h100", 4, 32), p});
+  }
   out.push_back({"dgx-h100 tp2 cp2 pp2 dp4", make("dgx-h100", 4, 32, 8), plan(2, 2, 2, 4)});
   out.push_back({"dgx-h100 tp2 pp2 dp8 interleaved", make("dgx-h100", 4, 32, 8),
                  plan(2, 1, 2, 8, Schedule::kInterleaved, 2)});

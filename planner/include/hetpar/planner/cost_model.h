@@ -91,6 +91,21 @@ struct WorkStep {
   /// under SP the linear's input, saved as this rank's sequence slice, is all-gathered
   /// again beside the dgrad GEMM, which the wgrad GEMM waits for.
   bool overlaps_tp_entry = false;
+  /// kCompute: this step is one row-parallel linear (proj, fc2) right before a TP exit,
+  /// alone in its step (Layout::tp_comm_overlap).
+  bool overlaps_tp_exit = false;
+  /// kCompute, with overlaps_tp_entry or overlaps_tp_exit: Transformer Engine's userbuffers
+  /// ring exchange runs the adjacent TP collective chunk by chunk beside this linear's GEMM
+  /// (Layout::tp_comm_overlap); the cost is that of the GEMM split into tp chunks of rows
+  /// (GemmChunks), its forward and, before an exit, its dgrad.
+  bool ring_exchange = false;
+};
+
+/// A GEMM's rows split into chunks run one after another (userbuffers' ring exchange): its
+/// forward (m rows) and dgrad (m rows) in `forward` and `dgrad` chunks; 1 = whole.
+struct GemmChunks {
+  int64_t forward = 1;
+  int64_t dgrad = 1;
 };
 
 /// Parameters one rank holds: how many, and how many of them are Transformer Engine Linear
@@ -124,9 +139,11 @@ struct ModuleCost {
 };
 
 /// One op's cost on one rank under `l`. `context_parallel`: whether cp splits the op's
-/// tokens (the LLM) or every cp rank repeats it (encoders, projector).
+/// tokens (the LLM) or every cp rank repeats it (encoders, projector). `chunks`: a GEMM's
+/// rows split as userbuffers runs them (ignored by other ops).
 PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l,
-                 bool context_parallel, const hardware::DeviceProfile& dev, hardware::Precision p);
+                 bool context_parallel, const hardware::DeviceProfile& dev, hardware::Precision p,
+                 GemmChunks chunks = {});
 
 /// The blocks of module graph `g` (built for one micro-batch) under `l`.
 /// REQUIRES: the layout is feasible for the module (infeasibility() is empty).

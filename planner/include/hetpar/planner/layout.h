@@ -103,6 +103,14 @@ struct Layout {
   /// runs after the linear's whole backward (Megatron-LM before late 2021, e.g. Narayanan
   /// et al. 2021). Every trainer hetpar exports to overlaps.
   bool tp_backward_overlap = true;
+  /// Transformer Engine's userbuffers TP overlap (Megatron-LM --tp-comm-overlap,
+  /// Megatron-Bridge comm_overlap.tp_comm_overlap), as its ring-exchange configurations run
+  /// it: the SP all-gather before qkv / fc1 and the reduce-scatter after proj / fc2 move
+  /// chunk by chunk over the copy engines while the GEMM computes, split into tp chunks of
+  /// its rows; likewise the gradient all-gather before proj / fc2's dgrad. The backward of
+  /// qkv / fc1 overlaps as tp_backward_overlap does (bulk). Needs tp > 1 with SP; dense
+  /// layer linears only (not the MoE experts, not the output layer).
+  bool tp_comm_overlap = false;
   Fp8Recipe fp8_recipe = Fp8Recipe::kDelayed;  // meaningful for fp8 workloads only
   GradReduceDtype grad_reduce_dtype = GradReduceDtype::kDefault;
   /// FP8 training: the weights of the Transformer Engine Linear layers (every GEMM of the

@@ -57,6 +57,9 @@ struct LayoutFix {
   std::optional<GradReduceDtype> grad_reduce_dtype;
   /// FP8 parameters (Layout::fp8_param_gather) in every searched layout; default off.
   std::optional<bool> fp8_param_gather;
+  /// Userbuffers TP overlap (Layout::tp_comm_overlap) in every searched LLM layout with
+  /// tp > 1 and SP; default off.
+  std::optional<bool> tp_comm_overlap;
   /// How CP exchanges K,V in layouts with cp > 1; unset: the ring (p2p) only, which the
   /// simulator rates at least as fast wherever the ring's steps hide their transfers;
   /// `any_cp_comm`: both (more plans to simulate: +50% search time on the 1024-GPU example).
