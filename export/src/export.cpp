@@ -171,6 +171,14 @@ void refuse_mimo_encoder_batch(const Context& c, const planner::ModulePlan& m, s
       samples % m.layout.dp == 0 ? std::to_string(samples / m.layout.dp) : "a fraction of a"));
 }
 
+void refuse_tp_comm_overlap(const Context& c, Refusals& r) {
+  if (c.layout().tp_comm_overlap)
+    r.add(
+        fmt::format("tp_comm_overlap: {} has no Transformer Engine userbuffers overlap of the "
+                    "TP collectives",
+                    c.target_name()));
+}
+
 void refuse_mimo_fsdp(const Context& c, std::string_view who, Refusals& r) {
   if (!c.heterogeneous()) return;
   auto refuse = [&](std::string_view module) {

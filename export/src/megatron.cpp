@@ -108,6 +108,7 @@ std::vector<Flag> training_flags(const Context& c) {
   if (!c.fp32_gradients() && !fp16) f.push_back({"--grad-reduce-in-bf16", ""});
   if (c.fp32_gradients() && fp16) f.push_back({"--accumulate-allreduce-grads-in-fp32", ""});
   if (l.fp8_param_gather) f.push_back({"--fp8-param-gather", ""});
+  if (l.tp_comm_overlap) f.push_back({"--tp-comm-overlap", ""});  // TE userbuffers
   f.push_back({"--attention-backend", l.flash_attention ? "flash" : "unfused"});
   return f;
 }

@@ -77,6 +77,7 @@ void add_training(std::vector<Setting>& s, const Context& c) {
     s.push_back({"ddp.data_parallel_sharding_strategy", yaml_string("optim_grads_params")});
   }
   s.push_back({"ddp.overlap_grad_reduce", yaml_bool(l.overlap_grad_reduce)});
+  if (l.tp_comm_overlap) s.push_back({"comm_overlap.tp_comm_overlap", "true"});  // userbuffers
   s.push_back({"ddp.overlap_param_gather",
                yaml_bool(l.overlap_param_gather && l.shards_optimizer_state())});
   // The recipe also sets model.pipeline_dtype, which MCore needs with PP > 1.

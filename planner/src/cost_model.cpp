@@ -430,7 +430,11 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
                               op_index, ring);
     } else if (userbuffers && is_fp8_linear(op) && !expert && gemm_split(op, g) == Split::kRow &&
                exit_follows(op_index)) {
-      b.linear_before_tp_exit(op_cost(op, g, l, context_parallel, dev, p, {l.tp, l.tp}), op_index);
+      // The ring exchange's reduce-scatter sums the tp partial chunks each rank receives
+      // (userbuffers' reduce kernel): the whole activation read, its 1/tp slice written.
+      PassCost ring = op_cost(op, g, l, context_parallel, dev, p, {l.tp, l.tp});
+      ring.forward += dev.memory_kernel_time(activation + activation / l.tp);
+      b.linear_before_tp_exit(ring, op_index);
     } else {
       b.compute(c, op_index);
     }

@@ -232,6 +232,13 @@ class Estimator {
     }
     if ((llm || encoder) && l_.pp > 1)
       for (Tally& t : stages_) t.p2p = 2 * layer_input / sp;
+    // Userbuffers (Layout::tp_comm_overlap): Transformer Engine's initialize_ub registers a
+    // communication buffer of the layer's (s·b, h) for each of its ten overlap names (qkv,
+    // proj, fc1, fc2 forward; proj, fc2 dgrad; qkv, fc1 dgrad and wgrad), allocated once.
+    // An allowance at the activations' dtype, per CP rank's tokens.
+    if (l_.tp_comm_overlap && l_.sequence_parallel && l_.tp > 1 && g.layers > 0 &&
+        (llm || models::is_encoder(kind)))
+      for (Tally& t : stages_) t.p2p += 10 * layer_input;
   }
 
   // Adds `bytes` held by every rank of stage `st` (communication buffers).

@@ -176,6 +176,25 @@ TEST(ExportMegatron, MixtureOfExpertsAndPrecisions) {
   EXPECT_NE(refusal(s, p, Target::kMegatron).find("precision tf32"), std::string::npos);
 }
 
+// Userbuffers TP overlap: Megatron-LM's --tp-comm-overlap, Megatron-Bridge's
+// comm_overlap.tp_comm_overlap; the other trainers have none and refuse it.
+TEST(ExportMegatron, UserbuffersTpOverlap) {
+  planner::Scenario s = scenario("llama-3.1-8b", 4, 8192, 512);
+  Plan p = llama_plans()[0];  // tp 4 with SP
+  p.layout.tp_comm_overlap = true;
+  ASSERT_EQ(planner::infeasibility(s, p), "");
+  EXPECT_EQ(all_flags(exported(s, p, Target::kMegatron).at("launch.sh")).count("--tp-comm-overlap"),
+            1u);
+  EXPECT_EQ(yaml_settings(exported(s, p, Target::kMegatronBridge).at("megatron_bridge.yaml"))
+                .at("comm_overlap.tp_comm_overlap"),
+            "true");
+  for (Target t : {Target::kTorchtitan, Target::kDeepspeed, Target::kNanotron})
+    EXPECT_NE(refusal(s, p, t).find("tp_comm_overlap: "), std::string::npos) << to_string(t);
+  p.layout.tp_comm_overlap = false;
+  EXPECT_EQ(all_flags(exported(s, p, Target::kMegatron).at("launch.sh")).count("--tp-comm-overlap"),
+            0u);
+}
+
 TEST(ExportMegatron, HomogeneousVlmUsesPretrainVlm) {
   planner::Scenario s = scenario("llava-1.5-7b", 1, 4096, 96, 1);
   Plan p;

@@ -282,6 +282,14 @@ TEST(Lower, UserbuffersNeedSpAndAreNotForTheExecutor) {
   auto r = lower(s, p, o);
   ASSERT_FALSE(r.is_ok());
   EXPECT_NE(r.status().message().find("not as userbuffers"), std::string::npos);
+  // Its buffers: ten of the layer's (s·b, h) in bf16 (memory.cpp).
+  auto with = evaluate(s, p);
+  p.layout.tp_comm_overlap = false;
+  auto without = evaluate(s, p);
+  ASSERT_TRUE(with.is_ok() && without.is_ok());
+  EXPECT_EQ(with->memory.per_stage[0].communication_buffers -
+                without->memory.per_stage[0].communication_buffers,
+            Bytes(10 * 2048 * 1024 * 2));
 }
 
 // FSDP: per micro-batch, each block (4 layers, the embedding, the head) all-gathers its
