@@ -468,6 +468,7 @@ std::string describe_layout(const Layout& l, bool llm) {
   if (l.recompute != Recompute::kNone) out += fmt::format(" rc:{}", to_string(l.recompute));
   if (l.distributed_optimizer) out += " dopt";
   if (l.fsdp) out += l.fsdp_reshard_after_forward ? " fsdp" : " fsdp-kept";
+  if (l.tp_comm_overlap) out += " ub";
   if (llm && (l.first_stage_layers > 0 || l.last_stage_layers > 0))
     out += fmt::format(" first/last {}/{}", l.first_stage_layers, l.last_stage_layers);
   return out;
