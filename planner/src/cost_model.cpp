@@ -330,11 +330,12 @@ class BlockBuilder {
     b_.steps.back().overlaps_tp_entry = true;
     b_.steps.back().ring_exchange = ring_exchange;
   }
-  // A row-parallel linear right before a TP exit, its collective in a ring exchange.
-  void linear_before_tp_exit(const PassCost& c, int32_t op) {
+  // A row-parallel linear right before a TP exit, its reduce-scatter in `chunks` beside it.
+  void linear_before_tp_exit(const PassCost& c, int32_t op, int32_t chunks) {
     b_.steps.push_back({StepKind::kCompute, c, {}, {}, {op}});
     b_.steps.back().overlaps_tp_exit = true;
     b_.steps.back().ring_exchange = true;
+    b_.steps.back().exit_chunks = chunks;
   }
   void comm(StepKind kind, Bytes bytes, const PassCost& cost = {}, int32_t op = -1) {
     b_.steps.push_back({kind, cost, bytes, bytes, {}});
@@ -430,11 +431,26 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
                               op_index, ring);
     } else if (userbuffers && is_fp8_linear(op) && !expert && gemm_split(op, g) == Split::kRow &&
                exit_follows(op_index)) {
-      // The ring exchange's reduce-scatter sums the tp partial chunks each rank receives
-      // (userbuffers' reduce kernel): the whole activation read, its 1/tp slice written.
-      PassCost ring = op_cost(op, g, l, context_parallel, dev, p, {l.tp, l.tp});
-      ring.forward += dev.memory_kernel_time(activation + activation / l.tp);
-      b.linear_before_tp_exit(ring, op_index);
+      if (p == Precision::kFp8) {
+        // FP8 (Megatron-Bridge's userbuffers_fp8_* configurations): a ring exchange, whose
+        // reduce-scatter sums the tp partial chunks each rank receives (userbuffers' reduce
+        // kernel): the whole activation read, its 1/tp slice written.
+        PassCost ring = op_cost(op, g, l, context_parallel, dev, p, {l.tp, l.tp});
+        ring.forward += dev.memory_kernel_time(activation + activation / l.tp);
+        b.linear_before_tp_exit(ring, op_index, static_cast<int32_t>(l.tp));
+      } else {
+        // 16-bit (userbuffers_bf16_h100_h8192_tp4_mbs1_seqlen8192): the "pipeline" method,
+        // the GEMM in 4 splits on the SMs the reduce-scatter's kernels leave it (24 for
+        // proj, 16 for fc2: set_sm_margin), each split's reduce-scatter beside the next.
+        constexpr int64_t kSplits = 4;
+        const int comm_sms = op.name == "attn_out" ? 24 : 16;
+        PassCost piped = op_cost(op, g, l, context_parallel, dev, p, {kSplits, l.tp});
+        if (dev.sm_count > comm_sms)
+          piped.forward =
+              Time::ps(static_cast<int64_t>(static_cast<double>(piped.forward.count_ps()) *
+                                            dev.sm_count / (dev.sm_count - comm_sms)));
+        b.linear_before_tp_exit(piped, op_index, kSplits);
+      }
     } else {
       b.compute(c, op_index);
     }

@@ -542,8 +542,10 @@ class Lowering {
   template <class OnRank>
   void group_collectives(const GroupSet& gs, CollectiveKind kind, Bytes bytes, int32_t stream,
                          sim::Label label, bool copy_engine, OnRank&& on_rank);
-  // Userbuffers (Layout::tp_comm_overlap): a copy-engine TP collective that starts after
-  // each member's last task, without blocking its next one; ring_[j] holds it.
+  // Userbuffers (Layout::tp_comm_overlap): a TP collective that starts after each member's
+  // last task without blocking its next one, moved by the copy engines (ring exchange) or by
+  // the SMs the GEMM beside it leaves free (pipeline; the cost model charges them to the
+  // GEMM), so it slows no compute itself; ring_[j] holds it.
   void ring_collective(CollectiveKind kind, Bytes bytes, sim::LabelId name);
   // A ring-exchange row-parallel linear (WorkStep::overlaps_tp_exit): forward, its exit's
   // reduce-scatter but one chunk beside the GEMM; backward, the gradient's all-gather
@@ -961,9 +963,10 @@ void Lowering::ring_linear(const PlacedBlock& pb, size_t s, int pass, const Labe
                "a ring-exchange row-parallel linear precedes a TP exit");
   const Bytes exit = steps[s + 1].bytes;
   if (!backward) {
-    // The partial sums of tp - 1 chunks move while the GEMM computes; the last chunk's
-    // reduce-scatter (the exit, run_step) follows the GEMM.
-    ring_collective(CollectiveKind::kReduceScatter, exit * (l_.tp - 1) / l_.tp, lb.tp);
+    // The partial sums of all chunks but the last move while the GEMM computes; the last
+    // chunk's reduce-scatter (the exit, run_step) follows the GEMM.
+    const int64_t chunks = steps[s].exit_chunks;
+    ring_collective(CollectiveKind::kReduceScatter, exit * (chunks - 1) / chunks, lb.tp);
     const sim::KernelListId k = kernels(pb, s, false, Use::kForward);
     for (int j : actives_) {
       const PassCost& c = block(j, pb).steps[s].cost;
@@ -1197,7 +1200,8 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
           return ring_collective(CollectiveKind::kAllGather, step.bytes, lb.tp);
         // The last chunk's reduce-scatter, after the GEMM and the chunks before it.
         const std::vector<TaskId> before = ring_;
-        ring_collective(CollectiveKind::kReduceScatter, step.bytes / l_.tp, lb.tp);
+        ring_collective(CollectiveKind::kReduceScatter, step.bytes / steps[s - 1].exit_chunks,
+                        lb.tp);
         for (int j : actives_) {
           if (before[j].valid()) g_.add_dependency(before[j], ring_[j]);
           st_[j].need = st_[j].last = ring_[j];

@@ -208,8 +208,8 @@ TEST(Lower, TensorParallelBackwardOverlapsTheLinearsGemms) {
 }
 
 // Userbuffers (Layout::tp_comm_overlap), per layer and micro-batch: forward, the SP
-// all-gathers before qkv and fc1 and tp - 1 chunks of the reduce-scatters after proj and fc2
-// run on the copy engines beside those GEMMs, the last chunk after them; backward, the
+// all-gathers before qkv and fc1 and all chunks but the last of the reduce-scatters after
+// proj and fc2 run beside those GEMMs, the last chunk after them; backward, the
 // gradient all-gathers before proj's and fc2's dgrad likewise. The linears do not wait for
 // their all-gather; the op after each does. The rest is as without it: the logits' entry,
 // the backward of qkv and fc1 (bulk, as tp_backward_overlap), and the embedding's exit.
@@ -242,6 +242,13 @@ TEST(Lower, UserbuffersRunTheSpCollectivesBesideTheLinears) {
   EXPECT_EQ((count[{rs, true}]), layers * 2 * 2);    // proj, fc2: the chunks, the last one
   const Bytes activation = Bytes(2048 * 1024 * 2);   // s x h in bf16
   EXPECT_EQ(ring_rs, activation * (layers * 2));
+  // In bf16, userbuffers' "pipeline" method: 4 splits, three of them beside the GEMM.
+  int beside = 0;
+  for (int t = 0; t < g.num_tasks(); ++t) {
+    const sim::Task& task = g.task(TaskId(t));
+    beside += task.copy_engine && task.collective == rs && task.bytes == activation * 3 / 4;
+  }
+  EXPECT_EQ(beside, layers * 2);
   EXPECT_EQ(tp_tasks(g), tp_tasks(base.graph) + layers * 2) << "one more task per reduce-scatter";
   // Every copy-engine all-gather of the forward runs beside a linear that does not wait.
   for (int t = 0; t < g.num_tasks(); ++t) {

@@ -99,6 +99,10 @@ struct WorkStep {
   /// (Layout::tp_comm_overlap); the cost is that of the GEMM split into tp chunks of rows
   /// (GemmChunks), its forward and, before an exit, its dgrad.
   bool ring_exchange = false;
+  /// With overlaps_tp_exit and ring_exchange: the chunks the exit's reduce-scatter moves in,
+  /// all but the last beside the GEMM (tp for a ring exchange, num_splits for userbuffers'
+  /// "pipeline" method).
+  int32_t exit_chunks = 1;
 };
 
 /// A GEMM's rows split into chunks run one after another (userbuffers' ring exchange): its

@@ -107,7 +107,9 @@ struct Layout {
   /// Megatron-Bridge comm_overlap.tp_comm_overlap), as its ring-exchange configurations run
   /// it: the SP all-gather before qkv / fc1 and the reduce-scatter after proj / fc2 move
   /// chunk by chunk over the copy engines while the GEMM computes, split into tp chunks of
-  /// its rows; likewise the gradient all-gather before proj / fc2's dgrad. The backward of
+  /// its rows (16-bit: the reduce-scatter as the bf16 configurations' "pipeline" method, 4
+  /// splits beside a GEMM on fewer SMs); likewise the gradient all-gather before proj / fc2's
+  /// dgrad. The backward of
   /// qkv / fc1 overlaps as tp_backward_overlap does (bulk). Needs tp > 1 with SP; dense
   /// layer linears only (not the MoE experts, not the output layer).
   bool tp_comm_overlap = false;
