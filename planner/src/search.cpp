@@ -622,7 +622,7 @@ class Searcher {
       if (pl == Placement::kHomogeneous) {
         for (const Base& b : llm_bases(world_, true, true)) out.push_back(b);
       } else if (pl == Placement::kColocated) {
-        for (const Base& b : llm_bases(world_, true, false)) {
+        for (const Base& b : llm_bases(world_, true, true)) {
           Base x = b;
           x.plan.placement = pl;
           add_encoders(x, 0, std::vector<int>(encoders_.size(), world_), out);
@@ -631,7 +631,7 @@ class Searcher {
         // Each encoder on its own ranks, in module order from rank 0, the LLM after them.
         for (const std::vector<int>& split : encoder_split_sets()) {
           const int enc_gpus = std::accumulate(split.begin(), split.end(), 0);
-          for (const Base& b : llm_bases(world_ - enc_gpus, false, false)) {
+          for (const Base& b : llm_bases(world_ - enc_gpus, false, true)) {
             Base x = b;
             x.plan.placement = pl;
             x.plan.llm_first_rank = enc_gpus;
@@ -762,7 +762,7 @@ class Searcher {
     return true;
   }
 
-  // FSDP settings of a layout (LayoutFix::fsdp): only homogeneous ones, with dp·cp > 1.
+  // FSDP settings of a layout (LayoutFix::fsdp), with dp·cp > 1.
   std::vector<bool> fsdp_options(const LayoutFix& f, bool allow, int dp_cp) const {
     if (!allow || dp_cp == 1) return {false};
     if (f.any_fsdp) return {false, true};
@@ -932,27 +932,42 @@ class Searcher {
         // An encoder step must split into whole LLM micro-batches (boundary.h).
         const int fan_out = llm.dp > dp && llm.dp % dp == 0 ? llm.dp / dp : 1;
         const int base_mbs = llm.micro_batch * fan_out;
-        for (int mbs : mbs_options(fx.micro_batch, gb % dp == 0 ? gb / dp : 1, base_mbs)) {
-          int dv = 1;
-          for (bool dopt : distopt_options(fx, dp, &dv)) {
-            Base x = b;
-            ModulePlan mp;
-            mp.module = e.name;
-            if (own_ranks) mp.first_rank = std::accumulate(gpus_of.begin(), gpus_of.begin() + k, 0);
-            mp.layout.tp = tp;
-            mp.layout.pp = pp;
-            mp.layout.dp = dp;
-            mp.layout.micro_batch = mbs;
-            mp.layout.sequence_parallel = fx.sequence_parallel.value_or(false);
-            mp.layout.distributed_optimizer = dopt;
-            mp.layout.fp8_recipe = fx.fp8_recipe.value_or(llm.fp8_recipe);
-            mp.layout.grad_reduce_dtype = fx.grad_reduce_dtype.value_or(llm.grad_reduce_dtype);
-            mp.layout.fp8_param_gather = fx.fp8_param_gather.value_or(llm.fp8_param_gather);
-            x.plan.modules.push_back(mp);
-            x.distopt_variants *= dv;
-            add_encoders(x, k + 1, gpus_of, out);
+        // FSDP: a colocated encoder shards as the LLM on its ranks does; one on its own
+        // ranks as its fix asks (search.modules.<name>.fsdp).
+        std::vector<std::pair<bool, bool>> shardings;  // (fsdp, reshard after forward)
+        if (!own_ranks) {
+          shardings.emplace_back(llm.fsdp, llm.fsdp_reshard_after_forward);
+        } else {
+          for (bool f : fsdp_options(fx, true, dp)) {
+            shardings.emplace_back(f, true);
+            if (f) shardings.emplace_back(true, false);
           }
         }
+        for (int mbs : mbs_options(fx.micro_batch, gb % dp == 0 ? gb / dp : 1, base_mbs))
+          for (auto [fsdp, reshard] : shardings) {
+            int dv = 1;
+            for (bool dopt : fsdp ? std::vector<bool>{true} : distopt_options(fx, dp, &dv)) {
+              Base x = b;
+              ModulePlan mp;
+              mp.module = e.name;
+              if (own_ranks)
+                mp.first_rank = std::accumulate(gpus_of.begin(), gpus_of.begin() + k, 0);
+              mp.layout.tp = tp;
+              mp.layout.pp = pp;
+              mp.layout.dp = dp;
+              mp.layout.micro_batch = mbs;
+              mp.layout.sequence_parallel = fx.sequence_parallel.value_or(false);
+              mp.layout.distributed_optimizer = dopt;
+              mp.layout.fsdp = fsdp;
+              mp.layout.fsdp_reshard_after_forward = reshard;
+              mp.layout.fp8_recipe = fx.fp8_recipe.value_or(llm.fp8_recipe);
+              mp.layout.grad_reduce_dtype = fx.grad_reduce_dtype.value_or(llm.grad_reduce_dtype);
+              mp.layout.fp8_param_gather = fx.fp8_param_gather.value_or(llm.fp8_param_gather);
+              x.plan.modules.push_back(mp);
+              x.distopt_variants *= dv;
+              add_encoders(x, k + 1, gpus_of, out);
+            }
+          }
       }
     }
   }

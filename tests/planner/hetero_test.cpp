@@ -481,6 +481,12 @@ Layout fsdp(Layout l, bool reshard = true) {
   return l;
 }
 
+// The layout with userbuffers' TP overlap (Layout::tp_comm_overlap; it has SP).
+Layout userbuffers(Layout l) {
+  l.tp_comm_overlap = true;
+  return l;
+}
+
 Plan hetero(Placement where, Layout llm, int llm_first, Layout enc, int enc_first) {
   Plan p;
   p.layout = llm;
@@ -554,6 +560,10 @@ TEST(HeteroSymmetry, RepresentativesPredictWhatEveryRankDoes) {
        hetero(co, fsdp(module_layout(4, 2, 1, 2)), 0, fsdp(module_layout(1, 16)), 0), 5e-5},
       {"non-colocated fan-in 4, both fsdp", llava(32, 3),
        hetero(nc, fsdp(module_layout(4, 2, 1, 2)), 8, fsdp(module_layout(1, 8)), 0)},
+      {"non-colocated fan-out 4, both userbuffers", llava(32, 2),
+       hetero(nc, userbuffers(module_layout(2, 4)), 8, userbuffers(module_layout(8, 1, 4)), 0)},
+      {"colocated fan-in 4, llm userbuffers", llava(32, 2),
+       hetero(co, userbuffers(module_layout(4, 4)), 0, module_layout(1, 16), 0)},
       {"non-colocated fan-in 4, frozen, llm fsdp", llava(32, 3, true),
        hetero(nc, fsdp(module_layout(4, 2, 1, 2)), 8, fsdp(module_layout(1, 8)), 0)},
   };

@@ -163,6 +163,41 @@ TEST(Search, HonoursTheSearchSection) {
   for (const FamilyResult& f : none.families) EXPECT_FALSE(f.why_none.empty());
 }
 
+// FSDP in heterogeneous placements: search.llm.fsdp shards every LLM layout with dp > 1 (so
+// every plan here, the tiny world being one node), a colocated encoder as its LLM, an
+// encoder on its own ranks as search.modules.<name>.fsdp asks; every plan is feasible.
+TEST(Search, ShardsHeterogeneousPlansAsTheSearchSectionAsks) {
+  const Scenario s = tiny(R"({"llm": {"fsdp": true, "micro_batch": 1},
+                              "modules": {"vision": {"fsdp": true, "dp": 2}},
+                              "forbid_placements": ["homogeneous"], "top_k": 50})");
+  SearchOptions o = threads(2);
+  o.top_k = 50;
+  const SearchResult r = run(s, o);
+  ASSERT_FALSE(r.top.empty());
+  std::vector<RankedPlan> plans = r.top;
+  for (const FamilyResult& f : r.families)
+    if (f.best) plans.push_back(*f.best);
+  int colocated = 0, own_ranks = 0;
+  for (const RankedPlan& p : plans) {
+    ASSERT_EQ(infeasibility(s, p.plan), "") << describe(p.plan);
+    const Layout& l = p.plan.layout;
+    if (l.dp * l.cp > 1) {
+      EXPECT_TRUE(l.fsdp) << describe(p.plan);
+    }
+    for (const ModulePlan& m : p.plan.modules) {
+      if (p.plan.placement == Placement::kColocated) {
+        EXPECT_EQ(m.layout.fsdp, l.fsdp) << describe(p.plan);
+        ++colocated;
+      } else if (m.layout.dp > 1) {
+        EXPECT_TRUE(m.layout.fsdp) << describe(p.plan);
+        ++own_ranks;
+      }
+    }
+  }
+  EXPECT_GT(colocated, 0);
+  EXPECT_GT(own_ranks, 0);
+}
+
 // The gradient dtype is numerics too: fixed by the search section for every module,
 // never searched; bf16 gradients halve the reduction and the gradient buffer.
 TEST(Search, KeepsTheGradReduceDtypeOfTheSearchSection) {
@@ -209,7 +244,7 @@ TEST(Search, KeepsTheFp8RecipeOfTheSearchSection) {
 // CP's exchange: the ring by default, all-gather when the search section fixes it, both
 // with "any" (the winner is the faster of the two).
 // FSDP is searched only when the section asks: never by default, only FSDP with true, both
-// with "any" (homogeneous layouts only; the heterogeneous families never shard fully).
+// with "any" (in every placement; ShardsHeterogeneousPlansAsTheSearchSectionAsks below).
 TEST(Search, SearchesFsdpOnlyWhenTheSectionAsks) {
   const SearchResult none = run(tiny(R"({"llm": {"pp": 1}})"), threads(2));
   const SearchResult only = run(tiny(R"({"llm": {"pp": 1, "fsdp": true}})"), threads(2));
@@ -217,9 +252,7 @@ TEST(Search, SearchesFsdpOnlyWhenTheSectionAsks) {
   ASSERT_FALSE(none.top.empty() || only.top.empty() || any.top.empty());
   for (const RankedPlan& p : none.top) EXPECT_FALSE(p.plan.layout.fsdp);
   for (const RankedPlan& p : only.top) {
-    EXPECT_EQ(p.plan.layout.fsdp, p.plan.placement == Placement::kHomogeneous &&
-                                      p.plan.layout.dp * p.plan.layout.cp > 1)
-        << describe(p.plan);
+    EXPECT_EQ(p.plan.layout.fsdp, p.plan.layout.dp * p.plan.layout.cp > 1) << describe(p.plan);
     if (p.plan.layout.fsdp) {
       EXPECT_NE(describe(p.plan).find(" fsdp"), std::string::npos);
     }
