@@ -274,6 +274,29 @@ TEST(Lower, UserbuffersRunTheSpCollectivesBesideTheLinears) {
   EXPECT_LT(exposed_with, exposed_without);
 }
 
+// On a 70B layer's GEMMs the chunked GEMMs cost less than the collectives they hide:
+// examples/llama3-70b-64xh100-userbuffers-compare.json, at TP4 and TP8, userbuffers win
+// (on the tiny layer above, whose GEMMs are launch-bound, they lose).
+TEST(Lower, UserbuffersPayOffOnLargeGemms) {
+  auto s = load_scenario(std::string(HETPAR_SOURCE_DIR) +
+                         "/examples/llama3-70b-64xh100-userbuffers-compare.json");
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  std::map<std::string, Time> t, exposed_tp;
+  for (const auto& [name, plan] : s->plans) {
+    auto m = evaluate(*s, plan);
+    ASSERT_TRUE(m.is_ok() && m->feasible) << name;
+    t[name] = m->iteration_time;
+    for (const ExposedComm& e : m->exposed_by_kind)
+      if (e.kind == "tp_comm") exposed_tp[name] = e.per_rank;
+  }
+  ASSERT_EQ(t.size(), 4u);
+  for (std::string tp : {"tp4", "tp8"}) {
+    EXPECT_LT(t[tp + "_userbuffers"], t[tp + "_nccl"]) << tp;
+    // It hides no more than the TP communication NCCL left exposed.
+    EXPECT_LT(t[tp + "_nccl"] - t[tp + "_userbuffers"], exposed_tp[tp + "_nccl"]) << tp;
+  }
+}
+
 TEST(Lower, UserbuffersNeedSpAndAreNotForTheExecutor) {
   Scenario s = make(2, 1, 1);
   Plan p = plan(8, 1, 1);
