@@ -113,7 +113,9 @@ BlockTime block_time(const Block& b, const Layout& l, Bandwidth link, bool froze
         t.b_input += st.cost.dgrad + st.cost.recompute;
         break;
       case StepKind::kTpEntry: {  // fwd: SP all-gather; bwd: SP reduce-scatter / all-reduce
-        if (sp) t.f += collective_time(CK::kAllGather, st.gather_bytes, l.tp, link);
+        // Userbuffers run the forward all-gather beside the (chunked) linear after it.
+        const bool ring = i + 1 < b.steps.size() && b.steps[i + 1].ring_exchange;
+        if (sp && !ring) t.f += collective_time(CK::kAllGather, st.gather_bytes, l.tp, link);
         Time bwd = collective_time(sp ? CK::kReduceScatter : CK::kAllReduce, st.bytes, l.tp, link);
         Time hidden;
         if (i + 1 < b.steps.size() && b.steps[i + 1].overlaps_tp_entry)
@@ -124,6 +126,13 @@ BlockTime block_time(const Block& b, const Layout& l, Bandwidth link, bool froze
         break;
       }
       case StepKind::kTpExit: {  // fwd: SP reduce-scatter / all-reduce; bwd: SP all-gather
+        // Userbuffers: only the reduce-scatter's last chunk follows the linear; the backward
+        // all-gather runs beside its dgrad.
+        if (i > 0 && b.steps[i - 1].ring_exchange) {
+          t.f += collective_time(CK::kReduceScatter, st.bytes / b.steps[i - 1].exit_chunks, l.tp,
+                                 link);
+          break;
+        }
         t.f += collective_time(sp ? CK::kReduceScatter : CK::kAllReduce, st.bytes, l.tp, link);
         if (sp) {
           Time bwd = collective_time(CK::kAllGather, st.bytes, l.tp, link);
