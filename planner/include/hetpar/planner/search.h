@@ -126,8 +126,9 @@ struct SearchResult {
 Result<SearchResult> search(const Scenario& s, const SearchOptions& o = {});
 
 /// A lower bound on evaluate()'s iteration time for a feasible plan, from the cost model's
-/// per-rank compute and TP communication (at the profile's bus bandwidth) of each pipeline
-/// stage times its micro-batches, plus the pipeline fill and drain the stage cannot avoid
+/// per-rank compute and TP communication (at the profile's bus bandwidth; with
+/// Layout::tp_comm_overlap only what userbuffers leave exposed) of each pipeline stage times
+/// its micro-batches, plus the pipeline fill and drain the stage cannot avoid
 /// (forward and backward of the first / last micro-batch on the stages before it), and for
 /// heterogeneous plans the encoder's work (colocated: on the same GPUs; non-colocated: its
 /// own ranks, and the first step's forward and the last step's backward around the LLM's
