@@ -113,7 +113,13 @@ LayoutFix parse_layout_fix(JsonReader& r) {
     f.fp8_recipe =
         parse_fp8_recipe(r.optional_enum("fp8_recipe", "delayed", {"delayed", "tensorwise"}));
   if (r.has("fp8_param_gather")) f.fp8_param_gather = r.optional_bool("fp8_param_gather", false);
-  if (r.has("tp_comm_overlap")) f.tp_comm_overlap = r.optional_bool("tp_comm_overlap", false);
+  if (r.has("tp_comm_overlap")) {
+    const nlohmann::json* v = r.raw("tp_comm_overlap");
+    if (v && v->is_string())
+      f.any_tp_comm_overlap = r.optional_enum("tp_comm_overlap", "any", {"any"}) == "any";
+    else
+      f.tp_comm_overlap = r.optional_bool("tp_comm_overlap", false);
+  }
   if (r.has("grad_reduce_dtype"))
     f.grad_reduce_dtype = parse_grad_reduce_dtype(
         r.optional_enum("grad_reduce_dtype", "default", {"default", "fp32", "bf16", "fp16"}));

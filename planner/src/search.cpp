@@ -854,13 +854,19 @@ class Searcher {
 
   void add_schedules(Layout l, bool even, int distopt_variants, std::vector<Base>& out) const {
     const LayoutFix& fx = spec_.llm;
+    // search.llm.tp_comm_overlap "any": each layout with TP and SP with and without.
+    const bool both = fx.any_tp_comm_overlap && l.tp > 1 && l.sequence_parallel;
     auto push = [&](const Layout& lay, Schedule sch, int variants) {
       if (spec_.schedule && *spec_.schedule != sch) return;
       Base b;
       b.plan.layout = lay;
       b.plan.schedule = sch;
       b.distopt_variants = variants;
-      out.push_back(std::move(b));
+      out.push_back(b);
+      if (both) {
+        b.plan.layout.tp_comm_overlap = true;
+        out.push_back(std::move(b));
+      }
     };
     if (fixed_ok(fx.vpp, 1)) {
       l.vpp = 1;

@@ -147,6 +147,21 @@ TEST(Search, TheBoundHoldsWithUserbuffers) {
   }
 }
 
+// "any" searches every TP layout with and without userbuffers: its best is the better of
+// the two searches, and on the tiny model's launch-bound GEMMs that is without.
+TEST(Search, TriesUserbuffersBothWaysWithAny) {
+  const std::string fixed = R"("pp": 1}, "modules": {"vision": {"tp": 2}}})";
+  const SearchResult off = run(tiny(R"({"llm": {)" + fixed), threads(2));
+  const SearchResult on = run(tiny(R"({"llm": {"tp_comm_overlap": true, )" + fixed), threads(2));
+  const SearchResult any = run(tiny(R"({"llm": {"tp_comm_overlap": "any", )" + fixed), threads(2));
+  ASSERT_FALSE(off.top.empty() || on.top.empty() || any.top.empty());
+  EXPECT_EQ(
+      any.top.front().metrics.iteration_time,
+      std::min(off.top.front().metrics.iteration_time, on.top.front().metrics.iteration_time));
+  EXPECT_GT(any.counts.considered, off.counts.considered);
+  for (const RankedPlan& p : off.top) EXPECT_FALSE(p.plan.layout.tp_comm_overlap);
+}
+
 TEST(Search, SameResultOnOneAndTwoThreads) {
   const Scenario s = tiny();
   const SearchResult one = run(s, threads(1));

@@ -58,8 +58,10 @@ struct LayoutFix {
   /// FP8 parameters (Layout::fp8_param_gather) in every searched layout; default off.
   std::optional<bool> fp8_param_gather;
   /// Userbuffers TP overlap (Layout::tp_comm_overlap) in every searched LLM layout with
-  /// tp > 1 and SP; default off.
+  /// tp > 1 and SP; default off; `any_tp_comm_overlap`: both (on small GEMMs the chunks
+  /// cost more than they hide).
   std::optional<bool> tp_comm_overlap;
+  bool any_tp_comm_overlap = false;
   /// How CP exchanges K,V in layouts with cp > 1; unset: the ring (p2p) only, which the
   /// simulator rates at least as fast wherever the ring's steps hide their transfers;
   /// `any_cp_comm`: both (more plans to simulate: +50% search time on the 1024-GPU example).
