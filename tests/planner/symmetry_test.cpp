@@ -69,6 +69,11 @@ std::vector<Case> cases() {
     Plan p = plan(4, 1, 2, 4);
     p.layout.tp_comm_overlap = true;
     out.push_back({"dgx-h100 tp4 pp2 dp4 userbuffers", make("dgx-h100", 4, 32), p});
+    Plan q = plan(2, 2, 2, 4, Schedule::kInterleaved, 2);
+    q.layout.tp_comm_overlap = true;
+    q.layout.recompute = models::Recompute::kFull;
+    out.push_back({"dgx-h100 tp2 cp2 pp2 vpp2 dp4 userbuffers, full recompute",
+                   make("dgx-h100", 4, 32, 8), q});
   }
   out.push_back({"dgx-h100 tp2 cp2 pp2 dp4", make("dgx-h100", 4, 32, 8), plan(2, 2, 2, 4)});
   out.push_back({"dgx-h100 tp2 pp2 dp8 interleaved", make("dgx-h100", 4, 32, 8),
