@@ -978,6 +978,9 @@ class Searcher {
               mp.layout.fp8_recipe = fx.fp8_recipe.value_or(llm.fp8_recipe);
               mp.layout.grad_reduce_dtype = fx.grad_reduce_dtype.value_or(llm.grad_reduce_dtype);
               mp.layout.fp8_param_gather = fx.fp8_param_gather.value_or(llm.fp8_param_gather);
+              // Userbuffers for an encoder when its own fix asks (it needs TP with SP).
+              mp.layout.tp_comm_overlap =
+                  fx.tp_comm_overlap.value_or(false) && tp > 1 && mp.layout.sequence_parallel;
               x.plan.modules.push_back(mp);
               x.distopt_variants *= dv;
               add_encoders(x, k + 1, gpus_of, out);

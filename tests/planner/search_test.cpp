@@ -162,6 +162,20 @@ TEST(Search, TriesUserbuffersBothWaysWithAny) {
   for (const RankedPlan& p : off.top) EXPECT_FALSE(p.plan.layout.tp_comm_overlap);
 }
 
+// An encoder's own fix turns userbuffers on for it (with TP and SP), not for the LLM.
+TEST(Search, GivesAnEncoderUserbuffersWhenItsFixAsks) {
+  const SearchResult r =
+      run(tiny(R"({"modules": {"vision": {"tp": 2, "sp": true, "tp_comm_overlap": true}},
+                   "forbid_placements": ["homogeneous"]})"),
+          threads(2));
+  ASSERT_FALSE(r.top.empty());
+  for (const RankedPlan& p : r.top) {
+    EXPECT_FALSE(p.plan.layout.tp_comm_overlap) << describe(p.plan);
+    for (const ModulePlan& m : p.plan.modules) EXPECT_TRUE(m.layout.tp_comm_overlap);
+    EXPECT_NE(describe(p.plan).find(" ub]"), std::string::npos) << describe(p.plan);
+  }
+}
+
 TEST(Search, SameResultOnOneAndTwoThreads) {
   const Scenario s = tiny();
   const SearchResult one = run(s, threads(1));
