@@ -511,6 +511,10 @@ const std::vector<std::string>& bad_texts() {
           R"(, "plan": {"micro_batch": 1, "dp": 8, "fp8_recipe": "current"}})",
       R"({"model": "llama-3.1-8b", )" + kWorkload + ", " + kCluster +
           R"(, "plan": {"micro_batch": 1, "dp": 8, "grad_reduce_dtype": "bfloat16"}})",
+      R"({"model": "llama-3.1-8b", )" + kWorkload + ", " + kCluster +
+          R"(, "plan": {"micro_batch": 1, "tp": 8, "sp": true, "tp_comm_overlap": "yes"}})",
+      R"({"model": "llama-3.1-8b", )" + kWorkload + ", " + kCluster +
+          R"(, "search": {"llm": {"tp_comm_overlap": "some"}}})",
   };
   return texts;
 }
@@ -543,7 +547,11 @@ INSTANTIATE_TEST_SUITE_P(
         BadScenario{"unknown_fp8_recipe", bad_texts()[16].c_str(),
                     "plan.fp8_recipe: unknown value \"current\""},
         BadScenario{"unknown_grad_reduce_dtype", bad_texts()[17].c_str(),
-                    "plan.grad_reduce_dtype: unknown value \"bfloat16\""}),
+                    "plan.grad_reduce_dtype: unknown value \"bfloat16\""},
+        BadScenario{"tp_comm_overlap_not_bool", bad_texts()[18].c_str(),
+                    "plan.tp_comm_overlap: expected"},
+        BadScenario{"search_tp_comm_overlap_unknown", bad_texts()[19].c_str(),
+                    "search.llm.tp_comm_overlap: unknown value \"some\""}),
     [](const ::testing::TestParamInfo<BadScenario>& info) { return std::string(info.param.name); });
 
 }  // namespace
