@@ -197,6 +197,13 @@ void refuse_mimo_ddp_mismatch(const Context& c, const planner::ModulePlan& m,
                               std::string_view where, Refusals& r) {
   const planner::Layout& l = c.layout();
   const planner::Layout& e = m.layout;
+  // One userbuffers switch for the run: an encoder that could overlap (TP with SP) must do
+  // as the LLM does.
+  if (e.tp > 1 && e.sequence_parallel && e.tp_comm_overlap != l.tp_comm_overlap)
+    r.add(
+        fmt::format("encoder {} tp_comm_overlap {} but the llm's {}: the run has one "
+                    "userbuffers setting for every module",
+                    m.module, e.tp_comm_overlap, l.tp_comm_overlap));
   if (c.s.workload.frozen_encoders) return;  // no encoder gradients, no encoder optimizer
   if (e.distributed_optimizer == l.distributed_optimizer &&
       e.overlap_grad_reduce == l.overlap_grad_reduce &&
@@ -221,6 +228,7 @@ std::string layout_summary(const planner::Layout& l) {
   if (l.grad_reduce_dtype != planner::GradReduceDtype::kDefault)
     out += fmt::format(", {} gradients", planner::to_string(l.grad_reduce_dtype));
   if (l.fsdp) out += l.fsdp_reshard_after_forward ? ", fsdp" : ", fsdp kept gathered";
+  if (l.tp_comm_overlap) out += ", userbuffers TP overlap";
   if (l.fp8_param_gather) out += ", fp8 parameters";
   return out;
 }

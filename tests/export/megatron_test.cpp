@@ -297,6 +297,18 @@ TEST(ExportMegatronMimo, RefusesWhatTheExampleCannotRun) {
             std::string::npos)
       << refusal(s, pipelined, Target::kMegatronMimo);
 
+  Plan overlapped = llm_first;  // the encoder with userbuffers, the LLM (TP 1) without
+  overlapped.llm_first_rank = 2;
+  overlapped.modules[0] = {enc, layout(2, 1, 1, 6), 0};
+  overlapped.modules[0].layout.sequence_parallel = true;
+  overlapped.modules[0].layout.tp_comm_overlap = true;
+  ASSERT_EQ(planner::infeasibility(s, overlapped), "");
+  for (Target t : {Target::kMegatronMimo, Target::kMegatronBridge})
+    EXPECT_NE(
+        refusal(s, overlapped, t).find("encoder vision tp_comm_overlap true but the llm's false"),
+        std::string::npos)
+        << refusal(s, overlapped, t);
+
   Plan sharded = llm_first;  // the encoder fully sharded over its 2 ranks
   sharded.llm_first_rank = 2;
   sharded.modules[0] = {enc, layout(1, 1, 2, 3), 0};
