@@ -547,9 +547,11 @@ class Lowering {
   // the SMs the GEMM beside it leaves free (pipeline; the cost model charges them to the
   // GEMM), so it slows no compute itself; ring_[j] holds it.
   void ring_collective(CollectiveKind kind, Bytes bytes, sim::LabelId name);
-  // A ring-exchange row-parallel linear (WorkStep::overlaps_tp_exit): forward, its exit's
-  // reduce-scatter but one chunk beside the GEMM; backward, the gradient's all-gather
-  // beside the dgrad GEMM, which the wgrad GEMM waits for.
+  // A ring-exchange linear (WorkStep::ring_exchange) as two tasks, its GEMM's chunks split:
+  // column-parallel forward, the last chunk after the all-gather beside the others;
+  // row-parallel forward, the exit's reduce-scatter but one chunk beside the chunks after
+  // the first; backward, the dgrad's last chunk and the wgrad after the gradient's
+  // all-gather.
   void ring_linear(const PlacedBlock& pb, size_t s, int pass, const Labels& lb);
   void cp_ring(const PlacedBlock& pb, size_t s, int pass, const Labels& lb);
   void pipeline_p2p(int stage);
@@ -959,27 +961,56 @@ void Lowering::ring_collective(CollectiveKind kind, Bytes bytes, sim::LabelId na
 void Lowering::ring_linear(const PlacedBlock& pb, size_t s, int pass, const Labels& lb) {
   const bool backward = pass == kB;
   const std::vector<WorkStep>& steps = block(0, pb, backward).steps;
+  // A GEMM's chunks: `first` of `chunks` of them, then the rest, as two tasks, the rest
+  // after `wait` (a ring collective, or none).
+  auto split = [&](int j, Time t, Flops f, int64_t chunks, int64_t first, TaskId wait,
+                   sim::KernelListId k, int run_pass) {
+    compute(j, Time::ps(t.count_ps() / chunks * first), f * (static_cast<double>(first) / chunks),
+            run_pass, lb.compute, k);
+    st_[j].need = wait;
+    const Time rest = t - Time::ps(t.count_ps() / chunks * first);
+    compute(j, rest, f * (static_cast<double>(chunks - first) / chunks), run_pass, lb.compute, k);
+  };
+  if (!backward && steps[s].overlaps_tp_entry) {
+    // Column-parallel: chunk i computes on the i-th slice of the all-gather beside it (its
+    // TP entry, run_step); every chunk but the last has its slice in time, the last waits
+    // for the whole gather.
+    const sim::KernelListId k = kernels(pb, s, false, Use::kForward);
+    for (int j : actives_) {
+      const PassCost& c = block(j, pb).steps[s].cost;
+      split(j, c.forward, c.forward_flops, l_.tp, l_.tp - 1, ring_[j], k, pass);
+      ring_[j] = TaskId();
+    }
+    return;
+  }
   HETPAR_CHECK(s + 1 < steps.size() && steps[s + 1].kind == StepKind::kTpExit,
                "a ring-exchange row-parallel linear precedes a TP exit");
   const Bytes exit = steps[s + 1].bytes;
   if (!backward) {
-    // The partial sums of all chunks but the last move while the GEMM computes; the last
-    // chunk's reduce-scatter (the exit, run_step) follows the GEMM.
+    // Row-parallel: the partial sums of all chunks but the last move while the later chunks
+    // compute, from the first chunk's end; the last chunk's reduce-scatter (the exit,
+    // run_step) follows the GEMM.
     const int64_t chunks = steps[s].exit_chunks;
-    ring_collective(CollectiveKind::kReduceScatter, exit * (chunks - 1) / chunks, lb.tp);
     const sim::KernelListId k = kernels(pb, s, false, Use::kForward);
     for (int j : actives_) {
       const PassCost& c = block(j, pb).steps[s].cost;
-      compute(j, c.forward, c.forward_flops, pass, lb.compute, k);
+      compute(j, Time::ps(c.forward.count_ps() / chunks),
+              c.forward_flops * (1.0 / static_cast<double>(chunks)), pass, lb.compute, k);
+    }
+    ring_collective(CollectiveKind::kReduceScatter, exit * (chunks - 1) / chunks, lb.tp);
+    for (int j : actives_) {
+      const PassCost& c = block(j, pb).steps[s].cost;
+      compute(j, c.forward - Time::ps(c.forward.count_ps() / chunks),
+              c.forward_flops * (static_cast<double>(chunks - 1) / chunks), pass, lb.compute, k);
     }
     return;
   }
-  // The exit's backward (run_step) started the gradient's all-gather beside this dgrad.
+  // The exit's backward (run_step) started the gradient's all-gather beside this dgrad,
+  // whose last chunk waits for it, as the wgrad does.
   const sim::KernelListId kd = kernels(pb, s, true, Use::kDgrad);
   for (int j : actives_) {
     const PassCost& c = block(j, pb, true).steps[s].cost;
-    compute(j, c.dgrad, c.dgrad_flops, kB, lb.compute, kd);
-    st_[j].need = ring_[j];
+    split(j, c.dgrad, c.dgrad_flops, l_.tp, l_.tp - 1, ring_[j], kd, kB);
     ring_[j] = TaskId();
   }
   if (split_w_) return;  // the W pass runs the wgrad
@@ -1158,7 +1189,8 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
         }
       }
       if (step.kind == StepKind::kCpAttention && !gather) return cp_ring(pb, s, pass, lb);
-      if (step.ring_exchange && step.overlaps_tp_exit) return ring_linear(pb, s, pass, lb);
+      if (step.ring_exchange && (step.overlaps_tp_exit || !backward))
+        return ring_linear(pb, s, pass, lb);
       if (backward && step.overlaps_tp_entry && !split_w_) return linear_backward(pb, s, lb);
       const sim::KernelListId k =
           kernels(pb, s, backward, backward ? Use::kBackward : Use::kForward);
@@ -1169,12 +1201,6 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
                   c.dgrad_flops + (split_w_ ? Flops() : c.wgrad_flops), pass, lb.compute, k);
         else
           compute(j, c.forward, c.forward_flops, pass, lb.compute, k);
-        // A ring-exchange column-parallel linear: what follows it waits for the all-gather
-        // that ran beside it (its TP entry, run_step).
-        if (!backward && step.ring_exchange) {
-          st_[j].need = ring_[j];
-          ring_[j] = TaskId();
-        }
       }
       if (gather && backward)
         collective(CollectiveKind::kReduceScatter, step.bytes * l_.cp, {cat_cp_, lb.cp},
