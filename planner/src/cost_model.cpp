@@ -395,11 +395,13 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
   };
   // Userbuffers (Layout::tp_comm_overlap): the layer linears next to the SP collectives.
   const bool userbuffers = tp && l.sequence_parallel && l.tp_comm_overlap;
-  // Whether the op after `i` begins with the TP exit (as the loop below places it).
+  // Whether the layer's TP exit comes right before `op` (the residual add after attention,
+  // and after a dense MLP), and so right after the op before it.
+  auto exit_before = [&](const models::Op& op) {
+    return op.name == "attn_residual" || (op.name == "mlp_residual" && !moe_sp);
+  };
   auto exit_follows = [&](int32_t i) {
-    if (static_cast<size_t>(i) + 1 >= g.ops.size()) return false;
-    const std::string& next = g.ops[i + 1].name;
-    return next == "attn_residual" || (next == "mlp_residual" && !moe_sp);
+    return static_cast<size_t>(i) + 1 < g.ops.size() && exit_before(g.ops[i + 1]);
   };
   bool seen_layer = false;
   for (const models::Op& op : g.ops) {
@@ -412,8 +414,7 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
     const int64_t params = local_params(op, g, l);
     (expert ? block.expert : block.dense) += {params, is_fp8_linear(op) ? params : 0};
 
-    if (tp && (op.name == "attn_residual" || (op.name == "mlp_residual" && !moe_sp)))
-      b.comm(StepKind::kTpExit, activation);
+    if (tp && exit_before(op)) b.comm(StepKind::kTpExit, activation);
     if (tp && op.name == "logits") b.comm(StepKind::kTpEntry, activation);
     if (gather_routed && op.name == "moe_combine")  // the permuted tokens of all TP ranks
       b.comm(StepKind::kTpExit, routed_bytes(op, false));

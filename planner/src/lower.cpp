@@ -546,7 +546,9 @@ class Lowering {
   // last task without blocking its next one, moved by the copy engines (ring exchange) or by
   // the SMs the GEMM beside it leaves free (pipeline; the cost model charges them to the
   // GEMM), so it slows no compute itself; ring_[j] holds it.
-  void ring_collective(CollectiveKind kind, Bytes bytes, sim::LabelId name);
+  // `after_ring`: it also waits for the ring collective it replaces in ring_.
+  void ring_collective(CollectiveKind kind, Bytes bytes, sim::LabelId name,
+                       bool after_ring = false);
   // A ring-exchange linear (WorkStep::ring_exchange) as two tasks, its GEMM's chunks split:
   // column-parallel forward, the last chunk after the all-gather beside the others;
   // row-parallel forward, the exit's reduce-scatter but one chunk beside the chunks after
@@ -950,10 +952,12 @@ void Lowering::collective(CollectiveKind kind, Bytes bytes, sim::Label label, co
   });
 }
 
-void Lowering::ring_collective(CollectiveKind kind, Bytes bytes, sim::LabelId name) {
+void Lowering::ring_collective(CollectiveKind kind, Bytes bytes, sim::LabelId name,
+                               bool after_ring) {
   group_collectives(tp_groups_, kind, bytes, kTpStream, {cat_tp_, name}, /*copy_engine=*/true,
                     [&](int j, TaskId c) {
                       if (st_[j].last.valid()) g_.add_dependency(st_[j].last, c);
+                      if (after_ring && ring_[j].valid()) g_.add_dependency(ring_[j], c);
                       ring_[j] = c;
                     });
 }
@@ -961,15 +965,18 @@ void Lowering::ring_collective(CollectiveKind kind, Bytes bytes, sim::LabelId na
 void Lowering::ring_linear(const PlacedBlock& pb, size_t s, int pass, const Labels& lb) {
   const bool backward = pass == kB;
   const std::vector<WorkStep>& steps = block(0, pb, backward).steps;
-  // A GEMM's chunks: `first` of `chunks` of them, then the rest, as two tasks, the rest
-  // after `wait` (a ring collective, or none).
-  auto split = [&](int j, Time t, Flops f, int64_t chunks, int64_t first, TaskId wait,
-                   sim::KernelListId k, int run_pass) {
-    compute(j, Time::ps(t.count_ps() / chunks * first), f * (static_cast<double>(first) / chunks),
-            run_pass, lb.compute, k);
-    st_[j].need = wait;
-    const Time rest = t - Time::ps(t.count_ps() / chunks * first);
-    compute(j, rest, f * (static_cast<double>(chunks - first) / chunks), run_pass, lb.compute, k);
+  // Chunks [from, to) of a GEMM of `chunks` equal ones taking `t` and `f`, as one task.
+  auto chunks_of = [&](int j, Time t, Flops f, int64_t chunks, int64_t from, int64_t to,
+                       sim::KernelListId k, int run_pass) {
+    auto at = [&](int64_t c) { return c == chunks ? t : Time::ps(t.count_ps() / chunks * c); };
+    compute(j, at(to) - at(from), f * (static_cast<double>(to - from) / chunks), run_pass,
+            lb.compute, k);
+  };
+  // All chunks but the last, then the last after the ring collective beside them.
+  auto last_waits = [&](int j, Time t, Flops f, sim::KernelListId k, int run_pass) {
+    chunks_of(j, t, f, l_.tp, 0, l_.tp - 1, k, run_pass);
+    st_[j].need = std::exchange(ring_[j], TaskId());
+    chunks_of(j, t, f, l_.tp, l_.tp - 1, l_.tp, k, run_pass);
   };
   if (!backward && steps[s].overlaps_tp_entry) {
     // Column-parallel: chunk i computes on the i-th slice of the all-gather beside it (its
@@ -978,8 +985,7 @@ void Lowering::ring_linear(const PlacedBlock& pb, size_t s, int pass, const Labe
     const sim::KernelListId k = kernels(pb, s, false, Use::kForward);
     for (int j : actives_) {
       const PassCost& c = block(j, pb).steps[s].cost;
-      split(j, c.forward, c.forward_flops, l_.tp, l_.tp - 1, ring_[j], k, pass);
-      ring_[j] = TaskId();
+      last_waits(j, c.forward, c.forward_flops, k, pass);
     }
     return;
   }
@@ -994,14 +1000,12 @@ void Lowering::ring_linear(const PlacedBlock& pb, size_t s, int pass, const Labe
     const sim::KernelListId k = kernels(pb, s, false, Use::kForward);
     for (int j : actives_) {
       const PassCost& c = block(j, pb).steps[s].cost;
-      compute(j, Time::ps(c.forward.count_ps() / chunks),
-              c.forward_flops * (1.0 / static_cast<double>(chunks)), pass, lb.compute, k);
+      chunks_of(j, c.forward, c.forward_flops, chunks, 0, 1, k, pass);
     }
     ring_collective(CollectiveKind::kReduceScatter, exit * (chunks - 1) / chunks, lb.tp);
     for (int j : actives_) {
       const PassCost& c = block(j, pb).steps[s].cost;
-      compute(j, c.forward - Time::ps(c.forward.count_ps() / chunks),
-              c.forward_flops * (static_cast<double>(chunks - 1) / chunks), pass, lb.compute, k);
+      chunks_of(j, c.forward, c.forward_flops, chunks, 1, chunks, k, pass);
     }
     return;
   }
@@ -1010,8 +1014,7 @@ void Lowering::ring_linear(const PlacedBlock& pb, size_t s, int pass, const Labe
   const sim::KernelListId kd = kernels(pb, s, true, Use::kDgrad);
   for (int j : actives_) {
     const PassCost& c = block(j, pb, true).steps[s].cost;
-    split(j, c.dgrad, c.dgrad_flops, l_.tp, l_.tp - 1, ring_[j], kd, kB);
-    ring_[j] = TaskId();
+    last_waits(j, c.dgrad, c.dgrad_flops, kd, kB);
   }
   if (split_w_) return;  // the W pass runs the wgrad
   const sim::KernelListId kw = kernels(pb, s, true, Use::kStepWgrad);
@@ -1225,11 +1228,9 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
         if (backward)  // the gradient's all-gather, beside the linear's dgrad (ring_linear)
           return ring_collective(CollectiveKind::kAllGather, step.bytes, lb.tp);
         // The last chunk's reduce-scatter, after the GEMM and the chunks before it.
-        const std::vector<TaskId> before = ring_;
         ring_collective(CollectiveKind::kReduceScatter, step.bytes / steps[s - 1].exit_chunks,
-                        lb.tp);
+                        lb.tp, /*after_ring=*/true);
         for (int j : actives_) {
-          if (before[j].valid()) g_.add_dependency(before[j], ring_[j]);
           st_[j].need = st_[j].last = ring_[j];
           ring_[j] = TaskId();
         }

@@ -27,6 +27,13 @@ struct Plan {
   std::vector<Time> p2p_latency;  // P2P: per flow, its route's latency
 };
 
+// What a task pays after its last flow is delivered: a collective's NCCL latency, unless
+// copy engines move it (CollectiveSpec::copy_engine); P2P pays its routes' latencies in
+// its flows.
+Time tail_latency(const Plan& p, const Task& task) {
+  return task.kind == TaskKind::kCollective && !task.copy_engine ? p.pattern.latency : Time::zero();
+}
+
 struct PlanKey {
   int32_t a = 0, b = 0, root = 0, copies = 0;  // collective: a = group; p2p: a = src, b = dst
   uint8_t kind = 0, algorithm = 0, p2p = 0;
@@ -177,8 +184,7 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
   struct Isolated {
     const Plan* plan = nullptr;
     Bytes bytes;
-    bool copy_engine = false;
-    Time time;
+    Time time;  // of the flows, without the collective's tail latency
   };
   std::unordered_map<uint64_t, Isolated> isolated_;
   struct LastDelivery final : FlowNetwork::Observer {
@@ -445,9 +451,7 @@ void Engine::start(int32_t t) {
         break;
       }
       const Plan& p = *state_[t].plan;
-      state_[t].tail_latency = task.kind == TaskKind::kCollective && !task.copy_engine
-                                   ? p.pattern.latency
-                                   : Time::zero();
+      state_[t].tail_latency = tail_latency(p, task);
       state_[t].flows_left = launch(p, task, static_cast<uint32_t>(t), flows_);
       result_.flows_started += state_[t].flows_left;
       if (state_[t].flows_left == 0)
@@ -533,14 +537,13 @@ void Engine::weigh(Plan& p, const Task& task, Algorithm algorithm) {
     link_rep_.assign(net_.num_links(), 0);
     link_load_.assign(net_.num_links(), 0.0);
   }
-  auto load = [&](LinkId l) {
+  auto load = [&](LinkId l, int32_t flows = 1) {
     if (link_load_[l.value()] == 0) touched_.push_back(l.value());
-    link_load_[l.value()] += 1;
+    link_load_[l.value()] += flows;
   };
   for (size_t i = 0; i < p.links.size(); ++i) {
-    const LinkId l = p.links[i];
-    link_rep_[l.value()] += p.members[i];
-    for (int32_t m = 0; m < p.members[i]; ++m) load(l);
+    link_rep_[p.links[i].value()] += p.members[i];
+    load(p.links[i], p.members[i]);
   }
   auto count = [&](RankId src, RankId dst) {
     net_.route(src, dst, route_);
@@ -659,21 +662,18 @@ int32_t Engine::launch(const Plan& p, const Task& task, uint32_t cookie, FlowNet
 // the shared one gives it when nothing else uses its links (rates are solved per connected
 // component, and times are relative to the start).
 Time Engine::isolated_time(const Plan& p, const Task& task) {
-  const uint64_t key = (reinterpret_cast<uintptr_t>(&p) * 0x9E3779B97F4A7C15ULL ^
-                        static_cast<uint64_t>(task.bytes.count())) +
-                       (task.copy_engine ? 1 : 0);
+  const uint64_t key = reinterpret_cast<uintptr_t>(&p) * 0x9E3779B97F4A7C15ULL ^
+                       static_cast<uint64_t>(task.bytes.count());
   auto [it, fresh] = isolated_.try_emplace(key);
-  if (!fresh && it->second.plan == &p && it->second.bytes == task.bytes &&
-      it->second.copy_engine == task.copy_engine)
-    return it->second.time;
+  if (!fresh && it->second.plan == &p && it->second.bytes == task.bytes)
+    return it->second.time + tail_latency(p, task);
   const Time begin = iso_queue_.now();
   iso_.last = begin;
   launch(p, task, 0, iso_flows_);
   iso_queue_.run();
-  Time time = iso_.last - begin;
-  if (task.kind == TaskKind::kCollective && !task.copy_engine) time += p.pattern.latency;
-  if (fresh) it->second = {&p, task.bytes, task.copy_engine, time};
-  return time;
+  const Time flows = iso_.last - begin;
+  if (fresh) it->second = {&p, task.bytes, flows};
+  return flows + tail_latency(p, task);
 }
 
 // Tasks whose links no task outside their own streams' program order ever uses run alone:
