@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <memory>
 #include <numeric>
 #include <optional>
+#include <span>
 #include <tuple>
 #include <utility>
 
@@ -104,6 +106,9 @@ std::string heterogeneous_infeasibility(const Scenario& s, const Plan& p) {
     if (e.tp_comm_overlap && !e.sequence_parallel)
       return fmt::format(
           "module \"{}\": tp_comm_overlap needs tp > 1 with sequence parallelism (sp)", mp.module);
+    if (e.ep_comm_overlap)
+      return fmt::format("module \"{}\": ep_comm_overlap needs ep > 1, and an encoder has ep 1",
+                         mp.module);
     for (const hardware::NodeGroup& g : s.cluster.groups())
       if (g.profile.gpus_per_node % e.tp != 0)
         return fmt::format("module \"{}\": tp {} does not fit nodes of {} GPUs", mp.module, e.tp,
@@ -285,6 +290,20 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
     if (l.tp > 1 && !l.sequence_parallel)  // Megatron-Core's TransformerConfig raises
       return fmt::format("ep {} with tp {} needs sequence parallelism (sp)", l.ep, l.tp);
   }
+  if (l.ep_comm_overlap) {  // Megatron-Core's TransformerConfig checks, then what hetpar models
+    if (l.ep < 2)
+      return "ep_comm_overlap needs ep > 1: it overlaps the expert-parallel all-to-alls";
+    if (p.schedule != Schedule::kInterleaved && !(p.schedule == Schedule::k1F1B && l.pp == 1))
+      return fmt::format(
+          "ep_comm_overlap needs the interleaved schedule, or 1f1b with pp 1 (Megatron-Core "
+          "merges forward and backward passes only there), not {} with pp {}",
+          to_string(p.schedule), l.pp);
+    if (l.recompute == models::Recompute::kFull)
+      return "ep_comm_overlap with recompute full: Megatron-Core refuses full recomputation "
+             "with the all-to-all overlap";
+    if (l.fsdp) return "ep_comm_overlap with fsdp is not modelled";
+    if (l.tp_comm_overlap) return "ep_comm_overlap with tp_comm_overlap is not modelled";
+  }
   if (hetero) return heterogeneous_infeasibility(s, p);
   return {};
 }
@@ -298,7 +317,8 @@ constexpr int32_t kCpSendBase = 1, kCpRecvBase = 2;
 constexpr int32_t kFwdSendBase = 3, kFwdRecvBase = 4, kBwdSendBase = 5, kBwdRecvBase = 6;
 constexpr int32_t kDpStreamBase = 7;
 constexpr int32_t kFsdpGatherStreamBase = 8;  // FSDP's parameter all-gathers
-constexpr int32_t kCommStreams = 9;           // a role's comm streams (Role::stream_offset)
+constexpr int32_t kEpStreamBase = 9;          // EP all-to-alls under ep_comm_overlap
+constexpr int32_t kCommStreams = 10;          // a role's comm streams (Role::stream_offset)
 
 enum Pass : int { kF = 0, kB = 1, kW = 2, kR = 3 };  // forward, backward, weight, recompute
 constexpr std::string_view kPassName[] = {"fwd", "bwd", "wgrad", "recompute"};
@@ -428,7 +448,8 @@ class Lowering {
         kBwdSend(kBwdSendBase + role_.stream_offset),
         kBwdRecv(kBwdRecvBase + role_.stream_offset),
         kDpStream(kDpStreamBase + role_.stream_offset),
-        kFsdpGather(kFsdpGatherStreamBase + role_.stream_offset) {}
+        kFsdpGather(kFsdpGatherStreamBase + role_.stream_offset),
+        kEpStream(kEpStreamBase + role_.stream_offset) {}
   void run();
   // run() in pieces, so a colocated plan can interleave two Lowerings' programs.
   void setup();
@@ -484,6 +505,16 @@ class Lowering {
   void place_blocks();
   void build_stage();
   void run_op(const PipelineOp& op, std::vector<OpSpan>& spans);
+  // An op's work as pieces in program order: emit(ends_with_all_to_all, piece) for each,
+  // piece() emitting its tasks under st_ (run at once by run_op, later by run_merged).
+  template <class Emit>
+  void op_pieces(const PipelineOp& op, Emit&& emit);
+  // Ops i and i + 1 of the stage (a forward and a backward of different micro-batches,
+  // Layout::ep_comm_overlap) as one: the backward's pieces up to and including its next
+  // all-to-all, then the forward's, and so on, each op with its own RankState.
+  void run_merged(size_t i);
+  // spans[a]: the first task on active rank a among the tasks in `ranges`, and its st_.last.
+  void record_spans(std::span<const std::pair<size_t, size_t>> ranges, std::vector<OpSpan>& spans);
   void run_step(const PlacedBlock& pb, size_t s, int pass, const Labels& lb,
                 sim::LabelId recompute);
   void compute(int j, Time d, Flops f, int pass, sim::LabelId name, sim::KernelListId kernels = {});
@@ -532,6 +563,8 @@ class Lowering {
   // A blocking collective over each group of `gs` (TP, EP or CP) on the TP stream: it
   // waits for each member's last task, and the member's next task waits for it.
   void collective(CollectiveKind kind, Bytes bytes, sim::Label label, const GroupSet& gs);
+  void collective(CollectiveKind kind, Bytes bytes, sim::Label label, const GroupSet& gs,
+                  int32_t stream);
   // One collective per group of `gs` (reduced: only the representative's group, the others
   // as its copies), then on_rank(local index, task) for each active member.
   template <class OnRank>
@@ -577,7 +610,7 @@ class Lowering {
   LoweredPlan& out_;
   sim::TaskGraph& g_;
   const int32_t kTpStream, kCpSend, kCpRecv, kFwdSend, kFwdRecv, kBwdSend, kBwdRecv, kDpStream,
-      kFsdpGather;
+      kFsdpGather, kEpStream;
   bool has_llm_ = true;
   sim::LabelId cat_[4]{}, cat_tp_, cat_cp_, cat_pp_, cat_dp_, cat_ep_, cat_opt_;
   int64_t m_ = 0;
@@ -603,6 +636,9 @@ class Lowering {
   int stage_ = 0;
   std::vector<int> group_;  // node group of local rank j
   std::vector<RankState> st_;
+  // Per op of the stage (Layout::ep_comm_overlap): 1 runs merged with the op after it,
+  // 2 ran merged with the op before it, 0 alone.
+  std::vector<uint8_t> merge_;
   // Per local rank: the userbuffers collective running beside a ring-exchange linear, which
   // the task after the linear (or the exit's tail) waits for (Layout::tp_comm_overlap).
   std::vector<TaskId> ring_;
@@ -679,13 +715,32 @@ void Lowering::setup() {
   orders_.resize(l_.pp);
   spans_.resize(l_.pp);
   for (int st = 0; st < l_.pp; ++st)
-    orders_[st] =
-        !role_.orders.empty() ? role_.orders[st] : stage_order(p_.schedule, st, l_.pp, l_.vpp, m_);
+    orders_[st] = !role_.orders.empty()
+                      ? role_.orders[st]
+                      : stage_order(p_.schedule, st, l_.pp, l_.vpp, m_, l_.ep_comm_overlap ? 1 : 0);
 }
 
 void Lowering::begin_stage(int stage) {
   stage_ = stage;
   build_stage();
+  // Megatron-Core's combined 1F1B (Layout::ep_comm_overlap): each forward that the
+  // schedule puts next to a backward of another micro-batch runs merged with it (the
+  // steady state; pp 1: the backward of micro-batch k with the forward of k + 1).
+  const std::vector<PipelineOp>& order = orders_[stage];
+  merge_.assign(order.size(), 0);
+  if (l_.ep_comm_overlap && !role_.frozen)
+    for (size_t i = 0; i + 1 < order.size();) {
+      const PipelineOp &a = order[i], &b = order[i + 1];
+      const bool pair = a.kind != b.kind && a.kind != PassKind::kWeight &&
+                        b.kind != PassKind::kWeight && a.micro_batch != b.micro_batch;
+      if (!pair) {
+        ++i;
+        continue;
+      }
+      merge_[i] = 1;
+      merge_[i + 1] = 2;
+      i += 2;
+    }
 }
 
 void Lowering::end_stage() {
@@ -699,6 +754,8 @@ void Lowering::end_stage() {
 }
 
 void Lowering::op(size_t i) {
+  if (merge_[i] == 2) return;  // run_merged(i - 1) ran it
+  if (merge_[i] == 1) return run_merged(i);
   run_op(orders_[stage_][i], spans_[stage_][i]);
 }
 
@@ -945,7 +1002,12 @@ void Lowering::group_collectives(const GroupSet& gs, CollectiveKind kind, Bytes 
 }
 
 void Lowering::collective(CollectiveKind kind, Bytes bytes, sim::Label label, const GroupSet& gs) {
-  group_collectives(gs, kind, bytes, kTpStream, label, [&](int j, TaskId c) {
+  collective(kind, bytes, label, gs, kTpStream);
+}
+
+void Lowering::collective(CollectiveKind kind, Bytes bytes, sim::Label label, const GroupSet& gs,
+                          int32_t stream) {
+  group_collectives(gs, kind, bytes, stream, label, [&](int j, TaskId c) {
     RankState& rs = st_[j];
     if (rs.last.valid()) g_.add_dependency(rs.last, c);
     rs.need = rs.last = c;
@@ -1244,80 +1306,155 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
       return;
     }
     case StepKind::kEpAllToAll:
-      collective(CollectiveKind::kAllToAll, step.bytes, {cat_ep_, lb.ep}, ep_groups_);
+      collective(CollectiveKind::kAllToAll, step.bytes, {cat_ep_, lb.ep}, ep_groups_,
+                 l_.ep_comm_overlap ? kEpStream : kTpStream);
       return;
   }
 }
 
 void Lowering::run_op(const PipelineOp& op, std::vector<OpSpan>& spans) {
+  const size_t first_task = static_cast<size_t>(g_.num_tasks());
+  op_pieces(op, [](bool, auto&& piece) { piece(); });
+  const std::pair<size_t, size_t> range{first_task, static_cast<size_t>(g_.num_tasks())};
+  record_spans({&range, 1}, spans);
+}
+
+template <class Emit>
+void Lowering::op_pieces(const PipelineOp& op, Emit&& emit) {
   const int v = op.chunk * l_.pp + stage_;
   const std::vector<PlacedBlock>& blocks = chunks_[v];
-  const size_t first_task = static_cast<size_t>(g_.num_tasks());
   const bool fsdp = l_.fsdp && !role_.frozen;
-  auto grads_done = [&](size_t b) {
-    for (int j : actives_) last_grad_[op.chunk][b][j] = st_[j].last;
-    if (fsdp) fsdp_reduce(blocks[b]);
+  // Pieces may run after this returns: they hold pointers into members, not locals.
+  const std::vector<PlacedBlock>* chunk_blocks = &blocks;
+  auto grads_done = [this, fsdp, chunk_blocks, chunk = op.chunk](size_t b) {
+    for (int j : actives_) last_grad_[chunk][b][j] = st_[j].last;
+    if (fsdp) fsdp_reduce((*chunk_blocks)[b]);
+  };
+  auto all_to_all = [&](const PlacedBlock& pb, size_t s, bool backward) {
+    return block(0, pb, backward).steps[s].kind == StepKind::kEpAllToAll;
   };
   // FSDP gathers each block's parameters for its forward and, resharded after it, again for
   // its backward; a block's all-gather starts once the block before it has started.
   const bool gathers = fsdp && (op.kind == PassKind::kForward ||
                                 (op.kind == PassKind::kBackward && l_.fsdp_reshard_after_forward));
   if (gathers)
-    for (int j : actives_) fsdp_after_[j] = st_[j].last;
+    emit(false, [this] {
+      for (int j : actives_) fsdp_after_[j] = st_[j].last;
+    });
   for (size_t bi = 0; bi < blocks.size(); ++bi) {
     const size_t b = op.kind == PassKind::kForward ? bi : blocks.size() - 1 - bi;
-    const PlacedBlock& pb = blocks[b];
-    const size_t nsteps = block(0, pb, op.kind == PassKind::kBackward).steps.size();
-    if (gathers) {
-      fsdp_gather(pb, fsdp_after_);
-      for (int j : actives_) fsdp_after_[j] = st_[j].last;
-    }
+    const PlacedBlock* pb = &blocks[b];
+    const size_t nsteps = block(0, *pb, op.kind == PassKind::kBackward).steps.size();
+    if (gathers)
+      emit(false, [this, pb] {
+        fsdp_gather(*pb, fsdp_after_);
+        for (int j : actives_) fsdp_after_[j] = st_[j].last;
+      });
     switch (op.kind) {
       case PassKind::kForward: {
-        const Labels& lb = labels(v, b, kF);
-        for (size_t s = 0; s < nsteps; ++s) run_step(pb, s, kF, lb, lb.compute);
+        const Labels* lb = &labels(v, b, kF);
+        for (size_t s = 0; s < nsteps; ++s)
+          emit(all_to_all(*pb, s, false),
+               [this, pb, s, lb] { run_step(*pb, s, kF, *lb, lb->compute); });
         break;
       }
       case PassKind::kBackward: {
         const bool recompute = l_.recompute != models::Recompute::kNone;
         const sim::LabelId rl = recompute ? labels(v, b, kR).compute : sim::LabelId();
-        if (l_.recompute == models::Recompute::kFull && pb.part == Part::kLayer) {
-          const Labels& replay = labels(v, b, kR);
-          for (size_t s = 0; s < block(0, pb).steps.size(); ++s) run_step(pb, s, kR, replay, rl);
+        if (l_.recompute == models::Recompute::kFull && pb->part == Part::kLayer) {
+          const Labels* replay = &labels(v, b, kR);
+          for (size_t s = 0; s < block(0, *pb).steps.size(); ++s)
+            emit(all_to_all(*pb, s, false),
+                 [this, pb, s, replay, rl] { run_step(*pb, s, kR, *replay, rl); });
         }
-        const Labels& lb = labels(v, b, kB);
-        for (size_t s = nsteps; s-- > 0;) run_step(pb, s, kB, lb, rl);
-        if (!split_w_) grads_done(b);
+        const Labels* lb = &labels(v, b, kB);
+        for (size_t s = nsteps; s-- > 0;)
+          emit(all_to_all(*pb, s, true), [this, pb, s, lb, rl] { run_step(*pb, s, kB, *lb, rl); });
+        if (!split_w_) emit(false, [grads_done, b] { grads_done(b); });
         break;
       }
       case PassKind::kWeight: {
-        const Labels& lb = labels(v, b, kW);
-        const sim::KernelListId k = kernels(pb, 0, false, Use::kWgrad);
-        for (int j : actives_) {
-          PassCost sum;
-          for (const WorkStep& step : block(j, pb).steps) sum += step.cost;
-          compute(j, sum.wgrad, sum.wgrad_flops, kW, lb.compute, k);
-        }
-        grads_done(b);
+        const Labels* lb = &labels(v, b, kW);
+        const sim::KernelListId k = kernels(*pb, 0, false, Use::kWgrad);
+        emit(false, [this, pb, lb, k, grads_done, b] {
+          for (int j : actives_) {
+            PassCost sum;
+            for (const WorkStep& step : block(j, *pb).steps) sum += step.cost;
+            compute(j, sum.wgrad, sum.wgrad_flops, kW, lb->compute, k);
+          }
+          grads_done(b);
+        });
         break;
       }
     }
   }
+}
+
+void Lowering::run_merged(size_t i) {
+  const std::vector<PipelineOp>& order = orders_[stage_];
+  struct Program {
+    size_t op = 0;
+    std::vector<std::function<void()>> pieces;
+    std::vector<bool> ends_all_to_all;
+    std::vector<RankState> state;
+    std::vector<std::pair<size_t, size_t>> ranges;
+    size_t next = 0;
+  };
+  // [0] the backward, which starts (its combine's all-to-all beside the forward's
+  // attention), [1] the forward.
+  Program progs[2];
+  progs[0].op = order[i].kind == PassKind::kBackward ? i : i + 1;
+  progs[1].op = progs[0].op == i ? i + 1 : i;
+  for (Program& p : progs) {
+    op_pieces(order[p.op], [&p](bool a2a, auto&& piece) {
+      p.pieces.emplace_back(std::move(piece));
+      p.ends_all_to_all.push_back(a2a);
+    });
+    p.state = st_;
+  }
+  int turn = 0, last = 0;
+  while (progs[0].next < progs[0].pieces.size() || progs[1].next < progs[1].pieces.size()) {
+    Program& p = progs[turn];
+    if (p.next < p.pieces.size()) {
+      std::swap(st_, p.state);
+      const size_t begin = static_cast<size_t>(g_.num_tasks());
+      while (p.next < p.pieces.size()) {
+        const bool a2a = p.ends_all_to_all[p.next];
+        p.pieces[p.next++]();
+        if (a2a) break;
+      }
+      p.ranges.emplace_back(begin, static_cast<size_t>(g_.num_tasks()));
+      std::swap(st_, p.state);
+      last = turn;
+    }
+    turn ^= 1;
+  }
+  for (Program& p : progs) {
+    std::swap(st_, p.state);
+    record_spans(p.ranges, spans_[stage_][p.op]);
+    std::swap(st_, p.state);
+  }
+  st_ = std::move(progs[last].state);  // both end with compute: the stream orders the rest
+}
+
+void Lowering::record_spans(std::span<const std::pair<size_t, size_t>> ranges,
+                            std::vector<OpSpan>& spans) {
   // First and last task of the op on each rank that runs tasks (for the pipeline P2P
   // dependencies), by its index in actives_.
   const int n = stage_ranks();
   spans.assign(actives_.size(), {});
   for (size_t a = 0; a < actives_.size(); ++a) spans[a].last = st_[actives_[a]].last;
   int missing = static_cast<int>(actives_.size());
-  for (size_t t = first_task; t < static_cast<size_t>(g_.num_tasks()) && missing > 0; ++t) {
-    for (const sim::StreamRef& ref : g_.streams(TaskId(static_cast<int32_t>(t)))) {
-      const int j = ref.rank.value() - role_.rank_offset - stage_ranks() * stage_;
-      if (j >= 0 && j < n && slot_[j] >= 0 && !spans[slot_[j]].first.valid()) {
-        spans[slot_[j]].first = TaskId(static_cast<int32_t>(t));
-        --missing;
+  for (const auto& [begin, end] : ranges)
+    for (size_t t = begin; t < end && missing > 0; ++t) {
+      for (const sim::StreamRef& ref : g_.streams(TaskId(static_cast<int32_t>(t)))) {
+        const int j = ref.rank.value() - role_.rank_offset - stage_ranks() * stage_;
+        if (j >= 0 && j < n && slot_[j] >= 0 && !spans[slot_[j]].first.valid()) {
+          spans[slot_[j]].first = TaskId(static_cast<int32_t>(t));
+          --missing;
+        }
       }
     }
-  }
 }
 
 void Lowering::build_stage() {
@@ -1714,7 +1851,8 @@ void lower_heterogeneous(const Scenario& s, const Plan& p, const LowerOptions& o
   if (red) llm_role.reduction = red->llm;
   Lowering llm(s, p, o, out, llm_role);
   const std::vector<PipelineOp> llm0 = stage_order(
-      p.schedule, 0, L.pp, L.vpp, s.workload.global_batch / (int64_t{L.micro_batch} * L.dp));
+      p.schedule, 0, L.pp, L.vpp, s.workload.global_batch / (int64_t{L.micro_batch} * L.dp),
+      L.ep_comm_overlap ? 1 : 0);
   const int nenc = static_cast<int>(p.modules.size());
   std::vector<std::unique_ptr<Lowering>> encs;
   std::vector<std::vector<MergedOp>> merged(p.modules.size());

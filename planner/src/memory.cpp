@@ -32,6 +32,18 @@ double in_flight_micro_batches(Schedule sch, int stage, int pp, int vpp, int64_t
   return 0;
 }
 
+// Layout::ep_comm_overlap: a steady forward runs while the backward merged with it still
+// holds its micro-batch, and the interleaved schedule warms up one more virtual
+// micro-batch (schedule.h): one more model chunk's activations in flight.
+namespace {
+double ep_overlap_extra_in_flight(const Layout& l, Schedule sch, int stage, int64_t m) {
+  if (!l.ep_comm_overlap) return 0;
+  const double now = in_flight_micro_batches(sch, stage, l.pp, l.vpp, m);
+  const double cap = static_cast<double>(m);
+  return std::min(1.0 / l.vpp, cap - now);
+}
+}  // namespace
+
 int gradient_bytes(hardware::Precision p, GradReduceDtype d) {
   switch (d) {
     case GradReduceDtype::kDefault:
@@ -161,7 +173,8 @@ class Estimator {
                  s.workload.global_batch, l_.dp, l_.micro_batch);
     for (int st = 0; st < l_.pp; ++st) {
       in_flight_.push_back(!in_flight.empty() ? in_flight[static_cast<size_t>(st)]
-                                              : in_flight_micro_batches(sch, st, l_.pp, l_.vpp, m));
+                                              : in_flight_micro_batches(sch, st, l_.pp, l_.vpp, m) +
+                                                    ep_overlap_extra_in_flight(l_, sch, st, m));
       // ZB-H1's stage st defers up to st weight-gradient passes past their B: up to
       // min(pp, m) micro-batches in flight on every stage, the extra ones holding only the
       // GEMM inputs W needs.
@@ -352,7 +365,8 @@ MemoryReport estimate_memory(const Scenario& s, const Plan& p, const MemoryOptio
   Estimator llm(s, p, opts);
   llm.add_module(s.model.llm_index());
   const std::vector<PipelineOp> llm0 = stage_order(
-      p.schedule, 0, L.pp, L.vpp, s.workload.global_batch / (int64_t{L.micro_batch} * L.dp));
+      p.schedule, 0, L.pp, L.vpp, s.workload.global_batch / (int64_t{L.micro_batch} * L.dp),
+      L.ep_comm_overlap ? 1 : 0);
   const bool frozen = s.workload.frozen_encoders;
   std::vector<MemoryReport> enc_reports;
   for (const ModulePlan& mp : p.modules) {

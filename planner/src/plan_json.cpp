@@ -71,6 +71,7 @@ Layout parse_layout(JsonReader& r) {
   l.flash_attention = r.optional_bool("flash_attention", true);
   l.tp_backward_overlap = r.optional_bool("tp_backward_overlap", true);
   l.tp_comm_overlap = r.optional_bool("tp_comm_overlap", false);
+  l.ep_comm_overlap = r.optional_bool("ep_comm_overlap", false);
   l.fp8_recipe =
       *parse_fp8_recipe(r.optional_enum("fp8_recipe", "delayed", {"delayed", "tensorwise"}));
   l.fp8_param_gather = r.optional_bool("fp8_param_gather", false);
@@ -110,6 +111,7 @@ nlohmann::json layout_to_json(const Layout& l) {
     j["grad_reduce_dtype"] = to_string(l.grad_reduce_dtype);
   if (!l.tp_backward_overlap) j["tp_backward_overlap"] = false;
   if (l.tp_comm_overlap) j["tp_comm_overlap"] = true;
+  if (l.ep_comm_overlap) j["ep_comm_overlap"] = true;
   if (l.fsdp) {
     j["fsdp"] = true;
     j["fsdp_reshard_after_forward"] = l.fsdp_reshard_after_forward;

@@ -37,10 +37,10 @@ PipelineOp virtual_op(PassKind kind, int64_t k, int pp, int vpp) {
   return {kind, (k / group) * pp + k % pp, chunk};
 }
 
-void interleaved(Ops& out, int stage, int pp, int vpp, int64_t m) {
+void interleaved(Ops& out, int stage, int pp, int vpp, int64_t m, int extra_warmup) {
   const int64_t total = m * vpp;
-  const int64_t warmup =
-      std::min<int64_t>(total, static_cast<int64_t>(pp - stage - 1) * 2 + (vpp - 1) * pp);
+  const int64_t warmup = std::min<int64_t>(
+      total, static_cast<int64_t>(pp - stage - 1) * 2 + (vpp - 1) * pp + extra_warmup);
   for (int64_t k = 0; k < warmup; ++k) out.push_back(virtual_op(PassKind::kForward, k, pp, vpp));
   for (int64_t k = 0; k + warmup < total; ++k) {
     out.push_back(virtual_op(PassKind::kForward, k + warmup, pp, vpp));
@@ -70,7 +70,8 @@ void zero_bubble_h1(Ops& out, int stage, int pp, int64_t m) {
 
 }  // namespace
 
-std::vector<PipelineOp> stage_order(Schedule s, int stage, int pp, int vpp, int64_t m) {
+std::vector<PipelineOp> stage_order(Schedule s, int stage, int pp, int vpp, int64_t m,
+                                    int extra_warmup) {
   HETPAR_CHECK(pp >= 1 && stage >= 0 && stage < pp && m >= 1 && vpp >= 1,
                "bad pipeline: stage {} of {}, vpp {}, {} micro-batches", stage, pp, vpp, m);
   HETPAR_CHECK((s == Schedule::kInterleaved) == (vpp > 1),
@@ -88,7 +89,7 @@ std::vector<PipelineOp> stage_order(Schedule s, int stage, int pp, int vpp, int6
     case Schedule::kInterleaved:
       HETPAR_CHECK(m % pp == 0, "interleaved schedule: {} micro-batches not divisible by pp {}", m,
                    pp);
-      interleaved(out, stage, pp, vpp, m);
+      interleaved(out, stage, pp, vpp, m, extra_warmup);
       break;
     case Schedule::kZeroBubble:
       zero_bubble_h1(out, stage, pp, m);

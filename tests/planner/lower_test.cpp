@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -28,6 +29,14 @@ Scenario make(int layers, int64_t global_batch, int nodes, std::string_view prof
   auto s = parse_scenario_text(text, "test.json");
   EXPECT_TRUE(s.is_ok()) << s.status().to_string();
   return *s;
+}
+
+// The same LLM with MoE layers: `experts` experts of ffn 2048, top 2, on DGX H100 nodes.
+Scenario tiny_moe(int layers, int64_t global_batch, int nodes, int experts) {
+  return make(layers, global_batch, nodes, "dgx-h100", "",
+              fmt::format(R"(, "ffn_hidden": 0, "moe": {{"experts": {}, "top_k": 2, )"
+                          R"("expert_ffn_hidden": 2048}})",
+                          experts));
 }
 
 Plan plan(int tp, int pp, int dp, Schedule sch = Schedule::k1F1B, int vpp = 1, int cp = 1) {
@@ -607,9 +616,7 @@ TEST(Lower, InfeasiblePlansSayWhy) {
   EXPECT_EQ(why(plan(16, 1, 1, Schedule::k1F1B, 1, 1)).substr(0, 5), "tp 16");
   Scenario heads = make(8, 16, 1);
   EXPECT_EQ(infeasibility(heads, plan(8, 1, 1)).find("kv_heads"), std::string::npos);
-  Scenario moe =
-      make(8, 16, 1, "dgx-h100", "",
-           R"(, "ffn_hidden": 0, "moe": {"experts": 6, "top_k": 2, "expert_ffn_hidden": 2048})");
+  Scenario moe = tiny_moe(8, 16, 1, 6);
   Plan ep4 = plan(1, 1, 8);
   ep4.layout.ep = 4;
   EXPECT_EQ(infeasibility(moe, ep4), "ep 4 does not divide experts 6");
@@ -657,9 +664,7 @@ TEST(Lower, UnevenPipelineSplitsPlaceLayers) {
 // ranks); with ep = 1 the experts go with the dense parameters. Either way every local
 // parameter crosses once per pass and micro-batch.
 TEST(Lower, FsdpShardsExpertsOverTheirExpertDataParallelGroup) {
-  Scenario moe =
-      make(4, 16, 1, "dgx-h100", "",
-           R"(, "ffn_hidden": 0, "moe": {"experts": 8, "top_k": 2, "expert_ffn_hidden": 2048})");
+  Scenario moe = tiny_moe(4, 16, 1, 8);
   const models::ParamCounts pc = models::count_params(moe.model);
   for (int ep : {1, 2, 8}) {
     Plan p = plan(1, 1, 8);
@@ -705,9 +710,7 @@ TEST(Lower, FsdpShardsExpertsOverTheirExpertDataParallelGroup) {
 // ranks in the experts' order (tp peers included), no TP gather of the routed tokens, and
 // the expert gradients reduced over expert-DP pairs {e, e + 4}.
 TEST(Lower, FoldedExpertsTakeTheirEpGroupsFromTp) {
-  Scenario moe =
-      make(4, 16, 1, "dgx-h100", "",
-           R"(, "ffn_hidden": 0, "moe": {"experts": 8, "top_k": 2, "expert_ffn_hidden": 2048})");
+  Scenario moe = tiny_moe(4, 16, 1, 8);
   Plan p = plan(2, 1, 4);
   p.layout.sequence_parallel = true;
   p.layout.ep = 4;
@@ -761,9 +764,7 @@ TEST(Lower, FoldedExpertsTakeTheirEpGroupsFromTp) {
 }
 
 TEST(Lower, MixtureOfExpertsAllToAllOverTheEpGroup) {
-  Scenario moe =
-      make(4, 16, 1, "dgx-h100", "",
-           R"(, "ffn_hidden": 0, "moe": {"experts": 8, "top_k": 2, "expert_ffn_hidden": 2048})");
+  Scenario moe = tiny_moe(4, 16, 1, 8);
   Plan p = plan(1, 1, 8);
   p.layout.ep = 4;
   LoweredPlan lp = lowered(moe, p, {.full_ranks = true});
@@ -779,6 +780,103 @@ TEST(Lower, MixtureOfExpertsAllToAllOverTheEpGroup) {
   // 2 EP groups x 4 layers x 2 micro-batches x (dispatch + combine) x (fwd + bwd).
   EXPECT_EQ(a2a, 2 * 4 * 2 * 2 * 2);
   EXPECT_TRUE(run(lp, lp.network).makespan > Time::zero());
+}
+
+// Megatron-Core's combined 1F1B (Layout::ep_comm_overlap): the same tasks, the
+// all-to-alls on a stream of their own, a backward's tasks interleaved with the next
+// micro-batch's forward on the compute stream, and the exposed all-to-all time falls.
+TEST(Lower, EpCommOverlapMergesForwardWithTheBackwardBesideIt) {
+  Scenario moe = tiny_moe(4, 64, 2, 16);
+  Plan p = plan(1, 1, 16);
+  p.layout.ep = 16;  // across both nodes: the all-to-alls cross InfiniBand
+  Plan o = p;
+  o.layout.ep_comm_overlap = true;
+  ASSERT_EQ(infeasibility(moe, o), "");
+  LoweredPlan base = lowered(moe, p, {.full_ranks = true});
+  LoweredPlan over = lowered(moe, o, {.full_ranks = true});
+  ASSERT_EQ(base.graph.num_tasks(), over.graph.num_tasks());
+  EXPECT_EQ(compute_time(base, 0), compute_time(over, 0));
+  std::set<int32_t> a2a_streams, other_streams;
+  for (int t = 0; t < over.graph.num_tasks(); ++t) {
+    const sim::Task& task = over.graph.task(TaskId(t));
+    if (task.kind != sim::TaskKind::kCollective) continue;
+    (over.graph.label_text(task.label.category) == "ep_comm" ? a2a_streams : other_streams)
+        .insert(over.graph.streams(TaskId(t))[0].index);
+  }
+  ASSERT_EQ(a2a_streams.size(), 1u);
+  EXPECT_EQ(other_streams.count(*a2a_streams.begin()), 0u);
+  // Rank 0's compute program: the first backward's tasks are interleaved with forward tasks
+  // (the next micro-batch's), where the plain 1F1B runs them back to back.
+  auto interleaved_backward = [](const LoweredPlan& lp) {
+    std::vector<std::string> cats;
+    for (int t = 0; t < lp.graph.num_tasks(); ++t) {
+      const sim::Task& task = lp.graph.task(TaskId(t));
+      if (task.kind == sim::TaskKind::kCompute && lp.graph.streams(TaskId(t))[0].rank.value() == 0)
+        cats.emplace_back(lp.graph.label_text(task.label.category));
+    }
+    const auto first_b = std::find(cats.begin(), cats.end(), "bwd");
+    const auto next_f = std::find(first_b, cats.end(), "fwd");
+    return std::find(next_f, cats.end(), "bwd") != cats.end() && std::distance(first_b, next_f) < 8;
+  };
+  EXPECT_FALSE(interleaved_backward(base));
+  EXPECT_TRUE(interleaved_backward(over));
+  auto eb = evaluate(moe, p, {.exposed_by_kind = true}),
+       eo = evaluate(moe, o, {.exposed_by_kind = true});
+  ASSERT_TRUE(eb.is_ok() && eo.is_ok());
+  ASSERT_TRUE(eo->feasible) << eo->infeasible_reason;
+  EXPECT_LT(eo->iteration_time, eb->iteration_time);
+  Time exposed_b, exposed_o;
+  for (const ExposedComm& e : eb->exposed_by_kind)
+    if (e.kind == "ep_comm") exposed_b = e.per_rank;
+  for (const ExposedComm& e : eo->exposed_by_kind)
+    if (e.kind == "ep_comm") exposed_o = e.per_rank;
+  EXPECT_LT(exposed_o.to_seconds(), 0.8 * exposed_b.to_seconds());
+  // Two micro-batches' activations live at once in the merged steps.
+  EXPECT_GT(eo->memory.peak, eb->memory.peak);
+}
+
+TEST(Lower, EpCommOverlapRunsInterleavedPipelinesWithoutDeadlock) {
+  Scenario moe = tiny_moe(8, 64, 2, 16);
+  for (int pp : {2, 4})
+    for (int vpp : {2}) {
+      SCOPED_TRACE(fmt::format("pp {} vpp {}", pp, vpp));
+      Plan p = plan(1, pp, 16 / pp, Schedule::kInterleaved, vpp);
+      p.layout.ep = 16 / pp;
+      p.layout.ep_comm_overlap = true;
+      ASSERT_EQ(infeasibility(moe, p), "");
+      LoweredPlan lp = lowered(moe, p, {.full_ranks = true});
+      ASSERT_TRUE(lp.graph.validate(lp.world).is_ok());
+      auto r = sim::simulate(lp.graph, lp.network, {});
+      ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+      Plan q = p;
+      q.layout.ep_comm_overlap = false;
+      auto e = evaluate(moe, q), eo = evaluate(moe, p);
+      ASSERT_TRUE(e.is_ok() && eo.is_ok());
+      EXPECT_LT(eo->iteration_time, e->iteration_time);
+    }
+}
+
+TEST(Lower, EpCommOverlapNeedsWhatMegatronCoreNeeds) {
+  Scenario moe = tiny_moe(4, 16, 1, 8);
+  Plan p = plan(1, 1, 8);
+  p.layout.ep_comm_overlap = true;
+  EXPECT_NE(infeasibility(moe, p).find("needs ep > 1"), std::string::npos);
+  p.layout.ep = 4;
+  EXPECT_EQ(infeasibility(moe, p), "");
+  Plan pp2 = plan(1, 2, 4);
+  pp2.layout.ep = 4;
+  pp2.layout.ep_comm_overlap = true;
+  EXPECT_NE(infeasibility(moe, pp2).find("needs the interleaved schedule, or 1f1b with pp 1"),
+            std::string::npos);
+  Plan gpipe = p;
+  gpipe.schedule = Schedule::kGpipe;
+  EXPECT_NE(infeasibility(moe, gpipe).find("not gpipe"), std::string::npos);
+  Plan full = p;
+  full.layout.recompute = models::Recompute::kFull;
+  EXPECT_NE(infeasibility(moe, full).find("recompute full"), std::string::npos);
+  Plan fsdp = p;
+  fsdp.layout.fsdp = true;
+  EXPECT_EQ(infeasibility(moe, fsdp), "ep_comm_overlap with fsdp is not modelled");
 }
 
 }  // namespace

@@ -69,6 +69,24 @@ TEST(Schedule, InterleavedFollowsMegatron) {
   for (size_t i = 0; i < order.size(); ++i) EXPECT_EQ(order[i], expect[i]) << i;
 }
 
+// Under the EP all-to-all overlap Megatron-Core warms up one more virtual micro-batch:
+// the same ops, the steady pairs one forward later (stage 1 of pp 2, vpp 2: 2 + 1 warm-up
+// forwards, then forward, backward, ...), each steady backward beside a forward of another
+// micro-batch.
+TEST(Schedule, InterleavedWarmsUpOneMoreForTheEpOverlap) {
+  auto plain = stage_order(Schedule::kInterleaved, 1, 2, 2, 4);
+  auto more = stage_order(Schedule::kInterleaved, 1, 2, 2, 4, 1);
+  ASSERT_EQ(more.size(), plain.size());
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(more[i].kind, PassKind::kForward) << i;
+  EXPECT_EQ(plain[3].kind, PassKind::kBackward);
+  EXPECT_EQ(more[4], plain[3]);  // the first backward, one forward later
+  EXPECT_EQ(peak_in_flight(more), peak_in_flight(plain) + 1);
+  for (size_t i = 4; i + 1 < more.size(); i += 2)
+    if (more[i].kind == PassKind::kBackward && more[i + 1].kind == PassKind::kForward) {
+      EXPECT_NE(more[i].micro_batch, more[i + 1].micro_batch) << i;
+    }
+}
+
 // ZB-H1 keeps 1F1B's peak (pp on stage 0) on every stage; the last stage defers pp-1 Ws.
 TEST(Schedule, ZeroBubbleH1KeepsOneFOneBPeakMemory) {
   for (int stage = 0; stage < 4; ++stage) {

@@ -137,6 +137,18 @@ std::vector<Case> cases() {
     out.push_back({"dgx-h100 tp2 sp dp8 ep8 etp1 (MoE parallel folding)",
                    make("dgx-h100", 2, 32, 4, moe), p});
   }
+  {
+    Plan p = plan(1, 1, 1, 16);  // EP 16 across both nodes, its all-to-alls overlapped
+    p.layout.ep = 16;
+    p.layout.ep_comm_overlap = true;
+    out.push_back(
+        {"dgx-h100 dp16 ep16 ep_comm_overlap (merged F/B)", make("dgx-h100", 2, 64, 4, moe), p});
+    Plan q = plan(1, 1, 2, 8, Schedule::kInterleaved, 2);
+    q.layout.ep = 8;
+    q.layout.ep_comm_overlap = true;
+    out.push_back({"dgx-h100 pp2 vpp2 dp8 ep8 ep_comm_overlap (interleaved, merged F/B)",
+                   make("dgx-h100", 2, 64, 4, moe), q});
+  }
   return out;
 }
 

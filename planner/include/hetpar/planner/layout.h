@@ -113,6 +113,17 @@ struct Layout {
   /// qkv / fc1 overlaps as tp_backward_overlap does (bulk). Needs tp > 1 with SP; dense
   /// layer linears only (not the MoE experts, not the output layer).
   bool tp_comm_overlap = false;
+  /// Megatron-Core's EP all-to-all overlap (--overlap-moe-expert-parallel-comm with
+  /// --delay-wgrad-compute; Megatron-Bridge comm_overlap.overlap_moe_expert_parallel_comm):
+  /// each steady-state forward runs merged with the backward beside it in the schedule (of
+  /// another micro-batch), layer by layer, so one's dispatch / combine all-to-all moves
+  /// while the other computes: the backward's combine beside the forward's attention, the
+  /// forward's dispatch beside the backward's experts, the backward's dispatch beside the
+  /// forward's experts, the forward's combine beside the backward's attention. The
+  /// all-to-alls then run on a stream of their own. Needs ep > 1, the 1F1B schedule with pp
+  /// 1 or the interleaved one, no full recompute (Megatron-Core's checks), no FSDP and no
+  /// userbuffers (not modelled together).
+  bool ep_comm_overlap = false;
   Fp8Recipe fp8_recipe = Fp8Recipe::kDelayed;  // meaningful for fp8 workloads only
   GradReduceDtype grad_reduce_dtype = GradReduceDtype::kDefault;
   /// FP8 training: the weights of the Transformer Engine Linear layers (every GEMM of the

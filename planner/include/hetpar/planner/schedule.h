@@ -40,8 +40,11 @@ bool splits_weight_gradient(Schedule s);
 /// The program of pipeline stage `stage` (0-based) of `pp` with `vpp` chunks per stage
 /// and `m` micro-batches: every (kind, micro-batch, chunk) exactly once, in run order.
 /// REQUIRES: 0 <= stage < pp, m >= 1, vpp >= 1 (vpp > 1 and m % pp == 0 for interleaved;
-/// vpp == 1 otherwise).
-std::vector<PipelineOp> stage_order(Schedule s, int stage, int pp, int vpp, int64_t m);
+/// vpp == 1 otherwise). `extra_warmup` (interleaved only): that many more warm-up forwards,
+/// as Megatron-Core runs one more under the EP all-to-all overlap (Layout::ep_comm_overlap)
+/// so that each steady forward and the backward merged with it are of other micro-batches.
+std::vector<PipelineOp> stage_order(Schedule s, int stage, int pp, int vpp, int64_t m,
+                                    int extra_warmup = 0);
 
 /// Most micro-batch chunks whose forward ran and whose last backward pass (B, or W when the
 /// schedule splits it) has not, over the program: the activations the stage holds at peak.
