@@ -639,6 +639,11 @@ class Lowering {
   // Per op of the stage (Layout::ep_comm_overlap): 1 runs merged with the op after it,
   // 2 ran merged with the op before it, 0 alone.
   std::vector<uint8_t> merge_;
+  // Layout::ep_comm_overlap: per local rank, the weight gradients of the backward step just
+  // run, held for the all-to-all after it (--delay-wgrad-compute), their kernels and label.
+  std::vector<PassCost> deferred_wgrad_;
+  sim::KernelListId deferred_kernels_;
+  sim::LabelId deferred_label_;
   // Per local rank: the userbuffers collective running beside a ring-exchange linear, which
   // the task after the linear (or the exit's tail) waits for (Layout::tp_comm_overlap).
   std::vector<TaskId> ring_;
@@ -1257,6 +1262,22 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
       if (step.ring_exchange && (step.overlaps_tp_exit || !backward))
         return ring_linear(pb, s, pass, lb);
       if (backward && step.overlaps_tp_entry && !split_w_) return linear_backward(pb, s, lb);
+      const std::vector<WorkStep>& steps = block(0, pb, backward).steps;
+      if (backward && l_.ep_comm_overlap && !split_w_ && s > 0 &&
+          steps[s - 1].kind == StepKind::kEpAllToAll) {
+        // --delay-wgrad-compute: the weight gradients wait until the all-to-all after them
+        // has been issued, and run beside it (kEpAllToAll below).
+        const sim::KernelListId kd = kernels(pb, s, true, Use::kDgrad);
+        deferred_wgrad_.assign(stage_ranks(), {});
+        for (int j : actives_) {
+          const PassCost& c = block(j, pb, true).steps[s].cost;
+          compute(j, c.dgrad, c.dgrad_flops, kB, lb.compute, kd);
+          deferred_wgrad_[j] = c;
+        }
+        deferred_kernels_ = kernels(pb, s, true, Use::kStepWgrad);
+        deferred_label_ = lb.compute;
+        return;
+      }
       const sim::KernelListId k =
           kernels(pb, s, backward, backward ? Use::kBackward : Use::kForward);
       for (int j : actives_) {
@@ -1308,6 +1329,15 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
     case StepKind::kEpAllToAll:
       collective(CollectiveKind::kAllToAll, step.bytes, {cat_ep_, lb.ep}, ep_groups_,
                  l_.ep_comm_overlap ? kEpStream : kTpStream);
+      if (!deferred_wgrad_.empty()) {  // the wgrads held back for it, beside it
+        for (int j : actives_) {
+          const TaskId a2a = std::exchange(st_[j].need, TaskId());
+          const PassCost& c = deferred_wgrad_[j];
+          compute(j, c.wgrad, c.wgrad_flops, kB, deferred_label_, deferred_kernels_);
+          st_[j].need = a2a;
+        }
+        deferred_wgrad_.clear();
+      }
       return;
   }
 }

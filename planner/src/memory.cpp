@@ -32,15 +32,15 @@ double in_flight_micro_batches(Schedule sch, int stage, int pp, int vpp, int64_t
   return 0;
 }
 
-// Layout::ep_comm_overlap: a steady forward runs while the backward merged with it still
-// holds its micro-batch, and the interleaved schedule warms up one more virtual
-// micro-batch (schedule.h): one more model chunk's activations in flight.
+// Layout::ep_comm_overlap: the interleaved schedule warms up one more virtual micro-batch
+// (schedule.h), one more model chunk's activations in flight. A merged forward and
+// backward hold about one micro-batch between them (the backward frees a layer as the
+// forward fills one), so 1F1B with pp 1 holds what it held.
 namespace {
 double ep_overlap_extra_in_flight(const Layout& l, Schedule sch, int stage, int64_t m) {
-  if (!l.ep_comm_overlap) return 0;
+  if (!l.ep_comm_overlap || sch != Schedule::kInterleaved) return 0;
   const double now = in_flight_micro_batches(sch, stage, l.pp, l.vpp, m);
-  const double cap = static_cast<double>(m);
-  return std::min(1.0 / l.vpp, cap - now);
+  return std::min(1.0 / l.vpp, static_cast<double>(m) - now);
 }
 }  // namespace
 

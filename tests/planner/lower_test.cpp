@@ -794,7 +794,9 @@ TEST(Lower, EpCommOverlapMergesForwardWithTheBackwardBesideIt) {
   ASSERT_EQ(infeasibility(moe, o), "");
   LoweredPlan base = lowered(moe, p, {.full_ranks = true});
   LoweredPlan over = lowered(moe, o, {.full_ranks = true});
-  ASSERT_EQ(base.graph.num_tasks(), over.graph.num_tasks());
+  // The same work; the weight gradients before each backward all-to-all run as tasks of
+  // their own beside it (--delay-wgrad-compute).
+  EXPECT_GT(over.graph.num_tasks(), base.graph.num_tasks());
   EXPECT_EQ(compute_time(base, 0), compute_time(over, 0));
   std::set<int32_t> a2a_streams, other_streams;
   for (int t = 0; t < over.graph.num_tasks(); ++t) {
@@ -831,8 +833,8 @@ TEST(Lower, EpCommOverlapMergesForwardWithTheBackwardBesideIt) {
   for (const ExposedComm& e : eo->exposed_by_kind)
     if (e.kind == "ep_comm") exposed_o = e.per_rank;
   EXPECT_LT(exposed_o.to_seconds(), 0.8 * exposed_b.to_seconds());
-  // Two micro-batches' activations live at once in the merged steps.
-  EXPECT_GT(eo->memory.peak, eb->memory.peak);
+  // The backward frees a layer as the forward merged with it fills one.
+  EXPECT_EQ(eo->memory.peak, eb->memory.peak);
 }
 
 TEST(Lower, EpCommOverlapRunsInterleavedPipelinesWithoutDeadlock) {
@@ -853,6 +855,7 @@ TEST(Lower, EpCommOverlapRunsInterleavedPipelinesWithoutDeadlock) {
       auto e = evaluate(moe, q), eo = evaluate(moe, p);
       ASSERT_TRUE(e.is_ok() && eo.is_ok());
       EXPECT_LT(eo->iteration_time, e->iteration_time);
+      EXPECT_GT(eo->memory.peak, e->memory.peak);  // one more chunk warmed up
     }
 }
 
