@@ -515,6 +515,10 @@ const std::vector<std::string>& bad_texts() {
           R"(, "plan": {"micro_batch": 1, "tp": 8, "sp": true, "tp_comm_overlap": "yes"}})",
       R"({"model": "llama-3.1-8b", )" + kWorkload + ", " + kCluster +
           R"(, "search": {"llm": {"tp_comm_overlap": "some"}}})",
+      R"({"model": "qwen3-30b-a3b", )" + kWorkload + ", " + kCluster +
+          R"(, "plan": {"micro_batch": 1, "dp": 8, "ep": 8, "ep_comm_overlap": 1}})",
+      R"({"model": "qwen3-30b-a3b", )" + kWorkload + ", " + kCluster +
+          R"(, "search": {"llm": {"ep_comm_overlap": "all"}}})",
   };
   return texts;
 }
@@ -551,7 +555,11 @@ INSTANTIATE_TEST_SUITE_P(
         BadScenario{"tp_comm_overlap_not_bool", bad_texts()[18].c_str(),
                     "plan.tp_comm_overlap: expected"},
         BadScenario{"search_tp_comm_overlap_unknown", bad_texts()[19].c_str(),
-                    "search.llm.tp_comm_overlap: unknown value \"some\""}),
+                    "search.llm.tp_comm_overlap: unknown value \"some\""},
+        BadScenario{"ep_comm_overlap_not_bool", bad_texts()[20].c_str(),
+                    "plan.ep_comm_overlap: expected"},
+        BadScenario{"search_ep_comm_overlap_unknown", bad_texts()[21].c_str(),
+                    "search.llm.ep_comm_overlap: unknown value \"all\""}),
     [](const ::testing::TestParamInfo<BadScenario>& info) { return std::string(info.param.name); });
 
 }  // namespace

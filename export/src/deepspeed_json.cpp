@@ -14,7 +14,7 @@ namespace hetpar::exporter::detail {
 Result<std::vector<ExportFile>> write_deepspeed(const Context& c) {
   const planner::Layout& l = c.layout();
   Refusals r;
-  refuse_tp_comm_overlap(c, r);
+  refuse_megatron_comm_overlaps(c, r);
   refuse_mixed_node_sizes(c, r);
   refuse_heterogeneous(c, r);
   if (l.pp > 1)

@@ -171,12 +171,25 @@ void refuse_mimo_encoder_batch(const Context& c, const planner::ModulePlan& m, s
       samples % m.layout.dp == 0 ? std::to_string(samples / m.layout.dp) : "a fraction of a"));
 }
 
-void refuse_tp_comm_overlap(const Context& c, Refusals& r) {
+void refuse_megatron_comm_overlaps(const Context& c, Refusals& r) {
   if (c.layout().tp_comm_overlap)
     r.add(
         fmt::format("tp_comm_overlap: {} has no Transformer Engine userbuffers overlap of the "
                     "TP collectives",
                     c.target_name()));
+  if (c.layout().ep_comm_overlap)
+    r.add(fmt::format(
+        "ep_comm_overlap: {} has no merged forward/backward schedule that hides the "
+        "expert-parallel all-to-alls (Megatron-Core's --overlap-moe-expert-parallel-comm)",
+        c.target_name()));
+}
+
+void refuse_mimo_ep_overlap(const Context& c, std::string_view who, Refusals& r) {
+  if (c.layout().ep_comm_overlap)
+    r.add(fmt::format(
+        "ep_comm_overlap: {} runs its own multi-module schedule, not Megatron-Core's combined "
+        "1F1B that hides the expert-parallel all-to-alls",
+        who));
 }
 
 void refuse_mimo_fsdp(const Context& c, std::string_view who, Refusals& r) {
@@ -229,6 +242,7 @@ std::string layout_summary(const planner::Layout& l) {
     out += fmt::format(", {} gradients", planner::to_string(l.grad_reduce_dtype));
   if (l.fsdp) out += l.fsdp_reshard_after_forward ? ", fsdp" : ", fsdp kept gathered";
   if (l.tp_comm_overlap) out += ", userbuffers TP overlap";
+  if (l.ep_comm_overlap) out += ", EP all-to-all overlap";
   if (l.fp8_param_gather) out += ", fp8 parameters";
   return out;
 }

@@ -109,6 +109,10 @@ std::vector<Flag> training_flags(const Context& c) {
   if (c.fp32_gradients() && fp16) f.push_back({"--accumulate-allreduce-grads-in-fp32", ""});
   if (l.fp8_param_gather) f.push_back({"--fp8-param-gather", ""});
   if (l.tp_comm_overlap) f.push_back({"--tp-comm-overlap", ""});  // TE userbuffers
+  if (l.ep_comm_overlap) {  // combined 1F1B; the weight gradients beside the all-to-alls
+    f.push_back({"--overlap-moe-expert-parallel-comm", ""});
+    f.push_back({"--delay-wgrad-compute", ""});
+  }
   f.push_back({"--attention-backend", l.flash_attention ? "flash" : "unfused"});
   return f;
 }
@@ -273,6 +277,7 @@ Result<std::vector<ExportFile>> write_megatron_mimo(const Context& c) {
   refuse_schedule(c, r, /*interleaving_ok=*/false);
   refuse_tf32(c, r);
   refuse_mimo_fsdp(c, "the MIMO example", r);
+  refuse_mimo_ep_overlap(c, "the MIMO example", r);
   if (l.cp > 1)
     r.add(fmt::format("llm cp {}: the MIMO example runs the language grid with CP 1 only", l.cp));
   const planner::ModulePlan* enc = nullptr;

@@ -78,6 +78,10 @@ void add_training(std::vector<Setting>& s, const Context& c) {
   }
   s.push_back({"ddp.overlap_grad_reduce", yaml_bool(l.overlap_grad_reduce)});
   if (l.tp_comm_overlap) s.push_back({"comm_overlap.tp_comm_overlap", "true"});  // userbuffers
+  if (l.ep_comm_overlap) {  // combined 1F1B, as the performance scripts' moe_a2a_overlap sets
+    s.push_back({"comm_overlap.overlap_moe_expert_parallel_comm", "true"});
+    s.push_back({"comm_overlap.delay_wgrad_compute", "true"});
+  }
   s.push_back({"ddp.overlap_param_gather",
                yaml_bool(l.overlap_param_gather && l.shards_optimizer_state())});
   // The recipe also sets model.pipeline_dtype, which MCore needs with PP > 1.
@@ -121,6 +125,7 @@ void refuse_mimo(const Context& c, Refusals& r) {
         "exactly one modality module",
         c.p.modules.size(), l.pp));
   refuse_mimo_fsdp(c, "MegatronMIMO", r);
+  refuse_mimo_ep_overlap(c, "MegatronMIMO", r);
   if (colocated && l.cp > 1)
     r.add(fmt::format("llm cp {} in a colocated placement: MegatronMIMO colocated requires CP 1",
                       l.cp));

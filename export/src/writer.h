@@ -70,8 +70,12 @@ void refuse_precision_unless(const Context& c, Refusals& r,
 /// Refuses an encoder micro-batch that differs. `who`: "the MIMO example", "MegatronMIMO".
 void refuse_mimo_encoder_batch(const Context& c, const planner::ModulePlan& m, std::string_view who,
                                Refusals& r);
-/// Userbuffers TP overlap (Layout::tp_comm_overlap), for targets without it.
-void refuse_tp_comm_overlap(const Context& c, Refusals& r);
+/// Megatron's communication overlaps, for targets without them: userbuffers TP overlap
+/// (Layout::tp_comm_overlap) and the EP all-to-all overlap (Layout::ep_comm_overlap).
+void refuse_megatron_comm_overlaps(const Context& c, Refusals& r);
+/// The EP all-to-all overlap (Layout::ep_comm_overlap) under a MIMO target: its schedule
+/// is not Megatron-Core's combined 1F1B. `who` as above.
+void refuse_mimo_ep_overlap(const Context& c, std::string_view who, Refusals& r);
 /// FSDP in a heterogeneous plan (the LLM's or a module's): hetpar knows no MIMO setting
 /// that fully shards a module grid, so it does not write one. `who` as above.
 void refuse_mimo_fsdp(const Context& c, std::string_view who, Refusals& r);

@@ -76,6 +76,16 @@ Status apply_image_size(models::ModelSpec& model, Workload& w) {
 }
 
 // A partial layout ("search.llm", "search.modules.<name>"): every field optional.
+// A search switch that takes true, false or "any" (both): `value` or `any` when present.
+void bool_or_any(JsonReader& r, std::string_view key, std::optional<bool>& value, bool& any) {
+  if (!r.has(key)) return;
+  const nlohmann::json* v = r.raw(key);
+  if (v && v->is_string())
+    any = r.optional_enum(key, "any", {"any"}) == "any";
+  else
+    value = r.optional_bool(key, false);
+}
+
 LayoutFix parse_layout_fix(JsonReader& r) {
   LayoutFix f;
   auto degree = [&](std::string_view key, std::optional<int>& out) {
@@ -100,26 +110,13 @@ LayoutFix parse_layout_fix(JsonReader& r) {
     f.any_cp_comm = c == "any";
     if (!f.any_cp_comm) f.cp_comm = parse_cp_comm(c);
   }
-  if (r.has("fsdp")) {
-    // true, false or "any"
-    const nlohmann::json* v = r.raw("fsdp");
-    if (v && v->is_string()) {
-      f.any_fsdp = r.optional_enum("fsdp", "any", {"any"}) == "any";
-    } else {
-      f.fsdp = r.optional_bool("fsdp", false);
-    }
-  }
+  bool_or_any(r, "fsdp", f.fsdp, f.any_fsdp);
   if (r.has("fp8_recipe"))
     f.fp8_recipe =
         parse_fp8_recipe(r.optional_enum("fp8_recipe", "delayed", {"delayed", "tensorwise"}));
   if (r.has("fp8_param_gather")) f.fp8_param_gather = r.optional_bool("fp8_param_gather", false);
-  if (r.has("tp_comm_overlap")) {
-    const nlohmann::json* v = r.raw("tp_comm_overlap");
-    if (v && v->is_string())
-      f.any_tp_comm_overlap = r.optional_enum("tp_comm_overlap", "any", {"any"}) == "any";
-    else
-      f.tp_comm_overlap = r.optional_bool("tp_comm_overlap", false);
-  }
+  bool_or_any(r, "tp_comm_overlap", f.tp_comm_overlap, f.any_tp_comm_overlap);
+  bool_or_any(r, "ep_comm_overlap", f.ep_comm_overlap, f.any_ep_comm_overlap);
   if (r.has("grad_reduce_dtype"))
     f.grad_reduce_dtype = parse_grad_reduce_dtype(
         r.optional_enum("grad_reduce_dtype", "default", {"default", "fp32", "bf16", "fp16"}));

@@ -426,6 +426,7 @@ std::vector<int> layout_key(const Layout& l) {
                           l.flash_attention,
                           l.tp_backward_overlap,
                           l.tp_comm_overlap,
+                          l.ep_comm_overlap,
                           static_cast<int>(l.fp8_recipe),
                           static_cast<int>(l.cp_comm),
                           static_cast<int>(l.grad_reduce_dtype),
@@ -478,6 +479,7 @@ std::string describe_layout(const Layout& l, bool llm) {
   if (l.distributed_optimizer) out += " dopt";
   if (l.fsdp) out += l.fsdp_reshard_after_forward ? " fsdp" : " fsdp-kept";
   if (l.tp_comm_overlap) out += " ub";
+  if (l.ep_comm_overlap) out += " a2a-overlap";
   if (llm && (l.first_stage_layers > 0 || l.last_stage_layers > 0))
     out += fmt::format(" first/last {}/{}", l.first_stage_layers, l.last_stage_layers);
   return out;
@@ -862,9 +864,19 @@ class Searcher {
       b.plan.layout = lay;
       b.plan.schedule = sch;
       b.distopt_variants = variants;
+      // search.llm.ep_comm_overlap: where Megatron-Core merges forward and backward passes.
+      const bool a2a = lay.ep > 1 && !lay.fsdp && !lay.tp_comm_overlap &&
+                       (sch == Schedule::kInterleaved || (sch == Schedule::k1F1B && lay.pp == 1));
+      b.plan.layout.ep_comm_overlap = a2a && fx.ep_comm_overlap.value_or(false);
       out.push_back(b);
+      if (a2a && fx.any_ep_comm_overlap) {
+        Base o = b;
+        o.plan.layout.ep_comm_overlap = true;
+        out.push_back(std::move(o));
+      }
       if (both) {
         b.plan.layout.tp_comm_overlap = true;
+        b.plan.layout.ep_comm_overlap = false;
         out.push_back(std::move(b));
       }
     };

@@ -195,6 +195,31 @@ TEST(ExportMegatron, UserbuffersTpOverlap) {
             0u);
 }
 
+// The EP all-to-all overlap: Megatron-LM's --overlap-moe-expert-parallel-comm with
+// --delay-wgrad-compute, Megatron-Bridge's comm_overlap settings of the same names; the
+// other trainers have no merged forward/backward schedule and refuse it.
+TEST(ExportMegatron, EpAllToAllOverlap) {
+  planner::Scenario s = scenario("qwen3-30b-a3b", 2, 4096, 256);
+  Plan p;
+  p.layout = layout(1, 1, 16);
+  p.layout.ep = 16;
+  p.layout.ep_comm_overlap = true;
+  ASSERT_EQ(planner::infeasibility(s, p), "");
+  const auto flags = all_flags(exported(s, p, Target::kMegatron).at("launch.sh"));
+  EXPECT_EQ(flags.count("--overlap-moe-expert-parallel-comm"), 1u);
+  EXPECT_EQ(flags.count("--delay-wgrad-compute"), 1u);
+  const auto yaml =
+      yaml_settings(exported(s, p, Target::kMegatronBridge).at("megatron_bridge.yaml"));
+  EXPECT_EQ(yaml.at("comm_overlap.overlap_moe_expert_parallel_comm"), "true");
+  EXPECT_EQ(yaml.at("comm_overlap.delay_wgrad_compute"), "true");
+  for (Target t : {Target::kTorchtitan, Target::kDeepspeed, Target::kNanotron})
+    EXPECT_NE(refusal(s, p, t).find("ep_comm_overlap: "), std::string::npos) << to_string(t);
+  p.layout.ep_comm_overlap = false;
+  EXPECT_EQ(all_flags(exported(s, p, Target::kMegatron).at("launch.sh"))
+                .count("--overlap-moe-expert-parallel-comm"),
+            0u);
+}
+
 TEST(ExportMegatron, HomogeneousVlmUsesPretrainVlm) {
   planner::Scenario s = scenario("llava-1.5-7b", 1, 4096, 96, 1);
   Plan p;

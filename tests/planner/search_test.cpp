@@ -117,6 +117,22 @@ TEST(Search, FindsTheBruteForceBestAndTheBoundHolds) {
     EXPECT_LE(lower_bound(s, p.plan), p.metrics.iteration_time) << describe(p.plan);
 }
 
+// The example scenario `file`: the lower bound stays below each of its plans' simulated
+// time.
+Result<Scenario> expect_bound_below_plans(const std::string& file) {
+  auto s = load_scenario(std::string(HETPAR_SOURCE_DIR) + "/examples/" + file);
+  EXPECT_TRUE(s.is_ok()) << s.status().to_string();
+  if (!s.is_ok()) return s;
+  for (const auto& [name, plan] : s->plans) {
+    auto m = evaluate(*s, plan);
+    EXPECT_TRUE(m.is_ok() && m->feasible) << name;
+    if (m.is_ok()) {
+      EXPECT_LE(lower_bound(*s, plan), m->iteration_time) << name;
+    }
+  }
+  return s;
+}
+
 // With userbuffers the bound leaves out the TP collectives they hide (all but a
 // reduce-scatter's last chunk): it stays below every simulated plan, and the pruned search
 // still finds what brute force finds.
@@ -137,14 +153,7 @@ TEST(Search, TheBoundHoldsWithUserbuffers) {
   EXPECT_GT(with, 0);
   // On 70B GEMMs, where userbuffers hide most of the TP communication, counting it would
   // put the bound above the simulated time.
-  auto big = load_scenario(std::string(HETPAR_SOURCE_DIR) +
-                           "/examples/llama3-70b-64xh100-userbuffers-compare.json");
-  ASSERT_TRUE(big.is_ok()) << big.status().to_string();
-  for (const auto& [name, plan] : big->plans) {
-    auto m = evaluate(*big, plan);
-    ASSERT_TRUE(m.is_ok() && m->feasible) << name;
-    EXPECT_LE(lower_bound(*big, plan), m->iteration_time) << name;
-  }
+  expect_bound_below_plans("llama3-70b-64xh100-userbuffers-compare.json");
 }
 
 // "any" searches every TP layout with and without userbuffers: its best is the better of
@@ -160,6 +169,25 @@ TEST(Search, TriesUserbuffersBothWaysWithAny) {
       std::min(off.top.front().metrics.iteration_time, on.top.front().metrics.iteration_time));
   EXPECT_GT(any.counts.considered, off.counts.considered);
   for (const RankedPlan& p : off.top) EXPECT_FALSE(p.plan.layout.tp_comm_overlap);
+}
+
+// The EP all-to-all overlap hides communication, not compute: the bound (which leaves EP
+// out) stays below its plans; search.llm.ep_comm_overlap "any" tries the MoE layouts both
+// ways and, with the all-to-alls on the critical path, picks the overlap; without the
+// field no plan overlaps.
+TEST(Search, TriesTheEpOverlapBothWaysWithAny) {
+  auto s = expect_bound_below_plans("qwen3-30b-16xh100-ep-overlap-compare.json");
+  ASSERT_TRUE(s.is_ok());
+  ASSERT_TRUE(s->search.llm.any_ep_comm_overlap);
+  s->search.llm.cp = 1;  // a smaller search, the same question
+  const SearchResult any = run(*s, threads(2));
+  s->search.llm.any_ep_comm_overlap = false;
+  const SearchResult off = run(*s, threads(2));
+  ASSERT_FALSE(any.top.empty() || off.top.empty());
+  EXPECT_GT(any.counts.considered, off.counts.considered);
+  EXPECT_TRUE(any.top.front().plan.layout.ep_comm_overlap) << describe(any.top.front().plan);
+  EXPECT_LT(any.top.front().metrics.iteration_time, off.top.front().metrics.iteration_time);
+  for (const RankedPlan& p : off.top) EXPECT_FALSE(p.plan.layout.ep_comm_overlap);
 }
 
 // An encoder's own fix turns userbuffers on for it (with TP and SP), not for the LLM.
