@@ -302,6 +302,9 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
       return "ep_comm_overlap with recompute full: Megatron-Core refuses full recomputation "
              "with the all-to-all overlap";
     if (l.fsdp) return "ep_comm_overlap with fsdp is not modelled";
+    if (p.placement == Placement::kColocated)
+      return "ep_comm_overlap in a colocated placement is not modelled: the encoders' passes "
+             "run between the LLM's on the same GPUs";
     if (l.tp_comm_overlap) return "ep_comm_overlap with tp_comm_overlap is not modelled";
   }
   if (hetero) return heterogeneous_infeasibility(s, p);

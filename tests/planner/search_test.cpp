@@ -190,6 +190,48 @@ TEST(Search, TriesTheEpOverlapBothWaysWithAny) {
   for (const RankedPlan& p : off.top) EXPECT_FALSE(p.plan.layout.ep_comm_overlap);
 }
 
+// A MoE LLM next to an encoder: the overlap is lowered on the LLM's own ranks
+// (non-colocated), refused where the encoder's passes share its GPUs (colocated).
+TEST(Search, EpOverlapBesideAnEncoderOnlyOnItsOwnRanks) {
+  const std::string text = R"({
+    "name": "tiny-moe-vlm",
+    "model": {"name": "tiny-moe-vlm", "modules": [
+      {"name": "vision", "kind": "vision_encoder", "spec": {"layers": 4, "hidden": 1024,
+        "ffn_hidden": 4096, "heads": 16, "patch_size": 14, "image_size": 336,
+        "class_token": true, "activation": "gelu", "norm": "layernorm"}},
+      {"name": "projector", "kind": "projector", "spec": {"input_hidden": 1024,
+        "output_hidden": 2048, "layers": 2, "ffn_hidden": 2048, "activation": "gelu"}},
+      {"name": "llm", "kind": "llm", "spec": {"layers": 4, "hidden": 2048, "ffn_hidden": 0,
+        "heads": 16, "kv_heads": 4, "vocab": 32000, "activation": "swiglu", "norm": "rmsnorm",
+        "moe": {"experts": 6, "top_k": 2, "expert_ffn_hidden": 2048}}}],
+      "edges": [["vision", "projector"], ["projector", "llm"]]},
+    "workload": {"seq_len": 2048, "global_batch": 24, "images_per_sample": 1},
+    "cluster": {"profile": "dgx-h100", "nodes": 1},
+    "plans": {
+      "colocated": {"dp": 8, "ep": 2, "micro_batch": 1, "ep_comm_overlap": true,
+                    "placement": "colocated",
+                    "modules": {"vision": {"dp": 8, "micro_batch": 1}}},
+      "non_colocated": {"dp": 6, "ep": 6, "micro_batch": 1, "ep_comm_overlap": true,
+                        "placement": "non_colocated", "llm_first_rank": 2,
+                        "modules": {"vision": {"dp": 2, "micro_batch": 3, "first_rank": 0}}}}
+  })";
+  auto s = parse_scenario_text(text, "tiny-moe-vlm.json");
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  auto plan_named = [&](std::string_view name) -> const Plan& {
+    for (const auto& [n, p] : s->plans)
+      if (n == name) return p;
+    ADD_FAILURE() << "no plan " << name;
+    return s->plans.front().second;
+  };
+  EXPECT_NE(infeasibility(*s, plan_named("colocated")).find("colocated placement is not modelled"),
+            std::string::npos);
+  const Plan& nc = plan_named("non_colocated");
+  ASSERT_EQ(infeasibility(*s, nc), "");
+  auto m = evaluate(*s, nc, {.full_ranks = true});
+  ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+  EXPECT_TRUE(m->feasible) << m->infeasible_reason;
+}
+
 // An encoder's own fix turns userbuffers on for it (with TP and SP), not for the LLM.
 TEST(Search, GivesAnEncoderUserbuffersWhenItsFixAsks) {
   const SearchResult r =
