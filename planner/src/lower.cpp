@@ -301,7 +301,6 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
     if (l.recompute == models::Recompute::kFull)
       return "ep_comm_overlap with recompute full: Megatron-Core refuses full recomputation "
              "with the all-to-all overlap";
-    if (l.fsdp) return "ep_comm_overlap with fsdp is not modelled";
     if (p.placement == Placement::kColocated)
       return "ep_comm_overlap in a colocated placement is not modelled: the encoders' passes "
              "run between the LLM's on the same GPUs";
@@ -514,7 +513,8 @@ class Lowering {
   void op_pieces(const PipelineOp& op, Emit&& emit);
   // Ops i and i + 1 of the stage (a forward and a backward of different micro-batches,
   // Layout::ep_comm_overlap) as one: the backward's pieces up to and including its next
-  // all-to-all, then the forward's, and so on, each op with its own RankState.
+  // all-to-all, then the forward's, and so on, each op with its own RankState (and FSDP
+  // prefetch point).
   void run_merged(size_t i);
   // spans[a]: the first task on active rank a among the tasks in `ranges`, and its st_.last.
   void record_spans(std::span<const std::pair<size_t, size_t>> ranges, std::vector<OpSpan>& spans);
@@ -1430,6 +1430,7 @@ void Lowering::run_merged(size_t i) {
     std::vector<std::function<void()>> pieces;
     std::vector<bool> ends_all_to_all;
     std::vector<RankState> state;
+    std::vector<TaskId> fsdp_after;  // FSDP: what the op's next all-gather follows
     std::vector<std::pair<size_t, size_t>> ranges;
     size_t next = 0;
   };
@@ -1444,12 +1445,14 @@ void Lowering::run_merged(size_t i) {
       p.ends_all_to_all.push_back(a2a);
     });
     p.state = st_;
+    p.fsdp_after = fsdp_after_;
   }
   int turn = 0, last = 0;
   while (progs[0].next < progs[0].pieces.size() || progs[1].next < progs[1].pieces.size()) {
     Program& p = progs[turn];
     if (p.next < p.pieces.size()) {
       std::swap(st_, p.state);
+      std::swap(fsdp_after_, p.fsdp_after);
       const size_t begin = static_cast<size_t>(g_.num_tasks());
       while (p.next < p.pieces.size()) {
         const bool a2a = p.ends_all_to_all[p.next];
@@ -1458,6 +1461,7 @@ void Lowering::run_merged(size_t i) {
       }
       p.ranges.emplace_back(begin, static_cast<size_t>(g_.num_tasks()));
       std::swap(st_, p.state);
+      std::swap(fsdp_after_, p.fsdp_after);
       last = turn;
     }
     turn ^= 1;
@@ -1468,6 +1472,7 @@ void Lowering::run_merged(size_t i) {
     std::swap(st_, p.state);
   }
   st_ = std::move(progs[last].state);  // both end with compute: the stream orders the rest
+  fsdp_after_ = std::move(progs[last].fsdp_after);
 }
 
 void Lowering::record_spans(std::span<const std::pair<size_t, size_t>> ranges,

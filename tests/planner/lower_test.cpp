@@ -877,9 +877,13 @@ TEST(Lower, EpCommOverlapNeedsWhatMegatronCoreNeeds) {
   Plan full = p;
   full.layout.recompute = models::Recompute::kFull;
   EXPECT_NE(infeasibility(moe, full).find("recompute full"), std::string::npos);
-  Plan fsdp = p;
-  fsdp.layout.fsdp = true;
-  EXPECT_EQ(infeasibility(moe, fsdp), "ep_comm_overlap with fsdp is not modelled");
+  Plan ub = plan(2, 1, 4);
+  ub.layout.sequence_parallel = true;
+  ub.layout.ep = 4;
+  ub.layout.etp = 1;
+  ub.layout.tp_comm_overlap = true;
+  ub.layout.ep_comm_overlap = true;
+  EXPECT_EQ(infeasibility(moe, ub), "ep_comm_overlap with tp_comm_overlap is not modelled");
 }
 
 }  // namespace

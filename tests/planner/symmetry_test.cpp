@@ -148,6 +148,10 @@ std::vector<Case> cases() {
     q.layout.ep_comm_overlap = true;
     out.push_back({"dgx-h100 pp2 vpp2 dp8 ep8 ep_comm_overlap (interleaved, merged F/B)",
                    make("dgx-h100", 2, 64, 4, moe), q});
+    Plan f = p;  // fully sharded: each op's gathers prefetch along its own program
+    f.layout.fsdp = true;
+    out.push_back({"dgx-h100 dp16 ep16 fsdp ep_comm_overlap (merged F/B, sharded)",
+                   make("dgx-h100", 2, 64, 4, moe), f});
   }
   return out;
 }

@@ -121,8 +121,8 @@ struct Layout {
   /// forward's dispatch beside the backward's experts, the backward's dispatch beside the
   /// forward's experts, the forward's combine beside the backward's attention. The
   /// all-to-alls then run on a stream of their own. Needs ep > 1, the 1F1B schedule with pp
-  /// 1 or the interleaved one, no full recompute (Megatron-Core's checks), no FSDP and no
-  /// userbuffers (not modelled together).
+  /// 1 or the interleaved one, no full recompute (Megatron-Core's checks), no userbuffers
+  /// and no colocated encoders (not modelled together).
   bool ep_comm_overlap = false;
   Fp8Recipe fp8_recipe = Fp8Recipe::kDelayed;  // meaningful for fp8 workloads only
   GradReduceDtype grad_reduce_dtype = GradReduceDtype::kDefault;
