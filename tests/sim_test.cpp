@@ -838,6 +838,24 @@ TEST(TraceTest, ChromeTraceIsValidJsonWithOneEventPerTaskStream) {
   EXPECT_EQ(complete[1]["tid"], ChromeTraceWriter::thread_id({RankId(0), StreamKind::kComm, 1}));
   EXPECT_EQ(processes, (std::set<std::string>{"rank 0", "rank 1"}));
   EXPECT_EQ(threads, (std::set<std::string>{"0/compute 0", "0/comm 1", "1/comm 1"}));
+
+  // A named stream carries its name on every rank's track.
+  g.set_stream_name(StreamKind::kComm, 1, "dp \"collectives\"");
+  EXPECT_EQ(g.stream_name(StreamKind::kComm, 1), "dp \"collectives\"");
+  EXPECT_EQ(g.stream_name(StreamKind::kComm, 5), "");
+  std::ostringstream named;
+  {
+    ChromeTraceWriter writer(named);
+    ASSERT_TRUE(simulate(g, net, {}, &writer).is_ok());
+  }
+  threads.clear();
+  const nlohmann::json named_doc = nlohmann::json::parse(named.str());
+  for (const auto& e : named_doc["traceEvents"])
+    if (e["ph"] == "M" && e["name"] == "thread_name")
+      threads.insert(
+          fmt::format("{}/{}", e["pid"].get<int>(), e["args"]["name"].get<std::string>()));
+  EXPECT_EQ(threads, (std::set<std::string>{"0/compute 0", "0/comm 1: dp \"collectives\"",
+                                            "1/comm 1: dp \"collectives\""}));
 }
 
 // ---------------------------------------------------------------- determinism

@@ -686,6 +686,20 @@ void Lowering::setup() {
   cat_dp_ = g_.label("dp_comm");
   cat_ep_ = g_.label("ep_comm");
   cat_opt_ = g_.label("optimizer");
+  // What each comm stream carries, for the trace's track names.
+  const std::pair<int32_t, std::string_view> streams[] = {
+      {kTpStream, l_.ep > 1 && !l_.ep_comm_overlap ? "tp / ep collectives" : "tp collectives"},
+      {kCpSend, "cp ring send"},
+      {kCpRecv, "cp ring recv"},
+      {kFwdSend, "pp activations send"},
+      {kFwdRecv, "pp activations recv"},
+      {kBwdSend, "pp gradients send"},
+      {kBwdRecv, "pp gradients recv"},
+      {kDpStream, "dp / fsdp gradient reductions"},
+      {kFsdpGather, "fsdp parameter gathers"},
+      {kEpStream, "ep all-to-alls"}};
+  for (const auto& [index, what] : streams)
+    g_.set_stream_name(sim::StreamKind::kComm, index, fmt::format("{}{}", role_.prefix, what));
   m_ = s_.workload.global_batch / (static_cast<int64_t>(l_.micro_batch) * l_.dp);
   vstages_ = l_.pp * l_.vpp;
   split_w_ = role_.orders.empty() && splits_weight_gradient(p_.schedule);
@@ -1988,6 +2002,12 @@ void lower_heterogeneous(const Scenario& s, const Plan& p, const LowerOptions& o
     const int32_t fwd_send = base, fwd_recv = base + 1, bwd_send = base + 2, bwd_recv = base + 3,
                   fwd_coll = base + 4, bwd_coll = base + 5;
     const std::string& name = p.modules[k].module;
+    static constexpr std::string_view kBoundaryStream[] = {
+        "activations send", "activations recv",   "gradients send",
+        "gradients recv",   "activations gather", "gradients scatter"};
+    for (int32_t i = 0; i < 6; ++i)
+      g.set_stream_name(sim::StreamKind::kComm, base + i,
+                        fmt::format("{} boundary {}", name, kBoundaryStream[i]));
     const sim::LabelId fwd_name = g.label(fmt::format("{} -> llm activation", name));
     const sim::LabelId bwd_name = g.label(fmt::format("llm -> {} grad", name));
     auto collective = [&](CollectiveKind kind, Bytes bytes, int32_t stream, RankId root,

@@ -395,7 +395,13 @@ void Engine::report(int32_t t, const StreamRef& s, Time end, bool started) {
   std::string_view name = g_.label_text(task.label.name);
   if (name.empty())
     name = task.kind == TaskKind::kCollective ? to_string(task.collective) : to_string(task.kind);
-  TaskSpan span{TaskId(t), s, g_.label_text(task.label.category), name, state_[t].start, end};
+  TaskSpan span{TaskId(t),
+                s,
+                g_.label_text(task.label.category),
+                name,
+                g_.stream_name(s.kind, s.index),
+                state_[t].start,
+                end};
   if (started)
     sink_->task_started(span);
   else

@@ -118,8 +118,23 @@ void TaskGraph::clear() {
   label_text_.clear();
   label_ids_.clear();
   multiplicity_.clear();
+  for (auto& names : stream_names_) names.clear();
   kernels_.clear();
   kernel_begin_.assign(1, 0);
+}
+
+void TaskGraph::set_stream_name(StreamKind kind, int32_t index, std::string_view name) {
+  HETPAR_CHECK(index >= 0, "stream index {}", index);
+  std::vector<std::string>& names = stream_names_[static_cast<int>(kind)];
+  if (static_cast<size_t>(index) >= names.size()) names.resize(static_cast<size_t>(index) + 1);
+  names[static_cast<size_t>(index)] = std::string(name);
+}
+
+std::string_view TaskGraph::stream_name(StreamKind kind, int32_t index) const {
+  const std::vector<std::string>& names = stream_names_[static_cast<int>(kind)];
+  return index >= 0 && static_cast<size_t>(index) < names.size()
+             ? std::string_view(names[static_cast<size_t>(index)])
+             : std::string_view();
 }
 
 void TaskGraph::reserve(size_t tasks, size_t stream_refs, size_t deps) {

@@ -69,9 +69,10 @@ void ChromeTraceWriter::task_finished(const TaskSpan& span) {
   }
   if (seen_threads_.insert(pid << 32 | tid).second) {
     begin_event();
-    fmt::print(out_,
-               R"({{"ph":"M","name":"thread_name","pid":{},"tid":{},"args":{{"name":"{} {}"}}}})",
-               pid, tid, to_string(span.stream.kind), span.stream.index);
+    std::string name = fmt::format("{} {}", to_string(span.stream.kind), span.stream.index);
+    if (!span.stream_name.empty()) name += fmt::format(": {}", span.stream_name);
+    fmt::print(out_, R"({{"ph":"M","name":"thread_name","pid":{},"tid":{},"args":{{"name":{}}}}})",
+               pid, tid, json_string(name));
   }
   begin_event();
   fmt::print(out_,

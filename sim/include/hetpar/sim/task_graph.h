@@ -157,6 +157,10 @@ class TaskGraph {
   /// Sets `rank`'s multiplicity (top of this file). REQUIRES: n >= 0, called before any
   /// task involving `rank` is added.
   void set_multiplicity(RankId rank, int32_t n);
+  /// A name for stream `index` of `kind` on every rank (what the lowering runs on it, e.g.
+  /// "dp collectives"), for traces; "" (the default) leaves it unnamed.
+  void set_stream_name(StreamKind kind, int32_t index, std::string_view name);
+  std::string_view stream_name(StreamKind kind, int32_t index) const;
   /// 1 unless set_multiplicity said otherwise.
   int32_t multiplicity(RankId rank) const {
     return rank.value() < static_cast<int>(multiplicity_.size()) ? multiplicity_[rank.value()] : 1;
@@ -226,6 +230,7 @@ class TaskGraph {
   std::vector<std::string> label_text_;
   std::map<std::string, LabelId, std::less<>> label_ids_;
   std::vector<int32_t> multiplicity_;
+  std::vector<std::string> stream_names_[2];  // [kind][index]
   std::vector<Kernel> kernels_;
   std::vector<int32_t> kernel_begin_{0};
 };

@@ -1,7 +1,8 @@
 // TraceSink: observes a simulation task by task (SimGrid's signals, reduced to one
 // interface), so the simulator never depends on what watches it. ChromeTraceWriter turns
 // the observations into Chrome / Perfetto Trace Event JSON: one process per rank, one
-// thread per stream ("compute 0", "comm 1"), an "X" (complete) event per task per stream,
+// thread per stream ("compute 0", "comm 1", or with the graph's name for it "comm 7: dp
+// collectives"), an "X" (complete) event per task per stream,
 // timestamps and durations in microseconds.
 #pragma once
 
@@ -20,8 +21,9 @@ namespace hetpar::sim {
 struct TaskSpan {
   TaskId task;
   StreamRef stream;
-  std::string_view category;  // "" when the task has none
-  std::string_view name;      // the task's name, or its kind ("compute", "all_reduce", "p2p")
+  std::string_view category;     // "" when the task has none
+  std::string_view name;         // the task's name, or its kind ("compute", "all_reduce", "p2p")
+  std::string_view stream_name;  // TaskGraph::stream_name of `stream` ("" when unnamed)
   Time start;
   Time end;  // in task_started: not known yet, equals start
 };
