@@ -293,7 +293,7 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
   if (l.ep_comm_overlap) {  // Megatron-Core's TransformerConfig checks, then what hetpar models
     if (l.ep < 2)
       return "ep_comm_overlap needs ep > 1: it overlaps the expert-parallel all-to-alls";
-    if (p.schedule != Schedule::kInterleaved && !(p.schedule == Schedule::k1F1B && l.pp == 1))
+    if (!merges_passes(p.schedule, l.pp))
       return fmt::format(
           "ep_comm_overlap needs the interleaved schedule, or 1f1b with pp 1 (Megatron-Core "
           "merges forward and backward passes only there), not {} with pp {}",
@@ -526,6 +526,10 @@ class Lowering {
   void linear_backward(const PlacedBlock& pb, size_t s, const Labels& lb);
   // Whether backward step s, a TP entry, is run by the linear after it (linear_backward).
   bool overlapped_entry(const PlacedBlock& pb, size_t s);
+  // Layout::ep_comm_overlap (--delay-wgrad-compute): whether backward step s, a plain
+  // compute step right before an EP all-to-all, runs only its dgrad, its wgrad beside the
+  // all-to-all once that is issued (run_step's kEpAllToAll).
+  bool delays_wgrad(const PlacedBlock& pb, size_t s);
   // FSDP (Layout::fsdp): the block's parameter all-gather on each rank after `after[j]`
   // (its next compute waits for it), and its gradient reduce-scatter after its last task.
   void fsdp_gather(const PlacedBlock& pb, const std::vector<TaskId>& after);
@@ -642,11 +646,6 @@ class Lowering {
   // Per op of the stage (Layout::ep_comm_overlap): 1 runs merged with the op after it,
   // 2 ran merged with the op before it, 0 alone.
   std::vector<uint8_t> merge_;
-  // Layout::ep_comm_overlap: per local rank, the weight gradients of the backward step just
-  // run, held for the all-to-all after it (--delay-wgrad-compute), their kernels and label.
-  std::vector<PassCost> deferred_wgrad_;
-  sim::KernelListId deferred_kernels_;
-  sim::LabelId deferred_label_;
   // Per local rank: the userbuffers collective running beside a ring-exchange linear, which
   // the task after the linear (or the exit's tail) waits for (Layout::tp_comm_overlap).
   std::vector<TaskId> ring_;
@@ -739,7 +738,7 @@ void Lowering::setup() {
   for (int st = 0; st < l_.pp; ++st)
     orders_[st] = !role_.orders.empty()
                       ? role_.orders[st]
-                      : stage_order(p_.schedule, st, l_.pp, l_.vpp, m_, l_.ep_comm_overlap ? 1 : 0);
+                      : stage_order(p_.schedule, st, l_.pp, l_.vpp, m_, extra_warmup(l_));
 }
 
 void Lowering::begin_stage(int stage) {
@@ -1168,6 +1167,17 @@ void Lowering::cp_ring(const PlacedBlock& pb, size_t s, int pass, const Labels& 
     }
 }
 
+bool Lowering::delays_wgrad(const PlacedBlock& pb, size_t s) {
+  const std::vector<WorkStep>& steps = block(0, pb, true).steps;
+  if (!l_.ep_comm_overlap || split_w_ || s == 0 || s >= steps.size() ||
+      steps[s - 1].kind != StepKind::kEpAllToAll)
+    return false;
+  // A plain compute step: not one that ring_linear() or linear_backward() runs.
+  const WorkStep& step = steps[s];
+  return step.kind == StepKind::kCompute && !(step.ring_exchange && step.overlaps_tp_exit) &&
+         !step.overlaps_tp_entry;
+}
+
 bool Lowering::overlapped_entry(const PlacedBlock& pb, size_t s) {
   const std::vector<WorkStep>& steps = block(0, pb, true).steps;
   return !split_w_ && s + 1 < steps.size() && steps[s + 1].overlaps_tp_entry;
@@ -1279,20 +1289,12 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
       if (step.ring_exchange && (step.overlaps_tp_exit || !backward))
         return ring_linear(pb, s, pass, lb);
       if (backward && step.overlaps_tp_entry && !split_w_) return linear_backward(pb, s, lb);
-      const std::vector<WorkStep>& steps = block(0, pb, backward).steps;
-      if (backward && l_.ep_comm_overlap && !split_w_ && s > 0 &&
-          steps[s - 1].kind == StepKind::kEpAllToAll) {
-        // --delay-wgrad-compute: the weight gradients wait until the all-to-all after them
-        // has been issued, and run beside it (kEpAllToAll below).
+      if (backward && delays_wgrad(pb, s)) {  // the wgrad runs beside the all-to-all after it
         const sim::KernelListId kd = kernels(pb, s, true, Use::kDgrad);
-        deferred_wgrad_.assign(stage_ranks(), {});
         for (int j : actives_) {
           const PassCost& c = block(j, pb, true).steps[s].cost;
           compute(j, c.dgrad, c.dgrad_flops, kB, lb.compute, kd);
-          deferred_wgrad_[j] = c;
         }
-        deferred_kernels_ = kernels(pb, s, true, Use::kStepWgrad);
-        deferred_label_ = lb.compute;
         return;
       }
       const sim::KernelListId k =
@@ -1346,14 +1348,14 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
     case StepKind::kEpAllToAll:
       collective(CollectiveKind::kAllToAll, step.bytes, {cat_ep_, lb.ep}, ep_groups_,
                  l_.ep_comm_overlap ? kEpStream : kTpStream);
-      if (!deferred_wgrad_.empty()) {  // the wgrads held back for it, beside it
+      if (backward && delays_wgrad(pb, s + 1)) {  // the wgrads held back for it, beside it
+        const sim::KernelListId kw = kernels(pb, s + 1, true, Use::kStepWgrad);
         for (int j : actives_) {
           const TaskId a2a = std::exchange(st_[j].need, TaskId());
-          const PassCost& c = deferred_wgrad_[j];
-          compute(j, c.wgrad, c.wgrad_flops, kB, deferred_label_, deferred_kernels_);
+          const PassCost& c = block(j, pb, true).steps[s + 1].cost;
+          compute(j, c.wgrad, c.wgrad_flops, kB, lb.compute, kw);
           st_[j].need = a2a;
         }
-        deferred_wgrad_.clear();
       }
       return;
   }
@@ -1902,9 +1904,9 @@ void lower_heterogeneous(const Scenario& s, const Plan& p, const LowerOptions& o
   llm_role.rank_offset = colocated ? 0 : p.llm_first_rank;
   if (red) llm_role.reduction = red->llm;
   Lowering llm(s, p, o, out, llm_role);
-  const std::vector<PipelineOp> llm0 = stage_order(
-      p.schedule, 0, L.pp, L.vpp, s.workload.global_batch / (int64_t{L.micro_batch} * L.dp),
-      L.ep_comm_overlap ? 1 : 0);
+  const std::vector<PipelineOp> llm0 =
+      stage_order(p.schedule, 0, L.pp, L.vpp,
+                  s.workload.global_batch / (int64_t{L.micro_batch} * L.dp), extra_warmup(L));
   const int nenc = static_cast<int>(p.modules.size());
   std::vector<std::unique_ptr<Lowering>> encs;
   std::vector<std::vector<MergedOp>> merged(p.modules.size());

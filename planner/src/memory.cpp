@@ -14,7 +14,8 @@ Bytes MemoryBreakdown::total() const {
   return weights + gradients + optimizer_state + activations + communication_buffers + workspace;
 }
 
-double in_flight_micro_batches(Schedule sch, int stage, int pp, int vpp, int64_t m) {
+double in_flight_micro_batches(Schedule sch, int stage, int pp, int vpp, int64_t m,
+                               int extra_warmup) {
   HETPAR_CHECK(0 <= stage && stage < pp && vpp >= 1 && m >= 1, "stage {} of {}, vpp {}, m {}",
                stage, pp, vpp, m);
   switch (sch) {
@@ -25,24 +26,13 @@ double in_flight_micro_batches(Schedule sch, int stage, int pp, int vpp, int64_t
       return static_cast<double>(std::min<int64_t>(pp - stage, m));
     case Schedule::kInterleaved: {
       const int64_t chunks = m * vpp;
-      const int64_t warmup = m == pp ? chunks : 2 * (pp - stage - 1) + (vpp - 1) * int64_t{pp};
+      const int64_t warmup =
+          m == pp ? chunks : 2 * (pp - stage - 1) + (vpp - 1) * int64_t{pp} + extra_warmup;
       return static_cast<double>(std::min(warmup + 1, chunks)) / vpp;
     }
   }
   return 0;
 }
-
-// Layout::ep_comm_overlap: the interleaved schedule warms up one more virtual micro-batch
-// (schedule.h), one more model chunk's activations in flight. A merged forward and
-// backward hold about one micro-batch between them (the backward frees a layer as the
-// forward fills one), so 1F1B with pp 1 holds what it held.
-namespace {
-double ep_overlap_extra_in_flight(const Layout& l, Schedule sch, int stage, int64_t m) {
-  if (!l.ep_comm_overlap || sch != Schedule::kInterleaved) return 0;
-  const double now = in_flight_micro_batches(sch, stage, l.pp, l.vpp, m);
-  return std::min(1.0 / l.vpp, static_cast<double>(m) - now);
-}
-}  // namespace
 
 int gradient_bytes(hardware::Precision p, GradReduceDtype d) {
   switch (d) {
@@ -172,9 +162,12 @@ class Estimator {
     HETPAR_CHECK(m >= 1, "global batch {} gives no micro-batch to dp {} x micro-batch {}",
                  s.workload.global_batch, l_.dp, l_.micro_batch);
     for (int st = 0; st < l_.pp; ++st) {
+      // Layout::ep_comm_overlap: the interleaved schedule's extra warm-up forward holds one
+      // more chunk; merged passes hold what they held (the backward frees a layer as the
+      // forward fills one).
       in_flight_.push_back(!in_flight.empty() ? in_flight[static_cast<size_t>(st)]
-                                              : in_flight_micro_batches(sch, st, l_.pp, l_.vpp, m) +
-                                                    ep_overlap_extra_in_flight(l_, sch, st, m));
+                                              : in_flight_micro_batches(sch, st, l_.pp, l_.vpp, m,
+                                                                        extra_warmup(l_)));
       // ZB-H1's stage st defers up to st weight-gradient passes past their B: up to
       // min(pp, m) micro-batches in flight on every stage, the extra ones holding only the
       // GEMM inputs W needs.
@@ -364,9 +357,9 @@ MemoryReport estimate_memory(const Scenario& s, const Plan& p, const MemoryOptio
   const Layout& L = p.layout;
   Estimator llm(s, p, opts);
   llm.add_module(s.model.llm_index());
-  const std::vector<PipelineOp> llm0 = stage_order(
-      p.schedule, 0, L.pp, L.vpp, s.workload.global_batch / (int64_t{L.micro_batch} * L.dp),
-      L.ep_comm_overlap ? 1 : 0);
+  const std::vector<PipelineOp> llm0 =
+      stage_order(p.schedule, 0, L.pp, L.vpp,
+                  s.workload.global_batch / (int64_t{L.micro_batch} * L.dp), extra_warmup(L));
   const bool frozen = s.workload.frozen_encoders;
   std::vector<MemoryReport> enc_reports;
   for (const ModulePlan& mp : p.modules) {

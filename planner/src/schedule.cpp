@@ -98,6 +98,14 @@ std::vector<PipelineOp> stage_order(Schedule s, int stage, int pp, int vpp, int6
   return out;
 }
 
+bool merges_passes(Schedule s, int pp) {
+  return s == Schedule::kInterleaved || (s == Schedule::k1F1B && pp == 1);
+}
+
+int extra_warmup(const Layout& l) {
+  return l.ep_comm_overlap ? 1 : 0;
+}
+
 int64_t peak_in_flight(const std::vector<PipelineOp>& order) {
   const bool split = std::any_of(order.begin(), order.end(),
                                  [](const PipelineOp& op) { return op.kind == PassKind::kWeight; });

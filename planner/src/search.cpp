@@ -865,8 +865,7 @@ class Searcher {
       b.plan.schedule = sch;
       b.distopt_variants = variants;
       // search.llm.ep_comm_overlap: where Megatron-Core merges forward and backward passes.
-      const bool a2a = lay.ep > 1 && !lay.tp_comm_overlap &&
-                       (sch == Schedule::kInterleaved || (sch == Schedule::k1F1B && lay.pp == 1));
+      const bool a2a = lay.ep > 1 && !lay.tp_comm_overlap && merges_passes(sch, lay.pp);
       b.plan.layout.ep_comm_overlap = a2a && fx.ep_comm_overlap.value_or(false);
       out.push_back(b);
       if (a2a && fx.any_ep_comm_overlap) {

@@ -46,6 +46,13 @@ bool splits_weight_gradient(Schedule s);
 std::vector<PipelineOp> stage_order(Schedule s, int stage, int pp, int vpp, int64_t m,
                                     int extra_warmup = 0);
 
+/// Whether Megatron-Core's combined 1F1B (Layout::ep_comm_overlap) can merge forward and
+/// backward passes of schedule `s`: the interleaved one, or 1F1B without a pipeline.
+bool merges_passes(Schedule s, int pp);
+/// The extra warm-up forwards stage_order() runs for layout `l`: one under the EP
+/// all-to-all overlap (Megatron-Core's num_warmup_microbatches += 1), else none.
+int extra_warmup(const Layout& l);
+
 /// Most micro-batch chunks whose forward ran and whose last backward pass (B, or W when the
 /// schedule splits it) has not, over the program: the activations the stage holds at peak.
 int64_t peak_in_flight(const std::vector<PipelineOp>& order);
