@@ -260,11 +260,13 @@ TEST(OpGraph, MoeExpertShapes) {
   for (const Op& op : g.ops)
     if (op.layer == 0 && op.name == "expert_fc1") fc1 = &op;
   ASSERT_NE(fc1, nullptr);
-  ASSERT_EQ(fc1->gemms.size(), 4u);  // {gate, up} x {251 tokens on 2 experts, 250 on 6}
+  // {251 tokens on 2 experts, 250 on 6}, gate and up one GEMM of 2 x 14336 outputs.
+  ASSERT_EQ(fc1->gemms.size(), 2u);
   EXPECT_EQ(fc1->gemms[0].m, 251);
   EXPECT_EQ(fc1->gemms[0].batch, 2);
-  EXPECT_EQ(fc1->gemms[2].m, 250);
-  EXPECT_EQ(fc1->gemms[2].batch, 6);
+  EXPECT_EQ(fc1->gemms[0].n, 2 * 14336);
+  EXPECT_EQ(fc1->gemms[1].m, 250);
+  EXPECT_EQ(fc1->gemms[1].batch, 6);
   EXPECT_DOUBLE_EQ(fc1->forward.count(), 2.0 * 2 * 2002 * 4096 * 14336);
   // Forward GEMM FLOPs per token (without attention) are 2x the active matmul parameters.
   ParamCounts p = count_params(spec);

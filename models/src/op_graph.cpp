@@ -69,7 +69,7 @@ class Builder {
 
   Bytes elems(double n) const { return Bytes(static_cast<int64_t>(n) * e_); }
 
-  /// A GEMM (or several, e.g. gate and up) owning weights k*n*batch (+ bias n*batch) unless
+  /// A GEMM (or several shapes under one op) owning weights k*n*batch (+ bias n*batch) unless
   /// `owns_weights` is false (tied logits); saves `saved_elems` activations.
   void gemm(std::string name, int layer, std::vector<GemmShape> shapes, bool bias,
             double saved_elems, bool owns_weights = true) {
@@ -121,15 +121,16 @@ class Builder {
   void mlp(const std::string& prefix, int layer,
            const std::vector<std::pair<int64_t, int64_t>>& groups, int64_t h, int64_t f,
            int64_t out, Activation act, bool bias) {
+    // Gated units: gate and up are one GEMM of 2f outputs (Megatron's linear_fc1 is
+    // 2 x ffn_hidden wide for gated linear units), so one kernel reads the input once.
+    const int64_t branches = act == Activation::kSwiglu ? 2 : 1;
     std::vector<GemmShape> fc1, fc2;
     double tokens = 0;
     for (auto [m, batch] : groups) {
-      fc1.push_back({m, f, h, batch});
-      if (act == Activation::kSwiglu) fc1.push_back({m, f, h, batch});  // gate and up
+      fc1.push_back({m, branches * f, h, batch});
       fc2.push_back({m, out, f, batch});
       tokens += static_cast<double>(m) * batch;
     }
-    int64_t branches = act == Activation::kSwiglu ? 2 : 1;
     gemm(prefix + "fc1", layer, std::move(fc1), bias, tokens * h);
     pointwise(prefix + "act", OpKind::kElementwise, layer, branches * tokens * f, tokens * f,
               act == Activation::kSwiglu ? kSwigluFlops : kGeluFlops, branches * tokens * f);
@@ -193,12 +194,18 @@ void add_layer(Builder& b, const TransformerSpec& t, const std::optional<MoeSpec
     const int64_t E = moe->experts, k = moe->top_k, routed = tokens * k;
     b.gemm("router", layer, {{tokens, E, h}}, false, T * h);
     b.pointwise("moe_dispatch", OpKind::kElementwise, layer, T * h, T * k * h, 0, 0);
+    // Megatron's all-to-all dispatcher reorders the tokens it receives from (source rank,
+    // expert) to (expert, source rank) order, a copy of all of them, and back before the
+    // combine (sort_chunks_by_idxs, moe/token_dispatcher.py): work only under expert
+    // parallelism with several local experts (planner's cost model).
+    b.pointwise("moe_sort", OpKind::kElementwise, layer, T * k * h, T * k * h, 0, 0);
     // Expected load, spread as evenly as integers allow: r experts get one token more.
     const int64_t q = routed / E, r = routed % E;
     std::vector<std::pair<int64_t, int64_t>> groups;
     if (r > 0) groups.emplace_back(q + 1, r);
     if (q > 0) groups.emplace_back(q, E - r);
     b.mlp("expert_", layer, groups, h, moe->expert_ffn_hidden, h, t.activation, t.linear_bias);
+    b.pointwise("moe_unsort", OpKind::kElementwise, layer, T * k * h, T * k * h, 0, 0);
     b.pointwise("moe_combine", OpKind::kElementwise, layer, T * k * h, T * h, 2.0 * k, T * k * h);
     if (moe->shared_experts > 0)
       b.mlp("shared_expert_", layer, {{tokens, 1}}, h, moe->shared_experts * moe->expert_ffn_hidden,

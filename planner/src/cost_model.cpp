@@ -60,6 +60,26 @@ int64_t ceil_div(int64_t a, int64_t b) {
 
 using hardware::Precision;
 
+// The dispatcher's reorder of the routed tokens by local expert (the graph's moe_sort and
+// moe_unsort): a copy of this rank's routed tokens, read and written, forward and (the
+// inverse order for the gradient) backward; none without expert parallelism or with one
+// local expert (sort_chunks_by_idxs runs only then). The tokens are those after the EP
+// all-to-all: this rank's sequence slice under SP with whole experts, all its TP group's
+// when the experts are split over TP (gathered first). Elements, or 0 when it does not run.
+bool is_expert_reorder(const models::Op& op) {
+  return op.name == "moe_sort" || op.name == "moe_unsort";
+}
+int64_t expert_reorder_elements(const models::Op& op, const models::OpGraph& g, const Layout& l,
+                                int64_t cp) {
+  int64_t experts = 0;
+  for (const models::Op& o : g.ops)
+    if (o.layer == op.layer && o.name == "expert_fc1")
+      for (const models::GemmShape& s : o.gemms) experts += s.batch;
+  if (l.ep <= 1 || experts / l.ep <= 1) return 0;
+  const int64_t slice = l.sequence_parallel && l.expert_tp() == 1 ? l.tp : 1;
+  return op.read.count() / g.dtype_bytes / (cp * slice);
+}
+
 // FP8 training (Transformer Engine, delayed or current scaling) runs only the GEMMs of its
 // Linear modules in fp8: activations, norms, residuals, the loss and the TP/PP/CP traffic
 // stay bf16, and dot-product attention runs in bf16 (TE's `fp8_dpa` is off by default; NeMo
@@ -91,6 +111,8 @@ constexpr int64_t kCrossEntropyBackwardBytes = 14;
 // unless a preceding LayerNorm writes fp8 itself (LayerNormLinear: qkv, fc1); backward a
 // cast + transpose of the bf16 output gradient (fp8_cast_transpose_bgrad_fused).
 constexpr int64_t kFp8CastTransposeBytes = 4;
+// Current scaling's scale kernel: the amax read, the scale and its inverse written.
+constexpr int64_t kFp8ScaleBytes = 12;
 
 // The TP width an op's GEMM is split over: the routed experts' own (Layout::expert_tp()).
 int gemm_tp(const models::Op& op, const Layout& l) {
@@ -124,33 +146,54 @@ std::vector<models::GemmShape> rank_gemms(const models::Op& op, const models::Op
   return shapes;
 }
 
-bool fp8_input_cast(const models::Op& op) {
-  return op.name == "attn_out" || ends_with(op.name, "fc2");
+// Whether a Linear's FP8 input comes from the norm in front of it: Transformer Engine's
+// LayerNormLinear (qkv) and Megatron's TELayerNormColumnParallelLinear fc1 of a dense MLP
+// write the norm's output in FP8 themselves. A MoE layer's pre-MLP norm is a module of its
+// own (Megatron's layer spec: pre_mlp_layernorm = TENorm with experts), and the routed and
+// shared experts' fc1 take the permuted or normed bf16 tokens, which they quantise.
+bool norm_writes_fp8_input(const models::Op& op) {
+  return op.name == "qkv" || op.name == "mlp_fc1";
 }
 
-// FP8 current scaling (Fp8Recipe::kTensorwise, TE's Float8CurrentScalingQuantizer,
-// pytorch/csrc/quantizer.cpp): a tensor's amax is a pass of its own (read 2 bytes per
-// element) before the cast, where delayed scaling finds it inside the cast kernel. Extra
-// bytes for one local GEMM `s` of a layer's Linear module, beyond what delayed scaling
-// costs here. Forward: the norm in front of qkv / fc1 can no longer write fp8 itself; it
-// writes bf16 (its amax fused, TE >= 2.7) and a cast + transpose follows (read 2, write
-// 1 + 1) on its local input, which sequence parallelism shards by tp before the fp8
-// all-gather; other inputs get the amax pass (fc2's comes fused with the activation
-// kernel, nothing extra). Backward: the amax pass before each output gradient's cast.
-struct Fp8Extra {
-  int64_t forward = 0, backward = 0;
+// The quantise kernels Transformer Engine runs around one FP8 Linear GEMM group `s` of
+// a layer (its s.batch local experts for a grouped linear), forward and backward.
+// Delayed scaling: one fused cast + transpose (read 2, write 1 + 1 bytes per element) of
+// the bf16 input unless the norm writes it (norm_writes_fp8_input), and one of the output
+// gradient; a grouped linear's experts share one multi-tensor kernel
+// (nvte_multi_cast_transpose, transformer_engine/pytorch/csrc/extensions/cast.cpp:
+// "only have fused kernel for FP8 delayed scaling").
+// Current scaling (Fp8Recipe::kTensorwise, Float8CurrentScalingQuantizer, csrc/quantizer.cpp)
+// quantises each tensor with three kernels: its amax (a pass of its own, read 2 bytes per
+// element), the scale from it (a few bytes), the cast + transpose; and a grouped linear
+// quantises each expert's tensor on its own (the same file's non-fused branch), so its
+// experts pay three kernels each. Forward: the norm in front of qkv / a dense fc1 can no
+// longer write fp8 itself; it writes bf16 (its amax fused, TE >= 2.7) and a cast + transpose
+// follows on its local input, which sequence parallelism shards by tp before the fp8
+// all-gather; a dense fc2's amax comes fused with the activation kernel. Backward: the
+// output gradient's amax, scale and cast + transpose.
+struct Fp8Kernels {
+  std::vector<sim::Kernel> forward, backward;
 };
-Fp8Extra fp8_current_scaling_bytes(const models::Op& op, const models::GemmShape& s,
-                                   const Layout& l) {
-  Fp8Extra x;
-  if (l.fp8_recipe != Fp8Recipe::kTensorwise) return x;
-  const bool after_norm = op.name == "qkv" || (ends_with(op.name, "fc1") && !is_expert(op));
-  if (after_norm)
-    x.forward = kFp8CastTransposeBytes * s.m * s.k * s.batch / (l.sequence_parallel ? l.tp : 1);
-  else if (!ends_with(op.name, "fc2"))
-    x.forward = 2 * s.m * s.k * s.batch;
-  x.backward = 2 * s.m * s.n * s.batch;
-  return x;
+Fp8Kernels fp8_quantize_kernels(const models::Op& op, const models::GemmShape& s, const Layout& l) {
+  Fp8Kernels q;
+  const bool current = l.fp8_recipe == Fp8Recipe::kTensorwise;
+  const int64_t tensors = current && is_expert(op) ? s.batch : 1;
+  // One quantisation of `elements` (all tensors together): each tensor's kernels in turn.
+  auto quantise = [&](std::vector<sim::Kernel>& out, int64_t elements, bool amax_pass) {
+    const int64_t each = elements / tensors;
+    for (int64_t i = 0; i < tensors; ++i) {
+      if (current && amax_pass) out.push_back(sim::memory_kernel(2 * each));
+      if (current) out.push_back(sim::memory_kernel(kFp8ScaleBytes));
+      out.push_back(sim::memory_kernel(kFp8CastTransposeBytes * each));
+    }
+  };
+  const int64_t input = s.m * s.k * s.batch, grad = s.m * s.n * s.batch;
+  if (!norm_writes_fp8_input(op))
+    quantise(q.forward, input, op.name != "mlp_fc2");
+  else if (current)  // the norm's output, cast after it (its amax fused in the norm)
+    quantise(q.forward, input / (l.sequence_parallel ? l.tp : 1), false);
+  quantise(q.backward, grad, true);
+  return q;
 }
 
 // The memory-bound work Transformer Engine's P2P ring attention (AttnFuncWithCPAndKVP2P,
@@ -216,13 +259,10 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
         c.dgrad += dev.gemm_time(ceil_div(s.m, chunks.dgrad), s.k, s.n, s.batch, gp) * chunks.dgrad;
         c.wgrad += dev.gemm_time(s.k, s.n, s.m, s.batch, gp);
         if (gp == Precision::kFp8 && is_fp8_linear(op)) {
-          if (fp8_input_cast(op))
-            c.forward +=
-                dev.memory_kernel_time(Bytes(kFp8CastTransposeBytes * s.m * s.k * s.batch));
-          c.dgrad += dev.memory_kernel_time(Bytes(kFp8CastTransposeBytes * s.m * s.n * s.batch));
-          const Fp8Extra x = fp8_current_scaling_bytes(op, s, l);
-          c.forward += dev.memory_kernel_time(Bytes(x.forward));  // zero bytes: no kernel
-          c.dgrad += dev.memory_kernel_time(Bytes(x.backward));
+          const Fp8Kernels q = fp8_quantize_kernels(op, s, l);
+          for (const sim::Kernel& k : q.forward)
+            c.forward += dev.memory_kernel_time(Bytes(k.bytes));
+          for (const sim::Kernel& k : q.backward) c.dgrad += dev.memory_kernel_time(Bytes(k.bytes));
         }
       }
       const double per_rank = shard * static_cast<double>(cp);
@@ -292,6 +332,12 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
       break;
     }
     default: {
+      if (is_expert_reorder(op)) {
+        const Bytes copy =
+            Bytes(2 * expert_reorder_elements(op, g, l, cp) * activation_bytes(g, p));
+        c.forward = c.dgrad = dev.memory_kernel_time(copy);
+        break;
+      }
       int64_t shard = cp;
       if (pointwise_tp_sharded(op, l, g.kind)) shard *= l.tp;
       const Bytes traffic =
@@ -490,12 +536,9 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
         k.dgrad.push_back(sim::gemm_kernel(s.m, s.k, s.n, s.batch, elem(gp)));
         k.wgrad.push_back(sim::gemm_kernel(s.k, s.n, s.m, s.batch, elem(gp)));
         if (gp == Precision::kFp8 && is_fp8_linear(op)) {
-          if (fp8_input_cast(op))
-            k.forward.push_back(sim::memory_kernel(kFp8CastTransposeBytes * s.m * s.k * s.batch));
-          k.dgrad.push_back(sim::memory_kernel(kFp8CastTransposeBytes * s.m * s.n * s.batch));
-          const Fp8Extra x = fp8_current_scaling_bytes(op, s, l);
-          if (x.forward > 0) k.forward.push_back(sim::memory_kernel(x.forward));
-          if (x.backward > 0) k.dgrad.push_back(sim::memory_kernel(x.backward));
+          const Fp8Kernels q = fp8_quantize_kernels(op, s, l);
+          k.forward.insert(k.forward.end(), q.forward.begin(), q.forward.end());
+          k.dgrad.insert(k.dgrad.end(), q.backward.begin(), q.backward.end());
         }
       }
       break;
@@ -556,6 +599,11 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
       break;
     }
     default: {
+      if (is_expert_reorder(op)) {
+        const int64_t copy = 2 * expert_reorder_elements(op, g, l, cp) * activation_bytes(g, p);
+        if (copy > 0) k.forward = k.dgrad = {sim::memory_kernel(copy)};
+        break;
+      }
       int64_t shard = cp;
       if (pointwise_tp_sharded(op, l, g.kind)) shard *= l.tp;
       const int64_t traffic =

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <set>
 
 #include "hetpar/hardware/system_profile.h"
 #include "hetpar/models/load.h"
@@ -145,10 +146,10 @@ TEST(CostModel, MoeLayerUnderSequenceParallelGathersThePermutedTokens) {
   const OpKernels k =
       op_kernels(op_named(g, "expert_fc1"), g, folded, true, hardware::Precision::kBf16);
   ASSERT_FALSE(k.forward.empty());
-  EXPECT_EQ(k.forward[0].n, 14336);  // the gate GEMM whole; split over etp = tp 2, half
+  EXPECT_EQ(k.forward[0].n, 2 * 14336);  // gate and up whole; split over etp = tp 2, half
   EXPECT_EQ(
       op_kernels(op_named(g, "expert_fc1"), g, l, true, hardware::Precision::kBf16).forward[0].n,
-      14336 / 2);
+      14336);
   EXPECT_NEAR(layer_total(f).forward_flops / layer_total(m).forward_flops, 1.0, 1e-9);
   // Per rank: one whole expert of eight, as many weights as two halves of experts / 4.
   EXPECT_EQ(f.layer.expert.all, m.layer.expert.all);
@@ -258,10 +259,13 @@ TEST(CostModel, ContextParallelAttentionPaysTheRingsCorrections) {
   EXPECT_EQ(op_kernels(attn, f.g, none, true, hardware::Precision::kBf16).forward.size(), 1u);
 }
 
-// FP8 current scaling (tensorwise) adds, per Linear GEMM: forward, the cast the norm can no
-// longer fuse in front of qkv / fc1 (4 bytes per element of the local input, sharded by tp
-// under SP) or the amax pass before attn_out's cast (2 bytes); fc2 nothing; backward, the
-// amax pass before each output gradient's cast (2 bytes). GPT-3 175B, tp 8 with SP.
+// FP8 current scaling (tensorwise) quantises each tensor with three kernels (amax, scale,
+// cast + transpose) where delayed scaling runs the cast alone. Per Linear GEMM: forward, the
+// cast the norm can no longer fuse in front of qkv / fc1 (4 bytes per element of the local
+// input, sharded by tp under SP) and its scale kernel, or attn_out's amax pass (2 bytes) and
+// scale kernel before its cast; fc2 (amax fused with the activation) the scale kernel;
+// backward, the amax pass and scale kernel before each output gradient's cast (2 bytes).
+// GPT-3 175B, tp 8 with SP.
 TEST(CostModel, Fp8CurrentScalingAddsTheAmaxPasses) {
   Fixture f = gpt(1, true, 1, "dgx-h100");
   Layout delayed;
@@ -269,31 +273,117 @@ TEST(CostModel, Fp8CurrentScalingAddsTheAmaxPasses) {
   delayed.sequence_parallel = true;
   Layout current = delayed;
   current.fp8_recipe = Fp8Recipe::kTensorwise;
-  const int64_t t = 2048, h = 12288;
-  const std::map<std::string, std::pair<int64_t, int64_t>> extra = {
-      {"qkv", {4 * t * h / 8, 2 * t * 3 * h / 8}},
-      {"attn_out", {2 * t * h / 8, 2 * t * h}},
-      {"mlp_fc1", {4 * t * h / 8, 2 * t * 4 * h / 8}},
-      {"mlp_fc2", {0, 2 * t * h}}};
+  const int64_t t = 2048, h = 12288, scale = 12;
+  // Per op: the kernels current scaling adds forward and backward, as their bytes.
+  using Bytes2 = std::vector<int64_t>;
+  const std::map<std::string, std::pair<Bytes2, Bytes2>> extra = {
+      {"qkv", {{scale, 4 * t * h / 8}, {2 * t * 3 * h / 8, scale}}},
+      {"attn_out", {{2 * t * h / 8, scale}, {2 * t * h, scale}}},
+      {"mlp_fc1", {{scale, 4 * t * h / 8}, {2 * t * 4 * h / 8, scale}}},
+      {"mlp_fc2", {{scale}, {2 * t * h, scale}}}};
+  // The kernels of `b` not in `a` (memory kernels by size), in b's order.
+  auto added = [](const std::vector<sim::Kernel>& a, const std::vector<sim::Kernel>& b) {
+    std::multiset<int64_t> left;
+    for (const sim::Kernel& k : a) left.insert(k.kind == sim::KernelKind::kMemory ? k.bytes : -1);
+    Bytes2 out;
+    for (const sim::Kernel& k : b) {
+      auto it = left.find(k.kind == sim::KernelKind::kMemory ? k.bytes : -1);
+      if (it != left.end())
+        left.erase(it);
+      else
+        out.push_back(k.bytes);
+    }
+    return out;
+  };
   for (const auto& [name, bytes] : extra) {
     const models::Op& op = op_named(f.g, name);
     const OpKernels a = op_kernels(op, f.g, delayed, true, hardware::Precision::kFp8);
     const OpKernels b = op_kernels(op, f.g, current, true, hardware::Precision::kFp8);
-    EXPECT_EQ(b.forward.size() - a.forward.size(), bytes.first > 0 ? 1u : 0u) << name;
-    if (bytes.first > 0) {
-      EXPECT_EQ(b.forward.back().bytes, bytes.first) << name;
-    }
-    ASSERT_EQ(b.dgrad.size() - a.dgrad.size(), 1u) << name;
-    EXPECT_EQ(b.dgrad.back().bytes, bytes.second) << name;
+    EXPECT_EQ(added(a.forward, b.forward), bytes.first) << name;
+    EXPECT_EQ(added(a.dgrad, b.dgrad), bytes.second) << name;
     const PassCost ca = op_cost(op, f.g, delayed, true, f.dev, hardware::Precision::kFp8);
     const PassCost cb = op_cost(op, f.g, current, true, f.dev, hardware::Precision::kFp8);
-    EXPECT_EQ(cb.dgrad - ca.dgrad, f.dev.memory_kernel_time(Bytes(bytes.second))) << name;
+    EXPECT_EQ(cb.dgrad - ca.dgrad, f.dev.memory_kernel_time(Bytes(bytes.second[0])) +
+                                       f.dev.memory_kernel_time(Bytes(scale)))
+        << name;
   }
   // The logits GEMM (bf16) and the norms are untouched.
   for (std::string_view name : {"logits", "attn_norm"})
     EXPECT_EQ(
         op_cost(op_named(f.g, name), f.g, current, true, f.dev, hardware::Precision::kFp8).forward,
         op_cost(op_named(f.g, name), f.g, delayed, true, f.dev, hardware::Precision::kFp8).forward);
+}
+
+// Mixtral 8x7B (8 experts, top 2, h 4096) over one sequence of 4096 tokens.
+models::OpGraph mixtral_layer_graph() {
+  auto spec = models::load_zoo_module("mixtral-8x7b");
+  EXPECT_TRUE(spec.is_ok());
+  models::ModuleInput in;
+  in.micro_batch = 1;
+  in.seq_len = 4096;
+  return models::build_op_graph(*spec, in);
+}
+
+// FP8 grouped experts (Transformer Engine's GroupedLinear): fc1 quantises the permuted
+// tokens itself (a MoE layer's norm is a module of its own), so both expert linears cast
+// their input. Delayed scaling casts all local experts in one multi-tensor kernel; current
+// scaling quantises each expert on its own, three kernels apiece. Mixtral 8x7B, ep 2: four
+// local experts.
+TEST(CostModel, Fp8GroupedExpertsQuantiseEachExpertUnderCurrentScaling) {
+  const models::OpGraph g = mixtral_layer_graph();
+  Layout delayed;
+  delayed.ep = 2;
+  delayed.dp = 2;
+  Layout current = delayed;
+  current.fp8_recipe = Fp8Recipe::kTensorwise;
+  auto memory_kernels = [](const std::vector<sim::Kernel>& ks) {
+    int n = 0;
+    for (const sim::Kernel& k : ks) n += k.kind == sim::KernelKind::kMemory ? 1 : 0;
+    return n;
+  };
+  for (std::string_view name : {"expert_fc1", "expert_fc2"}) {
+    const models::Op& op = op_named(g, name);
+    const OpKernels d = op_kernels(op, g, delayed, true, hardware::Precision::kFp8);
+    const OpKernels c = op_kernels(op, g, current, true, hardware::Precision::kFp8);
+    EXPECT_EQ(memory_kernels(d.forward), 1) << name;  // one fused cast of every expert
+    EXPECT_EQ(memory_kernels(d.dgrad), 1) << name;
+    EXPECT_EQ(memory_kernels(c.forward), 3 * 4) << name;  // amax, scale, cast per expert
+    EXPECT_EQ(memory_kernels(c.dgrad), 3 * 4) << name;
+    // The same cast bytes either way: the input of all 4 experts, 4 bytes per element.
+    const sim::Kernel& gemm = d.forward[0];
+    EXPECT_EQ(d.forward[1].bytes, 4 * gemm.m * gemm.k * gemm.batch) << name;
+  }
+}
+
+// Megatron's all-to-all dispatcher reorders the tokens it receives by local expert and back
+// before the combine (sort_chunks_by_idxs): a copy of the routed tokens each way, forward and
+// backward, only under expert parallelism with several local experts. Mixtral 8x7B (top 2).
+TEST(CostModel, ExpertParallelDispatcherReordersTheReceivedTokens) {
+  const models::OpGraph g = mixtral_layer_graph();
+  const hardware::DeviceProfile dev = hardware::load_profile("dgx-h100")->gpu;
+  Layout l;
+  l.ep = 2;
+  l.dp = 2;
+  const int64_t copy = 2 * 4096 * 2 * 4096 * 2;  // read + write, tokens x top 2 x h, bf16
+  for (std::string_view name : {"moe_sort", "moe_unsort"}) {
+    const models::Op& op = op_named(g, name);
+    const OpKernels k = op_kernels(op, g, l, true, hardware::Precision::kBf16);
+    ASSERT_EQ(k.forward.size(), 1u) << name;
+    EXPECT_EQ(k.forward[0].bytes, copy) << name;
+    ASSERT_EQ(k.dgrad.size(), 1u) << name;
+    EXPECT_EQ(k.dgrad[0].bytes, copy) << name;
+    const PassCost c = op_cost(op, g, l, true, dev, hardware::Precision::kBf16);
+    EXPECT_EQ(c.forward, dev.memory_kernel_time(Bytes(copy))) << name;
+    EXPECT_EQ(c.dgrad, c.forward) << name;
+    // No expert parallelism, or one expert per rank: nothing to reorder.
+    for (int ep : {1, 8}) {
+      Layout o = l;
+      o.ep = ep;
+      o.dp = ep;
+      EXPECT_TRUE(op_kernels(op, g, o, true, hardware::Precision::kBf16).forward.empty()) << ep;
+      EXPECT_EQ(op_cost(op, g, o, true, dev, hardware::Precision::kBf16).forward, Time::zero());
+    }
+  }
 }
 
 // All-gather CP (cp_comm all_gather, TE's AttnFuncWithCPAndKVAllGather): two calls per rank,
