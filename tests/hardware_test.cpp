@@ -390,6 +390,16 @@ TEST(ProfileJson, RejectsBadProfilesNamingTheField) {
          j["gpu"]["attention"]["fwd_seq_scale"] = {{512.5, 0.9}};
        },
        "gpu.attention.fwd_seq_scale: sequence lengths must be positive integers"},
+      {"descending size scale",
+       [](nlohmann::json& j) {
+         j["collectives"][0]["size_scale"] = {{1 << 26, 0.8}, {1 << 24, 0.7}};
+       },
+       "collectives.intra_node.all_reduce.size_scale[1]: message sizes must be strictly ascending"},
+      {"fractional message size",
+       [](nlohmann::json& j) {
+         j["collectives"][0]["size_scale"] = {{1.5, 0.8}};
+       },
+       "collectives[0].size_scale: message sizes must be positive integers"},
       {"unknown collective",
        [](nlohmann::json& j) { j["collectives"][2]["op"] = "all_reduce_scatter"; },
        "collectives[2].op: unknown value \"all_reduce_scatter\""},

@@ -722,6 +722,45 @@ TEST(SimulateTest, CopyEngineCollectivesLeaveComputeAloneAndPayNoNcclLatency) {
   }
 }
 
+// CollectiveConfig's size scale: an NCCL collective of S bytes whose scope's curve gives
+// factor f at S moves its flows at f of their rate (S / f bytes), and pays its latency as
+// before; a copy-engine collective, a P2P and a kind without a curve keep their time. Here
+// the curve is 0.5 at S / 2 and 1 at 2 S: 0.75 at S (log2-interpolated).
+TEST(SimulateTest, SizeScaleSlowsNcclCollectivesOfMidSizeMessages) {
+  Network net = single_switch_network(2, kB, Time::zero());
+  const auto grp = ranks(2);
+  const Bytes s = Bytes::GB(0.5);
+  auto run = [&](bool scaled, bool copy_engine, CollectiveKind kind) {
+    TaskGraph g;
+    const TaskId t =
+        g.add_collective({.kind = kind, .group = grp, .bytes = s, .copy_engine = copy_engine});
+    SimOptions o;
+    o.record_tasks = true;
+    if (scaled)
+      o.collectives.intra_node_size_scale[static_cast<size_t>(CollectiveKind::kAllReduce)] = {
+          {s.count() / 2, 0.5}, {2 * s.count(), 1.0}};
+    return simulate(g, net, o)->tasks[t.value()].end;
+  };
+  const Time latency =
+      collective_pattern(CollectiveKind::kAllReduce, Algorithm::kRing, grp, RankId(0), net, {})
+          .latency;
+  const Time plain = run(false, false, CollectiveKind::kAllReduce);
+  const Time scaled = run(true, false, CollectiveKind::kAllReduce);
+  EXPECT_NEAR((scaled - latency).to_seconds() / (plain - latency).to_seconds(), 1 / 0.75, 1e-6);
+  EXPECT_EQ(run(true, true, CollectiveKind::kAllReduce),
+            run(false, true, CollectiveKind::kAllReduce));
+  EXPECT_EQ(run(true, false, CollectiveKind::kAllGather),
+            run(false, false, CollectiveKind::kAllGather));
+  // The inter-node curve does not reach a group inside one node.
+  TaskGraph g;
+  const TaskId t = g.add_collective({.group = grp, .bytes = s});
+  SimOptions o;
+  o.record_tasks = true;
+  o.collectives.inter_node_size_scale[static_cast<size_t>(CollectiveKind::kAllReduce)] = {
+      {s.count(), 0.5}};
+  EXPECT_EQ(simulate(g, net, o)->tasks[t.value()].end, plain);
+}
+
 TEST(SimulateTest, CollectivesSlowTheComputeTheyOverlap) {
   // 10 ms of compute on rank 0 beside an all-reduce of d on ranks 0 and 1, slowdown 0.5:
   // the compute does d / 1.5 of its work while the collective runs, the rest at full

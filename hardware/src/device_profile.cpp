@@ -113,16 +113,7 @@ double DeviceProfile::gemm_efficiency(int64_t m, int64_t n, int64_t k, int64_t b
 }
 
 double DeviceProfile::curve_factor(const std::vector<CurvePoint>& curve, int64_t at) {
-  if (curve.empty() || at <= 0) return 1.0;
-  if (at <= curve.front().at) return curve.front().factor;
-  if (at >= curve.back().at) return curve.back().factor;
-  size_t i = 1;
-  while (curve[i].at < at) ++i;
-  const CurvePoint& lo = curve[i - 1];
-  const CurvePoint& hi = curve[i];
-  const double t = std::log2(static_cast<double>(at) / static_cast<double>(lo.at)) /
-                   std::log2(static_cast<double>(hi.at) / static_cast<double>(lo.at));
-  return lo.factor + t * (hi.factor - lo.factor);
+  return hetpar::curve_factor(curve, at);
 }
 
 Time DeviceProfile::attention_time(Flops flops, Precision p, bool backward, int64_t seq_kv) const {

@@ -76,7 +76,8 @@ bool is_whole(double v) {
 void read_curve(JsonReader& r, std::string_view key, std::string_view column,
                 std::string_view sizes, std::vector<CurvePoint>& out) {
   for (const auto& row : read_rows(r, key, 2, fmt::format("[{}, factor]", column))) {
-    if (!is_whole(row[0]) || row[0] < 1) {
+    // Sizes may be bytes (collectives' messages up to GiBs): whole numbers below 2^53.
+    if (row[0] != std::floor(row[0]) || row[0] < 1 || row[0] > 9e15) {
       r.fail(key, fmt::format("{} must be positive integers, got {}", sizes, row[0]));
       return;
     }
@@ -196,6 +197,7 @@ void read_collectives(JsonReader& r, std::vector<CollectiveFigure>& out) {
       }
       f.busbw.emplace_back(static_cast<int>(row[0]), from_GBps(row[1]));
     }
+    if (c.has("size_scale")) read_curve(c, "size_scale", "bytes", "message sizes", f.size_scale);
     c.finish();
     if (c.ok()) {
       f.scope = *parse_collective_scope(scope);
@@ -353,11 +355,14 @@ nlohmann::json profile_to_json(const SystemProfile& p) {
   };
   if (p.wan) j["wan"] = wan_to_json(*p.wan);
   nlohmann::json colls = nlohmann::json::array();
-  for (const CollectiveFigure& f : p.collectives)
-    colls.push_back({{"scope", to_string(f.scope)},
-                     {"op", to_string(f.op)},
-                     {"alpha_us", to_us(f.alpha)},
-                     {"busbw_GBps", rows_json(f.busbw)}});
+  for (const CollectiveFigure& f : p.collectives) {
+    nlohmann::json c = {{"scope", to_string(f.scope)},
+                        {"op", to_string(f.op)},
+                        {"alpha_us", to_us(f.alpha)},
+                        {"busbw_GBps", rows_json(f.busbw)}};
+    if (!f.size_scale.empty()) c["size_scale"] = curve_json(f.size_scale);
+    colls.push_back(std::move(c));
+  }
   j["collectives"] = colls;
   return j;
 }

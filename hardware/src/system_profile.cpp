@@ -219,6 +219,7 @@ Status validate_profile(const SystemProfile& p) {
         c.fail(at, "group sizes must increase");
       c.positive(at, fig.busbw[i].second.to_GBps());
     }
+    check_curve(c, key + ".size_scale", fig.size_scale, "message sizes");
   }
   for (CollectiveScope scope : kAllScopes) {
     if (scope == CollectiveScope::kIntraNode && p.gpus_per_node == 1) continue;
@@ -267,6 +268,7 @@ std::vector<std::string> missing_provenance(const SystemProfile& p) {
   for (const CollectiveFigure& f : p.collectives) {
     fields.push_back(collective_key(f) + ".alpha_us");
     fields.push_back(collective_key(f) + ".busbw_GBps");
+    if (!f.size_scale.empty()) fields.push_back(collective_key(f) + ".size_scale");
   }
   auto covered = [&](std::string field) {
     for (;;) {

@@ -115,6 +115,34 @@ sim::CollectiveConfig collective_config(const hardware::ClusterSpec& cluster) {
   cfg.intra_hop = intra;
   cfg.ring_inter_hop = ring_inter;
   cfg.tree_inter_hop = tree_inter;
+  // NCCL's ramp over message sizes, from the first node group's profile (its collectives'
+  // size_scale); sim's reduce has no figure of its own and keeps none.
+  const hardware::SystemProfile& first = cluster.groups().front().profile;
+  for (const hardware::CollectiveFigure& f : first.collectives) {
+    sim::CollectiveKind kind = sim::CollectiveKind::kAllReduce;
+    switch (f.op) {
+      case Collective::kAllReduce:
+        kind = sim::CollectiveKind::kAllReduce;
+        break;
+      case Collective::kAllGather:
+        kind = sim::CollectiveKind::kAllGather;
+        break;
+      case Collective::kReduceScatter:
+        kind = sim::CollectiveKind::kReduceScatter;
+        break;
+      case Collective::kAllToAll:
+        kind = sim::CollectiveKind::kAllToAll;
+        break;
+      case Collective::kBroadcast:
+        kind = sim::CollectiveKind::kBroadcast;
+        break;
+      case Collective::kSendRecv:
+        continue;
+    }
+    auto& scales = f.scope == CollectiveScope::kIntraNode ? cfg.intra_node_size_scale
+                                                          : cfg.inter_node_size_scale;
+    scales[static_cast<size_t>(kind)] = f.size_scale;
+  }
   return cfg;
 }
 

@@ -25,7 +25,16 @@ struct Plan {
   std::vector<double> weights;   // parallel to links; empty when all 1
   double seconds_per_byte = 0;
   std::vector<Time> p2p_latency;  // P2P: per flow, its route's latency
+  // Collective: its kind's size scale for its group's scope (CollectiveConfig), or null.
+  const std::vector<CurvePoint>* size_scale = nullptr;
 };
+
+// Bytes the flows of `task` move per byte of its size: 1 / the size scale's factor at its
+// size for NCCL's collectives (CollectiveConfig::*_size_scale), 1 for P2P and copy engines.
+double wire_bytes_per_byte(const Plan& p, const Task& task) {
+  if (!p.size_scale || task.kind != TaskKind::kCollective || task.copy_engine) return 1.0;
+  return 1.0 / curve_factor(*p.size_scale, task.bytes.count());
+}
 
 // What a task pays after its last flow is delivered: a collective's NCCL latency, unless
 // copy engines move it (CollectiveSpec::copy_engine); P2P pays its routes' latencies in
@@ -184,7 +193,8 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
   struct Isolated {
     const Plan* plan = nullptr;
     Bytes bytes;
-    Time time;  // of the flows, without the collective's tail latency
+    bool copy_engine = false;  // the size scale applies only to NCCL's collectives
+    Time time;                 // of the flows, without the collective's tail latency
   };
   std::unordered_map<uint64_t, Isolated> isolated_;
   struct LastDelivery final : FlowNetwork::Observer {
@@ -600,6 +610,13 @@ const Plan& Engine::plan(const Task& task, Algorithm algorithm) {
   p.route_begin.push_back(0);
   for (const CollectiveFlow& f : pattern.flows) add_flow(p, f.src, f.dst, f.share);
   p.seconds_per_byte = idle_seconds_per_byte(p.pattern, net_);
+  std::span<const RankId> members = g_.group(task.group);
+  bool one_node = true;
+  for (RankId r : members) one_node = one_node && net_.node_of(r) == net_.node_of(members[0]);
+  const auto& scales =
+      one_node ? opt_.collectives.intra_node_size_scale : opt_.collectives.inter_node_size_scale;
+  const std::vector<CurvePoint>& scale = scales[static_cast<size_t>(task.collective)];
+  if (!scale.empty()) p.size_scale = &scale;
   if (opt_.bundle_flows) bundle_flows(p);
   weigh(p, task, algorithm);
   return p;
@@ -638,7 +655,8 @@ const Plan& Engine::resolve(int32_t t) {
     algorithm = Algorithm::kRing;
     if (auto_considers_tree(task.collective, g_.group(task.group), net_)) {
       auto predicted = [&](const Plan& p) {
-        return p.pattern.latency + Time::seconds(task.bytes.as_double() * p.seconds_per_byte);
+        return p.pattern.latency + Time::seconds(task.bytes.as_double() * p.seconds_per_byte *
+                                                 wire_bytes_per_byte(p, task));
       };
       const Time tree = predicted(plan(task, Algorithm::kTree));
       if (tree < predicted(plan(task, Algorithm::kRing))) algorithm = Algorithm::kTree;
@@ -652,8 +670,10 @@ const Plan& Engine::resolve(int32_t t) {
 int32_t Engine::launch(const Plan& p, const Task& task, uint32_t cookie, FlowNetwork& fn) {
   const bool p2p = task.kind == TaskKind::kP2P;
   const size_t n = p.route_begin.size() - 1;
+  const double wire = wire_bytes_per_byte(p, task);
   for (size_t i = 0; i < n; ++i) {
-    const Bytes bytes = p2p ? task.bytes : Bytes(std::llround(p.share[i] * task.bytes.as_double()));
+    const Bytes bytes =
+        p2p ? task.bytes : Bytes(std::llround(p.share[i] * task.bytes.as_double() * wire));
     std::span<const LinkId> route(p.links.data() + p.route_begin[i],
                                   p.links.data() + p.route_begin[i + 1]);
     std::span<const double> weights;
@@ -668,17 +688,19 @@ int32_t Engine::launch(const Plan& p, const Task& task, uint32_t cookie, FlowNet
 // the shared one gives it when nothing else uses its links (rates are solved per connected
 // component, and times are relative to the start).
 Time Engine::isolated_time(const Plan& p, const Task& task) {
-  const uint64_t key = reinterpret_cast<uintptr_t>(&p) * 0x9E3779B97F4A7C15ULL ^
-                       static_cast<uint64_t>(task.bytes.count());
+  const uint64_t key = (reinterpret_cast<uintptr_t>(&p) * 0x9E3779B97F4A7C15ULL ^
+                        static_cast<uint64_t>(task.bytes.count())) +
+                       (task.copy_engine ? 1 : 0);
   auto [it, fresh] = isolated_.try_emplace(key);
-  if (!fresh && it->second.plan == &p && it->second.bytes == task.bytes)
+  if (!fresh && it->second.plan == &p && it->second.bytes == task.bytes &&
+      it->second.copy_engine == task.copy_engine)
     return it->second.time + tail_latency(p, task);
   const Time begin = iso_queue_.now();
   iso_.last = begin;
   launch(p, task, 0, iso_flows_);
   iso_queue_.run();
   const Time flows = iso_.last - begin;
-  if (fresh) it->second = {&p, task.bytes, flows};
+  if (fresh) it->second = {&p, task.bytes, task.copy_engine, flows};
   return flows + tail_latency(p, task);
 }
 

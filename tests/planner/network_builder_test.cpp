@@ -45,13 +45,40 @@ TEST(NetworkBuilder, RingCollectivesReachTheProfilesBusBandwidth) {
       prof.collective(hardware::CollectiveScope::kIntraNode, hardware::Collective::kAllGather)
           .bus_bandwidth(8)
           .to_GBps();
-  EXPECT_NEAR(busbw_GBps(c, sim::CollectiveKind::kAllGather, range(0, 8)), intra, 0.01 * intra);
-  EXPECT_NEAR(busbw_GBps(c, sim::CollectiveKind::kAllReduce, range(0, 8)), intra, 0.01 * intra);
+  // At 1 GiB NCCL's ramp (the collectives' size_scale) is nearly done: intra-node rings
+  // reach that factor of the profile's bus bandwidth.
+  auto ramp = [&](hardware::Collective op) {
+    return curve_factor(prof.collective(hardware::CollectiveScope::kIntraNode, op).size_scale,
+                        Bytes::GiB(1).count());
+  };
+  const double ag = intra * ramp(hardware::Collective::kAllGather);
+  const double ar = intra * ramp(hardware::Collective::kAllReduce);
+  EXPECT_GT(ag, 0.95 * intra);
+  EXPECT_NEAR(busbw_GBps(c, sim::CollectiveKind::kAllGather, range(0, 8)), ag, 0.01 * ag);
+  EXPECT_NEAR(busbw_GBps(c, sim::CollectiveKind::kAllReduce, range(0, 8)), ar, 0.01 * ar);
   const double inter =
       prof.collective(hardware::CollectiveScope::kInterNode, hardware::Collective::kAllReduce)
           .bus_bandwidth(4)
           .to_GBps();
   EXPECT_NEAR(busbw_GBps(c, sim::CollectiveKind::kAllReduce, range(0, 32)), inter, 0.01 * inter);
+}
+
+// A mid-size all_gather inside a DGX H100 takes what nccl-tests measures, not the large
+// message's rate: 64 MiB over 8 GPUs ran in 210.89 us (together-nccl-tests, the profile's
+// size_scale source), against 173 us at the 8 GiB rate.
+TEST(NetworkBuilder, MidSizeCollectivesTakeTheMeasuredTime) {
+  auto c = cluster(R"({"profile": "dgx-h100", "nodes": 1})");
+  sim::Network net = build_network(c);
+  sim::TaskGraph g;
+  g.add_collective(
+      {sim::CollectiveKind::kAllGather, range(0, 8), Bytes::MiB(64), 0, sim::Algorithm::kRing});
+  sim::SimOptions o;
+  o.collectives = collective_config(c);
+  auto r = sim::simulate(g, net, o);
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_NEAR(r->makespan.to_us(), 210.89, 0.02 * 210.89);
+  o.collectives.intra_node_size_scale = {};
+  EXPECT_NEAR(sim::simulate(g, net, o)->makespan.to_us(), 173.3, 2.0);
 }
 
 TEST(NetworkBuilder, PointToPointPaysTheSendRecvAlpha) {

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "hetpar/core/curve.h"
 #include "hetpar/core/units.h"
 #include "hetpar/hardware/precision.h"
 
@@ -38,14 +39,11 @@ struct GemmTile {
 /// the FlashAttention benchmark convention over the 2x forward model FLOPs).
 inline constexpr double kFlashBackwardWork = 2.5 / 2.0;
 
-/// One point of an efficiency curve: at size `at` a kernel runs at `factor` times the
-/// profile's reference efficiency. Attention: `at` = key/value tokens per call, against the
-/// long-sequence efficiency; GEMMs: `at` = the reduction length K, against eta_max.
-struct CurvePoint {
-  int64_t at = 0;
-  double factor = 1.0;
-  bool operator==(const CurvePoint&) const = default;
-};
+/// One point of an efficiency curve (core/curve.h): at size `at` a kernel runs at `factor`
+/// times the profile's reference efficiency. Attention: `at` = key/value tokens per call,
+/// against the long-sequence efficiency; GEMMs: `at` = the reduction length K, against
+/// eta_max; collectives (system_profile.h): `at` = the message's bytes.
+using hetpar::CurvePoint;
 
 /// One measured GEMM (batch 1, m x k times k x n) and the rate it ran at.
 struct GemmMeasurement {

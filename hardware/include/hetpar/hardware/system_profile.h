@@ -110,6 +110,9 @@ struct CollectiveFigure {
   Time alpha;  // latency of a tiny call
   /// (group size, bus bandwidth), sorted by group size, at least one entry.
   std::vector<std::pair<int, Bandwidth>> busbw;
+  /// How much of `busbw` a message of `at` bytes (nccl-tests size) reaches once `alpha` is
+  /// paid: NCCL's protocols and pipelining ramp up over mid-size messages. Empty = all of it.
+  std::vector<CurvePoint> size_scale;
   bool operator==(const CollectiveFigure&) const = default;
 
   /// Bus bandwidth of the largest listed group size <= `group_size` (the smallest listed

@@ -32,7 +32,8 @@ sim::Network build_network(const hardware::ClusterSpec& cluster);
 /// collective.h): NVLink hop = (intra all_gather alpha - ring base) / (g-1); ring network
 /// hop = inter all_gather alpha - ring base - 2(g-1)·NVLink hop; tree network hop =
 /// (inter all_reduce alpha - tree base) / 2 - (g-1)·NVLink hop (never below zero). The
-/// slowest node group wins; the bases stay NCCL's (sim::CollectiveConfig defaults).
+/// slowest node group wins; the bases stay NCCL's (sim::CollectiveConfig defaults). The
+/// collectives' size scales are the first node group's profile's (size_scale).
 sim::CollectiveConfig collective_config(const hardware::ClusterSpec& cluster);
 
 }  // namespace hetpar::planner

@@ -24,9 +24,11 @@
 // (broadcast) at once, so a rank sends and receives about 2·S: algbw = busbw / 2.
 #pragma once
 
+#include <array>
 #include <span>
 #include <vector>
 
+#include "hetpar/core/curve.h"
 #include "hetpar/core/ids.h"
 #include "hetpar/core/units.h"
 #include "hetpar/sim/network.h"
@@ -47,6 +49,14 @@ struct CollectiveConfig {
   /// GPU's link), across nodes the smallest number of group members on one node (one
   /// ring per NIC when every GPU has its own NIC).
   int channels = 0;
+  /// The fraction of its flows' max-min rate a collective of S bytes (the task's size)
+  /// reaches, per CollectiveKind, for groups inside one node and groups across nodes
+  /// (empty: all of it): NCCL ramps its protocols and pipelining up over mid-size
+  /// messages, which the steady-state flows leave out. simulate() runs the flows of such a
+  /// collective as S / factor(S) bytes. Copy-engine collectives (CollectiveSpec) are not
+  /// NCCL's and keep all of it.
+  std::array<std::vector<CurvePoint>, kNumCollectiveKinds> intra_node_size_scale{};
+  std::array<std::vector<CurvePoint>, kNumCollectiveKinds> inter_node_size_scale{};
 };
 
 /// One flow of a collective: src sends share x S bytes to dst.

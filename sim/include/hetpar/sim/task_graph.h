@@ -56,6 +56,7 @@ enum class CollectiveKind : uint8_t {
   kBroadcast,
   kReduce
 };
+inline constexpr int kNumCollectiveKinds = 6;
 /// kAuto picks by predicted time, as NCCL's tuner does (see collective.h).
 enum class Algorithm : uint8_t { kAuto, kRing, kTree };
 
