@@ -37,9 +37,12 @@
 //     "collectives": [{"scope": "intra_node|inter_node",
 //                      "op": "all_reduce|all_gather|reduce_scatter|all_to_all|broadcast|send_recv",
 //                      "alpha_us": 15,       // latency of a tiny call
-//                      "busbw_GBps": [[4, 363.3], [8, 473.1]]}, ...],
+//                      "busbw_GBps": [[4, 363.3], [8, 473.1]],
 //                                            // [group size, nccl-tests busbw]; group size
 //                                            // counts GPUs (intra_node) or nodes (inter_node)
+//                      "size_scale": [[67108864, 0.82], ...]}, ...],  // optional: the
+//                                            // share of busbw a message of that many bytes
+//                                            // reaches after alpha (NCCL's ramp)
 //     "provenance": {"gpu.memory_GBps": "source ...", "collectives.inter_node": "..."}
 //   }
 //
