@@ -18,6 +18,7 @@
 #include "hetpar/planner/cost_model.h"
 #include "hetpar/planner/lower.h"
 #include "hetpar/planner/memory.h"
+#include "hetpar/planner/network_builder.h"
 #include "hetpar/planner/schedule.h"
 
 namespace hetpar::planner {
@@ -92,15 +93,26 @@ struct ModuleTime {
   Bytes boundary;  // one micro-batch's activation between pipeline stages, per rank
 };
 
-Time collective_time(sim::CollectiveKind kind, Bytes bytes, int n, Bandwidth link) {
+// A TP collective's bandwidth time on an idle link: a lower bound of what simulate() gives
+// it, which adds NCCL's latency and contention and, through `ramp` (the simulation's
+// CollectiveConfig size scales of the TP group's scope; null: none), runs its flows at the
+// share of the link its size reaches.
+using SizeScales = std::array<std::vector<CurvePoint>, sim::kNumCollectiveKinds>;
+Time collective_time(sim::CollectiveKind kind, Bytes bytes, int n, Bandwidth link,
+                     const SizeScales* ramp) {
   if (n <= 1 || bytes.count() == 0) return Time::zero();
   double factor = kind == sim::CollectiveKind::kAllReduce ? 2.0 * (n - 1) / n : (n - 1.0) / n;
+  if (ramp) factor /= curve_factor((*ramp)[static_cast<size_t>(kind)], bytes.count());
   return Time::seconds(bytes.as_double() * factor / link.bytes_per_s());
 }
 
-BlockTime block_time(const Block& b, const Layout& l, Bandwidth link, bool frozen) {
+BlockTime block_time(const Block& b, const Layout& l, Bandwidth link, bool frozen,
+                     const SizeScales* ramp) {
   using CK = sim::CollectiveKind;
   const bool sp = l.sequence_parallel;
+  auto collective_time = [ramp](CK kind, Bytes bytes, int n, Bandwidth link) {
+    return planner::collective_time(kind, bytes, n, link, ramp);
+  };
   BlockTime t;
   for (size_t i = 0; i < b.steps.size(); ++i) {
     const WorkStep& st = b.steps[i];
@@ -128,9 +140,9 @@ BlockTime block_time(const Block& b, const Layout& l, Bandwidth link, bool froze
       case StepKind::kTpExit: {  // fwd: SP reduce-scatter / all-reduce; bwd: SP all-gather
         // Userbuffers: only the reduce-scatter's last chunk follows the linear; the backward
         // all-gather runs beside its dgrad.
-        if (i > 0 && b.steps[i - 1].ring_exchange) {
-          t.f += collective_time(CK::kReduceScatter, st.bytes / b.steps[i - 1].exit_chunks, l.tp,
-                                 link);
+        if (i > 0 && b.steps[i - 1].ring_exchange) {  // on the copy engines: no NCCL ramp
+          t.f += planner::collective_time(CK::kReduceScatter, st.bytes / b.steps[i - 1].exit_chunks,
+                                          l.tp, link, nullptr);
           break;
         }
         t.f += collective_time(sp ? CK::kReduceScatter : CK::kAllReduce, st.bytes, l.tp, link);
@@ -152,7 +164,7 @@ BlockTime block_time(const Block& b, const Layout& l, Bandwidth link, bool froze
 // Per-thread memo of module times, keyed by what module_cost depends on.
 class CostCache {
  public:
-  explicit CostCache(const Scenario& s) : s_(s) {}
+  explicit CostCache(const Scenario& s) : s_(s), collectives_(collective_config(s.cluster)) {}
 
   // The fastest node group's time (a bound for every group).
   const ModuleTime& get(size_t module, const Layout& l, bool context_parallel, bool frozen) {
@@ -175,9 +187,15 @@ class CostCache {
                 .collective(hardware::CollectiveScope::kIntraNode, hardware::Collective::kAllGather)
                 .bus_bandwidth(group.profile.gpus_per_node);
       ModuleTime t;
-      t.pre = block_time(mc.pre, l, link, frozen);
-      t.layer = block_time(mc.layer, l, link, frozen);
-      t.post = block_time(mc.post, l, link, frozen);
+      // The simulation's size scales are the first node group's (collective_config); a TP
+      // group inside one node pays the intra-node ones, one that may span nodes the
+      // inter-node ones.
+      const bool tp_in_node = group.profile.gpus_per_node % l.tp == 0;
+      const SizeScales* ramp =
+          tp_in_node ? &collectives_.intra_node_size_scale : &collectives_.inter_node_size_scale;
+      t.pre = block_time(mc.pre, l, link, frozen, ramp);
+      t.layer = block_time(mc.layer, l, link, frozen, ramp);
+      t.post = block_time(mc.post, l, link, frozen, ramp);
       t.layers = mc.layers;
       t.pre_params = mc.pre.dense.all;
       t.layer_params = mc.layer.dense.all;
@@ -198,6 +216,7 @@ class CostCache {
 
  private:
   const Scenario& s_;
+  const sim::CollectiveConfig collectives_;  // what simulate() gets: its size scales
   std::map<std::tuple<size_t, int, int, bool, int, int, bool, bool, bool, int, int, int, int, bool,
                       bool>,
            ModuleTime>
