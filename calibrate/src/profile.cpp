@@ -429,23 +429,59 @@ class Builder {
     fig.scope = scope;
     fig.op = op;
     double worst_r2 = 1, worst_res = 0;
+    const CollectiveFit* largest = nullptr;
     for (const CollectiveFit& c : f_.collectives) {
       if (c.scope != scope || c.op != op) continue;
       const int size = scope == CollectiveScope::kIntraNode ? c.ranks : c.nodes;
       fig.busbw.emplace_back(size, Bandwidth::bytes_per_s(std::round(c.busbw_Bps)));
       fig.alpha = Time::seconds(c.fit.alpha_s);  // sorted by ranks: the largest group last
+      largest = &c;
       worst_r2 = std::min(worst_r2, c.fit.r2);
       worst_res = std::max(worst_res, c.fit.max_rel_residual);
     }
     if (fig.busbw.empty()) return std::nullopt;
     std::sort(fig.busbw.begin(), fig.busbw.end(),
               [](const auto& a, const auto& b) { return a.first < b.first; });
+    if (op != Collective::kSendRecv) fig.size_scale = size_scale(*largest);
     *how = fmt::format(
         "{}: alpha-beta fit per group size ({} to {} {}), busbw = beta x nccl-tests bus factor, "
-        "alpha of the largest group; worst R^2 {:.4f}, worst max relative residual {:.3f}",
+        "alpha of the largest group; worst R^2 {:.4f}, worst max relative residual {:.3f}{}",
         measured_, fig.busbw.front().first, fig.busbw.back().first,
-        scope == CollectiveScope::kIntraNode ? "ranks" : "hosts", worst_r2, worst_res);
+        scope == CollectiveScope::kIntraNode ? "ranks" : "hosts", worst_r2, worst_res,
+        fig.size_scale.empty()
+            ? ""
+            : fmt::format("; size_scale from the largest group's {} samples whose bandwidth "
+                          "term is at least alpha",
+                          fig.size_scale.size()));
     return fig;
+  }
+
+  // The ramp over message sizes (CollectiveFigure::size_scale) of the largest group's
+  // samples: at each size whose bandwidth term reaches alpha (below it the latency
+  // dominates and the factor is noise), the share of the fitted bandwidth the sample reached
+  // once alpha is paid, so that the simulator's alpha + S / (beta x factor) gives the
+  // measured time there. Factors within 3 % of 1 everywhere (the line fits): none. Capped at
+  // the validator's (0, 1.5].
+  std::vector<CurvePoint> size_scale(const CollectiveFit& c) const {
+    std::vector<CurvePoint> out;
+    bool ramps = false;
+    for (const CollectiveSample& smp : s_.collectives) {
+      if (smp.scope != c.scope || smp.op != c.op || smp.ranks != c.ranks || smp.nodes != c.nodes)
+        continue;
+      const double bandwidth_s = static_cast<double>(smp.bytes) / c.fit.beta_Bps;
+      if (bandwidth_s < c.fit.alpha_s || smp.bytes < 1) continue;
+      const double paid = smp.t.median_s - c.fit.alpha_s;
+      const double factor = paid > 0 ? std::clamp(bandwidth_s / paid, 0.05, 1.5) : 1.5;
+      out.push_back({smp.bytes, factor});
+      ramps = ramps || std::fabs(factor - 1) > 0.03;
+    }
+    if (!ramps) return {};
+    std::sort(out.begin(), out.end(),
+              [](const CurvePoint& a, const CurvePoint& b) { return a.at < b.at; });
+    out.erase(std::unique(out.begin(), out.end(),
+                          [](const CurvePoint& a, const CurvePoint& b) { return a.at == b.at; }),
+              out.end());  // one factor per size (the first sample's)
+    return out;
   }
 
   Status collectives(SystemProfile& p, int hosts) {

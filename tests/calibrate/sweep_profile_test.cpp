@@ -107,6 +107,53 @@ TEST(CalibratedProfile, ShortSequencesMeasuredFasterAreCappedAtTheLongOnesRate) 
   for (const auto& pt : p->gpu.attention_bwd_seq_scale) EXPECT_EQ(pt.factor, 1.0) << pt.at;
 }
 
+// A collective that ramps up over message sizes, as NCCL does: the calibrated figure's
+// size_scale makes the simulator's alpha + S / (beta x factor) give the measured time at
+// every size whose bandwidth term reaches alpha; a backend that follows the line exactly
+// gets none.
+TEST(CalibratedProfile, CollectivesRampingUpOverSizesGetASizeScale) {
+  const FakeModel m;
+  FakeBackend b(2, m);
+  Samples s = sweep(b, small_plan());
+  ProfileOptions o;
+  o.date = "2026-11-29T12:00:00Z";
+  {
+    Result<hardware::SystemProfile> p = build_profile(s, *fit_samples(s), o);
+    ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+    EXPECT_TRUE(
+        p->collective(CollectiveScope::kIntraNode, Collective::kAllGather).size_scale.empty());
+  }
+  // The all_gather's two largest sizes keep their time; the smaller ones take 1.5 x longer
+  // beyond alpha.
+  int64_t largest = 0;
+  for (const CollectiveSample& c : s.collectives)
+    if (c.op == Collective::kAllGather) largest = std::max(largest, c.bytes);
+  const double alpha = m.coll_alpha_s(Collective::kAllGather, 2);
+  for (CollectiveSample& c : s.collectives)
+    if (c.op == Collective::kAllGather && c.bytes < largest / 4)
+      c.t.median_s = alpha + (c.t.median_s - alpha) * 1.5;
+  const Fits f = *fit_samples(s);
+  Result<hardware::SystemProfile> p = build_profile(s, f, o);
+  ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+  EXPECT_TRUE(hardware::validate_profile(*p).is_ok());
+  const hardware::CollectiveFigure& ag =
+      p->collective(CollectiveScope::kIntraNode, Collective::kAllGather);
+  ASSERT_GE(ag.size_scale.size(), 2u);
+  const CollectiveFit* fit = nullptr;
+  for (const CollectiveFit& c : f.collectives)
+    if (c.op == Collective::kAllGather) fit = &c;
+  ASSERT_NE(fit, nullptr);
+  for (const CollectiveSample& c : s.collectives) {
+    if (c.op != Collective::kAllGather) continue;
+    const double bandwidth_s = static_cast<double>(c.bytes) / fit->fit.beta_Bps;
+    if (bandwidth_s < fit->fit.alpha_s) continue;
+    const double predicted = fit->fit.alpha_s + bandwidth_s / curve_factor(ag.size_scale, c.bytes);
+    EXPECT_NEAR(predicted / c.t.median_s, 1.0, 1e-6) << c.bytes;
+  }
+  EXPECT_NE(p->provenance.at("collectives.intra_node.all_gather").find("size_scale"),
+            std::string::npos);
+}
+
 TEST(Sweep, GroupSizesTwoToWorldEachRecovered) {
   const FakeModel m;
   FakeBackend b(4, m);
