@@ -184,6 +184,16 @@ void refuse_megatron_comm_overlaps(const Context& c, Refusals& r) {
         c.target_name()));
 }
 
+void refuse_megatron_cross_entropy(const Context& c, Refusals& r) {
+  const planner::CrossEntropy ce = c.layout().cross_entropy_fusion;
+  if (ce != planner::CrossEntropy::kUnfused)
+    r.add(fmt::format(
+        "cross_entropy_fusion {}: {} has no {} cross-entropy kernel (Megatron's "
+        "--cross-entropy-fusion-impl); plan it as \"none\"",
+        planner::to_string(ce), c.target_name(),
+        ce == planner::CrossEntropy::kTe ? "Transformer Engine" : "Megatron-Core fused"));
+}
+
 void refuse_mimo_ep_overlap(const Context& c, std::string_view who, Refusals& r) {
   if (c.layout().ep_comm_overlap)
     r.add(fmt::format(
@@ -244,6 +254,8 @@ std::string layout_summary(const planner::Layout& l) {
   if (l.tp_comm_overlap) out += ", userbuffers TP overlap";
   if (l.ep_comm_overlap) out += ", EP all-to-all overlap";
   if (l.fp8_param_gather) out += ", fp8 parameters";
+  if (l.cross_entropy_fusion != planner::CrossEntropy::kUnfused)
+    out += fmt::format(", {} cross-entropy", planner::to_string(l.cross_entropy_fusion));
   return out;
 }
 

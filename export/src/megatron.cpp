@@ -108,6 +108,11 @@ std::vector<Flag> training_flags(const Context& c) {
   if (!c.fp32_gradients() && !fp16) f.push_back({"--grad-reduce-in-bf16", ""});
   if (c.fp32_gradients() && fp16) f.push_back({"--accumulate-allreduce-grads-in-fp32", ""});
   if (l.fp8_param_gather) f.push_back({"--fp8-param-gather", ""});
+  if (l.cross_entropy_fusion != planner::CrossEntropy::kUnfused) {
+    f.push_back({"--cross-entropy-loss-fusion", ""});
+    f.push_back(
+        {"--cross-entropy-fusion-impl", std::string(planner::to_string(l.cross_entropy_fusion))});
+  }
   if (l.tp_comm_overlap) f.push_back({"--tp-comm-overlap", ""});  // TE userbuffers
   if (l.ep_comm_overlap) {  // combined 1F1B; the weight gradients beside the all-to-alls
     f.push_back({"--overlap-moe-expert-parallel-comm", ""});
@@ -161,6 +166,9 @@ std::string transformer_config_fields(const Layout& l) {
       break;
   }
   out += fmt::format(" attention_backend={}", l.flash_attention ? "flash" : "unfused");
+  if (l.cross_entropy_fusion != planner::CrossEntropy::kUnfused)
+    out += fmt::format(" cross_entropy_loss_fusion=True cross_entropy_fusion_impl=\"{}\"",
+                       planner::to_string(l.cross_entropy_fusion));
   return out;
 }
 

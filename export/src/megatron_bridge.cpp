@@ -226,6 +226,12 @@ Result<std::vector<ExportFile>> write_megatron_bridge(const Context& c) {
       s.push_back({"model.account_for_embedding_in_pipeline_split", "true"});
     if (l.account_for_loss) s.push_back({"model.account_for_loss_in_pipeline_split", "true"});
     s.push_back({"model.attention_backend", yaml_string(l.flash_attention ? "flash" : "unfused")});
+    // GPTModelProvider fuses the cross-entropy by default: the plan's choice, always.
+    const bool fused_loss = l.cross_entropy_fusion != planner::CrossEntropy::kUnfused;
+    s.push_back({"model.cross_entropy_loss_fusion", yaml_bool(fused_loss)});
+    if (fused_loss)
+      s.push_back({"model.cross_entropy_fusion_impl",
+                   yaml_string(planner::to_string(l.cross_entropy_fusion))});
     add_model_shape(s, c);
   } else {
     const bool colocated = c.p.placement == planner::Placement::kColocated;

@@ -73,6 +73,9 @@ void refuse_mimo_encoder_batch(const Context& c, const planner::ModulePlan& m, s
 /// Megatron's communication overlaps, for targets without them: userbuffers TP overlap
 /// (Layout::tp_comm_overlap) and the EP all-to-all overlap (Layout::ep_comm_overlap).
 void refuse_megatron_comm_overlaps(const Context& c, Refusals& r);
+/// Refuses a fused cross-entropy (Layout::cross_entropy_fusion): Megatron's kernels, which the
+/// other trainers do not run.
+void refuse_megatron_cross_entropy(const Context& c, Refusals& r);
 /// The EP all-to-all overlap (Layout::ep_comm_overlap) under a MIMO target: its schedule
 /// is not Megatron-Core's combined 1F1B. `who` as above.
 void refuse_mimo_ep_overlap(const Context& c, std::string_view who, Refusals& r);

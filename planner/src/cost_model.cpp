@@ -106,6 +106,30 @@ Precision gemm_precision(const models::Op& op, Precision p) {
 constexpr int64_t kCrossEntropyForwardBytes = 38;
 constexpr int64_t kCrossEntropyBackwardBytes = 14;
 
+// HBM bytes per logit element of the loss, forward and backward, by Layout::
+// cross_entropy_fusion. Unfused: the above. Megatron-Core's fused_vocab_parallel_cross_entropy
+// (megatron/core/fusions/fused_cross_entropy.py): the fp32 copy (2 + 4) and its max (4), one
+// jit-fused pass for the shifted exp and its sum (4 + 4), the softmax divided in place and
+// saved (4 + 4) = 26; backward the gradient times dloss in place (4 + 4) and cast back
+// (4 + 2) = 14. Transformer Engine's parallel_cross_entropy (transformer_engine/pytorch/
+// triton/cross_entropy.py): an online-softmax pass reading the bf16 logits (2), then a pass
+// writing the gradient in place in the logits' dtype (2 + 2) = 6; backward the in-place
+// multiply by dloss (2 + 2) = 4.
+struct LossBytes {
+  int64_t forward, backward;
+};
+LossBytes loss_bytes(CrossEntropy c) {
+  switch (c) {
+    case CrossEntropy::kUnfused:
+      break;
+    case CrossEntropy::kNative:
+      return {26, 14};
+    case CrossEntropy::kTe:
+      return {6, 4};
+  }
+  return {kCrossEntropyForwardBytes, kCrossEntropyBackwardBytes};
+}
+
 // Transformer Engine FP8 Linear (transformer_engine/pytorch/module/linear.py): a forward
 // fused cast + transpose of the bf16 input to fp8 (read 2, write 1 + 1 bytes per element)
 // unless a preceding LayerNorm writes fp8 itself (LayerNormLinear: qkv, fc1); backward a
@@ -327,8 +351,9 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
     case models::OpKind::kLoss: {
       // Vocab-parallel cross-entropy in fp32 over this rank's logits (T x V / (tp·cp)).
       const int64_t logits = op.read.count() / g.dtype_bytes / (cp * l.tp);
-      c.forward = dev.memory_kernel_time(Bytes(kCrossEntropyForwardBytes * logits));
-      c.dgrad = dev.memory_kernel_time(Bytes(kCrossEntropyBackwardBytes * logits));
+      const LossBytes b = loss_bytes(l.cross_entropy_fusion);
+      c.forward = dev.memory_kernel_time(Bytes(b.forward * logits));
+      c.dgrad = dev.memory_kernel_time(Bytes(b.backward * logits));
       break;
     }
     default: {
@@ -594,8 +619,9 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
     }
     case models::OpKind::kLoss: {
       const int64_t logits = op.read.count() / g.dtype_bytes / (cp * l.tp);
-      k.forward.push_back(sim::memory_kernel(kCrossEntropyForwardBytes * logits));
-      k.dgrad.push_back(sim::memory_kernel(kCrossEntropyBackwardBytes * logits));
+      const LossBytes b = loss_bytes(l.cross_entropy_fusion);
+      k.forward.push_back(sim::memory_kernel(b.forward * logits));
+      k.dgrad.push_back(sim::memory_kernel(b.backward * logits));
       break;
     }
     default: {

@@ -38,6 +38,18 @@ std::string_view to_string(Fp8Recipe r) {
   return "?";
 }
 
+std::string_view to_string(CrossEntropy c) {
+  switch (c) {
+    case CrossEntropy::kUnfused:
+      return "none";
+    case CrossEntropy::kNative:
+      return "native";
+    case CrossEntropy::kTe:
+      return "te";
+  }
+  return "?";
+}
+
 std::string_view to_string(GradReduceDtype d) {
   switch (d) {
     case GradReduceDtype::kDefault:

@@ -214,8 +214,14 @@ class Estimator {
       Tally& t = stages_[st];
       t.unit_params = std::max(t.unit_params, unit[u]);
       t.unit_bytes = std::max(t.unit_bytes, unit_bytes[u]);
+      // Transformer Engine's cross-entropy keeps the logits' own tensor (the gradient written
+      // into it) where Megatron's keep an fp32 copy (op.saved counts 4 bytes per logit).
+      const double loss_share =
+          op.kind == models::OpKind::kLoss && l_.cross_entropy_fusion == CrossEntropy::kTe
+              ? g.dtype_bytes / 4.0
+              : 1.0;
       const double share = activation_share(op, stem, l_) *
-                           precision_share(op, s_.workload.precision, g.dtype_bytes);
+                           precision_share(op, s_.workload.precision, g.dtype_bytes) * loss_share;
       const double kept = frozen_ ? 0 : kept_bytes(op, l_.recompute, g.dtype_bytes) * share;
       stages_[st].activations += kept * (head ? head_in_flight_ : in_flight_[st]);
       if (op.kind == models::OpKind::kGemm)

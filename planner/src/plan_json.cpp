@@ -37,6 +37,12 @@ std::optional<CpComm> parse_cp_comm(std::string_view s) {
   return std::nullopt;
 }
 
+std::optional<CrossEntropy> parse_cross_entropy(std::string_view s) {
+  for (CrossEntropy c : {CrossEntropy::kUnfused, CrossEntropy::kNative, CrossEntropy::kTe})
+    if (to_string(c) == s) return c;
+  return std::nullopt;
+}
+
 std::optional<GradReduceDtype> parse_grad_reduce_dtype(std::string_view s) {
   for (GradReduceDtype d : {GradReduceDtype::kDefault, GradReduceDtype::kFp32,
                             GradReduceDtype::kBf16, GradReduceDtype::kFp16})
@@ -77,6 +83,8 @@ Layout parse_layout(JsonReader& r) {
   l.fp8_param_gather = r.optional_bool("fp8_param_gather", false);
   l.grad_reduce_dtype = *parse_grad_reduce_dtype(
       r.optional_enum("grad_reduce_dtype", "default", {"default", "fp32", "bf16", "fp16"}));
+  l.cross_entropy_fusion = *parse_cross_entropy(
+      r.optional_enum("cross_entropy_fusion", "none", {"none", "native", "te"}));
   l.first_stage_layers = static_cast<int>(r.optional_int("first_stage_layers", 0, 0, kMaxDegree));
   l.last_stage_layers = static_cast<int>(r.optional_int("last_stage_layers", 0, 0, kMaxDegree));
   l.account_for_embedding = r.optional_bool("account_for_embedding", false);
@@ -109,6 +117,8 @@ nlohmann::json layout_to_json(const Layout& l) {
   if (l.etp > 0) j["etp"] = l.etp;
   if (l.grad_reduce_dtype != GradReduceDtype::kDefault)
     j["grad_reduce_dtype"] = to_string(l.grad_reduce_dtype);
+  if (l.cross_entropy_fusion != CrossEntropy::kUnfused)
+    j["cross_entropy_fusion"] = to_string(l.cross_entropy_fusion);
   if (!l.tp_backward_overlap) j["tp_backward_overlap"] = false;
   if (l.tp_comm_overlap) j["tp_comm_overlap"] = true;
   if (l.ep_comm_overlap) j["ep_comm_overlap"] = true;

@@ -120,6 +120,9 @@ LayoutFix parse_layout_fix(JsonReader& r) {
   if (r.has("grad_reduce_dtype"))
     f.grad_reduce_dtype = parse_grad_reduce_dtype(
         r.optional_enum("grad_reduce_dtype", "default", {"default", "fp32", "bf16", "fp16"}));
+  if (r.has("cross_entropy_fusion"))
+    f.cross_entropy_fusion = parse_cross_entropy(
+        r.optional_enum("cross_entropy_fusion", "none", {"none", "native", "te"}));
   r.finish();
   return f;
 }

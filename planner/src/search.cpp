@@ -166,7 +166,8 @@ class CostCache {
  public:
   explicit CostCache(const Scenario& s) : s_(s), collectives_(collective_config(s.cluster)) {}
 
-  // The fastest node group's time (a bound for every group).
+  // The fastest node group's time (a bound for every group). Not keyed by what one search
+  // fixes for all its layouts (the cross-entropy fusion).
   const ModuleTime& get(size_t module, const Layout& l, bool context_parallel, bool frozen) {
     auto key = std::make_tuple(
         module, l.tp, l.cp, l.sequence_parallel, l.micro_batch, static_cast<int>(l.recompute),
@@ -449,7 +450,8 @@ std::vector<int> layout_key(const Layout& l) {
                           static_cast<int>(l.fp8_recipe),
                           static_cast<int>(l.cp_comm),
                           static_cast<int>(l.grad_reduce_dtype),
-                          l.fp8_param_gather};
+                          l.fp8_param_gather,
+                          static_cast<int>(l.cross_entropy_fusion)};
 }
 
 // The LLM side of a plan: placement, the LLM's layout, schedule and first rank.
@@ -824,6 +826,7 @@ class Searcher {
           l.sequence_parallel = fx.sequence_parallel.value_or(tp > 1);
           l.fp8_recipe = fx.fp8_recipe.value_or(Fp8Recipe::kDelayed);
           l.grad_reduce_dtype = fx.grad_reduce_dtype.value_or(GradReduceDtype::kDefault);
+          l.cross_entropy_fusion = fx.cross_entropy_fusion.value_or(CrossEntropy::kUnfused);
           l.fp8_param_gather = fx.fp8_param_gather.value_or(false);
           l.tp_comm_overlap = fx.tp_comm_overlap.value_or(false) && tp > 1 && l.sequence_parallel;
           const bool even = layers_ % pp == 0;
@@ -1007,6 +1010,8 @@ class Searcher {
               mp.layout.fsdp_reshard_after_forward = reshard;
               mp.layout.fp8_recipe = fx.fp8_recipe.value_or(llm.fp8_recipe);
               mp.layout.grad_reduce_dtype = fx.grad_reduce_dtype.value_or(llm.grad_reduce_dtype);
+              mp.layout.cross_entropy_fusion =
+                  fx.cross_entropy_fusion.value_or(llm.cross_entropy_fusion);
               mp.layout.fp8_param_gather = fx.fp8_param_gather.value_or(llm.fp8_param_gather);
               // Userbuffers for an encoder when its own fix asks (it needs TP with SP).
               mp.layout.tp_comm_overlap =

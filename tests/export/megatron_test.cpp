@@ -220,6 +220,33 @@ TEST(ExportMegatron, EpAllToAllOverlap) {
             0u);
 }
 
+// A fused cross-entropy: Megatron-LM's --cross-entropy-loss-fusion with
+// --cross-entropy-fusion-impl; Megatron-Bridge's model keys of the same names, written
+// even when off (its GPTModelProvider fuses by default); the other trainers refuse it.
+TEST(ExportMegatron, CrossEntropyFusion) {
+  planner::Scenario s = scenario("llama-3.1-8b", 1, 8192, 64);
+  Plan p;
+  p.layout = layout(1, 1, 8);
+  const auto yaml_off =
+      yaml_settings(exported(s, p, Target::kMegatronBridge).at("megatron_bridge.yaml"));
+  EXPECT_EQ(yaml_off.at("model.cross_entropy_loss_fusion"), "false");
+  EXPECT_EQ(all_flags(exported(s, p, Target::kMegatron).at("launch.sh"))
+                .count("--cross-entropy-loss-fusion"),
+            0u);
+  p.layout.cross_entropy_fusion = planner::CrossEntropy::kTe;
+  const auto flags = all_flags(exported(s, p, Target::kMegatron).at("launch.sh"));
+  EXPECT_EQ(flags.count("--cross-entropy-loss-fusion"), 1u);
+  ASSERT_EQ(flags.count("--cross-entropy-fusion-impl"), 1u);
+  EXPECT_EQ(flags.at("--cross-entropy-fusion-impl"), "te");
+  const auto yaml =
+      yaml_settings(exported(s, p, Target::kMegatronBridge).at("megatron_bridge.yaml"));
+  EXPECT_EQ(yaml.at("model.cross_entropy_loss_fusion"), "true");
+  EXPECT_EQ(yaml.at("model.cross_entropy_fusion_impl"), "\"te\"");
+  for (Target t : {Target::kTorchtitan, Target::kDeepspeed, Target::kNanotron})
+    EXPECT_NE(refusal(s, p, t).find("cross_entropy_fusion te: "), std::string::npos)
+        << to_string(t);
+}
+
 TEST(ExportMegatron, HomogeneousVlmUsesPretrainVlm) {
   planner::Scenario s = scenario("llava-1.5-7b", 1, 4096, 96, 1);
   Plan p;

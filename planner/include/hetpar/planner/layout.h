@@ -55,6 +55,17 @@ enum class GradReduceDtype {
 };
 std::string_view to_string(GradReduceDtype d);  // "default", "fp32", "bf16", "fp16"
 
+/// How the LLM's vocabulary-parallel cross-entropy runs (Megatron-LM's
+/// --cross-entropy-loss-fusion and --cross-entropy-fusion-impl; Megatron-Bridge
+/// model.cross_entropy_loss_fusion / cross_entropy_fusion_impl).
+enum class CrossEntropy {
+  kUnfused,  // Megatron's VocabParallelCrossEntropy on logits.float(): fp32 passes
+  kNative,   // Megatron-Core's fused_vocab_parallel_cross_entropy: fewer fp32 passes
+  kTe,       // Transformer Engine's parallel_cross_entropy: two Triton passes over the bf16
+             // logits, the gradient written in place in the forward
+};
+std::string_view to_string(CrossEntropy c);  // "none", "native", "te"
+
 struct Layout {
   int tp = 1;
   bool sequence_parallel = false;  // SP: all-gather + reduce-scatter instead of all-reduce
@@ -126,6 +137,7 @@ struct Layout {
   bool ep_comm_overlap = false;
   Fp8Recipe fp8_recipe = Fp8Recipe::kDelayed;  // meaningful for fp8 workloads only
   GradReduceDtype grad_reduce_dtype = GradReduceDtype::kDefault;
+  CrossEntropy cross_entropy_fusion = CrossEntropy::kUnfused;
   /// FP8 training: the weights of the Transformer Engine Linear layers (every GEMM of the
   /// layers but the MoE router) are held in FP8, so the distributed optimizer's and FSDP's
   /// parameter all-gathers move 1 byte each instead of 2 (Megatron-LM --fp8-param-gather;

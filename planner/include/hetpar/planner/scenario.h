@@ -55,6 +55,9 @@ struct LayoutFix {
   /// The gradient buffer's dtype every searched layout uses (Layout::grad_reduce_dtype;
   /// default: the trainers'). Not searched either: it changes the numerics.
   std::optional<GradReduceDtype> grad_reduce_dtype;
+  /// The LLM's cross-entropy (Layout::cross_entropy_fusion) in every searched layout;
+  /// default Megatron's unfused one. Not searched: it is the trainer's kernel choice.
+  std::optional<CrossEntropy> cross_entropy_fusion;
   /// FP8 parameters (Layout::fp8_param_gather) in every searched layout; default off.
   std::optional<bool> fp8_param_gather;
   /// Userbuffers TP overlap (Layout::tp_comm_overlap) in every searched LLM layout with
