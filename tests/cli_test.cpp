@@ -519,6 +519,8 @@ const std::vector<std::string>& bad_texts() {
           R"(, "plan": {"micro_batch": 1, "dp": 8, "ep": 8, "ep_comm_overlap": 1}})",
       R"({"model": "qwen3-30b-a3b", )" + kWorkload + ", " + kCluster +
           R"(, "search": {"llm": {"ep_comm_overlap": "all"}}})",
+      R"({"model": "llama-3.1-8b", )" + kWorkload + ", " + kCluster +
+          R"(, "plan": {"micro_batch": 1, "dp": 8, "cross_entropy_fusion": "fused"}})",
   };
   return texts;
 }
@@ -559,7 +561,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadScenario{"ep_comm_overlap_not_bool", bad_texts()[20].c_str(),
                     "plan.ep_comm_overlap: expected"},
         BadScenario{"search_ep_comm_overlap_unknown", bad_texts()[21].c_str(),
-                    "search.llm.ep_comm_overlap: unknown value \"all\""}),
+                    "search.llm.ep_comm_overlap: unknown value \"all\""},
+        BadScenario{"unknown_cross_entropy_fusion", bad_texts()[22].c_str(),
+                    "plan.cross_entropy_fusion: unknown value \"fused\""}),
     [](const ::testing::TestParamInfo<BadScenario>& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -86,6 +86,17 @@ TEST_F(MemoryKorthikanti, ContextParallelSplitsTheSequence) {
   EXPECT_DOUBLE_EQ(activations({.cp = 2}), (kL * (34 * sbh + scores) + outside + logits) / 2);
 }
 
+TEST_F(MemoryKorthikanti, TeCrossEntropyKeepsTheLogitsNotAnFp32Copy) {
+  // Transformer Engine's cross-entropy writes the gradient into the bf16 logits and keeps
+  // them (2sbv) where Megatron's kernels keep fp32 logits (4sbv); the native fused one too.
+  Layout te;
+  te.cross_entropy_fusion = CrossEntropy::kTe;
+  EXPECT_DOUBLE_EQ(activations(te), kL * (34 * sbh + scores) + outside + logits / 2);
+  Layout native;
+  native.cross_entropy_fusion = CrossEntropy::kNative;
+  EXPECT_DOUBLE_EQ(activations(native), kL * (34 * sbh + scores) + outside + logits);
+}
+
 TEST_F(MemoryKorthikanti, Fp8HalvesTheLinearLayersInputs) {
   // Transformer Engine's FP8 Linear modules keep the FP8 transpose of their input (1 byte)
   // for the weight gradient: of the 34sbh per layer, the inputs of qkv (2sbh), attn_out
