@@ -190,6 +190,23 @@ TEST(Search, TriesTheEpOverlapBothWaysWithAny) {
   for (const RankedPlan& p : off.top) EXPECT_FALSE(p.plan.layout.ep_comm_overlap);
 }
 
+// search.llm.cross_entropy_fusion sets the loss kernel of every searched layout (not a
+// searched choice): TE's fused cross-entropy makes every plan faster, and the plan and its
+// description carry it.
+TEST(Search, CrossEntropyFusionIsSetForEveryLayout) {
+  auto s = expect_bound_below_plans("llama3-8b-8xh100-fsdp-compare.json");
+  ASSERT_TRUE(s.is_ok());
+  const SearchResult plain = run(*s, threads(2));
+  s->search.llm.cross_entropy_fusion = CrossEntropy::kTe;
+  const SearchResult fused = run(*s, threads(2));
+  ASSERT_FALSE(plain.top.empty() || fused.top.empty());
+  for (const RankedPlan& p : fused.top) {
+    EXPECT_EQ(p.plan.layout.cross_entropy_fusion, CrossEntropy::kTe);
+    EXPECT_NE(describe(p.plan).find(" ce:te"), std::string::npos) << describe(p.plan);
+  }
+  EXPECT_LT(fused.top.front().metrics.iteration_time, plain.top.front().metrics.iteration_time);
+}
+
 // A MoE LLM next to an encoder: the overlap is lowered on the LLM's own ranks
 // (non-colocated), refused where the encoder's passes share its GPUs (colocated).
 TEST(Search, EpOverlapBesideAnEncoderOnlyOnItsOwnRanks) {
