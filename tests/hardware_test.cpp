@@ -266,9 +266,8 @@ TEST(DeviceProfile, GemmRateFollowsTheMeasuredKCurve) {
   EXPECT_NEAR(eff(10240, Precision::kBf16) / eff(6144, Precision::kBf16), 741.0 / 749, 0.002);
   EXPECT_NEAR(eff(4096, Precision::kBf16) / eff(6144, Precision::kBf16), 722.0 / 749, 0.002);
   EXPECT_NEAR(eff(16384, Precision::kFp8) / eff(10240, Precision::kFp8), 0.958, 0.002);
-  EXPECT_DOUBLE_EQ(
-      DeviceProfile::curve_factor(h200.gemm_k_scale[precision_index(Precision::kBf16)], 65536),
-      0.971);  // clamped past the last point
+  EXPECT_DOUBLE_EQ(curve_factor(h200.gemm_k_scale[precision_index(Precision::kBf16)], 65536),
+                   0.971);  // clamped past the last point
   EXPECT_TRUE(builtin("dgx-a100-80gb").gpu.gemm_k_scale[precision_index(Precision::kBf16)].empty());
 }
 
@@ -289,7 +288,7 @@ TEST(DeviceProfile, AttentionRateFollowsTheMeasuredSequenceLengthCurve) {
   EXPECT_NEAR(fwd_tflops(256), 315, 2);    // and before the first
   EXPECT_NEAR(fwd_tflops(0), 539, 2);      // 0 = a long sequence
   // Between points: linear in log2(seq); 2896 ~ 2^11.5 is halfway between 2K and 4K.
-  EXPECT_NEAR(h100.curve_factor(h100.attention_fwd_seq_scale, 2896), (0.898 + 0.961) / 2, 1e-3);
+  EXPECT_NEAR(curve_factor(h100.attention_fwd_seq_scale, 2896), (0.898 + 0.961) / 2, 1e-3);
   // Backward: derived causal rates 193 .. 467 TFLOP/s in the 2.5x-forward convention.
   const auto bwd_tflops = [&](int64_t seq) {
     const Time t = h100.attention_time(f, Precision::kBf16, true, seq) - h100.gemm_launch_overhead;

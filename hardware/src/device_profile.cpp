@@ -112,10 +112,6 @@ double DeviceProfile::gemm_efficiency(int64_t m, int64_t n, int64_t k, int64_t b
   return flops / (gemm_time(m, n, k, batch, p).to_seconds() * peak(p).per_second());
 }
 
-double DeviceProfile::curve_factor(const std::vector<CurvePoint>& curve, int64_t at) {
-  return hetpar::curve_factor(curve, at);
-}
-
 Time DeviceProfile::attention_time(Flops flops, Precision p, bool backward, int64_t seq_kv) const {
   if (!backward)
     return flops / (peak(p) * attention_fwd_efficiency *

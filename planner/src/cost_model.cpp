@@ -121,7 +121,7 @@ struct LossBytes {
 LossBytes loss_bytes(CrossEntropy c) {
   switch (c) {
     case CrossEntropy::kUnfused:
-      break;
+      return {kCrossEntropyForwardBytes, kCrossEntropyBackwardBytes};
     case CrossEntropy::kNative:
       return {26, 14};
     case CrossEntropy::kTe:

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "hetpar/core/check.h"
 
@@ -25,6 +26,25 @@ struct NodeLinks {
 
 Time half(Time t) {
   return Time::ps(t.count_ps() / 2);
+}
+
+// The simulator's collective a profile figure describes; send_recv is P2P, not one.
+std::optional<sim::CollectiveKind> sim_collective(Collective op) {
+  switch (op) {
+    case Collective::kAllReduce:
+      return sim::CollectiveKind::kAllReduce;
+    case Collective::kAllGather:
+      return sim::CollectiveKind::kAllGather;
+    case Collective::kReduceScatter:
+      return sim::CollectiveKind::kReduceScatter;
+    case Collective::kAllToAll:
+      return sim::CollectiveKind::kAllToAll;
+    case Collective::kBroadcast:
+      return sim::CollectiveKind::kBroadcast;
+    case Collective::kSendRecv:
+      return std::nullopt;
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -117,31 +137,12 @@ sim::CollectiveConfig collective_config(const hardware::ClusterSpec& cluster) {
   cfg.tree_inter_hop = tree_inter;
   // NCCL's ramp over message sizes, from the first node group's profile (its collectives'
   // size_scale); sim's reduce has no figure of its own and keeps none.
-  const hardware::SystemProfile& first = cluster.groups().front().profile;
-  for (const hardware::CollectiveFigure& f : first.collectives) {
-    sim::CollectiveKind kind = sim::CollectiveKind::kAllReduce;
-    switch (f.op) {
-      case Collective::kAllReduce:
-        kind = sim::CollectiveKind::kAllReduce;
-        break;
-      case Collective::kAllGather:
-        kind = sim::CollectiveKind::kAllGather;
-        break;
-      case Collective::kReduceScatter:
-        kind = sim::CollectiveKind::kReduceScatter;
-        break;
-      case Collective::kAllToAll:
-        kind = sim::CollectiveKind::kAllToAll;
-        break;
-      case Collective::kBroadcast:
-        kind = sim::CollectiveKind::kBroadcast;
-        break;
-      case Collective::kSendRecv:
-        continue;
-    }
+  for (const hardware::CollectiveFigure& f : cluster.groups().front().profile.collectives) {
+    const std::optional<sim::CollectiveKind> kind = sim_collective(f.op);
+    if (!kind) continue;
     auto& scales = f.scope == CollectiveScope::kIntraNode ? cfg.intra_node_size_scale
                                                           : cfg.inter_node_size_scale;
-    scales[static_cast<size_t>(kind)] = f.size_scale;
+    scales[static_cast<size_t>(*kind)] = f.size_scale;
   }
   return cfg;
 }

@@ -110,8 +110,8 @@ BlockTime block_time(const Block& b, const Layout& l, Bandwidth link, bool froze
                      const SizeScales* ramp) {
   using CK = sim::CollectiveKind;
   const bool sp = l.sequence_parallel;
-  auto collective_time = [ramp](CK kind, Bytes bytes, int n, Bandwidth link) {
-    return planner::collective_time(kind, bytes, n, link, ramp);
+  auto tp_collective = [&](CK kind, Bytes bytes) {
+    return collective_time(kind, bytes, l.tp, link, ramp);
   };
   BlockTime t;
   for (size_t i = 0; i < b.steps.size(); ++i) {
@@ -127,8 +127,8 @@ BlockTime block_time(const Block& b, const Layout& l, Bandwidth link, bool froze
       case StepKind::kTpEntry: {  // fwd: SP all-gather; bwd: SP reduce-scatter / all-reduce
         // Userbuffers run the forward all-gather beside the (chunked) linear after it.
         const bool ring = i + 1 < b.steps.size() && b.steps[i + 1].ring_exchange;
-        if (sp && !ring) t.f += collective_time(CK::kAllGather, st.gather_bytes, l.tp, link);
-        Time bwd = collective_time(sp ? CK::kReduceScatter : CK::kAllReduce, st.bytes, l.tp, link);
+        if (sp && !ring) t.f += tp_collective(CK::kAllGather, st.gather_bytes);
+        Time bwd = tp_collective(sp ? CK::kReduceScatter : CK::kAllReduce, st.bytes);
         Time hidden;
         if (i + 1 < b.steps.size() && b.steps[i + 1].overlaps_tp_entry)
           hidden = std::min(bwd, b.steps[i + 1].cost.wgrad);
@@ -141,13 +141,13 @@ BlockTime block_time(const Block& b, const Layout& l, Bandwidth link, bool froze
         // Userbuffers: only the reduce-scatter's last chunk follows the linear; the backward
         // all-gather runs beside its dgrad.
         if (i > 0 && b.steps[i - 1].ring_exchange) {  // on the copy engines: no NCCL ramp
-          t.f += planner::collective_time(CK::kReduceScatter, st.bytes / b.steps[i - 1].exit_chunks,
-                                          l.tp, link, nullptr);
+          t.f += collective_time(CK::kReduceScatter, st.bytes / b.steps[i - 1].exit_chunks, l.tp,
+                                 link, nullptr);
           break;
         }
-        t.f += collective_time(sp ? CK::kReduceScatter : CK::kAllReduce, st.bytes, l.tp, link);
+        t.f += tp_collective(sp ? CK::kReduceScatter : CK::kAllReduce, st.bytes);
         if (sp) {
-          Time bwd = collective_time(CK::kAllGather, st.bytes, l.tp, link);
+          Time bwd = tp_collective(CK::kAllGather, st.bytes);
           t.b += bwd;
           t.b_input += bwd;
         }

@@ -139,18 +139,21 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
   double speed_factor(int32_t rank) const;
   void retime(int32_t rank);
   void retime_node(int32_t node);
-  // Whether a collective slows its members' compute: a slowdown set, all members on one
-  // node (decided once per group: a collective asks at its start and at its end).
-  bool slows_compute(const Task& task) {
-    if (slowdown_.empty() || task.copy_engine) return false;
-    int8_t& known = group_in_node_[task.group.value()];
+  // Whether every member of `group` sits on one node (decided once per group).
+  bool in_one_node(GroupId group) {
+    int8_t& known = group_in_node_[group.value()];
     if (known < 0) {
-      auto members = g_.group(task.group);
+      auto members = g_.group(group);
       known = members.empty() ? 0 : 1;
       for (RankId r : members)
         if (net_.node_of(r) != net_.node_of(members[0])) known = 0;
     }
     return known == 1;
+  }
+  // Whether a collective slows its members' compute: a slowdown set, all members on one
+  // node (a collective asks at its start and at its end).
+  bool slows_compute(const Task& task) {
+    return !slowdown_.empty() && !task.copy_engine && in_one_node(task.group);
   }
   const Plan& plan(const Task& task, Algorithm algorithm);
   const Plan& p2p_plan(const Task& task);
@@ -222,7 +225,7 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
   };
   bool variable_ = false;
   std::vector<double> slowdown_;
-  std::vector<int8_t> group_in_node_;  // per group: -1 not yet known, else 0 / 1
+  std::vector<int8_t> group_in_node_;  // per group: -1 not yet known, else 0 / 1 (in_one_node)
   std::vector<int32_t> collectives_active_;
   std::vector<double> factor_;
   std::vector<Running> running_;  // indexed like streams (only compute ones used)
@@ -291,6 +294,7 @@ Engine::Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, Tr
     result_.tasks = std::move(a_.timings);
     result_.tasks.assign(nt, TaskTiming{});
   }
+  group_in_node_.assign(static_cast<size_t>(g.num_groups()), -1);
   bool slowed = false, shared = false;
   for (double x : opt.collective_compute_slowdown) slowed = slowed || x > 0;
   for (double x : opt.node_compute_units) shared = shared || x > 0;
@@ -299,7 +303,6 @@ Engine::Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, Tr
                  "collective_compute_slowdown has {} entries for {} ranks",
                  opt.collective_compute_slowdown.size(), nr);
     slowdown_ = opt.collective_compute_slowdown;
-    group_in_node_.assign(static_cast<size_t>(g.num_groups()), -1);
     collectives_active_.assign(nr, 0);
   }
   if (shared) {
@@ -610,11 +613,8 @@ const Plan& Engine::plan(const Task& task, Algorithm algorithm) {
   p.route_begin.push_back(0);
   for (const CollectiveFlow& f : pattern.flows) add_flow(p, f.src, f.dst, f.share);
   p.seconds_per_byte = idle_seconds_per_byte(p.pattern, net_);
-  std::span<const RankId> members = g_.group(task.group);
-  bool one_node = true;
-  for (RankId r : members) one_node = one_node && net_.node_of(r) == net_.node_of(members[0]);
-  const auto& scales =
-      one_node ? opt_.collectives.intra_node_size_scale : opt_.collectives.inter_node_size_scale;
+  const auto& scales = in_one_node(task.group) ? opt_.collectives.intra_node_size_scale
+                                               : opt_.collectives.inter_node_size_scale;
   const std::vector<CurvePoint>& scale = scales[static_cast<size_t>(task.collective)];
   if (!scale.empty()) p.size_scale = &scale;
   if (opt_.bundle_flows) bundle_flows(p);

@@ -114,8 +114,6 @@ struct DeviceProfile {
   /// length of one kernel call and selects the point on the seq-scale curves; 0 means a
   /// long sequence (factor 1).
   Time attention_time(Flops flops, Precision p, bool backward, int64_t seq_kv = 0) const;
-  /// The factor of an efficiency curve at `at` (1 without a curve or for at <= 0).
-  static double curve_factor(const std::vector<CurvePoint>& curve, int64_t at);
   /// `bytes` (reads + writes) streamed through HBM at the effective bandwidth, no launch.
   Time memory_time(Bytes bytes) const;
   /// One memory-bound kernel moving `bytes`: memory_time(bytes) plus the per-kernel launch
