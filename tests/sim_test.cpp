@@ -419,6 +419,84 @@ TEST(SimulateTest, CollectiveStartsWhenTheLastParticipantArrives) {
   EXPECT_EQ(r.ranks[0].comm, r.tasks[ar.value()].end - Time::ms(4)) << "waiting is not busy";
 }
 
+// ---------------------------------------------------------------- host
+
+TEST(SimulateTest, AHostAheadOfTheGpuCostsNothing) {
+  // Three 1 ms kernels issued at 10 us each: the host runs ahead; the GPU waits only for
+  // the first launch.
+  Network net = single_switch_network(1, kB, Time::zero());
+  TaskGraph g;
+  for (int i = 0; i < 3; ++i) {
+    TaskId t = g.add_compute(RankId(0), 0, Time::ms(1), Flops(0));
+    g.set_host(t, Time::us(10));
+  }
+  SimResult r = run(g, net);
+  EXPECT_EQ(r.makespan, Time::ms(3) + Time::us(10));
+  EXPECT_EQ(r.ranks[0].host, Time::us(30));
+}
+
+TEST(SimulateTest, KernelsShorterThanTheirLaunchRunAtTheHostsPace) {
+  // 100 kernels of 2 us, each 10 us to launch: the GPU runs each as soon as it is issued.
+  Network net = single_switch_network(1, kB, Time::zero());
+  TaskGraph g;
+  for (int i = 0; i < 100; ++i) g.set_host(g.add_compute(RankId(0), 0, Time::us(2), Flops(0)),
+                                           Time::us(10));
+  EXPECT_EQ(run(g, net).makespan, Time::us(1000) + Time::us(2));
+}
+
+TEST(SimulateTest, AfterASyncTheGpuWaitsForTheHostsLaunches) {
+  // a (1 ms) is a sync: the host issues b and c (10 us each) only once a has finished, so
+  // b starts 10 us after a ends and c 10 us after that although b runs 1 ms; without the
+  // sync the host had issued both long before.
+  Network net = single_switch_network(1, kB, Time::zero());
+  for (bool sync : {false, true}) {
+    TaskGraph g;
+    TaskId a = g.add_compute(RankId(0), 0, Time::ms(1), Flops(0));
+    TaskId b = g.add_compute(RankId(0), 0, Time::ms(1), Flops(0));
+    TaskId c = g.add_compute(RankId(0), 1, Time::us(5), Flops(0));
+    g.set_host(a, Time::us(10), sync);
+    g.set_host(b, Time::us(10));
+    g.set_host(c, Time::us(10));
+    SimResult r = run(g, net);
+    if (!sync) {
+      EXPECT_EQ(r.tasks[b.value()].start, Time::ms(1) + Time::us(10));
+      EXPECT_EQ(r.tasks[c.value()].start, Time::us(30)) << "stream 1 runs as soon as issued";
+      continue;
+    }
+    EXPECT_EQ(r.tasks[b.value()].start, Time::ms(1) + Time::us(20));
+    EXPECT_EQ(r.tasks[c.value()].start, Time::ms(1) + Time::us(30));
+    EXPECT_EQ(r.makespan, Time::ms(2) + Time::us(20));
+  }
+}
+
+TEST(SimulateTest, ACollectiveWaitsForTheLastHostToIssueIt) {
+  // Rank 1's host spends 50 us on a kernel before it issues the all-reduce; rank 0's
+  // issues it at once: the collective starts when both have.
+  Network net = single_switch_network(2, kB, Time::zero());
+  TaskGraph g;
+  g.set_host(g.add_compute(RankId(1), 0, Time::us(1), Flops(0)), Time::us(50));
+  std::vector<RankId> grp = {RankId(0), RankId(1)};
+  TaskId ar = g.add_collective({.group = grp, .bytes = Bytes(0)});
+  g.set_host(ar, Time::us(5));
+  SimResult r = run(g, net);
+  EXPECT_EQ(r.tasks[ar.value()].start, Time::us(55));
+  EXPECT_EQ(r.ranks[0].host, Time::us(5));
+  EXPECT_EQ(r.ranks[1].host, Time::us(55));
+}
+
+TEST(SimulateTest, ASyncWaitingOnWorkItsHostHasNotIssuedIsReported) {
+  // The sync task a waits for b, which its host issues only after a: neither can run.
+  Network net = single_switch_network(1, kB, Time::zero());
+  TaskGraph g;
+  TaskId a = g.add_compute(RankId(0), 0, Time::ms(1), Flops(0));
+  TaskId b = g.add_compute(RankId(0), 1, Time::ms(1), Flops(0));
+  g.add_dependency(b, a);
+  g.set_host(a, Time::us(1), true);
+  auto r = simulate(g, net, SimOptions{});
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().to_string().find("host order"), std::string::npos) << r.status().to_string();
+}
+
 // ---------------------------------------------------------------- collectives
 
 std::vector<RankId> ranks(int n, int first = 0) {

@@ -80,6 +80,7 @@ struct RankClock {
 // one cache line rather than one per array (a 1T-parameter plan has over a million tasks).
 struct TaskState {
   Time start;
+  Time issue;                  // when the last of its ranks' hosts has issued it (TaskGraph)
   Time tail_latency;           // collective: paid after its last flow
   Time fixed = Time::ps(-1);   // comm: its time when it runs alone (find_uncontended), else < 0
   const Plan* plan = nullptr;  // comm: its resolved plan
@@ -117,7 +118,12 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
          SimWorkspace* ws);
   Result<SimResult> run();
 
-  void on_event(Time now, uint32_t task) override { finish(now, static_cast<int32_t>(task)); }
+  void on_event(Time now, uint32_t tag) override {
+    if (tag & kStartTag)
+      start(static_cast<int32_t>(tag & ~kStartTag));
+    else
+      finish(now, static_cast<int32_t>(tag));
+  }
   void on_flow_done(Time now, uint32_t task) override;
 
  private:
@@ -125,8 +131,14 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
     int32_t r = s.rank.value();
     return stream_base_[r] + (s.kind == StreamKind::kComm ? num_compute_[r] : 0) + s.index;
   }
+  // An event's tag: the task that finishes, or with this bit the task whose start waited
+  // for its host's issue.
+  static constexpr uint32_t kStartTag = 1u << 31;
   void arrive(int32_t t);
   void start(int32_t t);
+  // The host of `rank` issues its next tasks from `now` on, up to and including its next
+  // sync task (TaskGraph: "Host").
+  void issue_from(int32_t rank, Time now);
   const Plan& resolve(int32_t t);
   int32_t launch(const Plan& p, const Task& task, uint32_t cookie, FlowNetwork& fn);
   void find_uncontended();
@@ -229,6 +241,12 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
   std::vector<int32_t> collectives_active_;
   std::vector<double> factor_;
   std::vector<Running> running_;  // indexed like streams (only compute ones used)
+
+  // Host (on when the graph has host costs): per rank its tasks in issue order (CSR), the
+  // next one to issue and the host's clock; per task (state_) when it is issued.
+  bool host_ = false;
+  std::vector<int32_t> host_begin_, host_tasks_, host_next_;
+  std::vector<Time> host_clock_, host_busy_;
   std::vector<double> units_;
   std::vector<int32_t> computing_;
   std::vector<std::vector<int32_t>> ranks_of_node_;
@@ -316,6 +334,32 @@ Engine::Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, Tr
     for (int r = 0; r < nr; ++r) ranks_of_node_[net.node_of(RankId(r)).value()].push_back(r);
   }
   variable_ = slowed || shared;
+  host_ = g.has_host();
+  if (host_) {
+    // Each task waits for the host of every simulated rank it occupies (once per rank,
+    // though a P2P group may occupy two streams of one).
+    host_begin_.assign(nr + 1, 0);
+    auto each_rank = [&](int t, auto&& f) {
+      auto refs = g.streams(TaskId(t));
+      for (size_t i = 0; i < refs.size(); ++i) {
+        bool seen = false;
+        for (size_t j = 0; j < i && !seen; ++j) seen = refs[j].rank == refs[i].rank;
+        if (!seen) f(refs[i].rank.value());
+      }
+    };
+    for (int t = 0; t < nt; ++t) each_rank(t, [&](int32_t r) { ++host_begin_[r + 1]; });
+    for (int r = 0; r < nr; ++r) host_begin_[r + 1] += host_begin_[r];
+    host_tasks_.resize(host_begin_[nr]);
+    host_next_.assign(host_begin_.begin(), host_begin_.end() - 1);
+    for (int t = 0; t < nt; ++t)
+      each_rank(t, [&](int32_t r) {
+        host_tasks_[host_next_[r]++] = t;
+        ++state_[t].waiting;
+      });
+    host_next_.assign(host_begin_.begin(), host_begin_.end() - 1);
+    host_clock_.assign(nr, Time::zero());
+    host_busy_.assign(nr, Time::zero());
+  }
   if (variable_) {
     factor_.assign(nr, 1.0);
     running_.resize(stream_base_[nr]);
@@ -356,6 +400,8 @@ void Engine::retime_node(int32_t node) {
 
 Result<SimResult> Engine::run() {
   find_uncontended();
+  if (host_)
+    for (int32_t r = 0; r < net_.num_ranks(); ++r) issue_from(r, Time::zero());
   for (size_t s = 0; s + 1 < stream_task_begin_.size(); ++s)
     if (stream_task_begin_[s] < stream_task_begin_[s + 1])
       arrive(stream_tasks_[stream_task_begin_[s]]);
@@ -386,6 +432,7 @@ Result<SimResult> Engine::run() {
     st.comm = clocks_[rank].comm;
     st.exposed_comm = clocks_[rank].exposed;
     st.flops = flops_[rank];
+    if (host_) st.host = host_busy_[rank];
     st.multiplicity = g_.multiplicity(RankId(rank));
   }
   for (int c = 0; c <= g_.num_labels(); ++c) {
@@ -401,6 +448,22 @@ Result<SimResult> Engine::run() {
 
 void Engine::arrive(int32_t t) {
   if (--state_[t].waiting == 0) start(t);
+}
+
+void Engine::issue_from(int32_t rank, Time now) {
+  Time h = std::max(host_clock_[rank], now);
+  while (host_next_[rank] < host_begin_[rank + 1]) {
+    const int32_t t = host_tasks_[host_next_[rank]++];
+    const Time cost = g_.host_issue(TaskId(t));
+    h += cost;
+    host_busy_[rank] += cost;
+    host_clock_[rank] = h;
+    state_[t].issue = std::max(state_[t].issue, h);
+    const bool sync = g_.host_sync(TaskId(t));
+    arrive(t);  // starts it at the earliest at its issue (start())
+    if (sync) return;  // finish() resumes this host
+  }
+  host_clock_[rank] = h;
 }
 
 void Engine::report(int32_t t, const StreamRef& s, Time end, bool started) {
@@ -423,6 +486,10 @@ void Engine::report(int32_t t, const StreamRef& s, Time end, bool started) {
 
 void Engine::start(int32_t t) {
   const Time now = queue_.now();
+  if (host_ && now < state_[t].issue) {  // ready on the GPU before its host launched it
+    queue_.schedule_at(state_[t].issue, *this, static_cast<uint32_t>(t) | kStartTag);
+    return;
+  }
   state_[t].start = now;
   for (const StreamRef& s : g_.streams(TaskId(t))) {
     RankClock& c = clocks_[s.rank.value()];
@@ -786,6 +853,12 @@ void Engine::finish(Time now, int32_t t) {
       arrive(stream_tasks_[stream_head_[stream]]);
   }
   for (int32_t i = succ_begin_[t]; i < succ_begin_[t + 1]; ++i) arrive(succ_[i]);
+  if (host_ && g_.host_sync(TaskId(t)))
+    for (const StreamRef& s : refs) {
+      const int32_t r = s.rank.value();
+      const int32_t last = host_next_[r] - 1;  // a host waiting on t issued t last
+      if (last >= host_begin_[r] && host_tasks_[last] == t) issue_from(r, now);
+    }
 }
 
 }  // namespace

@@ -108,6 +108,18 @@ void TaskGraph::set_kernels(TaskId task, KernelListId list) {
   tasks_[task.value()].kernels = list;
 }
 
+void TaskGraph::set_host(TaskId task, Time issue, bool sync) {
+  HETPAR_CHECK(task.valid() && task.value() < num_tasks() && issue >= Time::zero(),
+               "set_host: task {} issue {}", task.value(), issue.count_ps());
+  const auto i = static_cast<size_t>(task.value());
+  if (i >= host_issue_.size()) {
+    host_issue_.resize(i + 1, Time::zero());
+    host_sync_.resize(i + 1, 0);
+  }
+  host_issue_[i] = issue;
+  host_sync_[i] = sync ? 1 : 0;
+}
+
 void TaskGraph::clear() {
   tasks_.clear();
   stream_begin_.assign(1, 0);
@@ -121,6 +133,8 @@ void TaskGraph::clear() {
   for (auto& names : stream_names_) names.clear();
   kernels_.clear();
   kernel_begin_.assign(1, 0);
+  host_issue_.clear();
+  host_sync_.clear();
 }
 
 void TaskGraph::set_stream_name(StreamKind kind, int32_t index, std::string_view name) {
@@ -223,7 +237,7 @@ void TaskGraph::add_dependency(TaskId before, TaskId after) {
 Status TaskGraph::cycle_error(TaskId first, int stuck) const {
   const Task& task = tasks_[first.value()];
   return Status::invalid_argument(fmt::format(
-      "task {} ({} \"{}\"): on a cycle of dependencies and stream order ({} of {} tasks can "
+      "task {} ({} \"{}\"): on a cycle of dependencies, stream order and host order ({} of {} tasks can "
       "never start)",
       first.value(), to_string(task.kind), label_text(task.label.name), stuck, num_tasks()));
 }

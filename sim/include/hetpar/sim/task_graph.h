@@ -10,6 +10,15 @@
 // Cycles include deadlocks that stream order creates (a collective waiting, through
 // dependencies, for one queued behind it on some member's stream).
 //
+// Host (optional; none unless set_host is called): each simulated rank has one host thread,
+// the trainer's program, that issues the rank's tasks in the order they were added
+// (whatever their streams), spending host_issue(t) on each; a task starts no earlier than
+// the host of every simulated rank it occupies has issued it. The host runs ahead of the
+// GPU without bound (CUDA's launch queue), except after a sync task: having issued it, the
+// host waits for it to finish before issuing the next one (a device-to-host read the
+// program needs, e.g. the split sizes of a dropless all-to-all), and the GPU then waits for
+// the host's launches until the host gets ahead again.
+//
 // Symmetry reduction (how a planner simulates one representative of many alike ranks):
 // - A rank's multiplicity says how many ranks of the world its streams stand for: 1 by
 //   default; k > 1 for a representative of k ranks that behave exactly alike (the
@@ -155,6 +164,20 @@ class TaskGraph {
   /// Says what compute task `task` runs. REQUIRES: a compute task; `list` from add_kernels.
   void set_kernels(TaskId task, KernelListId list);
 
+  /// Task `task`'s host cost (top of this file): `issue` of host time to launch it and,
+  /// with `sync`, a wait for it to finish before the host issues anything after it.
+  /// REQUIRES: issue >= 0.
+  void set_host(TaskId task, Time issue, bool sync = false);
+  /// Whether any task has a host cost (otherwise no host is modelled).
+  bool has_host() const { return !host_issue_.empty(); }
+  Time host_issue(TaskId task) const {
+    return task.value() < static_cast<int>(host_issue_.size()) ? host_issue_[task.value()]
+                                                               : Time::zero();
+  }
+  bool host_sync(TaskId task) const {
+    return task.value() < static_cast<int>(host_sync_.size()) && host_sync_[task.value()] != 0;
+  }
+
   /// Sets `rank`'s multiplicity (top of this file). REQUIRES: n >= 0, called before any
   /// task involving `rank` is added.
   void set_multiplicity(RankId rank, int32_t n);
@@ -234,6 +257,8 @@ class TaskGraph {
   std::vector<std::string> stream_names_[2];  // [kind][index]
   std::vector<Kernel> kernels_;
   std::vector<int32_t> kernel_begin_{0};
+  std::vector<Time> host_issue_;    // per task up to the last set_host; empty: no host
+  std::vector<uint8_t> host_sync_;  // parallel to host_issue_
 };
 
 }  // namespace hetpar::sim
