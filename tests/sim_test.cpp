@@ -439,8 +439,8 @@ TEST(SimulateTest, KernelsShorterThanTheirLaunchRunAtTheHostsPace) {
   // 100 kernels of 2 us, each 10 us to launch: the GPU runs each as soon as it is issued.
   Network net = single_switch_network(1, kB, Time::zero());
   TaskGraph g;
-  for (int i = 0; i < 100; ++i) g.set_host(g.add_compute(RankId(0), 0, Time::us(2), Flops(0)),
-                                           Time::us(10));
+  for (int i = 0; i < 100; ++i)
+    g.set_host(g.add_compute(RankId(0), 0, Time::us(2), Flops(0)), Time::us(10));
   EXPECT_EQ(run(g, net).makespan, Time::us(1000) + Time::us(2));
 }
 
@@ -469,6 +469,20 @@ TEST(SimulateTest, AfterASyncTheGpuWaitsForTheHostsLaunches) {
   }
 }
 
+TEST(SimulateTest, TasksWithoutAHostCostAreNotHeldByTheHost) {
+  // The host is held by the sync a until 1 ms; b (no host cost) starts beside it at 0.
+  Network net = single_switch_network(1, kB, Time::zero());
+  TaskGraph g;
+  TaskId a = g.add_compute(RankId(0), 0, Time::ms(1), Flops(0));
+  TaskId b = g.add_compute(RankId(0), 1, Time::ms(1), Flops(0));
+  TaskId c = g.add_compute(RankId(0), 1, Time::ms(1), Flops(0));
+  g.set_host(a, Time::us(10), true);
+  g.set_host(c, Time::us(10));
+  SimResult r = run(g, net);
+  EXPECT_EQ(r.tasks[b.value()].start, Time::zero());
+  EXPECT_EQ(r.tasks[c.value()].start, Time::ms(1) + Time::us(20));
+}
+
 TEST(SimulateTest, ACollectiveWaitsForTheLastHostToIssueIt) {
   // Rank 1's host spends 50 us on a kernel before it issues the all-reduce; rank 0's
   // issues it at once: the collective starts when both have.
@@ -492,6 +506,7 @@ TEST(SimulateTest, ASyncWaitingOnWorkItsHostHasNotIssuedIsReported) {
   TaskId b = g.add_compute(RankId(0), 1, Time::ms(1), Flops(0));
   g.add_dependency(b, a);
   g.set_host(a, Time::us(1), true);
+  g.set_host(b, Time::us(1));
   auto r = simulate(g, net, SimOptions{});
   ASSERT_FALSE(r.is_ok());
   EXPECT_NE(r.status().to_string().find("host order"), std::string::npos) << r.status().to_string();

@@ -164,6 +164,9 @@ class Builder {
            fmt::format("{}: the cores rank 0 may run on (its affinity mask), shared by the "
                        "host's ranks",
                        measured_));
+    // The host's time per issued call is not measured (the sweeps time the device).
+    if (p.host_op > Time::zero())
+      mark(p, "host.op_us", from_base("the host's time per issued kernel or call"));
     HETPAR_RETURN_IF_ERROR(device(p));
     intra(p);
     inter(p, hosts);

@@ -253,6 +253,12 @@ Result<SystemProfile> parse_profile(const nlohmann::json& j, const std::string& 
   p.gpus_per_node = read_count(r, "gpus_per_node");
   p.shared_compute_units = static_cast<int>(r.optional_int("shared_compute_units", 0, 0, 1 << 20));
   read_gpu(r.object("gpu"), p.gpu, r);
+  if (r.has("host")) {
+    JsonReader host = r.object("host");
+    p.host_op = Time::us(host.required_double("op_us"));
+    host.finish();
+    r.merge(host.status());
+  }
 
   JsonReader intra = r.object("intra_node");
   p.intra_node.kind = parse_fabric_kind(intra.required_enum("fabric", {"nvswitch", "pcie", "none"}))
@@ -354,6 +360,7 @@ nlohmann::json profile_to_json(const SystemProfile& p) {
       {"provenance", p.provenance},
   };
   if (p.wan) j["wan"] = wan_to_json(*p.wan);
+  if (p.host_op > Time::zero()) j["host"] = {{"op_us", to_us(p.host_op)}};
   nlohmann::json colls = nlohmann::json::array();
   for (const CollectiveFigure& f : p.collectives) {
     nlohmann::json c = {{"scope", to_string(f.scope)},

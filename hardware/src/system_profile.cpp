@@ -152,6 +152,7 @@ Status validate_profile(const SystemProfile& p) {
     c.fraction(key + "[2]", t.efficiency);
   }
   c.non_negative("gpu.gemm.launch_us", g.gemm_launch_overhead.to_us());
+  c.non_negative("host.op_us", p.host_op.to_us());
   for (Precision prec : kAllPrecisions) {
     const std::vector<GemmMeasurement>& pts = g.gemm_measured[precision_index(prec)];
     const std::string key = fmt::format("gpu.gemm.measured.{}", to_string(prec));
@@ -254,6 +255,7 @@ std::vector<std::string> missing_provenance(const SystemProfile& p) {
   if (p.intra_node.nvls) fields.push_back("intra_node.nvls_min_group");
   if (p.gpu.collective_overlap_slowdown > 0) fields.push_back("gpu.collective_overlap_slowdown");
   if (p.shared_compute_units > 0) fields.push_back("shared_compute_units");
+  if (p.host_op > Time::zero()) fields.push_back("host.op_us");
   for (Precision prec : kAllPrecisions) {
     if (!p.gpu.gemm_measured[precision_index(prec)].empty())
       fields.push_back(fmt::format("gpu.gemm.measured.{}", to_string(prec)));

@@ -530,6 +530,8 @@ class Lowering {
   // compute step right before an EP all-to-all, runs only its dgrad, its wgrad beside the
   // all-to-all once that is issued (run_step's kEpAllToAll).
   bool delays_wgrad(const PlacedBlock& pb, size_t s);
+  // Whether forward step s is the block's first EP all-to-all (the MoE dispatch).
+  bool dispatches(const PlacedBlock& pb, size_t s);
   // FSDP (Layout::fsdp): the block's parameter all-gather on each rank after `after[j]`
   // (its next compute waits for it), and its gradient reduce-scatter after its last task.
   void fsdp_gather(const PlacedBlock& pb, const std::vector<TaskId>& after);
@@ -631,8 +633,17 @@ class Lowering {
   std::vector<std::vector<ModuleCost>> costs_[2];  // [backward][node group][module]
   std::vector<int> group_of_rank_;
   std::vector<std::string> module_names_;
-  std::vector<models::OpGraph> graphs_;  // per module (LowerOptions::kernels only)
-  std::vector<bool> cp_split_;           // per module: whether cp splits its tokens
+  std::vector<models::OpGraph> graphs_;  // per module (LowerOptions::kernels or host_)
+  // The host (sim/task_graph.h "Host"), per node group its time per issued kernel or call
+  // (SystemProfile::host_op). On when a group has one and this lowering emits every task of
+  // its ranks in their program's order: the homogeneous plan (the modules of a
+  // heterogeneous one are lowered one after another). It issues compute tasks and
+  // collectives; P2P transfers are not host-issued: pipeline transfers are emitted after
+  // all compute, and a CP ring step's grouped send and receive are two tasks per rank when
+  // every rank is simulated but one for a representative.
+  std::vector<Time> host_op_;
+  bool host_ = false;
+  std::vector<bool> cp_split_;  // per module: whether cp splits its tokens
   std::map<std::tuple<size_t, int, size_t, bool, int>, sim::KernelListId> kernel_ids_;
   std::vector<std::vector<PlacedBlock>> chunks_;         // per virtual stage, forward order
   std::vector<std::vector<Labels>> labels_;              // per virtual stage: [block][pass]
@@ -843,6 +854,8 @@ void Lowering::build_costs() {
     cp_split_.push_back(i == model.llm_index());
   }
   for (const hardware::NodeGroup& group : s_.cluster.groups()) {
+    host_op_.push_back(group.profile.host_op);
+    host_ = host_ || (role_.modules.empty() && group.profile.host_op > Time::zero());
     std::vector<ModuleCost>& fwd = costs_[0].emplace_back();
     std::vector<ModuleCost>& bwd = costs_[1].emplace_back();
     for (size_t k = 0; k < graphs.size(); ++k) {
@@ -852,7 +865,7 @@ void Lowering::build_costs() {
       bwd.push_back(for_direction(mc, true, l_.sequence_parallel));
     }
   }
-  if (o_.kernels) graphs_ = std::move(graphs);
+  if (o_.kernels || host_) graphs_ = std::move(graphs);
   group_of_rank_.clear();
   const auto& groups = s_.cluster.groups();
   for (size_t gi = 0; gi < groups.size(); ++gi)
@@ -918,7 +931,7 @@ const Lowering::Labels& Lowering::labels(int v, size_t block, int pass) {
 }
 
 sim::KernelListId Lowering::kernels(const PlacedBlock& pb, size_t s, bool backward, Use use) {
-  if (!o_.kernels) return {};
+  if (!o_.kernels && !host_) return {};
   const auto key =
       std::make_tuple(pb.module, static_cast<int>(pb.part), s, backward, static_cast<int>(use));
   if (auto it = kernel_ids_.find(key); it != kernel_ids_.end()) return it->second;
@@ -992,7 +1005,11 @@ sim::KernelListId Lowering::kernels(const PlacedBlock& pb, size_t s, bool backwa
 void Lowering::compute(int j, Time d, Flops f, int pass, sim::LabelId name,
                        sim::KernelListId kernels) {
   const TaskId t = g_.add_compute(rank_of(j, stage_), 0, d, f, {cat_[pass], name});
-  if (kernels.valid()) g_.set_kernels(t, kernels);
+  if (kernels.valid() && o_.kernels) g_.set_kernels(t, kernels);
+  if (host_) {  // one issue per kernel (a task without a kernel list: one)
+    const int64_t n = kernels.valid() ? static_cast<int64_t>(g_.kernels(kernels).size()) : 1;
+    g_.set_host(t, host_op_[group_[j]] * n);
+  }
   RankState& rs = st_[j];
   if (rs.need.valid()) g_.add_dependency(rs.need, t);
   if (rs.gathered.valid()) g_.add_dependency(rs.gathered, t);
@@ -1017,6 +1034,7 @@ void Lowering::group_collectives(const GroupSet& gs, CollectiveKind kind, Bytes 
     spec.copies = gs.copies[k];
     spec.copy_engine = copy_engine;
     const TaskId c = g_.add_collective(spec, label);
+    if (host_) g_.set_host(c, host_op_[group_[gs.locals[k].front()]]);
     for (int j : gs.locals[k])
       if (active(j)) on_rank(j, c);
   }
@@ -1165,6 +1183,13 @@ void Lowering::cp_ring(const PlacedBlock& pb, size_t s, int pass, const Labels& 
         std::swap(arrived, next);
       }
     }
+}
+
+bool Lowering::dispatches(const PlacedBlock& pb, size_t s) {
+  const std::vector<WorkStep>& steps = block(0, pb, false).steps;
+  for (size_t i = 0; i < s; ++i)
+    if (steps[i].kind == StepKind::kEpAllToAll) return false;
+  return s < steps.size() && steps[s].kind == StepKind::kEpAllToAll;
 }
 
 bool Lowering::delays_wgrad(const PlacedBlock& pb, size_t s) {
@@ -1346,6 +1371,13 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
       return;
     }
     case StepKind::kEpAllToAll:
+      // Megatron's dropless all-to-all dispatcher needs the split sizes on the host before
+      // its dispatch: the host waits for the router's work to finish (token_dispatcher.py,
+      // the "before_ep_alltoall" cuda_sync_point). The backward reuses them: no wait.
+      if (host_ && !backward && dispatches(pb, s))
+        for (int j : actives_)
+          if (st_[j].last.valid())
+            g_.set_host(st_[j].last, g_.host_issue(st_[j].last), /*sync=*/true);
       collective(CollectiveKind::kAllToAll, step.bytes, {cat_ep_, lb.ep}, ep_groups_,
                  l_.ep_comm_overlap ? kEpStream : kTpStream);
       if (backward && delays_wgrad(pb, s + 1)) {  // the wgrads held back for it, beside it

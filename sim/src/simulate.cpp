@@ -334,7 +334,7 @@ Engine::Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, Tr
     for (int r = 0; r < nr; ++r) ranks_of_node_[net.node_of(RankId(r)).value()].push_back(r);
   }
   variable_ = slowed || shared;
-  host_ = g.has_host();
+  host_ = opt.host && g.has_host();
   if (host_) {
     // Each task waits for the host of every simulated rank it occupies (once per rank,
     // though a P2P group may occupy two streams of one).
@@ -347,15 +347,17 @@ Engine::Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, Tr
         if (!seen) f(refs[i].rank.value());
       }
     };
-    for (int t = 0; t < nt; ++t) each_rank(t, [&](int32_t r) { ++host_begin_[r + 1]; });
+    for (int t = 0; t < nt; ++t)
+      if (g.host_issued(TaskId(t))) each_rank(t, [&](int32_t r) { ++host_begin_[r + 1]; });
     for (int r = 0; r < nr; ++r) host_begin_[r + 1] += host_begin_[r];
     host_tasks_.resize(host_begin_[nr]);
     host_next_.assign(host_begin_.begin(), host_begin_.end() - 1);
     for (int t = 0; t < nt; ++t)
-      each_rank(t, [&](int32_t r) {
-        host_tasks_[host_next_[r]++] = t;
-        ++state_[t].waiting;
-      });
+      if (g.host_issued(TaskId(t)))
+        each_rank(t, [&](int32_t r) {
+          host_tasks_[host_next_[r]++] = t;
+          ++state_[t].waiting;
+        });
     host_next_.assign(host_begin_.begin(), host_begin_.end() - 1);
     host_clock_.assign(nr, Time::zero());
     host_busy_.assign(nr, Time::zero());
@@ -460,7 +462,7 @@ void Engine::issue_from(int32_t rank, Time now) {
     host_clock_[rank] = h;
     state_[t].issue = std::max(state_[t].issue, h);
     const bool sync = g_.host_sync(TaskId(t));
-    arrive(t);  // starts it at the earliest at its issue (start())
+    arrive(t);         // starts it at the earliest at its issue (start())
     if (sync) return;  // finish() resumes this host
   }
   host_clock_[rank] = h;

@@ -113,7 +113,7 @@ void TaskGraph::set_host(TaskId task, Time issue, bool sync) {
                "set_host: task {} issue {}", task.value(), issue.count_ps());
   const auto i = static_cast<size_t>(task.value());
   if (i >= host_issue_.size()) {
-    host_issue_.resize(i + 1, Time::zero());
+    host_issue_.resize(i + 1, Time::ps(-1));
     host_sync_.resize(i + 1, 0);
   }
   host_issue_[i] = issue;
@@ -237,7 +237,8 @@ void TaskGraph::add_dependency(TaskId before, TaskId after) {
 Status TaskGraph::cycle_error(TaskId first, int stuck) const {
   const Task& task = tasks_[first.value()];
   return Status::invalid_argument(fmt::format(
-      "task {} ({} \"{}\"): on a cycle of dependencies, stream order and host order ({} of {} tasks can "
+      "task {} ({} \"{}\"): on a cycle of dependencies, stream order and host order ({} of {} "
+      "tasks can "
       "never start)",
       first.value(), to_string(task.kind), label_text(task.label.name), stuck, num_tasks()));
 }

@@ -62,9 +62,11 @@ sim::SimResult run(const LoweredPlan& lp, const sim::Network& net, sim::SimOptio
   return *r;
 }
 
-// Communication for free: a huge switch without latency, collectives without latency.
+// Communication for free: a huge switch without latency, collectives without latency; and
+// a host that is never behind (the closed forms count GPU work only).
 sim::SimResult run_free(const LoweredPlan& lp) {
   sim::SimOptions o;
+  o.host = false;
   o.collectives.ring_base = o.collectives.tree_base = o.collectives.intra_hop =
       o.collectives.ring_inter_hop = o.collectives.tree_inter_hop = Time::zero();
   return run(lp, sim::single_switch_network(lp.world, Bandwidth::GBps(1e9), Time::zero()), o);
@@ -702,6 +704,48 @@ TEST(Lower, FsdpShardsExpertsOverTheirExpertDataParallelGroup) {
     Bytes all;
     for (const auto& [size, b] : gathered) all += b;
     EXPECT_EQ(reduced, all * 2) << ep;
+  }
+}
+
+// The host (SystemProfile::host_op; dgx-h100: 13.48 us per call): every compute task of a
+// homogeneous plan costs its host one issue per kernel it runs, every collective one; under
+// EP the dropless dispatcher's host waits for the router's work before each forward
+// dispatch (once per layer and micro-batch), never in the backward; without EP it has no
+// all-to-all to size and never waits here.
+TEST(Lower, TheHostIssuesEveryKernelAndWaitsForTheRouterBeforeADroplessDispatch) {
+  Scenario moe = tiny_moe(4, 16, 1, 8);
+  const Time op = moe.cluster.groups()[0].profile.host_op;
+  ASSERT_EQ(op, Time::us(13.48));
+  for (int ep : {1, 8}) {
+    Plan p = plan(1, 1, 8);
+    p.layout.ep = ep;
+    LoweredPlan lp = lowered(moe, p, {.kernels = true});
+    const sim::TaskGraph& g = lp.graph;
+    ASSERT_TRUE(g.has_host());
+    int syncs = 0;
+    for (int t = 0; t < g.num_tasks(); ++t) {
+      const sim::Task& task = g.task(TaskId(t));
+      ASSERT_TRUE(g.host_issued(TaskId(t)) || task.kind == sim::TaskKind::kP2P ||
+                  g.label_text(task.label.category) == "optimizer")
+          << t;
+      if (task.kind == sim::TaskKind::kCompute && task.kernels.valid() &&
+          g.host_issued(TaskId(t))) {
+        EXPECT_EQ(g.host_issue(TaskId(t)),
+                  op * static_cast<int64_t>(g.kernels(task.kernels).size()));
+      }
+      if (task.kind == sim::TaskKind::kCollective) {
+        EXPECT_EQ(g.host_issue(TaskId(t)), op);
+      }
+      if (!g.host_sync(TaskId(t))) continue;
+      ++syncs;
+      EXPECT_EQ(task.kind, sim::TaskKind::kCompute);
+      EXPECT_EQ(g.label_text(task.label.category), "fwd");
+    }
+    // One representative rank: 4 layers x 2 micro-batches.
+    EXPECT_EQ(syncs, ep > 1 ? 8 : 0) << ep;
+    const sim::SimResult r = run(lp, lp.network);
+    EXPECT_EQ(r.ranks[0].host.count_ps() % op.count_ps(), 0);
+    EXPECT_GT(r.ranks[0].host, op * 100);
   }
 }
 

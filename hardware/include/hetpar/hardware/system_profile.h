@@ -6,6 +6,9 @@
 //   {
 //     "name": "dgx-h100", "description": "...", "gpus_per_node": 8,
 //     "shared_compute_units": 2,            // optional (0): cores the ranks share (cpu)
+//     "host": {"op_us": 13.5},              // optional (0: no host modelled): CPU time
+//                                           // the trainer spends issuing one kernel or
+//                                           // communication call (sim: TaskGraph "Host")
 //     "gpu": {"model": "H100-SXM5-80GB", "sm_count": 132, "l2_MiB": 50, "memory_GiB": 80,
 //             "memory_GBps": 3350,          // HBM datasheet peak
 //             "memory_efficiency": 0.90,    // achievable fraction for streaming kernels
@@ -132,6 +135,11 @@ struct SystemProfile {
   /// them); 0 = every rank has a device of its own (GPUs). While more ranks of a node
   /// compute than it has units, each computes at units / computing ranks of its speed.
   int shared_compute_units = 0;
+  /// Host (CPU) time the trainer's program spends issuing one GPU kernel or one
+  /// communication call, from Python through the framework's dispatch to the launch
+  /// (PyTorch eager); zero = the host is not modelled. It overlaps the GPU's work except
+  /// where the program waits for the GPU (sim/task_graph.h, "Host").
+  Time host_op;
   IntraNodeFabric intra_node;
   InterNodeNetwork inter_node;
   std::optional<WanLink> wan;

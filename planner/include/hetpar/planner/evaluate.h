@@ -46,6 +46,9 @@ struct PlanMetrics {
   double bubble_fraction = 0;
   Time exposed_comm;  // mean over ranks
   std::vector<ExposedComm> exposed_by_kind;
+  /// Mean over ranks of the host time spent issuing the rank's kernels and calls
+  /// (SystemProfile::host_op; zero when the host is not modelled).
+  Time host_busy;
   std::vector<PhaseTime> phases;
   int world = 0;
   int64_t micro_batches = 0;  // per DP replica

@@ -43,6 +43,9 @@ struct SimOptions {
   /// are equal, as in symmetric collectives; an all-to-all then costs 2 flows per source,
   /// not n - 1). false: every flow of the pattern on its own.
   bool bundle_flows = true;
+  /// Model the host where the graph gives tasks host costs (task_graph.h "Host"); false:
+  /// every task is issued in time (a free host, as closed forms assume).
+  bool host = true;
   /// Fill SimResult::tasks (costs 16 bytes per task).
   bool record_tasks = false;
 };
@@ -55,7 +58,7 @@ struct RankStats {
   Time exposed_comm{};                    // time a comm stream was busy and no compute stream was
   Flops flops{};                          // of the compute tasks that ran on this rank
   Time host{};  // host time spent issuing this rank's tasks (TaskGraph "Host"; 0 without)
-  int32_t multiplicity = 1;               // ranks of the world these stats stand for
+  int32_t multiplicity = 1;  // ranks of the world these stats stand for
 };
 
 struct TaskTiming {

@@ -11,11 +11,12 @@
 // dependencies, for one queued behind it on some member's stream).
 //
 // Host (optional; none unless set_host is called): each simulated rank has one host thread,
-// the trainer's program, that issues the rank's tasks in the order they were added
-// (whatever their streams), spending host_issue(t) on each; a task starts no earlier than
-// the host of every simulated rank it occupies has issued it. The host runs ahead of the
-// GPU without bound (CUDA's launch queue), except after a sync task: having issued it, the
-// host waits for it to finish before issuing the next one (a device-to-host read the
+// the trainer's program, that issues the rank's tasks given a host cost (set_host) in the
+// order they were added (whatever their streams), spending host_issue(t) on each; such a
+// task starts no earlier than the host of every simulated rank it occupies has issued it.
+// Tasks without a host cost are not issued by the host (they start as if it were ahead). The host
+// runs ahead of the GPU without bound (CUDA's launch queue), except after a sync task: having
+// issued it, the host waits for it to finish before issuing the next one (a device-to-host read the
 // program needs, e.g. the split sizes of a dropless all-to-all), and the GPU then waits for
 // the host's launches until the host gets ahead again.
 //
@@ -170,9 +171,14 @@ class TaskGraph {
   void set_host(TaskId task, Time issue, bool sync = false);
   /// Whether any task has a host cost (otherwise no host is modelled).
   bool has_host() const { return !host_issue_.empty(); }
+  /// Whether set_host was called for `task` (the host issues it).
+  bool host_issued(TaskId task) const {
+    return task.value() < static_cast<int>(host_issue_.size()) &&
+           host_issue_[task.value()] >= Time::zero();
+  }
+  /// The host time set_host gave `task`; zero without.
   Time host_issue(TaskId task) const {
-    return task.value() < static_cast<int>(host_issue_.size()) ? host_issue_[task.value()]
-                                                               : Time::zero();
+    return host_issued(task) ? host_issue_[task.value()] : Time::zero();
   }
   bool host_sync(TaskId task) const {
     return task.value() < static_cast<int>(host_sync_.size()) && host_sync_[task.value()] != 0;
@@ -257,7 +263,7 @@ class TaskGraph {
   std::vector<std::string> stream_names_[2];  // [kind][index]
   std::vector<Kernel> kernels_;
   std::vector<int32_t> kernel_begin_{0};
-  std::vector<Time> host_issue_;    // per task up to the last set_host; empty: no host
+  std::vector<Time> host_issue_;    // per task up to the last set_host (< 0: none); empty: no host
   std::vector<uint8_t> host_sync_;  // parallel to host_issue_
 };
 
