@@ -635,12 +635,14 @@ class Lowering {
   std::vector<std::string> module_names_;
   std::vector<models::OpGraph> graphs_;  // per module (LowerOptions::kernels or host_)
   // The host (sim/task_graph.h "Host"), per node group its time per issued kernel or call
-  // (SystemProfile::host_op). On when a group has one and this lowering emits every task of
-  // its ranks in their program's order: the homogeneous plan (the modules of a
-  // heterogeneous one are lowered one after another). It issues compute tasks and
-  // collectives; P2P transfers are not host-issued: pipeline transfers are emitted after
-  // all compute, and a CP ring step's grouped send and receive are two tasks per rank when
-  // every rank is simulated but one for a representative.
+  // (SystemProfile::host_op); on when a group has one. It issues compute tasks and
+  // collectives in the order they are emitted, which is each rank's program order (a
+  // heterogeneous plan emits a colocated encoder's ops just before the LLM op they precede,
+  // the three phases one after another, non-colocated modules on ranks of their own). Not
+  // host-issued: P2P transfers (pipeline transfers are emitted after all compute; a CP
+  // ring step's grouped send and receive are two tasks per rank when every rank is
+  // simulated but one for a representative) and the boundary's tasks (emitted after both
+  // modules).
   std::vector<Time> host_op_;
   bool host_ = false;
   std::vector<bool> cp_split_;  // per module: whether cp splits its tokens
@@ -855,7 +857,7 @@ void Lowering::build_costs() {
   }
   for (const hardware::NodeGroup& group : s_.cluster.groups()) {
     host_op_.push_back(group.profile.host_op);
-    host_ = host_ || (role_.modules.empty() && group.profile.host_op > Time::zero());
+    host_ = host_ || group.profile.host_op > Time::zero();
     std::vector<ModuleCost>& fwd = costs_[0].emplace_back();
     std::vector<ModuleCost>& bwd = costs_[1].emplace_back();
     for (size_t k = 0; k < graphs.size(); ++k) {

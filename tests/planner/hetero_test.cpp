@@ -512,6 +512,10 @@ TEST(HeteroSymmetry, RepresentativesPredictWhatEveryRankDoes) {
     // reduced dp_comm is 1.7e-4 short of the full one (cause not pinned down: neither cp 2
     // with encoder tp 1 nor encoder tp 2 with cp 1 shows it); the iteration time is exact.
     double phase_tol = 1e-6;
+    // Relative tolerance of the iteration time: exact, except where the phase residual above
+    // reaches the critical path (since round 12 tasks also wait for their host's launch,
+    // and in the three-phase FSDP case the residual then moves the iteration by 2e-6).
+    double iteration_tol = 1e-9;
   };
   const std::vector<HCase> cases = {
       {"colocated fan-in 4", llava(32, 2),
@@ -557,7 +561,7 @@ TEST(HeteroSymmetry, RepresentativesPredictWhatEveryRankDoes) {
       // (as for the cp 2 case above; candidates: the FSDP collectives sharing links with
       // mirrored ranks' traffic that only the representative's links see).
       {"three-phase fan-in 8, both fsdp", llava(32, 2),
-       hetero(co, fsdp(module_layout(4, 2, 1, 2)), 0, fsdp(module_layout(1, 16)), 0), 5e-5},
+       hetero(co, fsdp(module_layout(4, 2, 1, 2)), 0, fsdp(module_layout(1, 16)), 0), 5e-5, 1e-5},
       {"non-colocated fan-in 4, both fsdp", llava(32, 3),
        hetero(nc, fsdp(module_layout(4, 2, 1, 2)), 8, fsdp(module_layout(1, 8)), 0)},
       {"non-colocated fan-out 4, both userbuffers", llava(32, 2),
@@ -584,7 +588,7 @@ TEST(HeteroSymmetry, RepresentativesPredictWhatEveryRankDoes) {
     fmt::print("{}: reduced {:.6f} s ({} tasks), full {:.6f} s ({} tasks)\n", c.name,
                reduced->iteration_time.to_seconds(), reduced->tasks,
                full->iteration_time.to_seconds(), full->tasks);
-    EXPECT_NEAR(reduced->iteration_time / full->iteration_time, 1.0, 1e-9);
+    EXPECT_NEAR(reduced->iteration_time / full->iteration_time, 1.0, c.iteration_tol);
     ASSERT_EQ(reduced->phases.size(), full->phases.size());
     for (const PhaseTime& ph : full->phases)
       EXPECT_NEAR(phase(*reduced, ph.phase).to_seconds(), ph.per_rank.to_seconds(),
