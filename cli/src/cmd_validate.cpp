@@ -110,7 +110,11 @@ int run_validate(const ValidateOptions& o) {
         "{}: the plan needs {} ranks but {} processes run it (mpirun -np {} hetpar validate ...)",
         o.path, world, b.info().world, world)));
 
-  auto predicted = planner::evaluate(*scenario, plan);
+  // The executor issues its kernels from C++, not from a trainer's Python program: no
+  // host cost per call in what it is compared with.
+  planner::EvaluateOptions predict;
+  predict.trainer_host = false;
+  auto predicted = planner::evaluate(*scenario, plan, predict);
   if (!predicted.is_ok()) return fail(predicted.status());
   if (!predicted->feasible) {
     if (lead) fmt::print(stderr, "hetpar: infeasible plan: {}\n", predicted->infeasible_reason);

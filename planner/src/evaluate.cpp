@@ -132,6 +132,7 @@ Result<PlanMetrics> evaluate(const Scenario& s, const Plan& p, const EvaluateOpt
   sim::SimOptions so;
   so.collectives = collective_config(s.cluster);
   so.record_tasks = o.exposed_by_kind;
+  so.host = o.trainer_host;
   if (shared) so.node_compute_units = node_units;
   for (int r = 0; r < lowered.world; ++r) {
     const double slow = s.cluster.profile_of_gpu(r).gpu.collective_overlap_slowdown;

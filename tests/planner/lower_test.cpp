@@ -749,6 +749,22 @@ TEST(Lower, TheHostIssuesEveryKernelAndWaitsForTheRouterBeforeADroplessDispatch)
   }
 }
 
+// The tiny model's kernels are shorter than their launch on a DGX H100's host, so a trainer
+// running it is host-bound; hetpar's executor (trainer_host off) is not charged for it.
+TEST(Lower, ATrainersHostSlowsSmallKernelsAndTheExecutorDoesNotPayIt) {
+  Scenario s = make(4, 16, 1);
+  Plan p = plan(8, 1, 1);
+  EvaluateOptions trainer, executor;
+  executor.trainer_host = false;
+  auto with = evaluate(s, p, trainer), without = evaluate(s, p, executor);
+  ASSERT_TRUE(with.is_ok() && without.is_ok());
+  EXPECT_GT(with->host_busy, Time::zero());
+  EXPECT_EQ(without->host_busy, Time::zero());
+  EXPECT_GT(with->iteration_time, without->iteration_time * 1.05);
+  // Host-bound: the iteration is at least what the host spends issuing.
+  EXPECT_GE(with->iteration_time, with->host_busy);
+}
+
 // MoE parallel folding (etp 1, Megatron-Core's expert_tensor_parallel_size 1): whole
 // experts on each rank's sequence slice, the EP groups of four taken from the stage's eight
 // ranks in the experts' order (tp peers included), no TP gather of the routed tokens, and

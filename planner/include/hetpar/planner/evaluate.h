@@ -80,6 +80,9 @@ struct EvaluateOptions {
   /// and an interval sweep; a search that only ranks plans turns it off and
   /// exposed_by_kind stays empty (everything else is unchanged).
   bool exposed_by_kind = true;
+  /// Model the trainer's host (SystemProfile::host_op: a PyTorch program issuing every
+  /// kernel from Python). Off for hetpar's own executor, which issues its kernels from C++.
+  bool trainer_host = true;
   /// Arrays to reuse (see Workspace); may be null.
   Workspace* workspace = nullptr;
 };
