@@ -935,6 +935,39 @@ TEST(SimulateTest, RanksSharingComputeUnitsShareTheirSpeed) {
   EXPECT_EQ(simulate(g, net, o)->makespan, Time::ms(10));
 }
 
+TEST(TraceTest, TheHostHasATrackWithEachLaunchAndEachWaitForTheGpu) {
+  // a (1 ms, a sync) and b: the host launches a over [0, 10 us), waits for it until 1 ms,
+  // then launches b over [1 ms, 1 ms + 10 us).
+  Network net = single_switch_network(1, kB, Time::zero());
+  TaskGraph g;
+  TaskId a = g.add_compute(RankId(0), 0, Time::ms(1), Flops(0), {.name = g.label("router")});
+  TaskId b = g.add_compute(RankId(0), 0, Time::ms(1), Flops(0), {.name = g.label("experts")});
+  g.set_host(a, Time::us(10), true);
+  g.set_host(b, Time::us(10));
+  std::ostringstream out;
+  {
+    ChromeTraceWriter writer(out);
+    ASSERT_TRUE(simulate(g, net, {}, &writer).is_ok());
+  }
+  nlohmann::json doc = nlohmann::json::parse(out.str());
+  std::vector<nlohmann::json> host;
+  bool named = false;
+  for (const auto& e : doc["traceEvents"]) {
+    if (e["ph"] == "X" && e["tid"] == ChromeTraceWriter::kHostThread) host.push_back(e);
+    if (e["ph"] == "M" && e["name"] == "thread_name" && e["args"]["name"] == "host") named = true;
+  }
+  EXPECT_TRUE(named);
+  ASSERT_EQ(host.size(), 3u);
+  EXPECT_EQ(host[0]["name"], "router");
+  EXPECT_DOUBLE_EQ(host[0]["dur"].get<double>(), 10.0);
+  EXPECT_EQ(host[1]["name"], "wait for GPU: router");
+  EXPECT_EQ(host[1]["cat"], "host_wait");
+  EXPECT_DOUBLE_EQ(host[1]["ts"].get<double>(), 10.0);
+  EXPECT_DOUBLE_EQ(host[1]["dur"].get<double>(), 1000.0);
+  EXPECT_EQ(host[2]["name"], "experts");
+  EXPECT_DOUBLE_EQ(host[2]["ts"].get<double>(), 1010.0);
+}
+
 TEST(TraceTest, ChromeTraceIsValidJsonWithOneEventPerTaskStream) {
   Network net = single_switch_network(2, kB, Time::us(1));
   TaskGraph g;

@@ -145,6 +145,7 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
   Time isolated_time(const Plan& p, const Task& task);
   void finish(Time now, int32_t t);
   void report(int32_t t, const StreamRef& s, Time end, bool started);
+  std::string_view task_name(int32_t t) const;  // its name, or its kind without one
   // Variable-speed compute (SimOptions::collective_compute_slowdown, node_compute_units):
   // the time multiplier of `rank`'s compute now, and re-timing its running tasks when it
   // changed (their remaining work at the new speed).
@@ -457,6 +458,8 @@ void Engine::issue_from(int32_t rank, Time now) {
   while (host_next_[rank] < host_begin_[rank + 1]) {
     const int32_t t = host_tasks_[host_next_[rank]++];
     const Time cost = g_.host_issue(TaskId(t));
+    if (sink_ && cost > Time::zero())
+      sink_->host_span({TaskId(t), RankId(rank), task_name(t), h, h + cost});
     h += cost;
     host_busy_[rank] += cost;
     host_clock_[rank] = h;
@@ -468,15 +471,20 @@ void Engine::issue_from(int32_t rank, Time now) {
   host_clock_[rank] = h;
 }
 
-void Engine::report(int32_t t, const StreamRef& s, Time end, bool started) {
+std::string_view Engine::task_name(int32_t t) const {
   const Task& task = g_.task(TaskId(t));
   std::string_view name = g_.label_text(task.label.name);
   if (name.empty())
     name = task.kind == TaskKind::kCollective ? to_string(task.collective) : to_string(task.kind);
+  return name;
+}
+
+void Engine::report(int32_t t, const StreamRef& s, Time end, bool started) {
+  const Task& task = g_.task(TaskId(t));
   TaskSpan span{TaskId(t),
                 s,
                 g_.label_text(task.label.category),
-                name,
+                task_name(t),
                 g_.stream_name(s.kind, s.index),
                 state_[t].start,
                 end};
@@ -859,7 +867,10 @@ void Engine::finish(Time now, int32_t t) {
     for (const StreamRef& s : refs) {
       const int32_t r = s.rank.value();
       const int32_t last = host_next_[r] - 1;  // a host waiting on t issued t last
-      if (last >= host_begin_[r] && host_tasks_[last] == t) issue_from(r, now);
+      if (last < host_begin_[r] || host_tasks_[last] != t) continue;
+      if (sink_ && now > host_clock_[r])
+        sink_->host_span({TaskId(t), RankId(r), task_name(t), host_clock_[r], now, true});
+      issue_from(r, now);
     }
 }
 

@@ -59,9 +59,7 @@ void ChromeTraceWriter::begin_event() {
   first_ = false;
 }
 
-void ChromeTraceWriter::task_finished(const TaskSpan& span) {
-  const int64_t pid = span.stream.rank.value();
-  const int64_t tid = thread_id(span.stream);
+void ChromeTraceWriter::name_track(int64_t pid, int64_t tid, std::string_view thread_name) {
   if (seen_ranks_.insert(pid).second) {
     begin_event();
     fmt::print(out_, R"({{"ph":"M","name":"process_name","pid":{},"args":{{"name":"rank {}"}}}})",
@@ -69,17 +67,36 @@ void ChromeTraceWriter::task_finished(const TaskSpan& span) {
   }
   if (seen_threads_.insert(pid << 32 | tid).second) {
     begin_event();
-    std::string name = fmt::format("{} {}", to_string(span.stream.kind), span.stream.index);
-    if (!span.stream_name.empty()) name += fmt::format(": {}", span.stream_name);
     fmt::print(out_, R"({{"ph":"M","name":"thread_name","pid":{},"tid":{},"args":{{"name":{}}}}})",
-               pid, tid, json_string(name));
+               pid, tid, json_string(thread_name));
   }
+}
+
+void ChromeTraceWriter::task_finished(const TaskSpan& span) {
+  const int64_t pid = span.stream.rank.value();
+  const int64_t tid = thread_id(span.stream);
+  std::string name = fmt::format("{} {}", to_string(span.stream.kind), span.stream.index);
+  if (!span.stream_name.empty()) name += fmt::format(": {}", span.stream_name);
+  name_track(pid, tid, name);
   begin_event();
   fmt::print(out_,
              R"({{"ph":"X","name":{},"cat":{},"pid":{},"tid":{},"ts":{},"dur":{},)"
              R"("args":{{"task":{}}}}})",
              json_string(span.name), json_string(span.category), pid, tid, micros(span.start),
              micros(span.end - span.start), span.task.value());
+}
+
+void ChromeTraceWriter::host_span(const HostSpan& span) {
+  const int64_t pid = span.rank.value();
+  name_track(pid, kHostThread, "host");
+  begin_event();
+  const std::string name =
+      span.waiting ? fmt::format("wait for GPU: {}", span.name) : std::string(span.name);
+  fmt::print(out_,
+             R"({{"ph":"X","name":{},"cat":{},"pid":{},"tid":{},"ts":{},"dur":{},)"
+             R"("args":{{"task":{}}}}})",
+             json_string(name), span.waiting ? "\"host_wait\"" : "\"host\"", pid, kHostThread,
+             micros(span.start), micros(span.end - span.start), span.task.value());
 }
 
 void ChromeTraceWriter::finish() {

@@ -2,7 +2,8 @@
 // interface), so the simulator never depends on what watches it. ChromeTraceWriter turns
 // the observations into Chrome / Perfetto Trace Event JSON: one process per rank, one
 // thread per stream ("compute 0", "comm 1", or with the graph's name for it "comm 7: dp
-// collectives"), an "X" (complete) event per task per stream,
+// collectives"), an "X" (complete) event per task per stream, and where the graph has a
+// host (task_graph.h "Host") a "host" thread with each launch and each wait for the GPU;
 // timestamps and durations in microseconds.
 #pragma once
 
@@ -28,11 +29,24 @@ struct TaskSpan {
   Time end;  // in task_started: not known yet, equals start
 };
 
+/// The host of `rank` launching `task` over [start, end), or (waiting) held by the sync
+/// task `task` from its launch until it finished.
+struct HostSpan {
+  TaskId task;
+  RankId rank;
+  std::string_view name;  // as TaskSpan::name
+  Time start;
+  Time end;
+  bool waiting = false;
+};
+
 class TraceSink {
  public:
   virtual ~TraceSink() = default;
   virtual void task_started(const TaskSpan& span) = 0;
   virtual void task_finished(const TaskSpan& span) = 0;
+  /// Reported as the host issues, possibly ahead of the simulated time; not in time order.
+  virtual void host_span(const HostSpan&) {}
 };
 
 /// Writes {"displayTimeUnit":"ns","traceEvents":[...]} to `out`; the closing brackets
@@ -47,6 +61,7 @@ class ChromeTraceWriter final : public TraceSink {
 
   void task_started(const TaskSpan&) override {}
   void task_finished(const TaskSpan& span) override;
+  void host_span(const HostSpan& span) override;
   /// Closes the JSON document; later calls do nothing.
   void finish();
 
@@ -54,9 +69,13 @@ class ChromeTraceWriter final : public TraceSink {
   static int64_t thread_id(const StreamRef& s) {
     return (s.kind == StreamKind::kComm ? 1000 : 0) + s.index;
   }
+  /// The Trace Event thread id of a rank's host.
+  static constexpr int64_t kHostThread = 2000;
 
  private:
   void begin_event();
+  // Emits the process / thread name metadata the first time rank `pid` / thread `tid` shows.
+  void name_track(int64_t pid, int64_t tid, std::string_view thread_name);
   std::ostream& out_;
   bool first_ = true;
   bool finished_ = false;
