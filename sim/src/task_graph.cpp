@@ -112,9 +112,10 @@ void TaskGraph::set_host(TaskId task, Time issue, bool sync) {
   HETPAR_CHECK(task.valid() && task.value() < num_tasks() && issue >= Time::zero(),
                "set_host: task {} issue {}", task.value(), issue.count_ps());
   const auto i = static_cast<size_t>(task.value());
-  if (i >= host_issue_.size()) {
-    host_issue_.resize(i + 1, Time::ps(-1));
-    host_sync_.resize(i + 1, 0);
+  if (i >= host_issue_.size()) {  // grown geometrically: set_host follows each new task
+    const size_t n = std::max({i + 1, 2 * host_issue_.size(), size_t{1024}});
+    host_issue_.resize(n, Time::ps(-1));
+    host_sync_.resize(n, 0);
   }
   host_issue_[i] = issue;
   host_sync_[i] = sync ? 1 : 0;
