@@ -1378,7 +1378,7 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
       // the "before_ep_alltoall" cuda_sync_point). The backward reuses them: no wait.
       if (host_ && !backward && dispatches(pb, s))
         for (int j : actives_)
-          if (st_[j].last.valid())
+          if (st_[j].last.valid() && g_.host_issued(st_[j].last))
             g_.set_host(st_[j].last, g_.host_issue(st_[j].last), /*sync=*/true);
       collective(CollectiveKind::kAllToAll, step.bytes, {cat_ep_, lb.ep}, ep_groups_,
                  l_.ep_comm_overlap ? kEpStream : kTpStream);
