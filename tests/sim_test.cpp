@@ -466,6 +466,7 @@ TEST(SimulateTest, AfterASyncTheGpuWaitsForTheHostsLaunches) {
     EXPECT_EQ(r.tasks[b.value()].start, Time::ms(1) + Time::us(20));
     EXPECT_EQ(r.tasks[c.value()].start, Time::ms(1) + Time::us(30));
     EXPECT_EQ(r.makespan, Time::ms(2) + Time::us(20));
+    EXPECT_EQ(r.ranks[0].host_wait, Time::ms(1)) << "a issued at 10 us, run until 1.01 ms";
   }
 }
 

@@ -68,10 +68,12 @@ void print_text(const planner::Scenario& s, const planner::Plan& p, const planne
   fmt::print("Bubble             {:.1f}% of rank time idle\n", 100 * m.bubble_fraction);
   fmt::print("Exposed comm       {} per rank", m.exposed_comm);
   for (const auto& e : m.exposed_by_kind) fmt::print(", {} {}", e.kind, e.per_rank);
-  if (m.host_busy > Time::zero())
+  if (m.host_busy > Time::zero()) {
     fmt::print(
         "\nHost               {} per rank issuing kernels and calls ({:.0f}% of the iteration)",
         m.host_busy, 100 * (m.host_busy / m.iteration_time));
+    if (m.host_wait > Time::zero()) fmt::print(", {} waiting for the GPU", m.host_wait);
+  }
   fmt::print("\n\nTime by phase (stream time per rank)\n");
   for (const auto& ph : m.phases) fmt::print("  {:<12} {:>10}\n", ph.phase, ph.per_rank);
 }

@@ -247,7 +247,7 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
   // next one to issue and the host's clock; per task (state_) when it is issued.
   bool host_ = false;
   std::vector<int32_t> host_begin_, host_tasks_, host_next_;
-  std::vector<Time> host_clock_, host_busy_;
+  std::vector<Time> host_clock_, host_busy_, host_wait_;
   std::vector<double> units_;
   std::vector<int32_t> computing_;
   std::vector<std::vector<int32_t>> ranks_of_node_;
@@ -362,6 +362,7 @@ Engine::Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, Tr
     host_next_.assign(host_begin_.begin(), host_begin_.end() - 1);
     host_clock_.assign(nr, Time::zero());
     host_busy_.assign(nr, Time::zero());
+    host_wait_.assign(nr, Time::zero());
   }
   if (variable_) {
     factor_.assign(nr, 1.0);
@@ -435,7 +436,10 @@ Result<SimResult> Engine::run() {
     st.comm = clocks_[rank].comm;
     st.exposed_comm = clocks_[rank].exposed;
     st.flops = flops_[rank];
-    if (host_) st.host = host_busy_[rank];
+    if (host_) {
+      st.host = host_busy_[rank];
+      st.host_wait = host_wait_[rank];
+    }
     st.multiplicity = g_.multiplicity(RankId(rank));
   }
   for (int c = 0; c <= g_.num_labels(); ++c) {
@@ -868,8 +872,11 @@ void Engine::finish(Time now, int32_t t) {
       const int32_t r = s.rank.value();
       const int32_t last = host_next_[r] - 1;  // a host waiting on t issued t last
       if (last < host_begin_[r] || host_tasks_[last] != t) continue;
-      if (sink_ && now > host_clock_[r])
-        sink_->host_span({TaskId(t), RankId(r), task_name(t), host_clock_[r], now, true});
+      if (now > host_clock_[r]) {
+        host_wait_[r] += now - host_clock_[r];
+        if (sink_)
+          sink_->host_span({TaskId(t), RankId(r), task_name(t), host_clock_[r], now, true});
+      }
       issue_from(r, now);
     }
 }

@@ -49,6 +49,8 @@ struct PlanMetrics {
   /// Mean over ranks of the host time spent issuing the rank's kernels and calls
   /// (SystemProfile::host_op; zero when the host is not modelled).
   Time host_busy;
+  /// Mean over ranks of the host time held by the program's waits for the GPU (sync tasks).
+  Time host_wait;
   std::vector<PhaseTime> phases;
   int world = 0;
   int64_t micro_batches = 0;  // per DP replica

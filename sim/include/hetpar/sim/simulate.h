@@ -57,7 +57,8 @@ struct RankStats {
   Time comm{};                            // time at least one comm stream was busy
   Time exposed_comm{};                    // time a comm stream was busy and no compute stream was
   Flops flops{};                          // of the compute tasks that ran on this rank
-  Time host{};  // host time spent issuing this rank's tasks (TaskGraph "Host"; 0 without)
+  Time host{};       // host time spent issuing this rank's tasks (TaskGraph "Host"; 0 without)
+  Time host_wait{};  // host time held by sync tasks, from their issue until they finished
   int32_t multiplicity = 1;  // ranks of the world these stats stand for
 };
 
