@@ -363,6 +363,29 @@ TEST(ExportHeadDim, TheHeadsWidthTravels) {
             0u);
 }
 
+// Qwen3's norm on each head's query and key: Megatron's --qk-layernorm, Megatron-Bridge's
+// model.qk_layernorm (false where the model has none); nanotron's Llama cannot say it.
+TEST(ExportQkNorm, TheQueryKeyNormTravels) {
+  planner::Scenario qwen = scenario("qwen3-30b-a3b", 2, 4096, 512);
+  Plan p;
+  p.layout = layout(1, 2, 8);
+  p.layout.ep = 8;
+  EXPECT_EQ(all_flags(exported(qwen, p, Target::kMegatron).at("launch.sh")).count("--qk-layernorm"),
+            1u);
+  EXPECT_EQ(yaml_settings(exported(qwen, p, Target::kMegatronBridge).begin()->second)
+                .at("model.qk_layernorm"),
+            "true");
+  EXPECT_NE(refusal(qwen, p, Target::kNanotron).find("qk_norm"), std::string::npos);
+  planner::Scenario llama = scenario("llama-3.1-8b", 4, 8192, 512);
+  Plan d;
+  d.layout = layout(2, 1, 16);
+  EXPECT_EQ(
+      all_flags(exported(llama, d, Target::kMegatron).at("launch.sh")).count("--qk-layernorm"), 0u);
+  EXPECT_EQ(yaml_settings(exported(llama, d, Target::kMegatronBridge).begin()->second)
+                .at("model.qk_layernorm"),
+            "false");
+}
+
 TEST(ExportScripts, LaunchScriptsAreValidBash) {
   planner::Scenario llama = scenario("llama-3.1-8b", 4, 8192, 512);
   planner::Scenario vlm = scenario("llava-1.5-7b", 1, 4096, 96, 1);

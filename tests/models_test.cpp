@@ -297,6 +297,31 @@ TEST(OpGraph, HeadDimSetsTheAttentionWidth) {
   }
 }
 
+// Qwen3's QK-norm: an RMSNorm over each head's query and key after the projection, before
+// RoPE, saving its input; two head_dim-wide weights per layer, in the parameter count.
+TEST(OpGraph, QkNormNormalisesEachHeadsQueryAndKey) {
+  const ModuleSpec qwen = zoo_module("qwen3-30b-a3b");
+  OpGraph g = build_op_graph(qwen, input(1, 4096));
+  std::vector<std::string> order;
+  for (const Op& op : g.ops)
+    if (op.layer == 0) order.push_back(op.name);
+  ASSERT_GE(order.size(), 3u);
+  EXPECT_EQ(order[1], "qkv");
+  EXPECT_EQ(order[2], "qk_norm");
+  EXPECT_EQ(order[3], "rope");
+  for (const Op& op : g.ops) {
+    if (op.layer != 0 || op.name != "qk_norm") continue;
+    const int64_t qk = 4096 * (32 + 4) * 128 * 2;  // bf16 queries and keys
+    EXPECT_EQ(op.read.count(), qk + 2 * 128 * 2);  // and the two weights
+    EXPECT_EQ(op.written.count(), qk);
+    EXPECT_EQ(op.saved.count(), qk);
+    EXPECT_EQ(op.params, 2 * 128);
+  }
+  ModuleSpec plain = qwen;
+  std::get<LlmSpec>(plain).block.qk_norm = false;
+  EXPECT_EQ(count_params(qwen).total - count_params(plain).total, 48 * 2 * 128);
+}
+
 // Korthikanti et al. 2022, sec. 4.1: 34sbh + 5as^2b bytes per layer (bf16, dropout, GeLU
 // MLP of 4h, no tensor parallelism); flash attention keeps 4asb bytes of softmax stats
 // instead of the 5as^2b. Selective recompute leaves 34sbh; full keeps the 2sbh layer input.

@@ -187,6 +187,7 @@ std::vector<Flag> megatron_model_flags(const Context& c) {
                          {"--hidden-size", num(b.hidden)},
                          {"--num-attention-heads", num(b.heads)}};
   if (b.head_size > 0) f.push_back({"--kv-channels", num(b.head_dim())});
+  if (b.qk_norm) f.push_back({"--qk-layernorm", ""});
   if (b.kv_heads != b.heads) {
     f.push_back({"--group-query-attention", ""});
     f.push_back({"--num-query-groups", num(b.kv_heads)});

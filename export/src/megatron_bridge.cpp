@@ -58,6 +58,7 @@ void add_model_shape(std::vector<Setting>& s, const Context& c) {
   s.push_back({"model.share_embeddings_and_output_weights", yaml_bool(llm.tied_embeddings)});
   s.push_back({"model.add_bias_linear", yaml_bool(b.linear_bias)});
   s.push_back({"model.add_qkv_bias", yaml_bool(b.qkv_bias)});
+  s.push_back({"model.qk_layernorm", yaml_bool(b.qk_norm)});
   s.push_back({"model.attention_dropout", b.dropout ? "0.1" : "0.0"});
   s.push_back({"model.hidden_dropout", b.dropout ? "0.1" : "0.0"});
   s.push_back({"model.vocab_size", num(llm.vocab)});

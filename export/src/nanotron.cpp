@@ -54,6 +54,7 @@ Result<std::vector<ExportFile>> write_nanotron(const Context& c) {
   if (b.qkv_bias || b.linear_bias)
     r.add("biases on the attention / MLP linears: nanotron's Llama model has none");
   if (b.dropout) r.add("dropout: nanotron's Llama model has none");
+  if (b.qk_norm) r.add("a norm on the queries and keys (qk_norm): nanotron's Llama model has none");
   if (!l.flash_attention)
     r.add("attention without flash attention: nanotron's Llama attention is flash attention");
   if (l.dp > 1 && !l.overlap_grad_reduce)

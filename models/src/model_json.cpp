@@ -101,6 +101,7 @@ TransformerSpec read_block(JsonReader& r) {
   t.qkv_bias = r.optional_bool("qkv_bias", false);
   t.linear_bias = r.optional_bool("linear_bias", false);
   t.dropout = r.optional_bool("dropout", false);
+  t.qk_norm = r.optional_bool("qk_norm", false);
   return t;
 }
 

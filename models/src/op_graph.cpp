@@ -181,6 +181,10 @@ void add_layer(Builder& b, const TransformerSpec& t, const std::optional<MoeSpec
   const double T = static_cast<double>(tokens);
   b.norm("attn_norm", layer, t.norm, T, h);
   b.gemm("qkv", layer, {{tokens, (a + 2 * g) * d, h}}, t.qkv_bias, T * h);
+  // Megatron's q_layernorm / k_layernorm: a norm over each head's width; saves its input.
+  if (t.qk_norm)
+    b.pointwise("qk_norm", OpKind::kElementwise, layer, T * (a + g) * d, T * (a + g) * d,
+                kNormFlops, T * (a + g) * d, 2 * norm_params(t.norm, d));
   if (rope)
     b.pointwise("rope", OpKind::kElementwise, layer, T * (a + g) * d, T * (a + g) * d, kRopeFlops,
                 0);

@@ -21,7 +21,8 @@ int64_t attention_params(const TransformerSpec& t) {
 // Layers plus the final norm; `active` as one token sees them.
 ParamCounts block_params(const TransformerSpec& t, const std::optional<MoeSpec>& moe) {
   const int64_t h = t.hidden;
-  int64_t layer = attention_params(t) + 2 * norm_params(t.norm, h);
+  int64_t layer = attention_params(t) + 2 * norm_params(t.norm, h) +
+                  (t.qk_norm ? 2 * norm_params(t.norm, t.head_dim()) : 0);
   int64_t skipped = 0;
   if (!moe) {
     layer += mlp_params(h, t.ffn_hidden, h, t.activation, t.linear_bias);

@@ -48,7 +48,7 @@ Split gemm_split(const models::Op& op, const models::OpGraph& g) {
 
 // Whether a pointwise op runs on a tp-sharded tensor.
 bool pointwise_tp_sharded(const models::Op& op, const Layout& l, models::ModuleKind kind) {
-  if (op.kind == models::OpKind::kLoss || op.name == "rope") return true;
+  if (op.kind == models::OpKind::kLoss || op.name == "rope" || op.name == "qk_norm") return true;
   if (ends_with(op.name, "act") && (op.layer >= 0 || kind == models::ModuleKind::kProjector))
     return true;
   return l.sequence_parallel && (op.layer >= 0 || op.name == "final_norm");

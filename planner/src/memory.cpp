@@ -104,7 +104,8 @@ double local_params(const models::Op& op, bool stem, const Layout& l, double voc
 double activation_share(const models::Op& op, bool stem, const Layout& l) {
   const bool inside_tp = op.kind == models::OpKind::kAttention ||
                          op.kind == models::OpKind::kLoss || op.name == "attn_out" ||
-                         op.name.ends_with("act") || op.name.ends_with("fc2");
+                         op.name == "qk_norm" || op.name.ends_with("act") ||
+                         op.name.ends_with("fc2");
   const bool gathered_experts =
       is_routed_expert(op) && op.name.ends_with("fc1") && l.expert_tp() > 1;
   const int tp = !stem && !gathered_experts && (l.sequence_parallel || inside_tp) ? l.tp : 1;

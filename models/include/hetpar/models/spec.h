@@ -37,6 +37,9 @@ struct TransformerSpec {
   /// (Qwen3, Gemma: heads x head_dim != hidden; Megatron-LM's --kv-channels).
   int64_t head_size = 0;
   int64_t head_dim() const { return head_size > 0 ? head_size : hidden / heads; }
+  /// A norm (of `norm`'s kind, over head_dim, weights shared by the heads) on every head's
+  /// query and key after the QKV projection (Qwen3, OLMo 2; Megatron-LM's --qk-layernorm).
+  bool qk_norm = false;
 };
 
 /// Mixture of experts replacing every layer's MLP. Each token goes to `top_k` of `experts`
