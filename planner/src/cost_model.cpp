@@ -414,6 +414,8 @@ class BlockBuilder {
   }
   // The last step (a TP entry) gathers `bytes` instead of its own size.
   void gather_as(Bytes bytes) { b_.steps.back().gather_bytes = bytes; }
+  // The last step (the dispatch's all-to-all) also sends the routing probabilities.
+  void probs(Bytes bytes) { b_.steps.back().probs_bytes = bytes; }
 
  private:
   Block& b_;
@@ -538,8 +540,11 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
     if (tp && op.kind == models::OpKind::kEmbedding) b.comm(StepKind::kTpExit, activation);
     if (tp && g.kind == models::ModuleKind::kProjector && op.name == "fc2")
       b.comm(StepKind::kTpExit, activation);
-    if (l.ep > 1 && op.name == "moe_dispatch")
-      b.comm(StepKind::kEpAllToAll, routed_bytes(op, true));
+    if (l.ep > 1 && op.name == "moe_dispatch") {
+      const Bytes tokens_a2a = routed_bytes(op, true);
+      b.comm(StepKind::kEpAllToAll, tokens_a2a);
+      b.probs(Bytes(tokens_a2a.count() / (g.hidden * e) * 4));
+    }
     if (gather_routed && op.name == "moe_dispatch")
       b.comm(StepKind::kTpEntry, routed_bytes(op, false));
   }

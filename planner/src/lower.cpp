@@ -1382,6 +1382,9 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
             g_.set_host(st_[j].last, g_.host_issue(st_[j].last), /*sync=*/true);
       collective(CollectiveKind::kAllToAll, step.bytes, {cat_ep_, lb.ep}, ep_groups_,
                  l_.ep_comm_overlap ? kEpStream : kTpStream);
+      if (step.probs_bytes > Bytes(0))  // the routing probabilities, a call of their own
+        collective(CollectiveKind::kAllToAll, step.probs_bytes, {cat_ep_, lb.ep}, ep_groups_,
+                   l_.ep_comm_overlap ? kEpStream : kTpStream);
       if (backward && delays_wgrad(pb, s + 1)) {  // the wgrads held back for it, beside it
         const sim::KernelListId kw = kernels(pb, s + 1, true, Use::kStepWgrad);
         for (int j : actives_) {

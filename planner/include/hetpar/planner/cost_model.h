@@ -103,6 +103,10 @@ struct WorkStep {
   /// all but the last beside the GEMM (tp for a ring exchange, num_splits for userbuffers'
   /// "pipeline" method).
   int32_t exit_chunks = 1;
+  /// kEpAllToAll of the dispatch: the routing probabilities' own all-to-all right after the
+  /// tokens' (Megatron-Core's MoEAlltoAllTokenDispatcher sends permuted_probs as a second
+  /// call, forward and for their gradients backward), one fp32 per routed token; 0: none.
+  Bytes probs_bytes{};
 };
 
 /// A GEMM's rows split into chunks run one after another (userbuffers' ring exchange): its
