@@ -780,6 +780,28 @@ TEST(CollectiveTest, AutoPicksTreeForSmallMessagesAcrossManyNodesAndRingOtherwis
   EXPECT_EQ(r.algorithms[small.value()], Algorithm::kTree);
 }
 
+// A collective whose bytes are negligible next to its latency runs at its idle-network time
+// even beside a transfer that shares its links (it skips the flow network).
+TEST(CollectiveTest, ALatencyBoundCollectiveIsTimedAloneBesideTraffic) {
+  Network net = single_switch_network(2, kB, Time::us(1));
+  std::vector<RankId> grp = {RankId(0), RankId(1)};
+  TaskGraph alone;
+  alone.add_collective({.group = grp, .bytes = Bytes(64), .stream = 1});
+  const Time isolated = run(alone, net).makespan;
+  TaskGraph busy;
+  busy.add_p2p(RankId(0), RankId(1), Bytes::GB(1), 0, 0);
+  TaskId tiny = busy.add_collective({.group = grp, .bytes = Bytes(64), .stream = 1});
+  SimResult r = run(busy, net);
+  EXPECT_EQ(r.tasks[tiny.value()].end - r.tasks[tiny.value()].start, isolated);
+  // A big one beside the same transfer shares the link and takes longer than alone.
+  TaskGraph big_alone, big_busy;
+  big_alone.add_collective({.group = grp, .bytes = Bytes::MiB(64), .stream = 1});
+  big_busy.add_p2p(RankId(0), RankId(1), Bytes::GB(1), 0, 0);
+  TaskId big = big_busy.add_collective({.group = grp, .bytes = Bytes::MiB(64), .stream = 1});
+  SimResult rb = run(big_busy, net);
+  EXPECT_GT(rb.tasks[big.value()].end - rb.tasks[big.value()].start, run(big_alone, net).makespan);
+}
+
 TEST(CollectiveTest, SingleRankCollectiveIsFree) {
   Network net = single_switch_network(2, kB, Time::zero());
   EXPECT_EQ(collective_time(net, CollectiveKind::kAllReduce, ranks(1), Bytes::GiB(1)),

@@ -813,9 +813,20 @@ void Engine::find_uncontended() {
   for (int32_t t = 0; t < nt; ++t) {
     if (!state_[t].plan) continue;
     const Plan& p = *state_[t].plan;
+    const Task& task = g_.task(TaskId(t));
     bool alone = true;
     for (LinkId l : p.links) alone = alone && owner[l.value()] >= 0;
-    if (alone) state_[t].fixed = isolated_time(p, g_.task(TaskId(t)));
+    // A collective whose bytes take under 1 % of its latency on an idle network (a routing
+    // probabilities' all-to-all, a scalar's all-reduce) is timed alone too: sharing links
+    // could not move it measurably, and its flows would cost the engine as much as a big
+    // collective's.
+    if (!alone && task.bytes.count() > 0) {
+      const double latency = tail_latency(p, task).to_seconds();
+      const double bytes = p.seconds_per_byte * static_cast<double>(task.bytes.count());
+      if (bytes < 0.01 * latency)  // the size scale only adds to it: checked second
+        alone = bytes * wire_bytes_per_byte(p, task) < 0.01 * latency;
+    }
+    if (alone) state_[t].fixed = isolated_time(p, task);
   }
 }
 
