@@ -414,8 +414,12 @@ class BlockBuilder {
   }
   // The last step (a TP entry) gathers `bytes` instead of its own size.
   void gather_as(Bytes bytes) { b_.steps.back().gather_bytes = bytes; }
-  // The last step (the dispatch's all-to-all) also sends the routing probabilities.
-  void probs(Bytes bytes) { b_.steps.back().probs_bytes = bytes; }
+  // The last step (the dispatch's all-to-all) also sends the routing probabilities, after
+  // the expert counts' all-gather.
+  void probs(Bytes probs, Bytes counts) {
+    b_.steps.back().probs_bytes = probs;
+    b_.steps.back().expert_counts_bytes = counts;
+  }
 
  private:
   Block& b_;
@@ -543,7 +547,10 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
     if (l.ep > 1 && op.name == "moe_dispatch") {
       const Bytes tokens_a2a = routed_bytes(op, true);
       b.comm(StepKind::kEpAllToAll, tokens_a2a);
-      b.probs(Bytes(tokens_a2a.count() / (g.hidden * e) * 4));
+      int64_t experts = 0;
+      for (const models::Op& o : g.ops)
+        if (o.layer == op.layer && o.name == "router") experts = o.gemms.front().n;
+      b.probs(Bytes(tokens_a2a.count() / (g.hidden * e) * 4), Bytes(experts * 8));
     }
     if (gather_routed && op.name == "moe_dispatch")
       b.comm(StepKind::kTpEntry, routed_bytes(op, false));

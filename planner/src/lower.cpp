@@ -1373,13 +1373,19 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
       return;
     }
     case StepKind::kEpAllToAll:
-      // Megatron's dropless all-to-all dispatcher needs the split sizes on the host before
-      // its dispatch: the host waits for the router's work to finish (token_dispatcher.py,
-      // the "before_ep_alltoall" cuda_sync_point). The backward reuses them: no wait.
-      if (host_ && !backward && dispatches(pb, s))
-        for (int j : actives_)
-          if (st_[j].last.valid() && g_.host_issued(st_[j].last))
-            g_.set_host(st_[j].last, g_.host_issue(st_[j].last), /*sync=*/true);
+      // Megatron's dropless all-to-all dispatcher all-gathers each rank's tokens per expert
+      // over the group and needs the split sizes on the host before its dispatch: the host
+      // waits for that work to finish (token_dispatcher.py: preprocess, the
+      // "before_ep_alltoall" cuda_sync_point). The backward reuses them: neither again.
+      if (!backward && dispatches(pb, s)) {
+        if (step.expert_counts_bytes > Bytes(0))
+          collective(CollectiveKind::kAllGather, step.expert_counts_bytes * l_.ep, {cat_ep_, lb.ep},
+                     ep_groups_, l_.ep_comm_overlap ? kEpStream : kTpStream);
+        if (host_)
+          for (int j : actives_)
+            if (st_[j].last.valid() && g_.host_issued(st_[j].last))
+              g_.set_host(st_[j].last, g_.host_issue(st_[j].last), /*sync=*/true);
+      }
       collective(CollectiveKind::kAllToAll, step.bytes, {cat_ep_, lb.ep}, ep_groups_,
                  l_.ep_comm_overlap ? kEpStream : kTpStream);
       if (step.probs_bytes > Bytes(0))  // the routing probabilities, a call of their own

@@ -709,9 +709,9 @@ TEST(Lower, FsdpShardsExpertsOverTheirExpertDataParallelGroup) {
 
 // The host (SystemProfile::host_op; dgx-h100: 13.48 us per call): every compute task of a
 // homogeneous plan costs its host one issue per kernel it runs, every collective one; under
-// EP the dropless dispatcher's host waits for the router's work before each forward
-// dispatch (once per layer and micro-batch), never in the backward; without EP it has no
-// all-to-all to size and never waits here.
+// EP the dropless dispatcher's host waits for the expert counts' all-gather (after the
+// router) before each forward dispatch (once per layer and micro-batch), never in the
+// backward; without EP it has no all-to-all to size and never waits here.
 TEST(Lower, TheHostIssuesEveryKernelAndWaitsForTheRouterBeforeADroplessDispatch) {
   Scenario moe = tiny_moe(4, 16, 1, 8);
   const Time op = moe.cluster.groups()[0].profile.host_op;
@@ -738,8 +738,9 @@ TEST(Lower, TheHostIssuesEveryKernelAndWaitsForTheRouterBeforeADroplessDispatch)
       }
       if (!g.host_sync(TaskId(t))) continue;
       ++syncs;
-      EXPECT_EQ(task.kind, sim::TaskKind::kCompute);
-      EXPECT_EQ(g.label_text(task.label.category), "fwd");
+      EXPECT_EQ(task.collective, sim::CollectiveKind::kAllGather);
+      EXPECT_EQ(g.label_text(task.label.category), "ep_comm");
+      EXPECT_EQ(g.label_text(task.label.name).find("bwd"), std::string_view::npos);
     }
     // One representative rank: 4 layers x 2 micro-batches.
     EXPECT_EQ(syncs, ep > 1 ? 8 : 0) << ep;
@@ -787,7 +788,8 @@ TEST(Lower, FoldedExpertsTakeTheirEpGroupsFromTp) {
       EXPECT_EQ(group.size(), 4u);
       // ranks 0-3 or 4-7: both TP ranks of two dp replicas
       EXPECT_EQ(group.back().value() - group.front().value(), 3);
-      if (task.bytes == Bytes(2048LL / 2 * 2 * 4)) continue;  // the probabilities' call
+      if (task.bytes == Bytes(2048LL / 2 * 2 * 4)) continue;             // the probabilities' call
+      if (task.collective == sim::CollectiveKind::kAllGather) continue;  // the expert counts
       ++a2a;
       EXPECT_EQ(task.bytes, Bytes(2048LL / 2 * 2 * 1024 * 2));  // tokens / tp x top_k x h
     }
@@ -829,12 +831,18 @@ TEST(Lower, MixtureOfExpertsAllToAllOverTheEpGroup) {
   Plan p = plan(1, 1, 8);
   p.layout.ep = 4;
   LoweredPlan lp = lowered(moe, p, {.full_ranks = true});
-  int a2a = 0, probs = 0;
+  int a2a = 0, probs = 0, counts = 0;
   for (int t = 0; t < lp.graph.num_tasks(); ++t) {
     const sim::Task& task = lp.graph.task(TaskId(t));
     if (lp.graph.label_text(task.label.category) != "ep_comm") continue;
-    EXPECT_EQ(task.collective, sim::CollectiveKind::kAllToAll);
     EXPECT_EQ(lp.graph.group(task.group).size(), 4u);
+    if (task.collective == sim::CollectiveKind::kAllGather) {  // the tokens per expert
+      ++counts;
+      EXPECT_EQ(task.bytes, Bytes(4 * 8 * 8));  // 4 ranks x 8 experts x int64
+      EXPECT_EQ(lp.graph.label_text(task.label.name).find("bwd"), std::string_view::npos);
+      continue;
+    }
+    EXPECT_EQ(task.collective, sim::CollectiveKind::kAllToAll);
     if (task.bytes == Bytes(2048LL * 2 * 4)) {  // the routing probabilities: one fp32 each
       ++probs;
       continue;
@@ -846,6 +854,7 @@ TEST(Lower, MixtureOfExpertsAllToAllOverTheEpGroup) {
   // dispatch's second call for the probabilities (Megatron-Core's dispatcher), both ways.
   EXPECT_EQ(a2a, 2 * 4 * 2 * 2 * 2);
   EXPECT_EQ(probs, 2 * 4 * 2 * 2);
+  EXPECT_EQ(counts, 2 * 4 * 2);  // before each forward dispatch only
   EXPECT_TRUE(run(lp, lp.network).makespan > Time::zero());
 }
 

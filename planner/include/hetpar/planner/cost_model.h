@@ -107,6 +107,10 @@ struct WorkStep {
   /// tokens' (Megatron-Core's MoEAlltoAllTokenDispatcher sends permuted_probs as a second
   /// call, forward and for their gradients backward), one fp32 per routed token; 0: none.
   Bytes probs_bytes{};
+  /// kEpAllToAll of the dispatch: one rank's tokens-per-expert counts (an int64 per expert),
+  /// which the dispatcher all-gathers over the EP group before it (its preprocess) to size
+  /// the all-to-all; 0: none.
+  Bytes expert_counts_bytes{};
 };
 
 /// A GEMM's rows split into chunks run one after another (userbuffers' ring exchange): its
