@@ -1378,9 +1378,11 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
       // waits for that work to finish (token_dispatcher.py: preprocess, the
       // "before_ep_alltoall" cuda_sync_point). The backward reuses them: neither again.
       if (!backward && dispatches(pb, s)) {
+        // The all-gather is issued with the compute (preprocess), not on the all-to-alls'
+        // stream of the EP overlap: it does not queue behind a backward's all-to-all.
         if (step.expert_counts_bytes > Bytes(0))
           collective(CollectiveKind::kAllGather, step.expert_counts_bytes * l_.ep, {cat_ep_, lb.ep},
-                     ep_groups_, l_.ep_comm_overlap ? kEpStream : kTpStream);
+                     ep_groups_, kTpStream);
         if (host_)
           for (int j : actives_)
             if (st_[j].last.valid() && g_.host_issued(st_[j].last))
