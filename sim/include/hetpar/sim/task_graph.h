@@ -14,11 +14,11 @@
 // the trainer's program, that issues the rank's tasks given a host cost (set_host) in the
 // order they were added (whatever their streams), spending host_issue(t) on each; such a
 // task starts no earlier than the host of every simulated rank it occupies has issued it.
-// Tasks without a host cost are not issued by the host (they start as if it were ahead). The host
-// runs ahead of the GPU without bound (CUDA's launch queue), except after a sync task: having
-// issued it, the host waits for it to finish before issuing the next one (a device-to-host read the
-// program needs, e.g. the split sizes of a dropless all-to-all), and the GPU then waits for
-// the host's launches until the host gets ahead again.
+// Tasks without a host cost are not issued by the host (they start as if it were ahead).
+// The host runs ahead of the GPU without bound (CUDA's launch queue), except after a sync
+// task: having issued it, the host waits for it to finish before issuing the next one (a
+// device-to-host read the program needs, e.g. the split sizes of a dropless all-to-all),
+// and the GPU then waits for the host's launches until the host gets ahead again.
 //
 // Symmetry reduction (how a planner simulates one representative of many alike ranks):
 // - A rank's multiplicity says how many ranks of the world its streams stand for: 1 by
@@ -263,7 +263,7 @@ class TaskGraph {
   std::vector<std::string> stream_names_[2];  // [kind][index]
   std::vector<Kernel> kernels_;
   std::vector<int32_t> kernel_begin_{0};
-  std::vector<Time> host_issue_;    // per task up to the last set_host (< 0: none); empty: no host
+  std::vector<Time> host_issue_;    // per task (< 0: no set_host); empty: no host
   std::vector<uint8_t> host_sync_;  // parallel to host_issue_
 };
 
