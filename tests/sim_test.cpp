@@ -471,7 +471,8 @@ TEST(SimulateTest, AfterASyncTheGpuWaitsForTheHostsLaunches) {
 }
 
 TEST(SimulateTest, TasksWithoutAHostCostAreNotHeldByTheHost) {
-  // The host is held by the sync a until 1 ms; b (no host cost) starts beside it at 0.
+  // The host is held by the sync a until it ends (1.01 ms); b (no host cost) starts beside
+  // it at 0, c 10 us after a.
   Network net = single_switch_network(1, kB, Time::zero());
   TaskGraph g;
   TaskId a = g.add_compute(RankId(0), 0, Time::ms(1), Flops(0));

@@ -60,6 +60,15 @@ int64_t ceil_div(int64_t a, int64_t b) {
 
 using hardware::Precision;
 
+// The routed experts of layer `layer` of `g` (its expert fc1 GEMMs, one per expert).
+int64_t routed_experts(const models::OpGraph& g, int layer) {
+  int64_t experts = 0;
+  for (const models::Op& o : g.ops)
+    if (o.layer == layer && o.name == "expert_fc1")
+      for (const models::GemmShape& s : o.gemms) experts += s.batch;
+  return experts;
+}
+
 // The dispatcher's reorder of the routed tokens by local expert (the graph's moe_sort and
 // moe_unsort): a copy of this rank's routed tokens, read and written, forward and (the
 // inverse order for the gradient) backward; none without expert parallelism or with one
@@ -71,10 +80,7 @@ bool is_expert_reorder(const models::Op& op) {
 }
 int64_t expert_reorder_elements(const models::Op& op, const models::OpGraph& g, const Layout& l,
                                 int64_t cp) {
-  int64_t experts = 0;
-  for (const models::Op& o : g.ops)
-    if (o.layer == op.layer && o.name == "expert_fc1")
-      for (const models::GemmShape& s : o.gemms) experts += s.batch;
+  const int64_t experts = routed_experts(g, op.layer);
   if (l.ep <= 1 || experts / l.ep <= 1) return 0;
   const int64_t slice = l.sequence_parallel && l.expert_tp() == 1 ? l.tp : 1;
   return op.read.count() / g.dtype_bytes / (cp * slice);
@@ -416,7 +422,7 @@ class BlockBuilder {
   void gather_as(Bytes bytes) { b_.steps.back().gather_bytes = bytes; }
   // The last step (the dispatch's all-to-all) also sends the routing probabilities, after
   // the expert counts' all-gather.
-  void probs(Bytes probs, Bytes counts) {
+  void dispatch_calls(Bytes probs, Bytes counts) {
     b_.steps.back().probs_bytes = probs;
     b_.steps.back().expert_counts_bytes = counts;
   }
@@ -547,10 +553,8 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
     if (l.ep > 1 && op.name == "moe_dispatch") {
       const Bytes tokens_a2a = routed_bytes(op, true);
       b.comm(StepKind::kEpAllToAll, tokens_a2a);
-      int64_t experts = 0;
-      for (const models::Op& o : g.ops)
-        if (o.layer == op.layer && o.name == "router") experts = o.gemms.front().n;
-      b.probs(Bytes(tokens_a2a.count() / (g.hidden * e) * 4), Bytes(experts * 8));
+      b.dispatch_calls(Bytes(tokens_a2a.count() / (g.hidden * e) * 4),
+                       Bytes(routed_experts(g, op.layer) * 8));
     }
     if (gather_routed && op.name == "moe_dispatch")
       b.comm(StepKind::kTpEntry, routed_bytes(op, false));

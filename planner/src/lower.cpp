@@ -530,8 +530,6 @@ class Lowering {
   // compute step right before an EP all-to-all, runs only its dgrad, its wgrad beside the
   // all-to-all once that is issued (run_step's kEpAllToAll).
   bool delays_wgrad(const PlacedBlock& pb, size_t s);
-  // Whether forward step s is the block's first EP all-to-all (the MoE dispatch).
-  bool dispatches(const PlacedBlock& pb, size_t s);
   // FSDP (Layout::fsdp): the block's parameter all-gather on each rank after `after[j]`
   // (its next compute waits for it), and its gradient reduce-scatter after its last task.
   void fsdp_gather(const PlacedBlock& pb, const std::vector<TaskId>& after);
@@ -1187,13 +1185,6 @@ void Lowering::cp_ring(const PlacedBlock& pb, size_t s, int pass, const Labels& 
     }
 }
 
-bool Lowering::dispatches(const PlacedBlock& pb, size_t s) {
-  const std::vector<WorkStep>& steps = block(0, pb, false).steps;
-  for (size_t i = 0; i < s; ++i)
-    if (steps[i].kind == StepKind::kEpAllToAll) return false;
-  return s < steps.size() && steps[s].kind == StepKind::kEpAllToAll;
-}
-
 bool Lowering::delays_wgrad(const PlacedBlock& pb, size_t s) {
   const std::vector<WorkStep>& steps = block(0, pb, true).steps;
   if (!l_.ep_comm_overlap || split_w_ || s == 0 || s >= steps.size() ||
@@ -1372,27 +1363,27 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
         collective(CollectiveKind::kAllGather, step.bytes, {cat_tp_, lb.tp}, tp_groups_);
       return;
     }
-    case StepKind::kEpAllToAll:
+    case StepKind::kEpAllToAll: {
       // Megatron's dropless all-to-all dispatcher all-gathers each rank's tokens per expert
-      // over the group and needs the split sizes on the host before its dispatch: the host
-      // waits for that work to finish (token_dispatcher.py: preprocess, the
-      // "before_ep_alltoall" cuda_sync_point). The backward reuses them: neither again.
-      if (!backward && dispatches(pb, s)) {
-        // The all-gather is issued with the compute (preprocess), not on the all-to-alls'
-        // stream of the EP overlap: it does not queue behind a backward's all-to-all.
-        if (step.expert_counts_bytes > Bytes(0))
-          collective(CollectiveKind::kAllGather, step.expert_counts_bytes * l_.ep, {cat_ep_, lb.ep},
-                     ep_groups_, kTpStream);
+      // over the group (the dispatch's step carries their bytes) and needs the split sizes on
+      // the host before its dispatch: the host waits for that work to finish
+      // (token_dispatcher.py: preprocess, the "before_ep_alltoall" cuda_sync_point). The
+      // backward reuses them: neither again. The all-gather is issued with the compute
+      // (preprocess), not on the all-to-alls' stream of the EP overlap: it does not queue
+      // behind a backward's all-to-all.
+      if (!backward && step.expert_counts_bytes > Bytes(0)) {
+        collective(CollectiveKind::kAllGather, step.expert_counts_bytes * l_.ep, {cat_ep_, lb.ep},
+                   ep_groups_, kTpStream);
         if (host_)
           for (int j : actives_)
             if (st_[j].last.valid() && g_.host_issued(st_[j].last))
               g_.set_host(st_[j].last, g_.host_issue(st_[j].last), /*sync=*/true);
       }
-      collective(CollectiveKind::kAllToAll, step.bytes, {cat_ep_, lb.ep}, ep_groups_,
-                 l_.ep_comm_overlap ? kEpStream : kTpStream);
+      const int32_t a2a_stream = l_.ep_comm_overlap ? kEpStream : kTpStream;
+      collective(CollectiveKind::kAllToAll, step.bytes, {cat_ep_, lb.ep}, ep_groups_, a2a_stream);
       if (step.probs_bytes > Bytes(0))  // the routing probabilities, a call of their own
         collective(CollectiveKind::kAllToAll, step.probs_bytes, {cat_ep_, lb.ep}, ep_groups_,
-                   l_.ep_comm_overlap ? kEpStream : kTpStream);
+                   a2a_stream);
       if (backward && delays_wgrad(pb, s + 1)) {  // the wgrads held back for it, beside it
         const sim::KernelListId kw = kernels(pb, s + 1, true, Use::kStepWgrad);
         for (int j : actives_) {
@@ -1403,6 +1394,7 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
         }
       }
       return;
+    }
   }
 }
 

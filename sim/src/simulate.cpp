@@ -466,11 +466,9 @@ void Engine::issue_from(int32_t rank, Time now) {
       sink_->host_span({TaskId(t), RankId(rank), task_name(t), h, h + cost});
     h += cost;
     host_busy_[rank] += cost;
-    host_clock_[rank] = h;
     state_[t].issue = std::max(state_[t].issue, h);
-    const bool sync = g_.host_sync(TaskId(t));
-    arrive(t);         // starts it at the earliest at its issue (start())
-    if (sync) return;  // finish() resumes this host
+    arrive(t);                           // starts it at the earliest at its issue (start())
+    if (g_.host_sync(TaskId(t))) break;  // finish() resumes this host
   }
   host_clock_[rank] = h;
 }
