@@ -200,6 +200,12 @@ std::vector<Flag> megatron_model_flags(const Context& c) {
     if (llm.moe->shared_experts > 0)
       f.push_back({"--moe-shared-expert-intermediate-size",
                    num(llm.moe->shared_experts * llm.moe->expert_ffn_hidden)});
+    // The MoE layer hetpar models (cost_model.cpp): the all-to-all dispatcher (Megatron's
+    // default is allgather), grouped expert GEMMs, the fused permutation and router.
+    f.push_back({"--moe-token-dispatcher-type", "alltoall"});
+    f.push_back({"--moe-grouped-gemm", ""});
+    f.push_back({"--moe-permute-fusion", ""});
+    f.push_back({"--moe-router-fusion", ""});
   } else {
     f.push_back({"--ffn-hidden-size", num(b.ffn_hidden)});
   }

@@ -46,6 +46,14 @@ void add_model_shape(std::vector<Setting>& s, const Context& c) {
     s.push_back({"model.num_moe_experts", num(llm.moe->experts)});
     s.push_back({"model.moe_router_topk", num(llm.moe->top_k)});
     s.push_back({"model.moe_ffn_hidden_size", num(llm.moe->expert_ffn_hidden)});
+    if (llm.moe->shared_experts > 0)
+      s.push_back({"model.moe_shared_expert_intermediate_size",
+                   num(llm.moe->shared_experts * llm.moe->expert_ffn_hidden)});
+    // The MoE layer hetpar models, as Megatron-Bridge's performance configurations run it.
+    s.push_back({"model.moe_token_dispatcher_type", yaml_string("alltoall")});
+    s.push_back({"model.moe_grouped_gemm", yaml_bool(true)});
+    s.push_back({"model.moe_permute_fusion", yaml_bool(true)});
+    s.push_back({"model.moe_router_fusion", yaml_bool(true)});
   } else {
     s.push_back({"model.ffn_hidden_size", num(b.ffn_hidden)});
   }

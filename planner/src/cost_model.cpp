@@ -193,12 +193,13 @@ bool norm_writes_fp8_input(const models::Op& op) {
 // (nvte_multi_cast_transpose, transformer_engine/pytorch/csrc/extensions/cast.cpp:
 // "only have fused kernel for FP8 delayed scaling").
 // Current scaling (Fp8Recipe::kTensorwise, Float8CurrentScalingQuantizer, csrc/quantizer.cpp)
-// quantises each tensor with three kernels: its amax (a pass of its own, read 2 bytes per
-// element), the scale from it (a few bytes), the cast + transpose; and a grouped linear
-// quantises each expert's tensor on its own (the same file's non-fused branch), so its
-// experts pay three kernels each. Forward: the norm in front of qkv / a dense fc1 can no
-// longer write fp8 itself; it writes bf16 (its amax fused, TE >= 2.7) and a cast + transpose
-// follows on its local input, which sequence parallelism shards by tp before the fp8
+// quantises each tensor with four calls: its amax zeroed (a memset, a host call alone), its
+// amax (a pass of its own, read 2 bytes per element), the scale from it (a few bytes), the
+// cast + transpose; and a grouped linear quantises each expert's tensor on its own
+// (split_quantize, csrc/extensions/cast.cpp: the fused multi-tensor kernel takes delayed
+// scaling only), so its experts pay four calls each. Forward: the norm in front of qkv / a dense
+// fc1 can no longer write fp8 itself; it writes bf16 (its amax fused, TE >= 2.7) and a cast +
+// transpose follows on its local input, which sequence parallelism shards by tp before the fp8
 // all-gather; a dense fc2's amax comes fused with the activation kernel. Backward: the
 // output gradient's amax, scale and cast + transpose.
 struct Fp8Kernels {
@@ -212,7 +213,10 @@ Fp8Kernels fp8_quantize_kernels(const models::Op& op, const models::GemmShape& s
   auto quantise = [&](std::vector<sim::Kernel>& out, int64_t elements, bool amax_pass) {
     const int64_t each = elements / tensors;
     for (int64_t i = 0; i < tensors; ++i) {
-      if (current && amax_pass) out.push_back(sim::memory_kernel(2 * each));
+      if (current && amax_pass) {
+        out.push_back(sim::memory_kernel(0));  // the amax zeroed (cudaMemsetAsync): a host call
+        out.push_back(sim::memory_kernel(2 * each));
+      }
       if (current) out.push_back(sim::memory_kernel(kFp8ScaleBytes));
       out.push_back(sim::memory_kernel(kFp8CastTransposeBytes * each));
     }
@@ -224,6 +228,53 @@ Fp8Kernels fp8_quantize_kernels(const models::Op& op, const models::GemmShape& s
     quantise(q.forward, input / (l.sequence_parallel ? l.tp : 1), false);
   quantise(q.backward, grad, true);
   return q;
+}
+
+// The small kernels of Megatron-Core's MoE layer beyond the op graph's traffic, per rank and
+// micro-batch, as Megatron-Bridge's performance configurations run it (the all-to-all
+// dispatcher, moe_router_fusion, moe_permute_fusion, aux-loss load balancing), counted
+// from megatron/core/transformer/moe/ (router.py, token_dispatcher.py, moe_utils.py,
+// Megatron-Core 0.15) and Transformer Engine's fused router and permutation ops:
+// - router: forward the fused top-k with its score function, the aux loss's fused scores,
+//   the tokens-per-expert sum, the fused aux loss and its two logging ops; backward the aux
+//   loss scaler's two, the three fused ops' gradients and the sum of the two branches into
+//   the logits. Each reads and writes this rank's T x E scores in fp32.
+// - moe_dispatch: forward the tokens-per-expert sum, under EP the five sums of the splits
+//   and, for the host, four asynchronous copies of the counts (one without EP: the experts'
+//   split sizes), host calls alone; the fused permute's three row-id-map passes (a score's
+//   routing flag read, its int32 index written). Backward: the MoE input's two gradient
+//   branches (router, tokens) added.
+// - moe_sort / moe_unsort, where they run (expert_reorder_elements): the chunk map; the
+//   combine's transposed split sizes copied and their map.
+struct MoeKernels {
+  std::vector<sim::Kernel> forward, backward;
+};
+MoeKernels moe_kernels(const models::Op& op, const models::OpGraph& g, const Layout& l, int64_t cp,
+                       Precision p) {
+  MoeKernels m;
+  const bool router = op.name == "router", dispatch = op.name == "moe_dispatch";
+  if (!router && !dispatch && !is_expert_reorder(op)) return m;
+  const int64_t experts = routed_experts(g, op.layer);
+  if (experts == 0) return m;
+  if (is_expert_reorder(op)) {
+    if (expert_reorder_elements(op, g, l, cp) == 0) return m;
+    const int64_t map = 8 * experts;  // one int64 per (source rank, local expert) chunk
+    m.forward.assign(op.name == "moe_sort" ? 1 : 2, sim::memory_kernel(map));
+    return m;
+  }
+  const int64_t slice = l.sequence_parallel ? l.tp : 1;
+  const int64_t tokens = g.layer_tokens / cp / slice, scores = tokens * experts;
+  if (router) {
+    m.forward.assign(6, sim::memory_kernel(8 * scores));
+    m.backward.assign(6, sim::memory_kernel(8 * scores));
+    return m;
+  }
+  const bool ep = l.ep > 1;
+  m.forward.assign(ep ? 6 : 1, sim::memory_kernel(scores));
+  m.forward.insert(m.forward.end(), ep ? 4 : 1, sim::memory_kernel(0));
+  m.forward.insert(m.forward.end(), 3, sim::memory_kernel(5 * scores));
+  m.backward.push_back(sim::memory_kernel(3 * tokens * g.hidden * activation_bytes(g, p)));
+  return m;
 }
 
 // The memory-bound work Transformer Engine's P2P ring attention (AttnFuncWithCPAndKVP2P,
@@ -269,6 +320,12 @@ CpBytes cp_attention_bytes(const models::AttentionShape& a, const Layout& l, int
              ed * ((8 + 4.5 * later) * nkv + (2 + 2.25 * later) * nq) + lse);
 }
 
+// moe_kernels' time on `dev`, added to the forward and the dgrad of `c`.
+void add_moe_time(PassCost& c, const MoeKernels& m, const hardware::DeviceProfile& dev) {
+  for (const sim::Kernel& k : m.forward) c.forward += dev.memory_kernel_time(Bytes(k.bytes));
+  for (const sim::Kernel& k : m.backward) c.dgrad += dev.memory_kernel_time(Bytes(k.bytes));
+}
+
 }  // namespace
 
 PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l,
@@ -295,6 +352,7 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
           for (const sim::Kernel& k : q.backward) c.dgrad += dev.memory_kernel_time(Bytes(k.bytes));
         }
       }
+      add_moe_time(c, moe_kernels(op, g, l, cp, p), dev);
       const double per_rank = shard * static_cast<double>(cp);
       c.forward_flops = op.forward / per_rank;
       c.dgrad_flops = op.dgrad / per_rank;
@@ -367,6 +425,7 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
         const Bytes copy =
             Bytes(2 * expert_reorder_elements(op, g, l, cp) * activation_bytes(g, p));
         c.forward = c.dgrad = dev.memory_kernel_time(copy);
+        add_moe_time(c, moe_kernels(op, g, l, cp, p), dev);
         break;
       }
       int64_t shard = cp;
@@ -376,6 +435,7 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
       c.forward = dev.memory_kernel_time(traffic);
       (op.kind == models::OpKind::kEmbedding ? c.wgrad : c.dgrad) =
           dev.memory_kernel_time(traffic * 2);
+      add_moe_time(c, moe_kernels(op, g, l, cp, p), dev);
       break;
     }
   }
@@ -569,19 +629,31 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
   const int64_t cp = context_parallel ? l.cp : 1;
   const auto elem = [](Precision q) { return static_cast<int>(hardware::bytes_per_element(q)); };
   OpKernels k;
+  const auto add_moe = [&k](const MoeKernels& m) {
+    k.forward.insert(k.forward.end(), m.forward.begin(), m.forward.end());
+    k.dgrad.insert(k.dgrad.end(), m.backward.begin(), m.backward.end());
+  };
   switch (op.kind) {
     case models::OpKind::kGemm: {
       const Precision gp = gemm_precision(op, p);
+      // A grouped linear (Transformer Engine's GroupedLinear) launches one cuBLAS GEMM per
+      // local expert (nvte_multi_stream_cublas_gemm), timed as one batched product.
+      const auto gemm = [&](int64_t m, int64_t n, int64_t kk, int64_t batch) {
+        sim::Kernel x = sim::gemm_kernel(m, n, kk, batch, elem(gp));
+        if (is_expert(op)) x.launches = batch;
+        return x;
+      };
       for (const models::GemmShape& s : rank_gemms(op, g, l, cp)) {
-        k.forward.push_back(sim::gemm_kernel(s.m, s.n, s.k, s.batch, elem(gp)));
-        k.dgrad.push_back(sim::gemm_kernel(s.m, s.k, s.n, s.batch, elem(gp)));
-        k.wgrad.push_back(sim::gemm_kernel(s.k, s.n, s.m, s.batch, elem(gp)));
+        k.forward.push_back(gemm(s.m, s.n, s.k, s.batch));
+        k.dgrad.push_back(gemm(s.m, s.k, s.n, s.batch));
+        k.wgrad.push_back(gemm(s.k, s.n, s.m, s.batch));
         if (gp == Precision::kFp8 && is_fp8_linear(op)) {
           const Fp8Kernels q = fp8_quantize_kernels(op, s, l);
           k.forward.insert(k.forward.end(), q.forward.begin(), q.forward.end());
           k.dgrad.insert(k.dgrad.end(), q.backward.begin(), q.backward.end());
         }
       }
+      add_moe(moe_kernels(op, g, l, cp, p));
       break;
     }
     case models::OpKind::kAttention: {
@@ -644,6 +716,7 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
       if (is_expert_reorder(op)) {
         const int64_t copy = 2 * expert_reorder_elements(op, g, l, cp) * activation_bytes(g, p);
         if (copy > 0) k.forward = k.dgrad = {sim::memory_kernel(copy)};
+        add_moe(moe_kernels(op, g, l, cp, p));
         break;
       }
       int64_t shard = cp;
@@ -653,6 +726,7 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
       k.forward.push_back(sim::memory_kernel(traffic));
       (op.kind == models::OpKind::kEmbedding ? k.wgrad : k.dgrad)
           .push_back(sim::memory_kernel(2 * traffic));
+      add_moe(moe_kernels(op, g, l, cp, p));
       break;
     }
   }

@@ -1006,8 +1006,12 @@ void Lowering::compute(int j, Time d, Flops f, int pass, sim::LabelId name,
                        sim::KernelListId kernels) {
   const TaskId t = g_.add_compute(rank_of(j, stage_), 0, d, f, {cat_[pass], name});
   if (kernels.valid() && o_.kernels) g_.set_kernels(t, kernels);
-  if (host_) {  // one issue per kernel (a task without a kernel list: one)
-    const int64_t n = kernels.valid() ? static_cast<int64_t>(g_.kernels(kernels).size()) : 1;
+  if (host_) {  // one issue per host call of its kernels (a task without a kernel list: one)
+    int64_t n = 1;
+    if (kernels.valid()) {
+      n = 0;
+      for (const sim::Kernel& k : g_.kernels(kernels)) n += k.launches;
+    }
     g_.set_host(t, host_op_[group_[j]] * n);
   }
   RankState& rs = st_[j];

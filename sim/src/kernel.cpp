@@ -46,14 +46,15 @@ std::string_view precision(int element_bytes) {
 std::string describe(const Kernel& k) {
   switch (k.kind) {
     case KernelKind::kGemm:
-      return fmt::format("gemm {}x{}x{} x{} {}", k.m, k.n, k.k, k.batch,
-                         precision(k.element_bytes));
+      return fmt::format("gemm {}x{}x{} x{} {}{}", k.m, k.n, k.k, k.batch,
+                         precision(k.element_bytes),
+                         k.launches > 1 ? fmt::format(" in {} launches", k.launches) : "");
     case KernelKind::kAttentionForward:
     case KernelKind::kAttentionBackward:
       return fmt::format("{} b{} h{}/{} {}x{} d{}{}", to_string(k.kind), k.batch, k.heads,
                          k.kv_heads, k.seq_q, k.seq_kv, k.head_dim, k.causal ? " causal" : "");
     case KernelKind::kMemory:
-      return fmt::format("mem {} B", k.bytes);
+      return k.bytes > 0 ? fmt::format("mem {} B", k.bytes) : std::string("host call");
   }
   return "?";
 }

@@ -19,6 +19,24 @@ std::map<std::string, std::string> bridge(const planner::Scenario& s, const Plan
   return yaml_settings(exported(s, p, Target::kMegatronBridge).at("megatron_bridge.yaml"));
 }
 
+// A MoE model as the cost model times its layers: Megatron-Bridge's GPTModelProvider
+// defaults to the allgather dispatcher and per-expert MLPs, so the settings are explicit.
+TEST(ExportMegatronBridge, MixtureOfExpertsRunsTheModelledDispatcher) {
+  planner::Scenario s = scenario("mixtral-8x7b", 8, 4096, 256);
+  Plan p;
+  p.layout = layout(2, 4, 8);
+  p.layout.ep = 8;
+  p.layout.sequence_parallel = true;
+  ASSERT_EQ(planner::infeasibility(s, p), "");
+  const auto y = bridge(s, p);
+  EXPECT_EQ(y.at("model.num_moe_experts"), "8");
+  EXPECT_EQ(y.at("model.moe_token_dispatcher_type"), "\"alltoall\"");
+  EXPECT_EQ(y.at("model.moe_grouped_gemm"), "true");
+  EXPECT_EQ(y.at("model.moe_permute_fusion"), "true");
+  EXPECT_EQ(y.at("model.moe_router_fusion"), "true");
+  EXPECT_EQ(y.count("model.moe_shared_expert_intermediate_size"), 0u);  // Mixtral has none
+}
+
 TEST(ExportMegatronBridge, SingleLayoutSettingsMatchThePlan) {
   planner::Scenario s = scenario("llama-3.1-8b", 4, 8192, 512);
   Plan p;

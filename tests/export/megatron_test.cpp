@@ -128,6 +128,10 @@ TEST(ExportMegatron, MixtureOfExpertsAndPrecisions) {
   EXPECT_EQ(f.at("--num-experts"), "8");
   EXPECT_EQ(f.at("--moe-router-topk"), "2");
   EXPECT_EQ(f.at("--expert-tensor-parallel-size"), "2");
+  // The MoE layer the cost model times, not Megatron's default allgather dispatcher.
+  EXPECT_EQ(f.at("--moe-token-dispatcher-type"), "alltoall");
+  for (const char* flag : {"--moe-grouped-gemm", "--moe-permute-fusion", "--moe-router-fusion"})
+    EXPECT_EQ(f.count(flag), 1u) << flag;
   Plan folded = p;  // MoE parallel folding: whole experts, EP over TP x DP
   folded.layout.etp = 1;
   EXPECT_EQ(all_flags(exported(s, folded, Target::kMegatron).at("launch.sh"))

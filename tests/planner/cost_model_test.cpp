@@ -277,10 +277,11 @@ TEST(CostModel, Fp8CurrentScalingAddsTheAmaxPasses) {
   // Per op: the kernels current scaling adds forward and backward, as their bytes.
   using Bytes2 = std::vector<int64_t>;
   const std::map<std::string, std::pair<Bytes2, Bytes2>> extra = {
-      {"qkv", {{scale, 4 * t * h / 8}, {2 * t * 3 * h / 8, scale}}},
-      {"attn_out", {{2 * t * h / 8, scale}, {2 * t * h, scale}}},
-      {"mlp_fc1", {{scale, 4 * t * h / 8}, {2 * t * 4 * h / 8, scale}}},
-      {"mlp_fc2", {{scale}, {2 * t * h, scale}}}};
+      // 0: the memset zeroing an amax, a host call without GPU time.
+      {"qkv", {{scale, 4 * t * h / 8}, {0, 2 * t * 3 * h / 8, scale}}},
+      {"attn_out", {{0, 2 * t * h / 8, scale}, {0, 2 * t * h, scale}}},
+      {"mlp_fc1", {{scale, 4 * t * h / 8}, {0, 2 * t * 4 * h / 8, scale}}},
+      {"mlp_fc2", {{scale}, {0, 2 * t * h, scale}}}};
   // The kernels of `b` not in `a` (memory kernels by size), in b's order.
   auto added = [](const std::vector<sim::Kernel>& a, const std::vector<sim::Kernel>& b) {
     std::multiset<int64_t> left;
@@ -303,7 +304,7 @@ TEST(CostModel, Fp8CurrentScalingAddsTheAmaxPasses) {
     EXPECT_EQ(added(a.dgrad, b.dgrad), bytes.second) << name;
     const PassCost ca = op_cost(op, f.g, delayed, true, f.dev, hardware::Precision::kFp8);
     const PassCost cb = op_cost(op, f.g, current, true, f.dev, hardware::Precision::kFp8);
-    EXPECT_EQ(cb.dgrad - ca.dgrad, f.dev.memory_kernel_time(Bytes(bytes.second[0])) +
+    EXPECT_EQ(cb.dgrad - ca.dgrad, f.dev.memory_kernel_time(Bytes(bytes.second[1])) +
                                        f.dev.memory_kernel_time(Bytes(scale)))
         << name;
   }
@@ -327,8 +328,9 @@ models::OpGraph mixtral_layer_graph() {
 // FP8 grouped experts (Transformer Engine's GroupedLinear): fc1 quantises the permuted
 // tokens itself (a MoE layer's norm is a module of its own), so both expert linears cast
 // their input. Delayed scaling casts all local experts in one multi-tensor kernel; current
-// scaling quantises each expert on its own, three kernels apiece. Mixtral 8x7B, ep 2: four
-// local experts.
+// scaling quantises each expert on its own, four calls apiece (a memset of its amax, the
+// amax, the scale, the cast). Either way the GEMMs are one batched product launched once
+// per local expert. Mixtral 8x7B, ep 2: four local experts.
 TEST(CostModel, Fp8GroupedExpertsQuantiseEachExpertUnderCurrentScaling) {
   const models::OpGraph g = mixtral_layer_graph();
   Layout delayed;
@@ -347,12 +349,71 @@ TEST(CostModel, Fp8GroupedExpertsQuantiseEachExpertUnderCurrentScaling) {
     const OpKernels c = op_kernels(op, g, current, true, hardware::Precision::kFp8);
     EXPECT_EQ(memory_kernels(d.forward), 1) << name;  // one fused cast of every expert
     EXPECT_EQ(memory_kernels(d.dgrad), 1) << name;
-    EXPECT_EQ(memory_kernels(c.forward), 3 * 4) << name;  // amax, scale, cast per expert
-    EXPECT_EQ(memory_kernels(c.dgrad), 3 * 4) << name;
+    EXPECT_EQ(memory_kernels(c.forward), 4 * 4) << name;  // memset, amax, scale, cast
+    EXPECT_EQ(memory_kernels(c.dgrad), 4 * 4) << name;
+    for (const OpKernels* k : {&d, &c})
+      for (const auto* pass : {&k->forward, &k->dgrad, &k->wgrad})
+        for (const sim::Kernel& x : *pass)
+          EXPECT_EQ(x.launches, x.kind == sim::KernelKind::kGemm ? 4 : 1) << name;
     // The same cast bytes either way: the input of all 4 experts, 4 bytes per element.
     const sim::Kernel& gemm = d.forward[0];
     EXPECT_EQ(d.forward[1].bytes, 4 * gemm.m * gemm.k * gemm.batch) << name;
   }
+}
+
+// The MoE layer's small kernels beyond the op graph's traffic (cost_model.cpp, moe_kernels):
+// the fused router's six forward and six backward kernels over the T x E fp32 scores; the
+// dispatcher's count sums, its copies of the counts to the host (host calls, no GPU time)
+// and the fused permute's three row-id-map passes, and backward the MoE input's gradient
+// branches added. Mixtral 8x7B over 4096 tokens: 8 experts.
+TEST(CostModel, MoeLayersRunTheRoutersAndTheDispatchersSmallKernels) {
+  const models::OpGraph g = mixtral_layer_graph();
+  const hardware::DeviceProfile dev = hardware::load_profile("dgx-h100")->gpu;
+  const int64_t scores = 4096 * 8;
+  auto bytes = [](const std::vector<sim::Kernel>& ks) {
+    std::vector<int64_t> out;
+    for (const sim::Kernel& k : ks)
+      if (k.kind == sim::KernelKind::kMemory) out.push_back(k.bytes);
+    return out;
+  };
+  auto time = [&](const std::vector<sim::Kernel>& ks) {
+    Time t;
+    for (const sim::Kernel& k : ks) t += kernel_time(k, dev, hardware::Precision::kBf16);
+    return t;
+  };
+  for (int ep : {1, 2}) {
+    Layout l;
+    l.ep = ep;
+    l.dp = 2;
+    const models::Op& router = op_named(g, "router");
+    const OpKernels r = op_kernels(router, g, l, true, hardware::Precision::kBf16);
+    EXPECT_EQ(bytes(r.forward), std::vector<int64_t>(6, 8 * scores)) << ep;
+    EXPECT_EQ(bytes(r.dgrad), std::vector<int64_t>(6, 8 * scores)) << ep;
+    EXPECT_TRUE(bytes(r.wgrad).empty()) << ep;
+    const PassCost rc = op_cost(router, g, l, true, dev, hardware::Precision::kBf16);
+    EXPECT_EQ(rc.forward, time(r.forward)) << ep;
+    EXPECT_EQ(rc.dgrad, time(r.dgrad)) << ep;
+
+    const models::Op& dispatch = op_named(g, "moe_dispatch");
+    const OpKernels d = op_kernels(dispatch, g, l, true, hardware::Precision::kBf16);
+    std::vector<int64_t> fwd = bytes(d.forward);
+    ASSERT_FALSE(fwd.empty());
+    fwd.erase(fwd.begin());  // the permute's own traffic (the op graph's)
+    std::vector<int64_t> want(ep > 1 ? 6 : 1, scores);  // count sums over the routing map
+    want.insert(want.end(), ep > 1 ? 4 : 1, 0);         // the counts copied to the host
+    want.insert(want.end(), 3, 5 * scores);             // the row-id map
+    EXPECT_EQ(fwd, want) << ep;
+    ASSERT_EQ(d.dgrad.size(), 2u) << ep;
+    EXPECT_EQ(d.dgrad[1].bytes, 3 * 4096 * 4096 * 2) << ep;  // two bf16 gradients added
+    const PassCost dc = op_cost(dispatch, g, l, true, dev, hardware::Precision::kBf16);
+    EXPECT_EQ(dc.forward, time(d.forward)) << ep;
+    EXPECT_EQ(dc.dgrad, time(d.dgrad)) << ep;
+  }
+  // A dense model has none.
+  Fixture f = gpt(1, true, 1, "dgx-h100");
+  EXPECT_EQ(op_kernels(op_named(f.g, "mlp_fc1"), f.g, Layout{}, true, hardware::Precision::kBf16)
+                .forward.size(),
+            1u);
 }
 
 // Megatron's all-to-all dispatcher reorders the tokens it receives by local expert and back
@@ -368,13 +429,18 @@ TEST(CostModel, ExpertParallelDispatcherReordersTheReceivedTokens) {
   for (std::string_view name : {"moe_sort", "moe_unsort"}) {
     const models::Op& op = op_named(g, name);
     const OpKernels k = op_kernels(op, g, l, true, hardware::Precision::kBf16);
-    ASSERT_EQ(k.forward.size(), 1u) << name;
+    // Forward: the copy, then the chunk map (moe_sort) or the split sizes' transposed copy
+    // and the map (moe_unsort), one int64 per chunk of the 8 experts.
+    const size_t maps = name == "moe_sort" ? 1 : 2;
+    ASSERT_EQ(k.forward.size(), 1 + maps) << name;
     EXPECT_EQ(k.forward[0].bytes, copy) << name;
+    for (size_t i = 1; i <= maps; ++i) EXPECT_EQ(k.forward[i].bytes, 8 * 8) << name;
     ASSERT_EQ(k.dgrad.size(), 1u) << name;
     EXPECT_EQ(k.dgrad[0].bytes, copy) << name;
     const PassCost c = op_cost(op, g, l, true, dev, hardware::Precision::kBf16);
-    EXPECT_EQ(c.forward, dev.memory_kernel_time(Bytes(copy))) << name;
-    EXPECT_EQ(c.dgrad, c.forward) << name;
+    EXPECT_EQ(c.dgrad, dev.memory_kernel_time(Bytes(copy))) << name;
+    EXPECT_EQ(c.forward, c.dgrad + dev.memory_kernel_time(Bytes(64)) * static_cast<int64_t>(maps))
+        << name;
     // No expert parallelism, or one expert per rank: nothing to reorder.
     for (int ep : {1, 8}) {
       Layout o = l;

@@ -708,7 +708,8 @@ TEST(Lower, FsdpShardsExpertsOverTheirExpertDataParallelGroup) {
 }
 
 // The host (SystemProfile::host_op; dgx-h100: 13.48 us per call): every compute task of a
-// homogeneous plan costs its host one issue per kernel it runs, every collective one; under
+// homogeneous plan costs its host one issue per host call of its kernels (Kernel::launches:
+// a grouped linear's GEMM one per local expert), every collective one; under
 // EP the dropless dispatcher's host waits for the expert counts' all-gather (after the
 // router) before each forward dispatch (once per layer and micro-batch), never in the
 // backward; without EP it has no all-to-all to size and never waits here.
@@ -730,8 +731,13 @@ TEST(Lower, TheHostIssuesEveryKernelAndWaitsForTheRouterBeforeADroplessDispatch)
           << t;
       if (task.kind == sim::TaskKind::kCompute && task.kernels.valid() &&
           g.host_issued(TaskId(t))) {
-        EXPECT_EQ(g.host_issue(TaskId(t)),
-                  op * static_cast<int64_t>(g.kernels(task.kernels).size()));
+        int64_t calls = 0;
+        for (const sim::Kernel& k : g.kernels(task.kernels)) {
+          EXPECT_EQ(k.launches,
+                    k.kind == sim::KernelKind::kGemm && k.batch == 8 / ep ? k.batch : 1);
+          calls += k.launches;
+        }
+        EXPECT_EQ(g.host_issue(TaskId(t)), op * calls);
       }
       if (task.kind == sim::TaskKind::kCollective) {
         EXPECT_EQ(g.host_issue(TaskId(t)), op);

@@ -29,6 +29,11 @@ struct Kernel {
   bool causal = false;                                                   // attention
   int64_t bytes = 0;                                                     // memory
   int element_bytes = 2;  // operand precision: 1 fp8, 2 bf16 (or fp16), 4 fp32
+  // The trainer's host calls that issue it (its host cost, planner's lowering): a gemm whose
+  // batch the trainer launches one product at a time (a grouped linear's experts) has
+  // `batch`. A memory kernel of 0 bytes is a host call alone (an asynchronous copy to the
+  // host, a memset) whose GPU time the model leaves out. The executor ignores it.
+  int64_t launches = 1;
 
   /// The model-FLOP convention of models/op_graph.h: GEMM 2mnk·batch; attention forward
   /// 4·b·h·sq·skv·d (half when causal), backward twice that; memory 0.
