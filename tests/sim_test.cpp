@@ -470,6 +470,36 @@ TEST(SimulateTest, AfterASyncTheGpuWaitsForTheHostsLaunches) {
   }
 }
 
+TEST(SimulateTest, ATaskOfManyCallsRunsItsKernelsAsTheHostIssuesThem) {
+  // After a sync a (10 us, 1 call), the host issues b: 10 calls at 10 us each (100 us).
+  // GPU-bound b (1 ms of 10 kernels) starts after its first call, 10 us after a ends;
+  // host-bound b (20 us) ends with its last kernel (2 us) after the last call.
+  Network net = single_switch_network(1, kB, Time::zero());
+  for (Time d : {Time::ms(1), Time::us(20)}) {
+    TaskGraph g;
+    TaskId a = g.add_compute(RankId(0), 0, Time::us(10), Flops(0));
+    TaskId b = g.add_compute(RankId(0), 0, d, Flops(0));
+    g.set_host(a, Time::us(10), true);
+    g.set_host(b, Time::us(100), false, 10);
+    SimResult r = run(g, net);
+    const Time a_end = Time::us(20);
+    EXPECT_EQ(r.tasks[a.value()].end, a_end);
+    if (d == Time::ms(1)) {
+      EXPECT_EQ(r.tasks[b.value()].start, a_end + Time::us(10));
+    } else {
+      EXPECT_EQ(r.tasks[b.value()].end, a_end + Time::us(100) + Time::us(2));
+      EXPECT_EQ(r.tasks[b.value()].end - r.tasks[b.value()].start, d) << "its span is its work";
+    }
+    // Issued as one call it would start only after all of its host time.
+    TaskGraph one;
+    TaskId a1 = one.add_compute(RankId(0), 0, Time::us(10), Flops(0));
+    TaskId b1 = one.add_compute(RankId(0), 0, d, Flops(0));
+    one.set_host(a1, Time::us(10), true);
+    one.set_host(b1, Time::us(100));
+    EXPECT_EQ(run(one, net).tasks[b1.value()].start, a_end + Time::us(100));
+  }
+}
+
 TEST(SimulateTest, TasksWithoutAHostCostAreNotHeldByTheHost) {
   // The host is held by the sync a until it ends (1.01 ms); b (no host cost) starts beside
   // it at 0, c 10 us after a.

@@ -1012,7 +1012,7 @@ void Lowering::compute(int j, Time d, Flops f, int pass, sim::LabelId name,
       n = 0;
       for (const sim::Kernel& k : g_.kernels(kernels)) n += k.launches;
     }
-    g_.set_host(t, host_op_[group_[j]] * n);
+    g_.set_host(t, host_op_[group_[j]] * n, false, static_cast<int32_t>(std::max<int64_t>(n, 1)));
   }
   RankState& rs = st_[j];
   if (rs.need.valid()) g_.add_dependency(rs.need, t);
@@ -1381,7 +1381,8 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
         if (host_)
           for (int j : actives_)
             if (st_[j].last.valid() && g_.host_issued(st_[j].last))
-              g_.set_host(st_[j].last, g_.host_issue(st_[j].last), /*sync=*/true);
+              g_.set_host(st_[j].last, g_.host_issue(st_[j].last), /*sync=*/true,
+                          g_.host_calls(st_[j].last));
       }
       const int32_t a2a_stream = l_.ep_comm_overlap ? kEpStream : kTpStream;
       collective(CollectiveKind::kAllToAll, step.bytes, {cat_ep_, lb.ep}, ep_groups_, a2a_stream);

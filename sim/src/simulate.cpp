@@ -80,7 +80,7 @@ struct RankClock {
 // one cache line rather than one per array (a 1T-parameter plan has over a million tasks).
 struct TaskState {
   Time start;
-  Time issue;                  // when the last of its ranks' hosts has issued it (TaskGraph)
+  Time issue;                  // its earliest start as its ranks' hosts issue it (TaskGraph)
   Time tail_latency;           // collective: paid after its last flow
   Time fixed = Time::ps(-1);   // comm: its time when it runs alone (find_uncontended), else < 0
   const Plan* plan = nullptr;  // comm: its resolved plan
@@ -464,9 +464,15 @@ void Engine::issue_from(int32_t rank, Time now) {
     const Time cost = g_.host_issue(TaskId(t));
     if (sink_ && cost > Time::zero())
       sink_->host_span({TaskId(t), RankId(rank), task_name(t), h, h + cost});
+    // A task of n calls may start after the first, and its work ends no earlier than its
+    // last kernel (1/n of it, on average) run after the host's last launch: the GPU's waits
+    // for those launches are taken before it.
+    const int64_t n = g_.host_calls(TaskId(t));
+    const Time first = h + Time::ps(cost.count_ps() / n);
+    const Time before_last = Time::ps(g_.task(TaskId(t)).duration.count_ps() * (n - 1) / n);
+    state_[t].issue = std::max({state_[t].issue, first, h + cost - before_last});
     h += cost;
     host_busy_[rank] += cost;
-    state_[t].issue = std::max(state_[t].issue, h);
     arrive(t);                           // starts it at the earliest at its issue (start())
     if (g_.host_sync(TaskId(t))) break;  // finish() resumes this host
   }

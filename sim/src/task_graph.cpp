@@ -108,17 +108,19 @@ void TaskGraph::set_kernels(TaskId task, KernelListId list) {
   tasks_[task.value()].kernels = list;
 }
 
-void TaskGraph::set_host(TaskId task, Time issue, bool sync) {
-  HETPAR_CHECK(task.valid() && task.value() < num_tasks() && issue >= Time::zero(),
-               "set_host: task {} issue {}", task.value(), issue.count_ps());
+void TaskGraph::set_host(TaskId task, Time issue, bool sync, int32_t calls) {
+  HETPAR_CHECK(task.valid() && task.value() < num_tasks() && issue >= Time::zero() && calls >= 1,
+               "set_host: task {} issue {} calls {}", task.value(), issue.count_ps(), calls);
   const auto i = static_cast<size_t>(task.value());
   if (i >= host_issue_.size()) {  // grown geometrically: set_host follows each new task
     const size_t n = std::max({i + 1, 2 * host_issue_.size(), size_t{1024}});
     host_issue_.resize(n, Time::ps(-1));
     host_sync_.resize(n, 0);
+    host_calls_.resize(n, 1);
   }
   host_issue_[i] = issue;
   host_sync_[i] = sync ? 1 : 0;
+  host_calls_[i] = calls;
 }
 
 void TaskGraph::clear() {
@@ -136,6 +138,7 @@ void TaskGraph::clear() {
   kernel_begin_.assign(1, 0);
   host_issue_.clear();
   host_sync_.clear();
+  host_calls_.clear();
 }
 
 void TaskGraph::set_stream_name(StreamKind kind, int32_t index, std::string_view name) {

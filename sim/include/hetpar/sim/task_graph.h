@@ -14,6 +14,10 @@
 // the trainer's program, that issues the rank's tasks given a host cost (set_host) in the
 // order they were added (whatever their streams), spending host_issue(t) on each; such a
 // task starts no earlier than the host of every simulated rank it occupies has issued it.
+// A compute task issued as several calls (its kernels, spread evenly over its host time)
+// runs them as they come: it may start once the first is issued, and its work ends no
+// earlier than its last kernel (1/n of its duration for n calls) run after the host's last
+// launch; the GPU's waits for launches inside it are taken before it, as idle time.
 // Tasks without a host cost are not issued by the host (they start as if it were ahead).
 // The host runs ahead of the GPU without bound (CUDA's launch queue), except after a sync
 // task: having issued it, the host waits for it to finish before issuing the next one (a
@@ -165,10 +169,11 @@ class TaskGraph {
   /// Says what compute task `task` runs. REQUIRES: a compute task; `list` from add_kernels.
   void set_kernels(TaskId task, KernelListId list);
 
-  /// Task `task`'s host cost (top of this file): `issue` of host time to launch it and,
-  /// with `sync`, a wait for it to finish before the host issues anything after it.
-  /// REQUIRES: issue >= 0.
-  void set_host(TaskId task, Time issue, bool sync = false);
+  /// Task `task`'s host cost (top of this file): `issue` of host time to launch it, spread
+  /// evenly over `calls` launches (the task may start after the first) and, with `sync`, a
+  /// wait for it to finish before the host issues anything after it.
+  /// REQUIRES: issue >= 0, calls >= 1.
+  void set_host(TaskId task, Time issue, bool sync = false, int32_t calls = 1);
   /// Whether any task has a host cost (otherwise no host is modelled).
   bool has_host() const { return !host_issue_.empty(); }
   /// Whether set_host was called for `task` (the host issues it).
@@ -182,6 +187,10 @@ class TaskGraph {
   }
   bool host_sync(TaskId task) const {
     return task.value() < static_cast<int>(host_sync_.size()) && host_sync_[task.value()] != 0;
+  }
+  /// The launches set_host spread `task`'s host time over; 1 without.
+  int32_t host_calls(TaskId task) const {
+    return host_issued(task) ? host_calls_[task.value()] : 1;
   }
 
   /// Sets `rank`'s multiplicity (top of this file). REQUIRES: n >= 0, called before any
@@ -263,8 +272,9 @@ class TaskGraph {
   std::vector<std::string> stream_names_[2];  // [kind][index]
   std::vector<Kernel> kernels_;
   std::vector<int32_t> kernel_begin_{0};
-  std::vector<Time> host_issue_;    // per task (< 0: no set_host); empty: no host
-  std::vector<uint8_t> host_sync_;  // parallel to host_issue_
+  std::vector<Time> host_issue_;     // per task (< 0: no set_host); empty: no host
+  std::vector<uint8_t> host_sync_;   // parallel to host_issue_
+  std::vector<int32_t> host_calls_;  // parallel to host_issue_
 };
 
 }  // namespace hetpar::sim
