@@ -490,6 +490,8 @@ TEST(SimulateTest, ATaskOfManyCallsRunsItsKernelsAsTheHostIssuesThem) {
       EXPECT_EQ(r.tasks[b.value()].end, a_end + Time::us(100) + Time::us(2));
       EXPECT_EQ(r.tasks[b.value()].end - r.tasks[b.value()].start, d) << "its span is its work";
     }
+    // The GPU waited for a's launch (10 us) and for b's from a's end to b's start.
+    EXPECT_EQ(r.ranks[0].launch_wait, Time::us(10) + (r.tasks[b.value()].start - a_end));
     // Issued as one call it would start only after all of its host time.
     TaskGraph one;
     TaskId a1 = one.add_compute(RankId(0), 0, Time::us(10), Flops(0));

@@ -73,6 +73,8 @@ void print_text(const planner::Scenario& s, const planner::Plan& p, const planne
         "\nHost               {} per rank issuing kernels and calls ({:.0f}% of the iteration)",
         m.host_busy, 100 * (m.host_busy / m.iteration_time));
     if (m.host_wait > Time::zero()) fmt::print(", {} waiting for the GPU", m.host_wait);
+    if (m.launch_wait > Time::zero())
+      fmt::print("; compute waited {} for its launches", m.launch_wait);
   }
   fmt::print("\n\nTime by phase (stream time per rank)\n");
   for (const auto& ph : m.phases) fmt::print("  {:<12} {:>10}\n", ph.phase, ph.per_rank);

@@ -165,19 +165,21 @@ Result<PlanMetrics> evaluate(const Scenario& s, const Plan& p, const EvaluateOpt
   m.mfu = m.tflops_per_gpu * 1e12 / (peak / s.cluster.total_gpus());
 
   // Means over the world: each simulated rank stands for `multiplicity` ranks.
-  Time idle, exposed, host, host_wait;
+  Time idle, exposed, host, host_wait, launch_wait;
   int64_t ranks = 0;
   for (const sim::RankStats& rs : r.ranks) {
     if (rs.multiplicity == 0) continue;
     exposed += rs.exposed_comm * int64_t{rs.multiplicity};
     host += rs.host * int64_t{rs.multiplicity};
     host_wait += rs.host_wait * int64_t{rs.multiplicity};
+    launch_wait += rs.launch_wait * int64_t{rs.multiplicity};
     idle += (r.makespan - rs.compute - rs.exposed_comm) * int64_t{rs.multiplicity};
     ranks += rs.multiplicity;
   }
   m.exposed_comm = Time::ps(exposed.count_ps() / ranks);
   m.host_busy = Time::ps(host.count_ps() / ranks);
   m.host_wait = Time::ps(host_wait.count_ps() / ranks);
+  m.launch_wait = Time::ps(launch_wait.count_ps() / ranks);
   m.bubble_fraction = (idle / r.makespan) / static_cast<double>(ranks);
   for (const sim::CategoryTotal& c : r.categories)
     m.phases.push_back(

@@ -247,7 +247,7 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
   // next one to issue and the host's clock; per task (state_) when it is issued.
   bool host_ = false;
   std::vector<int32_t> host_begin_, host_tasks_, host_next_;
-  std::vector<Time> host_clock_, host_busy_, host_wait_;
+  std::vector<Time> host_clock_, host_busy_, host_wait_, launch_wait_;
   std::vector<double> units_;
   std::vector<int32_t> computing_;
   std::vector<std::vector<int32_t>> ranks_of_node_;
@@ -363,6 +363,7 @@ Engine::Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, Tr
     host_clock_.assign(nr, Time::zero());
     host_busy_.assign(nr, Time::zero());
     host_wait_.assign(nr, Time::zero());
+    launch_wait_.assign(nr, Time::zero());
   }
   if (variable_) {
     factor_.assign(nr, 1.0);
@@ -439,6 +440,7 @@ Result<SimResult> Engine::run() {
     if (host_) {
       st.host = host_busy_[rank];
       st.host_wait = host_wait_[rank];
+      st.launch_wait = launch_wait_[rank];
     }
     st.multiplicity = g_.multiplicity(RankId(rank));
   }
@@ -505,6 +507,9 @@ void Engine::report(int32_t t, const StreamRef& s, Time end, bool started) {
 void Engine::start(int32_t t) {
   const Time now = queue_.now();
   if (host_ && now < state_[t].issue) {  // ready on the GPU before its host launched it
+    const Task& task = g_.task(TaskId(t));
+    if (task.kind == TaskKind::kCompute)
+      launch_wait_[g_.streams(TaskId(t))[0].rank.value()] += state_[t].issue - now;
     queue_.schedule_at(state_[t].issue, *this, static_cast<uint32_t>(t) | kStartTag);
     return;
   }

@@ -51,6 +51,9 @@ struct PlanMetrics {
   Time host_busy;
   /// Mean over ranks of the host time held by the program's waits for the GPU (sync tasks).
   Time host_wait;
+  /// Mean over ranks of the time compute tasks waited on the GPU for their host's launches
+  /// (sim::RankStats::launch_wait).
+  Time launch_wait;
   std::vector<PhaseTime> phases;
   int world = 0;
   int64_t micro_batches = 0;  // per DP replica

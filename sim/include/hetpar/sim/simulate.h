@@ -59,6 +59,9 @@ struct RankStats {
   Flops flops{};                          // of the compute tasks that ran on this rank
   Time host{};       // host time spent issuing this rank's tasks (TaskGraph "Host"; 0 without)
   Time host_wait{};  // host time held by sync tasks, from their issue until they finished
+  // Time compute tasks were ready on the GPU (dependencies done, stream free) before their
+  // host had launched them: the GPU's wait for launches (what CUDA graphs would remove).
+  Time launch_wait{};
   int32_t multiplicity = 1;  // ranks of the world these stats stand for
 };
 
