@@ -277,6 +277,33 @@ TEST(OpGraph, MoeExpertShapes) {
   EXPECT_DOUBLE_EQ(gemm / 1001, 2 * active_matmul);
 }
 
+// Token dropping (ModuleInput::moe_capacity_factor): every expert takes its capacity,
+// ceil(factor x tokens x top_k / experts) routed tokens, padded to it (Megatron's
+// get_capacity and drop_and_pad), and the permutations move that many copies. 1001 tokens
+// top 2 over 8 experts: 250.25 each, capacity ceil(250.25 x 1.25) = 313, or 251 at 1.0.
+TEST(OpGraph, TokenDroppingPadsEveryExpertToItsCapacity) {
+  ModuleSpec spec = zoo_module("mixtral-8x7b");
+  for (const auto& [factor, capacity] : {std::pair{1.25, 313}, std::pair{1.0, 251}}) {
+    ModuleInput in = input(1, 1001);
+    in.moe_capacity_factor = factor;
+    OpGraph g = build_op_graph(spec, in);
+    for (const Op& op : g.ops) {
+      if (op.layer != 0) continue;
+      if (op.name == "expert_fc1" || op.name == "expert_fc2") {
+        ASSERT_EQ(op.gemms.size(), 1u) << op.name;
+        EXPECT_EQ(op.gemms[0].m, capacity) << op.name;
+        EXPECT_EQ(op.gemms[0].batch, 8) << op.name;
+      }
+      if (op.name == "moe_dispatch") {
+        EXPECT_EQ(op.written.count(), int64_t{8} * capacity * 4096 * 2) << factor;
+      }
+      if (op.name == "moe_combine") {
+        EXPECT_EQ(op.read.count(), int64_t{8} * capacity * 4096 * 2) << factor;
+      }
+    }
+  }
+}
+
 // head_dim apart from hidden / heads (Qwen3): the projections and the attention take the
 // heads' own width, 32 x 128 = 4096 against a 2048-wide residual stream.
 TEST(OpGraph, HeadDimSetsTheAttentionWidth) {

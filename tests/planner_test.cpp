@@ -76,6 +76,7 @@ TEST(PlanJson, RoundTripsEveryLayoutSwitch) {
   p.layout.fsdp_reshard_after_forward = false;
   p.layout.tp_backward_overlap = false;
   p.layout.flash_attention = false;
+  p.layout.moe_capacity_factor = 1.25;
   auto back = parse_plan(plan_to_json(p), "plan");
   ASSERT_TRUE(back.is_ok()) << back.status().to_string();
   EXPECT_EQ(*back, p);
@@ -88,6 +89,11 @@ TEST(PlanJson, RoundTripsEveryLayoutSwitch) {
   auto bad = parse_plan(nlohmann::json::parse(R"({"micro_batch": 1, "fsdp": "yes"})"), "plan");
   ASSERT_FALSE(bad.is_ok());
   EXPECT_NE(bad.status().to_string().find("plan.fsdp"), std::string::npos)
+      << bad.status().to_string();
+  bad =
+      parse_plan(nlohmann::json::parse(R"({"micro_batch": 1, "moe_capacity_factor": -1})"), "plan");
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().to_string().find("plan.moe_capacity_factor"), std::string::npos)
       << bad.status().to_string();
 }
 

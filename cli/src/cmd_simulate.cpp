@@ -24,7 +24,7 @@ void print_text(const planner::Scenario& s, const planner::Plan& p, const planne
   fmt::print("Scenario   {} on {} GPUs\n", s.name, s.cluster.total_gpus());
   fmt::print(
       "Plan       tp {}{} cp {}{} pp {} vpp {} dp {} ep {}{}, micro-batch {}, {} schedule, "
-      "recompute {}, {}{}{}{}{}{}{}\n",
+      "recompute {}, {}{}{}{}{}{}{}{}\n",
       l.tp, l.sequence_parallel ? " (sp)" : "", l.cp,
       l.cp > 1 ? fmt::format(" ({})", planner::to_string(l.cp_comm)) : "", l.pp, l.vpp, l.dp, l.ep,
       l.expert_tp() != l.tp ? fmt::format(" etp {}", l.expert_tp()) : "", l.micro_batch,
@@ -42,6 +42,9 @@ void print_text(const planner::Scenario& s, const planner::Plan& p, const planne
       l.fp8_param_gather ? ", fp8 parameters" : "",
       l.tp_comm_overlap ? ", userbuffers TP overlap" : "",
       l.ep_comm_overlap ? ", EP all-to-all overlap" : "",
+      l.moe_capacity_factor > 0
+          ? fmt::format(", token dropping (capacity factor {})", l.moe_capacity_factor)
+          : "",
       l.cross_entropy_fusion != planner::CrossEntropy::kUnfused
           ? fmt::format(", {} cross-entropy", planner::to_string(l.cross_entropy_fusion))
           : "");

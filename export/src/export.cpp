@@ -184,6 +184,15 @@ void refuse_megatron_comm_overlaps(const Context& c, Refusals& r) {
         c.target_name()));
 }
 
+void refuse_token_dropping(const Context& c, Refusals& r) {
+  if (c.layout().moe_capacity_factor > 0)
+    r.add(
+        fmt::format("moe_capacity_factor {}: {} has no padded token-dropping MoE dispatcher "
+                    "(Megatron's --moe-expert-capacity-factor with "
+                    "--moe-pad-expert-input-to-capacity); plan it dropless",
+                    c.layout().moe_capacity_factor, c.target_name()));
+}
+
 void refuse_megatron_cross_entropy(const Context& c, Refusals& r) {
   const planner::CrossEntropy ce = c.layout().cross_entropy_fusion;
   if (ce != planner::CrossEntropy::kUnfused)
@@ -253,6 +262,8 @@ std::string layout_summary(const planner::Layout& l) {
   if (l.fsdp) out += l.fsdp_reshard_after_forward ? ", fsdp" : ", fsdp kept gathered";
   if (l.tp_comm_overlap) out += ", userbuffers TP overlap";
   if (l.ep_comm_overlap) out += ", EP all-to-all overlap";
+  if (l.moe_capacity_factor > 0)
+    out += fmt::format(", token dropping (capacity factor {})", l.moe_capacity_factor);
   if (l.fp8_param_gather) out += ", fp8 parameters";
   if (l.cross_entropy_fusion != planner::CrossEntropy::kUnfused)
     out += fmt::format(", {} cross-entropy", planner::to_string(l.cross_entropy_fusion));

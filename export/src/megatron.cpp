@@ -114,6 +114,10 @@ std::vector<Flag> training_flags(const Context& c) {
         {"--cross-entropy-fusion-impl", std::string(planner::to_string(l.cross_entropy_fusion))});
   }
   if (l.tp_comm_overlap) f.push_back({"--tp-comm-overlap", ""});  // TE userbuffers
+  if (l.moe_capacity_factor > 0) {  // token dropping, padded to capacity
+    f.push_back({"--moe-expert-capacity-factor", fmt::format("{}", l.moe_capacity_factor)});
+    f.push_back({"--moe-pad-expert-input-to-capacity", ""});
+  }
   if (l.ep_comm_overlap) {  // combined 1F1B; the weight gradients beside the all-to-alls
     f.push_back({"--overlap-moe-expert-parallel-comm", ""});
     f.push_back({"--delay-wgrad-compute", ""});

@@ -87,6 +87,11 @@ void add_training(std::vector<Setting>& s, const Context& c) {
   }
   s.push_back({"ddp.overlap_grad_reduce", yaml_bool(l.overlap_grad_reduce)});
   if (l.tp_comm_overlap) s.push_back({"comm_overlap.tp_comm_overlap", "true"});  // userbuffers
+  if (l.moe_capacity_factor >
+      0) {  // token dropping, as the performance scripts' token-drop presets
+    s.push_back({"model.moe_expert_capacity_factor", fmt::format("{}", l.moe_capacity_factor)});
+    s.push_back({"model.moe_pad_expert_input_to_capacity", "true"});
+  }
   if (l.ep_comm_overlap) {  // combined 1F1B, as the performance scripts' moe_a2a_overlap sets
     s.push_back({"comm_overlap.overlap_moe_expert_parallel_comm", "true"});
     s.push_back({"comm_overlap.delay_wgrad_compute", "true"});

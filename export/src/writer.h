@@ -73,6 +73,8 @@ void refuse_mimo_encoder_batch(const Context& c, const planner::ModulePlan& m, s
 /// Megatron's communication overlaps, for targets without them: userbuffers TP overlap
 /// (Layout::tp_comm_overlap) and the EP all-to-all overlap (Layout::ep_comm_overlap).
 void refuse_megatron_comm_overlaps(const Context& c, Refusals& r);
+/// Refuses Layout::moe_capacity_factor (token dropping padded to capacity: Megatron's alone).
+void refuse_token_dropping(const Context& c, Refusals& r);
 /// Refuses a fused cross-entropy (Layout::cross_entropy_fusion): Megatron's kernels, which the
 /// other trainers do not run.
 void refuse_megatron_cross_entropy(const Context& c, Refusals& r);

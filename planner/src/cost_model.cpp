@@ -243,7 +243,9 @@ Fp8Kernels fp8_quantize_kernels(const models::Op& op, const models::GemmShape& s
 //   and, for the host, four asynchronous copies of the counts (one without EP: the experts'
 //   split sizes), host calls alone; the fused permute's three row-id-map passes (a score's
 //   routing flag read, its int32 index written). Backward: the MoE input's two gradient
-//   branches (router, tokens) added.
+//   branches (router, tokens) added. With token dropping (Layout::moe_capacity_factor, the
+//   dispatcher's drop_and_pad preprocess) the tokens-per-expert sum alone precedes the
+//   permute.
 // - moe_sort / moe_unsort, where they run (expert_reorder_elements): the chunk map; the
 //   combine's transposed split sizes copied and their map.
 struct MoeKernels {
@@ -269,9 +271,11 @@ MoeKernels moe_kernels(const models::Op& op, const models::OpGraph& g, const Lay
     m.backward.assign(6, sim::memory_kernel(8 * scores));
     return m;
   }
-  const bool ep = l.ep > 1;
-  m.forward.assign(ep ? 6 : 1, sim::memory_kernel(scores));
-  m.forward.insert(m.forward.end(), ep ? 4 : 1, sim::memory_kernel(0));
+  // Token dropping (drop_and_pad): the tokens-per-expert sum alone; the split sizes are
+  // static, so neither the splits' sums nor the copies to the host run.
+  const bool ep = l.ep > 1, dropless = l.moe_capacity_factor <= 0;
+  m.forward.assign(ep && dropless ? 6 : 1, sim::memory_kernel(scores));
+  if (dropless) m.forward.insert(m.forward.end(), ep ? 4 : 1, sim::memory_kernel(0));
   m.forward.insert(m.forward.end(), 3, sim::memory_kernel(5 * scores));
   m.backward.push_back(sim::memory_kernel(3 * tokens * g.hidden * activation_bytes(g, p)));
   return m;
@@ -529,12 +533,13 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
                       std::any_of(g.ops.begin(), g.ops.end(),
                                   [](const models::Op& o) { return o.name == "moe_dispatch"; });
   const bool gather_routed = moe_sp && l.expert_tp() > 1;
-  // A MoE permutation's routed tokens (top_k per token) in bytes: of the CP rank's whole
-  // sequence, or with `slice` of its TP rank's share under SP.
+  // A MoE permutation's routed token copies (top_k per token, or every expert's capacity
+  // under token dropping) in bytes: of the CP rank's whole sequence, or with `slice` of its
+  // TP rank's share under SP.
   auto routed_bytes = [&](const models::Op& op, bool slice) {
-    const int64_t top_k = op.name == "moe_dispatch" ? op.written.count() / op.read.count()
-                                                    : op.read.count() / op.written.count();
-    return Bytes(tokens / cp / (slice && l.sequence_parallel ? l.tp : 1) * top_k * g.hidden * e);
+    const int64_t routed =
+        (op.name == "moe_dispatch" ? op.written : op.read).count() / g.dtype_bytes / g.hidden;
+    return Bytes(routed / cp / (slice && l.sequence_parallel ? l.tp : 1) * g.hidden * e);
   };
   // Userbuffers (Layout::tp_comm_overlap): the layer linears next to the SP collectives.
   const bool userbuffers = tp && l.sequence_parallel && l.tp_comm_overlap;
@@ -613,8 +618,9 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
     if (l.ep > 1 && op.name == "moe_dispatch") {
       const Bytes tokens_a2a = routed_bytes(op, true);
       b.comm(StepKind::kEpAllToAll, tokens_a2a);
+      // Dropless: the expert counts' all-gather first; token dropping pads to static sizes.
       b.dispatch_calls(Bytes(tokens_a2a.count() / (g.hidden * e) * 4),
-                       Bytes(routed_experts(g, op.layer) * 8));
+                       Bytes(l.moe_capacity_factor > 0 ? 0 : routed_experts(g, op.layer) * 8));
     }
     if (gather_routed && op.name == "moe_dispatch")
       b.comm(StepKind::kTpEntry, routed_bytes(op, false));

@@ -236,6 +236,9 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
                        l.tp);
   if (l.expert_tp() != l.tp && !llm.moe)
     return fmt::format("etp {} needs a mixture-of-experts llm", l.etp);
+  if (l.moe_capacity_factor > 0 && !llm.moe)
+    return fmt::format("moe_capacity_factor {} needs a mixture-of-experts llm",
+                       l.moe_capacity_factor);
   if (l.expert_tp() != l.tp && !l.sequence_parallel)
     return fmt::format(
         "etp {} with tp {} needs sequence parallelism (sp): whole experts run "
@@ -848,8 +851,13 @@ void Lowering::build_costs() {
   std::vector<models::OpGraph> graphs;
   for (size_t i : order) {
     graphs.push_back(module_graph(s_, i, l_));
-    out_.model_flops_per_iteration +=
-        models::model_flops(graphs.back()) * static_cast<double>(m_ * l_.dp);
+    // Model FLOPs count the routed tokens, not a token-dropping layout's padding.
+    Layout dropless = l_;
+    dropless.moe_capacity_factor = 0;
+    const Flops flops = l_.moe_capacity_factor > 0
+                            ? models::model_flops(module_graph(s_, i, dropless))
+                            : models::model_flops(graphs.back());
+    out_.model_flops_per_iteration += flops * static_cast<double>(m_ * l_.dp);
     module_names_.push_back(model.modules[i].name);
     cp_split_.push_back(i == model.llm_index());
   }

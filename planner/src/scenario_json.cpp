@@ -115,6 +115,8 @@ LayoutFix parse_layout_fix(JsonReader& r) {
     f.fp8_recipe =
         parse_fp8_recipe(r.optional_enum("fp8_recipe", "delayed", {"delayed", "tensorwise"}));
   if (r.has("fp8_param_gather")) f.fp8_param_gather = r.optional_bool("fp8_param_gather", false);
+  if (r.has("moe_capacity_factor"))
+    f.moe_capacity_factor = r.optional_double("moe_capacity_factor", 0, 0, 64);
   bool_or_any(r, "tp_comm_overlap", f.tp_comm_overlap, f.any_tp_comm_overlap);
   bool_or_any(r, "ep_comm_overlap", f.ep_comm_overlap, f.any_ep_comm_overlap);
   if (r.has("grad_reduce_dtype"))

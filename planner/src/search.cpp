@@ -167,7 +167,7 @@ class CostCache {
   explicit CostCache(const Scenario& s) : s_(s), collectives_(collective_config(s.cluster)) {}
 
   // The fastest node group's time (a bound for every group). Not keyed by what one search
-  // fixes for all its layouts (the cross-entropy fusion).
+  // fixes for all its layouts (the cross-entropy fusion, the MoE capacity factor).
   const ModuleTime& get(size_t module, const Layout& l, bool context_parallel, bool frozen) {
     auto key = std::make_tuple(
         module, l.tp, l.cp, l.sequence_parallel, l.micro_batch, static_cast<int>(l.recompute),
@@ -451,7 +451,8 @@ std::vector<int> layout_key(const Layout& l) {
                           static_cast<int>(l.cp_comm),
                           static_cast<int>(l.grad_reduce_dtype),
                           l.fp8_param_gather,
-                          static_cast<int>(l.cross_entropy_fusion)};
+                          static_cast<int>(l.cross_entropy_fusion),
+                          static_cast<int>(std::lround(l.moe_capacity_factor * 1e6))};
 }
 
 // The LLM side of a plan: placement, the LLM's layout, schedule and first rank.
@@ -830,6 +831,7 @@ class Searcher {
           l.grad_reduce_dtype = fx.grad_reduce_dtype.value_or(GradReduceDtype::kDefault);
           l.cross_entropy_fusion = fx.cross_entropy_fusion.value_or(CrossEntropy::kUnfused);
           l.fp8_param_gather = fx.fp8_param_gather.value_or(false);
+          l.moe_capacity_factor = fx.moe_capacity_factor.value_or(0);
           l.tp_comm_overlap = fx.tp_comm_overlap.value_or(false) && tp > 1 && l.sequence_parallel;
           const bool even = layers_ % pp == 0;
           if (!even) uneven_split(pp, l);

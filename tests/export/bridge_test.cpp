@@ -35,6 +35,12 @@ TEST(ExportMegatronBridge, MixtureOfExpertsRunsTheModelledDispatcher) {
   EXPECT_EQ(y.at("model.moe_permute_fusion"), "true");
   EXPECT_EQ(y.at("model.moe_router_fusion"), "true");
   EXPECT_EQ(y.count("model.moe_shared_expert_intermediate_size"), 0u);  // Mixtral has none
+  EXPECT_EQ(y.count("model.moe_expert_capacity_factor"), 0u);
+  Plan drop = p;
+  drop.layout.moe_capacity_factor = 1.0;
+  const auto yd = bridge(s, drop);
+  EXPECT_EQ(yd.at("model.moe_expert_capacity_factor"), "1");
+  EXPECT_EQ(yd.at("model.moe_pad_expert_input_to_capacity"), "true");
 }
 
 TEST(ExportMegatronBridge, SingleLayoutSettingsMatchThePlan) {

@@ -132,6 +132,12 @@ TEST(ExportMegatron, MixtureOfExpertsAndPrecisions) {
   EXPECT_EQ(f.at("--moe-token-dispatcher-type"), "alltoall");
   for (const char* flag : {"--moe-grouped-gemm", "--moe-permute-fusion", "--moe-router-fusion"})
     EXPECT_EQ(f.count(flag), 1u) << flag;
+  EXPECT_EQ(f.count("--moe-expert-capacity-factor"), 0u);  // dropless
+  Plan drop = p;                                           // token dropping, padded to capacity
+  drop.layout.moe_capacity_factor = 1.25;
+  const auto fd = all_flags(exported(s, drop, Target::kMegatron).at("launch.sh"));
+  EXPECT_EQ(fd.at("--moe-expert-capacity-factor"), "1.25");
+  EXPECT_EQ(fd.count("--moe-pad-expert-input-to-capacity"), 1u);
   Plan folded = p;  // MoE parallel folding: whole experts, EP over TP x DP
   folded.layout.etp = 1;
   EXPECT_EQ(all_flags(exported(s, folded, Target::kMegatron).at("launch.sh"))

@@ -173,5 +173,16 @@ TEST(ExportNanotron, RefusesMultimodalAndMoeModels) {
             std::string::npos);
 }
 
+// Token dropping padded to capacity is Megatron's: the other trainers refuse it.
+TEST(ExportOthers, RefuseTokenDropping) {
+  Plan p;
+  p.layout = layout(1, 1, 8);
+  p.layout.moe_capacity_factor = 1.0;
+  for (Target t : {Target::kTorchtitan, Target::kDeepspeed, Target::kNanotron})
+    EXPECT_NE(refusal(scenario("mixtral-8x7b", 1, 4096, 64), p, t).find("moe_capacity_factor 1"),
+              std::string::npos)
+        << static_cast<int>(t);
+}
+
 }  // namespace
 }  // namespace hetpar::exporter

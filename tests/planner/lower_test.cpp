@@ -864,6 +864,37 @@ TEST(Lower, MixtureOfExpertsAllToAllOverTheEpGroup) {
   EXPECT_TRUE(run(lp, lp.network).makespan > Time::zero());
 }
 
+// Token dropping padded to capacity (Layout::moe_capacity_factor): static split sizes, so
+// no expert counts are gathered and the host never waits; the all-to-alls move every
+// expert's capacity (2048 tokens x top 2 / 8 experts x 1.5 = 768 each, 6144 copies). Model
+// FLOPs count the routed tokens, not the padding; a dense model has nothing to drop.
+TEST(Lower, TokenDroppingMovesEveryExpertsCapacityWithoutAHostWait) {
+  Scenario moe = tiny_moe(4, 16, 1, 8);
+  Plan p = plan(1, 1, 8);
+  p.layout.ep = 4;
+  Plan drop = p;
+  drop.layout.moe_capacity_factor = 1.5;
+  ASSERT_EQ(infeasibility(moe, drop), "");
+  LoweredPlan lp = lowered(moe, drop, {.full_ranks = true});
+  int a2a = 0;
+  for (int t = 0; t < lp.graph.num_tasks(); ++t) {
+    const sim::Task& task = lp.graph.task(TaskId(t));
+    EXPECT_FALSE(lp.graph.host_sync(TaskId(t))) << t;
+    if (lp.graph.label_text(task.label.category) != "ep_comm") continue;
+    ASSERT_EQ(task.collective, sim::CollectiveKind::kAllToAll) << "no counts' all-gather";
+    if (task.bytes == Bytes(6144LL * 4)) continue;  // the probabilities, one fp32 per copy
+    ++a2a;
+    EXPECT_EQ(task.bytes, Bytes(6144LL * 1024 * 2));
+  }
+  EXPECT_EQ(a2a, 2 * 4 * 2 * 2 * 2);
+  EXPECT_EQ(lp.model_flops_per_iteration,
+            lowered(moe, p, {.full_ranks = true}).model_flops_per_iteration);
+  EXPECT_NE(infeasibility(make(4, 16, 1), drop)
+                .find("moe_capacity_factor 1.5 needs a "
+                      "mixture-of-experts llm"),
+            std::string::npos);
+}
+
 // Megatron-Core's combined 1F1B (Layout::ep_comm_overlap): the same tasks, the
 // all-to-alls on a stream of their own, a backward's tasks interleaved with the next
 // micro-batch's forward on the compute stream, and the exposed all-to-all time falls.

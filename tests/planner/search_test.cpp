@@ -188,6 +188,11 @@ TEST(Search, TriesTheEpOverlapBothWaysWithAny) {
   EXPECT_TRUE(any.top.front().plan.layout.ep_comm_overlap) << describe(any.top.front().plan);
   EXPECT_LT(any.top.front().metrics.iteration_time, off.top.front().metrics.iteration_time);
   for (const RankedPlan& p : off.top) EXPECT_FALSE(p.plan.layout.ep_comm_overlap);
+  // search.llm.moe_capacity_factor sets token dropping in every searched layout.
+  s->search.llm.moe_capacity_factor = 1.0;
+  const SearchResult drop = run(*s, threads(2));
+  ASSERT_FALSE(drop.top.empty());
+  for (const RankedPlan& p : drop.top) EXPECT_EQ(p.plan.layout.moe_capacity_factor, 1.0);
 }
 
 // search.llm.cross_entropy_fusion sets the loss kernel of every searched layout (not a

@@ -85,6 +85,10 @@ struct ModuleInput {
   int64_t items_per_sample = 1;
   int dtype_bytes = 2;
   bool flash_attention = true;
+  // > 0: MoE token dropping, every expert padded to its capacity of ceil(factor x tokens x
+  // top_k / experts) routed tokens (Megatron's get_capacity); 0: dropless, the expected
+  // (balanced) load.
+  double moe_capacity_factor = 0;
 };
 
 struct OpGraph {

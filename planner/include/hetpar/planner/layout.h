@@ -135,6 +135,12 @@ struct Layout {
   /// 1 or the interleaved one, no full recompute (Megatron-Core's checks), no userbuffers
   /// and no colocated encoders (not modelled together).
   bool ep_comm_overlap = false;
+  /// MoE token dropping (Megatron --moe-expert-capacity-factor with
+  /// --moe-pad-expert-input-to-capacity; Megatron-Bridge's token-drop presets): each expert
+  /// takes at most ceil(factor x tokens x top_k / experts) of a rank's routed tokens and is
+  /// padded to exactly that, so the split sizes are static: no expert counts are gathered
+  /// and the host never waits for them. 0: dropless (the default).
+  double moe_capacity_factor = 0;
   Fp8Recipe fp8_recipe = Fp8Recipe::kDelayed;  // meaningful for fp8 workloads only
   GradReduceDtype grad_reduce_dtype = GradReduceDtype::kDefault;
   CrossEntropy cross_entropy_fusion = CrossEntropy::kUnfused;

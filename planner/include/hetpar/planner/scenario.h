@@ -60,6 +60,9 @@ struct LayoutFix {
   std::optional<CrossEntropy> cross_entropy_fusion;
   /// FP8 parameters (Layout::fp8_param_gather) in every searched layout; default off.
   std::optional<bool> fp8_param_gather;
+  /// MoE token dropping (Layout::moe_capacity_factor) in every searched LLM layout; default
+  /// dropless. Not searched: dropping tokens changes what is trained.
+  std::optional<double> moe_capacity_factor;
   /// Userbuffers TP overlap (Layout::tp_comm_overlap) in every searched LLM layout with
   /// tp > 1 and SP; default off; `any_tp_comm_overlap`: both (on small GEMMs the chunks
   /// cost more than they hide).
