@@ -22,32 +22,9 @@ namespace {
 void print_text(const planner::Scenario& s, const planner::Plan& p, const planner::PlanMetrics& m) {
   const planner::Layout& l = p.layout;
   fmt::print("Scenario   {} on {} GPUs\n", s.name, s.cluster.total_gpus());
-  fmt::print(
-      "Plan       tp {}{} cp {}{} pp {} vpp {} dp {} ep {}{}, micro-batch {}, {} schedule, "
-      "recompute {}, {}{}{}{}{}{}{}{}\n",
-      l.tp, l.sequence_parallel ? " (sp)" : "", l.cp,
-      l.cp > 1 ? fmt::format(" ({})", planner::to_string(l.cp_comm)) : "", l.pp, l.vpp, l.dp, l.ep,
-      l.expert_tp() != l.tp ? fmt::format(" etp {}", l.expert_tp()) : "", l.micro_batch,
-      planner::to_string(p.schedule), planner::to_string(l.recompute),
-      l.fsdp ? (l.fsdp_reshard_after_forward ? "fsdp (parameters gathered for forward and backward)"
-                                             : "fsdp (parameters kept from forward to backward)")
-      : l.distributed_optimizer ? "distributed optimizer on"
-                                : "distributed optimizer off",
-      s.workload.precision == hardware::Precision::kFp8
-          ? fmt::format(", fp8 recipe {}", planner::to_string(l.fp8_recipe))
-          : "",
-      l.grad_reduce_dtype != planner::GradReduceDtype::kDefault
-          ? fmt::format(", {} gradients", planner::to_string(l.grad_reduce_dtype))
-          : "",
-      l.fp8_param_gather ? ", fp8 parameters" : "",
-      l.tp_comm_overlap ? ", userbuffers TP overlap" : "",
-      l.ep_comm_overlap ? ", EP all-to-all overlap" : "",
-      l.moe_capacity_factor > 0
-          ? fmt::format(", token dropping (capacity factor {})", l.moe_capacity_factor)
-          : "",
-      l.cross_entropy_fusion != planner::CrossEntropy::kUnfused
-          ? fmt::format(", {} cross-entropy", planner::to_string(l.cross_entropy_fusion))
-          : "");
+  fmt::print("Plan       {}, {} schedule\n",
+             planner::describe_in_words(l, s.workload.precision == hardware::Precision::kFp8),
+             planner::to_string(p.schedule));
   if (!m.feasible) {
     fmt::print("Infeasible: {}\n", m.infeasible_reason);
     return;

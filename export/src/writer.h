@@ -94,9 +94,6 @@ void refuse_mimo_ddp_mismatch(const Context& c, const planner::ModulePlan& m,
 inline std::string num(int64_t v) {
   return std::to_string(v);
 }
-/// "tp 8 (sp) cp 1 pp 8 vpp 2 dp 16 ep 1, micro-batch 1, recompute selective, distributed
-/// optimizer on".
-std::string layout_summary(const planner::Layout& l);
 /// The comment block every file opens with: tool, target, scenario, plan, world. Each line
 /// starts with `comment` ("# ").
 std::string header(const Context& c, std::string_view comment = "# ");

@@ -1,5 +1,7 @@
 #include "hetpar/planner/layout.h"
 
+#include <fmt/format.h>
+
 namespace hetpar::planner {
 
 std::string_view to_string(Schedule s) {
@@ -88,6 +90,31 @@ std::string_view to_string(Placement p) {
 
 int64_t num_micro_batches(const Layout& l, int64_t global_batch) {
   return global_batch / (static_cast<int64_t>(l.dp) * l.micro_batch);
+}
+
+std::string describe_in_words(const Layout& l, bool fp8) {
+  std::string out = fmt::format("tp {}{} cp {}", l.tp, l.sequence_parallel ? " (sp)" : "", l.cp);
+  if (l.cp > 1) out += fmt::format(" ({})", to_string(l.cp_comm));
+  out += fmt::format(" pp {} vpp {} dp {}", l.pp, l.vpp, l.dp);
+  if (l.ep > 1) out += fmt::format(" ep {}", l.ep);
+  if (l.expert_tp() != l.tp) out += fmt::format(" etp {}", l.expert_tp());
+  out += fmt::format(", micro-batch {}, recompute {}, ", l.micro_batch, to_string(l.recompute));
+  if (l.fsdp)
+    out += l.fsdp_reshard_after_forward ? "fsdp (parameters gathered for forward and backward)"
+                                        : "fsdp (parameters kept from forward to backward)";
+  else
+    out += l.distributed_optimizer ? "distributed optimizer on" : "distributed optimizer off";
+  if (fp8) out += fmt::format(", fp8 recipe {}", to_string(l.fp8_recipe));
+  if (l.grad_reduce_dtype != GradReduceDtype::kDefault)
+    out += fmt::format(", {} gradients", to_string(l.grad_reduce_dtype));
+  if (l.fp8_param_gather) out += ", fp8 parameters";
+  if (l.tp_comm_overlap) out += ", userbuffers TP overlap";
+  if (l.ep_comm_overlap) out += ", EP all-to-all overlap";
+  if (l.moe_capacity_factor > 0)
+    out += fmt::format(", token dropping (capacity factor {})", l.moe_capacity_factor);
+  if (l.cross_entropy_fusion != CrossEntropy::kUnfused)
+    out += fmt::format(", {} cross-entropy", to_string(l.cross_entropy_fusion));
+  return out;
 }
 
 }  // namespace hetpar::planner

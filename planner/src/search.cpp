@@ -502,6 +502,7 @@ std::string describe_layout(const Layout& l, bool llm) {
   if (l.fsdp) out += l.fsdp_reshard_after_forward ? " fsdp" : " fsdp-kept";
   if (l.tp_comm_overlap) out += " ub";
   if (l.ep_comm_overlap) out += " a2a-overlap";
+  if (l.moe_capacity_factor > 0) out += fmt::format(" capacity:{}", l.moe_capacity_factor);
   if (llm && l.cross_entropy_fusion != CrossEntropy::kUnfused)
     out += fmt::format(" ce:{}", to_string(l.cross_entropy_fusion));
   if (llm && (l.first_stage_layers > 0 || l.last_stage_layers > 0))
