@@ -475,13 +475,18 @@ TEST(SimulateTest, ATaskOfManyCallsRunsItsKernelsAsTheHostIssuesThem) {
   // GPU-bound b (1 ms of 10 kernels) starts after its first call, 10 us after a ends;
   // host-bound b (20 us) ends with its last kernel (2 us) after the last call.
   Network net = single_switch_network(1, kB, Time::zero());
-  for (Time d : {Time::ms(1), Time::us(20)}) {
+  const TaskId a(0), b(1);
+  // The sync a, then b of `d` issued over 100 us as `calls` calls.
+  auto simulate = [&](Time d, int32_t calls) {
     TaskGraph g;
-    TaskId a = g.add_compute(RankId(0), 0, Time::us(10), Flops(0));
-    TaskId b = g.add_compute(RankId(0), 0, d, Flops(0));
+    g.add_compute(RankId(0), 0, Time::us(10), Flops(0));
+    g.add_compute(RankId(0), 0, d, Flops(0));
     g.set_host(a, Time::us(10), true);
-    g.set_host(b, Time::us(100), false, 10);
-    SimResult r = run(g, net);
+    g.set_host(b, Time::us(100), false, calls);
+    return run(g, net);
+  };
+  for (Time d : {Time::ms(1), Time::us(20)}) {
+    SimResult r = simulate(d, 10);
     const Time a_end = Time::us(20);
     EXPECT_EQ(r.tasks[a.value()].end, a_end);
     if (d == Time::ms(1)) {
@@ -493,12 +498,7 @@ TEST(SimulateTest, ATaskOfManyCallsRunsItsKernelsAsTheHostIssuesThem) {
     // The GPU waited for a's launch (10 us) and for b's from a's end to b's start.
     EXPECT_EQ(r.ranks[0].launch_wait, Time::us(10) + (r.tasks[b.value()].start - a_end));
     // Issued as one call it would start only after all of its host time.
-    TaskGraph one;
-    TaskId a1 = one.add_compute(RankId(0), 0, Time::us(10), Flops(0));
-    TaskId b1 = one.add_compute(RankId(0), 0, d, Flops(0));
-    one.set_host(a1, Time::us(10), true);
-    one.set_host(b1, Time::us(100));
-    EXPECT_EQ(run(one, net).tasks[b1.value()].start, a_end + Time::us(100));
+    EXPECT_EQ(simulate(d, 1).tasks[b.value()].start, a_end + Time::us(100));
   }
 }
 

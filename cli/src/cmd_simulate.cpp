@@ -22,8 +22,7 @@ namespace {
 void print_text(const planner::Scenario& s, const planner::Plan& p, const planner::PlanMetrics& m) {
   const planner::Layout& l = p.layout;
   fmt::print("Scenario   {} on {} GPUs\n", s.name, s.cluster.total_gpus());
-  fmt::print("Plan       {}, {} schedule\n",
-             planner::describe_in_words(l, s.workload.precision == hardware::Precision::kFp8),
+  fmt::print("Plan       {}, {} schedule\n", planner::describe_in_words(l, s.workload.precision),
              planner::to_string(p.schedule));
   if (!m.feasible) {
     fmt::print("Infeasible: {}\n", m.infeasible_reason);

@@ -356,7 +356,6 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
           for (const sim::Kernel& k : q.backward) c.dgrad += dev.memory_kernel_time(Bytes(k.bytes));
         }
       }
-      add_moe_time(c, moe_kernels(op, g, l, cp, p), dev);
       const double per_rank = shard * static_cast<double>(cp);
       c.forward_flops = op.forward / per_rank;
       c.dgrad_flops = op.dgrad / per_rank;
@@ -429,7 +428,6 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
         const Bytes copy =
             Bytes(2 * expert_reorder_elements(op, g, l, cp) * activation_bytes(g, p));
         c.forward = c.dgrad = dev.memory_kernel_time(copy);
-        add_moe_time(c, moe_kernels(op, g, l, cp, p), dev);
         break;
       }
       int64_t shard = cp;
@@ -439,10 +437,10 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
       c.forward = dev.memory_kernel_time(traffic);
       (op.kind == models::OpKind::kEmbedding ? c.wgrad : c.dgrad) =
           dev.memory_kernel_time(traffic * 2);
-      add_moe_time(c, moe_kernels(op, g, l, cp, p), dev);
       break;
     }
   }
+  add_moe_time(c, moe_kernels(op, g, l, cp, p), dev);  // none for other ops
   if (l.recompute == models::Recompute::kSelective && models::is_recomputed(op, l.recompute)) {
     c.recompute = c.forward;
     c.recompute_flops = c.forward_flops;
@@ -635,10 +633,6 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
   const int64_t cp = context_parallel ? l.cp : 1;
   const auto elem = [](Precision q) { return static_cast<int>(hardware::bytes_per_element(q)); };
   OpKernels k;
-  const auto add_moe = [&k](const MoeKernels& m) {
-    k.forward.insert(k.forward.end(), m.forward.begin(), m.forward.end());
-    k.dgrad.insert(k.dgrad.end(), m.backward.begin(), m.backward.end());
-  };
   switch (op.kind) {
     case models::OpKind::kGemm: {
       const Precision gp = gemm_precision(op, p);
@@ -659,7 +653,6 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
           k.dgrad.insert(k.dgrad.end(), q.backward.begin(), q.backward.end());
         }
       }
-      add_moe(moe_kernels(op, g, l, cp, p));
       break;
     }
     case models::OpKind::kAttention: {
@@ -722,7 +715,6 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
       if (is_expert_reorder(op)) {
         const int64_t copy = 2 * expert_reorder_elements(op, g, l, cp) * activation_bytes(g, p);
         if (copy > 0) k.forward = k.dgrad = {sim::memory_kernel(copy)};
-        add_moe(moe_kernels(op, g, l, cp, p));
         break;
       }
       int64_t shard = cp;
@@ -732,10 +724,12 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
       k.forward.push_back(sim::memory_kernel(traffic));
       (op.kind == models::OpKind::kEmbedding ? k.wgrad : k.dgrad)
           .push_back(sim::memory_kernel(2 * traffic));
-      add_moe(moe_kernels(op, g, l, cp, p));
       break;
     }
   }
+  const MoeKernels moe = moe_kernels(op, g, l, cp, p);  // none for other ops
+  k.forward.insert(k.forward.end(), moe.forward.begin(), moe.forward.end());
+  k.dgrad.insert(k.dgrad.end(), moe.backward.begin(), moe.backward.end());
   if (l.recompute == models::Recompute::kSelective && models::is_recomputed(op, l.recompute))
     k.recompute = k.forward;
   return k;

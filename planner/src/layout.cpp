@@ -92,7 +92,7 @@ int64_t num_micro_batches(const Layout& l, int64_t global_batch) {
   return global_batch / (static_cast<int64_t>(l.dp) * l.micro_batch);
 }
 
-std::string describe_in_words(const Layout& l, bool fp8) {
+std::string describe_in_words(const Layout& l, hardware::Precision workload) {
   std::string out = fmt::format("tp {}{} cp {}", l.tp, l.sequence_parallel ? " (sp)" : "", l.cp);
   if (l.cp > 1) out += fmt::format(" ({})", to_string(l.cp_comm));
   out += fmt::format(" pp {} vpp {} dp {}", l.pp, l.vpp, l.dp);
@@ -104,7 +104,8 @@ std::string describe_in_words(const Layout& l, bool fp8) {
                                         : "fsdp (parameters kept from forward to backward)";
   else
     out += l.distributed_optimizer ? "distributed optimizer on" : "distributed optimizer off";
-  if (fp8) out += fmt::format(", fp8 recipe {}", to_string(l.fp8_recipe));
+  if (workload == hardware::Precision::kFp8)
+    out += fmt::format(", fp8 recipe {}", to_string(l.fp8_recipe));
   if (l.grad_reduce_dtype != GradReduceDtype::kDefault)
     out += fmt::format(", {} gradients", to_string(l.grad_reduce_dtype));
   if (l.fp8_param_gather) out += ", fp8 parameters";

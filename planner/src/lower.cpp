@@ -648,9 +648,10 @@ class Lowering {
   bool host_ = false;
   std::vector<bool> cp_split_;  // per module: whether cp splits its tokens
   std::map<std::tuple<size_t, int, size_t, bool, int>, sim::KernelListId> kernel_ids_;
-  std::vector<std::vector<PlacedBlock>> chunks_;         // per virtual stage, forward order
-  std::vector<std::vector<Labels>> labels_;              // per virtual stage: [block][pass]
-  std::vector<std::vector<PipelineOp>> orders_;          // per stage
+  std::vector<int32_t> list_calls_;               // per kernel list of kernels(): its host calls
+  std::vector<std::vector<PlacedBlock>> chunks_;  // per virtual stage, forward order
+  std::vector<std::vector<Labels>> labels_;       // per virtual stage: [block][pass]
+  std::vector<std::vector<PipelineOp>> orders_;   // per stage
   std::vector<std::vector<std::vector<OpSpan>>> spans_;  // [stage][op][j]
 
   // The stage being built.
@@ -1007,6 +1008,10 @@ sim::KernelListId Lowering::kernels(const PlacedBlock& pb, size_t s, bool backwa
   }
   const sim::KernelListId id = g_.add_kernels(list);
   kernel_ids_.emplace(key, id);
+  int32_t calls = 0;
+  for (const sim::Kernel& k : list) calls += static_cast<int32_t>(k.launches);
+  if (list_calls_.size() <= static_cast<size_t>(id.value())) list_calls_.resize(id.value() + 1);
+  list_calls_[id.value()] = calls;
   return id;
 }
 
@@ -1015,12 +1020,8 @@ void Lowering::compute(int j, Time d, Flops f, int pass, sim::LabelId name,
   const TaskId t = g_.add_compute(rank_of(j, stage_), 0, d, f, {cat_[pass], name});
   if (kernels.valid() && o_.kernels) g_.set_kernels(t, kernels);
   if (host_) {  // one issue per host call of its kernels (a task without a kernel list: one)
-    int64_t n = 1;
-    if (kernels.valid()) {
-      n = 0;
-      for (const sim::Kernel& k : g_.kernels(kernels)) n += k.launches;
-    }
-    g_.set_host(t, host_op_[group_[j]] * n, false, static_cast<int32_t>(std::max<int64_t>(n, 1)));
+    const int32_t n = kernels.valid() ? list_calls_[kernels.value()] : 1;
+    g_.set_host(t, host_op_[group_[j]] * n, false, std::max(n, 1));
   }
   RankState& rs = st_[j];
   if (rs.need.valid()) g_.add_dependency(rs.need, t);
@@ -1388,9 +1389,7 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
                    ep_groups_, kTpStream);
         if (host_)
           for (int j : actives_)
-            if (st_[j].last.valid() && g_.host_issued(st_[j].last))
-              g_.set_host(st_[j].last, g_.host_issue(st_[j].last), /*sync=*/true,
-                          g_.host_calls(st_[j].last));
+            if (st_[j].last.valid() && g_.host_issued(st_[j].last)) g_.set_host_sync(st_[j].last);
       }
       const int32_t a2a_stream = l_.ep_comm_overlap ? kEpStream : kTpStream;
       collective(CollectiveKind::kAllToAll, step.bytes, {cat_ep_, lb.ep}, ep_groups_, a2a_stream);

@@ -123,6 +123,11 @@ void TaskGraph::set_host(TaskId task, Time issue, bool sync, int32_t calls) {
   host_calls_[i] = calls;
 }
 
+void TaskGraph::set_host_sync(TaskId task) {
+  HETPAR_CHECK(host_issued(task), "set_host_sync: task {} has no host cost", task.value());
+  host_sync_[task.value()] = 1;
+}
+
 void TaskGraph::clear() {
   tasks_.clear();
   stream_begin_.assign(1, 0);
@@ -242,8 +247,7 @@ Status TaskGraph::cycle_error(TaskId first, int stuck) const {
   const Task& task = tasks_[first.value()];
   return Status::invalid_argument(fmt::format(
       "task {} ({} \"{}\"): on a cycle of dependencies, stream order and host order ({} of {} "
-      "tasks can "
-      "never start)",
+      "tasks can never start)",
       first.value(), to_string(task.kind), label_text(task.label.name), stuck, num_tasks()));
 }
 

@@ -59,44 +59,51 @@ void ChromeTraceWriter::begin_event() {
   first_ = false;
 }
 
-void ChromeTraceWriter::name_track(int64_t pid, int64_t tid, std::string_view thread_name) {
+bool ChromeTraceWriter::new_track(int64_t pid, int64_t tid) {
   if (seen_ranks_.insert(pid).second) {
     begin_event();
     fmt::print(out_, R"({{"ph":"M","name":"process_name","pid":{},"args":{{"name":"rank {}"}}}})",
                pid, pid);
   }
-  if (seen_threads_.insert(pid << 32 | tid).second) {
-    begin_event();
-    fmt::print(out_, R"({{"ph":"M","name":"thread_name","pid":{},"tid":{},"args":{{"name":{}}}}})",
-               pid, tid, json_string(thread_name));
-  }
+  return seen_threads_.insert(pid << 32 | tid).second;
+}
+
+void ChromeTraceWriter::name_thread(int64_t pid, int64_t tid, std::string_view name) {
+  begin_event();
+  fmt::print(out_, R"({{"ph":"M","name":"thread_name","pid":{},"tid":{},"args":{{"name":{}}}}})",
+             pid, tid, json_string(name));
+}
+
+void ChromeTraceWriter::complete_event(std::string_view name, std::string_view category,
+                                       int64_t pid, int64_t tid, Time start, Time end,
+                                       TaskId task) {
+  begin_event();
+  fmt::print(out_,
+             R"({{"ph":"X","name":{},"cat":{},"pid":{},"tid":{},"ts":{},"dur":{},)"
+             R"("args":{{"task":{}}}}})",
+             json_string(name), json_string(category), pid, tid, micros(start), micros(end - start),
+             task.value());
 }
 
 void ChromeTraceWriter::task_finished(const TaskSpan& span) {
   const int64_t pid = span.stream.rank.value();
   const int64_t tid = thread_id(span.stream);
-  std::string name = fmt::format("{} {}", to_string(span.stream.kind), span.stream.index);
-  if (!span.stream_name.empty()) name += fmt::format(": {}", span.stream_name);
-  name_track(pid, tid, name);
-  begin_event();
-  fmt::print(out_,
-             R"({{"ph":"X","name":{},"cat":{},"pid":{},"tid":{},"ts":{},"dur":{},)"
-             R"("args":{{"task":{}}}}})",
-             json_string(span.name), json_string(span.category), pid, tid, micros(span.start),
-             micros(span.end - span.start), span.task.value());
+  if (new_track(pid, tid)) {
+    std::string name = fmt::format("{} {}", to_string(span.stream.kind), span.stream.index);
+    if (!span.stream_name.empty()) name += fmt::format(": {}", span.stream_name);
+    name_thread(pid, tid, name);
+  }
+  complete_event(span.name, span.category, pid, tid, span.start, span.end, span.task);
 }
 
 void ChromeTraceWriter::host_span(const HostSpan& span) {
   const int64_t pid = span.rank.value();
-  name_track(pid, kHostThread, "host");
-  begin_event();
-  const std::string name =
-      span.waiting ? fmt::format("wait for GPU: {}", span.name) : std::string(span.name);
-  fmt::print(out_,
-             R"({{"ph":"X","name":{},"cat":{},"pid":{},"tid":{},"ts":{},"dur":{},)"
-             R"("args":{{"task":{}}}}})",
-             json_string(name), span.waiting ? "\"host_wait\"" : "\"host\"", pid, kHostThread,
-             micros(span.start), micros(span.end - span.start), span.task.value());
+  if (new_track(pid, kHostThread)) name_thread(pid, kHostThread, "host");
+  if (span.waiting)
+    complete_event(fmt::format("wait for GPU: {}", span.name), "host_wait", pid, kHostThread,
+                   span.start, span.end, span.task);
+  else
+    complete_event(span.name, "host", pid, kHostThread, span.start, span.end, span.task);
 }
 
 void ChromeTraceWriter::finish() {

@@ -23,10 +23,7 @@ std::map<std::string, std::string> bridge(const planner::Scenario& s, const Plan
 // defaults to the allgather dispatcher and per-expert MLPs, so the settings are explicit.
 TEST(ExportMegatronBridge, MixtureOfExpertsRunsTheModelledDispatcher) {
   planner::Scenario s = scenario("mixtral-8x7b", 8, 4096, 256);
-  Plan p;
-  p.layout = layout(2, 4, 8);
-  p.layout.ep = 8;
-  p.layout.sequence_parallel = true;
+  const Plan p = mixtral_ep8_plan();
   ASSERT_EQ(planner::infeasibility(s, p), "");
   const auto y = bridge(s, p);
   EXPECT_EQ(y.at("model.num_moe_experts"), "8");

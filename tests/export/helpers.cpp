@@ -39,6 +39,14 @@ planner::Layout layout(int tp, int pp, int dp, int mb) {
   return l;
 }
 
+planner::Plan mixtral_ep8_plan() {
+  planner::Plan p;
+  p.layout = layout(2, 4, 8);
+  p.layout.ep = 8;
+  p.layout.sequence_parallel = true;
+  return p;
+}
+
 std::string encoder_name(const planner::Scenario& s) {
   for (const models::Module& m : s.model.modules)
     if (models::is_encoder(models::kind_of(m.spec))) return m.name;

@@ -20,6 +20,9 @@ planner::Scenario scenario(const std::string& model, int nodes, int64_t seq, int
                            int64_t images = 0, const std::string& precision = "bf16",
                            const std::string& profile = "dgx-h100", bool frozen = false);
 planner::Layout layout(int tp, int pp, int dp, int mb = 1);
+/// Mixtral 8x7B's plan on 8 nodes: TP2 PP4 DP8 with EP 8 (and SP, which Megatron-Core needs
+/// for EP with TP).
+planner::Plan mixtral_ep8_plan();
 /// `p` with the LLM's gradient buffer in `d`.
 planner::Plan with_grads(planner::Plan p, planner::GradReduceDtype d);
 /// The first encoder module's name.

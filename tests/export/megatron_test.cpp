@@ -119,10 +119,7 @@ TEST(ExportMegatron, FlagsParseBackIntoThePlan) {
 
 TEST(ExportMegatron, MixtureOfExpertsAndPrecisions) {
   planner::Scenario s = scenario("mixtral-8x7b", 8, 4096, 256, 0, "fp8");
-  Plan p;
-  p.layout = layout(2, 4, 8);
-  p.layout.ep = 8;
-  p.layout.sequence_parallel = true;  // Megatron-Core: EP with TP needs SP
+  const Plan p = mixtral_ep8_plan();
   const auto f = all_flags(exported(s, p, Target::kMegatron).at("launch.sh"));
   EXPECT_EQ(parse_layout(f, "--", 64, 32), as_run(p.layout));
   EXPECT_EQ(f.at("--num-experts"), "8");

@@ -165,10 +165,7 @@ TEST(ExportNanotron, RefusesMultimodalAndMoeModels) {
   EXPECT_NE(refusal(scenario("llava-1.5-7b", 1, 4096, 96, 1), p, Target::kNanotron)
                 .find("nanotron has no multimodal models"),
             std::string::npos);
-  p.layout = layout(2, 4, 8);
-  p.layout.ep = 8;
-  p.layout.sequence_parallel = true;  // Megatron-Core: EP with TP needs SP
-  EXPECT_NE(refusal(scenario("mixtral-8x7b", 8, 4096, 256), p, Target::kNanotron)
+  EXPECT_NE(refusal(scenario("mixtral-8x7b", 8, 4096, 256), mixtral_ep8_plan(), Target::kNanotron)
                 .find("a mixture-of-experts LLM"),
             std::string::npos);
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "hetpar/core/status.h"
+#include "hetpar/hardware/precision.h"
 #include "hetpar/models/op_graph.h"
 
 namespace hetpar::planner {
@@ -167,9 +168,9 @@ struct Layout {
 
 /// The layout in words, every switch that departs from the defaults: "tp 8 (sp) cp 2 (p2p)
 /// pp 8 vpp 8 dp 8, micro-batch 1, recompute none, distributed optimizer on, fp8 parameters,
-/// ..."; `fp8` (an fp8 workload) adds its FP8 recipe. What `hetpar simulate` and the
-/// exports' headers print.
-std::string describe_in_words(const Layout& l, bool fp8);
+/// ..."; an fp8 workload's adds its FP8 recipe. What `hetpar simulate` and the exports'
+/// headers print.
+std::string describe_in_words(const Layout& l, hardware::Precision workload);
 
 /// Where the modules of a multimodal model run (research/paper-heteropar.md).
 enum class Placement {

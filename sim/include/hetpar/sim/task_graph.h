@@ -174,6 +174,8 @@ class TaskGraph {
   /// wait for it to finish before the host issues anything after it.
   /// REQUIRES: issue >= 0, calls >= 1.
   void set_host(TaskId task, Time issue, bool sync = false, int32_t calls = 1);
+  /// Makes the host-issued `task` a sync task, its host cost kept. REQUIRES: host_issued.
+  void set_host_sync(TaskId task);
   /// Whether any task has a host cost (otherwise no host is modelled).
   bool has_host() const { return !host_issue_.empty(); }
   /// Whether set_host was called for `task` (the host issues it).

@@ -74,8 +74,13 @@ class ChromeTraceWriter final : public TraceSink {
 
  private:
   void begin_event();
-  // Emits the process / thread name metadata the first time rank `pid` / thread `tid` shows.
-  void name_track(int64_t pid, int64_t tid, std::string_view thread_name);
+  // Emits rank `pid`'s process name the first time it shows; true the first time its thread
+  // `tid` does (whose name the caller then emits, name_thread).
+  bool new_track(int64_t pid, int64_t tid);
+  void name_thread(int64_t pid, int64_t tid, std::string_view name);
+  // An "X" event of `task` over [start, end) on thread `tid` of rank `pid`.
+  void complete_event(std::string_view name, std::string_view category, int64_t pid, int64_t tid,
+                      Time start, Time end, TaskId task);
   std::ostream& out_;
   bool first_ = true;
   bool finished_ = false;
