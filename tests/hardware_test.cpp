@@ -305,6 +305,34 @@ TEST(DeviceProfile, AttentionRateFollowsTheMeasuredSequenceLengthCurve) {
             a100.attention_time(f, Precision::kBf16, false, 16384));
 }
 
+// Other kernels' rates by name: FlashAttention-2 on an H100 (FlashAttention-3 paper,
+// Figures 5 and 6): causal head-dim-128 forward 335 TFLOP/s at 16K and 333 at 8K, backward
+// 286 at 8K (derived causal, 2.5x-forward convention); the profile's own kernel is cuDNN.
+TEST(DeviceProfile, AttentionKernelsByName) {
+  const DeviceProfile h100 = builtin("dgx-h100").gpu;
+  EXPECT_EQ(h100.attention_kernel, AttentionKernel::kCudnn);
+  EXPECT_EQ(h100.attention_rates(AttentionKernel::kCudnn), nullptr);
+  EXPECT_EQ(h100.attention_rates(AttentionKernel::kDefault), nullptr);
+  const AttentionRates* fa2 = h100.attention_rates(AttentionKernel::kFlash2);
+  ASSERT_NE(fa2, nullptr);
+  const Flops f(1e12);
+  const auto tflops = [&](bool backward, int64_t seq) {
+    const Time t =
+        h100.attention_time(f, Precision::kBf16, backward, seq, fa2) - h100.gemm_launch_overhead;
+    return f.count() * (backward ? kFlashBackwardWork : 1) / t.to_seconds() / 1e12;
+  };
+  EXPECT_NEAR(tflops(false, 16384), 335, 1);
+  EXPECT_NEAR(tflops(false, 8192), 333, 1);
+  EXPECT_NEAR(tflops(true, 8192), 286, 1);
+  EXPECT_TRUE(h100.has_attention_kernel(AttentionKernel::kFlash3));
+  const DeviceProfile a100 = builtin("dgx-a100-80gb").gpu;
+  EXPECT_EQ(a100.attention_kernel, AttentionKernel::kFlash2);
+  EXPECT_TRUE(a100.has_attention_kernel(AttentionKernel::kFlash2));
+  EXPECT_FALSE(a100.has_attention_kernel(AttentionKernel::kCudnn));
+  EXPECT_EQ(parse_attention_kernel("flash3"), AttentionKernel::kFlash3);
+  EXPECT_EQ(parse_attention_kernel("sdpa"), std::nullopt);
+}
+
 // --- Profile JSON: round trip and the error corpus -------------------------------------
 
 TEST(ProfileJson, RoundTripsEveryBuiltin) {
@@ -374,6 +402,17 @@ TEST(ProfileJson, RejectsBadProfilesNamingTheField) {
          j["gpu"]["gemm"]["k_scale"] = {{"fp4", {{8192, 1.0}}}};
        },
        "gpu.gemm.k_scale.fp4: unknown precision"},
+      {"an alternative of the profile's own kernel",
+       [](nlohmann::json& j) {
+         j["gpu"]["attention"]["alternatives"]["cudnn"] = {{"fwd_efficiency", 0.5},
+                                                           {"bwd_efficiency", 0.4}};
+       },
+       "gpu.attention.alternatives.cudnn: is the profile's own kernel (attention.kernel)"},
+      {"alternative above one",
+       [](nlohmann::json& j) {
+         j["gpu"]["attention"]["alternatives"]["flash2"]["fwd_efficiency"] = 1.2;
+       },
+       "gpu.attention.alternatives.flash2.fwd_efficiency: must be in (0, 1]"},
       {"descending seq scale",
        [](nlohmann::json& j) {
          j["gpu"]["attention"]["fwd_seq_scale"] = {{1024, 0.8}, {512, 0.9}};

@@ -303,6 +303,9 @@ class Builder {
 
     attention(p, f_.attention_fwd_flops_per_s, false);
     attention(p, f_.attention_bwd_flops_per_s, true);
+    for (const auto& [k, rates] : g.attention_alternatives)  // not measured: the base's
+      mark(p, fmt::format("gpu.attention.alternatives.{}", hardware::to_string(k)),
+           from_base(fmt::format("{} attention rates", hardware::to_string(k))));
     for (Precision prec : hardware::kAllPrecisions) {
       const std::string key = fmt::format("gpu.compute.{}", hardware::to_string(prec));
       if (g.supports(prec) && !p.provenance.count(key + ".peak_tflops")) {
@@ -323,6 +326,8 @@ class Builder {
                    : "[not measured] placeholder 0.5 (no attention samples)");
       return;
     }
+    // The backend's own attention kernel is what was measured, not the base's named one.
+    p.gpu.attention_kernel = hardware::AttentionKernel::kDefault;
     const Precision prec = precision_of(s_.attention.front().desc.dtype);
     Precision use = p.gpu.supports(prec) ? prec : Precision::kBf16;
     if (fp32_stands_for_bf16()) use = Precision::kBf16;

@@ -139,6 +139,7 @@ int run_validate(const ValidateOptions& o) {
   if (o.census_reps > 0) {
     eo.census_device = &scenario->cluster.profile_of_gpu(b.info().rank).gpu;
     eo.census_precision = scenario->workload.precision;
+    eo.census_attention = plan.layout.attention_kernel;
   }
   auto measured = executor::execute(b, *lowered, eo);
   if (!measured.is_ok()) return fail(measured.status());

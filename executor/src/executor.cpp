@@ -402,7 +402,7 @@ Status Runner::census(const ExecuteOptions& o) {
       const int kind = static_cast<int>(k.kind);
       census_calls_[kind] += 1;
       census_predicted_us_[kind] +=
-          planner::kernel_time(k, *o.census_device, o.census_precision).to_us();
+          planner::kernel_time(k, *o.census_device, o.census_precision, o.census_attention).to_us();
     }
   }
   std::array<std::vector<double>, kKinds> passes;

@@ -184,6 +184,32 @@ void refuse_megatron_comm_overlaps(const Context& c, Refusals& r) {
         c.target_name()));
 }
 
+std::string_view megatron_attention_backend(const planner::Layout& l) {
+  if (!l.flash_attention) return "unfused";
+  switch (l.attention_kernel) {
+    case hardware::AttentionKernel::kDefault:
+      return "auto";
+    case hardware::AttentionKernel::kCudnn:
+      return "fused";
+    case hardware::AttentionKernel::kFlash2:
+    case hardware::AttentionKernel::kFlash3:
+      return "flash";
+  }
+  return "auto";
+}
+
+void refuse_selective_op(const Context& c, Refusals& r) {
+  bool any = c.layout().recompute == models::Recompute::kSelectiveOp;
+  for (const planner::ModulePlan& m : c.p.modules)
+    any = any || m.layout.recompute == models::Recompute::kSelectiveOp;
+  if (any)
+    r.add(fmt::format(
+        "recompute selective_op: torchtitan's per-op activation checkpointing (the outputs of "
+        "every other matmul and of the attention kernel kept); {} recomputes whole layers or "
+        "the attention core",
+        c.target_name()));
+}
+
 void refuse_token_dropping(const Context& c, Refusals& r) {
   if (c.layout().moe_capacity_factor > 0)
     r.add(

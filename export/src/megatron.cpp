@@ -122,7 +122,7 @@ std::vector<Flag> training_flags(const Context& c) {
     f.push_back({"--overlap-moe-expert-parallel-comm", ""});
     f.push_back({"--delay-wgrad-compute", ""});
   }
-  f.push_back({"--attention-backend", l.flash_attention ? "flash" : "unfused"});
+  f.push_back({"--attention-backend", std::string(megatron_attention_backend(l))});
   return f;
 }
 
@@ -150,6 +150,8 @@ std::vector<Flag> megatron_recompute_flags(const Layout& l) {
       return {{"--recompute-granularity", "full"},
               {"--recompute-method", "uniform"},
               {"--recompute-num-layers", "1"}};
+    case models::Recompute::kSelectiveOp:  // refused (refuse_selective_op)
+      break;
   }
   return {};
 }
@@ -168,8 +170,10 @@ std::string transformer_config_fields(const Layout& l) {
           " recompute_granularity=\"full\" recompute_method=\"uniform\" "
           "recompute_num_layers=1";
       break;
+    case models::Recompute::kSelectiveOp:  // refused (refuse_selective_op)
+      break;
   }
-  out += fmt::format(" attention_backend={}", l.flash_attention ? "flash" : "unfused");
+  out += fmt::format(" attention_backend={}", megatron_attention_backend(l));
   if (l.cross_entropy_fusion != planner::CrossEntropy::kUnfused)
     out += fmt::format(" cross_entropy_loss_fusion=True cross_entropy_fusion_impl=\"{}\"",
                        planner::to_string(l.cross_entropy_fusion));
@@ -238,6 +242,7 @@ Result<std::vector<ExportFile>> write_megatron(const Context& c) {
   refuse_mixed_node_sizes(c, r);
   refuse_heterogeneous(c, r);
   refuse_megatron_model(c, r);
+  refuse_selective_op(c, r);
   refuse_schedule(c, r, /*interleaving_ok=*/true);
   refuse_tf32(c, r);
   for (size_t i : c.encoders)
@@ -293,6 +298,7 @@ Result<std::vector<ExportFile>> write_megatron_mimo(const Context& c) {
   Refusals r;
   refuse_mixed_node_sizes(c, r);
   refuse_megatron_model(c, r);
+  refuse_selective_op(c, r);
   refuse_schedule(c, r, /*interleaving_ok=*/false);
   refuse_tf32(c, r);
   refuse_mimo_fsdp(c, "the MIMO example", r);

@@ -21,6 +21,8 @@ std::string recompute_value(models::Recompute r) {
       return yaml_string("selective");
     case models::Recompute::kFull:
       return yaml_string("full");
+    case models::Recompute::kSelectiveOp:  // refused (refuse_selective_op)
+      break;
   }
   return "null";
 }
@@ -179,6 +181,7 @@ Result<std::vector<ExportFile>> write_megatron_bridge(const Context& c) {
   const Layout& l = c.layout();
   Refusals r;
   refuse_megatron_model(c, r);
+  refuse_selective_op(c, r);
   refuse_schedule(c, r);
   refuse_precision_unless(
       c, r, {hardware::Precision::kBf16, hardware::Precision::kFp16, hardware::Precision::kFp8});
@@ -239,7 +242,7 @@ Result<std::vector<ExportFile>> write_megatron_bridge(const Context& c) {
     if (l.account_for_embedding)
       s.push_back({"model.account_for_embedding_in_pipeline_split", "true"});
     if (l.account_for_loss) s.push_back({"model.account_for_loss_in_pipeline_split", "true"});
-    s.push_back({"model.attention_backend", yaml_string(l.flash_attention ? "flash" : "unfused")});
+    s.push_back({"model.attention_backend", yaml_string(megatron_attention_backend(l))});
     // GPTModelProvider fuses the cross-entropy by default: the plan's choice, always.
     const bool fused_loss = l.cross_entropy_fusion != planner::CrossEntropy::kUnfused;
     s.push_back({"model.cross_entropy_loss_fusion", yaml_bool(fused_loss)});

@@ -15,6 +15,7 @@ Result<std::vector<ExportFile>> write_nanotron(const Context& c) {
   Refusals r;
   refuse_megatron_comm_overlaps(c, r);
   refuse_token_dropping(c, r);
+  refuse_selective_op(c, r);
   refuse_megatron_cross_entropy(c, r);
   refuse_mixed_node_sizes(c, r);
   refuse_heterogeneous(c, r);

@@ -26,7 +26,13 @@ Result<std::vector<ExportFile>> write_torchtitan(const Context& c) {
                                   "parallelism (pp {})",
                                   l.pp));
   refuse_uneven_split(c, r);
-  refuse_precision_unless(c, r, {hardware::Precision::kBf16, hardware::Precision::kFp32});
+  refuse_precision_unless(
+      c, r, {hardware::Precision::kBf16, hardware::Precision::kFp32, hardware::Precision::kFp8});
+  const bool fp8 = c.s.workload.precision == hardware::Precision::kFp8;
+  if (fp8 && l.fp8_recipe != planner::Fp8Recipe::kTensorwise)
+    r.add(
+        "fp8 with delayed scaling: torchtitan's float8 linears (torchao) scale each tensor by "
+        "its own amax; plan fp8_recipe tensorwise");
   if (l.cp > 1 && !l.fsdp)
     r.add(fmt::format(
         "context parallelism (cp {}) without fsdp: torchtitan shards the weights over the CP "
@@ -57,7 +63,7 @@ Result<std::vector<ExportFile>> write_torchtitan(const Context& c) {
     r.add(
         "gradient reduction after the backward (overlap_grad_reduce off): torchtitan's DDP "
         "overlaps it with the backward");
-  if (c.s.workload.precision == hardware::Precision::kBf16 && !only_dp && !l.fsdp)
+  if (c.s.workload.precision != hardware::Precision::kFp32 && !only_dp && !l.fsdp)
     r.add(fmt::format(
         "bf16 mixed precision with tp {} / pp {} and no FSDP: torchtitan applies "
         "mixed_precision_param through FSDP, or autocast under pure DDP / one device only",
@@ -114,22 +120,32 @@ Result<std::vector<ExportFile>> write_torchtitan(const Context& c) {
       {"--training.num_tokens_per_microbatch_per_dp_rank", num(l.micro_batch * seq)},
       {"--training.num_tokens_per_train_step", num(c.s.workload.global_batch * seq)},
       {"--training.mixed_precision_param",
-       c.s.workload.precision == hardware::Precision::kBf16 ? "bfloat16" : "float32"},
+       c.s.workload.precision == hardware::Precision::kFp32 ? "float32" : "bfloat16"},
       // FSDP's reduce-scatter dtype, the plan's gradient buffer.
       {"--training.mixed_precision_reduce", c.fp32_gradients() ? "float32" : "bfloat16"},
   };
   // Trainer.Config raises without it when PP > 1.
   if (l.pp > 1) training.push_back({"--training.disable_cuda_graphs", "True"});
 
+  std::string_view checkpointing = "off";
+  if (l.recompute == models::Recompute::kFull) checkpointing = "full (the full-AC config class)";
+  if (l.recompute == models::Recompute::kSelectiveOp)
+    checkpointing = "selective per op (mode \"selective\", selective_ac_option \"op\")";
   std::vector<std::string> notes = {
       "torchtitan reads a Python config function (--module / --config); the overrides below set "
       "the plan on top of it.",
-      fmt::format(
-          "In that function: the model flavour of {}; activation checkpointing {}; "
-          "attention {}.",
-          c.s.model.name,
-          l.recompute == models::Recompute::kFull ? "full (the full-AC config class)" : "off",
-          l.flash_attention ? "flash (SDPA)" : "without flash attention")};
+      fmt::format("In that function: the model flavour of {}; activation checkpointing {}; "
+                  "attention {}.",
+                  c.s.model.name, checkpointing,
+                  l.flash_attention ? "flash (SDPA)" : "without flash attention")};
+  if (fp8)
+    notes.push_back(fmt::format(
+        "FP8: the float8 model converter (torchao Float8LinearConfig, tensorwise dynamic "
+        "scaling) on every linear but the output layer{}.",
+        l.fsdp && l.fp8_param_gather
+            ? "; FSDP all-gathers the weights in float8 (enable_fsdp_float8_all_gather) with "
+              "their scales precomputed after each optimizer step"
+            : ""));
   if (l.pp == 1 && c.micro_batches > 1)
     notes.push_back(
         fmt::format("{} micro-batches per step run as gradient accumulation.", c.micro_batches));

@@ -73,6 +73,14 @@ void refuse_mimo_encoder_batch(const Context& c, const planner::ModulePlan& m, s
 /// Megatron's communication overlaps, for targets without them: userbuffers TP overlap
 /// (Layout::tp_comm_overlap) and the EP all-to-all overlap (Layout::ep_comm_overlap).
 void refuse_megatron_comm_overlaps(const Context& c, Refusals& r);
+/// Megatron-Core's --attention-backend for the layout: unfused without flash attention; auto
+/// for the profile's own kernel (Transformer Engine prefers cuDNN's fused attention on Hopper
+/// and later, FlashAttention before, the kernels the profiles time); fused for cuDNN; flash
+/// for FlashAttention-2 or -3 (whichever flash-attn package is installed).
+std::string_view megatron_attention_backend(const planner::Layout& l);
+/// Refuses recompute selective_op (torchtitan's per-op activation checkpointing) in any of the
+/// plan's layouts: the other trainers keep other activations.
+void refuse_selective_op(const Context& c, Refusals& r);
 /// Refuses Layout::moe_capacity_factor (token dropping padded to capacity: Megatron's alone).
 void refuse_token_dropping(const Context& c, Refusals& r);
 /// Refuses a fused cross-entropy (Layout::cross_entropy_fusion): Megatron's kernels, which the

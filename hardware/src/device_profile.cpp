@@ -112,16 +112,52 @@ double DeviceProfile::gemm_efficiency(int64_t m, int64_t n, int64_t k, int64_t b
   return flops / (gemm_time(m, n, k, batch, p).to_seconds() * peak(p).per_second());
 }
 
-Time DeviceProfile::attention_time(Flops flops, Precision p, bool backward, int64_t seq_kv) const {
+std::string_view to_string(AttentionKernel k) {
+  switch (k) {
+    case AttentionKernel::kDefault:
+      return "default";
+    case AttentionKernel::kCudnn:
+      return "cudnn";
+    case AttentionKernel::kFlash2:
+      return "flash2";
+    case AttentionKernel::kFlash3:
+      return "flash3";
+  }
+  return "?";
+}
+
+std::optional<AttentionKernel> parse_attention_kernel(std::string_view s) {
+  for (AttentionKernel k : {AttentionKernel::kDefault, AttentionKernel::kCudnn,
+                            AttentionKernel::kFlash2, AttentionKernel::kFlash3})
+    if (to_string(k) == s) return k;
+  return std::nullopt;
+}
+
+bool DeviceProfile::has_attention_kernel(AttentionKernel k) const {
+  return k == AttentionKernel::kDefault || k == attention_kernel ||
+         attention_alternatives.contains(k);
+}
+
+const AttentionRates* DeviceProfile::attention_rates(AttentionKernel k) const {
+  if (k == AttentionKernel::kDefault || k == attention_kernel) return nullptr;
+  auto it = attention_alternatives.find(k);
+  HETPAR_CHECK(it != attention_alternatives.end(), "profile {} has no {} attention rates", model,
+               to_string(k));
+  return &it->second;
+}
+
+Time DeviceProfile::attention_time(Flops flops, Precision p, bool backward, int64_t seq_kv,
+                                   const AttentionRates* rates) const {
+  const double fwd_eff = rates ? rates->fwd_efficiency : attention_fwd_efficiency;
+  const double bwd_eff = rates ? rates->bwd_efficiency : attention_bwd_efficiency;
+  const std::vector<CurvePoint>& fwd_scale = rates ? rates->fwd_seq_scale : attention_fwd_seq_scale;
+  const std::vector<CurvePoint>& bwd_scale = rates ? rates->bwd_seq_scale : attention_bwd_seq_scale;
   if (!backward)
-    return flops / (peak(p) * attention_fwd_efficiency *
-                    curve_factor(attention_fwd_seq_scale, seq_kv)) +
-           gemm_launch_overhead;
+    return flops / (peak(p) * fwd_eff * curve_factor(fwd_scale, seq_kv)) + gemm_launch_overhead;
   // The backward efficiency is quoted as FlashAttention's benchmarks count it: 2.5x the
   // forward FLOPs (dQ, dK, dV plus the recomputed QK^T), not the model-FLOP 2x the caller
   // passes, so the kernel does 2.5 / 2 times the work `flops` names.
-  return flops * kFlashBackwardWork /
-             (peak(p) * attention_bwd_efficiency * curve_factor(attention_bwd_seq_scale, seq_kv)) +
+  return flops * kFlashBackwardWork / (peak(p) * bwd_eff * curve_factor(bwd_scale, seq_kv)) +
          gemm_launch_overhead;
 }
 

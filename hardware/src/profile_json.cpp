@@ -169,11 +169,39 @@ void read_gpu(JsonReader r, DeviceProfile& g, JsonReader& parent) {
   r.merge(gemm.status());
 
   JsonReader att = r.object("attention");
-  g.attention_fwd_efficiency = att.required_double("fwd_efficiency");
-  g.attention_bwd_efficiency = att.required_double("bwd_efficiency");
-  for (const auto& [key, curve] : {std::pair{"fwd_seq_scale", &g.attention_fwd_seq_scale},
-                                   std::pair{"bwd_seq_scale", &g.attention_bwd_seq_scale}})
-    if (att.has(key)) read_curve(att, key, "seq", "sequence lengths", *curve);
+  const auto read_rates = [](JsonReader& a, AttentionRates& out) {
+    out.fwd_efficiency = a.required_double("fwd_efficiency");
+    out.bwd_efficiency = a.required_double("bwd_efficiency");
+    for (const auto& [key, curve] : {std::pair{"fwd_seq_scale", &out.fwd_seq_scale},
+                                     std::pair{"bwd_seq_scale", &out.bwd_seq_scale}})
+      if (a.has(key)) read_curve(a, key, "seq", "sequence lengths", *curve);
+  };
+  AttentionRates own;
+  read_rates(att, own);
+  g.attention_fwd_efficiency = own.fwd_efficiency;
+  g.attention_bwd_efficiency = own.bwd_efficiency;
+  g.attention_fwd_seq_scale = std::move(own.fwd_seq_scale);
+  g.attention_bwd_seq_scale = std::move(own.bwd_seq_scale);
+  if (att.has("kernel"))
+    g.attention_kernel =
+        *parse_attention_kernel(att.required_enum("kernel", {"cudnn", "flash2", "flash3"}));
+  if (att.has("alternatives")) {
+    JsonReader alts = att.object("alternatives");
+    for (AttentionKernel k :
+         {AttentionKernel::kCudnn, AttentionKernel::kFlash2, AttentionKernel::kFlash3}) {
+      if (!alts.has(to_string(k))) continue;
+      if (k == g.attention_kernel) {
+        alts.fail(to_string(k), "is the profile's own kernel (attention.kernel)");
+        continue;
+      }
+      JsonReader a = alts.object(to_string(k));
+      read_rates(a, g.attention_alternatives[k]);
+      a.finish();
+      alts.merge(a.status());
+    }
+    alts.finish();
+    att.merge(alts.status());
+  }
   att.finish();
   r.merge(att.status());
 
@@ -323,12 +351,20 @@ nlohmann::json profile_to_json(const SystemProfile& p) {
     if (const auto& curve = g.gemm_k_scale[precision_index(prec)]; !curve.empty())
       gemm["k_scale"][std::string(to_string(prec))] = curve_json(curve);
 
-  nlohmann::json attention = {{"fwd_efficiency", g.attention_fwd_efficiency},
-                              {"bwd_efficiency", g.attention_bwd_efficiency}};
-  if (!g.attention_fwd_seq_scale.empty())
-    attention["fwd_seq_scale"] = curve_json(g.attention_fwd_seq_scale);
-  if (!g.attention_bwd_seq_scale.empty())
-    attention["bwd_seq_scale"] = curve_json(g.attention_bwd_seq_scale);
+  const auto rates_json = [](double fwd, double bwd, const std::vector<CurvePoint>& fwd_scale,
+                             const std::vector<CurvePoint>& bwd_scale) {
+    nlohmann::json j = {{"fwd_efficiency", fwd}, {"bwd_efficiency", bwd}};
+    if (!fwd_scale.empty()) j["fwd_seq_scale"] = curve_json(fwd_scale);
+    if (!bwd_scale.empty()) j["bwd_seq_scale"] = curve_json(bwd_scale);
+    return j;
+  };
+  nlohmann::json attention = rates_json(g.attention_fwd_efficiency, g.attention_bwd_efficiency,
+                                        g.attention_fwd_seq_scale, g.attention_bwd_seq_scale);
+  if (g.attention_kernel != AttentionKernel::kDefault)
+    attention["kernel"] = to_string(g.attention_kernel);
+  for (const auto& [k, a] : g.attention_alternatives)
+    attention["alternatives"][std::string(to_string(k))] =
+        rates_json(a.fwd_efficiency, a.bwd_efficiency, a.fwd_seq_scale, a.bwd_seq_scale);
 
   nlohmann::json j = {
       {"name", p.name},

@@ -181,6 +181,13 @@ Status validate_profile(const SystemProfile& p) {
        {std::pair{"gpu.attention.fwd_seq_scale", &g.attention_fwd_seq_scale},
         std::pair{"gpu.attention.bwd_seq_scale", &g.attention_bwd_seq_scale}})
     check_curve(c, key, *curve, "sequence lengths");
+  for (const auto& [k, a] : g.attention_alternatives) {
+    const std::string key = fmt::format("gpu.attention.alternatives.{}", to_string(k));
+    c.fraction(key + ".fwd_efficiency", a.fwd_efficiency);
+    c.fraction(key + ".bwd_efficiency", a.bwd_efficiency);
+    check_curve(c, key + ".fwd_seq_scale", a.fwd_seq_scale, "sequence lengths");
+    check_curve(c, key + ".bwd_seq_scale", a.bwd_seq_scale, "sequence lengths");
+  }
 
   const IntraNodeFabric& f = p.intra_node;
   if (p.gpus_per_node > 1) {
@@ -252,6 +259,8 @@ std::vector<std::string> missing_provenance(const SystemProfile& p) {
     fields.push_back(fmt::format("gpu.compute.{}.peak_tflops", to_string(prec)));
     fields.push_back(fmt::format("gpu.compute.{}.eta_max", to_string(prec)));
   }
+  for (const auto& [k, a] : p.gpu.attention_alternatives)
+    fields.push_back(fmt::format("gpu.attention.alternatives.{}", to_string(k)));
   if (p.intra_node.nvls) fields.push_back("intra_node.nvls_min_group");
   if (p.gpu.collective_overlap_slowdown > 0) fields.push_back("gpu.collective_overlap_slowdown");
   if (p.shared_compute_units > 0) fields.push_back("shared_compute_units");

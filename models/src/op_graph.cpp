@@ -36,16 +36,80 @@ Flops attention_forward_flops(const AttentionShape& s) {
   return Flops(s.causal ? full / 2 : full);
 }
 
-bool is_recomputed(const Op& op, Recompute policy) {
+namespace {
+
+// selective_op: the share of a layer op's forward re-run (see Recompute::kSelectiveOp).
+double selective_op_share(const Op& op) {
+  if (op.layer < 0) return 0;  // torchtitan checkpoints the layers only
+  switch (op.kind) {
+    case OpKind::kAttention:
+      return 0;  // the flash kernel's output and log-sum-exp are kept
+    case OpKind::kGemm: {
+      // Matmuls 1-3 q, k, v (k re-run), 4 the output projection (re-run), 5-6 gate and up
+      // (up re-run) or a plain fc1 (5, kept), then the down projection (no backward needs
+      // its output).
+      const double n = static_cast<double>(op.gemms.empty() ? 1 : op.gemms.front().n);
+      if (op.name == "qkv")
+        return op.parts.size() == 3 ? static_cast<double>(op.parts[1]) / n : 1.0 / 3;
+      if (op.name == "attn_out") return 1;
+      if (op.name == "mlp_fc1")
+        return op.parts.size() == 2 ? static_cast<double>(op.parts[1]) / n : 0;
+      return 0;
+    }
+    default:  // norms, RoPE, the activation, the first residual: re-run; the second is not
+      return op.name == "mlp_residual" ? 0 : 1;
+  }
+}
+
+}  // namespace
+
+double recompute_share(const Op& op, Recompute policy) {
   switch (policy) {
     case Recompute::kNone:
-      return false;
+      return 0;
     case Recompute::kSelective:
-      return op.kind == OpKind::kAttention;
+      return op.kind == OpKind::kAttention ? 1 : 0;
     case Recompute::kFull:
-      return op.layer >= 0;
+      return op.layer >= 0 ? 1 : 0;
+    case Recompute::kSelectiveOp:
+      return selective_op_share(op);
   }
-  return false;
+  return 0;
+}
+
+bool is_recomputed(const Op& op, Recompute policy) {
+  return recompute_share(op, policy) > 0;
+}
+
+bool keeps_layer_input(Recompute policy) {
+  return policy == Recompute::kFull || policy == Recompute::kSelectiveOp;
+}
+
+double kept_bytes(const Op& op, Recompute policy, int dtype_bytes) {
+  if (policy == Recompute::kSelectiveOp && op.layer >= 0) {
+    const double e = dtype_bytes;
+    switch (op.kind) {
+      case OpKind::kAttention: {  // its output and fp32 log-sum-exp
+        const AttentionShape& a = *op.attention;
+        const double rows = static_cast<double>(a.batch) * a.seq_q * a.heads;
+        return rows * (a.head_dim * e + 4);
+      }
+      case OpKind::kGemm: {  // the kept products' outputs (q and v; the gate or fc1)
+        const double share = 1 - selective_op_share(op);
+        if (op.name != "qkv" && op.name != "mlp_fc1") return 0;
+        double out = 0;
+        for (const GemmShape& s : op.gemms) out += static_cast<double>(s.m) * s.n * s.batch;
+        return out * share * e;
+      }
+      default:
+        return 0;
+    }
+  }
+  if (!is_recomputed(op, policy)) return op.saved.as_double();
+  if (policy != Recompute::kSelective) return 0;
+  const AttentionShape& a = *op.attention;  // Q, K, V stay
+  return static_cast<double>(a.batch) * a.seq_q * (a.heads + 2 * a.kv_heads) * a.head_dim *
+         dtype_bytes;
 }
 
 namespace {
@@ -69,6 +133,7 @@ class Builder {
       : g_(g), e_(in.dtype_bytes), flash_(in.flash_attention) {}
 
   Bytes elems(double n) const { return Bytes(static_cast<int64_t>(n) * e_); }
+  Op& last() { return g_.ops.back(); }
 
   /// A GEMM (or several shapes under one op) owning weights k*n*batch (+ bias n*batch) unless
   /// `owns_weights` is false (tied logits); saves `saved_elems` activations.
@@ -133,6 +198,7 @@ class Builder {
       tokens += static_cast<double>(m) * batch;
     }
     gemm(prefix + "fc1", layer, std::move(fc1), bias, tokens * h);
+    if (branches == 2) g_.ops.back().parts = {f, f};
     pointwise(prefix + "act", OpKind::kElementwise, layer, branches * tokens * f, tokens * f,
               act == Activation::kSwiglu ? kSwigluFlops : kGeluFlops, branches * tokens * f);
     gemm(prefix + "fc2", layer, std::move(fc2), bias, tokens * f);
@@ -182,6 +248,7 @@ void add_layer(Builder& b, const TransformerSpec& t, const std::optional<MoeSpec
   const double T = static_cast<double>(tokens);
   b.norm("attn_norm", layer, t.norm, T, h);
   b.gemm("qkv", layer, {{tokens, (a + 2 * g) * d, h}}, t.qkv_bias, T * h);
+  b.last().parts = {a * d, g * d, g * d};
   // Megatron's q_layernorm / k_layernorm: a norm over each head's width; saves its input.
   if (t.qk_norm)
     b.pointwise("qk_norm", OpKind::kElementwise, layer, T * (a + g) * d, T * (a + g) * d,

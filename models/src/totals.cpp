@@ -112,8 +112,7 @@ Flops backward_flops(const OpGraph& g) {
 }
 
 Flops recompute_flops(const OpGraph& g, Recompute policy) {
-  return sum_matmul(g,
-                    [&](const Op& op) { return is_recomputed(op, policy) ? op.forward : Flops(); });
+  return sum_matmul(g, [&](const Op& op) { return op.forward * recompute_share(op, policy); });
 }
 
 Flops model_flops(const OpGraph& g) {
@@ -121,18 +120,11 @@ Flops model_flops(const OpGraph& g) {
 }
 
 Bytes activation_bytes(const OpGraph& g, Recompute policy) {
-  Bytes total;
-  for (const Op& op : g.ops) {
-    if (!is_recomputed(op, policy)) {
-      total += op.saved;
-    } else if (policy == Recompute::kSelective) {
-      const AttentionShape& s = *op.attention;
-      total += Bytes(s.batch * s.seq_q * (s.heads + 2 * s.kv_heads) * s.head_dim * g.dtype_bytes);
-    }
-  }
-  if (policy == Recompute::kFull)
-    total += Bytes(g.layers * g.layer_tokens * g.hidden * g.dtype_bytes);
-  return total;
+  double total = 0;
+  for (const Op& op : g.ops) total += kept_bytes(op, policy, g.dtype_bytes);
+  if (keeps_layer_input(policy))
+    total += static_cast<double>(g.layers * g.layer_tokens * g.hidden * g.dtype_bytes);
+  return Bytes(static_cast<int64_t>(total));
 }
 
 int64_t llm_tokens_per_item(const ModelSpec& model, size_t encoder) {

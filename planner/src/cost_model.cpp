@@ -1,6 +1,7 @@
 #include "hetpar/planner/cost_model.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <tuple>
 
@@ -332,6 +333,27 @@ void add_moe_time(PassCost& c, const MoeKernels& m, const hardware::DeviceProfil
 
 }  // namespace
 
+namespace {
+
+// Whether the policy re-runs single ops before their backward (the step's cost.recompute),
+// not whole layers (full recompute, which lower() replays).
+bool reruns_ops(models::Recompute r) {
+  return r == models::Recompute::kSelective || r == models::Recompute::kSelectiveOp;
+}
+
+// selective_op re-running part of a fused GEMM (the k of qkv, the up of a gated fc1): the
+// output columns of one rank's re-run product (it re-casts the input under FP8 too); 0 when
+// the op is re-run whole or not at all. selective_op needs tp 1 (infeasibility), so the
+// columns are the op's own.
+int64_t partial_rerun_columns(const models::Op& op, const Layout& l) {
+  if (l.recompute != models::Recompute::kSelectiveOp || op.gemms.empty()) return 0;
+  const double share = models::recompute_share(op, l.recompute);
+  if (share <= 0 || share >= 1) return 0;
+  return static_cast<int64_t>(std::llround(static_cast<double>(op.gemms.front().n) * share));
+}
+
+}  // namespace
+
 PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l,
                  bool context_parallel, const hardware::DeviceProfile& dev, hardware::Precision p,
                  GemmChunks chunks) {
@@ -344,15 +366,19 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
       double shard = split == Split::kNone ? 1.0 : l.tp;
       // Experts: a rank runs E / ep experts on the tokens its ep group routes to them, as
       // many as its own micro-batch routes in all: the op's FLOPs, not 1 / ep of them.
+      const int64_t rerun_n = partial_rerun_columns(op, l);
       for (const models::GemmShape& s : rank_gemms(op, g, l, cp)) {
         c.forward +=
             dev.gemm_time(ceil_div(s.m, chunks.forward), s.n, s.k, s.batch, gp) * chunks.forward;
         c.dgrad += dev.gemm_time(ceil_div(s.m, chunks.dgrad), s.k, s.n, s.batch, gp) * chunks.dgrad;
         c.wgrad += dev.gemm_time(s.k, s.n, s.m, s.batch, gp);
+        if (rerun_n > 0) c.recompute += dev.gemm_time(s.m, rerun_n, s.k, s.batch, gp);
         if (gp == Precision::kFp8 && is_fp8_linear(op)) {
           const Fp8Kernels q = fp8_quantize_kernels(op, s, l);
-          for (const sim::Kernel& k : q.forward)
+          for (const sim::Kernel& k : q.forward) {
             c.forward += dev.memory_kernel_time(Bytes(k.bytes));
+            if (rerun_n > 0) c.recompute += dev.memory_kernel_time(Bytes(k.bytes));
+          }
           for (const sim::Kernel& k : q.backward) c.dgrad += dev.memory_kernel_time(Bytes(k.bytes));
         }
       }
@@ -378,8 +404,10 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
         const int64_t calls = gather ? 2 : cp;
         const int64_t seq_kv = ceil_div(a.seq_kv, gather ? 2 : cp);
         const double per_call = static_cast<double>(calls);
-        c.forward = dev.attention_time(c.forward_flops / per_call, ap, false, seq_kv) * calls;
-        c.dgrad = dev.attention_time(c.dgrad_flops / per_call, ap, true, seq_kv) * calls;
+        const hardware::AttentionRates* rates = dev.attention_rates(l.attention_kernel);
+        c.forward =
+            dev.attention_time(c.forward_flops / per_call, ap, false, seq_kv, rates) * calls;
+        c.dgrad = dev.attention_time(c.dgrad_flops / per_call, ap, true, seq_kv, rates) * calls;
         if (cp > 1) {
           // The ring runs its memory passes once per step (lower() splits them cp ways,
           // each a kernel of its own); all-gather CP once.
@@ -441,9 +469,10 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
     }
   }
   add_moe_time(c, moe_kernels(op, g, l, cp, p), dev);  // none for other ops
-  if (l.recompute == models::Recompute::kSelective && models::is_recomputed(op, l.recompute)) {
-    c.recompute = c.forward;
-    c.recompute_flops = c.forward_flops;
+  if (reruns_ops(l.recompute)) {
+    const double share = models::recompute_share(op, l.recompute);
+    if (share >= 1) c.recompute = c.forward;
+    c.recompute_flops = c.forward_flops * share;
   }
   return c;
 }
@@ -643,14 +672,18 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
         if (is_expert(op)) x.launches = batch;
         return x;
       };
+      const int64_t rerun_n = partial_rerun_columns(op, l);
       for (const models::GemmShape& s : rank_gemms(op, g, l, cp)) {
         k.forward.push_back(gemm(s.m, s.n, s.k, s.batch));
         k.dgrad.push_back(gemm(s.m, s.k, s.n, s.batch));
         k.wgrad.push_back(gemm(s.k, s.n, s.m, s.batch));
+        if (rerun_n > 0) k.recompute.push_back(gemm(s.m, rerun_n, s.k, s.batch));
         if (gp == Precision::kFp8 && is_fp8_linear(op)) {
           const Fp8Kernels q = fp8_quantize_kernels(op, s, l);
           k.forward.insert(k.forward.end(), q.forward.begin(), q.forward.end());
           k.dgrad.insert(k.dgrad.end(), q.backward.begin(), q.backward.end());
+          if (rerun_n > 0)
+            k.recompute.insert(k.recompute.end(), q.forward.begin(), q.forward.end());
         }
       }
       break;
@@ -730,12 +763,13 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
   const MoeKernels moe = moe_kernels(op, g, l, cp, p);  // none for other ops
   k.forward.insert(k.forward.end(), moe.forward.begin(), moe.forward.end());
   k.dgrad.insert(k.dgrad.end(), moe.backward.begin(), moe.backward.end());
-  if (l.recompute == models::Recompute::kSelective && models::is_recomputed(op, l.recompute))
+  if (reruns_ops(l.recompute) && models::recompute_share(op, l.recompute) >= 1)
     k.recompute = k.forward;
   return k;
 }
 
-Time kernel_time(const sim::Kernel& k, const hardware::DeviceProfile& dev, Precision p) {
+Time kernel_time(const sim::Kernel& k, const hardware::DeviceProfile& dev, Precision p,
+                 hardware::AttentionKernel attention) {
   Precision kp = p;
   if (k.element_bytes == 1) kp = Precision::kFp8;
   if (k.element_bytes == 2) kp = p == Precision::kFp16 ? Precision::kFp16 : Precision::kBf16;
@@ -747,7 +781,7 @@ Time kernel_time(const sim::Kernel& k, const hardware::DeviceProfile& dev, Preci
     case sim::KernelKind::kAttentionForward:
     case sim::KernelKind::kAttentionBackward:
       return dev.attention_time(Flops(k.flops()), kp, k.kind == sim::KernelKind::kAttentionBackward,
-                                k.seq_kv);
+                                k.seq_kv, dev.attention_rates(attention));
     case sim::KernelKind::kMemory:
       return dev.memory_kernel_time(Bytes(k.bytes));
   }

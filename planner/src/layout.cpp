@@ -26,6 +26,8 @@ std::string_view to_string(models::Recompute r) {
       return "selective";
     case models::Recompute::kFull:
       return "full";
+    case models::Recompute::kSelectiveOp:
+      return "selective_op";
   }
   return "?";
 }

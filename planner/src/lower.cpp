@@ -37,6 +37,11 @@ std::string check_module(const models::TransformerSpec& t, std::string_view name
     return fmt::format("tp {} does not divide {} kv_heads {}", l.tp, name, t.kv_heads);
   if (t.ffn_hidden % l.tp != 0)
     return fmt::format("tp {} does not divide {} ffn_hidden {}", l.tp, name, t.ffn_hidden);
+  if (l.recompute == models::Recompute::kSelectiveOp && l.tp > 1)
+    return fmt::format(
+        "recompute selective_op with tp {} ({}) is not modelled: re-running the output "
+        "projection would re-run its TP collective",
+        l.tp, name);
   return {};
 }
 
@@ -218,7 +223,13 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
     if (!g.profile.gpu.supports(s.workload.precision))
       return fmt::format("{} does not support {}", g.profile.gpu.model,
                          hardware::to_string(s.workload.precision));
+    if (!g.profile.gpu.has_attention_kernel(l.attention_kernel))
+      return fmt::format("attention_kernel {}: profile {} has no rates for it (gpu.attention)",
+                         hardware::to_string(l.attention_kernel), g.profile.name);
   }
+  if (l.attention_kernel != hardware::AttentionKernel::kDefault && !l.flash_attention)
+    return fmt::format("attention_kernel {} needs flash_attention",
+                       hardware::to_string(l.attention_kernel));
   if (l.sequence_parallel && l.tp == 1) return "sequence parallelism needs tp > 1";
   if (l.tp_comm_overlap && !l.sequence_parallel)
     return "tp_comm_overlap needs tp > 1 with sequence parallelism (sp): userbuffers overlap the "
@@ -236,6 +247,9 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
                        l.tp);
   if (l.expert_tp() != l.tp && !llm.moe)
     return fmt::format("etp {} needs a mixture-of-experts llm", l.etp);
+  if (l.recompute == models::Recompute::kSelectiveOp && llm.moe)
+    return "recompute selective_op with a mixture-of-experts llm is not modelled: its "
+           "grouped expert matmuls fall outside the per-block mm count";
   if (l.moe_capacity_factor > 0 && !llm.moe)
     return fmt::format("moe_capacity_factor {} needs a mixture-of-experts llm",
                        l.moe_capacity_factor);
@@ -947,9 +961,33 @@ sim::KernelListId Lowering::kernels(const PlacedBlock& pb, size_t s, bool backwa
   const models::OpGraph& g = graphs_[pb.module];
   const bool cp_split = cp_split_[pb.module];
   std::vector<sim::Kernel> list;
+  // One ring step's share of an attention kernel (the local queries against one rank's K,V
+  // chunk, 1/cp of the keys) or of a memory pass (1/cp of its bytes); false for a GEMM,
+  // which each use below sizes itself.
+  auto ring_share = [&](sim::Kernel& k) {
+    if (k.kind == sim::KernelKind::kGemm) return false;
+    if (k.kind == sim::KernelKind::kMemory)
+      k.bytes /= l_.cp;
+    else
+      k.seq_kv /= l_.cp;
+    return true;
+  };
+  const bool ring = cp_split && l_.cp > 1 && l_.cp_comm == CpComm::kP2P;
   auto add = [&](const WorkStep& step) {
     for (int32_t i : step.ops) {
       const OpKernels k = op_kernels(g.ops[i], g, l_, cp_split, s_.workload.precision);
+      if (use == Use::kRecompute && ring && g.ops[i].kind == models::OpKind::kAttention) {
+        // Recomputed attention re-runs the ring: cp calls, each with its own memory passes
+        // (the cost model times it so, cost_model.cpp).
+        for (const sim::Kernel& x : k.recompute) {
+          sim::Kernel chunk = x;
+          if (ring_share(chunk))
+            list.insert(list.end(), static_cast<size_t>(l_.cp), chunk);
+          else
+            list.push_back(x);
+        }
+        continue;
+      }
       switch (use) {
         case Use::kForward:
         case Use::kRingForward:
@@ -978,33 +1016,9 @@ sim::KernelListId Lowering::kernels(const PlacedBlock& pb, size_t s, bool backwa
   } else {
     add(block(0, pb, backward || use == Use::kStepWgrad || use == Use::kDgrad).steps[s]);
   }
-  // One ring step's share of an attention kernel (the local queries against one rank's K,V
-  // chunk, 1/cp of the keys) or of a memory pass (1/cp of its bytes); false for a GEMM,
-  // which each use below sizes itself.
-  auto ring_share = [&](sim::Kernel& k) {
-    if (k.kind == sim::KernelKind::kGemm) return false;
-    if (k.kind == sim::KernelKind::kMemory)
-      k.bytes /= l_.cp;
-    else
-      k.seq_kv /= l_.cp;
-    return true;
-  };
   if (use == Use::kRingForward || use == Use::kRingBackward) {
     for (sim::Kernel& k : list)
       if (!ring_share(k)) k.batch = std::max<int64_t>(1, k.batch / l_.cp);
-  }
-  if (use == Use::kRecompute && cp_split && l_.cp > 1 && l_.cp_comm == CpComm::kP2P) {
-    // Recomputed attention re-runs the ring: cp calls, each with its own memory passes
-    // (the cost model times it so, cost_model.cpp).
-    std::vector<sim::Kernel> steps;
-    for (const sim::Kernel& k : list) {
-      sim::Kernel chunk = k;
-      if (ring_share(chunk))
-        steps.insert(steps.end(), static_cast<size_t>(l_.cp), chunk);
-      else
-        steps.push_back(k);
-    }
-    list = std::move(steps);
   }
   const sim::KernelListId id = g_.add_kernels(list);
   kernel_ids_.emplace(key, id);

@@ -112,16 +112,6 @@ double activation_share(const models::Op& op, bool stem, const Layout& l) {
   return 1.0 / (static_cast<double>(tp) * l.cp);
 }
 
-// Bytes of op.saved the forward pass keeps under `policy` (models::activation_bytes
-// semantics; full recompute's layer inputs are added per layer by the caller).
-double kept_bytes(const models::Op& op, models::Recompute policy, int dtype_bytes) {
-  if (!models::is_recomputed(op, policy)) return op.saved.as_double();
-  if (policy != models::Recompute::kSelective) return 0;
-  const models::AttentionShape& a = *op.attention;  // Q, K, V stay
-  return static_cast<double>(a.batch) * a.seq_q * (a.heads + 2 * a.kv_heads) * a.head_dim *
-         dtype_bytes;
-}
-
 // Share of a GEMM's saved input one rank keeps in memory under the workload precision:
 // Transformer Engine's FP8 Linear modules (the layers' GEMMs except the MoE router, which is
 // not a TE module) save the FP8 transpose of their input for the weight gradient, 1 byte per
@@ -223,7 +213,13 @@ class Estimator {
               : 1.0;
       const double share = activation_share(op, stem, l_) *
                            precision_share(op, s_.workload.precision, g.dtype_bytes) * loss_share;
-      const double kept = frozen_ ? 0 : kept_bytes(op, l_.recompute, g.dtype_bytes) * share;
+      // selective_op keeps outputs, which FP8 does not shrink (precision_share is the FP8
+      // input copy Transformer Engine keeps).
+      const double kept_share = l_.recompute == models::Recompute::kSelectiveOp && op.layer >= 0
+                                    ? activation_share(op, stem, l_)
+                                    : share;
+      const double kept =
+          frozen_ ? 0 : models::kept_bytes(op, l_.recompute, g.dtype_bytes) * kept_share;
       stages_[st].activations += kept * (head ? head_in_flight_ : in_flight_[st]);
       if (op.kind == models::OpKind::kGemm)
         stages_[st].activations += op.saved.as_double() * share * w_pending_[st];
@@ -238,7 +234,7 @@ class Estimator {
     const double sp = l_.sequence_parallel ? l_.tp : 1;
     for (int64_t layer = 0; layer < g.layers; ++layer) {
       Tally& t = stages_[stage_of[layer]];
-      if (l_.recompute == models::Recompute::kFull && !frozen_)
+      if (models::keeps_layer_input(l_.recompute) && !frozen_)
         t.activations += layer_input / sp * in_flight_[stage_of[layer]];
       t.working_set = std::max(t.working_set, rework[layer]);
       if (l_.sequence_parallel && l_.tp > 1) t.gathered = std::max(t.gathered, layer_input);

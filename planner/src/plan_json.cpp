@@ -13,8 +13,8 @@ std::optional<Schedule> parse_schedule(std::string_view s) {
 }
 
 std::optional<models::Recompute> parse_recompute(std::string_view s) {
-  for (models::Recompute r :
-       {models::Recompute::kNone, models::Recompute::kSelective, models::Recompute::kFull})
+  for (models::Recompute r : {models::Recompute::kNone, models::Recompute::kSelective,
+                              models::Recompute::kFull, models::Recompute::kSelectiveOp})
     if (to_string(r) == s) return r;
   return std::nullopt;
 }
@@ -67,14 +67,16 @@ Layout parse_layout(JsonReader& r) {
   l.ep = static_cast<int>(r.optional_int("ep", 1, 1, kMaxDegree));
   l.etp = static_cast<int>(r.optional_int("etp", 0, 0, kMaxDegree));
   l.micro_batch = static_cast<int>(r.required_int("micro_batch", 1, kMaxDegree));
-  l.recompute =
-      *parse_recompute(r.optional_enum("recompute", "none", {"none", "selective", "full"}));
+  l.recompute = *parse_recompute(
+      r.optional_enum("recompute", "none", {"none", "selective", "full", "selective_op"}));
   l.distributed_optimizer = r.optional_bool("distributed_optimizer", false);
   l.fsdp = r.optional_bool("fsdp", false);
   l.fsdp_reshard_after_forward = r.optional_bool("fsdp_reshard_after_forward", true);
   l.overlap_grad_reduce = r.optional_bool("overlap_grad_reduce", true);
   l.overlap_param_gather = r.optional_bool("overlap_param_gather", true);
   l.flash_attention = r.optional_bool("flash_attention", true);
+  l.attention_kernel = *hardware::parse_attention_kernel(
+      r.optional_enum("attention_kernel", "default", {"default", "cudnn", "flash2", "flash3"}));
   l.tp_backward_overlap = r.optional_bool("tp_backward_overlap", true);
   l.tp_comm_overlap = r.optional_bool("tp_comm_overlap", false);
   l.ep_comm_overlap = r.optional_bool("ep_comm_overlap", false);
@@ -107,6 +109,8 @@ nlohmann::json layout_to_json(const Layout& l) {
                       {"overlap_grad_reduce", l.overlap_grad_reduce},
                       {"overlap_param_gather", l.overlap_param_gather},
                       {"flash_attention", l.flash_attention}};
+  if (l.attention_kernel != hardware::AttentionKernel::kDefault)
+    j["attention_kernel"] = hardware::to_string(l.attention_kernel);
   // Uneven pipeline splits only when set, so even plans read as before.
   if (l.first_stage_layers > 0) j["first_stage_layers"] = l.first_stage_layers;
   if (l.last_stage_layers > 0) j["last_stage_layers"] = l.last_stage_layers;

@@ -47,7 +47,10 @@ Layout parse_layout(const std::map<std::string, std::string>& f, const std::stri
   l.distributed_optimizer = f.count("--use-distributed-optimizer") > 0;
   l.overlap_grad_reduce = f.count("--overlap-grad-reduce") > 0;
   l.overlap_param_gather = f.count("--overlap-param-gather") > 0;
-  l.flash_attention = f.at("--attention-backend") == "flash";
+  const std::string backend = f.at("--attention-backend");
+  l.flash_attention = backend != "unfused";
+  if (backend == "fused") l.attention_kernel = hardware::AttentionKernel::kCudnn;
+  if (backend == "flash") l.attention_kernel = hardware::AttentionKernel::kFlash2;
   l.first_stage_layers = flag_int(f, "--decoder-first-pipeline-num-layers", 0);
   l.last_stage_layers = flag_int(f, "--decoder-last-pipeline-num-layers", 0);
   l.account_for_embedding = f.count("--account-for-embedding-in-pipeline-split") > 0;
@@ -60,6 +63,9 @@ Layout parse_layout(const std::map<std::string, std::string>& f, const std::stri
 Layout as_run(Layout l) {
   l.sequence_parallel = l.sequence_parallel && l.tp > 1;
   l.overlap_param_gather = l.overlap_param_gather && l.distributed_optimizer;
+  // --attention-backend flash runs whichever FlashAttention is installed.
+  if (l.attention_kernel == hardware::AttentionKernel::kFlash3)
+    l.attention_kernel = hardware::AttentionKernel::kFlash2;
   return l;
 }
 
@@ -72,6 +78,7 @@ std::vector<Plan> llama_plans() {
   a.layout.distributed_optimizer = true;
   a.layout.first_stage_layers = 15;
   a.layout.last_stage_layers = 17;
+  a.layout.attention_kernel = hardware::AttentionKernel::kCudnn;
   out.push_back(a);
   Plan b;
   b.layout = layout(2, 4, 4);
@@ -90,6 +97,7 @@ std::vector<Plan> llama_plans() {
   d.layout.cp = 2;
   d.layout.account_for_embedding = true;
   d.layout.account_for_loss = true;
+  d.layout.attention_kernel = hardware::AttentionKernel::kFlash3;
   out.push_back(d);
   return out;
 }

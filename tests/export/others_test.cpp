@@ -170,6 +170,30 @@ TEST(ExportNanotron, RefusesMultimodalAndMoeModels) {
             std::string::npos);
 }
 
+// torchtitan's FP8 (the float8 converter, tensorwise) with its per-op checkpointing over
+// FSDP, as its H200 benchmark ran; delayed scaling is refused, and every other target
+// refuses selective_op.
+TEST(ExportTorchtitan, Fp8TensorwiseWithPerOpCheckpointing) {
+  planner::Scenario s = scenario("llama-3.1-8b", 4, 8192, 512, 0, "fp8");
+  Plan p;
+  p.layout = layout(1, 1, 32, 2);
+  p.layout.fsdp = true;
+  p.layout.fp8_recipe = planner::Fp8Recipe::kTensorwise;
+  p.layout.fp8_param_gather = true;
+  p.layout.recompute = models::Recompute::kSelectiveOp;
+  const std::string script = exported(s, p, Target::kTorchtitan).at("launch.sh");
+  EXPECT_EQ(all_flags(script).at("--training.mixed_precision_param"), "bfloat16");
+  EXPECT_NE(script.find("selective_ac_option \"op\""), std::string::npos) << script;
+  EXPECT_NE(script.find("enable_fsdp_float8_all_gather"), std::string::npos) << script;
+  p.layout.fp8_recipe = planner::Fp8Recipe::kDelayed;
+  EXPECT_NE(refusal(s, p, Target::kTorchtitan).find("fp8 with delayed scaling"), std::string::npos);
+  p.layout.fp8_recipe = planner::Fp8Recipe::kTensorwise;
+  for (Target t :
+       {Target::kMegatron, Target::kMegatronBridge, Target::kDeepspeed, Target::kNanotron})
+    EXPECT_NE(refusal(s, p, t).find("recompute selective_op"), std::string::npos)
+        << static_cast<int>(t);
+}
+
 // Token dropping padded to capacity is Megatron's: the other trainers refuse it.
 TEST(ExportOthers, RefuseTokenDropping) {
   Plan p;

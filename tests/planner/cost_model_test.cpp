@@ -520,6 +520,47 @@ TEST(CostModel, SelectiveRecomputeRerunsTheAttentionCore) {
   EXPECT_NEAR(c.recompute_flops.count(), 4.0 * 2048 * 2048 * 12288 / 2, 1.0);
 }
 
+// torchtitan's per-op checkpointing re-runs the k of qkv (a GEMM of the k width alone), the
+// output projection whole, the norms and the activation; not the attention kernel.
+TEST(CostModel, SelectiveOpRecomputeRerunsEveryOtherMatmul) {
+  auto spec = models::load_zoo_module("llama-3.1-8b");
+  ASSERT_TRUE(spec.is_ok());
+  models::ModuleInput in;
+  in.seq_len = 8192;
+  const models::OpGraph g = models::build_op_graph(*spec, in);
+  const hardware::DeviceProfile dev = hardware::load_profile("dgx-h200")->gpu;
+  Layout l;
+  l.recompute = models::Recompute::kSelectiveOp;
+  const auto p = hardware::Precision::kBf16;
+  const PassCost qkv = op_cost(op_named(g, "qkv"), g, l, true, dev, p);
+  EXPECT_EQ(qkv.recompute, dev.gemm_time(8192, 1024, 4096, 1, p));
+  EXPECT_DOUBLE_EQ(qkv.recompute_flops.count(), 2.0 * 8192 * 1024 * 4096);
+  const PassCost out = op_cost(op_named(g, "attn_out"), g, l, true, dev, p);
+  EXPECT_EQ(out.recompute, out.forward);
+  const PassCost norm = op_cost(op_named(g, "attn_norm"), g, l, true, dev, p);
+  EXPECT_EQ(norm.recompute, norm.forward);
+  EXPECT_EQ(op_cost(op_named(g, "attention"), g, l, true, dev, p).recompute, Time::zero());
+  EXPECT_EQ(op_cost(op_named(g, "mlp_fc2"), g, l, true, dev, p).recompute, Time::zero());
+  const OpKernels k = op_kernels(op_named(g, "mlp_fc1"), g, l, true, p);
+  ASSERT_EQ(k.recompute.size(), 1u);  // the up projection alone
+  EXPECT_EQ(k.recompute[0].n, 14336);
+}
+
+// The attention kernel a plan names: FlashAttention-2's rates instead of the profile's cuDNN.
+TEST(CostModel, AttentionKernelSelectsItsRates) {
+  Fixture f = gpt(1, true, 2, "dgx-h100");
+  Layout l;
+  const auto p = hardware::Precision::kBf16;
+  const models::Op& attn = op_named(f.g, "attention");
+  const PassCost cudnn = op_cost(attn, f.g, l, true, f.dev, p);
+  l.attention_kernel = hardware::AttentionKernel::kFlash2;
+  const PassCost fa2 = op_cost(attn, f.g, l, true, f.dev, p);
+  const hardware::AttentionRates* rates = f.dev.attention_rates(l.attention_kernel);
+  EXPECT_EQ(fa2.forward, f.dev.attention_time(fa2.forward_flops, p, false, 2048, rates));
+  EXPECT_GT(fa2.forward, cudnn.forward * 1.4);  // 298 against 484 TFLOP/s at 2K
+  EXPECT_GT(fa2.dgrad, cudnn.dgrad * 1.4);
+}
+
 // Without flash attention the batched GEMMs compute the whole score matrix and the softmax
 // and dropout passes stream it through HBM: at s = 2048 this costs several times the flash
 // kernel, and the model FLOPs stay the causal half.

@@ -54,7 +54,8 @@ void expect_kernels_match(const Scenario& s, const Plan& p) {
         << lp->graph.label_text(task.label.name);
     Time timed;
     for (const sim::Kernel& k : lp->graph.kernels(task.kernels))
-      timed += kernel_time(k, s.cluster.profile_of_gpu(0).gpu, s.workload.precision);
+      timed += kernel_time(k, s.cluster.profile_of_gpu(0).gpu, s.workload.precision,
+                           p.layout.attention_kernel);
     EXPECT_NEAR(timed.to_seconds(), task.duration.to_seconds(),
                 1e-9 + 1e-9 * task.duration.to_seconds())
         << lp->graph.label_text(task.label.name);
@@ -85,6 +86,10 @@ TEST(Kernels, HomogeneousLayoutsMatchTaskFlops) {
     expect_kernels_match(s, p);
     p.layout.recompute = models::Recompute::kFull;
     expect_kernels_match(s, p);
+    if (l.tp == 1) {  // selective_op needs tp 1
+      p.layout.recompute = models::Recompute::kSelectiveOp;
+      expect_kernels_match(s, p);
+    }
   }
   Plan zb;
   zb.layout = layout(1, 1, 2, 2);

@@ -586,6 +586,26 @@ TEST(Lower, InfeasiblePlansSayWhy) {
   Plan sp = plan(1, 1, 8);
   sp.layout.sequence_parallel = true;
   EXPECT_EQ(why(sp), "sequence parallelism needs tp > 1");
+  Plan sac = plan(2, 2, 2);
+  sac.layout.recompute = models::Recompute::kSelectiveOp;
+  EXPECT_EQ(why(sac),
+            "recompute selective_op with tp 2 (llm) is not modelled: re-running the output "
+            "projection would re-run its TP collective");
+  sac.layout.tp = 1;
+  sac.layout.dp = 4;
+  EXPECT_EQ(why(sac), "");
+  EXPECT_EQ(infeasibility(tiny_moe(8, 16, 1, 8), sac),
+            "recompute selective_op with a mixture-of-experts llm is not modelled: its grouped "
+            "expert matmuls fall outside the per-block mm count");
+  Plan fa2 = plan(2, 2, 2);
+  fa2.layout.attention_kernel = hardware::AttentionKernel::kFlash2;
+  EXPECT_EQ(why(fa2), "");
+  fa2.layout.flash_attention = false;
+  EXPECT_EQ(why(fa2), "attention_kernel flash2 needs flash_attention");
+  Plan cudnn = plan(2, 2, 2);
+  cudnn.layout.attention_kernel = hardware::AttentionKernel::kCudnn;
+  EXPECT_EQ(infeasibility(make(8, 16, 1, "dgx-a100-80gb"), cudnn),
+            "attention_kernel cudnn: profile dgx-a100-80gb has no rates for it (gpu.attention)");
   Plan current = plan(2, 2, 2);
   current.layout.fp8_recipe = Fp8Recipe::kTensorwise;
   EXPECT_EQ(why(current), "fp8_recipe tensorwise needs workload precision fp8, not bf16");

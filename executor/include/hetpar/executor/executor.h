@@ -47,6 +47,7 @@ struct ExecuteOptions {
   /// precision, `census_reps` passes, the median pass per kind.
   const hardware::DeviceProfile* census_device = nullptr;
   hardware::Precision census_precision = hardware::Precision::kBf16;
+  hardware::AttentionKernel census_attention = hardware::AttentionKernel::kDefault;
   int census_reps = 3;
 };
 

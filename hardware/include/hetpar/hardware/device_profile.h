@@ -8,8 +8,10 @@
 
 #include <array>
 #include <compare>
+#include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "hetpar/core/curve.h"
@@ -54,6 +56,26 @@ struct GemmMeasurement {
   bool operator==(const GemmMeasurement&) const = default;
 };
 
+/// The fused attention kernels whose rates a profile may give (Layout::attention_kernel).
+enum class AttentionKernel {
+  kDefault,  // the profile's own rates (gpu.attention): the kernel its trainers pick
+  kCudnn,    // cuDNN's fused attention (Transformer Engine's FusedAttention on Hopper+)
+  kFlash2,   // FlashAttention-2 (PyTorch SDPA's flash backend through torch 2.8)
+  kFlash3,   // FlashAttention-3 (Hopper)
+};
+std::string_view to_string(AttentionKernel k);  // "default", "cudnn", "flash2", "flash3"
+std::optional<AttentionKernel> parse_attention_kernel(std::string_view s);
+
+/// One attention kernel's rates: fractions of the precision's peak for long sequences, and
+/// their sequence-length curves (as DeviceProfile's attention_* fields).
+struct AttentionRates {
+  double fwd_efficiency = 0;
+  double bwd_efficiency = 0;
+  std::vector<CurvePoint> fwd_seq_scale;
+  std::vector<CurvePoint> bwd_seq_scale;
+  bool operator==(const AttentionRates&) const = default;
+};
+
 struct DeviceProfile {
   std::string model;
   int sm_count = 0;
@@ -83,6 +105,10 @@ struct DeviceProfile {
   /// prologue and epilogue per query block).
   std::vector<CurvePoint> attention_fwd_seq_scale;
   std::vector<CurvePoint> attention_bwd_seq_scale;
+  /// The kernel the rates above are of (gpu.attention.kernel; kDefault: unnamed), and other
+  /// kernels' rates (gpu.attention.alternatives), which a plan may ask for by name.
+  AttentionKernel attention_kernel = AttentionKernel::kDefault;
+  std::map<AttentionKernel, AttentionRates> attention_alternatives;
   /// Compute kernels take (1 + this) times as long while a collective of this GPU runs
   /// (NCCL's kernels occupy SMs and memory bandwidth); 0 = overlap is free.
   double collective_overlap_slowdown = 0;
@@ -113,7 +139,14 @@ struct DeviceProfile {
   /// flops · kFlashBackwardWork / (peak · bwd efficiency). `seq_kv` (> 0) is the key/value
   /// length of one kernel call and selects the point on the seq-scale curves; 0 means a
   /// long sequence (factor 1).
-  Time attention_time(Flops flops, Precision p, bool backward, int64_t seq_kv = 0) const;
+  /// `rates`: another kernel's (attention_rates()); nullptr: the profile's own.
+  Time attention_time(Flops flops, Precision p, bool backward, int64_t seq_kv = 0,
+                      const AttentionRates* rates = nullptr) const;
+  /// Whether the profile has rates for `k` (kDefault and its own kernel always).
+  bool has_attention_kernel(AttentionKernel k) const;
+  /// `k`'s rates for attention_time(): nullptr for the profile's own kernel.
+  /// REQUIRES: has_attention_kernel(k).
+  const AttentionRates* attention_rates(AttentionKernel k) const;
   /// `bytes` (reads + writes) streamed through HBM at the effective bandwidth, no launch.
   Time memory_time(Bytes bytes) const;
   /// One memory-bound kernel moving `bytes`: memory_time(bytes) plus the per-kernel launch

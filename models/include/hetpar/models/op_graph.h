@@ -72,6 +72,9 @@ struct Op {
   int64_t params = 0;
   Bytes saved;  // activations kept for backward (no recompute)
   std::vector<GemmShape> gemms;
+  /// A GEMM fusing several products of one input (qkv: the q, k and v projections; a gated
+  /// fc1: gate and up), their output widths in order, summing to the GEMM's n; empty: one.
+  std::vector<int64_t> parts;
   std::optional<AttentionShape> attention;
   Flops backward() const { return dgrad + wgrad; }
 };
@@ -110,9 +113,27 @@ OpGraph build_op_graph(const ModuleSpec& spec, const ModuleInput& in);
 ModuleInput module_input(const ModelSpec& model, size_t i, const ModuleInput& model_input);
 
 /// Activation recompute: none; selective (the attention core, Korthikanti et al.); full
-/// (each layer's whole forward, keeping only the layer input).
-enum class Recompute { kNone, kSelective, kFull };
-/// Whether the backward pass re-runs op's forward under `policy`.
+/// (each layer's whole forward, keeping only the layer input); selective_op (torchtitan's
+/// per-op selective activation checkpointing, its `mode selective, selective_ac_option op`:
+/// each layer runs under a checkpoint that keeps the outputs of the attention kernel and of
+/// every odd-numbered matmul of the layer, counting the separate q, k, v, output, gate, up
+/// and down projections in the order its Llama issues them (torchtitan
+/// models/llama3/parallelize_llama.py, _save_list and the mm count per block), and re-runs
+/// the rest before the layer's backward: the k, output and up projections (the even ones),
+/// the norms, RoPE, the first residual add and the activation. The down projection's output
+/// is needed by no backward, so it is neither kept nor re-run; nor is the second residual.
+/// Dense layers only (MoE layers' grouped matmuls are counted differently).
+enum class Recompute { kNone, kSelective, kFull, kSelectiveOp };
+/// Whether the backward pass re-runs (some of) op's forward under `policy`.
 bool is_recomputed(const Op& op, Recompute policy);
+/// The share of op's forward work the backward re-runs under `policy`: 0 or 1, or under
+/// selective_op for a fused GEMM the share of its output columns (Op::parts) re-run.
+double recompute_share(const Op& op, Recompute policy);
+/// Bytes of op.saved's kind the forward keeps for backward under `policy`, at the graph's
+/// dtype (op.saved itself without recompute). Full and selective_op also keep each layer's
+/// input, which this does not include (layer_input_kept()).
+double kept_bytes(const Op& op, Recompute policy, int dtype_bytes);
+/// Whether `policy` keeps each layer's input for its replay (full, selective_op).
+bool keeps_layer_input(Recompute policy);
 
 }  // namespace hetpar::models

@@ -31,8 +31,10 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
 /// own key/value length) or memory_time. `p` is the workload precision, which settles what
 /// a kernel's element size means (2 bytes: bf16 unless p is fp16; 4 bytes: fp32 unless p
 /// is tf32). A compute task's kernels add up to its duration (kernels_test pins it), so an
-/// executor can compare kernel by kernel what the simulator assumed.
-Time kernel_time(const sim::Kernel& k, const hardware::DeviceProfile& dev, hardware::Precision p);
+/// executor can compare kernel by kernel what the simulator assumed. `attention`: the
+/// layout's attention kernel (Layout::attention_kernel; REQUIRES: the profile has it).
+Time kernel_time(const sim::Kernel& k, const hardware::DeviceProfile& dev, hardware::Precision p,
+                 hardware::AttentionKernel attention = hardware::AttentionKernel::kDefault);
 
 /// The distinct GEMM shapes (m, n, k) the compute tasks of `g` run (a batched kernel
 /// counts as its batch-1 shape), the ones with the most FLOPs over all calls first (ties by

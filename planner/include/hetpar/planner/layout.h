@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "hetpar/core/status.h"
+#include "hetpar/hardware/device_profile.h"
 #include "hetpar/hardware/precision.h"
 #include "hetpar/models/op_graph.h"
 
@@ -108,6 +109,11 @@ struct Layout {
   /// scores materialised, softmax and dropout as separate kernels (Megatron-LM before
   /// flash attention, e.g. Narayanan et al. 2021).
   bool flash_attention = true;
+  /// Which fused attention kernel (with flash_attention): the profile's own (default: the one
+  /// its trainers pick, cuDNN's under Transformer Engine on Hopper), or one the profile has
+  /// rates for (gpu.attention.alternatives): FlashAttention-2 is PyTorch SDPA's flash backend
+  /// (torchtitan with torch up to 2.8), FlashAttention-3 and cuDNN Transformer Engine's.
+  hardware::AttentionKernel attention_kernel = hardware::AttentionKernel::kDefault;
   /// The backward of a column-parallel linear overlaps the TP collective of its input
   /// gradient with its wgrad GEMM (and, under SP, re-gathers its input beside the dgrad
   /// GEMM), as Megatron-LM's LinearWithGradAccumulationAndAsyncCommunication and
