@@ -521,6 +521,10 @@ const std::vector<std::string>& bad_texts() {
           R"(, "search": {"llm": {"ep_comm_overlap": "all"}}})",
       R"({"model": "llama-3.1-8b", )" + kWorkload + ", " + kCluster +
           R"(, "plan": {"micro_batch": 1, "dp": 8, "cross_entropy_fusion": "fused"}})",
+      R"({"model": "llama-3.1-8b", )" + kWorkload + ", " + kCluster +
+          R"(, "plan": {"micro_batch": 1, "dp": 8, "attention_kernel": "sdpa"}})",
+      R"({"model": "llama-3.1-8b", )" + kWorkload + ", " + kCluster +
+          R"(, "search": {"llm": {"attention_kernel": "fa2"}}})",
   };
   return texts;
 }
@@ -563,7 +567,11 @@ INSTANTIATE_TEST_SUITE_P(
         BadScenario{"search_ep_comm_overlap_unknown", bad_texts()[21].c_str(),
                     "search.llm.ep_comm_overlap: unknown value \"all\""},
         BadScenario{"unknown_cross_entropy_fusion", bad_texts()[22].c_str(),
-                    "plan.cross_entropy_fusion: unknown value \"fused\""}),
+                    "plan.cross_entropy_fusion: unknown value \"fused\""},
+        BadScenario{"unknown_attention_kernel", bad_texts()[23].c_str(),
+                    "plan.attention_kernel: unknown value \"sdpa\""},
+        BadScenario{"search_unknown_attention_kernel", bad_texts()[24].c_str(),
+                    "search.llm.attention_kernel: unknown value \"fa2\""}),
     [](const ::testing::TestParamInfo<BadScenario>& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -103,8 +103,11 @@ LayoutFix parse_layout_fix(JsonReader& r) {
   if (r.has("distributed_optimizer"))
     f.distributed_optimizer = r.optional_bool("distributed_optimizer", false);
   if (r.has("recompute"))
-    f.recompute =
-        parse_recompute(r.optional_enum("recompute", "none", {"none", "selective", "full"}));
+    f.recompute = parse_recompute(
+        r.optional_enum("recompute", "none", {"none", "selective", "full", "selective_op"}));
+  if (r.has("attention_kernel"))
+    f.attention_kernel = hardware::parse_attention_kernel(
+        r.optional_enum("attention_kernel", "default", {"default", "cudnn", "flash2", "flash3"}));
   if (r.has("cp_comm")) {
     const std::string c = r.optional_enum("cp_comm", "p2p", {"p2p", "all_gather", "any"});
     f.any_cp_comm = c == "any";

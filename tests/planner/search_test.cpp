@@ -212,6 +212,23 @@ TEST(Search, CrossEntropyFusionIsSetForEveryLayout) {
   EXPECT_LT(fused.top.front().metrics.iteration_time, plain.top.front().metrics.iteration_time);
 }
 
+// search.llm.recompute selective_op and attention_kernel flash2 (torchtitan's checkpointing
+// and SDPA kernel) hold in every searched layout; selective_op's TP 1 limit prunes the rest.
+TEST(Search, TorchtitanPolicyAndKernelAreSetForEveryLayout) {
+  auto s = expect_bound_below_plans("llama3-8b-8xh100-fsdp-compare.json");
+  ASSERT_TRUE(s.is_ok());
+  s->search.llm.recompute = models::Recompute::kSelectiveOp;
+  s->search.llm.attention_kernel = hardware::AttentionKernel::kFlash2;
+  const SearchResult r = run(*s, threads(2));
+  ASSERT_FALSE(r.top.empty());
+  for (const RankedPlan& p : r.top) {
+    EXPECT_EQ(p.plan.layout.recompute, models::Recompute::kSelectiveOp);
+    EXPECT_EQ(p.plan.layout.attention_kernel, hardware::AttentionKernel::kFlash2);
+    EXPECT_EQ(p.plan.layout.tp, 1);
+    EXPECT_NE(describe(p.plan).find(" attn:flash2"), std::string::npos) << describe(p.plan);
+  }
+}
+
 // A MoE LLM next to an encoder: the overlap is lowered on the LLM's own ranks
 // (non-colocated), refused where the encoder's passes share its GPUs (colocated).
 TEST(Search, EpOverlapBesideAnEncoderOnlyOnItsOwnRanks) {

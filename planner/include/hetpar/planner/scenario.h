@@ -60,6 +60,9 @@ struct LayoutFix {
   std::optional<CrossEntropy> cross_entropy_fusion;
   /// FP8 parameters (Layout::fp8_param_gather) in every searched layout; default off.
   std::optional<bool> fp8_param_gather;
+  /// The attention kernel (Layout::attention_kernel) of every searched layout; default the
+  /// profile's own. Not searched: it is the trainer's kernel choice.
+  std::optional<hardware::AttentionKernel> attention_kernel;
   /// MoE token dropping (Layout::moe_capacity_factor) in every searched LLM layout; default
   /// dropless. Not searched: dropping tokens changes what is trained.
   std::optional<double> moe_capacity_factor;
