@@ -331,10 +331,6 @@ void add_moe_time(PassCost& c, const MoeKernels& m, const hardware::DeviceProfil
   for (const sim::Kernel& k : m.backward) c.dgrad += dev.memory_kernel_time(Bytes(k.bytes));
 }
 
-}  // namespace
-
-namespace {
-
 // Whether the policy re-runs single ops before their backward (the step's cost.recompute),
 // not whole layers (full recompute, which lower() replays).
 bool reruns_ops(models::Recompute r) {

@@ -131,7 +131,7 @@ bool is_recomputed(const Op& op, Recompute policy);
 double recompute_share(const Op& op, Recompute policy);
 /// Bytes of op.saved's kind the forward keeps for backward under `policy`, at the graph's
 /// dtype (op.saved itself without recompute). Full and selective_op also keep each layer's
-/// input, which this does not include (layer_input_kept()).
+/// input, which this does not include (keeps_layer_input()).
 double kept_bytes(const Op& op, Recompute policy, int dtype_bytes);
 /// Whether `policy` keeps each layer's input for its replay (full, selective_op).
 bool keeps_layer_input(Recompute policy);
