@@ -127,8 +127,7 @@ std::string_view to_string(AttentionKernel k) {
 }
 
 std::optional<AttentionKernel> parse_attention_kernel(std::string_view s) {
-  for (AttentionKernel k : {AttentionKernel::kDefault, AttentionKernel::kCudnn,
-                            AttentionKernel::kFlash2, AttentionKernel::kFlash3})
+  for (AttentionKernel k : kAttentionKernels)
     if (to_string(k) == s) return k;
   return std::nullopt;
 }

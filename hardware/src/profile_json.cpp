@@ -187,9 +187,8 @@ void read_gpu(JsonReader r, DeviceProfile& g, JsonReader& parent) {
         *parse_attention_kernel(att.required_enum("kernel", {"cudnn", "flash2", "flash3"}));
   if (att.has("alternatives")) {
     JsonReader alts = att.object("alternatives");
-    for (AttentionKernel k :
-         {AttentionKernel::kCudnn, AttentionKernel::kFlash2, AttentionKernel::kFlash3}) {
-      if (!alts.has(to_string(k))) continue;
+    for (AttentionKernel k : kAttentionKernels) {
+      if (k == AttentionKernel::kDefault || !alts.has(to_string(k))) continue;
       if (k == g.attention_kernel) {
         alts.fail(to_string(k), "is the profile's own kernel (attention.kernel)");
         continue;

@@ -44,18 +44,14 @@ double selective_op_share(const Op& op) {
   switch (op.kind) {
     case OpKind::kAttention:
       return 0;  // the flash kernel's output and log-sum-exp are kept
-    case OpKind::kGemm: {
+    case OpKind::kGemm:
       // Matmuls 1-3 q, k, v (k re-run), 4 the output projection (re-run), 5-6 gate and up
       // (up re-run) or a plain fc1 (5, kept), then the down projection (no backward needs
-      // its output).
-      const double n = static_cast<double>(op.gemms.empty() ? 1 : op.gemms.front().n);
-      if (op.name == "qkv")
-        return op.parts.size() == 3 ? static_cast<double>(op.parts[1]) / n : 1.0 / 3;
+      // its output): of a fused qkv or gate-and-up GEMM its second part re-runs.
       if (op.name == "attn_out") return 1;
-      if (op.name == "mlp_fc1")
-        return op.parts.size() == 2 ? static_cast<double>(op.parts[1]) / n : 0;
+      if ((op.name == "qkv" || op.name == "mlp_fc1") && op.parts.size() >= 2)
+        return static_cast<double>(op.parts[1]) / static_cast<double>(op.gemms.front().n);
       return 0;
-    }
     default:  // norms, RoPE, the activation, the first residual: re-run; the second is not
       return op.name == "mlp_residual" ? 0 : 1;
   }
@@ -95,11 +91,10 @@ double kept_bytes(const Op& op, Recompute policy, int dtype_bytes) {
         return rows * (a.head_dim * e + 4);
       }
       case OpKind::kGemm: {  // the kept products' outputs (q and v; the gate or fc1)
-        const double share = 1 - selective_op_share(op);
         if (op.name != "qkv" && op.name != "mlp_fc1") return 0;
         double out = 0;
         for (const GemmShape& s : op.gemms) out += static_cast<double>(s.m) * s.n * s.batch;
-        return out * share * e;
+        return out * (1 - selective_op_share(op)) * e;
       }
       default:
         return 0;
@@ -133,12 +128,11 @@ class Builder {
       : g_(g), e_(in.dtype_bytes), flash_(in.flash_attention) {}
 
   Bytes elems(double n) const { return Bytes(static_cast<int64_t>(n) * e_); }
-  Op& last() { return g_.ops.back(); }
 
   /// A GEMM (or several shapes under one op) owning weights k*n*batch (+ bias n*batch) unless
   /// `owns_weights` is false (tied logits); saves `saved_elems` activations.
-  void gemm(std::string name, int layer, std::vector<GemmShape> shapes, bool bias,
-            double saved_elems, bool owns_weights = true) {
+  Op& gemm(std::string name, int layer, std::vector<GemmShape> shapes, bool bias,
+           double saved_elems, bool owns_weights = true) {
     Op op = make(std::move(name), OpKind::kGemm, layer);
     double flops = 0, in = 0, weights = 0, out = 0;
     for (const GemmShape& s : shapes) {
@@ -154,6 +148,7 @@ class Builder {
     op.saved = elems(saved_elems);
     op.gemms = std::move(shapes);
     g_.ops.push_back(std::move(op));
+    return g_.ops.back();
   }
 
   /// A pointwise op over `in` input and `out` output elements.
@@ -197,8 +192,8 @@ class Builder {
       fc2.push_back({m, out, f, batch});
       tokens += static_cast<double>(m) * batch;
     }
-    gemm(prefix + "fc1", layer, std::move(fc1), bias, tokens * h);
-    if (branches == 2) g_.ops.back().parts = {f, f};
+    Op& first = gemm(prefix + "fc1", layer, std::move(fc1), bias, tokens * h);
+    if (branches == 2) first.parts = {f, f};
     pointwise(prefix + "act", OpKind::kElementwise, layer, branches * tokens * f, tokens * f,
               act == Activation::kSwiglu ? kSwigluFlops : kGeluFlops, branches * tokens * f);
     gemm(prefix + "fc2", layer, std::move(fc2), bias, tokens * f);
@@ -247,8 +242,8 @@ void add_layer(Builder& b, const TransformerSpec& t, const std::optional<MoeSpec
   const int64_t tokens = batch * seq;
   const double T = static_cast<double>(tokens);
   b.norm("attn_norm", layer, t.norm, T, h);
-  b.gemm("qkv", layer, {{tokens, (a + 2 * g) * d, h}}, t.qkv_bias, T * h);
-  b.last().parts = {a * d, g * d, g * d};
+  Op& qkv = b.gemm("qkv", layer, {{tokens, (a + 2 * g) * d, h}}, t.qkv_bias, T * h);
+  qkv.parts = {a * d, g * d, g * d};
   // Megatron's q_layernorm / k_layernorm: a norm over each head's width; saves its input.
   if (t.qk_norm)
     b.pointwise("qk_norm", OpKind::kElementwise, layer, T * (a + g) * d, T * (a + g) * d,

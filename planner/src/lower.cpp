@@ -45,6 +45,21 @@ std::string check_module(const models::TransformerSpec& t, std::string_view name
   return {};
 }
 
+// The attention kernel a layout names: rates in every node group's profile, flash attention.
+// `who` names the layout in the message ("" for the LLM's).
+std::string attention_kernel_infeasibility(const Scenario& s, const Layout& l,
+                                           std::string_view who) {
+  if (l.attention_kernel == hardware::AttentionKernel::kDefault) return {};
+  const std::string_view kernel = hardware::to_string(l.attention_kernel);
+  if (!l.flash_attention)
+    return fmt::format("{}attention_kernel {} needs flash_attention", who, kernel);
+  for (const hardware::NodeGroup& g : s.cluster.groups())
+    if (!g.profile.gpu.has_attention_kernel(l.attention_kernel))
+      return fmt::format("{}attention_kernel {}: profile {} has no rates for it (gpu.attention)",
+                         who, kernel, g.profile.name);
+  return {};
+}
+
 bool power_of_two_tp(int tp) {
   return tp == 1 || tp == 2 || tp == 4 || tp == 8;
 }
@@ -119,6 +134,10 @@ std::string heterogeneous_infeasibility(const Scenario& s, const Plan& p) {
         return fmt::format("module \"{}\": tp {} does not fit nodes of {} GPUs", mp.module, e.tp,
                            g.profile.gpus_per_node);
     if (std::string why = check_module(*models::transformer_of(spec), mp.module, e); !why.empty())
+      return why;
+    if (std::string why =
+            attention_kernel_infeasibility(s, e, fmt::format("module \"{}\": ", mp.module));
+        !why.empty())
       return why;
     for (const models::Edge& ed : s.model.edges)
       if (ed.from == *idx &&
@@ -223,13 +242,8 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
     if (!g.profile.gpu.supports(s.workload.precision))
       return fmt::format("{} does not support {}", g.profile.gpu.model,
                          hardware::to_string(s.workload.precision));
-    if (!g.profile.gpu.has_attention_kernel(l.attention_kernel))
-      return fmt::format("attention_kernel {}: profile {} has no rates for it (gpu.attention)",
-                         hardware::to_string(l.attention_kernel), g.profile.name);
   }
-  if (l.attention_kernel != hardware::AttentionKernel::kDefault && !l.flash_attention)
-    return fmt::format("attention_kernel {} needs flash_attention",
-                       hardware::to_string(l.attention_kernel));
+  if (std::string why = attention_kernel_infeasibility(s, l, ""); !why.empty()) return why;
   if (l.sequence_parallel && l.tp == 1) return "sequence parallelism needs tp > 1";
   if (l.tp_comm_overlap && !l.sequence_parallel)
     return "tp_comm_overlap needs tp > 1 with sequence parallelism (sp): userbuffers overlap the "

@@ -30,6 +30,15 @@ Fixture gpt(int64_t micro_batch = 1, bool flash = true, int dtype_bytes = 2,
   return {models::build_op_graph(*spec, in), hardware::load_profile(profile)->gpu};
 }
 
+// A zoo model's graph over one sequence of `seq` tokens.
+models::OpGraph zoo_graph(std::string_view model, int64_t seq) {
+  auto spec = models::load_zoo_module(model);
+  EXPECT_TRUE(spec.is_ok()) << model;
+  models::ModuleInput in;
+  in.seq_len = seq;
+  return models::build_op_graph(*spec, in);
+}
+
 const models::Op& op_named(const models::OpGraph& g, std::string_view name) {
   for (const models::Op& op : g.ops)
     if (op.name == name && op.layer <= 0) return op;
@@ -103,11 +112,7 @@ TEST(CostModel, LayerCommunicationPoints) {
 // rank) all-gathered after the EP all-to-all and reduce-scattered before the one back, the
 // first expert GEMM not overlapping its entry. Mixtral-sized: 8 experts, top 2, h 4096.
 TEST(CostModel, MoeLayerUnderSequenceParallelGathersThePermutedTokens) {
-  auto spec = models::load_zoo_module("mixtral-8x7b");
-  ASSERT_TRUE(spec.is_ok());
-  models::ModuleInput in;
-  in.seq_len = 4096;
-  const models::OpGraph g = models::build_op_graph(*spec, in);
+  const models::OpGraph g = zoo_graph("mixtral-8x7b", 4096);
   const hardware::DeviceProfile dev = hardware::load_profile("dgx-h100")->gpu;
   Layout l;
   l.tp = 2;
@@ -315,16 +320,6 @@ TEST(CostModel, Fp8CurrentScalingAddsTheAmaxPasses) {
         op_cost(op_named(f.g, name), f.g, delayed, true, f.dev, hardware::Precision::kFp8).forward);
 }
 
-// Mixtral 8x7B (8 experts, top 2, h 4096) over one sequence of 4096 tokens.
-models::OpGraph mixtral_layer_graph() {
-  auto spec = models::load_zoo_module("mixtral-8x7b");
-  EXPECT_TRUE(spec.is_ok());
-  models::ModuleInput in;
-  in.micro_batch = 1;
-  in.seq_len = 4096;
-  return models::build_op_graph(*spec, in);
-}
-
 // FP8 grouped experts (Transformer Engine's GroupedLinear): fc1 quantises the permuted
 // tokens itself (a MoE layer's norm is a module of its own), so both expert linears cast
 // their input. Delayed scaling casts all local experts in one multi-tensor kernel; current
@@ -332,7 +327,7 @@ models::OpGraph mixtral_layer_graph() {
 // amax, the scale, the cast). Either way the GEMMs are one batched product launched once
 // per local expert. Mixtral 8x7B, ep 2: four local experts.
 TEST(CostModel, Fp8GroupedExpertsQuantiseEachExpertUnderCurrentScaling) {
-  const models::OpGraph g = mixtral_layer_graph();
+  const models::OpGraph g = zoo_graph("mixtral-8x7b", 4096);
   Layout delayed;
   delayed.ep = 2;
   delayed.dp = 2;
@@ -367,7 +362,7 @@ TEST(CostModel, Fp8GroupedExpertsQuantiseEachExpertUnderCurrentScaling) {
 // and the fused permute's three row-id-map passes, and backward the MoE input's gradient
 // branches added. Mixtral 8x7B over 4096 tokens: 8 experts.
 TEST(CostModel, MoeLayersRunTheRoutersAndTheDispatchersSmallKernels) {
-  const models::OpGraph g = mixtral_layer_graph();
+  const models::OpGraph g = zoo_graph("mixtral-8x7b", 4096);
   const hardware::DeviceProfile dev = hardware::load_profile("dgx-h100")->gpu;
   const int64_t scores = 4096 * 8;
   auto bytes = [](const std::vector<sim::Kernel>& ks) {
@@ -420,7 +415,7 @@ TEST(CostModel, MoeLayersRunTheRoutersAndTheDispatchersSmallKernels) {
 // before the combine (sort_chunks_by_idxs): a copy of the routed tokens each way, forward and
 // backward, only under expert parallelism with several local experts. Mixtral 8x7B (top 2).
 TEST(CostModel, ExpertParallelDispatcherReordersTheReceivedTokens) {
-  const models::OpGraph g = mixtral_layer_graph();
+  const models::OpGraph g = zoo_graph("mixtral-8x7b", 4096);
   const hardware::DeviceProfile dev = hardware::load_profile("dgx-h100")->gpu;
   Layout l;
   l.ep = 2;
@@ -523,11 +518,7 @@ TEST(CostModel, SelectiveRecomputeRerunsTheAttentionCore) {
 // torchtitan's per-op checkpointing re-runs the k of qkv (a GEMM of the k width alone), the
 // output projection whole, the norms and the activation; not the attention kernel.
 TEST(CostModel, SelectiveOpRecomputeRerunsEveryOtherMatmul) {
-  auto spec = models::load_zoo_module("llama-3.1-8b");
-  ASSERT_TRUE(spec.is_ok());
-  models::ModuleInput in;
-  in.seq_len = 8192;
-  const models::OpGraph g = models::build_op_graph(*spec, in);
+  const models::OpGraph g = zoo_graph("llama-3.1-8b", 8192);
   const hardware::DeviceProfile dev = hardware::load_profile("dgx-h200")->gpu;
   Layout l;
   l.recompute = models::Recompute::kSelectiveOp;

@@ -127,6 +127,12 @@ TEST(Placement, ErrorsAreClear) {
   llm_cp.cp = 2;
   EXPECT_NE(why(non_colocated(s, llm_cp, 2, layout(2, 1, 3), 0)).find("cp 2 > 1"),
             std::string::npos);
+  // An encoder's own attention kernel needs flash attention, as the LLM's does.
+  Layout unfused = layout(1, 8);
+  unfused.flash_attention = false;
+  unfused.attention_kernel = hardware::AttentionKernel::kFlash2;
+  EXPECT_EQ(why(colocated(s, layout(4, 2), unfused)),
+            "module \"vision\": attention_kernel flash2 needs flash_attention");
 }
 
 // Start / end of every task of a lowered heterogeneous plan.

@@ -63,6 +63,9 @@ enum class AttentionKernel {
   kFlash2,   // FlashAttention-2 (PyTorch SDPA's flash backend through torch 2.8)
   kFlash3,   // FlashAttention-3 (Hopper)
 };
+inline constexpr std::array<AttentionKernel, 4> kAttentionKernels = {
+    AttentionKernel::kDefault, AttentionKernel::kCudnn, AttentionKernel::kFlash2,
+    AttentionKernel::kFlash3};
 std::string_view to_string(AttentionKernel k);  // "default", "cudnn", "flash2", "flash3"
 std::optional<AttentionKernel> parse_attention_kernel(std::string_view s);
 
