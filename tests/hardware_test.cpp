@@ -305,6 +305,32 @@ TEST(DeviceProfile, AttentionRateFollowsTheMeasuredSequenceLengthCurve) {
             a100.attention_time(f, Precision::kBf16, false, 16384));
 }
 
+// B200: cuDNN 9.13's causal head-dim-128 rates as NVIDIA's cudnn-frontend benchmark measured
+// them (sdpa_bf16_benchmark_results_NVIDIA_B200.csv): forward 856 / 1171 / 1419 TFLOP/s at
+// 4K / 8K / 32K, backward 701 / 943 / 1109; PyTorch SDPA's FlashAttention-2 373 forward at 8K.
+TEST(DeviceProfile, B200AttentionFollowsCudnnMeasurement) {
+  const DeviceProfile b200 = builtin("dgx-b200").gpu;
+  EXPECT_EQ(b200.attention_kernel, AttentionKernel::kCudnn);
+  EXPECT_TRUE(b200.has_attention_kernel(AttentionKernel::kFlash2));
+  EXPECT_FALSE(b200.has_attention_kernel(AttentionKernel::kFlash3));  // a Hopper kernel
+  const Flops f(1e12);
+  const auto tflops = [&](int64_t seq, bool backward, AttentionKernel k) {
+    const Time t =
+        b200.attention_time(f, Precision::kBf16, backward, seq, b200.attention_rates(k)) -
+        b200.gemm_launch_overhead;
+    return f.count() * (backward ? kFlashBackwardWork : 1.0) / t.to_seconds() / 1e12;
+  };
+  EXPECT_NEAR(tflops(4096, false, AttentionKernel::kCudnn), 856, 3);
+  EXPECT_NEAR(tflops(8192, false, AttentionKernel::kCudnn), 1171, 3);
+  EXPECT_NEAR(tflops(32768, false, AttentionKernel::kCudnn), 1419, 3);
+  EXPECT_NEAR(tflops(4096, true, AttentionKernel::kCudnn), 701, 3);
+  EXPECT_NEAR(tflops(8192, true, AttentionKernel::kCudnn), 943, 3);
+  EXPECT_NEAR(tflops(32768, true, AttentionKernel::kCudnn), 1109, 3);
+  EXPECT_NEAR(tflops(8192, false, AttentionKernel::kFlash2), 373, 2);
+  // Below the CSV's 2K row (a single short sequence there) the curve is clamped.
+  EXPECT_NEAR(tflops(1024, false, AttentionKernel::kCudnn), 479, 3);
+}
+
 // Other kernels' rates by name: FlashAttention-2 on an H100 (FlashAttention-3 paper,
 // Figures 5 and 6): causal head-dim-128 forward 335 TFLOP/s at 16K and 333 at 8K, backward
 // 286 at 8K (derived causal, 2.5x-forward convention); the profile's own kernel is cuDNN.
