@@ -87,8 +87,9 @@ std::string default_base(const runtime::DeviceInfo& d) {
 }
 
 // The GEMMs of `path`'s plan, added to `plan` (shapes not already there, at most `max`,
-// most FLOPs first) with the workload's dtype for GEMMs and attention; fp8 workloads add
-// shapes only (their GEMM sweeps would need the TN layout).
+// most FLOPs first) with the workload's dtype for GEMMs and attention; an fp8 workload's
+// GEMMs are measured in fp8 (TN, as the sweep runs them) and its attention stays in bf16,
+// as Transformer Engine runs it.
 Status add_plan_shapes(const std::string& path, int max, calibrate::SweepPlan& plan,
                        std::string* what) {
   if (max < 1) return Status::invalid_argument(fmt::format("--max-shapes {} must be >= 1", max));
@@ -108,19 +109,19 @@ Status add_plan_shapes(const std::string& path, int max, calibrate::SweepPlan& p
     plan.gemms.push_back(d);
     ++added;
   }
-  std::string dtype = "none (fp8 plans are measured in bf16)";
-  if (s.workload.precision != hardware::Precision::kFp8) {
-    const runtime::DType t =
-        s.workload.precision == hardware::Precision::kBf16   ? runtime::DType::kBf16
-        : s.workload.precision == hardware::Precision::kFp16 ? runtime::DType::kF16
+  const hardware::Precision p = s.workload.precision;
+  const runtime::DType t = p == hardware::Precision::kFp8    ? runtime::DType::kF8E4M3
+                           : p == hardware::Precision::kBf16 ? runtime::DType::kBf16
+                           : p == hardware::Precision::kFp16 ? runtime::DType::kF16
                                                              : runtime::DType::kF32;
-    if (std::find(plan.gemm_dtypes.begin(), plan.gemm_dtypes.end(), t) == plan.gemm_dtypes.end())
-      plan.gemm_dtypes.push_back(t);
-    // Attention in the dtype the plan runs it in too (its efficiency is then quoted against
-    // that dtype's measured peak, the one attention_time() reads for the plan).
-    for (runtime::AttentionDesc& a : plan.attention) a.dtype = t;
-    dtype = std::string(runtime::to_string(t));
-  }
+  if (std::find(plan.gemm_dtypes.begin(), plan.gemm_dtypes.end(), t) == plan.gemm_dtypes.end())
+    plan.gemm_dtypes.push_back(t);
+  // Attention in the dtype the plan runs it in too (its efficiency is then quoted against
+  // that dtype's measured peak, the one attention_time() reads for the plan); fp8 plans run
+  // it in bf16.
+  const runtime::DType at = t == runtime::DType::kF8E4M3 ? runtime::DType::kBf16 : t;
+  for (runtime::AttentionDesc& a : plan.attention) a.dtype = at;
+  const std::string dtype = std::string(runtime::to_string(t));
   *what =
       fmt::format("{} of the {} GEMM shapes of {}'s plan, dtypes {}", added, total, path, dtype);
   return Status::ok();

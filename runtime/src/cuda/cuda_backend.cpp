@@ -40,6 +40,10 @@ Status cuda_check(cudaError_t e, std::string_view what) {
 }
 Status cublas_check(cublasStatus_t s, std::string_view what) {
   if (s == CUBLAS_STATUS_SUCCESS) return Status::ok();
+  // A configuration this cuBLAS(Lt) has no kernel for (e.g. FP8 with unaligned leading
+  // dimensions): the caller may leave it out, as for a shape without an algorithm.
+  if (s == CUBLAS_STATUS_NOT_SUPPORTED)
+    return Status::unavailable(fmt::format("{}: {}", what, cublasGetStatusString(s)));
   return Status::internal(fmt::format("{}: {}", what, cublasGetStatusString(s)));
 }
 Status nccl_check(ncclResult_t r, std::string_view what) {
