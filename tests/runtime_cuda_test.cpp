@@ -68,12 +68,15 @@ TEST_F(Cuda, GemmsMatchTheCpuBackend) {
     bool ta, tb;
     DType t;
     float beta;
+    bool fp32_c = false;  // a weight gradient added into an fp32 main_grad
   };
   for (const Case& c : {Case{64, 48, 32, 1, false, false, DType::kF32, 0.0f},
                         Case{128, 64, 256, 2, true, false, DType::kBf16, 0.0f},
                         Case{96, 80, 64, 1, false, true, DType::kF16, 1.0f},
                         Case{64, 64, 128, 3, true, true, DType::kBf16, 0.5f},
-                        Case{128, 128, 128, 1, true, false, DType::kF8E4M3, 0.0f}}) {
+                        Case{128, 128, 128, 1, true, false, DType::kF8E4M3, 0.0f},
+                        Case{128, 64, 256, 1, true, false, DType::kBf16, 1.0f, true},
+                        Case{128, 128, 128, 1, true, false, DType::kF8E4M3, 1.0f, true}}) {
     GemmDesc d{.m = c.m,
                .n = c.n,
                .k = c.k,
@@ -81,7 +84,8 @@ TEST_F(Cuda, GemmsMatchTheCpuBackend) {
                .trans_a = c.ta,
                .trans_b = c.tb,
                .dtype = c.t,
-               .beta = c.beta};
+               .beta = c.beta,
+               .fp32_c = c.fp32_c};
     auto [ca, ga] = both(c.t, c.m * c.k * c.batch, 1);
     auto [cb, gb] = both(c.t, c.k * c.n * c.batch, 2);
     auto [cc, gc] = both(d.c_dtype(), c.m * c.n * c.batch, 3);

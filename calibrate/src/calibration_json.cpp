@@ -75,6 +75,7 @@ json samples_json(const Samples& s) {
     j["n"] = g.dims.n;
     j["k"] = g.dims.k;
     j["dtype"] = runtime::to_string(g.dtype);
+    if (g.accumulate_fp32) j["into_fp32"] = true;  // beta 1, fp32 C
     j["gflops"] = g.flops_per_s() / 1e9;
     gemm.push_back(j);
   }

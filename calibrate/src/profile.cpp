@@ -57,10 +57,13 @@ std::vector<SizeTime> points(const std::vector<std::pair<int64_t, TimingStats>>&
 
 Result<Fits> fit_samples(const Samples& s) {
   Fits f;
-  std::map<DType, std::vector<const GemmSample*>> by_dtype;
-  for (const GemmSample& g : s.gemms) by_dtype[g.dtype].push_back(&g);
+  // Per dtype, plain GEMMs and those adding into fp32 apart; the launch overhead from the
+  // smallest plain one.
+  std::map<std::pair<bool, DType>, std::vector<const GemmSample*>> by_dtype;
+  for (const GemmSample& g : s.gemms) by_dtype[{g.accumulate_fp32, g.dtype}].push_back(&g);
   double smallest = -1;
-  for (const auto& [dtype, list] : by_dtype) {
+  for (const auto& [key, list] : by_dtype) {
+    const auto [accumulate, dtype] = key;
     GemmFit gf;
     gf.dtype = dtype;
     gf.shapes = static_cast<int>(list.size());
@@ -71,14 +74,14 @@ Result<Fits> fit_samples(const Samples& s) {
         gf.max_flops_per_s = g->flops_per_s();
         gf.best = g->dims;
       }
-      if (smallest < 0 || g->dims.flops() < smallest) {
+      if (!accumulate && (smallest < 0 || g->dims.flops() < smallest)) {
         smallest = g->dims.flops();
         f.launch_s = g->t.median_s;
       }
     }
     gf.median_flops_per_s = quantile(rates, 0.5);
     gf.min_flops_per_s = *std::min_element(rates.begin(), rates.end());
-    f.gemm.push_back(gf);
+    (accumulate ? f.gemm_accumulate : f.gemm).push_back(gf);
   }
 
   // attention_time() adds the launch overhead to flops / rate, so the rate is fitted on the
@@ -275,7 +278,7 @@ class Builder {
         g.gemm_measured[i].clear();
         g.gemm_k_scale[i].clear();  // the measured shapes carry their own K dependence
         for (const GemmSample& gs : s_.gemms)
-          if (gs.dtype == gf.dtype)
+          if (gs.dtype == gf.dtype && !gs.accumulate_fp32)
             g.gemm_measured[i].push_back({gs.dims.m, gs.dims.n, gs.dims.k,
                                           FlopRate::per_second(std::round(gs.flops_per_s()))});
         mark(p, fmt::format("gpu.gemm.measured.{}", hardware::to_string(prec)),
@@ -291,6 +294,32 @@ class Builder {
       if (!g.gemm_k_scale[hardware::precision_index(prec)].empty())
         mark(p, fmt::format("gpu.gemm.k_scale.{}", hardware::to_string(prec)),
              from_base("sustained GEMM rate against K"));
+    // GEMMs adding into an fp32 output (the wgrad GEMMs of Megatron's fused gradient
+    // accumulation): their own table, read for such GEMMs only; the rest keep the base's.
+    for (const GemmFit& gf : f_.gemm_accumulate) {
+      std::vector<Precision> precs = {precision_of(gf.dtype)};
+      if (gf.dtype == DType::kF32 && fp32_stands_for_bf16()) precs.push_back(Precision::kBf16);
+      for (Precision prec : precs) {
+        const size_t i = hardware::precision_index(prec);
+        g.gemm_accumulate_measured[i].clear();
+        for (const GemmSample& gs : s_.gemms)
+          if (gs.dtype == gf.dtype && gs.accumulate_fp32)
+            g.gemm_accumulate_measured[i].push_back(
+                {gs.dims.m, gs.dims.n, gs.dims.k,
+                 FlopRate::per_second(std::round(gs.flops_per_s()))});
+        mark(p, fmt::format("gpu.gemm.measured_accumulate.{}", hardware::to_string(prec)),
+             fmt::format("{}: {} GEMMs (the plan's weight gradients, --shapes-from) adding into "
+                         "an fp32 output (beta 1, fp32 C), median of {} repetitions per shape "
+                         "after {} warm-up, cache flushed before each",
+                         measured_, runtime::to_string(gf.dtype), s_.reps, s_.warmup));
+      }
+    }
+    for (Precision prec : hardware::kAllPrecisions)
+      if (!g.gemm_accumulate_measured[hardware::precision_index(prec)].empty() &&
+          !p.provenance.contains(
+              fmt::format("gpu.gemm.measured_accumulate.{}", hardware::to_string(prec))))
+        mark(p, fmt::format("gpu.gemm.measured_accumulate.{}", hardware::to_string(prec)),
+             from_base("GEMMs adding into fp32"));
     if (!g.supports(Precision::kBf16))
       return Status::invalid_argument(
           "calibration: no bf16 (or cpu fp32) GEMM samples and no base profile to supply bf16");

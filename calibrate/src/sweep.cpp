@@ -151,8 +151,8 @@ class Runner {
       HETPAR_RETURN_IF_ERROR(copies());
     } else {
       done_ += static_cast<int>(plan_.gemms.size() * plan_.gemm_dtypes.size() +
-                                2 * plan_.attention.size() + plan_.copy_bytes.size() +
-                                (plan_.host_copy_bytes > 0 ? 2 : 0));
+                                plan_.accumulate_gemms.size() + 2 * plan_.attention.size() +
+                                plan_.copy_bytes.size() + (plan_.host_copy_bytes > 0 ? 2 : 0));
     }
     HETPAR_RETURN_IF_ERROR(b_.barrier());
     HETPAR_RETURN_IF_ERROR(p2p());
@@ -297,6 +297,33 @@ class Runner {
         HETPAR_ASSIGN_OR_RETURN(TimingStats st, pooled(reps));
         s_.gemms.push_back({d, t, st});
       }
+    }
+    for (const AccumulateGemm& ag : plan_.accumulate_gemms) {
+      tick("gemm");
+      const GemmDims& d = ag.dims;
+      runtime::GemmDesc g{.m = d.m,
+                          .n = d.n,
+                          .k = d.k,
+                          .trans_a = ag.dtype == DType::kF8E4M3,
+                          .dtype = ag.dtype,
+                          .beta = 1.0f,
+                          .fp32_c = true};
+      HETPAR_ASSIGN_OR_RETURN(Buffer a, random_buffer(d.m * d.k, ag.dtype, 1));
+      HETPAR_ASSIGN_OR_RETURN(Buffer bm, random_buffer(d.k * d.n, ag.dtype, 2));
+      HETPAR_ASSIGN_OR_RETURN(Buffer c, random_buffer(d.m * d.n, DType::kF32, 3));
+      if (Status probe = b_.gemm(kComputeStream, g, a, bm, c);
+          probe.code() == Status::Code::kUnavailable) {
+        if (b_.info().rank == 0)
+          fmt::print(stderr, "calibrate: {} GEMM {}x{}x{} into fp32 left out: {}\n",
+                     runtime::to_string(ag.dtype), d.m, d.n, d.k, probe.message());
+        continue;
+      } else {
+        HETPAR_RETURN_IF_ERROR(probe);
+      }
+      HETPAR_ASSIGN_OR_RETURN(
+          auto reps, time_local([&] { return b_.gemm(kComputeStream, g, a, bm, c); }, true));
+      HETPAR_ASSIGN_OR_RETURN(TimingStats st, pooled(reps));
+      s_.gemms.push_back({d, ag.dtype, st, true});
     }
     return Status::ok();
   }
@@ -450,8 +477,8 @@ class Runner {
 
   int count_samples() const {
     int n = static_cast<int>(plan_.gemms.size() * plan_.gemm_dtypes.size() +
-                             2 * plan_.attention.size() + plan_.copy_bytes.size() +
-                             (plan_.host_copy_bytes > 0 ? 2 : 0));
+                             plan_.accumulate_gemms.size() + 2 * plan_.attention.size() +
+                             plan_.copy_bytes.size() + (plan_.host_copy_bytes > 0 ? 2 : 0));
     n += world_n_ * (world_n_ - 1) / 2 * static_cast<int>(plan_.p2p_bytes.size());
     n +=
         static_cast<int>(groups_.size() * plan_.collectives.size() * plan_.collective_bytes.size());

@@ -41,6 +41,12 @@ void print_fits(const calibrate::Fits& f, const calibrate::Samples& s, const std
         "GEMM {:<5}    {} shapes: best {:.1f} GFLOP/s ({}x{}x{}), median {:.1f}, min {:.1f}\n",
         runtime::to_string(g.dtype), g.shapes, g.max_flops_per_s / 1e9, g.best.m, g.best.n,
         g.best.k, g.median_flops_per_s / 1e9, g.min_flops_per_s / 1e9);
+  for (const calibrate::GemmFit& g : f.gemm_accumulate)
+    fmt::print(
+        "GEMM {:<5}    {} shapes adding into fp32: best {:.1f} GFLOP/s ({}x{}x{}), median {:.1f}, "
+        "min {:.1f}\n",
+        runtime::to_string(g.dtype), g.shapes, g.max_flops_per_s / 1e9, g.best.m, g.best.n,
+        g.best.k, g.median_flops_per_s / 1e9, g.min_flops_per_s / 1e9);
   fmt::print("Launch        {:.2f} us (8x8x8 GEMM)\n", f.launch_s * 1e6);
   if (f.attention_fwd_flops_per_s > 0)
     fmt::print("Attention     forward {:.1f} GFLOP/s, backward {:.1f} GFLOP/s at seq {}\n",
@@ -100,20 +106,35 @@ Status add_plan_shapes(const std::string& path, int max, calibrate::SweepPlan& p
   planner::LowerOptions lo;
   lo.full_ranks = lo.kernels = true;
   HETPAR_ASSIGN_OR_RETURN(planner::LoweredPlan lp, planner::lower(s, *s.plan, lo));
-  int added = 0, total = 0;
-  for (const sim::Kernel& k : planner::distinct_gemms(lp.graph)) {
-    ++total;
-    const calibrate::GemmDims d{k.m, k.n, k.k};
-    if (added >= max || std::find(plan.gemms.begin(), plan.gemms.end(), d) != plan.gemms.end())
-      continue;
-    plan.gemms.push_back(d);
-    ++added;
-  }
   const hardware::Precision p = s.workload.precision;
   const runtime::DType t = p == hardware::Precision::kFp8    ? runtime::DType::kF8E4M3
                            : p == hardware::Precision::kBf16 ? runtime::DType::kBf16
                            : p == hardware::Precision::kFp16 ? runtime::DType::kF16
                                                              : runtime::DType::kF32;
+  // A wgrad GEMM that adds into the fp32 main_grad (Layout::gradient_accumulation_fusion)
+  // is measured so, in its own operands' dtype (an fp8 plan's bf16 GEMMs stay bf16).
+  int added = 0, total = 0, accumulating = 0;
+  for (const sim::Kernel& k : planner::distinct_gemms(lp.graph)) {
+    ++total;
+    const calibrate::GemmDims d{k.m, k.n, k.k};
+    if (added >= max) continue;
+    if (k.accumulate_fp32) {
+      const runtime::DType kt = k.element_bytes == 1           ? runtime::DType::kF8E4M3
+                                : k.element_bytes == 4         ? runtime::DType::kF32
+                                : t == runtime::DType::kF8E4M3 ? runtime::DType::kBf16
+                                                               : t;
+      const calibrate::AccumulateGemm ag{d, kt};
+      if (std::find(plan.accumulate_gemms.begin(), plan.accumulate_gemms.end(), ag) !=
+          plan.accumulate_gemms.end())
+        continue;
+      plan.accumulate_gemms.push_back(ag);
+      ++accumulating;
+    } else {
+      if (std::find(plan.gemms.begin(), plan.gemms.end(), d) != plan.gemms.end()) continue;
+      plan.gemms.push_back(d);
+    }
+    ++added;
+  }
   if (std::find(plan.gemm_dtypes.begin(), plan.gemm_dtypes.end(), t) == plan.gemm_dtypes.end())
     plan.gemm_dtypes.push_back(t);
   // Attention in the dtype the plan runs it in too (its efficiency is then quoted against
@@ -122,8 +143,10 @@ Status add_plan_shapes(const std::string& path, int max, calibrate::SweepPlan& p
   const runtime::DType at = t == runtime::DType::kF8E4M3 ? runtime::DType::kBf16 : t;
   for (runtime::AttentionDesc& a : plan.attention) a.dtype = at;
   const std::string dtype = std::string(runtime::to_string(t));
-  *what =
-      fmt::format("{} of the {} GEMM shapes of {}'s plan, dtypes {}", added, total, path, dtype);
+  *what = fmt::format(
+      "{} of the {} GEMM shapes of {}'s plan ({} of them weight gradients "
+      "adding into fp32), dtypes {}",
+      added, total, path, accumulating, dtype);
   return Status::ok();
 }
 

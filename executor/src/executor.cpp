@@ -200,7 +200,8 @@ Status Runner::prepare() {
           case KernelKind::kGemm:
             need(kA, k.m * k.k * k.batch * e);
             need(kB, k.k * k.n * k.batch * e);
-            need(kC, k.m * k.n * k.batch * (e == 1 ? 2 : e));  // fp8: C is bf16
+            // fp8: C is bf16; adding into an fp32 main_grad: fp32
+            need(kC, k.m * k.n * k.batch * (k.accumulate_fp32 ? 4 : e == 1 ? 2 : e));
             break;
           case KernelKind::kAttentionForward:
           case KernelKind::kAttentionBackward: {
@@ -267,6 +268,10 @@ Status Runner::run_kernel(Stream s, const Kernel& k) {
       d.batch = k.batch;
       d.dtype = t;
       d.trans_a = t == DType::kF8E4M3;  // fp8 tensor cores take "TN" only (backend.h)
+      if (k.accumulate_fp32) {          // a weight gradient added into the fp32 main_grad
+        d.fp32_c = true;
+        d.beta = 1.0f;
+      }
       return b_.gemm(s, d, slots_[kA], slots_[kB], slots_[kC]);
     }
     case KernelKind::kAttentionForward:

@@ -108,6 +108,7 @@ std::vector<Flag> training_flags(const Context& c) {
   if (!c.fp32_gradients() && !fp16) f.push_back({"--grad-reduce-in-bf16", ""});
   if (c.fp32_gradients() && fp16) f.push_back({"--accumulate-allreduce-grads-in-fp32", ""});
   if (l.fp8_param_gather) f.push_back({"--fp8-param-gather", ""});
+  if (!l.gradient_accumulation_fusion) f.push_back({"--no-gradient-accumulation-fusion", ""});
   if (l.cross_entropy_fusion != planner::CrossEntropy::kUnfused) {
     f.push_back({"--cross-entropy-loss-fusion", ""});
     f.push_back(

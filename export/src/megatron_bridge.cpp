@@ -73,6 +73,8 @@ void add_model_shape(std::vector<Setting>& s, const Context& c) {
   s.push_back({"model.hidden_dropout", b.dropout ? "0.1" : "0.0"});
   s.push_back({"model.vocab_size", num(llm.vocab)});
   s.push_back({"model.seq_length", num(c.s.workload.seq_len)});
+  if (!c.layout().gradient_accumulation_fusion)
+    s.push_back({"model.gradient_accumulation_fusion", "false"});
 }
 
 // train.*, dataset.*, ddp.* and the precision recipe, shared by both shapes.

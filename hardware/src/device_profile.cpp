@@ -59,11 +59,14 @@ double DeviceProfile::model_gemm_seconds(int64_t m, int64_t n, int64_t k, int64_
   return best;
 }
 
-Time DeviceProfile::gemm_time(int64_t m, int64_t n, int64_t k, int64_t batch, Precision p) const {
+Time DeviceProfile::gemm_time(int64_t m, int64_t n, int64_t k, int64_t batch, Precision p,
+                              bool accumulate_fp32) const {
   HETPAR_CHECK(m >= 1 && n >= 1 && k >= 1 && batch >= 1, "gemm {}x{}x{} batch {}", m, n, k, batch);
   HETPAR_CHECK(supports(p), "{} does not support {}", model, to_string(p));
   const Time modelled = Time::seconds(model_gemm_seconds(m, n, k, batch, p)) + gemm_launch_overhead;
-  const std::vector<GemmMeasurement>& measured = gemm_measured[precision_index(p)];
+  const std::vector<GemmMeasurement>& accumulating = gemm_accumulate_measured[precision_index(p)];
+  const std::vector<GemmMeasurement>& measured =
+      accumulate_fp32 && !accumulating.empty() ? accumulating : gemm_measured[precision_index(p)];
   if (measured.empty()) return modelled;
   const double t = modelled.to_seconds();
 

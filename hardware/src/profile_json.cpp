@@ -150,18 +150,24 @@ void read_gpu(JsonReader r, DeviceProfile& g, JsonReader& parent) {
     table.finish();
     gemm.merge(table.status());
   };
-  per_precision("measured", [&g](JsonReader& measured, const std::string& key, Precision prec) {
-    for (const auto& row : read_rows(measured, key, 4, "[m, n, k, tflops]")) {
-      if (!is_whole(row[0]) || !is_whole(row[1]) || !is_whole(row[2])) {
-        measured.fail(
-            key, fmt::format("GEMM sizes must be integers, got {}x{}x{}", row[0], row[1], row[2]));
-        break;
+  // gemm.measured (plain GEMMs) and gemm.measured_accumulate (adding into an fp32 output):
+  // rows of [m, n, k, tflops] per precision.
+  auto measured_rows = [](auto& table) {
+    return [&table](JsonReader& measured, const std::string& key, Precision prec) {
+      for (const auto& row : read_rows(measured, key, 4, "[m, n, k, tflops]")) {
+        if (!is_whole(row[0]) || !is_whole(row[1]) || !is_whole(row[2])) {
+          measured.fail(key, fmt::format("GEMM sizes must be integers, got {}x{}x{}", row[0],
+                                         row[1], row[2]));
+          break;
+        }
+        table[precision_index(prec)].push_back(
+            {static_cast<int64_t>(row[0]), static_cast<int64_t>(row[1]),
+             static_cast<int64_t>(row[2]), FlopRate::per_second(std::round(row[3] * 1e12))});
       }
-      g.gemm_measured[precision_index(prec)].push_back(
-          {static_cast<int64_t>(row[0]), static_cast<int64_t>(row[1]), static_cast<int64_t>(row[2]),
-           FlopRate::per_second(std::round(row[3] * 1e12))});
-    }
-  });
+    };
+  };
+  per_precision("measured", measured_rows(g.gemm_measured));
+  per_precision("measured_accumulate", measured_rows(g.gemm_accumulate_measured));
   per_precision("k_scale", [&g](JsonReader& ks, const std::string& key, Precision prec) {
     read_curve(ks, key, "K", "K values", g.gemm_k_scale[precision_index(prec)]);
   });
@@ -339,13 +345,15 @@ nlohmann::json profile_to_json(const SystemProfile& p) {
   for (const GemmTile& t : g.gemm_tiles) tiles.push_back({t.m, t.n, t.efficiency});
   nlohmann::json gemm = {
       {"tiles", tiles}, {"launch_us", to_us(g.gemm_launch_overhead)}, {"split_k", g.gemm_split_k}};
-  for (Precision prec : kAllPrecisions) {
-    const std::vector<GemmMeasurement>& pts = g.gemm_measured[precision_index(prec)];
-    if (pts.empty()) continue;
-    nlohmann::json rows = nlohmann::json::array();
-    for (const GemmMeasurement& m : pts) rows.push_back({m.m, m.n, m.k, to_tflops(m.rate)});
-    gemm["measured"][std::string(to_string(prec))] = rows;
-  }
+  for (const auto& [key, table] : {std::pair{"measured", &g.gemm_measured},
+                                   std::pair{"measured_accumulate", &g.gemm_accumulate_measured}})
+    for (Precision prec : kAllPrecisions) {
+      const std::vector<GemmMeasurement>& pts = (*table)[precision_index(prec)];
+      if (pts.empty()) continue;
+      nlohmann::json rows = nlohmann::json::array();
+      for (const GemmMeasurement& m : pts) rows.push_back({m.m, m.n, m.k, to_tflops(m.rate)});
+      gemm[key][std::string(to_string(prec))] = rows;
+    }
   for (Precision prec : kAllPrecisions)
     if (const auto& curve = g.gemm_k_scale[precision_index(prec)]; !curve.empty())
       gemm["k_scale"][std::string(to_string(prec))] = curve_json(curve);

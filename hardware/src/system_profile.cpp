@@ -153,20 +153,22 @@ Status validate_profile(const SystemProfile& p) {
   }
   c.non_negative("gpu.gemm.launch_us", g.gemm_launch_overhead.to_us());
   c.non_negative("host.op_us", p.host_op.to_us());
-  for (Precision prec : kAllPrecisions) {
-    const std::vector<GemmMeasurement>& pts = g.gemm_measured[precision_index(prec)];
-    const std::string key = fmt::format("gpu.gemm.measured.{}", to_string(prec));
-    if (!pts.empty() && !g.supports(prec))
-      c.fail(key, fmt::format("measured rates for {}, which gpu.compute does not list",
-                              to_string(prec)));
-    for (size_t i = 0; i < pts.size(); ++i) {
-      const GemmMeasurement& m = pts[i];
-      const std::string at = fmt::format("{}[{}]", key, i);
-      if (m.m < 1 || m.n < 1 || m.k < 1)
-        c.fail(at, fmt::format("GEMM {}x{}x{} must be at least 1x1x1", m.m, m.n, m.k));
-      c.positive(at + "[3]", m.rate.to_tflops());
+  for (const auto& [name, table] : {std::pair{"measured", &g.gemm_measured},
+                                    std::pair{"measured_accumulate", &g.gemm_accumulate_measured}})
+    for (Precision prec : kAllPrecisions) {
+      const std::vector<GemmMeasurement>& pts = (*table)[precision_index(prec)];
+      const std::string key = fmt::format("gpu.gemm.{}.{}", name, to_string(prec));
+      if (!pts.empty() && !g.supports(prec))
+        c.fail(key, fmt::format("measured rates for {}, which gpu.compute does not list",
+                                to_string(prec)));
+      for (size_t i = 0; i < pts.size(); ++i) {
+        const GemmMeasurement& m = pts[i];
+        const std::string at = fmt::format("{}[{}]", key, i);
+        if (m.m < 1 || m.n < 1 || m.k < 1)
+          c.fail(at, fmt::format("GEMM {}x{}x{} must be at least 1x1x1", m.m, m.n, m.k));
+        c.positive(at + "[3]", m.rate.to_tflops());
+      }
     }
-  }
   for (Precision prec : kAllPrecisions) {
     const std::vector<CurvePoint>& curve = g.gemm_k_scale[precision_index(prec)];
     const std::string key = fmt::format("gpu.gemm.k_scale.{}", to_string(prec));
@@ -268,6 +270,8 @@ std::vector<std::string> missing_provenance(const SystemProfile& p) {
   for (Precision prec : kAllPrecisions) {
     if (!p.gpu.gemm_measured[precision_index(prec)].empty())
       fields.push_back(fmt::format("gpu.gemm.measured.{}", to_string(prec)));
+    if (!p.gpu.gemm_accumulate_measured[precision_index(prec)].empty())
+      fields.push_back(fmt::format("gpu.gemm.measured_accumulate.{}", to_string(prec)));
     if (!p.gpu.gemm_k_scale[precision_index(prec)].empty())
       fields.push_back(fmt::format("gpu.gemm.k_scale.{}", to_string(prec)));
   }

@@ -331,6 +331,12 @@ void add_moe_time(PassCost& c, const MoeKernels& m, const hardware::DeviceProfil
   for (const sim::Kernel& k : m.backward) c.dgrad += dev.memory_kernel_time(Bytes(k.bytes));
 }
 
+// Whether a wgrad GEMM adds into an fp32 main_grad (Layout::gradient_accumulation_fusion
+// with a 4-byte gradient buffer); a 16-bit buffer's accumulation is timed as a plain GEMM.
+bool accumulates_fp32(const Layout& l, Precision p) {
+  return l.gradient_accumulation_fusion && gradient_bytes(p, l.grad_reduce_dtype) == 4;
+}
+
 // Whether the policy re-runs single ops before their backward (the step's cost.recompute),
 // not whole layers (full recompute, which lower() replays).
 bool reruns_ops(models::Recompute r) {
@@ -367,7 +373,7 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
         c.forward +=
             dev.gemm_time(ceil_div(s.m, chunks.forward), s.n, s.k, s.batch, gp) * chunks.forward;
         c.dgrad += dev.gemm_time(ceil_div(s.m, chunks.dgrad), s.k, s.n, s.batch, gp) * chunks.dgrad;
-        c.wgrad += dev.gemm_time(s.k, s.n, s.m, s.batch, gp);
+        c.wgrad += dev.gemm_time(s.k, s.n, s.m, s.batch, gp, accumulates_fp32(l, p));
         if (rerun_n > 0) c.recompute += dev.gemm_time(s.m, rerun_n, s.k, s.batch, gp);
         if (gp == Precision::kFp8 && is_fp8_linear(op)) {
           const Fp8Kernels q = fp8_quantize_kernels(op, s, l);
@@ -673,6 +679,7 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
         k.forward.push_back(gemm(s.m, s.n, s.k, s.batch));
         k.dgrad.push_back(gemm(s.m, s.k, s.n, s.batch));
         k.wgrad.push_back(gemm(s.k, s.n, s.m, s.batch));
+        k.wgrad.back().accumulate_fp32 = accumulates_fp32(l, p);
         if (rerun_n > 0) k.recompute.push_back(gemm(s.m, rerun_n, s.k, s.batch));
         if (gp == Precision::kFp8 && is_fp8_linear(op)) {
           const Fp8Kernels q = fp8_quantize_kernels(op, s, l);
@@ -773,7 +780,7 @@ Time kernel_time(const sim::Kernel& k, const hardware::DeviceProfile& dev, Preci
   switch (k.kind) {
     case sim::KernelKind::kGemm:
       if (k.m <= 0 || k.n <= 0 || k.k <= 0 || k.batch <= 0) return Time::zero();
-      return dev.gemm_time(k.m, k.n, k.k, k.batch, kp);
+      return dev.gemm_time(k.m, k.n, k.k, k.batch, kp, k.accumulate_fp32);
     case sim::KernelKind::kAttentionForward:
     case sim::KernelKind::kAttentionBackward:
       return dev.attention_time(Flops(k.flops()), kp, k.kind == sim::KernelKind::kAttentionBackward,
@@ -785,21 +792,23 @@ Time kernel_time(const sim::Kernel& k, const hardware::DeviceProfile& dev, Preci
 }
 
 std::vector<sim::Kernel> distinct_gemms(const sim::TaskGraph& g) {
-  std::map<std::tuple<int64_t, int64_t, int64_t>, std::pair<double, int>> seen;  // flops, bytes
+  // (m, n, k, adds into fp32) -> (flops, element bytes)
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool>, std::pair<double, int>> seen;
   for (int t = 0; t < g.num_tasks(); ++t) {
     const sim::Task& task = g.task(TaskId(t));
     if (task.kind != sim::TaskKind::kCompute || !task.kernels.valid()) continue;
     for (const sim::Kernel& k : g.kernels(task.kernels)) {
       if (k.kind != sim::KernelKind::kGemm || k.m <= 0 || k.n <= 0 || k.k <= 0) continue;
-      auto& [flops, bytes] = seen[{k.m, k.n, k.k}];
+      auto& [flops, bytes] = seen[{k.m, k.n, k.k, k.accumulate_fp32}];
       flops += k.flops();
       bytes = k.element_bytes;
     }
   }
   std::vector<std::pair<double, sim::Kernel>> order;
   for (const auto& [shape, use] : seen) {
-    const auto [m, n, k] = shape;
+    const auto [m, n, k, accumulate] = shape;
     order.push_back({use.first, sim::gemm_kernel(m, n, k, 1, use.second)});
+    order.back().second.accumulate_fp32 = accumulate;
   }
   std::stable_sort(order.begin(), order.end(),
                    [](const auto& a, const auto& b) { return a.first > b.first; });

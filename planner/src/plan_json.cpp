@@ -84,6 +84,7 @@ Layout parse_layout(JsonReader& r) {
   l.fp8_recipe =
       *parse_fp8_recipe(r.optional_enum("fp8_recipe", "delayed", {"delayed", "tensorwise"}));
   l.fp8_param_gather = r.optional_bool("fp8_param_gather", false);
+  l.gradient_accumulation_fusion = r.optional_bool("gradient_accumulation_fusion", true);
   l.grad_reduce_dtype = *parse_grad_reduce_dtype(
       r.optional_enum("grad_reduce_dtype", "default", {"default", "fp32", "bf16", "fp16"}));
   l.cross_entropy_fusion = *parse_cross_entropy(
@@ -119,6 +120,7 @@ nlohmann::json layout_to_json(const Layout& l) {
   if (l.fp8_recipe != Fp8Recipe::kDelayed) j["fp8_recipe"] = to_string(l.fp8_recipe);
   if (l.cp_comm != CpComm::kP2P) j["cp_comm"] = to_string(l.cp_comm);
   if (l.fp8_param_gather) j["fp8_param_gather"] = true;
+  if (!l.gradient_accumulation_fusion) j["gradient_accumulation_fusion"] = false;
   if (l.etp > 0) j["etp"] = l.etp;
   if (l.grad_reduce_dtype != GradReduceDtype::kDefault)
     j["grad_reduce_dtype"] = to_string(l.grad_reduce_dtype);

@@ -46,8 +46,8 @@ std::string_view precision(int element_bytes) {
 std::string describe(const Kernel& k) {
   switch (k.kind) {
     case KernelKind::kGemm:
-      return fmt::format("gemm {}x{}x{} x{} {}{}", k.m, k.n, k.k, k.batch,
-                         precision(k.element_bytes),
+      return fmt::format("gemm {}x{}x{} x{} {}{}{}", k.m, k.n, k.k, k.batch,
+                         precision(k.element_bytes), k.accumulate_fp32 ? " += fp32" : "",
                          k.launches > 1 ? fmt::format(" in {} launches", k.launches) : "");
     case KernelKind::kAttentionForward:
     case KernelKind::kAttentionBackward:

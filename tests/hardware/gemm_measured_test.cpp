@@ -83,6 +83,43 @@ TEST(GemmMeasured, UsesTheNearestFourShapes) {
               3.0, 1e-6);
 }
 
+// GEMMs adding into an fp32 output (a wgrad into Megatron's fp32 main_grad) read their own
+// table; plain GEMMs never do, and without the table both are timed alike.
+TEST(GemmMeasured, AccumulatingGemmsHaveTheirOwnTable) {
+  const DeviceProfile plain = h100().gpu;
+  DeviceProfile gpu = plain;
+  const GemmMeasurement into_fp32{4096, 6144, 4096, FlopRate::tflops(900)};
+  const GemmMeasurement into_bf16{4096, 6144, 4096, FlopRate::tflops(1200)};
+  EXPECT_EQ(gpu.gemm_time(4096, 6144, 4096, 1, Precision::kFp8, true),
+            gpu.gemm_time(4096, 6144, 4096, 1, Precision::kFp8));
+  gpu.gemm_measured[precision_index(Precision::kFp8)] = {into_bf16};
+  EXPECT_NEAR(gpu.gemm_time(4096, 6144, 4096, 1, Precision::kFp8, true).to_seconds(),
+              measured_s(into_bf16), 1e-11);  // no table of its own: the plain one
+  gpu.gemm_accumulate_measured[precision_index(Precision::kFp8)] = {into_fp32};
+  EXPECT_NEAR(gpu.gemm_time(4096, 6144, 4096, 1, Precision::kFp8, true).to_seconds(),
+              measured_s(into_fp32), 1e-11);
+  EXPECT_NEAR(gpu.gemm_time(4096, 6144, 4096, 1, Precision::kFp8).to_seconds(),
+              measured_s(into_bf16), 1e-11);
+  // Through the profile JSON, validated like the plain table.
+  SystemProfile p = h100();
+  p.gpu = gpu;
+  p.provenance["gpu.gemm.measured"] = "test";
+  p.provenance["gpu.gemm.measured_accumulate"] = "test";
+  EXPECT_TRUE(missing_provenance(p).empty());
+  Result<SystemProfile> back = parse_profile(profile_to_json(p), "");
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+  EXPECT_EQ(*back, p);
+  p.provenance.erase("gpu.gemm.measured_accumulate");
+  EXPECT_EQ(missing_provenance(p), std::vector<std::string>{"gpu.gemm.measured_accumulate.fp8"});
+  nlohmann::json j = profile_to_json(p);
+  j["gpu"]["gemm"]["measured_accumulate"]["fp8"][0][3] = 0;
+  Result<SystemProfile> bad = parse_profile(j, "");
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("gpu.gemm.measured_accumulate.fp8[0][3]: must be > 0"),
+            std::string::npos)
+      << bad.status().message();
+}
+
 TEST(GemmMeasured, RoundTripsThroughJsonAndIsValidated) {
   SystemProfile p = h100();
   p.gpu.gemm_measured[precision_index(Precision::kBf16)] = {

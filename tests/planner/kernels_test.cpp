@@ -157,24 +157,80 @@ TEST(Kernels, DistinctGemmsCoverEveryGemmOnceMostFlopsFirst) {
   auto lp = lower(s, *s.plan, o);
   ASSERT_TRUE(lp.is_ok());
   const std::vector<sim::Kernel> shapes = distinct_gemms(lp->graph);
-  std::map<std::tuple<int64_t, int64_t, int64_t>, double> flops;  // what the graph runs
+  // What the graph runs: (m, n, k, adds into fp32) -> FLOPs.
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool>, double> flops;
   for (int t = 0; t < lp->graph.num_tasks(); ++t) {
     const sim::Task& task = lp->graph.task(TaskId(t));
     if (task.kind != sim::TaskKind::kCompute) continue;
     for (const sim::Kernel& k : lp->graph.kernels(task.kernels))
-      if (k.kind == sim::KernelKind::kGemm) flops[{k.m, k.n, k.k}] += k.flops();
+      if (k.kind == sim::KernelKind::kGemm) flops[{k.m, k.n, k.k, k.accumulate_fp32}] += k.flops();
   }
   ASSERT_EQ(shapes.size(), flops.size());
+  auto key = [](const sim::Kernel& k) { return std::make_tuple(k.m, k.n, k.k, k.accumulate_fp32); };
   for (size_t i = 0; i < shapes.size(); ++i) {
     EXPECT_EQ(shapes[i].batch, 1);
     EXPECT_EQ(shapes[i].element_bytes, 2);  // bf16 workload
-    ASSERT_TRUE(flops.count({shapes[i].m, shapes[i].n, shapes[i].k}));
+    ASSERT_TRUE(flops.count(key(shapes[i])));
     if (i == 0) continue;
-    const auto before = std::make_tuple(shapes[i - 1].m, shapes[i - 1].n, shapes[i - 1].k);
-    const auto here = std::make_tuple(shapes[i].m, shapes[i].n, shapes[i].k);
-    EXPECT_GE(flops[before], flops[here]);
+    EXPECT_GE(flops[key(shapes[i - 1])], flops[key(shapes[i])]);
   }
   EXPECT_TRUE(distinct_gemms(sim::TaskGraph{}).empty());
+}
+
+// Megatron's gradient-accumulation fusion: every wgrad GEMM adds into the fp32 main_grad,
+// no other GEMM does; off, or with a 16-bit gradient buffer, none. A profile that measured
+// such GEMMs times them from its own table, and the kernels still add up to the tasks.
+TEST(Kernels, WgradGemmsAddIntoAnFp32MainGrad) {
+  Scenario s = tiny(1);
+  auto flagged = [&](const Plan& p) {
+    LowerOptions o;
+    o.full_ranks = o.kernels = true;
+    auto lp = lower(s, p, o);
+    EXPECT_TRUE(lp.is_ok());
+    for (int t = 0; t < lp->graph.num_tasks(); ++t) {  // only backward tasks add into it
+      const sim::Task& task = lp->graph.task(TaskId(t));
+      if (task.kind != sim::TaskKind::kCompute || !task.kernels.valid()) continue;
+      for (const sim::Kernel& k : lp->graph.kernels(task.kernels))
+        if (k.accumulate_fp32) {
+          EXPECT_EQ(lp->graph.label_text(task.label.category), "bwd")
+              << lp->graph.label_text(task.label.name);
+        }
+    }
+    std::vector<sim::Kernel> out;
+    for (const sim::Kernel& k : distinct_gemms(lp->graph))
+      if (k.accumulate_fp32) out.push_back(k);
+    return out;
+  };
+  Plan p = *s.plan;
+  const std::vector<sim::Kernel> wgrads = flagged(p);
+  EXPECT_FALSE(wgrads.empty());
+  Plan off = p;
+  off.layout.gradient_accumulation_fusion = false;
+  EXPECT_TRUE(flagged(off).empty());
+  Plan bf16 = p;
+  bf16.layout.grad_reduce_dtype = GradReduceDtype::kBf16;
+  EXPECT_TRUE(flagged(bf16).empty());
+
+  // Measured at a quarter of the model's speed, the wgrads make the iteration slower.
+  auto before = evaluate(s, p, {});
+  ASSERT_TRUE(before.is_ok() && before->feasible);
+  std::vector<hardware::NodeGroup> groups = s.cluster.groups();
+  hardware::DeviceProfile& gpu = groups[0].profile.gpu;
+  for (const sim::Kernel& k : wgrads) {
+    const double t = gpu.gemm_time(k.m, k.n, k.k, 1, hardware::Precision::kBf16).to_seconds();
+    gpu.gemm_accumulate_measured[hardware::precision_index(hardware::Precision::kBf16)].push_back(
+        {k.m, k.n, k.k, FlopRate::per_second(2.0 * k.m * k.n * k.k / (4 * t))});
+  }
+  auto cluster = hardware::ClusterSpec::create(groups);
+  ASSERT_TRUE(cluster.is_ok());
+  s.cluster = *cluster;
+  auto after = evaluate(s, p, {});
+  ASSERT_TRUE(after.is_ok() && after->feasible);
+  EXPECT_GT(after->iteration_time, before->iteration_time);
+  auto unfused = evaluate(s, off, {});
+  ASSERT_TRUE(unfused.is_ok() && unfused->feasible);
+  EXPECT_EQ(unfused->iteration_time, before->iteration_time);
+  expect_kernels_match(s, p);
 }
 
 TEST(Kernels, ShardedShapes) {

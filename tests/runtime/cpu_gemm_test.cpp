@@ -44,6 +44,7 @@ struct GemmCase {
   int64_t batch;
   float alpha, beta;
   DType dtype;
+  bool fp32_c = false;
 };
 
 class CpuGemm : public ::testing::TestWithParam<GemmCase> {};
@@ -60,7 +61,8 @@ TEST_P(CpuGemm, MatchesANaiveLoop) {
              .trans_b = p.tb,
              .dtype = p.dtype,
              .alpha = p.alpha,
-             .beta = p.beta};
+             .beta = p.beta,
+             .fp32_c = p.fp32_c};
   const DType ct = d.c_dtype();
   auto a = random_values(d.dtype, d.m * d.k * d.batch, 1, 1.0f);
   auto b = random_values(d.dtype, d.k * d.n * d.batch, 2, 1.0f);
@@ -84,7 +86,11 @@ INSTANTIATE_TEST_SUITE_P(Cases, CpuGemm,
                                            GemmCase{true, true, 2, 2.0f, -0.5f, DType::kF32},
                                            GemmCase{false, true, 2, 1.0f, 1.0f, DType::kBf16},
                                            GemmCase{true, false, 1, 1.0f, 0.0f, DType::kF16},
-                                           GemmCase{true, false, 2, 1.0f, 0.5f, DType::kF8E4M3}));
+                                           GemmCase{true, false, 2, 1.0f, 0.5f, DType::kF8E4M3},
+                                           // A weight gradient added into an fp32 main_grad.
+                                           GemmCase{true, false, 1, 1.0f, 1.0f, DType::kBf16, true},
+                                           GemmCase{true, false, 2, 1.0f, 1.0f, DType::kF8E4M3,
+                                                    true}));
 
 TEST(CpuGemmBeta, BetaZeroIgnoresWhatCHolds) {
   auto be = must_make("cpu");

@@ -131,8 +131,8 @@ struct LtPlan {
     if (op) cublasLtMatmulDescDestroy(op);
   }
 };
-using LtKey =
-    std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, int, uint32_t, uint32_t, uint32_t>;
+using LtKey = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, int, int, uint32_t,
+                         uint32_t, uint32_t>;  // ..., input dtype, C dtype, alignments
 
 // One batched GEMM over per-(batch, head) pointer arrays (column-major, as cuBLAS).
 struct BatchedGemm {
@@ -595,11 +595,12 @@ class CudaBackend final : public Backend {
   }
 
   Result<const LtPlan*> lt_plan(const GemmDesc& d, const void* a, const void* b, const void* c) {
-    const LtKey key{d.m,       d.n,           d.k,          d.batch,      d.trans_a,
-                    d.trans_b, code(d.dtype), alignment(a), alignment(b), alignment(c)};
+    const LtKey key{d.m,          d.n,          d.k,           d.batch,
+                    d.trans_a,    d.trans_b,    code(d.dtype), code(d.c_dtype()),
+                    alignment(a), alignment(b), alignment(c)};
     if (auto it = plans_.find(key); it != plans_.end()) return &it->second;
     LtPlan& p = plans_[key];
-    Status st = build_plan(d, std::get<7>(key), std::get<8>(key), std::get<9>(key), p);
+    Status st = build_plan(d, std::get<8>(key), std::get<9>(key), std::get<10>(key), p);
     if (!st.is_ok()) {
       plans_.erase(key);
       return st;

@@ -43,8 +43,9 @@ struct GemmFit {
 };
 
 struct Fits {
-  std::vector<GemmFit> gemm;
-  double launch_s = 0;  // median time of the smallest GEMM
+  std::vector<GemmFit> gemm;             // plain GEMMs, per dtype
+  std::vector<GemmFit> gemm_accumulate;  // GEMMs adding into an fp32 output, per input dtype
+  double launch_s = 0;                   // median time of the smallest GEMM
   /// Attention rates: model FLOPs / (time - launch_s), pooled over the shapes of one key
   /// length, ascending in seq_kv. The *_flops_per_s figures are the longest length's (the
   /// profile's efficiency); the shorter ones become its seq-scale curve.

@@ -39,9 +39,18 @@
 
 namespace hetpar::calibrate {
 
+/// A GEMM timed as a weight gradient added into an fp32 main_grad (beta 1, fp32 C): how
+/// Megatron's fused gradient accumulation runs every wgrad GEMM.
+struct AccumulateGemm {
+  GemmDims dims;
+  runtime::DType dtype = runtime::DType::kBf16;  // the inputs'
+  bool operator==(const AccumulateGemm&) const = default;
+};
+
 struct SweepPlan {
-  std::vector<GemmDims> gemms;
+  std::vector<GemmDims> gemms;  // each in every gemm_dtypes
   std::vector<runtime::DType> gemm_dtypes;
+  std::vector<AccumulateGemm> accumulate_gemms;
   std::vector<runtime::AttentionDesc> attention;  // each timed forward and backward
   std::vector<int64_t> copy_bytes;
   int64_t host_copy_bytes = 0;  // 0 = no host link measurement
@@ -80,6 +89,7 @@ struct GemmSample {
   GemmDims dims;
   runtime::DType dtype = runtime::DType::kBf16;
   TimingStats t;
+  bool accumulate_fp32 = false;  // an AccumulateGemm
   double flops_per_s() const { return dims.flops() / t.median_s; }
 };
 

@@ -95,6 +95,9 @@ struct DeviceProfile {
   bool gemm_split_k = true;
   /// Measured GEMM rates per precision (indexed like `compute`; empty = none measured).
   std::array<std::vector<GemmMeasurement>, kAllPrecisions.size()> gemm_measured;
+  /// Measured rates of GEMMs that add into an fp32 output (beta 1, fp32 C), per precision
+  /// (profile key gpu.gemm.measured_accumulate; empty = none measured).
+  std::array<std::vector<GemmMeasurement>, kAllPrecisions.size()> gemm_accumulate_measured;
   /// Sustained GEMM rate against the reduction length K, per precision (indexed like
   /// `compute`; empty: none): factors on eta_max, ascending in K, interpolated linearly in
   /// log2(K) and clamped. At the power limit a longer K holds a lower clock (more power per
@@ -130,8 +133,12 @@ struct DeviceProfile {
   /// ratio interpolated from the (up to) 4 measured shapes nearest in (log2 m, log2 n,
   /// log2 k), inverse-square-distance weighted in log space: exact at a measured shape,
   /// the model's shape dependence (waves, roofline, batch) in between.
+  /// `accumulate_fp32`: the product is added into an fp32 output (a weight gradient into
+  /// Megatron's fp32 main_grad); with measurements of such GEMMs for `p`
+  /// (gemm_accumulate_measured) the ratio comes from those, else as for a plain GEMM.
   /// REQUIRES: supports(p), all sizes >= 1.
-  Time gemm_time(int64_t m, int64_t n, int64_t k, int64_t batch, Precision p) const;
+  Time gemm_time(int64_t m, int64_t n, int64_t k, int64_t batch, Precision p,
+                 bool accumulate_fp32 = false) const;
   /// Achieved fraction of peak(p) implied by gemm_time().
   double gemm_efficiency(int64_t m, int64_t n, int64_t k, int64_t batch, Precision p) const;
   /// Flash attention: `flops` (model FLOPs: forward 4·b·h·s_q·s_kv·d, halved when causal;

@@ -22,6 +22,8 @@
 //                      "launch_us": 4, "split_k": true,
 //                      "measured": {"bf16": [[m, n, k, tflops], ...]},  // optional,
 //                                            // from `hetpar calibrate` (device_profile.h)
+//                      "measured_accumulate": {"fp8": [[m, n, k, tflops], ...]},
+//                                            // optional: GEMMs adding into fp32 (wgrad)
 //                      "k_scale": {"bf16": [[K, factor], ...]}},  // optional: sustained
 //                                            // rate against K, a factor on eta_max
 //             "attention": {"fwd_efficiency": 0.6, "bwd_efficiency": 0.45,

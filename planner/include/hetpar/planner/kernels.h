@@ -36,10 +36,10 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
 Time kernel_time(const sim::Kernel& k, const hardware::DeviceProfile& dev, hardware::Precision p,
                  hardware::AttentionKernel attention = hardware::AttentionKernel::kDefault);
 
-/// The distinct GEMM shapes (m, n, k) the compute tasks of `g` run (a batched kernel
-/// counts as its batch-1 shape), the ones with the most FLOPs over all calls first (ties by
-/// shape): what `hetpar calibrate --shapes-from` measures so a profile is exact at a plan's
-/// own GEMMs. Empty without kernels (LowerOptions::kernels).
+/// The distinct GEMM shapes (m, n, k, and whether it adds into an fp32 output) the compute
+/// tasks of `g` run (a batched kernel counts as its batch-1 shape), the ones with the most
+/// FLOPs over all calls first (ties by shape): what `hetpar calibrate --shapes-from` measures so a
+/// profile is exact at a plan's own GEMMs. Empty without kernels (LowerOptions::kernels).
 std::vector<sim::Kernel> distinct_gemms(const sim::TaskGraph& g);
 
 }  // namespace hetpar::planner

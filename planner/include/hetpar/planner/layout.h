@@ -157,6 +157,14 @@ struct Layout {
   /// Megatron-Bridge mixed_precision.fp8_param_gather, on in its FP8 recipes). The optimizer
   /// keeps its fp32 master copy. Off: bf16 weights, cast to FP8 for the GEMMs.
   bool fp8_param_gather = false;
+  /// Megatron's gradient-accumulation fusion (--gradient-accumulation-fusion, on by
+  /// default; Megatron-Bridge model.gradient_accumulation_fusion): each wgrad GEMM adds its
+  /// product into the fp32 main_grad (beta 1), reading and writing 4 bytes per weight
+  /// element every micro-batch. Off: the GEMM writes the gradient in the parameter dtype
+  /// (torch FSDP2 / torchtitan, DeepSpeed). Timed apart only where the profile measured such
+  /// GEMMs (gpu.gemm.measured_accumulate, from `hetpar calibrate --shapes-from`); otherwise
+  /// the roofline counts the traffic inside the GEMM's compute time.
+  bool gradient_accumulation_fusion = true;
   // Uneven pipeline splits of the LLM's layers (Megatron-LM; schedule.h's
   // layers_per_virtual_stage). first/last_stage_layers: --decoder-first/last-pipeline-
   // num-layers, the layers of pipeline stage 0 / pp-1 (0 = not set), the rest split evenly

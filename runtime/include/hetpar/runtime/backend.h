@@ -101,15 +101,20 @@ struct Group {
 /// Inputs and C share `dtype`, except fp8: A and B are fp8 e4m3 and C is bf16 (fp8 training
 /// keeps outputs in bf16; cuBLASLt has no fp8 C), and the cuda backend needs trans_a = true,
 /// trans_b = false for fp8 (Hopper's fp8 tensor cores take "TN" only). Accumulation in fp32
-/// on every backend; beta = 0 never reads C.
+/// on every backend; beta = 0 never reads C. `fp32_c`: C is fp32 whatever the inputs, the
+/// way a weight gradient is added (beta 1) into Megatron's fp32 main_grad when gradient
+/// accumulation is fused into the wgrad GEMM.
 struct GemmDesc {
   int64_t m = 0, n = 0, k = 0;
   int64_t batch = 1;
   bool trans_a = false, trans_b = false;
   DType dtype = DType::kBf16;
   float alpha = 1.0f, beta = 0.0f;
+  bool fp32_c = false;
   double flops() const { return 2.0 * static_cast<double>(m) * n * k * batch; }
-  DType c_dtype() const { return dtype == DType::kF8E4M3 ? DType::kBf16 : dtype; }
+  DType c_dtype() const {
+    return fp32_c ? DType::kF32 : dtype == DType::kF8E4M3 ? DType::kBf16 : dtype;
+  }
 };
 
 /// Scaled-dot-product attention over [batch, seq, heads, head_dim] tensors; kv_heads divides

@@ -29,6 +29,9 @@ struct Kernel {
   bool causal = false;                                                   // attention
   int64_t bytes = 0;                                                     // memory
   int element_bytes = 2;  // operand precision: 1 fp8, 2 bf16 (or fp16), 4 fp32
+  // gemm: the product is added into an fp32 output (beta 1), as a weight gradient is into
+  // Megatron's fp32 main_grad when gradient accumulation is fused into the wgrad GEMM.
+  bool accumulate_fp32 = false;
   // The trainer's host calls that issue it (its host cost, planner's lowering): a gemm whose
   // batch the trainer launches one product at a time (a grouped linear's experts) has
   // `batch`. A memory kernel of 0 bytes is a host call alone (an asynchronous copy to the
