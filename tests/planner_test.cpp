@@ -77,6 +77,7 @@ TEST(PlanJson, RoundTripsEveryLayoutSwitch) {
   p.layout.tp_backward_overlap = false;
   p.layout.flash_attention = false;
   p.layout.moe_capacity_factor = 1.25;
+  p.layout.gradient_accumulation_fusion = false;
   auto back = parse_plan(plan_to_json(p), "plan");
   ASSERT_TRUE(back.is_ok()) << back.status().to_string();
   EXPECT_EQ(*back, p);

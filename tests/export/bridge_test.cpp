@@ -180,6 +180,9 @@ TEST(ExportMegatronBridge, EachSectionIsOneMapping) {
   EXPECT_EQ(y.at("ddp.use_distributed_optimizer"), "true");
   EXPECT_EQ(y.at("ddp.use_megatron_fsdp"), "true");
   EXPECT_EQ(y.at("dist.use_megatron_fsdp"), "true");
+  EXPECT_EQ(y.count("model.gradient_accumulation_fusion"), 0u);  // the recipe's default: on
+  p.layout.gradient_accumulation_fusion = false;
+  EXPECT_EQ(bridge(s, p).at("model.gradient_accumulation_fusion"), "false");
 }
 
 // FP8 plans name the mixed-precision recipe of their scaling (Megatron-Bridge's

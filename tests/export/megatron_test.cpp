@@ -161,6 +161,12 @@ TEST(ExportMegatron, MixtureOfExpertsAndPrecisions) {
   EXPECT_EQ(all_flags(exported(s, fp8_params, Target::kMegatron).at("launch.sh"))
                 .count("--fp8-param-gather"),
             1u);
+  EXPECT_EQ(f.count("--no-gradient-accumulation-fusion"), 0u);  // Megatron's default: fused
+  Plan unfused = p;
+  unfused.layout.gradient_accumulation_fusion = false;
+  EXPECT_EQ(all_flags(exported(s, unfused, Target::kMegatron).at("launch.sh"))
+                .count("--no-gradient-accumulation-fusion"),
+            1u);
   EXPECT_EQ(f.count("--cp-comm-type"), 0u);  // cp 1
   Plan gather = p;
   gather.layout.cp = 2;

@@ -185,6 +185,11 @@ TEST(ExportTorchtitan, Fp8TensorwiseWithPerOpCheckpointing) {
   EXPECT_EQ(all_flags(script).at("--training.mixed_precision_param"), "bfloat16");
   EXPECT_NE(script.find("selective_ac_option \"op\""), std::string::npos) << script;
   EXPECT_NE(script.find("enable_fsdp_float8_all_gather"), std::string::npos) << script;
+  // Timed with Megatron's fused fp32 accumulation (the default): said; off, as FSDP2 runs.
+  EXPECT_NE(script.find("adding into an fp32 main_grad"), std::string::npos) << script;
+  p.layout.gradient_accumulation_fusion = false;
+  EXPECT_EQ(exported(s, p, Target::kTorchtitan).at("launch.sh").find("fp32 main_grad"),
+            std::string::npos);
   p.layout.fp8_recipe = planner::Fp8Recipe::kDelayed;
   EXPECT_NE(refusal(s, p, Target::kTorchtitan).find("fp8 with delayed scaling"), std::string::npos);
   p.layout.fp8_recipe = planner::Fp8Recipe::kTensorwise;
