@@ -87,6 +87,8 @@ for r in $runs; do
   fi
   step "calibrate-$r" "$hetpar" calibrate --backend cuda --quick --base "$base" \
     --shapes-from "$scenario" --max-shapes 24 --out "$out/$base-$r.json"
+  # The GEMM rates (fp8 plans in fp8) and what adding into the fp32 main_grad costs.
+  grep -h '^GEMM' "$out/calibrate-$r.log" | sed "s/^/  $r: /" >>"$out/summary.txt"
   step "ops-builtin-$r" "$hetpar" simulate "$scenario" --profile "$base" --ops
   [ -f "$out/$base-$r.json" ] &&
     step "ops-calibrated-$r" "$hetpar" simulate "$scenario" --profile "$out/$base-$r.json" --ops

@@ -47,6 +47,23 @@ void print_fits(const calibrate::Fits& f, const calibrate::Samples& s, const std
         "min {:.1f}\n",
         runtime::to_string(g.dtype), g.shapes, g.max_flops_per_s / 1e9, g.best.m, g.best.n,
         g.best.k, g.median_flops_per_s / 1e9, g.min_flops_per_s / 1e9);
+  // The cost of adding into fp32: each such shape's time against its plain measurement.
+  for (const calibrate::GemmFit& g : f.gemm_accumulate) {
+    std::vector<double> ratios;
+    for (const calibrate::GemmSample& a : s.gemms) {
+      if (!a.accumulate_fp32 || a.dtype != g.dtype) continue;
+      for (const calibrate::GemmSample& b : s.gemms)
+        if (!b.accumulate_fp32 && b.dtype == a.dtype && b.dims == a.dims && b.t.median_s > 0)
+          ratios.push_back(a.t.median_s / b.t.median_s);
+    }
+    if (ratios.empty()) continue;
+    std::sort(ratios.begin(), ratios.end());
+    fmt::print(
+        "GEMM {:<5}    adding into fp32 takes {:.2f}x the plain time (median of {}; {:.2f} "
+        "to {:.2f})\n",
+        runtime::to_string(g.dtype), ratios[ratios.size() / 2], ratios.size(), ratios.front(),
+        ratios.back());
+  }
   fmt::print("Launch        {:.2f} us (8x8x8 GEMM)\n", f.launch_s * 1e6);
   if (f.attention_fwd_flops_per_s > 0)
     fmt::print("Attention     forward {:.1f} GFLOP/s, backward {:.1f} GFLOP/s at seq {}\n",
@@ -118,22 +135,24 @@ Status add_plan_shapes(const std::string& path, int max, calibrate::SweepPlan& p
     ++total;
     const calibrate::GemmDims d{k.m, k.n, k.k};
     if (added >= max) continue;
+    // Every shape is measured plain; a wgrad that adds into fp32 also so, to compare.
+    const bool known = std::find(plan.gemms.begin(), plan.gemms.end(), d) != plan.gemms.end();
+    if (!known) plan.gemms.push_back(d);
+    bool accumulates = false;
     if (k.accumulate_fp32) {
       const runtime::DType kt = k.element_bytes == 1           ? runtime::DType::kF8E4M3
                                 : k.element_bytes == 4         ? runtime::DType::kF32
                                 : t == runtime::DType::kF8E4M3 ? runtime::DType::kBf16
                                                                : t;
       const calibrate::AccumulateGemm ag{d, kt};
-      if (std::find(plan.accumulate_gemms.begin(), plan.accumulate_gemms.end(), ag) !=
-          plan.accumulate_gemms.end())
-        continue;
-      plan.accumulate_gemms.push_back(ag);
-      ++accumulating;
-    } else {
-      if (std::find(plan.gemms.begin(), plan.gemms.end(), d) != plan.gemms.end()) continue;
-      plan.gemms.push_back(d);
+      accumulates = std::find(plan.accumulate_gemms.begin(), plan.accumulate_gemms.end(), ag) ==
+                    plan.accumulate_gemms.end();
+      if (accumulates) {
+        plan.accumulate_gemms.push_back(ag);
+        ++accumulating;
+      }
     }
-    ++added;
+    if (!known || accumulates) ++added;
   }
   if (std::find(plan.gemm_dtypes.begin(), plan.gemm_dtypes.end(), t) == plan.gemm_dtypes.end())
     plan.gemm_dtypes.push_back(t);
@@ -144,8 +163,8 @@ Status add_plan_shapes(const std::string& path, int max, calibrate::SweepPlan& p
   for (runtime::AttentionDesc& a : plan.attention) a.dtype = at;
   const std::string dtype = std::string(runtime::to_string(t));
   *what = fmt::format(
-      "{} of the {} GEMM shapes of {}'s plan ({} of them weight gradients "
-      "adding into fp32), dtypes {}",
+      "{} of the {} GEMM shapes of {}'s plan ({} of them weight gradients, "
+      "also measured adding into fp32), dtypes {}",
       added, total, path, accumulating, dtype);
   return Status::ok();
 }
