@@ -9,6 +9,7 @@
 #include <cstring>
 #include <map>
 #include <numeric>
+#include <optional>
 
 namespace hetpar::calibrate {
 
@@ -261,69 +262,57 @@ class Runner {
     return buf;
   }
 
+  // Times one GEMM, pooled over the computing ranks; nullopt when the backend has no kernel
+  // for it (cuBLASLt's FP8 needs 16-byte-aligned leading dimensions): left out with a note,
+  // every rank alike (the same GPU, the same answer), rather than ending the calibration.
+  Result<std::optional<TimingStats>> time_gemm(const runtime::GemmDesc& g, bool flush) {
+    HETPAR_ASSIGN_OR_RETURN(Buffer a, random_buffer(g.m * g.k, g.dtype, 1));
+    HETPAR_ASSIGN_OR_RETURN(Buffer bm, random_buffer(g.k * g.n, g.dtype, 2));
+    HETPAR_ASSIGN_OR_RETURN(Buffer c, random_buffer(g.m * g.n, g.c_dtype(), 3));
+    if (Status probe = b_.gemm(kComputeStream, g, a, bm, c);
+        probe.code() == Status::Code::kUnavailable) {
+      if (b_.info().rank == 0)
+        fmt::print(stderr, "calibrate: {} GEMM {}x{}x{}{} left out: {}\n",
+                   runtime::to_string(g.dtype), g.m, g.n, g.k, g.fp32_c ? " into fp32" : "",
+                   probe.message());
+      return std::optional<TimingStats>();
+    } else {
+      HETPAR_RETURN_IF_ERROR(probe);
+    }
+    HETPAR_ASSIGN_OR_RETURN(
+        auto reps, time_local([&] { return b_.gemm(kComputeStream, g, a, bm, c); }, flush));
+    HETPAR_ASSIGN_OR_RETURN(TimingStats st, pooled(reps));
+    return std::optional<TimingStats>(st);
+  }
+
   Status gemms() {
     for (DType t : plan_.gemm_dtypes) {
       for (const GemmDims& d : plan_.gemms) {
         tick("gemm");
-        runtime::GemmDesc g;
-        g.m = d.m;
-        g.n = d.n;
-        g.k = d.k;
-        g.dtype = t;
         // FP8 runs in the one layout cuBLASLt has for it on Hopper, A transposed (TN), into
         // bf16: how Transformer Engine and torch._scaled_mm run every FP8 GEMM.
-        g.trans_a = t == DType::kF8E4M3;
-        HETPAR_ASSIGN_OR_RETURN(Buffer a, random_buffer(d.m * d.k, t, 1));
-        HETPAR_ASSIGN_OR_RETURN(Buffer bm, random_buffer(d.k * d.n, t, 2));
-        HETPAR_ASSIGN_OR_RETURN(Buffer c, random_buffer(d.m * d.n, g.c_dtype(), 3));
+        const runtime::GemmDesc g{
+            .m = d.m, .n = d.n, .k = d.k, .trans_a = t == DType::kF8E4M3, .dtype = t};
         // Cold (cache flushed) like the large kernels of a training step, except GEMMs whose
         // operands fit in 64 KiB: their time is the per-call overhead (the profile's launch
         // time), which a flush would inflate with cold code and TLB misses.
         const bool tiny = (d.m * d.k + d.k * d.n + d.m * d.n) * runtime::dtype_bytes(t) < 64 * 1024;
-        // cuBLASLt has FP8 kernels only for 16-byte-aligned leading dimensions: a plan shape
-        // without one is left out (every rank alike: the same GPU, the same answer) rather
-        // than ending the calibration.
-        if (Status probe = b_.gemm(kComputeStream, g, a, bm, c);
-            t == DType::kF8E4M3 && probe.code() == Status::Code::kUnavailable) {
-          if (b_.info().rank == 0)
-            fmt::print(stderr, "calibrate: fp8 GEMM {}x{}x{} left out: {}\n", d.m, d.n, d.k,
-                       probe.message());
-          continue;
-        } else {
-          HETPAR_RETURN_IF_ERROR(probe);
-        }
-        HETPAR_ASSIGN_OR_RETURN(
-            auto reps, time_local([&] { return b_.gemm(kComputeStream, g, a, bm, c); }, !tiny));
-        HETPAR_ASSIGN_OR_RETURN(TimingStats st, pooled(reps));
-        s_.gemms.push_back({d, t, st});
+        HETPAR_ASSIGN_OR_RETURN(std::optional<TimingStats> st, time_gemm(g, !tiny));
+        if (st) s_.gemms.push_back({d, t, *st});
       }
     }
     for (const AccumulateGemm& ag : plan_.accumulate_gemms) {
       tick("gemm");
       const GemmDims& d = ag.dims;
-      runtime::GemmDesc g{.m = d.m,
-                          .n = d.n,
-                          .k = d.k,
-                          .trans_a = ag.dtype == DType::kF8E4M3,
-                          .dtype = ag.dtype,
-                          .beta = 1.0f,
-                          .fp32_c = true};
-      HETPAR_ASSIGN_OR_RETURN(Buffer a, random_buffer(d.m * d.k, ag.dtype, 1));
-      HETPAR_ASSIGN_OR_RETURN(Buffer bm, random_buffer(d.k * d.n, ag.dtype, 2));
-      HETPAR_ASSIGN_OR_RETURN(Buffer c, random_buffer(d.m * d.n, DType::kF32, 3));
-      if (Status probe = b_.gemm(kComputeStream, g, a, bm, c);
-          probe.code() == Status::Code::kUnavailable) {
-        if (b_.info().rank == 0)
-          fmt::print(stderr, "calibrate: {} GEMM {}x{}x{} into fp32 left out: {}\n",
-                     runtime::to_string(ag.dtype), d.m, d.n, d.k, probe.message());
-        continue;
-      } else {
-        HETPAR_RETURN_IF_ERROR(probe);
-      }
-      HETPAR_ASSIGN_OR_RETURN(
-          auto reps, time_local([&] { return b_.gemm(kComputeStream, g, a, bm, c); }, true));
-      HETPAR_ASSIGN_OR_RETURN(TimingStats st, pooled(reps));
-      s_.gemms.push_back({d, ag.dtype, st, true});
+      const runtime::GemmDesc g{.m = d.m,
+                                .n = d.n,
+                                .k = d.k,
+                                .trans_a = ag.dtype == DType::kF8E4M3,
+                                .dtype = ag.dtype,
+                                .beta = 1.0f,
+                                .fp32_c = true};
+      HETPAR_ASSIGN_OR_RETURN(std::optional<TimingStats> st, time_gemm(g, true));
+      if (st) s_.gemms.push_back({d, ag.dtype, *st, true});
     }
     return Status::ok();
   }
