@@ -283,8 +283,9 @@ class Builder {
                                           FlopRate::per_second(std::round(gs.flops_per_s()))});
         mark(p, fmt::format("gpu.gemm.measured.{}", hardware::to_string(prec)),
              fmt::format("{}: median of {} repetitions per shape after {} warm-up, cache flushed "
-                         "before each; shapes from the model zoo under TP 1..8 (gemm_grid.h)",
-                         measured_, s_.reps, s_.warmup) +
+                         "before each; shapes from the model zoo under TP 1..8 (gemm_grid.h){}",
+                         measured_, s_.reps, s_.warmup,
+                         o_.plan_shapes.empty() ? "" : fmt::format(" and {}", o_.plan_shapes)) +
                  (prec != precision_of(gf.dtype)
                       ? " (fp32 runs, which the cpu backend uses for bf16)"
                       : ""));
@@ -308,10 +309,11 @@ class Builder {
                 {gs.dims.m, gs.dims.n, gs.dims.k,
                  FlopRate::per_second(std::round(gs.flops_per_s()))});
         mark(p, fmt::format("gpu.gemm.measured_accumulate.{}", hardware::to_string(prec)),
-             fmt::format("{}: {} GEMMs (the plan's weight gradients, --shapes-from) adding into "
-                         "an fp32 output (beta 1, fp32 C), median of {} repetitions per shape "
-                         "after {} warm-up, cache flushed before each",
-                         measured_, runtime::to_string(gf.dtype), s_.reps, s_.warmup));
+             fmt::format("{}: {} GEMMs (the weight gradients of {}) adding into an fp32 "
+                         "output (beta 1, fp32 C), median of {} repetitions per shape after {} "
+                         "warm-up, cache flushed before each",
+                         measured_, runtime::to_string(gf.dtype),
+                         o_.plan_shapes.empty() ? "the plan" : o_.plan_shapes, s_.reps, s_.warmup));
       }
     }
     for (Precision prec : hardware::kAllPrecisions)

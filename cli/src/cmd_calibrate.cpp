@@ -206,6 +206,7 @@ int run_calibrate(const CalibrateOptions& opts) {
     Status st = add_plan_shapes(opts.shapes_from, opts.max_shapes, plan, &what);
     if (!st.is_ok()) return report_error(st.with_context("--shapes-from"));
     if (root) fmt::print(stderr, "calibrate: adds {}\n", what);
+    po.plan_shapes = fmt::format("the plan of {} (--shapes-from)", opts.shapes_from);
   }
   auto samples = calibrate::run_sweeps(b, plan, progress);
   if (!samples.is_ok()) return report_error(samples.status());

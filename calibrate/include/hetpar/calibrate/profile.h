@@ -78,6 +78,9 @@ struct ProfileOptions {
   std::string base_ref;  // how the base was named, for provenance
   std::string date;      // ISO 8601, UTC
   std::string mode;      // "quick" or "full", for the record
+  /// Where the plan shapes beyond the grid came from (`--shapes-from`), for the record;
+  /// "" = the grid alone.
+  std::string plan_shapes;
 };
 
 /// The profile; it passes hardware::validate_profile and has no missing provenance.
