@@ -109,6 +109,8 @@ Result<std::vector<ExportFile>> write_deepspeed(const Context& c) {
         "# Not verified: that AutoTP training composes with PipelineModule in this DeepSpeed.\n";
   if (l.fsdp && l.ep > 1)
     script += "# Not verified: that AutoEP composes with ZeRO stage 3 in this DeepSpeed.\n";
+  if (std::string n = unfused_accumulation_note(c, "DeepSpeed"); !n.empty())
+    script += "# " + n + "\n";
   script += fmt::format(
       "# {} node(s) x {} GPUs; HOSTFILE lists the nodes (\"host slots={}\" lines).\n"
       "set -euo pipefail\n\n"

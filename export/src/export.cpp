@@ -371,6 +371,16 @@ std::string launcher_environment(const Context& c) {
       c.nodes, c.gpus_per_node);
 }
 
+std::string unfused_accumulation_note(const Context& c, std::string_view trainer) {
+  if (!c.layout().gradient_accumulation_fusion) return "";
+  return fmt::format(
+      "The plan times its weight-gradient GEMMs as adding into an fp32 main_grad (Megatron's "
+      "fused gradient accumulation); {} writes them in the parameter dtype and accumulates with "
+      "separate adds: set the plan's gradient_accumulation_fusion to false to time it so (it "
+      "differs only with a profile that measured such GEMMs).",
+      trainer);
+}
+
 std::string torchrun_script(const Context& c, const std::vector<std::string>& notes,
                             const std::vector<FlagGroup>& groups, std::string_view entry) {
   std::string out = "#!/bin/bash\n" + header(c);

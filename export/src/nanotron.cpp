@@ -112,6 +112,8 @@ Result<std::vector<ExportFile>> write_nanotron(const Context& c) {
       "# Run once per node: {} node(s) x {} GPUs (tp x cp x dp x pp = {}).\n"
       "set -euo pipefail\n\n",
       c.nodes, c.gpus_per_node, c.world);
+  if (std::string n = unfused_accumulation_note(c, "nanotron"); !n.empty())
+    script += "# " + n + "\n";
   script += launcher_environment(c);
   script +=
       "\ntorchrun --nnodes \"$NNODES\" --nproc-per-node \"$GPUS_PER_NODE\" --node-rank "

@@ -146,12 +146,8 @@ Result<std::vector<ExportFile>> write_torchtitan(const Context& c) {
             ? "; FSDP all-gathers the weights in float8 (enable_fsdp_float8_all_gather) with "
               "their scales precomputed after each optimizer step"
             : ""));
-  if (l.gradient_accumulation_fusion)
-    notes.push_back(
-        "The plan times its weight-gradient GEMMs as adding into an fp32 main_grad (Megatron's "
-        "fused gradient accumulation); torchtitan writes them in the parameter dtype and "
-        "accumulates with separate adds: set the plan's gradient_accumulation_fusion to false "
-        "to time it so (it differs only with a profile that measured such GEMMs).");
+  if (std::string n = unfused_accumulation_note(c, "torchtitan"); !n.empty())
+    notes.push_back(std::move(n));
   if (l.pp == 1 && c.micro_batches > 1)
     notes.push_back(
         fmt::format("{} micro-batches per step run as gradient accumulation.", c.micro_batches));

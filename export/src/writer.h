@@ -137,6 +137,10 @@ std::string torchrun_script(const Context& c, const std::vector<std::string>& no
                             const std::vector<FlagGroup>& groups, std::string_view entry);
 /// The lines that set NNODES, GPUS_PER_NODE, NODE_RANK, MASTER_ADDR and MASTER_PORT.
 std::string launcher_environment(const Context& c);
+/// For a trainer without Megatron's fused gradient accumulation (torchtitan, DeepSpeed,
+/// nanotron): the note that the plan timed its weight-gradient GEMMs as adding into an fp32
+/// main_grad (Layout::gradient_accumulation_fusion); "" when the plan has it off.
+std::string unfused_accumulation_note(const Context& c, std::string_view trainer);
 
 // ---- Megatron vocabulary shared by megatron, megatron-mimo and megatron-bridge ----------
 

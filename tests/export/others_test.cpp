@@ -110,6 +110,13 @@ TEST(ExportDeepspeed, ConfigHoldsTheBatchIdentityAndZeroStage) {
   EXPECT_EQ(h["data_types"]["grad_accum_dtype"], "bf16");
   EXPECT_NE(files.at("launch.sh").find("num_stages=2"), std::string::npos);
   EXPECT_NE(files.at("launch.sh").find("deepspeed --num_nodes 4 --num_gpus 8"), std::string::npos);
+  // Timed with Megatron's fused accumulation (the plan's default), which DeepSpeed lacks: said.
+  EXPECT_NE(files.at("launch.sh").find("DeepSpeed writes them in the parameter dtype"),
+            std::string::npos);
+  Plan unfused = p;
+  unfused.layout.gradient_accumulation_fusion = false;
+  EXPECT_EQ(exported(s, unfused, Target::kDeepspeed).at("launch.sh").find("fp32 main_grad"),
+            std::string::npos);
 }
 
 TEST(ExportDeepspeed, RefusesInterleavingSequenceParallelismAndOverlap) {
@@ -157,6 +164,8 @@ TEST(ExportNanotron, SectionsMatchThePlan) {
                 .at("optimizer.accumulate_grad_in_fp32"),
             "false");
   EXPECT_NE(files.at("launch.sh").find("run_train.py --config-file"), std::string::npos);
+  EXPECT_NE(files.at("launch.sh").find("nanotron writes them in the parameter dtype"),
+            std::string::npos);
 }
 
 TEST(ExportNanotron, RefusesMultimodalAndMoeModels) {
