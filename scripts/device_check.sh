@@ -13,7 +13,8 @@
 #
 # HETPAR_DEVICE_RUNS: validation runs to calibrate at (names under validation/runs, without
 # .json); HETPAR_DEVICE_BASE: the built-in profile the calibration starts from (dgx-h200);
-# HETPAR_DEVICE_ARCH: CMAKE_CUDA_ARCHITECTURES (90). Steps go on after a failure where they
+# HETPAR_DEVICE_ARCH: CMAKE_CUDA_ARCHITECTURES (90); HETPAR_DEVICE_SUSTAIN: seconds each
+# GEMM runs back to back before it is timed (0.5; 0 = burst). Steps go on after a failure where they
 # can; the exit status is the first failure's.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +23,7 @@ mkdir -p "$out"
 runs=${HETPAR_DEVICE_RUNS:-"nemo-24.07-llama3-8b-8xh100-fp8 nemo-24.07-gpt3-175b-128xh100-fp8 llama3-405b-16384xh100"}
 base=${HETPAR_DEVICE_BASE:-dgx-h200}
 arch=${HETPAR_DEVICE_ARCH:-90}
+sustain=${HETPAR_DEVICE_SUSTAIN:-0.5}  # seconds each GEMM runs back to back before timing
 status=0
 step() {  # step NAME COMMAND...: runs it, its output in $out/NAME.log
   local name=$1
@@ -86,7 +88,7 @@ for r in $runs; do
     continue
   fi
   step "calibrate-$r" "$hetpar" calibrate --backend cuda --quick --base "$base" \
-    --shapes-from "$scenario" --max-shapes 24 --out "$out/$base-$r.json"
+    --shapes-from "$scenario" --max-shapes 24 --sustain "$sustain" --out "$out/$base-$r.json"
   # The GEMM rates (fp8 plans in fp8) and what adding into the fp32 main_grad costs.
   grep -h '^GEMM' "$out/calibrate-$r.log" | sed "s/^/  $r: /" >>"$out/summary.txt"
   step "ops-builtin-$r" "$hetpar" simulate "$scenario" --profile "$base" --ops

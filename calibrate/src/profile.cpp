@@ -179,6 +179,20 @@ class Builder {
   }
 
  private:
+  // How the GEMM samples were timed (SweepPlan::gemm_sustain_s), for their provenance.
+  std::string gemm_timing() const {
+    if (s_.gemm_sustain_s > 0)
+      return fmt::format(
+          "each shape run back to back for {:g} s first (the power-limited steady state), then "
+          "the median of {} back-to-back repetitions (calls under 64 KiB of operands: warm, "
+          "after {} warm-up)",
+          s_.gemm_sustain_s, s_.reps, s_.warmup);
+    return fmt::format(
+        "median of {} repetitions per shape after {} warm-up, cache flushed before "
+        "each",
+        s_.reps, s_.warmup);
+  }
+
   void mark(SystemProfile& p, const std::string& field, const std::string& how) {
     p.provenance[field] = how;
   }
@@ -282,9 +296,8 @@ class Builder {
             g.gemm_measured[i].push_back({gs.dims.m, gs.dims.n, gs.dims.k,
                                           FlopRate::per_second(std::round(gs.flops_per_s()))});
         mark(p, fmt::format("gpu.gemm.measured.{}", hardware::to_string(prec)),
-             fmt::format("{}: median of {} repetitions per shape after {} warm-up, cache flushed "
-                         "before each; shapes from the model zoo under TP 1..8 (gemm_grid.h){}",
-                         measured_, s_.reps, s_.warmup,
+             fmt::format("{}: {}; shapes from the model zoo under TP 1..8 (gemm_grid.h){}",
+                         measured_, gemm_timing(),
                          o_.plan_shapes.empty() ? "" : fmt::format(" and {}", o_.plan_shapes)) +
                  (prec != precision_of(gf.dtype)
                       ? " (fp32 runs, which the cpu backend uses for bf16)"
@@ -310,10 +323,9 @@ class Builder {
                  FlopRate::per_second(std::round(gs.flops_per_s()))});
         mark(p, fmt::format("gpu.gemm.measured_accumulate.{}", hardware::to_string(prec)),
              fmt::format("{}: {} GEMMs (the weight gradients of {}) adding into an fp32 "
-                         "output (beta 1, fp32 C), median of {} repetitions per shape after {} "
-                         "warm-up, cache flushed before each",
+                         "output (beta 1, fp32 C), {}",
                          measured_, runtime::to_string(gf.dtype),
-                         o_.plan_shapes.empty() ? "the plan" : o_.plan_shapes, s_.reps, s_.warmup));
+                         o_.plan_shapes.empty() ? "the plan" : o_.plan_shapes, gemm_timing()));
       }
     }
     for (Precision prec : hardware::kAllPrecisions)

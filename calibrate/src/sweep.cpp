@@ -142,6 +142,7 @@ class Runner {
     s_.device = b_.info();
     s_.warmup = plan_.warmup;
     s_.reps = plan_.reps;
+    s_.gemm_sustain_s = plan_.gemm_sustain_s;
     plan_groups();
     total_ = count_samples();
 
@@ -246,6 +247,26 @@ class Runner {
     return reps;
   }
 
+  // Rank-local timing at the power-limited steady state: the kernel back to back for
+  // plan_.gemm_sustain_s (in groups of >= 20 ms between synchronisations), then the
+  // repetitions back to back, no flush.
+  template <class Fn>
+  Result<std::vector<double>> time_sustained(Fn&& fn) {
+    HETPAR_ASSIGN_OR_RETURN(double once, time_region(fn, 1));
+    const int inner = std::max(
+        inner_for(once), once > 0 ? static_cast<int>(std::min(1e6, std::ceil(0.02 / once))) : 1);
+    for (double spent = 0; spent < plan_.gemm_sustain_s;) {
+      HETPAR_ASSIGN_OR_RETURN(double t, time_region(fn, inner));
+      spent += t * inner;
+    }
+    std::vector<double> reps;
+    for (int r = 0; r < plan_.reps; ++r) {
+      HETPAR_ASSIGN_OR_RETURN(double t, time_region(fn, inner));
+      reps.push_back(t);
+    }
+    return reps;
+  }
+
   // Pools the repetitions of every computing rank (all of them, or rank 0 alone).
   Result<TimingStats> pooled(const std::vector<double>& reps) {
     if (!plan_.compute_on_every_rank) return summarize(reps);
@@ -279,8 +300,9 @@ class Runner {
     } else {
       HETPAR_RETURN_IF_ERROR(probe);
     }
+    const auto run = [&] { return b_.gemm(kComputeStream, g, a, bm, c); };
     HETPAR_ASSIGN_OR_RETURN(
-        auto reps, time_local([&] { return b_.gemm(kComputeStream, g, a, bm, c); }, flush));
+        auto reps, flush&& plan_.gemm_sustain_s > 0 ? time_sustained(run) : time_local(run, flush));
     HETPAR_ASSIGN_OR_RETURN(TimingStats st, pooled(reps));
     return std::optional<TimingStats>(st);
   }

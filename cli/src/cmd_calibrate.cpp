@@ -201,6 +201,7 @@ int run_calibrate(const CalibrateOptions& opts) {
     last_phase = std::string(phase);
   };
   calibrate::SweepPlan plan = calibrate::default_plan(opts.backend, opts.quick);
+  plan.gemm_sustain_s = opts.sustain_s;
   if (!opts.shapes_from.empty()) {
     std::string what;
     Status st = add_plan_shapes(opts.shapes_from, opts.max_shapes, plan, &what);

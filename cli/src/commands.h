@@ -84,7 +84,8 @@ struct CalibrateOptions {
   std::string name;  // profile name, "" = calibrated-<backend>
   /// Scenario whose plan's GEMM shapes (and workload dtype) the sweep adds, "" = none.
   std::string shapes_from;
-  int max_shapes = 48;  // of those, the ones with the most FLOPs
+  int max_shapes = 48;   // of those, the ones with the most FLOPs
+  double sustain_s = 0;  // > 0: GEMMs timed at the steady state (SweepPlan::gemm_sustain_s)
 };
 /// Run under mpirun; every rank sweeps, rank 0 fits, prints and writes.
 int run_calibrate(const CalibrateOptions& opts);

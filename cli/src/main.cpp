@@ -138,6 +138,13 @@ int main(int argc, char** argv) {
       ->add_option("--max-shapes", calibrate.max_shapes,
                    "With --shapes-from: at most this many shapes, most FLOPs first")
       ->capture_default_str();
+  cmd_calibrate
+      ->add_option("--sustain", calibrate.sustain_s,
+                   "Seconds each GEMM runs back to back before it is timed (back to back, no "
+                   "cache flush): the rate at the power limit a training step sees, not a "
+                   "burst; 0 = burst")
+      ->check(CLI::Range(0.0, 60.0))
+      ->capture_default_str();
 
   CatalogOptions models;
   auto* cmd_models = app.add_subcommand("models", "List the model zoo");

@@ -63,6 +63,11 @@ struct SweepPlan {
   runtime::DType comm_dtype = runtime::DType::kF32;  // nccl-tests' default (float)
   int warmup = 2;
   int reps = 5;
+  /// > 0: each GEMM (but the call-overhead probe) runs back to back for this long before its
+  /// repetitions, which then run back to back too (no cache flush): the rate a GPU holds at
+  /// its power limit, as a training step runs its GEMMs (the built-in profiles' MSMF), not a
+  /// cold burst. 0: burst (cache flushed before each repetition).
+  double gemm_sustain_s = 0;
   double min_rep_s = 1e-3;
   int max_inner = 100;
   bool compute_on_every_rank = false;
@@ -129,6 +134,7 @@ struct Samples {
   RankTopology topology;
   int warmup = 0;
   int reps = 0;
+  double gemm_sustain_s = 0;  // SweepPlan::gemm_sustain_s
   std::vector<GemmSample> gemms;
   std::vector<AttentionSample> attention;
   std::vector<CopySample> copies;
