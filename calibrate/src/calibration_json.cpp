@@ -29,13 +29,16 @@ json fit_json(const AlphaBetaFit& f) {
 
 json fits_json(const Fits& f) {
   json gemm = json::array();
-  for (const GemmFit& g : f.gemm)
-    gemm.push_back({{"dtype", runtime::to_string(g.dtype)},
-                    {"shapes", g.shapes},
-                    {"max_gflops", g.max_flops_per_s / 1e9},
-                    {"median_gflops", g.median_flops_per_s / 1e9},
-                    {"min_gflops", g.min_flops_per_s / 1e9},
-                    {"best", {g.best.m, g.best.n, g.best.k}}});
+  auto add = [&gemm](const GemmFit& g, bool into_fp32) {
+    json j = {
+        {"dtype", runtime::to_string(g.dtype)},  {"shapes", g.shapes},
+        {"max_gflops", g.max_flops_per_s / 1e9}, {"median_gflops", g.median_flops_per_s / 1e9},
+        {"min_gflops", g.min_flops_per_s / 1e9}, {"best", {g.best.m, g.best.n, g.best.k}}};
+    if (into_fp32) j["into_fp32"] = true;  // beta 1, fp32 C (the weight gradients)
+    gemm.push_back(j);
+  };
+  for (const GemmFit& g : f.gemm) add(g, false);
+  for (const GemmFit& g : f.gemm_accumulate) add(g, true);
   json colls = json::array();
   for (const CollectiveFit& c : f.collectives) {
     json j = fit_json(c.fit);
