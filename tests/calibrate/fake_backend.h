@@ -28,6 +28,7 @@ struct FakeModel {
   // Collectives: alpha(op) = coll_alpha * (1 + index(op)) * (n - 1); algbw = coll_Bps / n.
   double coll_alpha = 1e-6;
   double coll_Bps = 16e9;
+  double fp32_c_slowdown = 1.0;  // a GEMM adding into an fp32 C takes this much longer
 
   double gemm_s(int64_t m, int64_t n, int64_t k) const {
     // Skinny dims lose speed linearly below 64.
@@ -90,7 +91,7 @@ class FakeBackend : public runtime::Backend {
   }
   Status gemm(runtime::Stream, const runtime::GemmDesc& d, const runtime::Buffer&,
               const runtime::Buffer&, runtime::Buffer&) override {
-    advance(model_.gemm_s(d.m, d.n, d.k));
+    advance(model_.gemm_s(d.m, d.n, d.k) * (d.fp32_c ? model_.fp32_c_slowdown : 1.0));
     return Status::ok();
   }
   Status attention_forward(runtime::Stream, const runtime::AttentionDesc& d, const runtime::Buffer&,

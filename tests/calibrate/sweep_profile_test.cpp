@@ -291,5 +291,48 @@ TEST(CalibratedProfile, BaseProfileKeepsDatasheetPeaksAndUnmeasuredFigures) {
   EXPECT_NEAR(p->gpu.effective_memory_bandwidth().bytes_per_s() / m.copy_Bps, 1.0, 1e-3);
 }
 
+// The weight-gradient GEMMs measured adding into fp32 fill their own table, which only such
+// GEMMs read; the plain table and eta_max come from the plain samples alone. --sustain is
+// recorded in the provenance.
+TEST(CalibratedProfile, AccumulatingGemmsGetTheirOwnTable) {
+  FakeModel m;
+  m.gemm_peak = 400e12;
+  m.fp32_c_slowdown = 1.5;
+  FakeBackend b(1, m);
+  SweepPlan plan = small_plan();
+  plan.gemm_dtypes = {runtime::DType::kBf16};
+  plan.gemms = {{8, 8, 8}, {1024, 2048, 512}};
+  plan.accumulate_gemms = {{{1024, 2048, 512}, runtime::DType::kBf16}};
+  plan.gemm_sustain_s = 0.01;
+  const Samples s = sweep(b, plan);
+  EXPECT_EQ(s.gemm_sustain_s, 0.01);
+  ASSERT_EQ(s.gemms.size(), 3u);
+  EXPECT_TRUE(s.gemms.back().accumulate_fp32);
+  EXPECT_NEAR(s.gemms.back().t.median_s / s.gemms[1].t.median_s, 1.5, 1e-9);
+  const Fits f = *fit_samples(s);
+  ASSERT_EQ(f.gemm.size(), 1u);
+  ASSERT_EQ(f.gemm_accumulate.size(), 1u);
+  EXPECT_EQ(f.gemm[0].shapes, 2);
+  ProfileOptions o;
+  o.base = *hardware::load_profile("dgx-h100");
+  o.base_ref = "dgx-h100";
+  o.date = "2026-12-02T00:00:00Z";
+  Result<hardware::SystemProfile> p = build_profile(s, f, o);
+  ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+  EXPECT_EQ(hardware::missing_provenance(*p), std::vector<std::string>{});
+  const size_t bf16 = hardware::precision_index(Precision::kBf16);
+  EXPECT_EQ(p->gpu.gemm_measured[bf16].size(), 2u);
+  ASSERT_EQ(p->gpu.gemm_accumulate_measured[bf16].size(), 1u);
+  EXPECT_NEAR(p->gpu.eta_max(Precision::kBf16), s.gemms[1].flops_per_s() / 989.4e12, 1e-9);
+  EXPECT_NEAR(p->gpu.gemm_time(1024, 2048, 512, 1, Precision::kBf16, true) /
+                  p->gpu.gemm_time(1024, 2048, 512, 1, Precision::kBf16),
+              1.5, 1e-6);
+  EXPECT_NE(p->provenance.at("gpu.gemm.measured.bf16").find("back to back for 0.01 s"),
+            std::string::npos)
+      << p->provenance.at("gpu.gemm.measured.bf16");
+  EXPECT_NE(p->provenance.at("gpu.gemm.measured_accumulate.bf16").find("adding into an fp32"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace hetpar::calibrate
