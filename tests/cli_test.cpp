@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -176,8 +177,13 @@ TEST(Cli, ValidationSummarisesEachSource) {
     EXPECT_EQ(s["runs"].get<int>(), n) << s;
     EXPECT_LE(s["mean_abs_error"].get<double>(), s["max_abs_error"].get<double>()) << s;
   }
+  // The runs within 10%: the count of the listed runs' |error| <= 0.10.
+  int within = 0;
+  for (const auto& row : j["runs"]) within += std::fabs(row["error"].get<double>()) <= 0.10;
+  EXPECT_EQ(j["within_10_percent"].get<int>(), within);
   CliRun text = run("validation " + dir);
   EXPECT_NE(text.out.find("By source"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find(fmt::format(", {} within 10%", within)), std::string::npos) << text.out;
   EXPECT_NE(text.out.find("%  https://arxiv.org/abs/2104.04473"), std::string::npos) << text.out;
 }
 

@@ -46,7 +46,7 @@ int run_validation(const ValidationOptions& opts) {
   double mean = predicted ? sum / predicted : 0;
 
   if (opts.json) {
-    fmt::print("{}\n", validation_to_json(rows, mean, worst));
+    fmt::print("{}\n", validation_to_json(rows, mean, worst, within_10));
   } else {
     fmt::print("{:<52} {:>6} {:>11} {:>11} {:>8} {:>7}\n", "run", "GPUs", "measured", "predicted",
                "error", "MFU");

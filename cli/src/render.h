@@ -30,8 +30,9 @@ std::string comparison_to_json(
     const planner::Scenario& s,
     const std::vector<std::pair<std::string, planner::PlanMetrics>>& rows,
     const std::string& winner);
+/// within_10: the runs predicted within 10% (the per-run target).
 std::string validation_to_json(const std::vector<planner::RunComparison>& rows, double mean_error,
-                               double max_error);
+                               double max_error, int within_10);
 /// validate --json: scenario, plan, profile, device, predicted and measured iteration time,
 /// TFLOPS/GPU, phases (validate's grouping) and task categories, relative errors.
 std::string validate_to_json(const planner::Scenario& s, const planner::Plan& p,

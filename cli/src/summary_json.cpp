@@ -213,7 +213,7 @@ std::string comparison_to_json(
 }
 
 std::string validation_to_json(const std::vector<planner::RunComparison>& rows, double mean_error,
-                               double max_error) {
+                               double max_error, int within_10) {
   nlohmann::json runs = nlohmann::json::array();
   for (const auto& r : rows) {
     nlohmann::json row = {{"name", r.name},
@@ -242,7 +242,8 @@ std::string validation_to_json(const std::vector<planner::RunComparison>& rows, 
   return nlohmann::json{{"runs", runs},
                         {"sources", sources},
                         {"mean_abs_error", mean_error},
-                        {"max_abs_error", max_error}}
+                        {"max_abs_error", max_error},
+                        {"within_10_percent", within_10}}
       .dump(2);
 }
 
