@@ -193,6 +193,24 @@ class Builder {
         s_.reps, s_.warmup);
   }
 
+  // The profile precisions a measured dtype stands for: its own, and bf16 too for the cpu
+  // backend's fp32 (it computes every dtype in fp32).
+  std::vector<Precision> precisions_of(DType t) const {
+    std::vector<Precision> out = {precision_of(t)};
+    if (t == DType::kF32 && fp32_stands_for_bf16()) out.push_back(Precision::kBf16);
+    return out;
+  }
+
+  // The measured rates of the dtype's plain GEMMs, or of those adding into fp32.
+  std::vector<hardware::GemmMeasurement> table(DType t, bool accumulate_fp32) const {
+    std::vector<hardware::GemmMeasurement> out;
+    for (const GemmSample& gs : s_.gemms)
+      if (gs.dtype == t && gs.accumulate_fp32 == accumulate_fp32)
+        out.push_back(
+            {gs.dims.m, gs.dims.n, gs.dims.k, FlopRate::per_second(std::round(gs.flops_per_s()))});
+    return out;
+  }
+
   void mark(SystemProfile& p, const std::string& field, const std::string& how) {
     p.provenance[field] = how;
   }
@@ -269,9 +287,7 @@ class Builder {
     // GEMM: measured precisions get the table and eta_max; a cpu fp32 measurement also
     // stands for bf16 (the cpu backend computes every dtype in fp32).
     for (const GemmFit& gf : f_.gemm) {
-      std::vector<Precision> precs = {precision_of(gf.dtype)};
-      if (gf.dtype == DType::kF32 && fp32_stands_for_bf16()) precs.push_back(Precision::kBf16);
-      for (Precision prec : precs) {
+      for (Precision prec : precisions_of(gf.dtype)) {
         const size_t i = hardware::precision_index(prec);
         const std::string key = fmt::format("gpu.compute.{}", hardware::to_string(prec));
         const std::string how =
@@ -289,12 +305,8 @@ class Builder {
           mark(p, key + ".peak_tflops", how + " (no datasheet peak: the best measured rate)");
           mark(p, key + ".eta_max", "peak is the best measured rate");
         }
-        g.gemm_measured[i].clear();
+        g.gemm_measured[i] = table(gf.dtype, false);
         g.gemm_k_scale[i].clear();  // the measured shapes carry their own K dependence
-        for (const GemmSample& gs : s_.gemms)
-          if (gs.dtype == gf.dtype && !gs.accumulate_fp32)
-            g.gemm_measured[i].push_back({gs.dims.m, gs.dims.n, gs.dims.k,
-                                          FlopRate::per_second(std::round(gs.flops_per_s()))});
         mark(p, fmt::format("gpu.gemm.measured.{}", hardware::to_string(prec)),
              fmt::format("{}: {}; shapes from the model zoo under TP 1..8 (gemm_grid.h){}",
                          measured_, gemm_timing(),
@@ -311,16 +323,8 @@ class Builder {
     // GEMMs adding into an fp32 output (the wgrad GEMMs of Megatron's fused gradient
     // accumulation): their own table, read for such GEMMs only; the rest keep the base's.
     for (const GemmFit& gf : f_.gemm_accumulate) {
-      std::vector<Precision> precs = {precision_of(gf.dtype)};
-      if (gf.dtype == DType::kF32 && fp32_stands_for_bf16()) precs.push_back(Precision::kBf16);
-      for (Precision prec : precs) {
-        const size_t i = hardware::precision_index(prec);
-        g.gemm_accumulate_measured[i].clear();
-        for (const GemmSample& gs : s_.gemms)
-          if (gs.dtype == gf.dtype && gs.accumulate_fp32)
-            g.gemm_accumulate_measured[i].push_back(
-                {gs.dims.m, gs.dims.n, gs.dims.k,
-                 FlopRate::per_second(std::round(gs.flops_per_s()))});
+      for (Precision prec : precisions_of(gf.dtype)) {
+        g.gemm_accumulate_measured[hardware::precision_index(prec)] = table(gf.dtype, true);
         mark(p, fmt::format("gpu.gemm.measured_accumulate.{}", hardware::to_string(prec)),
              fmt::format("{}: {} GEMMs (the weight gradients of {}) adding into an fp32 "
                          "output (beta 1, fp32 C), {}",

@@ -301,8 +301,8 @@ class Runner {
       HETPAR_RETURN_IF_ERROR(probe);
     }
     const auto run = [&] { return b_.gemm(kComputeStream, g, a, bm, c); };
-    HETPAR_ASSIGN_OR_RETURN(
-        auto reps, flush&& plan_.gemm_sustain_s > 0 ? time_sustained(run) : time_local(run, flush));
+    const bool sustain = flush && plan_.gemm_sustain_s > 0;  // not the call-overhead probe
+    HETPAR_ASSIGN_OR_RETURN(auto reps, sustain ? time_sustained(run) : time_local(run, flush));
     HETPAR_ASSIGN_OR_RETURN(TimingStats st, pooled(reps));
     return std::optional<TimingStats>(st);
   }

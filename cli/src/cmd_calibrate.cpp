@@ -36,17 +36,14 @@ void print_fits(const calibrate::Fits& f, const calibrate::Samples& s, const std
   fmt::print("Calibrated {} ({} backend), {} rank{} on {} host{}, {:.1f} s\n", s.device.name,
              s.device.backend, s.device.world, s.device.world == 1 ? "" : "s", s.topology.hosts(),
              s.topology.hosts() == 1 ? "" : "s", s.wall_s);
-  for (const calibrate::GemmFit& g : f.gemm)
+  const auto print_gemms = [](const calibrate::GemmFit& g, std::string_view what) {
     fmt::print(
-        "GEMM {:<5}    {} shapes: best {:.1f} GFLOP/s ({}x{}x{}), median {:.1f}, min {:.1f}\n",
-        runtime::to_string(g.dtype), g.shapes, g.max_flops_per_s / 1e9, g.best.m, g.best.n,
+        "GEMM {:<5}    {} shapes{}: best {:.1f} GFLOP/s ({}x{}x{}), median {:.1f}, min {:.1f}\n",
+        runtime::to_string(g.dtype), g.shapes, what, g.max_flops_per_s / 1e9, g.best.m, g.best.n,
         g.best.k, g.median_flops_per_s / 1e9, g.min_flops_per_s / 1e9);
-  for (const calibrate::GemmFit& g : f.gemm_accumulate)
-    fmt::print(
-        "GEMM {:<5}    {} shapes adding into fp32: best {:.1f} GFLOP/s ({}x{}x{}), median {:.1f}, "
-        "min {:.1f}\n",
-        runtime::to_string(g.dtype), g.shapes, g.max_flops_per_s / 1e9, g.best.m, g.best.n,
-        g.best.k, g.median_flops_per_s / 1e9, g.min_flops_per_s / 1e9);
+  };
+  for (const calibrate::GemmFit& g : f.gemm) print_gemms(g, "");
+  for (const calibrate::GemmFit& g : f.gemm_accumulate) print_gemms(g, " adding into fp32");
   // The cost of adding into fp32: each such shape's time against its plain measurement.
   for (const calibrate::GemmFit& g : f.gemm_accumulate) {
     std::vector<double> ratios;
@@ -128,32 +125,27 @@ Status add_plan_shapes(const std::string& path, int max, calibrate::SweepPlan& p
                            : p == hardware::Precision::kBf16 ? runtime::DType::kBf16
                            : p == hardware::Precision::kFp16 ? runtime::DType::kF16
                                                              : runtime::DType::kF32;
-  // A wgrad GEMM that adds into the fp32 main_grad (Layout::gradient_accumulation_fusion)
-  // is measured so, in its own operands' dtype (an fp8 plan's bf16 GEMMs stay bf16).
-  int added = 0, total = 0, accumulating = 0;
+  // Every shape is measured plain; a wgrad that adds into the fp32 main_grad
+  // (Layout::gradient_accumulation_fusion) also so, to compare, in its own operands' dtype:
+  // the plan's, but bf16 for an fp8 plan's 16-bit GEMMs (the output layer's).
+  const size_t accumulating_before = plan.accumulate_gemms.size();
+  int added = 0, total = 0;
   for (const sim::Kernel& k : planner::distinct_gemms(lp.graph)) {
     ++total;
-    const calibrate::GemmDims d{k.m, k.n, k.k};
     if (added >= max) continue;
-    // Every shape is measured plain; a wgrad that adds into fp32 also so, to compare.
-    const bool known = std::find(plan.gemms.begin(), plan.gemms.end(), d) != plan.gemms.end();
-    if (!known) plan.gemms.push_back(d);
-    bool accumulates = false;
-    if (k.accumulate_fp32) {
-      const runtime::DType kt = k.element_bytes == 1           ? runtime::DType::kF8E4M3
-                                : k.element_bytes == 4         ? runtime::DType::kF32
-                                : t == runtime::DType::kF8E4M3 ? runtime::DType::kBf16
-                                                               : t;
-      const calibrate::AccumulateGemm ag{d, kt};
-      accumulates = std::find(plan.accumulate_gemms.begin(), plan.accumulate_gemms.end(), ag) ==
-                    plan.accumulate_gemms.end();
-      if (accumulates) {
-        plan.accumulate_gemms.push_back(ag);
-        ++accumulating;
-      }
-    }
-    if (!known || accumulates) ++added;
+    const calibrate::GemmDims d{k.m, k.n, k.k};
+    const bool plain = std::find(plan.gemms.begin(), plan.gemms.end(), d) == plan.gemms.end();
+    if (plain) plan.gemms.push_back(d);
+    const runtime::DType kt =
+        t == runtime::DType::kF8E4M3 && k.element_bytes != 1 ? runtime::DType::kBf16 : t;
+    const calibrate::AccumulateGemm ag{d, kt};
+    const bool accumulating =
+        k.accumulate_fp32 && std::find(plan.accumulate_gemms.begin(), plan.accumulate_gemms.end(),
+                                       ag) == plan.accumulate_gemms.end();
+    if (accumulating) plan.accumulate_gemms.push_back(ag);
+    if (plain || accumulating) ++added;
   }
+  const size_t accumulating = plan.accumulate_gemms.size() - accumulating_before;
   if (std::find(plan.gemm_dtypes.begin(), plan.gemm_dtypes.end(), t) == plan.gemm_dtypes.end())
     plan.gemm_dtypes.push_back(t);
   // Attention in the dtype the plan runs it in too (its efficiency is then quoted against
