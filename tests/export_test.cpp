@@ -293,38 +293,83 @@ TEST(ExportVocabulary, TorchtitanDeepspeedNanotronEmitOnlyTheirKeys) {
 // FSDP plans: each target's spelling, in its vocabulary, or a refusal that says why.
 TEST(ExportFsdp, EachTrainerSpellsFullySharding) {
   planner::Scenario llama = scenario("llama-3.1-8b", 4, 8192, 512);
-  Plan p;
+  Plan p;  // Megatron-FSDP, resharded after the forward
   p.layout = layout(2, 1, 16);
   p.layout.sequence_parallel = true;
   p.layout.fsdp = true;
   Plan kept = p;
   kept.layout.fsdp_reshard_after_forward = false;
+  Plan fsdp2 = p;
+  fsdp2.layout.fsdp_implementation = planner::FsdpImplementation::kTorchFsdp2;
+  fsdp2.layout.gradient_accumulation_fusion = false;
+  Plan fsdp2_kept = fsdp2;
+  fsdp2_kept.layout.fsdp_reshard_after_forward = false;
   for (Target t : {Target::kMegatron, Target::kMegatronBridge, Target::kTorchtitan})
-    expect_known_names(t, llama, {p});
-  expect_known_names(Target::kMegatron, llama, {kept});
-  expect_known_names(Target::kTorchtitan, llama, {kept});
+    expect_known_names(t, llama, {p, fsdp2});
+  expect_known_names(Target::kMegatron, llama, {fsdp2_kept});
+  expect_known_names(Target::kTorchtitan, llama, {kept, fsdp2_kept});
 
-  auto f = all_flags(exported(llama, p, Target::kMegatron).at("launch.sh"));
+  std::string script = exported(llama, p, Target::kMegatron).at("launch.sh");
+  auto f = all_flags(script);
   EXPECT_EQ(f.count("--use-megatron-fsdp"), 1u);
   EXPECT_EQ(f.at("--data-parallel-sharding-strategy"), "optim_grads_params");
+  EXPECT_EQ(f.at("--ckpt-format"), "fsdp_dtensor");  // Megatron-FSDP's only format
   EXPECT_EQ(f.count("--use-distributed-optimizer"), 1u);
-  f = all_flags(exported(llama, kept, Target::kMegatron).at("launch.sh"));
+  // Megatron-FSDP cannot keep parameters gathered; FSDP2 can, and shards the optimizer
+  // state itself (Megatron-LM asserts no --use-distributed-optimizer with it).
+  EXPECT_NE(refusal(llama, kept, Target::kMegatron).find("torch_fsdp2"), std::string::npos);
+  f = all_flags(exported(llama, fsdp2, Target::kMegatron).at("launch.sh"));
   EXPECT_EQ(f.count("--use-torch-fsdp2"), 1u);
-  EXPECT_EQ(f.count("--torch-fsdp2-no-reshard-after-forward"), 1u);
+  EXPECT_EQ(f.count("--torch-fsdp2-no-reshard-after-forward"), 0u);
+  EXPECT_EQ(f.count("--use-distributed-optimizer"), 0u);
+  EXPECT_EQ(f.count("--overlap-param-gather"), 0u);
   EXPECT_EQ(f.count("--use-megatron-fsdp"), 0u);
+  EXPECT_NE(exported(llama, fsdp2, Target::kMegatron).at("launch.sh").find("reshards it"),
+            std::string::npos);  // Megatron-Core's output unit, noted
+  f = all_flags(exported(llama, fsdp2_kept, Target::kMegatron).at("launch.sh"));
+  EXPECT_EQ(f.count("--torch-fsdp2-no-reshard-after-forward"), 1u);
+  Plan fused = fsdp2;
+  fused.layout.gradient_accumulation_fusion = true;
+  EXPECT_NE(refusal(llama, fused, Target::kMegatron).find("gradient_accumulation_fusion"),
+            std::string::npos);
+  Plan piped = fsdp2;
+  piped.layout = layout(2, 2, 8);
+  piped.layout.sequence_parallel = true;
+  piped.layout.fsdp = true;
+  piped.layout.fsdp_implementation = planner::FsdpImplementation::kTorchFsdp2;
+  piped.layout.gradient_accumulation_fusion = false;
+  EXPECT_NE(refusal(llama, piped, Target::kMegatron).find("pipeline parallelism"),
+            std::string::npos);
 
-  const auto y = yaml_settings(exported(llama, p, Target::kMegatronBridge).begin()->second);
+  auto y = yaml_settings(exported(llama, p, Target::kMegatronBridge).begin()->second);
   EXPECT_EQ(y.at("ddp.use_megatron_fsdp"), "true");
   EXPECT_EQ(y.at("ddp.data_parallel_sharding_strategy"), "\"optim_grads_params\"");
   EXPECT_NE(refusal(llama, kept, Target::kMegatronBridge).find("optim_grads_params"),
             std::string::npos);
+  y = yaml_settings(exported(llama, fsdp2, Target::kMegatronBridge).begin()->second);
+  EXPECT_EQ(y.at("dist.use_torch_fsdp2"), "true");
+  EXPECT_EQ(y.at("ddp.use_distributed_optimizer"), "false");
+  EXPECT_EQ(y.count("ddp.use_megatron_fsdp"), 0u);
+  EXPECT_NE(refusal(llama, fsdp2_kept, Target::kMegatronBridge).find("no setting"),
+            std::string::npos);
 
-  f = all_flags(exported(llama, p, Target::kTorchtitan).at("launch.sh"));
+  // torchtitan runs FSDP2: "default" keeps [final norm, output] gathered as a torch_fsdp2
+  // plan is timed; a Megatron-FSDP plan reshards everything and says what it does not time.
+  script = exported(llama, p, Target::kTorchtitan).at("launch.sh");
+  f = all_flags(script);
   EXPECT_EQ(f.at("--parallelism.data_parallel_shard_degree"), "16");
   EXPECT_EQ(f.at("--parallelism.data_parallel_replicate_degree"), "1");
   EXPECT_EQ(f.at("--parallelism.fsdp_reshard_after_forward"), "always");
+  EXPECT_NE(script.find("set the plan's fsdp_implementation to torch_fsdp2"), std::string::npos);
+  script = exported(llama, fsdp2, Target::kTorchtitan).at("launch.sh");
+  EXPECT_EQ(all_flags(script).at("--parallelism.fsdp_reshard_after_forward"), "default");
+  EXPECT_EQ(script.find("fsdp_implementation"), std::string::npos);
   f = all_flags(exported(llama, kept, Target::kTorchtitan).at("launch.sh"));
   EXPECT_EQ(f.at("--parallelism.fsdp_reshard_after_forward"), "never");
+  Plan root = fsdp2;
+  root.layout.fsdp_root_unit = true;
+  EXPECT_NE(exported(llama, root, Target::kTorchtitan).at("launch.sh").find("before July 2025"),
+            std::string::npos);
 
   Plan ds;
   ds.layout = layout(1, 1, 32);

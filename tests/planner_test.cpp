@@ -74,6 +74,8 @@ TEST(PlanJson, RoundTripsEveryLayoutSwitch) {
   p.layout.dp = 16;
   p.layout.fsdp = true;
   p.layout.fsdp_reshard_after_forward = false;
+  p.layout.fsdp_implementation = FsdpImplementation::kTorchFsdp2;
+  p.layout.fsdp_root_unit = true;
   p.layout.tp_backward_overlap = false;
   p.layout.flash_attention = false;
   p.layout.moe_capacity_factor = 1.25;
@@ -83,6 +85,8 @@ TEST(PlanJson, RoundTripsEveryLayoutSwitch) {
   EXPECT_EQ(*back, p);
   p.layout.fsdp = false;
   p.layout.fsdp_reshard_after_forward = true;
+  p.layout.fsdp_implementation = FsdpImplementation::kMegatron;
+  p.layout.fsdp_root_unit = false;
   p.layout.tp_backward_overlap = true;
   back = parse_plan(plan_to_json(p), "plan");
   ASSERT_TRUE(back.is_ok());

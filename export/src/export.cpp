@@ -251,6 +251,40 @@ void refuse_mimo_fsdp(const Context& c, std::string_view who, Refusals& r) {
     if (m.layout.fsdp) refuse(fmt::format("module {}", m.module));
 }
 
+void refuse_megatron_fsdp(const Context& c, std::string_view who, Refusals& r) {
+  const planner::Layout& l = c.layout();
+  if (!l.fsdp) return;
+  if (!l.torch_fsdp2()) {
+    if (!l.fsdp_reshard_after_forward)
+      r.add(
+          "fsdp kept gathered from forward to backward as Megatron-FSDP: its optim_grads_params "
+          "strategy gathers the parameters again for the backward; PyTorch FSDP2 keeps them "
+          "(fsdp_implementation torch_fsdp2)");
+    return;
+  }
+  // Megatron-LM's arguments.py, under --use-torch-fsdp2; Megatron-Bridge builds the same
+  // Megatron-Core wrapper (TorchFullyShardedDataParallel).
+  const auto refuse = [&](std::string_view what, std::string_view why) {
+    r.add(fmt::format("torch FSDP2 with {}: {} ({})", what, why, who));
+  };
+  if (l.pp > 1)
+    refuse(fmt::format("pp {}", l.pp), "Megatron-Core's FSDP2 runs without pipeline parallelism");
+  if (l.ep > 1)
+    refuse(fmt::format("ep {}", l.ep), "Megatron-Core's FSDP2 runs without expert parallelism");
+  if (c.s.workload.precision == hardware::Precision::kFp16)
+    refuse("fp16", "Megatron-Core's FSDP2 trains in bf16 or fp32");
+  if (c.llm.tied_embeddings)
+    refuse("tied embeddings", "it needs the output layer untied from the embedding");
+  if (l.gradient_accumulation_fusion)
+    refuse("fused gradient accumulation",
+           "FSDP2 has no main_grad to add into; set the plan's gradient_accumulation_fusion to "
+           "false");
+  if (l.fp8_param_gather)
+    refuse("FP8 parameter gathers",
+           "Megatron turns fp8_param_gather off under FSDP2 with Transformer Engine 2; set it "
+           "false");
+}
+
 void refuse_mimo_ddp_mismatch(const Context& c, const planner::ModulePlan& m,
                               std::string_view where, Refusals& r) {
   const planner::Layout& l = c.layout();
@@ -379,6 +413,34 @@ std::string unfused_accumulation_note(const Context& c, std::string_view trainer
       "separate adds: set the plan's gradient_accumulation_fusion to false to time it so (it "
       "differs only with a profile that measured such GEMMs).",
       trainer);
+}
+
+std::vector<std::string> fsdp2_notes(const Context& c, std::string_view trainer,
+                                     bool wraps_like_torchtitan) {
+  const planner::Layout& l = c.layout();
+  std::vector<std::string> notes;
+  if (!l.fsdp) return notes;
+  if (!l.torch_fsdp2()) {
+    notes.push_back(fmt::format(
+        "The plan times FSDP as Megatron-FSDP (collectives in place); {} runs PyTorch FSDP2, "
+        "whose copy-out kernel after each all-gather it does not charge: set the plan's "
+        "fsdp_implementation to torch_fsdp2 to time it so.",
+        trainer));
+    return notes;
+  }
+  if (l.fsdp_root_unit)
+    notes.push_back(fmt::format(
+        "The plan times torchtitan's FSDP wrapping before July 2025 (the embedding, final norm "
+        "and output in the root unit, the last layer kept gathered); {} wraps them as units of "
+        "their own: set fsdp_root_unit to false to time that.",
+        trainer));
+  else if (!wraps_like_torchtitan && l.fsdp_reshard_after_forward)
+    notes.push_back(fmt::format(
+        "The plan keeps [final norm, output] gathered from their forward to their backward, as "
+        "torchtitan wraps them; {} wraps the output layer as a unit of its own and reshards it "
+        "like the layers, one all-gather more per micro-batch than predicted.",
+        trainer));
+  return notes;
 }
 
 std::string torchrun_script(const Context& c, const std::vector<std::string>& notes,

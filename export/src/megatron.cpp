@@ -87,19 +87,24 @@ std::vector<Flag> training_flags(const Context& c) {
   std::vector<Flag> f = {{"--micro-batch-size", num(l.micro_batch)},
                          {"--global-batch-size", num(c.s.workload.global_batch)}};
   for (Flag& x : megatron_recompute_flags(l)) f.push_back(std::move(x));
-  if (l.shards_optimizer_state()) f.push_back({"--use-distributed-optimizer", ""});
-  // FSDP: Megatron-FSDP's ZeRO-3 strategy reshards after the forward; torch FSDP2 can keep
-  // the gathered parameters until the backward.
-  if (l.fsdp && l.fsdp_reshard_after_forward) {
+  // FSDP (Layout::fsdp_implementation): Megatron-FSDP's ZeRO-3 strategy, which saves its
+  // fsdp_dtensor checkpoints only; or torch FSDP2, which keeps the gathered parameters until
+  // the backward on request and shards the optimizer state itself (Megatron-LM asserts it
+  // without --use-distributed-optimizer, arguments.py).
+  const bool fsdp2 = l.torch_fsdp2();
+  if (l.shards_optimizer_state() && !fsdp2) f.push_back({"--use-distributed-optimizer", ""});
+  if (l.fsdp && !fsdp2) {
     f.push_back({"--use-megatron-fsdp", ""});
     f.push_back({"--data-parallel-sharding-strategy", "optim_grads_params"});
-  } else if (l.fsdp) {
+    f.push_back({"--ckpt-format", "fsdp_dtensor"});
+  } else if (fsdp2) {
     f.push_back({"--use-torch-fsdp2", ""});
-    f.push_back({"--torch-fsdp2-no-reshard-after-forward", ""});
+    if (!l.fsdp_reshard_after_forward) f.push_back({"--torch-fsdp2-no-reshard-after-forward", ""});
   }
   if (l.overlap_grad_reduce) f.push_back({"--overlap-grad-reduce", ""});
-  // The parameter all-gather exists only with the distributed optimizer (Megatron asserts).
-  if (l.overlap_param_gather && l.shards_optimizer_state())
+  // The parameter all-gather exists only with the distributed optimizer or Megatron-FSDP
+  // (Megatron asserts).
+  if (l.overlap_param_gather && l.shards_optimizer_state() && !fsdp2)
     f.push_back({"--overlap-param-gather", ""});
   for (Flag& x : precision_flags(c)) f.push_back(std::move(x));
   // The gradient buffer where it departs from Megatron's default for the precision (fp32
@@ -246,6 +251,7 @@ Result<std::vector<ExportFile>> write_megatron(const Context& c) {
   refuse_selective_op(c, r);
   refuse_schedule(c, r, /*interleaving_ok=*/true);
   refuse_tf32(c, r);
+  refuse_megatron_fsdp(c, "Megatron-LM's arguments.py asserts it under --use-torch-fsdp2", r);
   for (size_t i : c.encoders)
     if (models::kind_of(c.s.model.modules[i].spec) == models::ModuleKind::kAudioEncoder)
       r.add(fmt::format(
@@ -270,6 +276,9 @@ Result<std::vector<ExportFile>> write_megatron(const Context& c) {
       "Data parallelism {} = world {} / (tp {} x pp {} x cp {}) is implied: Megatron-LM has "
       "no DP flag.",
       l.dp, c.world, l.tp, l.pp, l.cp)};
+  if (l.torch_fsdp2())
+    for (std::string& n : fsdp2_notes(c, "Megatron-LM", /*wraps_like_torchtitan=*/false))
+      notes.push_back(std::move(n));
   std::string entry = "pretrain_gpt.py";
   if (c.multimodal()) {
     entry = "pretrain_vlm.py";

@@ -83,11 +83,16 @@ void add_training(std::vector<Setting>& s, const Context& c) {
   s.push_back({"train.micro_batch_size", num(l.micro_batch)});
   s.push_back({"train.global_batch_size", num(c.s.workload.global_batch)});
   s.push_back({"dataset.seq_length", num(c.s.workload.seq_len)});
-  s.push_back({"ddp.use_distributed_optimizer", yaml_bool(l.shards_optimizer_state())});
-  if (l.fsdp) {  // Megatron-FSDP, ZeRO-3 (write_megatron_bridge refuses FSDP without reshard)
+  // FSDP: Megatron-FSDP's ZeRO-3 strategy (write_megatron_bridge refuses it without
+  // reshard), or torch FSDP2, which shards the optimizer state itself.
+  const bool fsdp2 = l.torch_fsdp2();
+  s.push_back({"ddp.use_distributed_optimizer", yaml_bool(l.shards_optimizer_state() && !fsdp2)});
+  if (l.fsdp && !fsdp2) {
     s.push_back({"dist.use_megatron_fsdp", "true"});
     s.push_back({"ddp.use_megatron_fsdp", "true"});
     s.push_back({"ddp.data_parallel_sharding_strategy", yaml_string("optim_grads_params")});
+  } else if (fsdp2) {
+    s.push_back({"dist.use_torch_fsdp2", "true"});
   }
   s.push_back({"ddp.overlap_grad_reduce", yaml_bool(l.overlap_grad_reduce)});
   if (l.tp_comm_overlap) s.push_back({"comm_overlap.tp_comm_overlap", "true"});  // userbuffers
@@ -101,7 +106,7 @@ void add_training(std::vector<Setting>& s, const Context& c) {
     s.push_back({"comm_overlap.delay_wgrad_compute", "true"});
   }
   s.push_back({"ddp.overlap_param_gather",
-               yaml_bool(l.overlap_param_gather && l.shards_optimizer_state())});
+               yaml_bool(l.overlap_param_gather && l.shards_optimizer_state() && !fsdp2)});
   // The recipe also sets model.pipeline_dtype, which MCore needs with PP > 1.
   // A recipe of megatron.bridge.training.mixed_precision by name; FP8 keeps bf16 outside the
   // Linear GEMMs, scaled as the plan's fp8_recipe says.
@@ -188,10 +193,11 @@ Result<std::vector<ExportFile>> write_megatron_bridge(const Context& c) {
   refuse_precision_unless(
       c, r, {hardware::Precision::kBf16, hardware::Precision::kFp16, hardware::Precision::kFp8});
   if (c.heterogeneous()) refuse_mimo(c, r);
-  if (c.layout().fsdp && !c.layout().fsdp_reshard_after_forward)
+  refuse_megatron_fsdp(c, "Megatron-Bridge builds Megatron-Core's FSDP2 wrapper", r);
+  if (l.torch_fsdp2() && !l.fsdp_reshard_after_forward)
     r.add(
-        "fsdp without resharding after the forward: Megatron-FSDP's optim_grads_params "
-        "strategy gathers the parameters again for the backward");
+        "torch FSDP2 kept gathered from forward to backward: Megatron-Bridge's config has no "
+        "setting for it (Megatron-LM's --torch-fsdp2-no-reshard-after-forward)");
   // Every named recipe reduces gradients in fp32 with 16-bit weights of bf16, in fp16 with
   // fp16 weights; MixedPrecisionConfig.setup() copies the recipe's grad_reduce_in_fp32 over
   // ddp.grad_reduce_in_fp32, and an override naming a recipe cannot also set its fields.
@@ -226,6 +232,9 @@ Result<std::vector<ExportFile>> write_megatron_bridge(const Context& c) {
         l.dp, c.llm.block.activation == models::Activation::kSwiglu ? "SwiGLU: silu" : "GELU");
     if (c.multimodal())
       text += "# Multimodal, homogeneous: use your VLM provider; its encoder shares this layout.\n";
+    if (l.torch_fsdp2())
+      for (const std::string& n : fsdp2_notes(c, "Megatron-Core", /*wraps_like_torchtitan=*/false))
+        text += "# " + n + "\n";
     s.push_back({"model.tensor_model_parallel_size", num(l.tp)});
     s.push_back({"model.pipeline_model_parallel_size", num(l.pp)});
     s.push_back({"model.virtual_pipeline_model_parallel_size", l.vpp > 1 ? num(l.vpp) : "null"});

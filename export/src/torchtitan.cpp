@@ -102,9 +102,14 @@ Result<std::vector<ExportFile>> write_torchtitan(const Context& c) {
       {"--parallelism.context_parallel_degree", num(l.cp)},
       {"--parallelism.pipeline_parallel_degree", num(l.pp)},
   };
+  // torchtitan's policies: "default" reshards the layers (and the embedding) but keeps
+  // [final norm, output] gathered, as a torch_fsdp2 plan is timed; "always" reshards every
+  // unit, as a Megatron-FSDP plan is; "never" keeps all. With pp > 1 "default" means never.
   if (l.fsdp)
-    parallel.push_back({"--parallelism.fsdp_reshard_after_forward",
-                        l.fsdp_reshard_after_forward ? "always" : "never"});
+    parallel.push_back(
+        {"--parallelism.fsdp_reshard_after_forward", !l.fsdp_reshard_after_forward  ? "never"
+                                                     : l.torch_fsdp2() && l.pp == 1 ? "default"
+                                                                                    : "always"});
   if (l.pp > 1) {
     parallel.push_back({"--parallelism.pipeline_parallel_schedule", schedule});
     parallel.push_back({"--parallelism.num_pp_microbatches", num(c.micro_batches)});
@@ -147,6 +152,8 @@ Result<std::vector<ExportFile>> write_torchtitan(const Context& c) {
               "their scales precomputed after each optimizer step"
             : ""));
   if (std::string n = unfused_accumulation_note(c, "torchtitan"); !n.empty())
+    notes.push_back(std::move(n));
+  for (std::string& n : fsdp2_notes(c, "torchtitan", /*wraps_like_torchtitan=*/true))
     notes.push_back(std::move(n));
   if (l.pp == 1 && c.micro_batches > 1)
     notes.push_back(

@@ -141,6 +141,12 @@ std::string launcher_environment(const Context& c);
 /// nanotron): the note that the plan timed its weight-gradient GEMMs as adding into an fp32
 /// main_grad (Layout::gradient_accumulation_fusion); "" when the plan has it off.
 std::string unfused_accumulation_note(const Context& c, std::string_view trainer);
+/// For a trainer that runs PyTorch FSDP2 (`wraps_like_torchtitan`: with torchtitan's units,
+/// else Megatron-Core's, which reshard the output layer like the layers): the notes on what
+/// the plan's FSDP timing (Layout::fsdp_implementation, fsdp_root_unit) does not match;
+/// none without FSDP.
+std::vector<std::string> fsdp2_notes(const Context& c, std::string_view trainer,
+                                     bool wraps_like_torchtitan);
 
 // ---- Megatron vocabulary shared by megatron, megatron-mimo and megatron-bridge ----------
 
@@ -153,6 +159,12 @@ std::string transformer_config_fields(const planner::Layout& l);
 std::vector<Flag> megatron_model_flags(const Context& c);
 /// Refusals for LLM shapes Megatron cannot build.
 void refuse_megatron_model(const Context& c, Refusals& r);
+/// Refusals for FSDP plans Megatron-Core cannot run: kept gathered to the backward as
+/// Megatron-FSDP (its optim_grads_params strategy gathers again), and torch FSDP2 with what
+/// Megatron-LM's arguments.py asserts against (pipeline or expert parallelism, fp16, tied
+/// embeddings, fused gradient accumulation) or turns off (FP8 parameter gathers).
+/// `who`: the trainer, for the messages.
+void refuse_megatron_fsdp(const Context& c, std::string_view who, Refusals& r);
 
 // ---- the writers --------------------------------------------------------------------
 

@@ -54,6 +54,16 @@ std::string_view to_string(CrossEntropy c) {
   return "?";
 }
 
+std::string_view to_string(FsdpImplementation f) {
+  switch (f) {
+    case FsdpImplementation::kMegatron:
+      return "megatron_fsdp";
+    case FsdpImplementation::kTorchFsdp2:
+      return "torch_fsdp2";
+  }
+  return "?";
+}
+
 std::string_view to_string(GradReduceDtype d) {
   switch (d) {
     case GradReduceDtype::kDefault:
@@ -101,10 +111,12 @@ std::string describe_in_words(const Layout& l, hardware::Precision workload) {
   if (l.ep > 1) out += fmt::format(" ep {}", l.ep);
   if (l.expert_tp() != l.tp) out += fmt::format(" etp {}", l.expert_tp());
   out += fmt::format(", micro-batch {}, recompute {}, ", l.micro_batch, to_string(l.recompute));
-  if (l.fsdp)
-    out += l.fsdp_reshard_after_forward ? "fsdp (parameters gathered for forward and backward)"
-                                        : "fsdp (parameters kept from forward to backward)";
-  else
+  if (l.fsdp) {
+    out += l.fsdp_reshard_after_forward ? "fsdp (parameters gathered for forward and backward"
+                                        : "fsdp (parameters kept from forward to backward";
+    if (l.torch_fsdp2()) out += l.fsdp_root_unit ? "; torch fsdp2, root unit" : "; torch fsdp2";
+    out += ")";
+  } else
     out += l.distributed_optimizer ? "distributed optimizer on" : "distributed optimizer off";
   if (workload == hardware::Precision::kFp8)
     out += fmt::format(", fp8 recipe {}", to_string(l.fp8_recipe));

@@ -65,9 +65,29 @@ bool power_of_two_tp(int tp) {
 }
 
 // How a layout shards its parameters, for messages.
-std::string_view fsdp_setting(const Layout& l) {
+std::string fsdp_setting(const Layout& l) {
   if (!l.fsdp) return "off";
-  return l.fsdp_reshard_after_forward ? "on (resharded after the forward)" : "on (kept gathered)";
+  return fmt::format("on ({}{}{})", l.torch_fsdp2() ? "torch_fsdp2, " : "",
+                     l.fsdp_reshard_after_forward ? "resharded after the forward" : "kept gathered",
+                     l.fsdp_root_unit ? ", root unit" : "");
+}
+
+// The FSDP variant fields against fsdp itself; `who` prefixes the message.
+std::string fsdp_infeasibility(const Layout& l, std::string_view who) {
+  if (!l.fsdp && l.fsdp_implementation != FsdpImplementation::kMegatron)
+    return fmt::format("{}fsdp_implementation {} needs fsdp", who,
+                       to_string(l.fsdp_implementation));
+  if (l.torch_fsdp2() && l.gradient_accumulation_fusion)
+    return fmt::format(
+        "{}gradient_accumulation_fusion with torch FSDP2: there is no fp32 main_grad to add "
+        "into (FSDP2 writes each gradient in the parameter dtype); set it false",
+        who);
+  if (l.fsdp_root_unit && !l.torch_fsdp2())
+    return fmt::format(
+        "{}fsdp_root_unit needs fsdp with fsdp_implementation torch_fsdp2 (it is FSDP2's root "
+        "unit)",
+        who);
+  return {};
 }
 
 // The checks of a colocated / non-colocated plan beyond the LLM's own layout.
@@ -150,8 +170,10 @@ std::string heterogeneous_infeasibility(const Scenario& s, const Plan& p) {
       }
     // One memory model per rank (memory.cpp merges a colocated encoder's tallies into the
     // LLM's ranks and holds them as the LLM's layout does): one FSDP setting for both.
-    if (colocated && (e.fsdp != l.fsdp ||
-                      (e.fsdp && e.fsdp_reshard_after_forward != l.fsdp_reshard_after_forward)))
+    if (std::string why = fsdp_infeasibility(e, fmt::format("module \"{}\": ", mp.module));
+        !why.empty())
+      return why;
+    if (colocated && fsdp_setting(e) != fsdp_setting(l))
       return fmt::format(
           "module \"{}\": fsdp {} differs from the llm's {}: a colocated encoder shares the "
           "LLM's ranks and must shard its parameters as the LLM does",
@@ -244,6 +266,7 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
                          hardware::to_string(s.workload.precision));
   }
   if (std::string why = attention_kernel_infeasibility(s, l, ""); !why.empty()) return why;
+  if (std::string why = fsdp_infeasibility(l, ""); !why.empty()) return why;
   if (l.sequence_parallel && l.tp == 1) return "sequence parallelism needs tp > 1";
   if (l.tp_comm_overlap && !l.sequence_parallel)
     return "tp_comm_overlap needs tp > 1 with sequence parallelism (sp): userbuffers overlap the "
@@ -561,13 +584,31 @@ class Lowering {
   // compute step right before an EP all-to-all, runs only its dgrad, its wgrad beside the
   // all-to-all once that is issued (run_step's kEpAllToAll).
   bool delays_wgrad(const PlacedBlock& pb, size_t s);
-  // FSDP (Layout::fsdp): the block's parameter all-gather on each rank after `after[j]`
-  // (its next compute waits for it), and its gradient reduce-scatter after its last task.
-  void fsdp_gather(const PlacedBlock& pb, const std::vector<TaskId>& after);
-  void fsdp_reduce(const PlacedBlock& pb);
+  // FSDP (Layout::fsdp): an FSDP unit, the blocks whose parameters gather and reduce
+  // together: one block, or with Layout::fsdp_root_unit the chunk's blocks outside the layers.
+  struct FsdpUnit {
+    std::vector<const PlacedBlock*> blocks;
+    std::string name;  // "llm L12", "llm root"
+  };
+  FsdpUnit fsdp_unit(const PlacedBlock& pb) const { return {{&pb}, pb.name}; }
+  // The chunk's root unit (Layout::fsdp_root_unit): its blocks that are not layers.
+  FsdpUnit fsdp_root(const std::vector<PlacedBlock>& chunk) const;
+  // The unit's parameter all-gather on each rank after `after[j]` (its next compute waits
+  // for it; under FSDP2, Layout::torch_fsdp2, that is fsdp_copy_out).
+  void fsdp_gather(const FsdpUnit& u, const std::vector<TaskId>& after);
+  // FSDP2's copy-out: the gathered flat buffer split into the unit's parameters by a
+  // memory-bound kernel on the compute stream, before the unit runs.
+  void fsdp_copy_out(const FsdpUnit& u, int pass);
+  // The unit's gradient reduce-scatter after its last task.
+  void fsdp_reduce(const FsdpUnit& u);
+  // Whether block b of a chunk (the layer before a post block counts as the model's last)
+  // keeps the parameters its forward gathered until its backward though the layout
+  // reshards: FSDP2's [final norm, output] unit, and with the root unit the root's blocks
+  // and the last layer (torchtitan's reshard_after_forward policy).
+  bool fsdp_kept_to_backward(const std::vector<PlacedBlock>& chunk, size_t b) const;
   template <class PartBytes, class OnRank>
-  void fsdp_collectives(const PlacedBlock& pb, CollectiveKind kind, PartBytes&& bytes,
-                        int32_t stream, std::string_view what, OnRank&& on_rank);
+  void fsdp_collectives(const FsdpUnit& u, CollectiveKind kind, PartBytes&& bytes, int32_t stream,
+                        std::string_view what, OnRank&& on_rank);
   // Parameters (a block's, a bucket's) by the group that reduces, gathers and shards them:
   // the dense ones over the dp x cp ranks, with the routed experts unless those are apart
   // (experts_apart()), which go over their expert-DP group. `prefix` names the part in labels.
@@ -580,6 +621,8 @@ class Lowering {
     if (!experts_apart()) dense += std::exchange(expert, {});
     return {{{&dp_groups_, dense, ""}, {&edp_groups_, expert, "expert "}}};
   }
+  // The unit's parameters by shard group (param_parts), its blocks' summed.
+  std::array<ParamPart, 2> unit_parts(const FsdpUnit& u) const;
   // Bytes of weights as held (memory.h held_weight_bytes).
   Bytes held_bytes(const ParamCount& c) const {
     return Bytes(std::llround(held_weight_bytes(
@@ -1276,20 +1319,19 @@ void Lowering::linear_backward(const PlacedBlock& pb, size_t s, const Labels& lb
   }
 }
 
-// Each of pb's FSDP shard groups in turn (param_parts: dense, then experts apart), for
+// Each of the unit's FSDP shard groups in turn (param_parts: dense, then experts apart), for
 // groups of two ranks or more; bytes(params) for its part; on_rank(j, task, previous part's
 // task on j or invalid).
 template <class PartBytes, class OnRank>
-void Lowering::fsdp_collectives(const PlacedBlock& pb, CollectiveKind kind, PartBytes&& bytes,
+void Lowering::fsdp_collectives(const FsdpUnit& u, CollectiveKind kind, PartBytes&& bytes,
                                 int32_t stream, std::string_view what, OnRank&& on_rank) {
-  const Block& b = block(0, pb);
   std::vector<TaskId> previous(st_.size()), current(st_.size());
-  for (const ParamPart& part : param_parts(b.dense, b.expert)) {
+  for (const ParamPart& part : unit_parts(u)) {
     const GroupSet& gs = *part.group;
     if (part.params.all == 0 || gs.locals.empty() || gs.locals[0].size() < 2) continue;
     const sim::LabelId name =
         g_.label(fmt::format("{}fsdp {} {}{} {} stage {}", role_.prefix, sim::to_string(kind),
-                             part.prefix, what, pb.name, stage_));
+                             part.prefix, what, u.name, stage_));
     group_collectives(gs, kind, bytes(part.params), stream, {cat_dp_, name}, [&](int j, TaskId c) {
       on_rank(j, c, previous[j]);
       current[j] = c;
@@ -1298,10 +1340,36 @@ void Lowering::fsdp_collectives(const PlacedBlock& pb, CollectiveKind kind, Part
   }
 }
 
-void Lowering::fsdp_gather(const PlacedBlock& pb, const std::vector<TaskId>& after) {
-  // The block's compute waits for the last gather (rs.gathered).
+std::array<Lowering::ParamPart, 2> Lowering::unit_parts(const FsdpUnit& u) const {
+  ParamCount dense, expert;
+  for (const PlacedBlock* pb : u.blocks) {
+    dense += block(0, *pb).dense;
+    expert += block(0, *pb).expert;
+  }
+  return param_parts(dense, expert);
+}
+
+Lowering::FsdpUnit Lowering::fsdp_root(const std::vector<PlacedBlock>& chunk) const {
+  FsdpUnit u{{}, "root"};
+  for (const PlacedBlock& pb : chunk)
+    if (pb.part != Part::kLayer) u.blocks.push_back(&pb);
+  return u;
+}
+
+bool Lowering::fsdp_kept_to_backward(const std::vector<PlacedBlock>& chunk, size_t b) const {
+  if (!l_.torch_fsdp2()) return false;
+  const Part part = chunk[b].part;
+  if (part == Part::kPost) return true;
+  if (!l_.fsdp_root_unit) return false;
+  if (part == Part::kPre) return true;
+  return b + 1 < chunk.size() && chunk[b + 1].part == Part::kPost &&
+         chunk[b + 1].module == chunk[b].module;
+}
+
+void Lowering::fsdp_gather(const FsdpUnit& u, const std::vector<TaskId>& after) {
+  // The unit's compute waits for the last gather (rs.gathered).
   fsdp_collectives(
-      pb, CollectiveKind::kAllGather, [&](const ParamCount& c) { return held_bytes(c); },
+      u, CollectiveKind::kAllGather, [&](const ParamCount& c) { return held_bytes(c); },
       kFsdpGather, "params",
       [&](int j, TaskId c, TaskId previous) {
         if (after[j].valid()) g_.add_dependency(after[j], c);
@@ -1310,10 +1378,31 @@ void Lowering::fsdp_gather(const PlacedBlock& pb, const std::vector<TaskId>& aft
       });
 }
 
-void Lowering::fsdp_reduce(const PlacedBlock& pb) {
+void Lowering::fsdp_copy_out(const FsdpUnit& u, int pass) {
+  // Only parts that were gathered (fsdp_collectives: a shard group of two ranks or more).
+  Bytes gathered;
+  for (const ParamPart& part : unit_parts(u))
+    if (part.params.all > 0 && !part.group->locals.empty() && part.group->locals[0].size() >= 2)
+      gathered += held_bytes(part.params);
+  if (gathered.count() == 0) return;
+  const Bytes moved = gathered + gathered;  // read the flat buffer, write the parameters
+  const sim::LabelId name =
+      g_.label(fmt::format("{}fsdp copy-out params {} stage {}", role_.prefix, u.name, stage_));
+  sim::KernelListId k;
+  if (o_.kernels) {
+    const sim::Kernel copy = sim::memory_kernel(moved.count());
+    k = g_.add_kernels({&copy, 1});
+  }
+  for (int j : actives_) {
+    const hardware::DeviceProfile& dev = s_.cluster.groups()[group_[j]].profile.gpu;
+    compute(j, dev.memory_kernel_time(moved), Flops(), pass, name, k);
+  }
+}
+
+void Lowering::fsdp_reduce(const FsdpUnit& u) {
   const int64_t gb = gradient_bytes(s_.workload.precision, l_.grad_reduce_dtype);
   fsdp_collectives(
-      pb, CollectiveKind::kReduceScatter, [&](const ParamCount& c) { return Bytes(c.all * gb); },
+      u, CollectiveKind::kReduceScatter, [&](const ParamCount& c) { return Bytes(c.all * gb); },
       kDpStream, "grads",
       [&](int j, TaskId c, TaskId previous) {
         if (st_[j].last.valid()) g_.add_dependency(st_[j].last, c);
@@ -1452,30 +1541,44 @@ void Lowering::op_pieces(const PipelineOp& op, Emit&& emit) {
   const bool fsdp = l_.fsdp && !role_.frozen;
   // Pieces may run after this returns: they hold pointers into members, not locals.
   const std::vector<PlacedBlock>* chunk_blocks = &blocks;
-  auto grads_done = [this, fsdp, chunk_blocks, chunk = op.chunk](size_t b) {
+  // FSDP2's root unit (Layout::fsdp_root_unit) holds the chunk's blocks outside the layers:
+  // gathered at the chunk's start, reduced after its whole backward.
+  const bool root = fsdp && l_.fsdp_root_unit;
+  const bool in_root_any = root && std::any_of(blocks.begin(), blocks.end(), [](const auto& pb) {
+                             return pb.part != Part::kLayer;
+                           });
+  auto grads_done = [this, fsdp, root, chunk_blocks, chunk = op.chunk](size_t b) {
     for (int j : actives_) last_grad_[chunk][b][j] = st_[j].last;
-    if (fsdp) fsdp_reduce((*chunk_blocks)[b]);
+    const PlacedBlock& pb = (*chunk_blocks)[b];
+    if (fsdp && !(root && pb.part != Part::kLayer)) fsdp_reduce(fsdp_unit(pb));
   };
   auto all_to_all = [&](const PlacedBlock& pb, size_t s, bool backward) {
     return block(0, pb, backward).steps[s].kind == StepKind::kEpAllToAll;
   };
   // FSDP gathers each block's parameters for its forward and, resharded after it, again for
   // its backward; a block's all-gather starts once the block before it has started.
-  const bool gathers = fsdp && (op.kind == PassKind::kForward ||
-                                (op.kind == PassKind::kBackward && l_.fsdp_reshard_after_forward));
+  const bool backward = op.kind == PassKind::kBackward;
+  const bool gathers =
+      fsdp && (op.kind == PassKind::kForward || (backward && l_.fsdp_reshard_after_forward));
+  const int pass = backward ? kB : kF;
+  auto gather = [this, pass](FsdpUnit u) {
+    fsdp_gather(u, fsdp_after_);
+    for (int j : actives_) fsdp_after_[j] = st_[j].last;
+    if (l_.torch_fsdp2()) fsdp_copy_out(u, pass);
+  };
   if (gathers)
     emit(false, [this] {
       for (int j : actives_) fsdp_after_[j] = st_[j].last;
     });
+  if (gathers && !backward && in_root_any)
+    emit(false, [gather, u = fsdp_root(blocks)] { gather(u); });
   for (size_t bi = 0; bi < blocks.size(); ++bi) {
     const size_t b = op.kind == PassKind::kForward ? bi : blocks.size() - 1 - bi;
     const PlacedBlock* pb = &blocks[b];
     const size_t nsteps = block(0, *pb, op.kind == PassKind::kBackward).steps.size();
-    if (gathers)
-      emit(false, [this, pb] {
-        fsdp_gather(*pb, fsdp_after_);
-        for (int j : actives_) fsdp_after_[j] = st_[j].last;
-      });
+    const bool own_gather =
+        !(root && pb->part != Part::kLayer) && !(backward && fsdp_kept_to_backward(blocks, b));
+    if (gathers && own_gather) emit(false, [gather, u = fsdp_unit(*pb)] { gather(u); });
     switch (op.kind) {
       case PassKind::kForward: {
         const Labels* lb = &labels(v, b, kF);
@@ -1514,6 +1617,9 @@ void Lowering::op_pieces(const PipelineOp& op, Emit&& emit) {
       }
     }
   }
+  // The root unit reduces once the chunk's last gradient is done (FSDP2's final callback).
+  if (in_root_any && op.kind == (split_w_ ? PassKind::kWeight : PassKind::kBackward))
+    emit(false, [this, u = fsdp_root(blocks)] { fsdp_reduce(u); });
 }
 
 void Lowering::run_merged(size_t i) {

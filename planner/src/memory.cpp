@@ -78,6 +78,8 @@ struct Tally {
   double fp8_params = 0;        // of params: TE Linear weights (held in FP8 with
   double sharded_fp8 = 0;       // Layout::fp8_param_gather); of sharded_params the same
   double unit_bytes = 0;        // FSDP: the largest block's local weights, in bytes as held
+  double layer_unit_bytes = 0;  // FSDP: the same of the layers only
+  double end_unit_bytes[2]{};   // FSDP: the weights of the blocks before / after the layers
 };
 
 Bytes to_bytes(double b) {
@@ -201,10 +203,15 @@ class Estimator {
       add_params(st, params, is_routed_expert(op), fp8);
       const size_t u = op.layer >= 0 ? static_cast<size_t>(op.layer) + 2 : before_layers ? 0 : 1;
       unit[u] += params;
-      unit_bytes[u] += held_weight_bytes(params, fp8 ? params : 0, s_.workload.precision, l_);
+      const double bytes = held_weight_bytes(params, fp8 ? params : 0, s_.workload.precision, l_);
+      unit_bytes[u] += bytes;
       Tally& t = stages_[st];
       t.unit_params = std::max(t.unit_params, unit[u]);
       t.unit_bytes = std::max(t.unit_bytes, unit_bytes[u]);
+      if (u < 2)
+        t.end_unit_bytes[u] += bytes;
+      else
+        t.layer_unit_bytes = std::max(t.layer_unit_bytes, unit_bytes[u]);
       // Transformer Engine's cross-entropy keeps the logits' own tensor (the gradient written
       // into it) where Megatron's keep an fp32 copy (op.saved counts 4 bytes per logit).
       const double loss_share =
@@ -268,6 +275,8 @@ class Estimator {
       t.fp8_params += u.fp8_params;
       t.sharded_fp8 += u.sharded_fp8;
       t.unit_bytes = std::max(t.unit_bytes, u.unit_bytes);
+      t.layer_unit_bytes = std::max(t.layer_unit_bytes, u.layer_unit_bytes);
+      for (int e = 0; e < 2; ++e) t.end_unit_bytes[e] += u.end_unit_bytes[e];
     }
   }
 
@@ -287,10 +296,19 @@ class Estimator {
       if (l_.fsdp) {
         // This rank's shards, plus what is gathered: resharded after the forward, the
         // running block and the one prefetched; else every block of the stage, held from
-        // its forward to its backward. One block's full gradient before its reduce-scatter.
+        // its forward to its backward. FSDP2 keeps [final norm, output] gathered from their
+        // forward to their backward, and with its root unit the blocks before the layers and
+        // the last layer too, beside two layers. One block's full gradient before its
+        // reduce-scatter.
         const double stage = held(t.params, t.fp8_params);
-        const double gathered =
-            l_.fsdp_reshard_after_forward ? std::min(2 * t.unit_bytes, stage) : stage;
+        double gathered = stage;
+        if (l_.fsdp_reshard_after_forward && l_.torch_fsdp2()) {
+          const double kept = t.end_unit_bytes[1] +
+                              (l_.fsdp_root_unit ? t.end_unit_bytes[0] + t.layer_unit_bytes : 0);
+          gathered = std::min(kept + 2 * t.layer_unit_bytes, stage);
+        } else if (l_.fsdp_reshard_after_forward) {
+          gathered = std::min(2 * t.unit_bytes, stage);
+        }
         b.weights = to_bytes(held(t.sharded_params, t.sharded_fp8) + gathered);
         b.gradients = to_bytes((t.sharded_params - t.sharded_frozen + t.unit_params) * grad_bytes);
       }

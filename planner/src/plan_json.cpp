@@ -43,6 +43,12 @@ std::optional<CrossEntropy> parse_cross_entropy(std::string_view s) {
   return std::nullopt;
 }
 
+std::optional<FsdpImplementation> parse_fsdp_implementation(std::string_view s) {
+  for (FsdpImplementation f : {FsdpImplementation::kMegatron, FsdpImplementation::kTorchFsdp2})
+    if (to_string(f) == s) return f;
+  return std::nullopt;
+}
+
 std::optional<GradReduceDtype> parse_grad_reduce_dtype(std::string_view s) {
   for (GradReduceDtype d : {GradReduceDtype::kDefault, GradReduceDtype::kFp32,
                             GradReduceDtype::kBf16, GradReduceDtype::kFp16})
@@ -72,6 +78,9 @@ Layout parse_layout(JsonReader& r) {
   l.distributed_optimizer = r.optional_bool("distributed_optimizer", false);
   l.fsdp = r.optional_bool("fsdp", false);
   l.fsdp_reshard_after_forward = r.optional_bool("fsdp_reshard_after_forward", true);
+  l.fsdp_implementation = *parse_fsdp_implementation(
+      r.optional_enum("fsdp_implementation", "megatron_fsdp", {"megatron_fsdp", "torch_fsdp2"}));
+  l.fsdp_root_unit = r.optional_bool("fsdp_root_unit", false);
   l.overlap_grad_reduce = r.optional_bool("overlap_grad_reduce", true);
   l.overlap_param_gather = r.optional_bool("overlap_param_gather", true);
   l.flash_attention = r.optional_bool("flash_attention", true);
@@ -133,6 +142,9 @@ nlohmann::json layout_to_json(const Layout& l) {
   if (l.fsdp) {
     j["fsdp"] = true;
     j["fsdp_reshard_after_forward"] = l.fsdp_reshard_after_forward;
+    if (l.fsdp_implementation != FsdpImplementation::kMegatron)
+      j["fsdp_implementation"] = to_string(l.fsdp_implementation);
+    if (l.fsdp_root_unit) j["fsdp_root_unit"] = true;
   }
   return j;
 }

@@ -438,6 +438,8 @@ std::vector<int> layout_key(const Layout& l) {
                           l.distributed_optimizer,
                           l.fsdp,
                           l.fsdp_reshard_after_forward,
+                          static_cast<int>(l.fsdp_implementation),
+                          l.fsdp_root_unit,
                           l.first_stage_layers,
                           l.last_stage_layers,
                           l.account_for_embedding,
@@ -501,7 +503,11 @@ std::string describe_layout(const Layout& l, bool llm) {
   out += fmt::format(" mb{}", l.micro_batch);
   if (l.recompute != Recompute::kNone) out += fmt::format(" rc:{}", to_string(l.recompute));
   if (l.distributed_optimizer) out += " dopt";
-  if (l.fsdp) out += l.fsdp_reshard_after_forward ? " fsdp" : " fsdp-kept";
+  if (l.fsdp) {
+    out += l.torch_fsdp2() ? " fsdp2" : " fsdp";
+    if (!l.fsdp_reshard_after_forward) out += "-kept";
+    if (l.fsdp_root_unit) out += "-root";
+  }
   if (l.tp_comm_overlap) out += " ub";
   if (l.ep_comm_overlap) out += " a2a-overlap";
   if (l.moe_capacity_factor > 0) out += fmt::format(" capacity:{}", l.moe_capacity_factor);
@@ -809,6 +815,13 @@ class Searcher {
     return {f.fsdp.value_or(false)};
   }
 
+  // The FSDP implementation of a sharded layout: the fix's (LayoutFix::fsdp_implementation),
+  // else Megatron-FSDP when resharding after the forward and FSDP2 when kept gathered.
+  static FsdpImplementation fsdp_implementation(const LayoutFix& f, bool reshard) {
+    return f.fsdp_implementation.value_or(reshard ? FsdpImplementation::kMegatron
+                                                  : FsdpImplementation::kTorchFsdp2);
+  }
+
   // The LLM's layouts on `world` GPUs (cp only when `allow_cp`, FSDP only when
   // `allow_fsdp`) with their schedules.
   std::vector<Base> llm_bases(int world, bool allow_cp, bool allow_fsdp) const {
@@ -865,10 +878,19 @@ class Searcher {
                   if (fsdp) {  // shards the optimizer state too; resharded or kept gathered
                     l.distributed_optimizer = true;
                     for (bool reshard : {true, false}) {
+                      // Kept gathered is FSDP2's reshard_after_forward=False; Megatron-FSDP
+                      // reshards.
+                      const FsdpImplementation impl = fsdp_implementation(fx, reshard);
+                      if (!reshard && impl == FsdpImplementation::kMegatron) continue;
                       l.fsdp_reshard_after_forward = reshard;
+                      l.fsdp_implementation = impl;
+                      // FSDP2 has no fp32 main_grad to fuse the accumulation into.
+                      l.gradient_accumulation_fusion = impl != FsdpImplementation::kTorchFsdp2;
                       add_schedules(l, even, 1, out);
                     }
                     l.fsdp_reshard_after_forward = true;
+                    l.fsdp_implementation = FsdpImplementation::kMegatron;
+                    l.gradient_accumulation_fusion = true;
                     continue;
                   }
                   int dv = 1;
@@ -992,19 +1014,28 @@ class Searcher {
         const int base_mbs = llm.micro_batch * fan_out;
         // FSDP: a colocated encoder shards as the LLM on its ranks does; one on its own
         // ranks as its fix asks (search.modules.<name>.fsdp).
-        std::vector<std::pair<bool, bool>> shardings;  // (fsdp, reshard after forward)
+        struct Sharding {
+          bool fsdp, reshard;
+          FsdpImplementation impl;
+          bool root;
+        };
+        std::vector<Sharding> shardings;
         if (!own_ranks) {
-          shardings.emplace_back(llm.fsdp, llm.fsdp_reshard_after_forward);
+          shardings.push_back({llm.fsdp, llm.fsdp_reshard_after_forward, llm.fsdp_implementation,
+                               llm.fsdp_root_unit});
         } else {
           for (bool f : fsdp_options(fx, true, dp)) {
-            shardings.emplace_back(f, true);
-            if (f) shardings.emplace_back(true, false);
+            shardings.push_back({f, true,
+                                 f ? fsdp_implementation(fx, true) : FsdpImplementation::kMegatron,
+                                 false});
+            if (f && fsdp_implementation(fx, false) == FsdpImplementation::kTorchFsdp2)
+              shardings.push_back({true, false, FsdpImplementation::kTorchFsdp2, false});
           }
         }
         for (int mbs : mbs_options(fx.micro_batch, gb % dp == 0 ? gb / dp : 1, base_mbs))
-          for (auto [fsdp, reshard] : shardings) {
+          for (const Sharding& sh : shardings) {
             int dv = 1;
-            for (bool dopt : fsdp ? std::vector<bool>{true} : distopt_options(fx, dp, &dv)) {
+            for (bool dopt : sh.fsdp ? std::vector<bool>{true} : distopt_options(fx, dp, &dv)) {
               Base x = b;
               ModulePlan mp;
               mp.module = e.name;
@@ -1016,8 +1047,12 @@ class Searcher {
               mp.layout.micro_batch = mbs;
               mp.layout.sequence_parallel = fx.sequence_parallel.value_or(false);
               mp.layout.distributed_optimizer = dopt;
-              mp.layout.fsdp = fsdp;
-              mp.layout.fsdp_reshard_after_forward = reshard;
+              mp.layout.fsdp = sh.fsdp;
+              mp.layout.fsdp_reshard_after_forward = sh.reshard;
+              mp.layout.fsdp_implementation = sh.impl;
+              mp.layout.fsdp_root_unit = sh.root;
+              mp.layout.gradient_accumulation_fusion =
+                  !(sh.fsdp && sh.impl == FsdpImplementation::kTorchFsdp2);
               mp.layout.fp8_recipe = fx.fp8_recipe.value_or(llm.fp8_recipe);
               mp.layout.grad_reduce_dtype = fx.grad_reduce_dtype.value_or(llm.grad_reduce_dtype);
               mp.layout.cross_entropy_fusion =

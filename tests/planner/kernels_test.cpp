@@ -117,6 +117,12 @@ TEST(Kernels, ExpertParallelAndFsdpPlansMatchTaskFlops) {
   fsdp.layout = layout(1, 1, 1, 4);
   fsdp.layout.fsdp = true;
   expect_kernels_match(tiny(4), fsdp);
+  fsdp.layout.fsdp_implementation = FsdpImplementation::kTorchFsdp2;  // copy-out kernels
+  fsdp.layout.gradient_accumulation_fusion = false;
+  for (bool root : {false, true}) {
+    fsdp.layout.fsdp_root_unit = root;
+    expect_kernels_match(tiny(4), fsdp);
+  }
 }
 
 TEST(Kernels, HeterogeneousPlansMatchTaskFlops) {

@@ -372,6 +372,76 @@ TEST(Lower, FsdpGathersAndReducesEachBlockPerMicroBatch) {
   }
 }
 
+// PyTorch FSDP2 (Layout::fsdp_implementation torch_fsdp2): each all-gather is followed on
+// the compute stream by a copy-out kernel that reads and writes the gathered bytes, and
+// [final norm, output] stays gathered from its forward to its backward: one gather fewer
+// per micro-batch than Megatron-FSDP's. With the root unit (torchtitan before July 2025)
+// the embedding and the head gather once per micro-batch as one unit ahead of the layers,
+// the last layer is kept as well, and the root reduce-scatters after every layer.
+TEST(Lower, Fsdp2CopiesOutEachGatherAndKeepsTheHeadGathered) {
+  Scenario s = make(4, 16, 2);
+  Plan p = plan(2, 1, 8);
+  p.layout.fsdp = true;
+  auto megatron = evaluate(s, p);
+  p.layout.fsdp_implementation = FsdpImplementation::kTorchFsdp2;
+  p.layout.gradient_accumulation_fusion = false;
+  const hardware::DeviceProfile& dev = s.cluster.groups()[0].profile.gpu;
+  const int m = 2;  // micro-batches
+  for (bool root : {false, true}) {
+    p.layout.fsdp_root_unit = root;
+    LoweredPlan lp = lowered(s, p);
+    int gathers = 0, copies = 0, reductions = 0;
+    std::map<std::string, Bytes> gathered;  // by unit: "llm L0", "root"
+    std::string last_reduced;
+    for (int t = 0; t < lp.graph.num_tasks(); ++t) {
+      const sim::Task& task = lp.graph.task(TaskId(t));
+      const std::string name(lp.graph.label_text(task.label.name));
+      const std::string unit = name.substr(0, name.rfind(" stage"));
+      if (task.kind == sim::TaskKind::kCollective &&
+          task.collective == sim::CollectiveKind::kAllGather && name.starts_with("fsdp")) {
+        ++gathers;
+        gathered[unit.substr(unit.find("params ") + 7)] = task.bytes;
+      } else if (task.kind == sim::TaskKind::kCollective && name.starts_with("fsdp")) {
+        ++reductions;
+        last_reduced = unit.substr(unit.find("grads ") + 6);
+      } else if (name.starts_with("fsdp copy-out") &&
+                 lp.graph.streams(TaskId(t))[0].rank == RankId(0)) {
+        ++copies;
+        const Bytes b = gathered.at(unit.substr(unit.find("params ") + 7));
+        EXPECT_EQ(task.duration, dev.memory_kernel_time(b + b)) << name;
+      }
+    }
+    // Blocks: the embedding, 4 layers, the head. Forward: each, or the root and the layers;
+    // backward: all but the head, or the layers but the last.
+    EXPECT_EQ(gathers, m * (root ? 5 + 3 : 6 + 5)) << root;
+    EXPECT_EQ(copies, gathers) << root;
+    EXPECT_EQ(reductions, m * (root ? 5 : 6)) << root;
+    if (root) {
+      EXPECT_EQ(last_reduced, "root");
+      EXPECT_EQ(gathered.count("llm pre"), 0u);
+    }
+    auto fsdp2 = evaluate(s, p);
+    ASSERT_TRUE(megatron.is_ok() && fsdp2.is_ok());
+    EXPECT_GT(fsdp2->iteration_time, megatron->iteration_time) << root;  // the copies
+  }
+}
+
+// The FSDP variant fields make sense only together.
+TEST(Lower, FsdpVariantsNeedFsdpAndFsdp2NeedsNoFusedAccumulation) {
+  Scenario s = make(4, 16, 2);
+  Plan p = plan(2, 1, 8);
+  p.layout.fsdp_implementation = FsdpImplementation::kTorchFsdp2;
+  EXPECT_EQ(infeasibility(s, p), "fsdp_implementation torch_fsdp2 needs fsdp");
+  p.layout.fsdp = true;
+  EXPECT_NE(infeasibility(s, p).find("gradient_accumulation_fusion with torch FSDP2"),
+            std::string::npos);
+  p.layout.gradient_accumulation_fusion = false;
+  EXPECT_EQ(infeasibility(s, p), "");
+  p.layout.fsdp_implementation = FsdpImplementation::kMegatron;
+  p.layout.fsdp_root_unit = true;
+  EXPECT_NE(infeasibility(s, p).find("fsdp_root_unit needs"), std::string::npos);
+}
+
 // All-gather CP: per layer and micro-batch, each CP group all-gathers K,V before the
 // forward attention and again before its backward, then reduce-scatters dK,dV; no ring P2P.
 // tiny: 8 kv heads of 64 over tp 2, s 2048 over cp 2: one rank's K,V chunk is

@@ -257,6 +257,25 @@ TEST(MemoryModelState, FsdpShardsEveryStateAndGathersBlocks) {
   EXPECT_NEAR(b.optimizer_state.as_double(), params / 8 * 12, 1e-9 * params);
 }
 
+// FSDP2 (torch_fsdp2) keeps [final norm, output] gathered from forward to backward beside
+// two layers; with its root unit the embedding and the last layer too. Llama 3 8B: the
+// 128256 x 4096 embedding and output, layers of 218M parameters.
+TEST(MemoryModelState, Fsdp2KeepsTheHeadAndTheRootGathered) {
+  Scenario s = scenario(R"("llama-3.1-8b")", 4096, 64);
+  const double params = static_cast<double>(models::count_params(s.model).total);
+  const double vocab = 128256.0 * 4096, head = vocab + 4096;
+  const double layer = (params - 2 * vocab - 4096) / 32;
+  Layout l{.dp = 8,
+           .fsdp = true,
+           .fsdp_implementation = FsdpImplementation::kTorchFsdp2,
+           .gradient_accumulation_fusion = false};
+  MemoryBreakdown b = estimate_memory(s, plan(l)).per_stage[0];
+  EXPECT_NEAR(b.weights.as_double(), (params / 8 + head + 2 * layer) * 2, 1e-9 * params);
+  l.fsdp_root_unit = true;
+  b = estimate_memory(s, plan(l)).per_stage[0];
+  EXPECT_NEAR(b.weights.as_double(), (params / 8 + head + vocab + 3 * layer) * 2, 1e-9 * params);
+}
+
 TEST(MemoryModelState, RoutedExpertsSplitByEp) {
   // Mixtral 8x7B: 32 layers x 8 experts x 3 x 4096 x 14336 expert parameters; EP 8 keeps
   // one expert per layer and rank, whose optimizer state the distributed optimizer shards

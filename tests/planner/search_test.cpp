@@ -439,6 +439,36 @@ TEST(Search, SearchesFsdpOnlyWhenTheSectionAsks) {
       << bad.status().to_string();
 }
 
+// Kept gathered from forward to backward is PyTorch FSDP2's (Megatron-FSDP gathers again),
+// with no fused accumulation (FSDP2 has no main_grad); search.llm.fsdp_implementation fixes
+// one for every sharded layout, and Megatron-FSDP then never keeps.
+TEST(Search, KeptFsdpLayoutsAreFsdp2UnlessTheSectionFixesOne) {
+  auto kinds = [](const SearchResult& r) {
+    std::set<std::pair<bool, FsdpImplementation>> out;  // (kept, implementation)
+    for (const RankedPlan& p : r.top) {
+      const Layout& l = p.plan.layout;
+      if (!l.fsdp) continue;
+      out.insert({!l.fsdp_reshard_after_forward, l.fsdp_implementation});
+      EXPECT_EQ(l.gradient_accumulation_fusion, !l.torch_fsdp2()) << describe(p.plan);
+      EXPECT_EQ(describe(p.plan).find(l.torch_fsdp2() ? " fsdp2" : " fsdp") != std::string::npos,
+                true);
+    }
+    return out;
+  };
+  const SearchOptions o = threads(2, /*exhaustive=*/true);
+  using F = FsdpImplementation;
+  const auto any = kinds(run(tiny(R"({"llm": {"pp": 1, "fsdp": true}})"), o));
+  EXPECT_TRUE(any.count({false, F::kMegatron}) && any.count({true, F::kTorchFsdp2}));
+  EXPECT_FALSE(any.count({true, F::kMegatron}) || any.count({false, F::kTorchFsdp2}));
+  const auto torch = kinds(
+      run(tiny(R"({"llm": {"pp": 1, "fsdp": true, "fsdp_implementation": "torch_fsdp2"}})"), o));
+  EXPECT_TRUE(torch.count({false, F::kTorchFsdp2}) && torch.count({true, F::kTorchFsdp2}));
+  EXPECT_EQ(torch.size(), 2u);
+  const auto megatron = kinds(
+      run(tiny(R"({"llm": {"pp": 1, "fsdp": true, "fsdp_implementation": "megatron_fsdp"}})"), o));
+  EXPECT_EQ(megatron, (std::set<std::pair<bool, F>>{{false, F::kMegatron}}));
+}
+
 TEST(Search, SearchesTheCpExchangeTheSectionAsksFor) {
   const std::string fix = R"({"llm": {"cp": 2, "tp": 2, "cp_comm": "%"}})";
   auto with = [&](const char* comm) {

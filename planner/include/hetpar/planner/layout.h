@@ -68,6 +68,23 @@ enum class CrossEntropy {
 };
 std::string_view to_string(CrossEntropy c);  // "none", "native", "te"
 
+/// Which FSDP runs a plan with Layout::fsdp (Megatron-LM --use-megatron-fsdp /
+/// --use-torch-fsdp2; torchtitan always runs PyTorch's FSDP2).
+enum class FsdpImplementation {
+  /// Megatron-FSDP (and the generic model): each block all-gathers into the buffer its
+  /// parameters live in and reduce-scatters from its gradient buffer; no copies around the
+  /// collectives.
+  kMegatron,
+  /// PyTorch FSDP2 (fully_shard), wrapped as torchtitan wraps it: each all-gather lands in a
+  /// flat buffer that a copy-out kernel on the compute stream splits into the block's
+  /// parameters before the block runs (foreach_all_gather_copy_out: the gathered bytes read
+  /// and written once); the final norm and output layer are one unit kept gathered from
+  /// their forward to their backward (torchtitan's apply_fsdp, reshard_after_forward false
+  /// for [norm, output]).
+  kTorchFsdp2,
+};
+std::string_view to_string(FsdpImplementation f);  // "megatron_fsdp", "torch_fsdp2"
+
 struct Layout {
   int tp = 1;
   bool sequence_parallel = false;  // SP: all-gather + reduce-scatter instead of all-reduce
@@ -101,6 +118,18 @@ struct Layout {
   /// gathers them again (FSDP2's default, ZeRO-3). Off: they stay gathered until the
   /// block's backward (FSDP's SHARD_GRAD_OP, ZeRO-2 style; Meta's Llama 3 FSDP).
   bool fsdp_reshard_after_forward = true;
+  FsdpImplementation fsdp_implementation = FsdpImplementation::kMegatron;  // with fsdp
+  /// FSDP2 only: the work before and after the layers (embedding, final norm, output layer)
+  /// stays in FSDP2's root unit, as torchtitan wrapped it until July 2025 (pytorch/torchtitan
+  /// PR 1094): gathered once at the start of each chunk's forward, kept through its
+  /// backward, reduce-scattered after the chunk's whole backward (the root's post-backward
+  /// runs in FSDP2's final callback); the model's last layer is kept gathered from its
+  /// forward to its backward too. Off: the embedding is a unit of its own, resharded as the
+  /// layers are, and [final norm, output] one unit kept gathered (today's torchtitan).
+  bool fsdp_root_unit = false;
+  bool torch_fsdp2() const {
+    return fsdp && fsdp_implementation == FsdpImplementation::kTorchFsdp2;
+  }
   /// The optimizer state is sharded over dp x cp: the distributed optimizer or FSDP.
   bool shards_optimizer_state() const { return distributed_optimizer || fsdp; }
   bool overlap_grad_reduce = true;   // DP gradient reduction overlapped with backward

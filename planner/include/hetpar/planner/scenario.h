@@ -85,6 +85,9 @@ struct LayoutFix {
   /// unset or false, never (the default); true, always; `any_fsdp`, both.
   std::optional<bool> fsdp;
   bool any_fsdp = false;
+  /// Which FSDP a sharded layout runs (Layout::fsdp_implementation); unset: Megatron-FSDP
+  /// when resharding after the forward, FSDP2 when keeping parameters gathered.
+  std::optional<FsdpImplementation> fsdp_implementation;
   bool operator==(const LayoutFix&) const = default;
 };
 
