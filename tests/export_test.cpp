@@ -456,5 +456,30 @@ TEST(ExportScripts, LaunchScriptsAreValidBash) {
   }
 }
 
+// Megatron-LM's arguments.py asserts CUDA_DEVICE_MAX_CONNECTIONS: 1 with TP or CP (before
+// Blackwell), more than one with FSDP; the launch scripts set it so. Other trainers' do not.
+TEST(ExportScripts, MegatronLaunchSetsTheHardwareQueuesItAsserts) {
+  planner::Scenario llama = scenario("llama-3.1-8b", 4, 8192, 512);
+  const std::string one = "export CUDA_DEVICE_MAX_CONNECTIONS=1";
+  const std::string unset = "unset CUDA_DEVICE_MAX_CONNECTIONS";
+  Plan tp = megatron_plans()[1];
+  ASSERT_GT(tp.layout.tp, 1);
+  EXPECT_NE(exported(llama, tp, Target::kMegatron).at("launch.sh").find(one), std::string::npos);
+  Plan ddp;
+  ddp.layout = layout(1, 1, 32);
+  std::string script = exported(llama, ddp, Target::kMegatron).at("launch.sh");
+  EXPECT_EQ(script.find("CUDA_DEVICE_MAX_CONNECTIONS"), std::string::npos);
+  Plan fsdp = tp;
+  fsdp.layout.fsdp = true;
+  script = exported(llama, fsdp, Target::kMegatron).at("launch.sh");
+  EXPECT_NE(script.find(unset), std::string::npos);
+  EXPECT_EQ(script.find(one), std::string::npos);
+  ddp.layout.tp = 2;
+  ddp.layout.dp = 16;
+  ddp.layout.fsdp = true;
+  EXPECT_EQ(exported(llama, ddp, Target::kTorchtitan).at("launch.sh").find("CUDA_DEVICE_MAX"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace hetpar::exporter

@@ -443,8 +443,20 @@ std::vector<std::string> fsdp2_notes(const Context& c, std::string_view trainer,
   return notes;
 }
 
+std::string megatron_environment(const Context& c, bool any_tp_or_cp) {
+  const planner::Layout& l = c.layout();
+  if (l.fsdp)
+    return "# FSDP: Megatron-LM asserts more than one hardware queue.\n"
+           "unset CUDA_DEVICE_MAX_CONNECTIONS\n";
+  if (l.ep_comm_overlap || !any_tp_or_cp) return "";
+  return "# TP / CP: Megatron-LM asserts one hardware queue before Blackwell (collectives in "
+         "issue order).\n"
+         "export CUDA_DEVICE_MAX_CONNECTIONS=1\n";
+}
+
 std::string torchrun_script(const Context& c, const std::vector<std::string>& notes,
-                            const std::vector<FlagGroup>& groups, std::string_view entry) {
+                            const std::vector<FlagGroup>& groups, std::string_view entry,
+                            std::string_view environment) {
   std::string out = "#!/bin/bash\n" + header(c);
   for (const std::string& n : notes) out += "# " + n + "\n";
   out += fmt::format(
@@ -452,6 +464,7 @@ std::string torchrun_script(const Context& c, const std::vector<std::string>& no
       "--ntasks-per-node 1 bash launch.sh`, or set NODE_RANK and MASTER_ADDR yourself).\n",
       c.nodes, c.gpus_per_node, c.world, c.nodes);
   out += "set -euo pipefail\n\n" + launcher_environment(c);
+  out += environment;
   std::string uses;
   for (const FlagGroup& g : groups) {
     out += "\n";

@@ -300,7 +300,9 @@ Result<std::vector<ExportFile>> write_megatron(const Context& c) {
       {"TRAINING_ARGS", "Batch, recompute, optimizer, overlap and precision (the plan).",
        training_flags(c)},
       placeholder_group(c)};
-  return std::vector<ExportFile>{{"launch.sh", torchrun_script(c, notes, groups, entry)}};
+  return std::vector<ExportFile>{
+      {"launch.sh",
+       torchrun_script(c, notes, groups, entry, megatron_environment(c, l.tp > 1 || l.cp > 1))}};
 }
 
 Result<std::vector<ExportFile>> write_megatron_mimo(const Context& c) {
@@ -396,7 +398,9 @@ Result<std::vector<ExportFile>> write_megatron_mimo(const Context& c) {
        std::move(llm)},
       placeholder_group(c)};
   return std::vector<ExportFile>{
-      {"launch.sh", torchrun_script(c, notes, groups, "examples/mimo/pretrain_mimo.py")}};
+      {"launch.sh", torchrun_script(c, notes, groups, "examples/mimo/pretrain_mimo.py",
+                                    megatron_environment(
+                                        c, l.tp > 1 || l.cp > 1 || (enc && enc->layout.tp > 1)))}};
 }
 
 }  // namespace hetpar::exporter::detail

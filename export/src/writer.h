@@ -132,9 +132,17 @@ struct FlagGroup {
 
 /// A bash launch script run once per node: torchrun with the cluster's nodes and GPUs per
 /// node (NODE_RANK / MASTER_ADDR from the environment or SLURM) starting `entry` with the
-/// flag groups' arrays. `notes` are comment lines after the header.
+/// flag groups' arrays. `notes` are comment lines after the header; `environment`, lines
+/// after the launcher's (e.g. megatron_environment).
 std::string torchrun_script(const Context& c, const std::vector<std::string>& notes,
-                            const std::vector<FlagGroup>& groups, std::string_view entry);
+                            const std::vector<FlagGroup>& groups, std::string_view entry,
+                            std::string_view environment = "");
+/// What Megatron-LM's arguments.py requires of CUDA_DEVICE_MAX_CONNECTIONS: 1 with TP or CP
+/// (before Blackwell it asserts so: one hardware queue keeps each TP collective ordered
+/// before the GEMM that needs it), more than one with FSDP (it asserts that always), unset
+/// by choice with the EP all-to-all overlap (it warns); `any_tp_or_cp`: some module of the
+/// plan has TP or CP > 1.
+std::string megatron_environment(const Context& c, bool any_tp_or_cp);
 /// The lines that set NNODES, GPUS_PER_NODE, NODE_RANK, MASTER_ADDR and MASTER_PORT.
 std::string launcher_environment(const Context& c);
 /// For a trainer without Megatron's fused gradient accumulation (torchtitan, DeepSpeed,
