@@ -377,6 +377,12 @@ TEST(ExportFsdp, EachTrainerSpellsFullySharding) {
   ds.layout.overlap_grad_reduce = ds.layout.overlap_param_gather = false;
   auto j = nlohmann::json::parse(exported(llama, ds, Target::kDeepspeed).at("ds_config.json"));
   EXPECT_EQ(j["zero_optimization"]["stage"], 3);
+  EXPECT_EQ(exported(llama, ds, Target::kDeepspeed).at("launch.sh").find("FSDP2"),
+            std::string::npos);
+  ds.layout.fsdp_implementation = planner::FsdpImplementation::kTorchFsdp2;
+  ds.layout.gradient_accumulation_fusion = false;
+  EXPECT_NE(exported(llama, ds, Target::kDeepspeed).at("launch.sh").find("ZeRO stage 3 gathers"),
+            std::string::npos);
   ds.layout = layout(4, 2, 4);
   ds.layout.fsdp = true;
   ds.layout.overlap_grad_reduce = ds.layout.overlap_param_gather = false;

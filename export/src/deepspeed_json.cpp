@@ -111,6 +111,11 @@ Result<std::vector<ExportFile>> write_deepspeed(const Context& c) {
     script += "# Not verified: that AutoEP composes with ZeRO stage 3 in this DeepSpeed.\n";
   if (std::string n = unfused_accumulation_note(c, "DeepSpeed"); !n.empty())
     script += "# " + n + "\n";
+  if (l.torch_fsdp2())
+    script +=
+        "# The plan times FSDP as PyTorch FSDP2 (a copy-out after each all-gather, [final norm,\n"
+        "# output] kept gathered); ZeRO stage 3 gathers into the parameters and releases every\n"
+        "# module alike: fsdp_implementation megatron_fsdp times that.\n";
   script += fmt::format(
       "# {} node(s) x {} GPUs; HOSTFILE lists the nodes (\"host slots={}\" lines).\n"
       "set -euo pipefail\n\n"
