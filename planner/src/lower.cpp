@@ -588,7 +588,7 @@ class Lowering {
   // together: one block, or with Layout::fsdp_root_unit the chunk's blocks outside the layers.
   struct FsdpUnit {
     std::vector<const PlacedBlock*> blocks;
-    std::string name;  // "llm L12", "llm root"
+    std::string name;  // "llm L12", "root"
   };
   FsdpUnit fsdp_unit(const PlacedBlock& pb) const { return {{&pb}, pb.name}; }
   // The chunk's root unit (Layout::fsdp_root_unit): its blocks that are not layers.
@@ -1556,7 +1556,8 @@ void Lowering::op_pieces(const PipelineOp& op, Emit&& emit) {
     return block(0, pb, backward).steps[s].kind == StepKind::kEpAllToAll;
   };
   // FSDP gathers each block's parameters for its forward and, resharded after it, again for
-  // its backward; a block's all-gather starts once the block before it has started.
+  // its backward (but those FSDP2 keeps, fsdp_kept_to_backward); a block's all-gather starts
+  // once the block before it has started.
   const bool backward = op.kind == PassKind::kBackward;
   const bool gathers =
       fsdp && (op.kind == PassKind::kForward || (backward && l_.fsdp_reshard_after_forward));
