@@ -114,9 +114,12 @@ LayoutFix parse_layout_fix(JsonReader& r) {
     if (!f.any_cp_comm) f.cp_comm = parse_cp_comm(c);
   }
   bool_or_any(r, "fsdp", f.fsdp, f.any_fsdp);
-  if (r.has("fsdp_implementation"))
-    f.fsdp_implementation = parse_fsdp_implementation(
-        r.optional_enum("fsdp_implementation", "megatron_fsdp", {"megatron_fsdp", "torch_fsdp2"}));
+  if (r.has("fsdp_implementation")) {
+    const std::string impl = r.optional_enum("fsdp_implementation", "megatron_fsdp",
+                                             {"megatron_fsdp", "torch_fsdp2", "any"});
+    f.any_fsdp_implementation = impl == "any";
+    if (!f.any_fsdp_implementation) f.fsdp_implementation = parse_fsdp_implementation(impl);
+  }
   if (r.has("fp8_recipe"))
     f.fp8_recipe =
         parse_fp8_recipe(r.optional_enum("fp8_recipe", "delayed", {"delayed", "tensorwise"}));

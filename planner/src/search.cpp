@@ -815,11 +815,19 @@ class Searcher {
     return {f.fsdp.value_or(false)};
   }
 
-  // The FSDP implementation of a sharded layout: the fix's (LayoutFix::fsdp_implementation),
-  // else Megatron-FSDP when resharding after the forward and FSDP2 when kept gathered.
-  static FsdpImplementation fsdp_implementation(const LayoutFix& f, bool reshard) {
-    return f.fsdp_implementation.value_or(reshard ? FsdpImplementation::kMegatron
-                                                  : FsdpImplementation::kTorchFsdp2);
+  // The FSDP implementations a sharded layout is searched with: the fix's
+  // (LayoutFix::fsdp_implementation), both with `any_fsdp_implementation`, else
+  // Megatron-FSDP when resharding after the forward and FSDP2 when kept gathered; never
+  // Megatron-FSDP kept gathered (it gathers again for the backward).
+  static std::vector<FsdpImplementation> fsdp_implementations(const LayoutFix& f, bool reshard) {
+    using F = FsdpImplementation;
+    std::vector<F> out;
+    if (f.any_fsdp_implementation)
+      out = {F::kMegatron, F::kTorchFsdp2};
+    else
+      out = {f.fsdp_implementation.value_or(reshard ? F::kMegatron : F::kTorchFsdp2)};
+    if (!reshard) std::erase(out, F::kMegatron);
+    return out;
   }
 
   // The LLM's layouts on `world` GPUs (cp only when `allow_cp`, FSDP only when
@@ -877,17 +885,14 @@ class Searcher {
                   l.fsdp = fsdp;
                   if (fsdp) {  // shards the optimizer state too; resharded or kept gathered
                     l.distributed_optimizer = true;
-                    for (bool reshard : {true, false}) {
-                      // Kept gathered is FSDP2's reshard_after_forward=False; Megatron-FSDP
-                      // reshards.
-                      const FsdpImplementation impl = fsdp_implementation(fx, reshard);
-                      if (!reshard && impl == FsdpImplementation::kMegatron) continue;
-                      l.fsdp_reshard_after_forward = reshard;
-                      l.fsdp_implementation = impl;
-                      // FSDP2 has no fp32 main_grad to fuse the accumulation into.
-                      l.gradient_accumulation_fusion = impl != FsdpImplementation::kTorchFsdp2;
-                      add_schedules(l, even, 1, out);
-                    }
+                    for (bool reshard : {true, false})
+                      for (FsdpImplementation impl : fsdp_implementations(fx, reshard)) {
+                        l.fsdp_reshard_after_forward = reshard;
+                        l.fsdp_implementation = impl;
+                        // FSDP2 has no fp32 main_grad to fuse the accumulation into.
+                        l.gradient_accumulation_fusion = impl != FsdpImplementation::kTorchFsdp2;
+                        add_schedules(l, even, 1, out);
+                      }
                     l.fsdp_reshard_after_forward = true;
                     l.fsdp_implementation = FsdpImplementation::kMegatron;
                     l.gradient_accumulation_fusion = true;
@@ -1025,11 +1030,13 @@ class Searcher {
                                llm.fsdp_root_unit});
         } else {
           for (bool f : fsdp_options(fx, true, dp)) {
-            shardings.push_back({f, true,
-                                 f ? fsdp_implementation(fx, true) : FsdpImplementation::kMegatron,
-                                 false});
-            if (f && fsdp_implementation(fx, false) == FsdpImplementation::kTorchFsdp2)
-              shardings.push_back({true, false, FsdpImplementation::kTorchFsdp2, false});
+            if (!f) {
+              shardings.push_back({false, true, FsdpImplementation::kMegatron, false});
+              continue;
+            }
+            for (bool reshard : {true, false})
+              for (FsdpImplementation impl : fsdp_implementations(fx, reshard))
+                shardings.push_back({true, reshard, impl, false});
           }
         }
         for (int mbs : mbs_options(fx.micro_batch, gb % dp == 0 ? gb / dp : 1, base_mbs))

@@ -441,7 +441,7 @@ TEST(Search, SearchesFsdpOnlyWhenTheSectionAsks) {
 
 // Kept gathered from forward to backward is PyTorch FSDP2's (Megatron-FSDP gathers again),
 // with no fused accumulation (FSDP2 has no main_grad); search.llm.fsdp_implementation fixes
-// one for every sharded layout, and Megatron-FSDP then never keeps.
+// one for every sharded layout (Megatron-FSDP then never keeps), or "any" searches both.
 TEST(Search, KeptFsdpLayoutsAreFsdp2UnlessTheSectionFixesOne) {
   auto kinds = [](const SearchResult& r) {
     std::set<std::pair<bool, FsdpImplementation>> out;  // (kept, implementation)
@@ -450,23 +450,28 @@ TEST(Search, KeptFsdpLayoutsAreFsdp2UnlessTheSectionFixesOne) {
       if (!l.fsdp) continue;
       out.insert({!l.fsdp_reshard_after_forward, l.fsdp_implementation});
       EXPECT_EQ(l.gradient_accumulation_fusion, !l.torch_fsdp2()) << describe(p.plan);
-      EXPECT_EQ(describe(p.plan).find(l.torch_fsdp2() ? " fsdp2" : " fsdp") != std::string::npos,
-                true);
+      EXPECT_NE(describe(p.plan).find(l.torch_fsdp2() ? " fsdp2" : " fsdp"), std::string::npos);
     }
     return out;
   };
   const SearchOptions o = threads(2, /*exhaustive=*/true);
   using F = FsdpImplementation;
-  const auto any = kinds(run(tiny(R"({"llm": {"pp": 1, "fsdp": true}})"), o));
-  EXPECT_TRUE(any.count({false, F::kMegatron}) && any.count({true, F::kTorchFsdp2}));
-  EXPECT_FALSE(any.count({true, F::kMegatron}) || any.count({false, F::kTorchFsdp2}));
-  const auto torch = kinds(
-      run(tiny(R"({"llm": {"pp": 1, "fsdp": true, "fsdp_implementation": "torch_fsdp2"}})"), o));
-  EXPECT_TRUE(torch.count({false, F::kTorchFsdp2}) && torch.count({true, F::kTorchFsdp2}));
-  EXPECT_EQ(torch.size(), 2u);
-  const auto megatron = kinds(
-      run(tiny(R"({"llm": {"pp": 1, "fsdp": true, "fsdp_implementation": "megatron_fsdp"}})"), o));
+  // Homogeneous layouts only: the placements do not change what is searched here.
+  auto with = [&](const std::string& fix) {
+    return kinds(run(tiny(R"({"llm": {"pp": 1, "fsdp": true)" + fix +
+                          R"(}, "forbid_placements": ["colocated", "non_colocated"]})"),
+                     o));
+  };
+  const auto defaults = with("");
+  EXPECT_EQ(defaults,
+            (std::set<std::pair<bool, F>>{{false, F::kMegatron}, {true, F::kTorchFsdp2}}));
+  const auto torch = with(R"(, "fsdp_implementation": "torch_fsdp2")");
+  EXPECT_EQ(torch, (std::set<std::pair<bool, F>>{{false, F::kTorchFsdp2}, {true, F::kTorchFsdp2}}));
+  const auto megatron = with(R"(, "fsdp_implementation": "megatron_fsdp")");
   EXPECT_EQ(megatron, (std::set<std::pair<bool, F>>{{false, F::kMegatron}}));
+  const auto both = with(R"(, "fsdp_implementation": "any")");
+  EXPECT_EQ(both, (std::set<std::pair<bool, F>>{
+                      {false, F::kMegatron}, {false, F::kTorchFsdp2}, {true, F::kTorchFsdp2}}));
 }
 
 TEST(Search, SearchesTheCpExchangeTheSectionAsksFor) {

@@ -86,8 +86,10 @@ struct LayoutFix {
   std::optional<bool> fsdp;
   bool any_fsdp = false;
   /// Which FSDP a sharded layout runs (Layout::fsdp_implementation); unset: Megatron-FSDP
-  /// when resharding after the forward, FSDP2 when keeping parameters gathered.
+  /// when resharding after the forward, FSDP2 when keeping parameters gathered;
+  /// `any_fsdp_implementation`: both where they apply (FSDP2 alone keeps gathered).
   std::optional<FsdpImplementation> fsdp_implementation;
+  bool any_fsdp_implementation = false;
   bool operator==(const LayoutFix&) const = default;
 };
 
