@@ -285,6 +285,25 @@ void refuse_megatron_fsdp(const Context& c, std::string_view who, Refusals& r) {
            "false");
 }
 
+void refuse_megatron_asserts(const Context& c, Refusals& r) {
+  const planner::Layout& l = c.layout();
+  // As training_flags writes them: --overlap-param-gather only with the distributed
+  // optimizer or Megatron-FSDP.
+  if (l.overlap_param_gather && l.shards_optimizer_state() && !l.torch_fsdp2() &&
+      !l.overlap_grad_reduce)
+    r.add(
+        "overlap_param_gather without overlap_grad_reduce: Megatron-LM asserts \"Must use "
+        "--overlap-param-gather with --overlap-grad-reduce\"");
+  if (l.fp8_param_gather && !l.shards_optimizer_state())
+    r.add(
+        "fp8_param_gather without the distributed optimizer or FSDP: Megatron-LM asserts "
+        "--fp8-param-gather only with a sharded optimizer (nothing else gathers parameters)");
+  if (c.llm.moe && c.s.workload.precision == hardware::Precision::kFp16)
+    r.add(
+        "fp16 with mixture-of-experts layers: Megatron-LM's grouped GEMM for MoE, which the "
+        "export runs, supports bf16 only (it asserts)");
+}
+
 void refuse_mimo_ddp_mismatch(const Context& c, const planner::ModulePlan& m,
                               std::string_view where, Refusals& r) {
   const planner::Layout& l = c.layout();

@@ -252,6 +252,7 @@ Result<std::vector<ExportFile>> write_megatron(const Context& c) {
   refuse_schedule(c, r, /*interleaving_ok=*/true);
   refuse_tf32(c, r);
   refuse_megatron_fsdp(c, "Megatron-LM's arguments.py asserts it under --use-torch-fsdp2", r);
+  refuse_megatron_asserts(c, r);
   for (size_t i : c.encoders)
     if (models::kind_of(c.s.model.modules[i].spec) == models::ModuleKind::kAudioEncoder)
       r.add(fmt::format(
@@ -314,6 +315,7 @@ Result<std::vector<ExportFile>> write_megatron_mimo(const Context& c) {
   refuse_schedule(c, r, /*interleaving_ok=*/false);
   refuse_tf32(c, r);
   refuse_mimo_fsdp(c, "the MIMO example", r);
+  refuse_megatron_asserts(c, r);
   refuse_mimo_ep_overlap(c, "the MIMO example", r);
   if (l.cp > 1)
     r.add(fmt::format("llm cp {}: the MIMO example runs the language grid with CP 1 only", l.cp));

@@ -173,6 +173,10 @@ void refuse_megatron_model(const Context& c, Refusals& r);
 /// embeddings, fused gradient accumulation) or turns off (FP8 parameter gathers).
 /// `who`: the trainer, for the messages.
 void refuse_megatron_fsdp(const Context& c, std::string_view who, Refusals& r);
+/// Refusals for flag combinations Megatron-LM's arguments.py asserts against beyond FSDP's:
+/// the parameter all-gather overlap without the gradient-reduction overlap, FP8 parameter
+/// gathers without a sharded optimizer, MoE grouped GEMMs outside bf16.
+void refuse_megatron_asserts(const Context& c, Refusals& r);
 
 // ---- the writers --------------------------------------------------------------------
 

@@ -158,6 +158,9 @@ TEST(ExportMegatron, MixtureOfExpertsAndPrecisions) {
   EXPECT_EQ(f.count("--fp8-param-gather"), 0u);
   Plan fp8_params = p;
   fp8_params.layout.fp8_param_gather = true;
+  // Megatron-LM gathers FP8 parameters only with a sharded optimizer (it asserts).
+  EXPECT_NE(refusal(s, fp8_params, Target::kMegatron).find("sharded optimizer"), std::string::npos);
+  fp8_params.layout.distributed_optimizer = true;
   EXPECT_EQ(all_flags(exported(s, fp8_params, Target::kMegatron).at("launch.sh"))
                 .count("--fp8-param-gather"),
             1u);
@@ -187,14 +190,37 @@ TEST(ExportMegatron, MixtureOfExpertsAndPrecisions) {
                 .count("--grad-reduce-in-bf16"),
             1u);
   s.workload.precision = hardware::Precision::kFp16;
-  EXPECT_EQ(all_flags(exported(s, p, Target::kMegatron).at("launch.sh")).count("--fp16"), 1u);
+  // Megatron's grouped GEMM for MoE asserts bf16; fp16 is spelled on a dense model.
+  EXPECT_NE(refusal(s, p, Target::kMegatron).find("bf16 only"), std::string::npos);
+  planner::Scenario dense = scenario("llama-3.1-8b", 4, 8192, 512, 0, "fp16");
+  const Plan d = llama_plans()[0];
+  EXPECT_EQ(all_flags(exported(dense, d, Target::kMegatron).at("launch.sh")).count("--fp16"), 1u);
   const auto fp16 =
-      all_flags(exported(s, with_grads(p, planner::GradReduceDtype::kFp32), Target::kMegatron)
+      all_flags(exported(dense, with_grads(d, planner::GradReduceDtype::kFp32), Target::kMegatron)
                     .at("launch.sh"));
   EXPECT_EQ(fp16.count("--accumulate-allreduce-grads-in-fp32"), 1u);
   EXPECT_EQ(fp16.count("--grad-reduce-in-bf16"), 0u);
   s.workload.precision = hardware::Precision::kTf32;
   EXPECT_NE(refusal(s, p, Target::kMegatron).find("precision tf32"), std::string::npos);
+}
+
+// What Megatron-LM's arguments.py asserts against is refused, not written: the parameter
+// all-gather overlap without the gradient-reduction overlap.
+TEST(ExportMegatron, RefusesWhatItsArgumentsAssertAgainst) {
+  planner::Scenario s = scenario("llama-3.1-8b", 4, 8192, 512);
+  Plan p = llama_plans()[0];
+  p.layout.distributed_optimizer = true;
+  ASSERT_TRUE(p.layout.overlap_param_gather && p.layout.overlap_grad_reduce);
+  EXPECT_EQ(
+      all_flags(exported(s, p, Target::kMegatron).at("launch.sh")).count("--overlap-param-gather"),
+      1u);
+  p.layout.overlap_grad_reduce = false;
+  EXPECT_NE(refusal(s, p, Target::kMegatron).find("Must use --overlap-param-gather"),
+            std::string::npos);
+  p.layout.overlap_param_gather = false;
+  EXPECT_EQ(
+      all_flags(exported(s, p, Target::kMegatron).at("launch.sh")).count("--overlap-param-gather"),
+      0u);
 }
 
 // Userbuffers TP overlap: Megatron-LM's --tp-comm-overlap, Megatron-Bridge's
