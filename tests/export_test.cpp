@@ -344,6 +344,7 @@ TEST(ExportFsdp, EachTrainerSpellsFullySharding) {
   auto y = yaml_settings(exported(llama, p, Target::kMegatronBridge).begin()->second);
   EXPECT_EQ(y.at("ddp.use_megatron_fsdp"), "true");
   EXPECT_EQ(y.at("ddp.data_parallel_sharding_strategy"), "\"optim_grads_params\"");
+  EXPECT_EQ(y.at("checkpoint.ckpt_format"), "\"fsdp_dtensor\"");
   EXPECT_NE(refusal(llama, kept, Target::kMegatronBridge).find("optim_grads_params"),
             std::string::npos);
   y = yaml_settings(exported(llama, fsdp2, Target::kMegatronBridge).begin()->second);

@@ -91,6 +91,8 @@ void add_training(std::vector<Setting>& s, const Context& c) {
     s.push_back({"dist.use_megatron_fsdp", "true"});
     s.push_back({"ddp.use_megatron_fsdp", "true"});
     s.push_back({"ddp.data_parallel_sharding_strategy", yaml_string("optim_grads_params")});
+    // Megatron-FSDP in Bridge saves and loads only its fsdp_dtensor checkpoints.
+    s.push_back({"checkpoint.ckpt_format", yaml_string("fsdp_dtensor")});
   } else if (fsdp2) {
     s.push_back({"dist.use_torch_fsdp2", "true"});
   }
