@@ -128,6 +128,11 @@ std::vector<Case> cases() {
     q.layout.fsdp_reshard_after_forward = false;
     out.push_back({"dgx-h100 dp16 ep4 fsdp kept gathered (MoE: experts over expert-DP groups)",
                    make("dgx-h100", 2, 32, 4, moe), q});
+    p.layout.fsdp_implementation = FsdpImplementation::kTorchFsdp2;  // copy-outs on each rank
+    p.layout.gradient_accumulation_fusion = false;
+    out.push_back({"dgx-h100 tp2 dp8 torch fsdp2", make("dgx-h100", 2, 32), p});
+    p.layout.fsdp_root_unit = true;
+    out.push_back({"dgx-h100 tp2 dp8 torch fsdp2 root unit", make("dgx-h100", 2, 32), p});
   }
   {
     Plan p = plan(2, 1, 1, 8);  // EP 8 folded over TP 2 x DP 4 of each node
