@@ -72,6 +72,14 @@ std::string fsdp_setting(const Layout& l) {
                      l.fsdp_root_unit ? ", root unit" : "");
 }
 
+// Whether two layouts shard their parameters alike (fsdp_setting's fields).
+bool same_sharding(const Layout& a, const Layout& b) {
+  if (a.fsdp != b.fsdp) return false;
+  return !a.fsdp ||
+         (a.fsdp_reshard_after_forward == b.fsdp_reshard_after_forward &&
+          a.fsdp_implementation == b.fsdp_implementation && a.fsdp_root_unit == b.fsdp_root_unit);
+}
+
 // The FSDP variant fields against fsdp itself; `who` prefixes the message.
 std::string fsdp_infeasibility(const Layout& l, std::string_view who) {
   if (!l.fsdp && l.fsdp_implementation != FsdpImplementation::kMegatron)
@@ -173,7 +181,7 @@ std::string heterogeneous_infeasibility(const Scenario& s, const Plan& p) {
     if (std::string why = fsdp_infeasibility(e, fmt::format("module \"{}\": ", mp.module));
         !why.empty())
       return why;
-    if (colocated && fsdp_setting(e) != fsdp_setting(l))
+    if (colocated && !same_sharding(e, l))
       return fmt::format(
           "module \"{}\": fsdp {} differs from the llm's {}: a colocated encoder shares the "
           "LLM's ranks and must shard its parameters as the LLM does",
@@ -594,11 +602,11 @@ class Lowering {
   // The chunk's root unit (Layout::fsdp_root_unit): its blocks that are not layers.
   FsdpUnit fsdp_root(const std::vector<PlacedBlock>& chunk) const;
   // The unit's parameter all-gather on each rank after `after[j]` (its next compute waits
-  // for it; under FSDP2, Layout::torch_fsdp2, that is fsdp_copy_out).
-  void fsdp_gather(const FsdpUnit& u, const std::vector<TaskId>& after);
-  // FSDP2's copy-out: the gathered flat buffer split into the unit's parameters by a
+  // for it; under FSDP2, Layout::torch_fsdp2, that is fsdp_copy_out); the bytes gathered.
+  Bytes fsdp_gather(const FsdpUnit& u, const std::vector<TaskId>& after);
+  // FSDP2's copy-out: the `gathered` flat buffer split into the unit's parameters by a
   // memory-bound kernel on the compute stream, before the unit runs.
-  void fsdp_copy_out(const FsdpUnit& u, int pass);
+  void fsdp_copy_out(const FsdpUnit& u, Bytes gathered, int pass);
   // The unit's gradient reduce-scatter after its last task.
   void fsdp_reduce(const FsdpUnit& u);
   // Whether block b of a chunk (the layer before a post block counts as the model's last)
@@ -606,9 +614,10 @@ class Lowering {
   // reshards: FSDP2's [final norm, output] unit, and with the root unit the root's blocks
   // and the last layer (torchtitan's reshard_after_forward policy).
   bool fsdp_kept_to_backward(const std::vector<PlacedBlock>& chunk, size_t b) const;
+  // Returns the bytes of the collectives it emitted.
   template <class PartBytes, class OnRank>
-  void fsdp_collectives(const FsdpUnit& u, CollectiveKind kind, PartBytes&& bytes, int32_t stream,
-                        std::string_view what, OnRank&& on_rank);
+  Bytes fsdp_collectives(const FsdpUnit& u, CollectiveKind kind, PartBytes&& bytes, int32_t stream,
+                         std::string_view what, OnRank&& on_rank);
   // Parameters (a block's, a bucket's) by the group that reduces, gathers and shards them:
   // the dense ones over the dp x cp ranks, with the routed experts unless those are apart
   // (experts_apart()), which go over their expert-DP group. `prefix` names the part in labels.
@@ -621,8 +630,6 @@ class Lowering {
     if (!experts_apart()) dense += std::exchange(expert, {});
     return {{{&dp_groups_, dense, ""}, {&edp_groups_, expert, "expert "}}};
   }
-  // The unit's parameters by shard group (param_parts), its blocks' summed.
-  std::array<ParamPart, 2> unit_parts(const FsdpUnit& u) const;
   // Bytes of weights as held (memory.h held_weight_bytes).
   Bytes held_bytes(const ParamCount& c) const {
     return Bytes(std::llround(held_weight_bytes(
@@ -1323,30 +1330,30 @@ void Lowering::linear_backward(const PlacedBlock& pb, size_t s, const Labels& lb
 // groups of two ranks or more; bytes(params) for its part; on_rank(j, task, previous part's
 // task on j or invalid).
 template <class PartBytes, class OnRank>
-void Lowering::fsdp_collectives(const FsdpUnit& u, CollectiveKind kind, PartBytes&& bytes,
-                                int32_t stream, std::string_view what, OnRank&& on_rank) {
+Bytes Lowering::fsdp_collectives(const FsdpUnit& u, CollectiveKind kind, PartBytes&& bytes,
+                                 int32_t stream, std::string_view what, OnRank&& on_rank) {
+  ParamCount dense, expert;  // the unit's blocks' together
+  for (const PlacedBlock* pb : u.blocks) {
+    dense += block(0, *pb).dense;
+    expert += block(0, *pb).expert;
+  }
   std::vector<TaskId> previous(st_.size()), current(st_.size());
-  for (const ParamPart& part : unit_parts(u)) {
+  Bytes total;
+  for (const ParamPart& part : param_parts(dense, expert)) {
     const GroupSet& gs = *part.group;
     if (part.params.all == 0 || gs.locals.empty() || gs.locals[0].size() < 2) continue;
     const sim::LabelId name =
         g_.label(fmt::format("{}fsdp {} {}{} {} stage {}", role_.prefix, sim::to_string(kind),
                              part.prefix, what, u.name, stage_));
-    group_collectives(gs, kind, bytes(part.params), stream, {cat_dp_, name}, [&](int j, TaskId c) {
+    const Bytes b = bytes(part.params);
+    group_collectives(gs, kind, b, stream, {cat_dp_, name}, [&](int j, TaskId c) {
       on_rank(j, c, previous[j]);
       current[j] = c;
     });
     previous = current;
+    total += b;
   }
-}
-
-std::array<Lowering::ParamPart, 2> Lowering::unit_parts(const FsdpUnit& u) const {
-  ParamCount dense, expert;
-  for (const PlacedBlock* pb : u.blocks) {
-    dense += block(0, *pb).dense;
-    expert += block(0, *pb).expert;
-  }
-  return param_parts(dense, expert);
+  return total;
 }
 
 Lowering::FsdpUnit Lowering::fsdp_root(const std::vector<PlacedBlock>& chunk) const {
@@ -1366,9 +1373,9 @@ bool Lowering::fsdp_kept_to_backward(const std::vector<PlacedBlock>& chunk, size
          chunk[b + 1].module == chunk[b].module;
 }
 
-void Lowering::fsdp_gather(const FsdpUnit& u, const std::vector<TaskId>& after) {
+Bytes Lowering::fsdp_gather(const FsdpUnit& u, const std::vector<TaskId>& after) {
   // The unit's compute waits for the last gather (rs.gathered).
-  fsdp_collectives(
+  return fsdp_collectives(
       u, CollectiveKind::kAllGather, [&](const ParamCount& c) { return held_bytes(c); },
       kFsdpGather, "params",
       [&](int j, TaskId c, TaskId previous) {
@@ -1378,12 +1385,7 @@ void Lowering::fsdp_gather(const FsdpUnit& u, const std::vector<TaskId>& after) 
       });
 }
 
-void Lowering::fsdp_copy_out(const FsdpUnit& u, int pass) {
-  // Only parts that were gathered (fsdp_collectives: a shard group of two ranks or more).
-  Bytes gathered;
-  for (const ParamPart& part : unit_parts(u))
-    if (part.params.all > 0 && !part.group->locals.empty() && part.group->locals[0].size() >= 2)
-      gathered += held_bytes(part.params);
+void Lowering::fsdp_copy_out(const FsdpUnit& u, Bytes gathered, int pass) {
   if (gathered.count() == 0) return;
   const Bytes moved = gathered + gathered;  // read the flat buffer, write the parameters
   const sim::LabelId name =
@@ -1563,9 +1565,9 @@ void Lowering::op_pieces(const PipelineOp& op, Emit&& emit) {
       fsdp && (op.kind == PassKind::kForward || (backward && l_.fsdp_reshard_after_forward));
   const int pass = backward ? kB : kF;
   auto gather = [this, pass](FsdpUnit u) {
-    fsdp_gather(u, fsdp_after_);
+    const Bytes gathered = fsdp_gather(u, fsdp_after_);
     for (int j : actives_) fsdp_after_[j] = st_[j].last;
-    if (l_.torch_fsdp2()) fsdp_copy_out(u, pass);
+    if (l_.torch_fsdp2()) fsdp_copy_out(u, gathered, pass);
   };
   if (gathers)
     emit(false, [this] {
@@ -1577,9 +1579,9 @@ void Lowering::op_pieces(const PipelineOp& op, Emit&& emit) {
     const size_t b = op.kind == PassKind::kForward ? bi : blocks.size() - 1 - bi;
     const PlacedBlock* pb = &blocks[b];
     const size_t nsteps = block(0, *pb, op.kind == PassKind::kBackward).steps.size();
-    const bool own_gather =
-        !(root && pb->part != Part::kLayer) && !(backward && fsdp_kept_to_backward(blocks, b));
-    if (gathers && own_gather) emit(false, [gather, u = fsdp_unit(*pb)] { gather(u); });
+    if (gathers && !(root && pb->part != Part::kLayer) &&
+        !(backward && fsdp_kept_to_backward(blocks, b)))
+      emit(false, [gather, u = fsdp_unit(*pb)] { gather(u); });
     switch (op.kind) {
       case PassKind::kForward: {
         const Labels* lb = &labels(v, b, kF);

@@ -815,18 +815,38 @@ class Searcher {
     return {f.fsdp.value_or(false)};
   }
 
-  // The FSDP implementations a sharded layout is searched with: the fix's
-  // (LayoutFix::fsdp_implementation), both with `any_fsdp_implementation`, else
-  // Megatron-FSDP when resharding after the forward and FSDP2 when kept gathered; never
-  // Megatron-FSDP kept gathered (it gathers again for the backward).
-  static std::vector<FsdpImplementation> fsdp_implementations(const LayoutFix& f, bool reshard) {
+  // How a searched layout shards its parameters (the Layout::fsdp* fields).
+  struct Sharding {
+    bool fsdp = false, reshard = true;
+    FsdpImplementation impl = FsdpImplementation::kMegatron;
+    bool root = false;
+    static Sharding of(const Layout& l) {
+      return {l.fsdp, l.fsdp_reshard_after_forward, l.fsdp_implementation, l.fsdp_root_unit};
+    }
+    // Sets them on `l`, with no fused gradient accumulation under FSDP2 (no fp32 main_grad).
+    void apply(Layout& l) const {
+      l.fsdp = fsdp;
+      l.fsdp_reshard_after_forward = reshard;
+      l.fsdp_implementation = impl;
+      l.fsdp_root_unit = root;
+      l.gradient_accumulation_fusion = !l.torch_fsdp2();
+    }
+  };
+
+  // The fully sharded settings a layout is searched with: resharded after the forward or
+  // kept gathered, each with the fix's implementation (LayoutFix::fsdp_implementation), both
+  // with `any_fsdp_implementation`, else Megatron-FSDP when resharding and FSDP2 when kept
+  // gathered; never Megatron-FSDP kept gathered (it gathers again for the backward).
+  static std::vector<Sharding> fsdp_shardings(const LayoutFix& f) {
     using F = FsdpImplementation;
-    std::vector<F> out;
-    if (f.any_fsdp_implementation)
-      out = {F::kMegatron, F::kTorchFsdp2};
-    else
-      out = {f.fsdp_implementation.value_or(reshard ? F::kMegatron : F::kTorchFsdp2)};
-    if (!reshard) std::erase(out, F::kMegatron);
+    std::vector<Sharding> out;
+    for (bool reshard : {true, false}) {
+      std::vector<F> impls = {
+          f.fsdp_implementation.value_or(reshard ? F::kMegatron : F::kTorchFsdp2)};
+      if (f.any_fsdp_implementation) impls = {F::kMegatron, F::kTorchFsdp2};
+      for (F impl : impls)
+        if (reshard || impl != F::kMegatron) out.push_back({true, reshard, impl, false});
+    }
     return out;
   }
 
@@ -882,20 +902,13 @@ class Searcher {
               for (int mbs : mbs_options(fx.micro_batch, gb % dp == 0 ? gb / dp : 1, 1)) {
                 l.micro_batch = mbs;
                 for (bool fsdp : fsdp_options(fx, allow_fsdp, dp * cp)) {
-                  l.fsdp = fsdp;
                   if (fsdp) {  // shards the optimizer state too; resharded or kept gathered
-                    l.distributed_optimizer = true;
-                    for (bool reshard : {true, false})
-                      for (FsdpImplementation impl : fsdp_implementations(fx, reshard)) {
-                        l.fsdp_reshard_after_forward = reshard;
-                        l.fsdp_implementation = impl;
-                        // FSDP2 has no fp32 main_grad to fuse the accumulation into.
-                        l.gradient_accumulation_fusion = impl != FsdpImplementation::kTorchFsdp2;
-                        add_schedules(l, even, 1, out);
-                      }
-                    l.fsdp_reshard_after_forward = true;
-                    l.fsdp_implementation = FsdpImplementation::kMegatron;
-                    l.gradient_accumulation_fusion = true;
+                    for (const Sharding& sh : fsdp_shardings(fx)) {
+                      Layout sharded = l;
+                      sharded.distributed_optimizer = true;
+                      sh.apply(sharded);
+                      add_schedules(sharded, even, 1, out);
+                    }
                     continue;
                   }
                   int dv = 1;
@@ -1019,25 +1032,15 @@ class Searcher {
         const int base_mbs = llm.micro_batch * fan_out;
         // FSDP: a colocated encoder shards as the LLM on its ranks does; one on its own
         // ranks as its fix asks (search.modules.<name>.fsdp).
-        struct Sharding {
-          bool fsdp, reshard;
-          FsdpImplementation impl;
-          bool root;
-        };
         std::vector<Sharding> shardings;
         if (!own_ranks) {
-          shardings.push_back({llm.fsdp, llm.fsdp_reshard_after_forward, llm.fsdp_implementation,
-                               llm.fsdp_root_unit});
+          shardings.push_back(Sharding::of(llm));
         } else {
-          for (bool f : fsdp_options(fx, true, dp)) {
-            if (!f) {
-              shardings.push_back({false, true, FsdpImplementation::kMegatron, false});
-              continue;
-            }
-            for (bool reshard : {true, false})
-              for (FsdpImplementation impl : fsdp_implementations(fx, reshard))
-                shardings.push_back({true, reshard, impl, false});
-          }
+          for (bool f : fsdp_options(fx, true, dp))
+            if (!f)
+              shardings.push_back({});
+            else
+              for (const Sharding& sh : fsdp_shardings(fx)) shardings.push_back(sh);
         }
         for (int mbs : mbs_options(fx.micro_batch, gb % dp == 0 ? gb / dp : 1, base_mbs))
           for (const Sharding& sh : shardings) {
@@ -1054,12 +1057,7 @@ class Searcher {
               mp.layout.micro_batch = mbs;
               mp.layout.sequence_parallel = fx.sequence_parallel.value_or(false);
               mp.layout.distributed_optimizer = dopt;
-              mp.layout.fsdp = sh.fsdp;
-              mp.layout.fsdp_reshard_after_forward = sh.reshard;
-              mp.layout.fsdp_implementation = sh.impl;
-              mp.layout.fsdp_root_unit = sh.root;
-              mp.layout.gradient_accumulation_fusion =
-                  !(sh.fsdp && sh.impl == FsdpImplementation::kTorchFsdp2);
+              sh.apply(mp.layout);
               mp.layout.fp8_recipe = fx.fp8_recipe.value_or(llm.fp8_recipe);
               mp.layout.grad_reduce_dtype = fx.grad_reduce_dtype.value_or(llm.grad_reduce_dtype);
               mp.layout.cross_entropy_fusion =
