@@ -275,10 +275,7 @@ void refuse_megatron_fsdp(const Context& c, std::string_view who, Refusals& r) {
     refuse("fp16", "Megatron-Core's FSDP2 trains in bf16 or fp32");
   if (c.llm.tied_embeddings)
     refuse("tied embeddings", "it needs the output layer untied from the embedding");
-  if (l.gradient_accumulation_fusion)
-    refuse("fused gradient accumulation",
-           "FSDP2 has no main_grad to add into; set the plan's gradient_accumulation_fusion to "
-           "false");
+  // Fused gradient accumulation under FSDP2 is infeasible already (planner::infeasibility).
   if (l.fp8_param_gather)
     refuse("FP8 parameter gathers",
            "Megatron turns fp8_param_gather off under FSDP2 with Transformer Engine 2; set it "

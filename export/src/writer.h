@@ -139,8 +139,8 @@ std::string torchrun_script(const Context& c, const std::vector<std::string>& no
                             std::string_view environment = "");
 /// What Megatron-LM's arguments.py requires of CUDA_DEVICE_MAX_CONNECTIONS: 1 with TP or CP
 /// (before Blackwell it asserts so: one hardware queue keeps each TP collective ordered
-/// before the GEMM that needs it), more than one with FSDP (it asserts that always), unset
-/// by choice with the EP all-to-all overlap (it warns); `any_tp_or_cp`: some module of the
+/// before the GEMM that needs it), more than one with FSDP (it asserts that always), left
+/// as the user has it with the EP all-to-all overlap (it warns); `any_tp_or_cp`: some module of the
 /// plan has TP or CP > 1.
 std::string megatron_environment(const Context& c, bool any_tp_or_cp);
 /// The lines that set NNODES, GPUS_PER_NODE, NODE_RANK, MASTER_ADDR and MASTER_PORT.
@@ -170,7 +170,8 @@ void refuse_megatron_model(const Context& c, Refusals& r);
 /// Refusals for FSDP plans Megatron-Core cannot run: kept gathered to the backward as
 /// Megatron-FSDP (its optim_grads_params strategy gathers again), and torch FSDP2 with what
 /// Megatron-LM's arguments.py asserts against (pipeline or expert parallelism, fp16, tied
-/// embeddings, fused gradient accumulation) or turns off (FP8 parameter gathers).
+/// embeddings; fused gradient accumulation the plan itself cannot have) or turns off (FP8
+/// parameter gathers).
 /// `who`: the trainer, for the messages.
 void refuse_megatron_fsdp(const Context& c, std::string_view who, Refusals& r);
 /// Refusals for flag combinations Megatron-LM's arguments.py asserts against beyond FSDP's:
