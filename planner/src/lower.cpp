@@ -607,8 +607,10 @@ class Lowering {
   // FSDP2's copy-out: the `gathered` flat buffer split into the unit's parameters by a
   // memory-bound kernel on the compute stream, before the unit runs.
   void fsdp_copy_out(const FsdpUnit& u, Bytes gathered, int pass);
-  // The unit's gradient reduce-scatter after its last task.
+  // The unit's gradient reduce-scatter after its last task; under FSDP2 after its copy-in.
   void fsdp_reduce(const FsdpUnit& u);
+  // One memory-bound kernel moving `moved` bytes on each active rank's compute stream.
+  void memory_pass(Bytes moved, int pass, sim::LabelId name);
   // Whether block b of a chunk (the layer before a post block counts as the model's last)
   // keeps the parameters its forward gathered until its backward though the layout
   // reshards: FSDP2's [final norm, output] unit, and with the root unit the root's blocks
@@ -1327,7 +1329,8 @@ void Lowering::linear_backward(const PlacedBlock& pb, size_t s, const Labels& lb
 }
 
 // Each of the unit's FSDP shard groups in turn (param_parts: dense, then experts apart), for
-// groups of two ranks or more; bytes(params) for its part; on_rank(j, task, previous part's
+// groups of two ranks or more; bytes(params) for its part, called right before the part's
+// collectives are emitted (it may emit the compute they follow); on_rank(j, task, previous part's
 // task on j or invalid).
 template <class PartBytes, class OnRank>
 Bytes Lowering::fsdp_collectives(const FsdpUnit& u, CollectiveKind kind, PartBytes&& bytes,
@@ -1387,9 +1390,13 @@ Bytes Lowering::fsdp_gather(const FsdpUnit& u, const std::vector<TaskId>& after)
 
 void Lowering::fsdp_copy_out(const FsdpUnit& u, Bytes gathered, int pass) {
   if (gathered.count() == 0) return;
-  const Bytes moved = gathered + gathered;  // read the flat buffer, write the parameters
-  const sim::LabelId name =
-      g_.label(fmt::format("{}fsdp copy-out params {} stage {}", role_.prefix, u.name, stage_));
+  // Read the flat buffer, write the parameters.
+  memory_pass(
+      gathered + gathered, pass,
+      g_.label(fmt::format("{}fsdp copy-out params {} stage {}", role_.prefix, u.name, stage_)));
+}
+
+void Lowering::memory_pass(Bytes moved, int pass, sim::LabelId name) {
   sim::KernelListId k;
   if (o_.kernels) {
     const sim::Kernel copy = sim::memory_kernel(moved.count());
@@ -1403,14 +1410,24 @@ void Lowering::fsdp_copy_out(const FsdpUnit& u, Bytes gathered, int pass) {
 
 void Lowering::fsdp_reduce(const FsdpUnit& u) {
   const int64_t gb = gradient_bytes(s_.workload.precision, l_.grad_reduce_dtype);
-  fsdp_collectives(
-      u, CollectiveKind::kReduceScatter, [&](const ParamCount& c) { return Bytes(c.all * gb); },
-      kDpStream, "grads",
-      [&](int j, TaskId c, TaskId previous) {
-        if (st_[j].last.valid()) g_.add_dependency(st_[j].last, c);
-        if (previous.valid()) g_.add_dependency(previous, c);
-        fsdp_reduced_[j] = c;
-      });
+  // FSDP2's copy-in (foreach_reduce_scatter_copy_in, on the current stream before the
+  // reduce-scatter stream waits for it): the part's unsharded gradients, in the parameters'
+  // compute dtype, copied (cast) into the flat reduce-scatter buffer in the reduce dtype.
+  const int64_t wb = weight_bytes(s_.workload.precision);
+  const sim::LabelId copy_in =
+      l_.torch_fsdp2()
+          ? g_.label(fmt::format("{}fsdp copy-in grads {} stage {}", role_.prefix, u.name, stage_))
+          : sim::LabelId();
+  auto part_bytes = [&](const ParamCount& c) {
+    if (l_.torch_fsdp2()) memory_pass(Bytes(c.all * (wb + gb)), kB, copy_in);
+    return Bytes(c.all * gb);
+  };
+  fsdp_collectives(u, CollectiveKind::kReduceScatter, part_bytes, kDpStream, "grads",
+                   [&](int j, TaskId c, TaskId previous) {
+                     if (st_[j].last.valid()) g_.add_dependency(st_[j].last, c);
+                     if (previous.valid()) g_.add_dependency(previous, c);
+                     fsdp_reduced_[j] = c;
+                   });
 }
 
 void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels& lb,

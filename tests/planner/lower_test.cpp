@@ -377,7 +377,9 @@ TEST(Lower, FsdpGathersAndReducesEachBlockPerMicroBatch) {
 // [final norm, output] stays gathered from its forward to its backward: one gather fewer
 // per micro-batch than Megatron-FSDP's. With the root unit (torchtitan before July 2025)
 // the embedding and the head gather once per micro-batch as one unit ahead of the layers,
-// the last layer is kept as well, and the root reduce-scatters after every layer.
+// the last layer is kept as well, and the root reduce-scatters after every layer. Each
+// reduce-scatter follows a copy-in on the compute stream that reads the unit's bf16
+// gradients and writes them in the reduce dtype (fp32): 6 bytes per 4 reduced.
 TEST(Lower, Fsdp2CopiesOutEachGatherAndKeepsTheHeadGathered) {
   Scenario s = make(4, 16, 2);
   Plan p = plan(2, 1, 8);
@@ -390,8 +392,10 @@ TEST(Lower, Fsdp2CopiesOutEachGatherAndKeepsTheHeadGathered) {
   for (bool root : {false, true}) {
     p.layout.fsdp_root_unit = root;
     LoweredPlan lp = lowered(s, p);
-    int gathers = 0, copies = 0, reductions = 0;
+    int gathers = 0, copies = 0, reductions = 0, copies_in = 0;
     std::map<std::string, Bytes> gathered;  // by unit: "llm L0", "root"
+    std::set<TaskId> copied_in;             // rank 0's copy-ins
+    std::map<TaskId, Bytes> reduced;        // the reduce-scatters, by task
     std::string last_reduced;
     for (int t = 0; t < lp.graph.num_tasks(); ++t) {
       const sim::Task& task = lp.graph.task(TaskId(t));
@@ -404,6 +408,11 @@ TEST(Lower, Fsdp2CopiesOutEachGatherAndKeepsTheHeadGathered) {
       } else if (task.kind == sim::TaskKind::kCollective && name.starts_with("fsdp")) {
         ++reductions;
         last_reduced = unit.substr(unit.find("grads ") + 6);
+        reduced[TaskId(t)] = task.bytes;
+      } else if (name.starts_with("fsdp copy-in") &&
+                 lp.graph.streams(TaskId(t))[0].rank == RankId(0)) {
+        ++copies_in;
+        copied_in.insert(TaskId(t));
       } else if (name.starts_with("fsdp copy-out") &&
                  lp.graph.streams(TaskId(t))[0].rank == RankId(0)) {
         ++copies;
@@ -416,6 +425,16 @@ TEST(Lower, Fsdp2CopiesOutEachGatherAndKeepsTheHeadGathered) {
     EXPECT_EQ(gathers, m * (root ? 5 + 3 : 6 + 5)) << root;
     EXPECT_EQ(copies, gathers) << root;
     EXPECT_EQ(reductions, m * (root ? 5 : 6)) << root;
+    EXPECT_EQ(copies_in, reductions) << root;
+    int followed = 0;  // reduce-scatters that wait for a copy-in of 1.5x their bytes
+    for (const auto& [before, after] : lp.graph.dependencies()) {
+      if (!copied_in.contains(before) || !reduced.contains(after)) continue;
+      const Bytes rs = reduced.at(after);
+      EXPECT_EQ(lp.graph.task(before).duration,
+                dev.memory_kernel_time(Bytes(rs.count() / 4 * (2 + 4))));
+      ++followed;
+    }
+    EXPECT_EQ(followed, reductions) << root;
     if (root) {
       EXPECT_EQ(last_reduced, "root");
       EXPECT_EQ(gathered.count("llm pre"), 0u);

@@ -78,9 +78,11 @@ enum class FsdpImplementation {
   /// PyTorch FSDP2 (fully_shard), wrapped as torchtitan wraps it: each all-gather lands in a
   /// flat buffer that a copy-out kernel on the compute stream splits into the block's
   /// parameters before the block runs (foreach_all_gather_copy_out: the gathered bytes read
-  /// and written once); the final norm and output layer are one unit kept gathered from
-  /// their forward to their backward (torchtitan's apply_fsdp, reshard_after_forward false
-  /// for [norm, output]).
+  /// and written once); before each reduce-scatter a copy-in kernel on the compute stream
+  /// (foreach_reduce_scatter_copy_in) reads the unit's gradients in the parameters' dtype and
+  /// writes them into the flat reduce buffer in the reduce dtype; the final norm and output
+  /// layer are one unit kept gathered from their forward to their backward (torchtitan's
+  /// apply_fsdp, reshard_after_forward false for [norm, output]).
   kTorchFsdp2,
 };
 std::string_view to_string(FsdpImplementation f);  // "megatron_fsdp", "torch_fsdp2"
