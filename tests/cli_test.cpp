@@ -531,6 +531,10 @@ const std::vector<std::string>& bad_texts() {
           R"(, "plan": {"micro_batch": 1, "dp": 8, "attention_kernel": "sdpa"}})",
       R"({"model": "llama-3.1-8b", )" + kWorkload + ", " + kCluster +
           R"(, "search": {"llm": {"attention_kernel": "fa2"}}})",
+      R"({"model": "llama-3.1-8b", )" + kWorkload + ", " + kCluster +
+          R"(, "plan": {"micro_batch": 1, "dp": 8, "repeat_kv": "yes"}})",
+      R"({"model": "llama-3.1-8b", )" + kWorkload + ", " + kCluster +
+          R"(, "search": {"llm": {"fused_projections": 0}}})",
   };
   return texts;
 }
@@ -577,7 +581,10 @@ INSTANTIATE_TEST_SUITE_P(
         BadScenario{"unknown_attention_kernel", bad_texts()[23].c_str(),
                     "plan.attention_kernel: unknown value \"sdpa\""},
         BadScenario{"search_unknown_attention_kernel", bad_texts()[24].c_str(),
-                    "search.llm.attention_kernel: unknown value \"fa2\""}),
+                    "search.llm.attention_kernel: unknown value \"fa2\""},
+        BadScenario{"repeat_kv_not_bool", bad_texts()[25].c_str(), "plan.repeat_kv: expected"},
+        BadScenario{"search_fused_projections_not_bool", bad_texts()[26].c_str(),
+                    "search.llm.fused_projections: expected"}),
     [](const ::testing::TestParamInfo<BadScenario>& info) { return std::string(info.param.name); });
 
 }  // namespace

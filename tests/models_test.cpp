@@ -356,6 +356,71 @@ TEST(OpGraph, HeadDimSetsTheAttentionWidth) {
   }
 }
 
+// torchtitan's Llama code: wq, wk, wv and w1, w3 as GEMMs of their own (one shape per part,
+// the input read once, FLOPs and parameters unchanged), selective_op re-running the k and
+// up projections alike; repeat_kv writes K and V at the 32 query heads' width before the
+// attention core, which then reads (and saves) them at that width. MoE experts keep their
+// fused gate-and-up GEMM; a model without grouped-query attention gets no copy.
+TEST(OpGraph, SeparateProjectionsAndRepeatedKeysAsTorchtitanRunsThem) {
+  const int64_t T = 8192;
+  const ModuleSpec llama = zoo_module("llama-3.1-8b");
+  ModuleInput in = input(1, T);
+  const OpGraph fused = build_op_graph(llama, in);
+  in.fused_projections = false;
+  in.repeat_kv = true;
+  const OpGraph split = build_op_graph(llama, in);
+  auto layer0 = [](const OpGraph& g, std::string_view name) -> const Op* {
+    for (const Op& op : g.ops)
+      if (op.layer == 0 && op.name == name) return &op;
+    return nullptr;
+  };
+  const Op* qkv = layer0(split, "qkv");
+  const Op* fc1 = layer0(split, "mlp_fc1");
+  ASSERT_TRUE(qkv && fc1);
+  EXPECT_TRUE(qkv->separate_parts && fc1->separate_parts);
+  ASSERT_EQ(qkv->gemms.size(), 3u);
+  EXPECT_EQ(qkv->gemms[0].n, 4096);
+  EXPECT_EQ(qkv->gemms[1].n, 1024);
+  EXPECT_EQ(qkv->gemms[2].n, 1024);
+  EXPECT_EQ(qkv->output_width(), 6144);
+  ASSERT_EQ(fc1->gemms.size(), 2u);
+  EXPECT_EQ(fc1->gemms[1].n, 14336);
+  for (std::string_view name : {"qkv", "mlp_fc1"}) {
+    const Op& a = *layer0(fused, name);
+    const Op& b = *layer0(split, name);
+    EXPECT_FALSE(a.separate_parts);
+    EXPECT_DOUBLE_EQ(a.forward.count(), b.forward.count()) << name;
+    EXPECT_EQ(a.params, b.params) << name;
+    EXPECT_EQ(a.read, b.read) << name;
+    EXPECT_DOUBLE_EQ(recompute_share(a, Recompute::kSelectiveOp),
+                     recompute_share(b, Recompute::kSelectiveOp))
+        << name;
+  }
+  EXPECT_EQ(layer0(fused, "repeat_kv"), nullptr);
+  const Op* repeat = layer0(split, "repeat_kv");
+  ASSERT_NE(repeat, nullptr);
+  EXPECT_EQ(repeat->read.count(), T * 2 * 8 * 128 * 2);
+  EXPECT_EQ(repeat->written.count(), T * 2 * 32 * 128 * 2);
+  EXPECT_EQ(layer0(split, "attention")->attention->kv_heads, 32);
+  EXPECT_EQ(layer0(split, "attention")->saved.count() - layer0(fused, "attention")->saved.count(),
+            T * 2 * (32 - 8) * 128 * 2);
+  EXPECT_DOUBLE_EQ(recompute_share(*repeat, Recompute::kSelectiveOp), 1);
+  EXPECT_EQ(count_params(llama).total, [&] {
+    int64_t n = 0;
+    for (const Op& op : split.ops) n += op.params;
+    return n;
+  }());
+
+  ModuleInput moe_in = input(1, 1001);
+  moe_in.fused_projections = false;
+  moe_in.repeat_kv = true;
+  const OpGraph moe = build_op_graph(zoo_module("mixtral-8x7b"), moe_in);
+  EXPECT_FALSE(layer0(moe, "expert_fc1")->separate_parts);
+  EXPECT_TRUE(layer0(moe, "qkv")->separate_parts);
+  const OpGraph mha = build_op_graph(zoo_module("gpt3-1.3b"), moe_in);
+  EXPECT_EQ(layer0(mha, "repeat_kv"), nullptr);  // as many kv heads as heads
+}
+
 // Qwen3's QK-norm: an RMSNorm over each head's query and key after the projection, before
 // RoPE, saving its input; two head_dim-wide weights per layer, in the parameter count.
 TEST(OpGraph, QkNormNormalisesEachHeadsQueryAndKey) {

@@ -80,6 +80,8 @@ TEST(PlanJson, RoundTripsEveryLayoutSwitch) {
   p.layout.flash_attention = false;
   p.layout.moe_capacity_factor = 1.25;
   p.layout.gradient_accumulation_fusion = false;
+  p.layout.fused_projections = false;
+  p.layout.repeat_kv = true;
   auto back = parse_plan(plan_to_json(p), "plan");
   ASSERT_TRUE(back.is_ok()) << back.status().to_string();
   EXPECT_EQ(*back, p);

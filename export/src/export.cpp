@@ -3,6 +3,7 @@
 #include "hetpar/export/export.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <array>
@@ -429,6 +430,25 @@ std::string unfused_accumulation_note(const Context& c, std::string_view trainer
       "separate adds: set the plan's gradient_accumulation_fusion to false to time it so (it "
       "differs only with a profile that measured such GEMMs).",
       trainer);
+}
+
+std::string layer_code_note(const Context& c, std::string_view trainer, LayerCode code) {
+  const planner::Layout& l = c.layout();
+  std::vector<std::string> differ;
+  if (l.fused_projections != code.fused_projections)
+    differ.push_back(code.fused_projections
+                         ? "fuses the q, k, v and the gate and up projections into one GEMM each "
+                           "(fused_projections true)"
+                         : "runs a GEMM per projection (fused_projections false)");
+  if (l.repeat_kv != code.repeat_kv)
+    differ.push_back(code.repeat_kv
+                         ? "copies K and V to every query head before attention (repeat_kv true)"
+                         : "reads K and V grouped in the attention kernel (repeat_kv false)");
+  if (differ.empty()) return "";
+  return fmt::format(
+      "The plan's layer is timed otherwise than {}'s model code runs it: it {}; "
+      "set those plan fields to time it so.",
+      trainer, fmt::join(differ, ", and "));
 }
 
 std::vector<std::string> fsdp2_notes(const Context& c, std::string_view trainer,

@@ -280,6 +280,9 @@ Result<std::vector<ExportFile>> write_megatron(const Context& c) {
   if (l.torch_fsdp2())
     for (std::string& n : fsdp2_notes(c, "Megatron-LM", /*wraps_like_torchtitan=*/false))
       notes.push_back(std::move(n));
+  // Megatron-Core: linear_qkv and linear_fc1 fused, Transformer Engine reading the kv heads.
+  if (std::string n = layer_code_note(c, "Megatron-LM", {}); !n.empty())
+    notes.push_back(std::move(n));
   std::string entry = "pretrain_gpt.py";
   if (c.multimodal()) {
     entry = "pretrain_vlm.py";

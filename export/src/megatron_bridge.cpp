@@ -237,6 +237,8 @@ Result<std::vector<ExportFile>> write_megatron_bridge(const Context& c) {
     if (l.torch_fsdp2())
       for (const std::string& n : fsdp2_notes(c, "Megatron-Core", /*wraps_like_torchtitan=*/false))
         text += "# " + n + "\n";
+    if (std::string n = layer_code_note(c, "Megatron-Core", {}); !n.empty())
+      text += "# " + n + "\n";
     s.push_back({"model.tensor_model_parallel_size", num(l.tp)});
     s.push_back({"model.pipeline_model_parallel_size", num(l.pp)});
     s.push_back({"model.virtual_pipeline_model_parallel_size", l.vpp > 1 ? num(l.vpp) : "null"});

@@ -114,6 +114,8 @@ Result<std::vector<ExportFile>> write_nanotron(const Context& c) {
       c.nodes, c.gpus_per_node, c.world);
   if (std::string n = unfused_accumulation_note(c, "nanotron"); !n.empty())
     script += "# " + n + "\n";
+  // nanotron's Llama: qkv_proj and gate_up_proj fused, flash-attn reading the kv heads.
+  if (std::string n = layer_code_note(c, "nanotron", {}); !n.empty()) script += "# " + n + "\n";
   script += launcher_environment(c);
   script +=
       "\ntorchrun --nnodes \"$NNODES\" --nproc-per-node \"$GPUS_PER_NODE\" --node-rank "

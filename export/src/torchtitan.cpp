@@ -153,6 +153,9 @@ Result<std::vector<ExportFile>> write_torchtitan(const Context& c) {
             : ""));
   if (std::string n = unfused_accumulation_note(c, "torchtitan"); !n.empty())
     notes.push_back(std::move(n));
+  // torchtitan's Llama: wq, wk, wv, w1, w3 apart, repeat_kv before SDPA.
+  if (std::string n = layer_code_note(c, "torchtitan", {false, true}); !n.empty())
+    notes.push_back(std::move(n));
   for (std::string& n : fsdp2_notes(c, "torchtitan", /*wraps_like_torchtitan=*/true))
     notes.push_back(std::move(n));
   if (l.pp == 1 && c.micro_batches > 1)

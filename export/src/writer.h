@@ -149,6 +149,15 @@ std::string launcher_environment(const Context& c);
 /// nanotron): the note that the plan timed its weight-gradient GEMMs as adding into an fp32
 /// main_grad (Layout::gradient_accumulation_fusion); "" when the plan has it off.
 std::string unfused_accumulation_note(const Context& c, std::string_view trainer);
+/// How a trainer's model code runs a layer: its q, k, v (and gate, up) projections fused
+/// into one GEMM each or not, and K, V repeated to every query head or read grouped.
+struct LayerCode {
+  bool fused_projections = true;
+  bool repeat_kv = false;
+};
+/// The note that the plan timed the LLM's layer otherwise than `trainer`'s model code runs
+/// it (Layout::fused_projections, Layout::repeat_kv); "" when they agree.
+std::string layer_code_note(const Context& c, std::string_view trainer, LayerCode code);
 /// For a trainer that runs PyTorch FSDP2 (`wraps_like_torchtitan`: with torchtitan's units,
 /// else Megatron-Core's, which reshard the output layer like the layers): the notes on what
 /// the plan's FSDP timing (Layout::fsdp_implementation, fsdp_root_unit) does not match;

@@ -31,6 +31,13 @@ bool is_matmul(OpKind kind) {
   return kind == OpKind::kGemm || kind == OpKind::kAttention;
 }
 
+int64_t Op::output_width() const {
+  if (parts.empty()) return gemms.empty() ? 0 : gemms.front().n;
+  int64_t n = 0;
+  for (int64_t p : parts) n += p;
+  return n;
+}
+
 Flops attention_forward_flops(const AttentionShape& s) {
   double full = 4.0 * s.batch * s.heads * s.seq_q * s.seq_kv * s.head_dim;
   return Flops(s.causal ? full / 2 : full);
@@ -47,10 +54,10 @@ double selective_op_share(const Op& op) {
     case OpKind::kGemm:
       // Matmuls 1-3 q, k, v (k re-run), 4 the output projection (re-run), 5-6 gate and up
       // (up re-run) or a plain fc1 (5, kept), then the down projection (no backward needs
-      // its output): of a fused qkv or gate-and-up GEMM its second part re-runs.
+      // its output): of a qkv or gate-and-up op its second part re-runs.
       if (op.name == "attn_out") return 1;
       if ((op.name == "qkv" || op.name == "mlp_fc1") && op.parts.size() >= 2)
-        return static_cast<double>(op.parts[1]) / static_cast<double>(op.gemms.front().n);
+        return static_cast<double>(op.parts[1]) / static_cast<double>(op.output_width());
       return 0;
     default:  // norms, RoPE, the activation, the first residual: re-run; the second is not
       return op.name == "mlp_residual" ? 0 : 1;
@@ -125,7 +132,13 @@ int64_t norm_params(Norm n, int64_t h) {
 class Builder {
  public:
   Builder(OpGraph& g, const ModuleInput& in)
-      : g_(g), e_(in.dtype_bytes), flash_(in.flash_attention) {}
+      : g_(g),
+        e_(in.dtype_bytes),
+        flash_(in.flash_attention),
+        fused_(in.fused_projections),
+        repeat_kv_(in.repeat_kv) {}
+
+  bool repeat_kv() const { return repeat_kv_; }
 
   Bytes elems(double n) const { return Bytes(static_cast<int64_t>(n) * e_); }
 
@@ -149,6 +162,16 @@ class Builder {
     op.gemms = std::move(shapes);
     g_.ops.push_back(std::move(op));
     return g_.ops.back();
+  }
+
+  /// Without fused projections (ModuleInput::fused_projections), a fused op's parts become
+  /// GEMMs of their own, one shape each; the input is still read once.
+  void separate(Op& op) const {
+    if (fused_ || op.parts.size() < 2 || op.gemms.size() != 1) return;
+    const GemmShape s = op.gemms.front();
+    op.gemms.clear();
+    for (int64_t n : op.parts) op.gemms.push_back({s.m, n, s.k, s.batch});
+    op.separate_parts = true;
   }
 
   /// A pointwise op over `in` input and `out` output elements.
@@ -194,6 +217,7 @@ class Builder {
     }
     Op& first = gemm(prefix + "fc1", layer, std::move(fc1), bias, tokens * h);
     if (branches == 2) first.parts = {f, f};
+    if (prefix == "mlp_") separate(first);  // dense layers only
     pointwise(prefix + "act", OpKind::kElementwise, layer, branches * tokens * f, tokens * f,
               act == Activation::kSwiglu ? kSwigluFlops : kGeluFlops, branches * tokens * f);
     gemm(prefix + "fc2", layer, std::move(fc2), bias, tokens * f);
@@ -232,7 +256,7 @@ class Builder {
   }
   OpGraph& g_;
   int e_;
-  bool flash_;
+  bool flash_, fused_, repeat_kv_;
 };
 
 // One pre-norm transformer layer over `batch` sequences of `seq` tokens.
@@ -244,6 +268,7 @@ void add_layer(Builder& b, const TransformerSpec& t, const std::optional<MoeSpec
   b.norm("attn_norm", layer, t.norm, T, h);
   Op& qkv = b.gemm("qkv", layer, {{tokens, (a + 2 * g) * d, h}}, t.qkv_bias, T * h);
   qkv.parts = {a * d, g * d, g * d};
+  b.separate(qkv);
   // Megatron's q_layernorm / k_layernorm: a norm over each head's width; saves its input.
   if (t.qk_norm)
     b.pointwise("qk_norm", OpKind::kElementwise, layer, T * (a + g) * d, T * (a + g) * d,
@@ -251,7 +276,11 @@ void add_layer(Builder& b, const TransformerSpec& t, const std::optional<MoeSpec
   if (rope)
     b.pointwise("rope", OpKind::kElementwise, layer, T * (a + g) * d, T * (a + g) * d, kRopeFlops,
                 0);
-  b.attention(layer, {batch, a, g, seq, seq, d, causal}, t.dropout);
+  // repeat_kv (ModuleInput::repeat_kv): K and V written out at the query heads' width.
+  const bool expand = b.repeat_kv() && g < a;
+  if (expand)
+    b.pointwise("repeat_kv", OpKind::kElementwise, layer, T * 2 * g * d, T * 2 * a * d, 0, 0);
+  b.attention(layer, {batch, a, expand ? a : g, seq, seq, d, causal}, t.dropout);
   b.gemm("attn_out", layer, {{tokens, h, a * d}}, t.linear_bias, T * a * d);
   b.residual("attn_residual", layer, T, h, t.dropout);
   b.norm("mlp_norm", layer, t.norm, T, h);

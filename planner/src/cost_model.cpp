@@ -49,7 +49,9 @@ Split gemm_split(const models::Op& op, const models::OpGraph& g) {
 
 // Whether a pointwise op runs on a tp-sharded tensor.
 bool pointwise_tp_sharded(const models::Op& op, const Layout& l, models::ModuleKind kind) {
-  if (op.kind == models::OpKind::kLoss || op.name == "rope" || op.name == "qk_norm") return true;
+  if (op.kind == models::OpKind::kLoss || op.name == "rope" || op.name == "qk_norm" ||
+      op.name == "repeat_kv")
+    return true;
   if (ends_with(op.name, "act") && (op.layer >= 0 || kind == models::ModuleKind::kProjector))
     return true;
   return l.sequence_parallel && (op.layer >= 0 || op.name == "final_norm");
@@ -351,7 +353,36 @@ int64_t partial_rerun_columns(const models::Op& op, const Layout& l) {
   if (l.recompute != models::Recompute::kSelectiveOp || op.gemms.empty()) return 0;
   const double share = models::recompute_share(op, l.recompute);
   if (share <= 0 || share >= 1) return 0;
-  return static_cast<int64_t>(std::llround(static_cast<double>(op.gemms.front().n) * share));
+  return static_cast<int64_t>(std::llround(static_cast<double>(op.output_width()) * share));
+}
+
+// A GEMM op's i-th rank shape among `count`: whether it quantises the op's input (separate
+// parts share one input, cast once, under torch.compile's common-subexpression pass), and
+// the output columns selective_op re-runs of it (separate parts: the second whole).
+struct ShapeRole {
+  bool casts_input = true;
+  int64_t rerun_n = 0;
+};
+ShapeRole shape_role(const models::Op& op, const models::GemmShape& s, size_t i, int64_t rerun_n) {
+  if (!op.separate_parts) return {true, rerun_n};
+  return {i == 0, rerun_n > 0 && i == 1 ? s.n : 0};
+}
+
+// Separate parts (models::Op::separate_parts): autograd adds the input gradients of the
+// parts' GEMMs. Under torch.compile the sum is fused into the consumer (the norm's backward),
+// which reads the parts' gradients instead of one: the extra ones' bytes (a kernel of its
+// own, to count its launch).
+int64_t partial_gradient_bytes(const models::Op& op, const std::vector<models::GemmShape>& shapes,
+                               int64_t element_bytes) {
+  if (!op.separate_parts || shapes.size() < 2) return 0;
+  const models::GemmShape& s = shapes.front();
+  return static_cast<int64_t>(shapes.size() - 1) * s.m * s.k * s.batch * element_bytes;
+}
+
+// A pointwise op's backward traffic against its forward's: a copy's gradient is one pass
+// (repeat_kv's sum back over the repeated heads), the others read their input too.
+int64_t backward_passes(const models::Op& op) {
+  return op.name == "repeat_kv" ? 1 : 2;
 }
 
 }  // namespace
@@ -369,21 +400,27 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
       // Experts: a rank runs E / ep experts on the tokens its ep group routes to them, as
       // many as its own micro-batch routes in all: the op's FLOPs, not 1 / ep of them.
       const int64_t rerun_n = partial_rerun_columns(op, l);
-      for (const models::GemmShape& s : rank_gemms(op, g, l, cp)) {
+      const std::vector<models::GemmShape> shapes = rank_gemms(op, g, l, cp);
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        const models::GemmShape& s = shapes[i];
+        const ShapeRole role = shape_role(op, s, i, rerun_n);
         c.forward +=
             dev.gemm_time(ceil_div(s.m, chunks.forward), s.n, s.k, s.batch, gp) * chunks.forward;
         c.dgrad += dev.gemm_time(ceil_div(s.m, chunks.dgrad), s.k, s.n, s.batch, gp) * chunks.dgrad;
         c.wgrad += dev.gemm_time(s.k, s.n, s.m, s.batch, gp, accumulates_fp32(l, p));
-        if (rerun_n > 0) c.recompute += dev.gemm_time(s.m, rerun_n, s.k, s.batch, gp);
+        if (role.rerun_n > 0) c.recompute += dev.gemm_time(s.m, role.rerun_n, s.k, s.batch, gp);
         if (gp == Precision::kFp8 && is_fp8_linear(op)) {
           const Fp8Kernels q = fp8_quantize_kernels(op, s, l);
           for (const sim::Kernel& k : q.forward) {
+            if (!role.casts_input) break;
             c.forward += dev.memory_kernel_time(Bytes(k.bytes));
             if (rerun_n > 0) c.recompute += dev.memory_kernel_time(Bytes(k.bytes));
           }
           for (const sim::Kernel& k : q.backward) c.dgrad += dev.memory_kernel_time(Bytes(k.bytes));
         }
       }
+      c.dgrad +=
+          dev.memory_kernel_time(Bytes(partial_gradient_bytes(op, shapes, activation_bytes(g, p))));
       const double per_rank = shard * static_cast<double>(cp);
       c.forward_flops = op.forward / per_rank;
       c.dgrad_flops = op.dgrad / per_rank;
@@ -466,7 +503,7 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
           (op.read + op.written) * (activation_bytes(g, p) / g.dtype_bytes) / shard;
       c.forward = dev.memory_kernel_time(traffic);
       (op.kind == models::OpKind::kEmbedding ? c.wgrad : c.dgrad) =
-          dev.memory_kernel_time(traffic * 2);
+          dev.memory_kernel_time(traffic * backward_passes(op));
       break;
     }
   }
@@ -675,20 +712,27 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
         return x;
       };
       const int64_t rerun_n = partial_rerun_columns(op, l);
-      for (const models::GemmShape& s : rank_gemms(op, g, l, cp)) {
+      const std::vector<models::GemmShape> shapes = rank_gemms(op, g, l, cp);
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        const models::GemmShape& s = shapes[i];
+        const ShapeRole role = shape_role(op, s, i, rerun_n);
         k.forward.push_back(gemm(s.m, s.n, s.k, s.batch));
         k.dgrad.push_back(gemm(s.m, s.k, s.n, s.batch));
         k.wgrad.push_back(gemm(s.k, s.n, s.m, s.batch));
         k.wgrad.back().accumulate_fp32 = accumulates_fp32(l, p);
-        if (rerun_n > 0) k.recompute.push_back(gemm(s.m, rerun_n, s.k, s.batch));
+        if (role.rerun_n > 0) k.recompute.push_back(gemm(s.m, role.rerun_n, s.k, s.batch));
         if (gp == Precision::kFp8 && is_fp8_linear(op)) {
           const Fp8Kernels q = fp8_quantize_kernels(op, s, l);
-          k.forward.insert(k.forward.end(), q.forward.begin(), q.forward.end());
+          if (role.casts_input) {
+            k.forward.insert(k.forward.end(), q.forward.begin(), q.forward.end());
+            if (rerun_n > 0)
+              k.recompute.insert(k.recompute.end(), q.forward.begin(), q.forward.end());
+          }
           k.dgrad.insert(k.dgrad.end(), q.backward.begin(), q.backward.end());
-          if (rerun_n > 0)
-            k.recompute.insert(k.recompute.end(), q.forward.begin(), q.forward.end());
         }
       }
+      if (const int64_t b = partial_gradient_bytes(op, shapes, activation_bytes(g, p)); b > 0)
+        k.dgrad.push_back(sim::memory_kernel(b));
       break;
     }
     case models::OpKind::kAttention: {
@@ -759,7 +803,7 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
           ((op.read + op.written) * (activation_bytes(g, p) / g.dtype_bytes) / shard).count();
       k.forward.push_back(sim::memory_kernel(traffic));
       (op.kind == models::OpKind::kEmbedding ? k.wgrad : k.dgrad)
-          .push_back(sim::memory_kernel(2 * traffic));
+          .push_back(sim::memory_kernel(backward_passes(op) * traffic));
       break;
     }
   }

@@ -86,6 +86,8 @@ Layout parse_layout(JsonReader& r) {
   l.flash_attention = r.optional_bool("flash_attention", true);
   l.attention_kernel = *hardware::parse_attention_kernel(
       r.optional_enum("attention_kernel", "default", {"default", "cudnn", "flash2", "flash3"}));
+  l.fused_projections = r.optional_bool("fused_projections", true);
+  l.repeat_kv = r.optional_bool("repeat_kv", false);
   l.tp_backward_overlap = r.optional_bool("tp_backward_overlap", true);
   l.tp_comm_overlap = r.optional_bool("tp_comm_overlap", false);
   l.ep_comm_overlap = r.optional_bool("ep_comm_overlap", false);
@@ -135,6 +137,8 @@ nlohmann::json layout_to_json(const Layout& l) {
     j["grad_reduce_dtype"] = to_string(l.grad_reduce_dtype);
   if (l.cross_entropy_fusion != CrossEntropy::kUnfused)
     j["cross_entropy_fusion"] = to_string(l.cross_entropy_fusion);
+  if (!l.fused_projections) j["fused_projections"] = false;
+  if (l.repeat_kv) j["repeat_kv"] = true;
   if (!l.tp_backward_overlap) j["tp_backward_overlap"] = false;
   if (l.tp_comm_overlap) j["tp_comm_overlap"] = true;
   if (l.ep_comm_overlap) j["ep_comm_overlap"] = true;

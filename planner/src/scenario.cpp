@@ -77,6 +77,8 @@ models::ModuleInput module_input(const Scenario& s, size_t index, int64_t micro_
 models::OpGraph module_graph(const Scenario& s, size_t index, const Layout& l) {
   models::ModuleInput in = module_input(s, index, l.micro_batch);
   in.flash_attention = l.flash_attention;
+  in.fused_projections = l.fused_projections;
+  in.repeat_kv = l.repeat_kv;
   in.moe_capacity_factor = l.moe_capacity_factor;
   return models::build_op_graph(s.model.modules[index].spec, in);
 }

@@ -208,6 +208,40 @@ TEST(ExportTorchtitan, Fp8TensorwiseWithPerOpCheckpointing) {
         << static_cast<int>(t);
 }
 
+// The layer's code: torchtitan runs separate projections and repeat_kv, Megatron-LM,
+// Megatron-Bridge and nanotron fused projections with grouped K, V. An export whose plan
+// times the other code says so, naming the fields; one that matches says nothing.
+TEST(ExportOthers, SayWhereThePlansLayerCodeDiffersFromTheTrainers) {
+  planner::Scenario s = scenario("llama-3.1-8b", 1, 8192, 64);
+  Plan megatron_code;
+  megatron_code.layout = layout(1, 1, 8);
+  Plan torchtitan_code = megatron_code;
+  torchtitan_code.layout.fused_projections = false;
+  torchtitan_code.layout.repeat_kv = true;
+  const std::string note = "timed otherwise than";
+  const auto says = [&](const Plan& p, Target t, const std::string& file) {
+    return exported(s, p, t).at(file).find(note) != std::string::npos;
+  };
+  const std::string titan = exported(s, megatron_code, Target::kTorchtitan).at("launch.sh");
+  EXPECT_NE(titan.find("runs a GEMM per projection (fused_projections false)"), std::string::npos)
+      << titan;
+  EXPECT_NE(titan.find("(repeat_kv true)"), std::string::npos) << titan;
+  EXPECT_FALSE(says(torchtitan_code, Target::kTorchtitan, "launch.sh"));
+  EXPECT_TRUE(says(torchtitan_code, Target::kMegatron, "launch.sh"));
+  EXPECT_FALSE(says(megatron_code, Target::kMegatron, "launch.sh"));
+  EXPECT_TRUE(says(torchtitan_code, Target::kMegatronBridge, "megatron_bridge.yaml"));
+  EXPECT_FALSE(says(megatron_code, Target::kMegatronBridge, "megatron_bridge.yaml"));
+  EXPECT_TRUE(says(torchtitan_code, Target::kNanotron, "launch.sh"));
+  EXPECT_FALSE(says(megatron_code, Target::kNanotron, "launch.sh"));
+  Plan one = megatron_code;
+  one.layout.repeat_kv = true;  // one field differs: only it is named
+  const std::string m = exported(s, one, Target::kMegatron).at("launch.sh");
+  EXPECT_NE(m.find("reads K and V grouped in the attention kernel (repeat_kv false)"),
+            std::string::npos)
+      << m;
+  EXPECT_EQ(m.find("fused_projections"), std::string::npos) << m;
+}
+
 // Token dropping padded to capacity is Megatron's: the other trainers refuse it.
 TEST(ExportOthers, RefuseTokenDropping) {
   Plan p;

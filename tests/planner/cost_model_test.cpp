@@ -537,6 +537,72 @@ TEST(CostModel, SelectiveOpRecomputeRerunsEveryOtherMatmul) {
   EXPECT_EQ(k.recompute[0].n, 14336);
 }
 
+// Separate projections (torchtitan's wq, wk, wv): a GEMM per part, forward and backward;
+// under FP8 the shared input is quantised once (torch.compile's common subexpressions) and
+// each part's output gradient on its own; the backward reads the parts' input gradients
+// where one would do: (parts - 1) x T x h bf16 bytes more, a kernel of its own. selective_op
+// re-runs the k projection once, with the input's cast. Each kernel list costs what
+// op_cost charges. repeat_kv: one copy forward and one pass (the sum) backward, split by TP.
+TEST(CostModel, SeparateProjectionsRunAGemmPerPartAndCastTheirInputOnce) {
+  const auto spec = models::load_zoo_module("llama-3.1-8b");
+  ASSERT_TRUE(spec.is_ok());
+  models::ModuleInput in;
+  in.seq_len = 8192;
+  in.fused_projections = false;
+  in.repeat_kv = true;
+  const models::OpGraph g = models::build_op_graph(*spec, in);
+  in.fused_projections = true;
+  const models::OpGraph fused = models::build_op_graph(*spec, in);
+  const hardware::DeviceProfile dev = hardware::load_profile("dgx-h200")->gpu;
+  const auto p = hardware::Precision::kFp8;
+  Layout l;
+  l.fp8_recipe = Fp8Recipe::kTensorwise;
+  l.recompute = models::Recompute::kSelectiveOp;
+  const auto kinds = [](const std::vector<sim::Kernel>& ks, sim::KernelKind kind) {
+    return std::count_if(ks.begin(), ks.end(),
+                         [&](const sim::Kernel& k) { return k.kind == kind; });
+  };
+  const auto cost = [&](const std::vector<sim::Kernel>& ks) {
+    Time t;
+    for (const sim::Kernel& k : ks) t += kernel_time(k, dev, p);
+    return t;
+  };
+  const int64_t T = 8192, h = 4096;
+  for (std::string_view name : {"qkv", "mlp_fc1"}) {
+    const size_t parts = name == "qkv" ? 3 : 2;
+    const OpKernels a = op_kernels(op_named(fused, name), fused, l, true, p);
+    const OpKernels b = op_kernels(op_named(g, name), g, l, true, p);
+    EXPECT_EQ(kinds(b.forward, sim::KernelKind::kGemm), static_cast<long>(parts)) << name;
+    EXPECT_EQ(kinds(b.forward, sim::KernelKind::kMemory),
+              kinds(a.forward, sim::KernelKind::kMemory))
+        << name;  // one input quantisation
+    EXPECT_EQ(kinds(b.dgrad, sim::KernelKind::kMemory),
+              static_cast<long>(parts) * kinds(a.dgrad, sim::KernelKind::kMemory) + 1)
+        << name;
+    EXPECT_EQ(b.dgrad.back().bytes, static_cast<int64_t>(parts - 1) * T * h * 2) << name;
+    EXPECT_EQ(kinds(b.recompute, sim::KernelKind::kGemm), 1) << name;
+    const auto rerun =
+        std::find_if(b.recompute.begin(), b.recompute.end(),
+                     [](const sim::Kernel& k) { return k.kind == sim::KernelKind::kGemm; });
+    ASSERT_NE(rerun, b.recompute.end());
+    EXPECT_EQ(rerun->n, name == "qkv" ? 1024 : 14336) << name;
+    const PassCost c = op_cost(op_named(g, name), g, l, true, dev, p);
+    EXPECT_EQ(cost(b.forward), c.forward) << name;
+    EXPECT_EQ(cost(b.dgrad), c.dgrad) << name;
+    EXPECT_EQ(cost(b.recompute), c.recompute) << name;
+    EXPECT_GT(c.dgrad, op_cost(op_named(fused, name), fused, l, true, dev, p).dgrad) << name;
+  }
+  const models::Op& repeat = op_named(g, "repeat_kv");
+  const Bytes copy = repeat.read + repeat.written;
+  const PassCost r = op_cost(repeat, g, l, true, dev, p);
+  EXPECT_EQ(r.forward, dev.memory_kernel_time(copy));
+  EXPECT_EQ(r.dgrad, r.forward);
+  EXPECT_EQ(r.recompute, r.forward);
+  Layout tp = l;
+  tp.tp = 4;
+  EXPECT_EQ(op_cost(repeat, g, tp, true, dev, p).forward, dev.memory_kernel_time(copy / 4));
+}
+
 // The attention kernel a plan names: FlashAttention-2's rates instead of the profile's cuDNN.
 TEST(CostModel, AttentionKernelSelectsItsRates) {
   Fixture f = gpt(1, true, 2, "dgx-h100");

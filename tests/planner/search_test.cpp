@@ -212,21 +212,30 @@ TEST(Search, CrossEntropyFusionIsSetForEveryLayout) {
   EXPECT_LT(fused.top.front().metrics.iteration_time, plain.top.front().metrics.iteration_time);
 }
 
-// search.llm.recompute selective_op and attention_kernel flash2 (torchtitan's checkpointing
-// and SDPA kernel) hold in every searched layout; selective_op's TP 1 limit prunes the rest.
+// search.llm.recompute selective_op, attention_kernel flash2 and the layer code (torchtitan's
+// checkpointing, SDPA kernel and model code) hold in every searched layout; selective_op's
+// TP 1 limit prunes the rest.
 TEST(Search, TorchtitanPolicyAndKernelAreSetForEveryLayout) {
   auto s = expect_bound_below_plans("llama3-8b-8xh100-fsdp-compare.json");
   ASSERT_TRUE(s.is_ok());
   s->search.llm.recompute = models::Recompute::kSelectiveOp;
   s->search.llm.attention_kernel = hardware::AttentionKernel::kFlash2;
+  const SearchResult megatron_code = run(*s, threads(2));
+  // torchtitan's layer code too: separate projections, repeat_kv (slower, never faster).
+  s->search.llm.fused_projections = false;
+  s->search.llm.repeat_kv = true;
   const SearchResult r = run(*s, threads(2));
-  ASSERT_FALSE(r.top.empty());
+  ASSERT_FALSE(r.top.empty() || megatron_code.top.empty());
   for (const RankedPlan& p : r.top) {
     EXPECT_EQ(p.plan.layout.recompute, models::Recompute::kSelectiveOp);
     EXPECT_EQ(p.plan.layout.attention_kernel, hardware::AttentionKernel::kFlash2);
+    EXPECT_FALSE(p.plan.layout.fused_projections);
+    EXPECT_TRUE(p.plan.layout.repeat_kv);
     EXPECT_EQ(p.plan.layout.tp, 1);
-    EXPECT_NE(describe(p.plan).find(" attn:flash2"), std::string::npos) << describe(p.plan);
+    EXPECT_NE(describe(p.plan).find(" attn:flash2 separate-proj repeat-kv"), std::string::npos)
+        << describe(p.plan);
   }
+  EXPECT_GT(r.top.front().metrics.iteration_time, megatron_code.top.front().metrics.iteration_time);
 }
 
 // A MoE LLM next to an encoder: the overlap is lowered on the LLM's own ranks

@@ -75,8 +75,13 @@ struct Op {
   /// A GEMM fusing several products of one input (qkv: the q, k and v projections; a gated
   /// fc1: gate and up), their output widths in order, summing to the GEMM's n; empty: one.
   std::vector<int64_t> parts;
+  /// The parts run as GEMMs of their own (ModuleInput::fused_projections false): gemms[i]
+  /// is part i, all of one input.
+  bool separate_parts = false;
   std::optional<AttentionShape> attention;
   Flops backward() const { return dgrad + wgrad; }
+  /// The output width of the op's GEMM, its parts together (separate or fused).
+  int64_t output_width() const;
 };
 
 /// The work of one micro-batch. LLM: micro_batch samples of seq_len tokens. Encoders:
@@ -92,6 +97,16 @@ struct ModuleInput {
   // top_k / experts) routed tokens (Megatron's get_capacity); 0: dropless, the expected
   // (balanced) load.
   double moe_capacity_factor = 0;
+  // The q, k, v projections and a gated MLP's gate and up as one GEMM each (Megatron's
+  // linear_qkv and linear_fc1); false: a GEMM per projection, as torchtitan's and Hugging
+  // Face's Llama run them (wq, wk, wv; w1, w3). Dense layers only: MoE experts keep theirs.
+  bool fused_projections = true;
+  // K and V copied to every query head before the attention core, by a kernel of their own
+  // (torchtitan's and Hugging Face's repeat_kv), their gradients summed back after it; the
+  // core then reads (and, without recompute, saves) K and V at the query heads' width.
+  // False: the kernel reads the kv heads itself (grouped-query attention in Transformer
+  // Engine, FlashAttention, cuDNN).
+  bool repeat_kv = false;
 };
 
 struct OpGraph {

@@ -145,6 +145,13 @@ struct Layout {
   /// rates for (gpu.attention.alternatives): FlashAttention-2 is PyTorch SDPA's flash backend
   /// (torchtitan with torch up to 2.8), FlashAttention-3 and cuDNN Transformer Engine's.
   hardware::AttentionKernel attention_kernel = hardware::AttentionKernel::kDefault;
+  /// How the trainer's model code runs a layer (models::ModuleInput): the q, k, v projections
+  /// and a gated MLP's gate and up as one GEMM each (default, Megatron's linear_qkv and
+  /// linear_fc1), or false a GEMM per projection (torchtitan's and Hugging Face's wq, wk, wv,
+  /// w1, w3; dense layers); and K, V copied to every query head before attention
+  /// (repeat_kv: torchtitan, Hugging Face) rather than read grouped by the kernel.
+  bool fused_projections = true;
+  bool repeat_kv = false;
   /// The backward of a column-parallel linear overlaps the TP collective of its input
   /// gradient with its wgrad GEMM (and, under SP, re-gathers its input beside the dgrad
   /// GEMM), as Megatron-LM's LinearWithGradAccumulationAndAsyncCommunication and
