@@ -246,40 +246,45 @@ TEST(Flops, SelectiveOpRecomputeKeepsEveryOtherMatmul) {
   EXPECT_EQ(activation_bytes(g, Recompute::kSelectiveOp).count(), 32 * per_block + outside);
 }
 
-// Every zoo module, through its op graph: parameters sum to the closed-form count, GEMM
-// FLOPs equal their shapes, GEMM backward splits into dgrad = wgrad = forward, attention
-// backward is all dgrad, and every layer has the same ops.
+// Every zoo module, through its op graph, with Megatron's layer code and torchtitan's
+// (separate projections, repeat_kv): parameters sum to the closed-form count, GEMM FLOPs
+// equal their shapes, GEMM backward splits into dgrad = wgrad = forward, attention backward
+// is all dgrad, and every layer has the same ops.
 TEST(OpGraph, InvariantsHoldForEveryZooModule) {
   for (const ZooEntry& e : zoo_entries()) {
     if (e.kind == "model") continue;
-    ModuleSpec spec = zoo_module(e.name);
-    ModuleInput in = input(2, 1000);
-    in.items_per_sample = 2;
-    OpGraph g = build_op_graph(spec, in);
-    int64_t params = 0;
-    std::vector<int> ops_per_layer(g.layers);
-    for (const Op& op : g.ops) {
-      params += op.params;
-      if (op.layer >= 0) ++ops_per_layer[op.layer];
-      EXPECT_DOUBLE_EQ(op.backward().count(), op.dgrad.count() + op.wgrad.count());
-      if (op.kind == OpKind::kGemm) {
-        double shapes = 0;
-        for (const GemmShape& s : op.gemms) shapes += s.flops();
-        EXPECT_DOUBLE_EQ(op.forward.count(), shapes) << e.name << " " << op.name;
-        EXPECT_DOUBLE_EQ(op.dgrad.count(), op.forward.count());
-        EXPECT_DOUBLE_EQ(op.wgrad.count(), op.forward.count());
-      } else {
-        EXPECT_TRUE(op.gemms.empty());
+    for (bool torchtitan : {false, true}) {
+      ModuleSpec spec = zoo_module(e.name);
+      ModuleInput in = input(2, 1000);
+      in.items_per_sample = 2;
+      in.fused_projections = !torchtitan;
+      in.repeat_kv = torchtitan;
+      OpGraph g = build_op_graph(spec, in);
+      int64_t params = 0;
+      std::vector<int> ops_per_layer(g.layers);
+      for (const Op& op : g.ops) {
+        params += op.params;
+        if (op.layer >= 0) ++ops_per_layer[op.layer];
+        EXPECT_DOUBLE_EQ(op.backward().count(), op.dgrad.count() + op.wgrad.count());
+        if (op.kind == OpKind::kGemm) {
+          double shapes = 0;
+          for (const GemmShape& s : op.gemms) shapes += s.flops();
+          EXPECT_DOUBLE_EQ(op.forward.count(), shapes) << e.name << " " << op.name;
+          EXPECT_DOUBLE_EQ(op.dgrad.count(), op.forward.count());
+          EXPECT_DOUBLE_EQ(op.wgrad.count(), op.forward.count());
+        } else {
+          EXPECT_TRUE(op.gemms.empty());
+        }
+        if (op.kind == OpKind::kAttention) {
+          ASSERT_TRUE(op.attention.has_value());
+          EXPECT_DOUBLE_EQ(op.forward.count(), attention_forward_flops(*op.attention).count());
+          EXPECT_DOUBLE_EQ(op.dgrad.count(), 2 * op.forward.count());
+          EXPECT_EQ(op.wgrad.count(), 0);
+        }
       }
-      if (op.kind == OpKind::kAttention) {
-        ASSERT_TRUE(op.attention.has_value());
-        EXPECT_DOUBLE_EQ(op.forward.count(), attention_forward_flops(*op.attention).count());
-        EXPECT_DOUBLE_EQ(op.dgrad.count(), 2 * op.forward.count());
-        EXPECT_EQ(op.wgrad.count(), 0);
-      }
+      EXPECT_EQ(params, count_params(spec).total) << e.name;
+      for (int n : ops_per_layer) EXPECT_EQ(n, ops_per_layer.front()) << e.name;
     }
-    EXPECT_EQ(params, count_params(spec).total) << e.name;
-    for (int n : ops_per_layer) EXPECT_EQ(n, ops_per_layer.front()) << e.name;
   }
 }
 
