@@ -356,9 +356,11 @@ int64_t partial_rerun_columns(const models::Op& op, const Layout& l) {
   return static_cast<int64_t>(std::llround(static_cast<double>(op.output_width()) * share));
 }
 
-// A GEMM op's i-th rank shape among `count`: whether it quantises the op's input (separate
-// parts share one input, cast once, under torch.compile's common-subexpression pass), and
-// the output columns selective_op re-runs of it (separate parts: the second whole).
+// What the i-th of a GEMM op's rank shapes (rank_gemms) runs beside its three products:
+// whether it quantises the op's input under FP8 (separate parts share one input, cast once:
+// torch.compile's common-subexpression pass merges the casts), and the output columns
+// selective_op re-runs of it (`rerun_n`, partial_rerun_columns: of each fused shape; of
+// separate parts, the second part whole).
 struct ShapeRole {
   bool casts_input = true;
   int64_t rerun_n = 0;
@@ -411,10 +413,11 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
         if (role.rerun_n > 0) c.recompute += dev.gemm_time(s.m, role.rerun_n, s.k, s.batch, gp);
         if (gp == Precision::kFp8 && is_fp8_linear(op)) {
           const Fp8Kernels q = fp8_quantize_kernels(op, s, l);
-          for (const sim::Kernel& k : q.forward) {
-            if (!role.casts_input) break;
-            c.forward += dev.memory_kernel_time(Bytes(k.bytes));
-            if (rerun_n > 0) c.recompute += dev.memory_kernel_time(Bytes(k.bytes));
+          if (role.casts_input) {
+            for (const sim::Kernel& k : q.forward) {
+              c.forward += dev.memory_kernel_time(Bytes(k.bytes));
+              if (rerun_n > 0) c.recompute += dev.memory_kernel_time(Bytes(k.bytes));
+            }
           }
           for (const sim::Kernel& k : q.backward) c.dgrad += dev.memory_kernel_time(Bytes(k.bytes));
         }
