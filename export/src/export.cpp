@@ -220,14 +220,29 @@ void refuse_token_dropping(const Context& c, Refusals& r) {
                     c.layout().moe_capacity_factor, c.target_name()));
 }
 
-void refuse_megatron_cross_entropy(const Context& c, Refusals& r) {
+void refuse_cross_entropy_unless(const Context& c, Refusals& r,
+                                 std::initializer_list<planner::CrossEntropy> runs) {
   const planner::CrossEntropy ce = c.layout().cross_entropy_fusion;
-  if (ce != planner::CrossEntropy::kUnfused)
-    r.add(fmt::format(
-        "cross_entropy_fusion {}: {} has no {} cross-entropy kernel (Megatron's "
-        "--cross-entropy-fusion-impl); plan it as \"none\"",
-        planner::to_string(ce), c.target_name(),
-        ce == planner::CrossEntropy::kTe ? "Transformer Engine" : "Megatron-Core fused"));
+  std::string names;
+  for (planner::CrossEntropy run : runs) {
+    if (run == ce) return;
+    names += fmt::format("{}\"{}\"", names.empty() ? "" : " or ", planner::to_string(run));
+  }
+  std::string_view what =
+      "Megatron-Core's fused cross-entropy kernel (Megatron's "
+      "--cross-entropy-fusion-impl native)";
+  if (ce == planner::CrossEntropy::kTe)
+    what = "Transformer Engine's cross-entropy kernel (Megatron's --cross-entropy-fusion-impl te)";
+  if (ce == planner::CrossEntropy::kCompiled)
+    what = "torch.compile'd loss (torchtitan's compile.components \"loss\")";
+  r.add(fmt::format("cross_entropy_fusion {}: {} has no {}; plan it as {}", planner::to_string(ce),
+                    c.target_name(), what, names));
+}
+
+void refuse_megatron_cross_entropy(const Context& c, Refusals& r) {
+  refuse_cross_entropy_unless(c, r,
+                              {planner::CrossEntropy::kUnfused, planner::CrossEntropy::kNative,
+                               planner::CrossEntropy::kTe});
 }
 
 void refuse_mimo_ep_overlap(const Context& c, std::string_view who, Refusals& r) {

@@ -249,6 +249,7 @@ Result<std::vector<ExportFile>> write_megatron(const Context& c) {
   refuse_heterogeneous(c, r);
   refuse_megatron_model(c, r);
   refuse_selective_op(c, r);
+  refuse_megatron_cross_entropy(c, r);
   refuse_schedule(c, r, /*interleaving_ok=*/true);
   refuse_tf32(c, r);
   refuse_megatron_fsdp(c, "Megatron-LM's arguments.py asserts it under --use-torch-fsdp2", r);
@@ -315,6 +316,7 @@ Result<std::vector<ExportFile>> write_megatron_mimo(const Context& c) {
   refuse_mixed_node_sizes(c, r);
   refuse_megatron_model(c, r);
   refuse_selective_op(c, r);
+  refuse_megatron_cross_entropy(c, r);
   refuse_schedule(c, r, /*interleaving_ok=*/false);
   refuse_tf32(c, r);
   refuse_mimo_fsdp(c, "the MIMO example", r);

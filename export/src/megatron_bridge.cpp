@@ -191,6 +191,7 @@ Result<std::vector<ExportFile>> write_megatron_bridge(const Context& c) {
   Refusals r;
   refuse_megatron_model(c, r);
   refuse_selective_op(c, r);
+  refuse_megatron_cross_entropy(c, r);
   refuse_schedule(c, r);
   refuse_precision_unless(
       c, r, {hardware::Precision::kBf16, hardware::Precision::kFp16, hardware::Precision::kFp8});

@@ -17,7 +17,9 @@ Result<std::vector<ExportFile>> write_torchtitan(const Context& c) {
   Refusals r;
   refuse_megatron_comm_overlaps(c, r);
   refuse_token_dropping(c, r);
-  refuse_megatron_cross_entropy(c, r);
+  // The eager loss times as Megatron's unfused one; the compiled loss is torch.compile's.
+  refuse_cross_entropy_unless(c, r,
+                              {planner::CrossEntropy::kUnfused, planner::CrossEntropy::kCompiled});
   refuse_mixed_node_sizes(c, r);
   refuse_heterogeneous(c, r);
   if (l.pp > 1)
@@ -151,6 +153,11 @@ Result<std::vector<ExportFile>> write_torchtitan(const Context& c) {
             ? "; FSDP all-gathers the weights in float8 (enable_fsdp_float8_all_gather) with "
               "their scales precomputed after each optimizer step"
             : ""));
+  const bool compiled = l.cross_entropy_fusion == planner::CrossEntropy::kCompiled;
+  if (compiled)
+    notes.push_back(
+        "torch.compile on (compile.enable; compile.components keeps its default, model and "
+        "loss): the plan times the loss as compiled, the blocks as their per-op kernels.");
   if (std::string n = unfused_accumulation_note(c, "torchtitan"); !n.empty())
     notes.push_back(std::move(n));
   // torchtitan's Llama: wq, wk, wv, w1, w3 apart, repeat_kv before SDPA.
@@ -168,6 +175,10 @@ Result<std::vector<ExportFile>> write_torchtitan(const Context& c) {
         {"--config", "\"${CONFIG_FUNCTION:?set CONFIG_FUNCTION to your config function}\""}}},
       {"PARALLEL_ARGS", "Parallelism (the plan).", std::move(parallel)},
       {"TRAINING_ARGS", "Batch in tokens, precision (the plan).", std::move(training)}};
+  if (compiled)
+    groups.push_back({"COMPILE_ARGS",
+                      "torch.compile (the plan's compiled loss).",
+                      {{"--compile.enable", "True"}}});
   return std::vector<ExportFile>{
       {"launch.sh", torchrun_script(c, notes, groups, "-m torchtitan.train")}};
 }

@@ -83,8 +83,11 @@ std::string_view megatron_attention_backend(const planner::Layout& l);
 void refuse_selective_op(const Context& c, Refusals& r);
 /// Refuses Layout::moe_capacity_factor (token dropping padded to capacity: Megatron's alone).
 void refuse_token_dropping(const Context& c, Refusals& r);
-/// Refuses a fused cross-entropy (Layout::cross_entropy_fusion): Megatron's kernels, which the
-/// other trainers do not run.
+/// Refuses a Layout::cross_entropy_fusion other than those the target runs: Megatron's fused
+/// kernels (native, te) in Megatron-LM and Megatron-Bridge, the compiled loss in torchtitan.
+void refuse_cross_entropy_unless(const Context& c, Refusals& r,
+                                 std::initializer_list<planner::CrossEntropy> runs);
+/// Megatron-LM's and Megatron-Bridge's: unfused, native, te.
 void refuse_megatron_cross_entropy(const Context& c, Refusals& r);
 /// The EP all-to-all overlap (Layout::ep_comm_overlap) under a MIMO target: its schedule
 /// is not Megatron-Core's combined 1F1B. `who` as above.

@@ -123,7 +123,13 @@ constexpr int64_t kCrossEntropyBackwardBytes = 14;
 // (4 + 2) = 14. Transformer Engine's parallel_cross_entropy (transformer_engine/pytorch/
 // triton/cross_entropy.py): an online-softmax pass reading the bf16 logits (2), then a pass
 // writing the gradient in place in the logits' dtype (2 + 2) = 6; backward the in-place
-// multiply by dloss (2 + 2) = 4.
+// multiply by dloss (2 + 2) = 4. torch.compile'd F.cross_entropy(pred.float()) (torchtitan's
+// compile.components "loss"): Inductor fuses the cast into the log-softmax's reductions, and
+// its online softmax takes the max and the sum in one loop (test/inductor/
+// test_online_softmax.py: one reduction loop for the max and sum), so the forward reads the
+// bf16 logits once (2); the partitioner saves the logits (an input of the compiled graph) and
+// the per-row statistics, and the backward is one pointwise kernel reading the logits and
+// writing their gradient in bf16 (2 + 2) = 4.
 struct LossBytes {
   int64_t forward, backward;
 };
@@ -135,6 +141,8 @@ LossBytes loss_bytes(CrossEntropy c) {
       return {26, 14};
     case CrossEntropy::kTe:
       return {6, 4};
+    case CrossEntropy::kCompiled:
+      return {2, 4};
   }
   return {kCrossEntropyForwardBytes, kCrossEntropyBackwardBytes};
 }

@@ -50,6 +50,8 @@ std::string_view to_string(CrossEntropy c) {
       return "native";
     case CrossEntropy::kTe:
       return "te";
+    case CrossEntropy::kCompiled:
+      return "compiled";
   }
   return "?";
 }

@@ -213,11 +213,12 @@ class Estimator {
       else
         t.layer_unit_bytes = std::max(t.layer_unit_bytes, unit_bytes[u]);
       // Transformer Engine's cross-entropy keeps the logits' own tensor (the gradient written
-      // into it) where Megatron's keep an fp32 copy (op.saved counts 4 bytes per logit).
+      // into it), a compiled one the logits and per-row statistics, where Megatron's keep an
+      // fp32 copy (op.saved counts 4 bytes per logit).
+      const bool keeps_logits = l_.cross_entropy_fusion == CrossEntropy::kTe ||
+                                l_.cross_entropy_fusion == CrossEntropy::kCompiled;
       const double loss_share =
-          op.kind == models::OpKind::kLoss && l_.cross_entropy_fusion == CrossEntropy::kTe
-              ? g.dtype_bytes / 4.0
-              : 1.0;
+          op.kind == models::OpKind::kLoss && keeps_logits ? g.dtype_bytes / 4.0 : 1.0;
       const double share = activation_share(op, stem, l_) *
                            precision_share(op, s_.workload.precision, g.dtype_bytes) * loss_share;
       // selective_op keeps outputs, which FP8 does not shrink (precision_share is the FP8

@@ -38,7 +38,8 @@ std::optional<CpComm> parse_cp_comm(std::string_view s) {
 }
 
 std::optional<CrossEntropy> parse_cross_entropy(std::string_view s) {
-  for (CrossEntropy c : {CrossEntropy::kUnfused, CrossEntropy::kNative, CrossEntropy::kTe})
+  for (CrossEntropy c :
+       {CrossEntropy::kUnfused, CrossEntropy::kNative, CrossEntropy::kTe, CrossEntropy::kCompiled})
     if (to_string(c) == s) return c;
   return std::nullopt;
 }
@@ -99,7 +100,7 @@ Layout parse_layout(JsonReader& r) {
   l.grad_reduce_dtype = *parse_grad_reduce_dtype(
       r.optional_enum("grad_reduce_dtype", "default", {"default", "fp32", "bf16", "fp16"}));
   l.cross_entropy_fusion = *parse_cross_entropy(
-      r.optional_enum("cross_entropy_fusion", "none", {"none", "native", "te"}));
+      r.optional_enum("cross_entropy_fusion", "none", {"none", "native", "te", "compiled"}));
   l.first_stage_layers = static_cast<int>(r.optional_int("first_stage_layers", 0, 0, kMaxDegree));
   l.last_stage_layers = static_cast<int>(r.optional_int("last_stage_layers", 0, 0, kMaxDegree));
   l.account_for_embedding = r.optional_bool("account_for_embedding", false);

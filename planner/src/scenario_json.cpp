@@ -135,7 +135,7 @@ LayoutFix parse_layout_fix(JsonReader& r) {
         r.optional_enum("grad_reduce_dtype", "default", {"default", "fp32", "bf16", "fp16"}));
   if (r.has("cross_entropy_fusion"))
     f.cross_entropy_fusion = parse_cross_entropy(
-        r.optional_enum("cross_entropy_fusion", "none", {"none", "native", "te"}));
+        r.optional_enum("cross_entropy_fusion", "none", {"none", "native", "te", "compiled"}));
   r.finish();
   return f;
 }

@@ -269,7 +269,8 @@ TEST(ExportMegatron, EpAllToAllOverlap) {
 
 // A fused cross-entropy: Megatron-LM's --cross-entropy-loss-fusion with
 // --cross-entropy-fusion-impl; Megatron-Bridge's model keys of the same names, written
-// even when off (its GPTModelProvider fuses by default); the other trainers refuse it.
+// even when off (its GPTModelProvider fuses by default); the other trainers refuse it. The
+// compiled loss is torchtitan's torch.compile (compile.enable), which the others refuse.
 TEST(ExportMegatron, CrossEntropyFusion) {
   planner::Scenario s = scenario("llama-3.1-8b", 1, 8192, 64);
   Plan p;
@@ -292,6 +293,20 @@ TEST(ExportMegatron, CrossEntropyFusion) {
   for (Target t : {Target::kTorchtitan, Target::kDeepspeed, Target::kNanotron})
     EXPECT_NE(refusal(s, p, t).find("cross_entropy_fusion te: "), std::string::npos)
         << to_string(t);
+
+  p.layout.cross_entropy_fusion = planner::CrossEntropy::kUnfused;
+  EXPECT_EQ(
+      all_flags(exported(s, p, Target::kTorchtitan).at("launch.sh")).count("--compile.enable"), 0u);
+  p.layout.cross_entropy_fusion = planner::CrossEntropy::kCompiled;
+  const auto titan = all_flags(exported(s, p, Target::kTorchtitan).at("launch.sh"));
+  ASSERT_EQ(titan.count("--compile.enable"), 1u);
+  EXPECT_EQ(titan.at("--compile.enable"), "True");
+  for (Target t :
+       {Target::kMegatron, Target::kMegatronBridge, Target::kDeepspeed, Target::kNanotron}) {
+    const std::string why = refusal(s, p, t);
+    EXPECT_NE(why.find("cross_entropy_fusion compiled: "), std::string::npos) << to_string(t);
+    EXPECT_NE(why.find("torch.compile'd loss"), std::string::npos) << to_string(t);
+  }
 }
 
 TEST(ExportMegatron, HomogeneousVlmUsesPretrainVlm) {

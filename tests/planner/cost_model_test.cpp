@@ -449,7 +449,8 @@ TEST(CostModel, ExpertParallelDispatcherReordersTheReceivedTokens) {
 
 // The loss by Layout::cross_entropy_fusion, bytes per logit forward / backward: Megatron's
 // unfused fp32 passes 38 / 14, Megatron-Core's fused kernel 26 / 14, Transformer Engine's
-// two Triton passes over the bf16 logits 6 / 4. GPT-3 175B, tp 8: 2048 x 51200 / 8 logits.
+// two Triton passes over the bf16 logits 6 / 4, torch.compile's online softmax over them and
+// one fused gradient pass 2 / 4. GPT-3 175B, tp 8: 2048 x 51200 / 8 logits.
 TEST(CostModel, CrossEntropyFusionSetsTheLossTraffic) {
   Fixture f = gpt(1, true, 1, "dgx-h100");
   Layout l;
@@ -460,7 +461,8 @@ TEST(CostModel, CrossEntropyFusionSetsTheLossTraffic) {
   const std::pair<CrossEntropy, std::pair<int64_t, int64_t>> cases[] = {
       {CrossEntropy::kUnfused, {38, 14}},
       {CrossEntropy::kNative, {26, 14}},
-      {CrossEntropy::kTe, {6, 4}}};
+      {CrossEntropy::kTe, {6, 4}},
+      {CrossEntropy::kCompiled, {2, 4}}};
   for (const auto& [ce, bytes] : cases) {
     l.cross_entropy_fusion = ce;
     const OpKernels k = op_kernels(loss, f.g, l, true, hardware::Precision::kBf16);

@@ -88,10 +88,14 @@ TEST_F(MemoryKorthikanti, ContextParallelSplitsTheSequence) {
 
 TEST_F(MemoryKorthikanti, TeCrossEntropyKeepsTheLogitsNotAnFp32Copy) {
   // Transformer Engine's cross-entropy writes the gradient into the bf16 logits and keeps
-  // them (2sbv) where Megatron's kernels keep fp32 logits (4sbv); the native fused one too.
+  // them (2sbv), as a compiled one keeps them for its backward, where Megatron's kernels keep
+  // fp32 logits (4sbv); the native fused one too.
   Layout te;
   te.cross_entropy_fusion = CrossEntropy::kTe;
   EXPECT_DOUBLE_EQ(activations(te), kL * (34 * sbh + scores) + outside + logits / 2);
+  Layout compiled;
+  compiled.cross_entropy_fusion = CrossEntropy::kCompiled;
+  EXPECT_DOUBLE_EQ(activations(compiled), kL * (34 * sbh + scores) + outside + logits / 2);
   Layout native;
   native.cross_entropy_fusion = CrossEntropy::kNative;
   EXPECT_DOUBLE_EQ(activations(native), kL * (34 * sbh + scores) + outside + logits);

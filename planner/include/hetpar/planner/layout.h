@@ -59,14 +59,18 @@ std::string_view to_string(GradReduceDtype d);  // "default", "fp32", "bf16", "f
 
 /// How the LLM's vocabulary-parallel cross-entropy runs (Megatron-LM's
 /// --cross-entropy-loss-fusion and --cross-entropy-fusion-impl; Megatron-Bridge
-/// model.cross_entropy_loss_fusion / cross_entropy_fusion_impl).
+/// model.cross_entropy_loss_fusion / cross_entropy_fusion_impl; torchtitan's
+/// compile.components "loss").
 enum class CrossEntropy {
-  kUnfused,  // Megatron's VocabParallelCrossEntropy on logits.float(): fp32 passes
-  kNative,   // Megatron-Core's fused_vocab_parallel_cross_entropy: fewer fp32 passes
-  kTe,       // Transformer Engine's parallel_cross_entropy: two Triton passes over the bf16
-             // logits, the gradient written in place in the forward
+  kUnfused,   // Megatron's VocabParallelCrossEntropy on logits.float(): fp32 passes (PyTorch's
+              // eager F.cross_entropy on pred.float() makes about as many)
+  kNative,    // Megatron-Core's fused_vocab_parallel_cross_entropy: fewer fp32 passes
+  kTe,        // Transformer Engine's parallel_cross_entropy: two Triton passes over the bf16
+              // logits, the gradient written in place in the forward
+  kCompiled,  // F.cross_entropy(pred.float()) under torch.compile (torchtitan): one online-
+              // softmax pass over the bf16 logits forward, one pass writing the gradient back
 };
-std::string_view to_string(CrossEntropy c);  // "none", "native", "te"
+std::string_view to_string(CrossEntropy c);  // "none", "native", "te", "compiled"
 
 /// Which FSDP runs a plan with Layout::fsdp (Megatron-LM --use-megatron-fsdp /
 /// --use-torch-fsdp2; torchtitan always runs PyTorch's FSDP2).
