@@ -298,12 +298,17 @@ void refuse_megatron_fsdp(const Context& c, std::string_view who, Refusals& r) {
            "false");
 }
 
+bool megatron_distributed_optimizer(const planner::Layout& l) {
+  return l.shards_optimizer_state() && !l.torch_fsdp2();
+}
+
+bool megatron_overlap_param_gather(const planner::Layout& l) {
+  return l.overlap_param_gather && megatron_distributed_optimizer(l);
+}
+
 void refuse_megatron_asserts(const Context& c, Refusals& r) {
   const planner::Layout& l = c.layout();
-  // As training_flags writes them: --overlap-param-gather only with the distributed
-  // optimizer or Megatron-FSDP.
-  if (l.overlap_param_gather && l.shards_optimizer_state() && !l.torch_fsdp2() &&
-      !l.overlap_grad_reduce)
+  if (megatron_overlap_param_gather(l) && !l.overlap_grad_reduce)
     r.add(
         "overlap_param_gather without overlap_grad_reduce: Megatron-LM asserts \"Must use "
         "--overlap-param-gather with --overlap-grad-reduce\"");

@@ -92,7 +92,7 @@ std::vector<Flag> training_flags(const Context& c) {
   // the backward on request and shards the optimizer state itself (Megatron-LM asserts it
   // without --use-distributed-optimizer, arguments.py).
   const bool fsdp2 = l.torch_fsdp2();
-  if (l.shards_optimizer_state() && !fsdp2) f.push_back({"--use-distributed-optimizer", ""});
+  if (megatron_distributed_optimizer(l)) f.push_back({"--use-distributed-optimizer", ""});
   if (l.fsdp && !fsdp2) {
     f.push_back({"--use-megatron-fsdp", ""});
     f.push_back({"--data-parallel-sharding-strategy", "optim_grads_params"});
@@ -102,10 +102,7 @@ std::vector<Flag> training_flags(const Context& c) {
     if (!l.fsdp_reshard_after_forward) f.push_back({"--torch-fsdp2-no-reshard-after-forward", ""});
   }
   if (l.overlap_grad_reduce) f.push_back({"--overlap-grad-reduce", ""});
-  // The parameter all-gather exists only with the distributed optimizer or Megatron-FSDP
-  // (Megatron asserts).
-  if (l.overlap_param_gather && l.shards_optimizer_state() && !fsdp2)
-    f.push_back({"--overlap-param-gather", ""});
+  if (megatron_overlap_param_gather(l)) f.push_back({"--overlap-param-gather", ""});
   for (Flag& x : precision_flags(c)) f.push_back(std::move(x));
   // The gradient buffer where it departs from Megatron's default for the precision (fp32
   // under bf16 / fp8, fp16 under fp16: arguments.py).

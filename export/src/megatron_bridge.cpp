@@ -86,7 +86,7 @@ void add_training(std::vector<Setting>& s, const Context& c) {
   // FSDP: Megatron-FSDP's ZeRO-3 strategy (write_megatron_bridge refuses it without
   // reshard), or torch FSDP2, which shards the optimizer state itself.
   const bool fsdp2 = l.torch_fsdp2();
-  s.push_back({"ddp.use_distributed_optimizer", yaml_bool(l.shards_optimizer_state() && !fsdp2)});
+  s.push_back({"ddp.use_distributed_optimizer", yaml_bool(megatron_distributed_optimizer(l))});
   if (l.fsdp && !fsdp2) {
     s.push_back({"dist.use_megatron_fsdp", "true"});
     s.push_back({"ddp.use_megatron_fsdp", "true"});
@@ -107,8 +107,7 @@ void add_training(std::vector<Setting>& s, const Context& c) {
     s.push_back({"comm_overlap.overlap_moe_expert_parallel_comm", "true"});
     s.push_back({"comm_overlap.delay_wgrad_compute", "true"});
   }
-  s.push_back({"ddp.overlap_param_gather",
-               yaml_bool(l.overlap_param_gather && l.shards_optimizer_state() && !fsdp2)});
+  s.push_back({"ddp.overlap_param_gather", yaml_bool(megatron_overlap_param_gather(l))});
   // The recipe also sets model.pipeline_dtype, which MCore needs with PP > 1.
   // A recipe of megatron.bridge.training.mixed_precision by name; FP8 keeps bf16 outside the
   // Linear GEMMs, scaled as the plan's fp8_recipe says.

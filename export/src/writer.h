@@ -172,6 +172,13 @@ std::vector<std::string> fsdp2_notes(const Context& c, std::string_view trainer,
 
 /// --recompute-* for a layout (empty for none).
 std::vector<Flag> megatron_recompute_flags(const planner::Layout& l);
+/// Megatron's distributed optimizer (--use-distributed-optimizer, ddp.use_distributed_optimizer)
+/// is on: the plan shards the optimizer state, and not with torch FSDP2, which shards it
+/// itself (Megatron-LM asserts it without the flag). Megatron-FSDP runs with it.
+bool megatron_distributed_optimizer(const planner::Layout& l);
+/// --overlap-param-gather (ddp.overlap_param_gather) is on: asked for, and there is a
+/// parameter all-gather to overlap, the distributed optimizer's (Megatron asserts).
+bool megatron_overlap_param_gather(const planner::Layout& l);
 /// A module's TransformerConfig fields that MIMO sets in the module's own spec, not on the
 /// command line: "sequence_parallel=True recompute_granularity=\"full\" ...".
 std::string transformer_config_fields(const planner::Layout& l);

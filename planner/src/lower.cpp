@@ -1563,13 +1563,12 @@ void Lowering::op_pieces(const PipelineOp& op, Emit&& emit) {
   // FSDP2's root unit (Layout::fsdp_root_unit) holds the chunk's blocks outside the layers:
   // gathered at the chunk's start, reduced after its whole backward.
   const bool root = fsdp && l_.fsdp_root_unit;
-  const bool in_root_any = root && std::any_of(blocks.begin(), blocks.end(), [](const auto& pb) {
-                             return pb.part != Part::kLayer;
-                           });
-  auto grads_done = [this, fsdp, root, chunk_blocks, chunk = op.chunk](size_t b) {
+  auto in_root = [root](const PlacedBlock& pb) { return root && pb.part != Part::kLayer; };
+  const FsdpUnit root_unit = root ? fsdp_root(blocks) : FsdpUnit{};
+  auto grads_done = [this, fsdp, in_root, chunk_blocks, chunk = op.chunk](size_t b) {
     for (int j : actives_) last_grad_[chunk][b][j] = st_[j].last;
     const PlacedBlock& pb = (*chunk_blocks)[b];
-    if (fsdp && !(root && pb.part != Part::kLayer)) fsdp_reduce(fsdp_unit(pb));
+    if (fsdp && !in_root(pb)) fsdp_reduce(fsdp_unit(pb));
   };
   auto all_to_all = [&](const PlacedBlock& pb, size_t s, bool backward) {
     return block(0, pb, backward).steps[s].kind == StepKind::kEpAllToAll;
@@ -1590,14 +1589,13 @@ void Lowering::op_pieces(const PipelineOp& op, Emit&& emit) {
     emit(false, [this] {
       for (int j : actives_) fsdp_after_[j] = st_[j].last;
     });
-  if (gathers && !backward && in_root_any)
-    emit(false, [gather, u = fsdp_root(blocks)] { gather(u); });
+  if (gathers && !backward && !root_unit.blocks.empty())
+    emit(false, [gather, root_unit] { gather(root_unit); });
   for (size_t bi = 0; bi < blocks.size(); ++bi) {
     const size_t b = op.kind == PassKind::kForward ? bi : blocks.size() - 1 - bi;
     const PlacedBlock* pb = &blocks[b];
     const size_t nsteps = block(0, *pb, op.kind == PassKind::kBackward).steps.size();
-    if (gathers && !(root && pb->part != Part::kLayer) &&
-        !(backward && fsdp_kept_to_backward(blocks, b)))
+    if (gathers && !in_root(*pb) && !(backward && fsdp_kept_to_backward(blocks, b)))
       emit(false, [gather, u = fsdp_unit(*pb)] { gather(u); });
     switch (op.kind) {
       case PassKind::kForward: {
@@ -1638,8 +1636,8 @@ void Lowering::op_pieces(const PipelineOp& op, Emit&& emit) {
     }
   }
   // The root unit reduces once the chunk's last gradient is done (FSDP2's final callback).
-  if (in_root_any && op.kind == (split_w_ ? PassKind::kWeight : PassKind::kBackward))
-    emit(false, [this, u = fsdp_root(blocks)] { fsdp_reduce(u); });
+  if (!root_unit.blocks.empty() && op.kind == (split_w_ ? PassKind::kWeight : PassKind::kBackward))
+    emit(false, [this, root_unit] { fsdp_reduce(root_unit); });
 }
 
 void Lowering::run_merged(size_t i) {
