@@ -360,6 +360,35 @@ TEST(SimulateTest, ComputeAndCommOnSeparateStreamsOverlap) {
   EXPECT_DOUBLE_EQ(r.ranks[0].flops.count(), 1e12);
 }
 
+TEST(SimulateTest, ExposedCommByKindIsEachKindsTimeWithoutCompute) {
+  // Rank 0 computes [0, 4 ms]; kind a moves 1 GB out of it over [0, 10 ms + 2 us], kind b
+  // 0.5 GB into it after the compute, [4 ms, 9 ms + 2 us] (its own links). Each kind's
+  // exposure is its union less the compute; the kinds overlap, so they sum to more than
+  // the rank's exposed_comm. Rank 1 computes nothing: every kind is wholly exposed there.
+  Network net = single_switch_network(2, kB, Time::us(1));
+  TaskGraph g;
+  const LabelId fwd = g.label("fwd"), a = g.label("a_comm"), b = g.label("b_comm");
+  const TaskId c = g.add_compute(RankId(0), 0, Time::ms(4), Flops(0), {.category = fwd});
+  g.add_p2p(RankId(0), RankId(1), Bytes::GB(1), 0, 0, {.category = a});
+  const TaskId in = g.add_p2p(RankId(1), RankId(0), Bytes::GB(0.5), 1, 1, {.category = b});
+  g.add_dependency(c, in);
+  SimOptions opt;
+  opt.comm_kind_of_category.assign(g.num_labels() + 1, 2);  // fwd and none: kind 2
+  opt.comm_kind_of_category[a.value()] = 0;
+  opt.comm_kind_of_category[b.value()] = 1;
+  opt.num_comm_kinds = 3;
+  SimResult r = run(g, net, opt);
+  ASSERT_EQ(r.ranks[0].exposed_by_kind.size(), 3u);
+  EXPECT_EQ(r.ranks[0].exposed_by_kind[0], Time::ms(6) + Time::us(2));
+  EXPECT_EQ(r.ranks[0].exposed_by_kind[1], Time::ms(5) + Time::us(2));
+  EXPECT_EQ(r.ranks[0].exposed_by_kind[2], Time::zero());
+  EXPECT_EQ(r.ranks[0].exposed_comm, Time::ms(6) + Time::us(2));
+  EXPECT_EQ(r.ranks[1].exposed_by_kind[0], Time::ms(10) + Time::us(2));
+  EXPECT_EQ(r.ranks[1].exposed_by_kind[1], Time::ms(5) + Time::us(2));
+  EXPECT_EQ(r.comm_kind_tasks, (std::vector<int64_t>{1, 1, 0})) << "kind 2 has no comm task";
+  EXPECT_TRUE(run(g, net).ranks[0].exposed_by_kind.empty()) << "off unless a map is given";
+}
+
 TEST(SimulateTest, ExposedCommIsTheCommNotHiddenByCompute) {
   // 4 ms of compute under a 10 ms + 2 us transfer: 6 ms + 2 us of it is exposed.
   Network net = single_switch_network(2, kB, Time::us(1));

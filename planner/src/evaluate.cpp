@@ -16,82 +16,35 @@ bool is_comm_category(std::string_view c) {
   return c.size() > 5 && c.ends_with("_comm");
 }
 
-struct Interval {
-  Time start, end;
-};
-
-// Sorts and merges overlapping intervals.
-std::vector<Interval> merged(std::vector<Interval> v) {
-  std::sort(v.begin(), v.end(),
-            [](const Interval& a, const Interval& b) { return a.start < b.start; });
-  std::vector<Interval> out;
-  for (const Interval& i : v) {
-    if (!out.empty() && i.start <= out.back().end)
-      out.back().end = std::max(out.back().end, i.end);
-    else
-      out.push_back(i);
-  }
-  return out;
-}
-
-// Length of `a` not covered by the merged, sorted intervals `cover`.
-Time uncovered(const std::vector<Interval>& a, const std::vector<Interval>& cover) {
-  Time total;
-  size_t j = 0;
-  for (const Interval& i : a) {
-    Time t = i.start;
-    while (j < cover.size() && cover[j].end <= t) ++j;
-    for (size_t k = j; k < cover.size() && cover[k].start < i.end; ++k) {
-      if (cover[k].start > t) total += cover[k].start - t;
-      t = std::max(t, cover[k].end);
-    }
-    if (t < i.end) total += i.end - t;
-  }
-  return total;
-}
-
-// Per comm kind, the time its tasks ran on a rank while no compute task did, averaged
-// over the world (each simulated rank weighted by its multiplicity).
-std::vector<ExposedComm> exposed_by_kind(const sim::TaskGraph& g, const sim::SimResult& r) {
-  const int ranks = static_cast<int>(r.ranks.size());
-  // Kinds by category label: index into `kinds` (-1: not seen yet).
-  std::vector<int> kind_of(static_cast<size_t>(g.num_labels()) + 1, -1);
+// The comm kinds exposure is reported by: each category named "*_comm" is its own kind,
+// every other category (and none) counts as "other_comm". Fills `so`'s map and returns
+// the kinds' names by index.
+std::vector<std::string> comm_kinds(const sim::TaskGraph& g, sim::SimOptions& so) {
   std::vector<std::string> kinds;
-  std::vector<std::vector<std::vector<Interval>>> comm;  // [kind][rank]
-  std::vector<std::vector<Interval>> compute(ranks);
-  for (int t = 0; t < g.num_tasks(); ++t) {
-    TaskId id(t);
-    const sim::Task& task = g.task(id);
-    Interval iv{r.tasks[t].start, r.tasks[t].end};
-    auto refs = g.streams(id);
-    if (task.kind == sim::TaskKind::kCompute) {
-      compute[refs[0].rank.value()].push_back(iv);
-      continue;
-    }
-    const size_t c = task.label.category.valid() ? task.label.category.value() : kind_of.size() - 1;
-    if (kind_of[c] < 0) {
-      std::string_view cat = g.label_text(task.label.category);
-      std::string name(is_comm_category(cat) ? cat : "other_comm");
-      auto it = std::find(kinds.begin(), kinds.end(), name);
-      kind_of[c] = static_cast<int>(it - kinds.begin());
-      if (it == kinds.end()) {
-        kinds.push_back(name);
-        comm.emplace_back(ranks);
-      }
-    }
-    for (const sim::StreamRef& s : refs) comm[kind_of[c]][s.rank.value()].push_back(iv);
+  so.comm_kind_of_category.resize(static_cast<size_t>(g.num_labels()) + 1);
+  for (int c = 0; c <= g.num_labels(); ++c) {
+    std::string_view cat = c < g.num_labels() ? g.label_text(sim::LabelId(c)) : "";
+    std::string_view name = is_comm_category(cat) ? cat : "other_comm";
+    auto it = std::find(kinds.begin(), kinds.end(), name);
+    if (it == kinds.end()) it = kinds.emplace(kinds.end(), name);
+    so.comm_kind_of_category[c] = static_cast<int32_t>(it - kinds.begin());
   }
+  so.num_comm_kinds = static_cast<int32_t>(kinds.size());
+  return kinds;
+}
+
+// Per comm kind the graph has, the time its tasks ran on a rank while no compute task did,
+// averaged over the world (each simulated rank weighted by its multiplicity).
+std::vector<ExposedComm> exposed_by_kind(const std::vector<std::string>& kinds,
+                                         const sim::SimResult& r) {
   int64_t world = 0;
   for (const sim::RankStats& rs : r.ranks) world += rs.multiplicity;
-  for (auto& c : compute) c = merged(std::move(c));
   std::vector<ExposedComm> out;
   for (size_t k = 0; k < kinds.size(); ++k) {
+    if (r.comm_kind_tasks[k] == 0) continue;
     Time sum;
-    for (int rank = 0; rank < ranks; ++rank) {
-      if (comm[k][rank].empty()) continue;
-      sum += uncovered(merged(std::move(comm[k][rank])), compute[rank]) *
-             int64_t{r.ranks[rank].multiplicity};
-    }
+    for (const sim::RankStats& rs : r.ranks)
+      sum += rs.exposed_by_kind[k] * int64_t{rs.multiplicity};
     out.push_back({kinds[k], Time::ps(sum.count_ps() / world)});
   }
   std::sort(out.begin(), out.end(),
@@ -131,7 +84,8 @@ Result<PlanMetrics> evaluate(const Scenario& s, const Plan& p, const EvaluateOpt
   HETPAR_ASSIGN_OR_RETURN(LoweredPlan lowered, lower(s, p, lo));
   sim::SimOptions so;
   so.collectives = collective_config(s.cluster);
-  so.record_tasks = o.exposed_by_kind;
+  std::vector<std::string> kinds;
+  if (o.exposed_by_kind) kinds = comm_kinds(lowered.graph, so);
   so.host = o.trainer_host;
   if (shared) so.node_compute_units = node_units;
   for (int r = 0; r < lowered.world; ++r) {
@@ -184,7 +138,7 @@ Result<PlanMetrics> evaluate(const Scenario& s, const Plan& p, const EvaluateOpt
   for (const sim::CategoryTotal& c : r.categories)
     m.phases.push_back(
         {c.category.empty() ? "other" : c.category, Time::ps(c.rank_time.count_ps() / ranks)});
-  if (o.exposed_by_kind) m.exposed_by_kind = exposed_by_kind(lowered.graph, r);
+  if (o.exposed_by_kind) m.exposed_by_kind = exposed_by_kind(kinds, r);
   if (o.workspace) {
     o.workspace->graph = std::move(lowered.graph);
     o.workspace->sim.recycle(std::move(r));

@@ -251,6 +251,43 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
   std::vector<double> units_;
   std::vector<int32_t> computing_;
   std::vector<std::vector<int32_t>> ranks_of_node_;
+
+  // Exposure by kind (SimOptions::comm_kind_of_category; off when num_kinds_ is 0): per
+  // rank the compute tasks and the communication tasks running and when the rank was last
+  // integrated; per (rank, kind) the kind's tasks running and its exposed time.
+  int32_t num_kinds_ = 0;
+  std::vector<int32_t> kind_computing_, kind_comm_, kind_active_;
+  std::vector<Time> kind_last_, kind_exposed_;
+  std::vector<int64_t> kind_tasks_;
+  int32_t comm_kind(const Task& task) const {
+    return opt_.comm_kind_of_category[task.label.category.valid() ? task.label.category.value()
+                                                                  : g_.num_labels()];
+  }
+  // Adds the time since the rank's last change to each kind running there, if no compute
+  // task ran; call before any of the rank's counts change.
+  void integrate_kinds(int32_t rank, Time now) {
+    Time& last = kind_last_[rank];
+    if (kind_comm_[rank] > 0 && kind_computing_[rank] == 0 && now > last)
+      for (int32_t k = rank * num_kinds_; k < (rank + 1) * num_kinds_; ++k)
+        if (kind_active_[k] > 0) kind_exposed_[k] += now - last;
+    last = now;
+  }
+  // A task's start (+1) or end (-1) in the exposure by kind.
+  void count_kinds(int32_t t, const Task& task, Time now, int32_t delta) {
+    auto refs = g_.streams(TaskId(t));
+    if (task.kind == TaskKind::kCompute) {
+      integrate_kinds(refs[0].rank.value(), now);
+      kind_computing_[refs[0].rank.value()] += delta;
+      return;
+    }
+    const int32_t kind = comm_kind(task);
+    for (const StreamRef& s : refs) {
+      const int32_t r = s.rank.value();
+      integrate_kinds(r, now);
+      kind_comm_[r] += delta;
+      kind_active_[r * num_kinds_ + kind] += delta;
+    }
+  }
 };
 
 Engine::Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, TraceSink* sink,
@@ -369,6 +406,21 @@ Engine::Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, Tr
     factor_.assign(nr, 1.0);
     running_.resize(stream_base_[nr]);
   }
+  if (!opt.comm_kind_of_category.empty()) {
+    HETPAR_CHECK(static_cast<int>(opt.comm_kind_of_category.size()) == g.num_labels() + 1,
+                 "comm_kind_of_category has {} entries for {} labels + 1",
+                 opt.comm_kind_of_category.size(), g.num_labels());
+    for (int32_t k : opt.comm_kind_of_category)
+      HETPAR_CHECK(k >= 0 && k < opt.num_comm_kinds, "comm kind {} outside [0, {})", k,
+                   opt.num_comm_kinds);
+    num_kinds_ = opt.num_comm_kinds;
+    kind_computing_.assign(nr, 0);
+    kind_comm_.assign(nr, 0);
+    kind_active_.assign(static_cast<size_t>(nr) * num_kinds_, 0);
+    kind_last_.assign(nr, Time::zero());
+    kind_exposed_.assign(static_cast<size_t>(nr) * num_kinds_, Time::zero());
+    kind_tasks_.assign(num_kinds_, 0);
+  }
 }
 
 double Engine::speed_factor(int32_t rank) const {
@@ -443,7 +495,11 @@ Result<SimResult> Engine::run() {
       st.launch_wait = launch_wait_[rank];
     }
     st.multiplicity = g_.multiplicity(RankId(rank));
+    if (num_kinds_ > 0)
+      st.exposed_by_kind.assign(kind_exposed_.begin() + rank * num_kinds_,
+                                kind_exposed_.begin() + (rank + 1) * num_kinds_);
   }
+  r.comm_kind_tasks = kind_tasks_;
   for (int c = 0; c <= g_.num_labels(); ++c) {
     if (category_tasks_[c] == 0) continue;
     r.categories.push_back(
@@ -514,6 +570,8 @@ void Engine::start(int32_t t) {
     return;
   }
   state_[t].start = now;
+  const Task& task = g_.task(TaskId(t));
+  if (num_kinds_ > 0) count_kinds(t, task, now, +1);
   for (const StreamRef& s : g_.streams(TaskId(t))) {
     RankClock& c = clocks_[s.rank.value()];
     c.advance(now);
@@ -527,7 +585,6 @@ void Engine::start(int32_t t) {
   }
   for (int32_t i = succ_begin_[t]; i < succ_begin_[t + 1]; ++i)
     __builtin_prefetch(&state_[succ_[i]], 1);
-  const Task& task = g_.task(TaskId(t));
   if (task.kind == TaskKind::kCollective && slows_compute(task))
     for (const StreamRef& s : g_.streams(TaskId(t))) {
       ++collectives_active_[s.rank.value()];
@@ -856,6 +913,10 @@ void Engine::finish(Time now, int32_t t) {
   const Task& task = g_.task(TaskId(t));
   auto refs = g_.streams(TaskId(t));
   if (task.kind == TaskKind::kCompute) flops_[refs[0].rank.value()] += task.flops;
+  if (num_kinds_ > 0) {
+    count_kinds(t, task, now, -1);
+    if (task.kind != TaskKind::kCompute) ++kind_tasks_[comm_kind(task)];
+  }
   if (variable_) {
     if (task.kind == TaskKind::kCompute) {
       const int32_t rank = refs[0].rank.value();

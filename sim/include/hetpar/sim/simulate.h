@@ -48,6 +48,14 @@ struct SimOptions {
   bool host = true;
   /// Fill SimResult::tasks (costs 16 bytes per task).
   bool record_tasks = false;
+  /// Exposed communication by kind (empty: not measured). Per category label (indexed by
+  /// LabelId, one last slot for tasks without a category) the kind a communication task of
+  /// that category counts under, 0 <= kind < num_comm_kinds. RankStats::exposed_by_kind[k]
+  /// is then the time a communication task of kind k ran on the rank (a stream of it there)
+  /// while no compute task of the rank did: the union of the kind's intervals less the
+  /// compute tasks' union, integrated as the run goes.
+  std::vector<int32_t> comm_kind_of_category;
+  int32_t num_comm_kinds = 0;
 };
 
 struct RankStats {
@@ -62,7 +70,8 @@ struct RankStats {
   // Time compute tasks were ready on the GPU (dependencies done, stream free) before their
   // host had launched them: the GPU's wait for launches (what CUDA graphs would remove).
   Time launch_wait{};
-  int32_t multiplicity = 1;  // ranks of the world these stats stand for
+  std::vector<Time> exposed_by_kind;  // per SimOptions comm kind; empty unless measured
+  int32_t multiplicity = 1;           // ranks of the world these stats stand for
 };
 
 struct TaskTiming {
@@ -90,6 +99,9 @@ struct SimResult {
   /// Flows the shared flow network ran (bundles count once; tasks that ran alone on
   /// their links, with a fixed time, start none): what the network part of a run costs.
   int64_t flows_started = 0;
+  /// Per SimOptions comm kind, the communication tasks of that kind that ran (empty unless
+  /// exposure by kind was measured): which kinds the graph has at all.
+  std::vector<int64_t> comm_kind_tasks;
 };
 
 /// Arrays simulate() can reuse from one call to the next. A caller that simulates plan
