@@ -353,6 +353,10 @@ class Builder {
     for (const auto& [k, rates] : g.attention_alternatives)  // not measured: the base's
       mark(p, fmt::format("gpu.attention.alternatives.{}", hardware::to_string(k)),
            from_base(fmt::format("{} attention rates", hardware::to_string(k))));
+    // Attention is timed in bursts of back-to-back calls, as the base's figures were: the
+    // base's sustained fraction of them still applies.
+    if (g.attention_sustain != 1.0)
+      mark(p, "gpu.attention.sustain", from_base("sustained fraction of burst attention rates"));
     for (Precision prec : hardware::kAllPrecisions) {
       const std::string key = fmt::format("gpu.compute.{}", hardware::to_string(prec));
       if (g.supports(prec) && !p.provenance.count(key + ".peak_tflops")) {

@@ -154,12 +154,13 @@ Time DeviceProfile::attention_time(Flops flops, Precision p, bool backward, int6
   const double bwd_eff = rates ? rates->bwd_efficiency : attention_bwd_efficiency;
   const std::vector<CurvePoint>& fwd_scale = rates ? rates->fwd_seq_scale : attention_fwd_seq_scale;
   const std::vector<CurvePoint>& bwd_scale = rates ? rates->bwd_seq_scale : attention_bwd_seq_scale;
+  const FlopRate sustained = peak(p) * attention_sustain;
   if (!backward)
-    return flops / (peak(p) * fwd_eff * curve_factor(fwd_scale, seq_kv)) + gemm_launch_overhead;
+    return flops / (sustained * fwd_eff * curve_factor(fwd_scale, seq_kv)) + gemm_launch_overhead;
   // The backward efficiency is quoted as FlashAttention's benchmarks count it: 2.5x the
   // forward FLOPs (dQ, dK, dV plus the recomputed QK^T), not the model-FLOP 2x the caller
   // passes, so the kernel does 2.5 / 2 times the work `flops` names.
-  return flops * kFlashBackwardWork / (peak(p) * bwd_eff * curve_factor(bwd_scale, seq_kv)) +
+  return flops * kFlashBackwardWork / (sustained * bwd_eff * curve_factor(bwd_scale, seq_kv)) +
          gemm_launch_overhead;
 }
 

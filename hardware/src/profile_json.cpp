@@ -188,6 +188,7 @@ void read_gpu(JsonReader r, DeviceProfile& g, JsonReader& parent) {
   g.attention_bwd_efficiency = own.bwd_efficiency;
   g.attention_fwd_seq_scale = std::move(own.fwd_seq_scale);
   g.attention_bwd_seq_scale = std::move(own.bwd_seq_scale);
+  g.attention_sustain = att.optional_double("sustain", 1.0);
   if (att.has("kernel"))
     g.attention_kernel =
         *parse_attention_kernel(att.required_enum("kernel", {"cudnn", "flash2", "flash3"}));
@@ -369,6 +370,7 @@ nlohmann::json profile_to_json(const SystemProfile& p) {
                                         g.attention_fwd_seq_scale, g.attention_bwd_seq_scale);
   if (g.attention_kernel != AttentionKernel::kDefault)
     attention["kernel"] = to_string(g.attention_kernel);
+  if (g.attention_sustain != 1.0) attention["sustain"] = g.attention_sustain;
   for (const auto& [k, a] : g.attention_alternatives)
     attention["alternatives"][std::string(to_string(k))] =
         rates_json(a.fwd_efficiency, a.bwd_efficiency, a.fwd_seq_scale, a.bwd_seq_scale);

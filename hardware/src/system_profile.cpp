@@ -179,6 +179,7 @@ Status validate_profile(const SystemProfile& p) {
   }
   c.fraction("gpu.attention.fwd_efficiency", g.attention_fwd_efficiency);
   c.fraction("gpu.attention.bwd_efficiency", g.attention_bwd_efficiency);
+  c.fraction("gpu.attention.sustain", g.attention_sustain);
   for (const auto& [key, curve] :
        {std::pair{"gpu.attention.fwd_seq_scale", &g.attention_fwd_seq_scale},
         std::pair{"gpu.attention.bwd_seq_scale", &g.attention_bwd_seq_scale}})
@@ -265,6 +266,7 @@ std::vector<std::string> missing_provenance(const SystemProfile& p) {
     fields.push_back(fmt::format("gpu.attention.alternatives.{}", to_string(k)));
   if (p.intra_node.nvls) fields.push_back("intra_node.nvls_min_group");
   if (p.gpu.collective_overlap_slowdown > 0) fields.push_back("gpu.collective_overlap_slowdown");
+  if (p.gpu.attention_sustain != 1.0) fields.push_back("gpu.attention.sustain");
   if (p.shared_compute_units > 0) fields.push_back("shared_compute_units");
   if (p.host_op > Time::zero()) fields.push_back("host.op_us");
   for (Precision prec : kAllPrecisions) {

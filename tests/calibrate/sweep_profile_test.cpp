@@ -289,6 +289,10 @@ TEST(CalibratedProfile, BaseProfileKeepsDatasheetPeaksAndUnmeasuredFigures) {
   // The memory bandwidth is below the datasheet: an efficiency of the datasheet peak.
   EXPECT_EQ(p->gpu.memory_bandwidth, o.base->gpu.memory_bandwidth);
   EXPECT_NEAR(p->gpu.effective_memory_bandwidth().bytes_per_s() / m.copy_Bps, 1.0, 1e-3);
+  // Attention is timed in bursts, as the base's figures were: its sustained fraction stays.
+  EXPECT_EQ(p->gpu.attention_sustain, 0.88);
+  EXPECT_NE(p->provenance.at("gpu.attention.sustain").find("from the base profile"),
+            std::string::npos);
 }
 
 // The weight-gradient GEMMs measured adding into fp32 fill their own table, which only such

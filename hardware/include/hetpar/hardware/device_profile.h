@@ -115,6 +115,12 @@ struct DeviceProfile {
   /// kernels' rates (gpu.attention.alternatives), which a plan may ask for by name.
   AttentionKernel attention_kernel = AttentionKernel::kDefault;
   std::map<AttentionKernel, AttentionRates> attention_alternatives;
+  /// The fraction of the attention rates above (the own kernel's and the alternatives')
+  /// that the GPU sustains through a training step (gpu.attention.sustain; 1: the rates
+  /// are sustained ones). Attention benchmarks time tens of back-to-back calls, before the
+  /// clock settles at the power limit, where a step keeps the GPU; the GEMM rates
+  /// (compute.*.eta_max) are sustained measurements already.
+  double attention_sustain = 1.0;
   /// Compute kernels take (1 + this) times as long while a collective of this GPU runs
   /// (NCCL's kernels occupy SMs and memory bandwidth); 0 = overlap is free.
   double collective_overlap_slowdown = 0;
@@ -142,7 +148,8 @@ struct DeviceProfile {
   /// Achieved fraction of peak(p) implied by gemm_time().
   double gemm_efficiency(int64_t m, int64_t n, int64_t k, int64_t batch, Precision p) const;
   /// Flash attention: `flops` (model FLOPs: forward 4·b·h·s_q·s_kv·d, halved when causal;
-  /// backward twice that) at the forward or backward fraction of peak(p), plus launch. The
+  /// backward twice that) at the forward or backward fraction of peak(p) times
+  /// attention_sustain, plus launch. The
   /// efficiencies are FlashAttention benchmark rates (flash-attention
   /// benchmarks/benchmark_flash_attention.py), which count the backward kernel's work as
   /// 2.5x the forward FLOPs (its recompute of QK^T included): the backward time is

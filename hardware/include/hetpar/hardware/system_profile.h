@@ -30,8 +30,10 @@
 //                                           // FlashAttention benchmark rates (bwd counted
 //                                           // as 2.5x forward FLOPs, device_profile.h)
 //                           "fwd_seq_scale": [[seq, factor], ...],  // optional, and
-//                           "bwd_seq_scale": [[seq, factor], ...]}},  // the rates against
+//                           "bwd_seq_scale": [[seq, factor], ...],  // the rates against
 //                                           // the key/value length per call
+//                           "sustain": 0.88}},  // optional (1): the fraction of these
+//                                           // burst rates a step sustains at the power limit
 //     "intra_node": {"fabric": "nvswitch|pcie|none",
 //                    "GBps": 450,            // per GPU, one direction
 //                    "latency_us": 0.6,      // GPU to GPU through the fabric
