@@ -580,11 +580,16 @@ void Engine::start(int32_t t) {
     // finish() will touch the state of the stream's next task: fetch it while this one
     // runs (a million-task graph's states are far from cache).
     const int32_t stream = stream_of(s);
-    if (stream_head_[stream] + 1 < stream_task_begin_[stream + 1])
-      __builtin_prefetch(&state_[stream_tasks_[stream_head_[stream] + 1]], 1);
+    if (stream_head_[stream] + 1 < stream_task_begin_[stream + 1]) {
+      const int32_t next = stream_tasks_[stream_head_[stream] + 1];
+      __builtin_prefetch(&state_[next], 1);
+      __builtin_prefetch(&g_.task(TaskId(next)), 0);
+    }
   }
-  for (int32_t i = succ_begin_[t]; i < succ_begin_[t + 1]; ++i)
+  for (int32_t i = succ_begin_[t]; i < succ_begin_[t + 1]; ++i) {
     __builtin_prefetch(&state_[succ_[i]], 1);
+    __builtin_prefetch(&g_.task(TaskId(succ_[i])), 0);
+  }
   if (task.kind == TaskKind::kCollective && slows_compute(task))
     for (const StreamRef& s : g_.streams(TaskId(t))) {
       ++collectives_active_[s.rank.value()];
