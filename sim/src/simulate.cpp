@@ -27,6 +27,9 @@ struct Plan {
   std::vector<Time> p2p_latency;  // P2P: per flow, its route's latency
   // Collective: its kind's size scale for its group's scope (CollectiveConfig), or null.
   const std::vector<CurvePoint>* size_scale = nullptr;
+  // find_uncontended: whether every link it crosses is private to one stream (-1: not yet
+  // known); a property of its links alone, so decided once per plan.
+  mutable int8_t private_links = -1;
 };
 
 // Bytes the flows of `task` move per byte of its size: 1 / the size scale's factor at its
@@ -868,11 +871,20 @@ void Engine::find_uncontended() {
       if (stream_of(s) == stream) return true;
     return false;
   };
+  // A task with the plan and streams of the one before it would mark its links exactly as
+  // that one did (the marks only move from unused to a stream to shared): skipped.
+  const Plan* last_plan = nullptr;
+  std::span<const StreamRef> last_refs;
   for (int32_t t = 0; t < nt; ++t) {
     if (g_.task(TaskId(t)).kind == TaskKind::kCompute) continue;
     const Plan& p = resolve(t);
     state_[t].plan = &p;
-    const int32_t first = stream_of(g_.streams(TaskId(t))[0]);
+    const std::span<const StreamRef> refs = g_.streams(TaskId(t));
+    if (&p == last_plan && std::equal(refs.begin(), refs.end(), last_refs.begin(), last_refs.end()))
+      continue;
+    last_plan = &p;
+    last_refs = refs;
+    const int32_t first = stream_of(refs[0]);
     for (LinkId l : p.links) {
       int32_t& o = owner[l.value()];
       if (o == -1)
@@ -885,8 +897,12 @@ void Engine::find_uncontended() {
     if (!state_[t].plan) continue;
     const Plan& p = *state_[t].plan;
     const Task& task = g_.task(TaskId(t));
-    bool alone = true;
-    for (LinkId l : p.links) alone = alone && owner[l.value()] >= 0;
+    if (p.private_links < 0) {
+      p.private_links = 1;
+      for (LinkId l : p.links)
+        if (owner[l.value()] < 0) p.private_links = 0;
+    }
+    bool alone = p.private_links == 1;
     // A collective whose bytes take under 1 % of its latency on an idle network (a routing
     // probabilities' all-to-all, a scalar's all-reduce) is timed alone too: sharing links
     // could not move it measurably, and its flows would cost the engine as much as a big

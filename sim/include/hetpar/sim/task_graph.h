@@ -83,6 +83,7 @@ struct StreamRef {
   RankId rank{};
   StreamKind kind = StreamKind::kCompute;
   int32_t index = 0;
+  bool operator==(const StreamRef&) const = default;
 };
 
 /// Name and category (e.g. "fwd", "tp_comm") of a task, from TaskGraph::label().
