@@ -258,9 +258,14 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
   // Exposure by kind (SimOptions::comm_kind_of_category; off when num_kinds_ is 0): per
   // rank the compute tasks and the communication tasks running and when the rank was last
   // integrated; per (rank, kind) the kind's tasks running and its exposed time.
+  struct KindClock {
+    Time last;
+    int32_t computing = 0, comm = 0;
+  };
   int32_t num_kinds_ = 0;
-  std::vector<int32_t> kind_computing_, kind_comm_, kind_active_;
-  std::vector<Time> kind_last_, kind_exposed_;
+  std::vector<KindClock> kind_clocks_;
+  std::vector<int32_t> kind_active_;
+  std::vector<Time> kind_exposed_;
   std::vector<int64_t> kind_tasks_;
   int32_t comm_kind(const Task& task) const {
     return opt_.comm_kind_of_category[task.label.category.valid() ? task.label.category.value()
@@ -268,26 +273,24 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
   }
   // Adds the time since the rank's last change to each kind running there, if no compute
   // task ran; call before any of the rank's counts change.
-  void integrate_kinds(int32_t rank, Time now) {
-    Time& last = kind_last_[rank];
-    if (kind_comm_[rank] > 0 && kind_computing_[rank] == 0 && now > last)
+  KindClock& integrate_kinds(int32_t rank, Time now) {
+    KindClock& c = kind_clocks_[rank];
+    if (c.comm > 0 && c.computing == 0 && now > c.last)
       for (int32_t k = rank * num_kinds_; k < (rank + 1) * num_kinds_; ++k)
-        if (kind_active_[k] > 0) kind_exposed_[k] += now - last;
-    last = now;
+        if (kind_active_[k] > 0) kind_exposed_[k] += now - c.last;
+    c.last = now;
+    return c;
   }
-  // A task's start (+1) or end (-1) in the exposure by kind.
-  void count_kinds(int32_t t, const Task& task, Time now, int32_t delta) {
-    auto refs = g_.streams(TaskId(t));
+  // A task's start (+1) or end (-1) in the exposure by kind; `refs` its streams.
+  void count_kinds(const Task& task, std::span<const StreamRef> refs, Time now, int32_t delta) {
     if (task.kind == TaskKind::kCompute) {
-      integrate_kinds(refs[0].rank.value(), now);
-      kind_computing_[refs[0].rank.value()] += delta;
+      integrate_kinds(refs[0].rank.value(), now).computing += delta;
       return;
     }
     const int32_t kind = comm_kind(task);
     for (const StreamRef& s : refs) {
       const int32_t r = s.rank.value();
-      integrate_kinds(r, now);
-      kind_comm_[r] += delta;
+      integrate_kinds(r, now).comm += delta;
       kind_active_[r * num_kinds_ + kind] += delta;
     }
   }
@@ -417,10 +420,8 @@ Engine::Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, Tr
       HETPAR_CHECK(k >= 0 && k < opt.num_comm_kinds, "comm kind {} outside [0, {})", k,
                    opt.num_comm_kinds);
     num_kinds_ = opt.num_comm_kinds;
-    kind_computing_.assign(nr, 0);
-    kind_comm_.assign(nr, 0);
+    kind_clocks_.assign(nr, KindClock{});
     kind_active_.assign(static_cast<size_t>(nr) * num_kinds_, 0);
-    kind_last_.assign(nr, Time::zero());
     kind_exposed_.assign(static_cast<size_t>(nr) * num_kinds_, Time::zero());
     kind_tasks_.assign(num_kinds_, 0);
   }
@@ -574,8 +575,9 @@ void Engine::start(int32_t t) {
   }
   state_[t].start = now;
   const Task& task = g_.task(TaskId(t));
-  if (num_kinds_ > 0) count_kinds(t, task, now, +1);
-  for (const StreamRef& s : g_.streams(TaskId(t))) {
+  const std::span<const StreamRef> refs = g_.streams(TaskId(t));
+  if (num_kinds_ > 0) count_kinds(task, refs, now, +1);
+  for (const StreamRef& s : refs) {
     RankClock& c = clocks_[s.rank.value()];
     c.advance(now);
     ++(s.kind == StreamKind::kCompute ? c.compute_active : c.comm_active);
@@ -594,7 +596,7 @@ void Engine::start(int32_t t) {
     __builtin_prefetch(&g_.task(TaskId(succ_[i])), 0);
   }
   if (task.kind == TaskKind::kCollective && slows_compute(task))
-    for (const StreamRef& s : g_.streams(TaskId(t))) {
+    for (const StreamRef& s : refs) {
       ++collectives_active_[s.rank.value()];
       retime(s.rank.value());
     }
@@ -604,7 +606,7 @@ void Engine::start(int32_t t) {
         queue_.schedule_in(task.duration, *this, static_cast<uint32_t>(t));
         break;
       }
-      const StreamRef& ref = g_.streams(TaskId(t))[0];
+      const StreamRef& ref = refs[0];
       const int32_t rank = ref.rank.value();
       if (!units_.empty()) {
         const int32_t node = net_.node_of(ref.rank).value();
@@ -935,7 +937,7 @@ void Engine::finish(Time now, int32_t t) {
   auto refs = g_.streams(TaskId(t));
   if (task.kind == TaskKind::kCompute) flops_[refs[0].rank.value()] += task.flops;
   if (num_kinds_ > 0) {
-    count_kinds(t, task, now, -1);
+    count_kinds(task, refs, now, -1);
     if (task.kind != TaskKind::kCompute) ++kind_tasks_[comm_kind(task)];
   }
   if (variable_) {
