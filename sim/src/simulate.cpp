@@ -256,14 +256,10 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
   std::vector<std::vector<int32_t>> ranks_of_node_;
 
   // Exposure by kind (SimOptions::comm_kind_of_category; off when num_kinds_ is 0): per
-  // rank the compute tasks and the communication tasks running and when the rank was last
-  // integrated; per (rank, kind) the kind's tasks running and its exposed time.
-  struct KindClock {
-    Time last;
-    int32_t computing = 0, comm = 0;
-  };
+  // (rank, kind) the kind's streams busy and its exposed time, integrated with the rank's
+  // clock (advance: compute tasks occupy compute streams only, communication tasks comm
+  // streams only, so the clock's counts are the tasks'); per kind the tasks that ran.
   int32_t num_kinds_ = 0;
-  std::vector<KindClock> kind_clocks_;
   std::vector<int32_t> kind_active_;
   std::vector<Time> kind_exposed_;
   std::vector<int64_t> kind_tasks_;
@@ -271,28 +267,15 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
     return opt_.comm_kind_of_category[task.label.category.valid() ? task.label.category.value()
                                                                   : g_.num_labels()];
   }
-  // Adds the time since the rank's last change to each kind running there, if no compute
-  // task ran; call before any of the rank's counts change.
-  KindClock& integrate_kinds(int32_t rank, Time now) {
-    KindClock& c = kind_clocks_[rank];
-    if (c.comm > 0 && c.computing == 0 && now > c.last)
+  // Moves `rank`'s clock to `now`, first adding the time since its last change to each kind
+  // running there while no compute stream was busy; call before any of its counts change.
+  RankClock& advance(int32_t rank, Time now) {
+    RankClock& c = clocks_[rank];
+    if (num_kinds_ > 0 && c.comm_active > 0 && c.compute_active == 0 && now > c.last)
       for (int32_t k = rank * num_kinds_; k < (rank + 1) * num_kinds_; ++k)
         if (kind_active_[k] > 0) kind_exposed_[k] += now - c.last;
-    c.last = now;
+    c.advance(now);
     return c;
-  }
-  // A task's start (+1) or end (-1) in the exposure by kind; `refs` its streams.
-  void count_kinds(const Task& task, std::span<const StreamRef> refs, Time now, int32_t delta) {
-    if (task.kind == TaskKind::kCompute) {
-      integrate_kinds(refs[0].rank.value(), now).computing += delta;
-      return;
-    }
-    const int32_t kind = comm_kind(task);
-    for (const StreamRef& s : refs) {
-      const int32_t r = s.rank.value();
-      integrate_kinds(r, now).comm += delta;
-      kind_active_[r * num_kinds_ + kind] += delta;
-    }
   }
 };
 
@@ -420,7 +403,6 @@ Engine::Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, Tr
       HETPAR_CHECK(k >= 0 && k < opt.num_comm_kinds, "comm kind {} outside [0, {})", k,
                    opt.num_comm_kinds);
     num_kinds_ = opt.num_comm_kinds;
-    kind_clocks_.assign(nr, KindClock{});
     kind_active_.assign(static_cast<size_t>(nr) * num_kinds_, 0);
     kind_exposed_.assign(static_cast<size_t>(nr) * num_kinds_, Time::zero());
     kind_tasks_.assign(num_kinds_, 0);
@@ -576,11 +558,11 @@ void Engine::start(int32_t t) {
   state_[t].start = now;
   const Task& task = g_.task(TaskId(t));
   const std::span<const StreamRef> refs = g_.streams(TaskId(t));
-  if (num_kinds_ > 0) count_kinds(task, refs, now, +1);
+  const int32_t kind = num_kinds_ > 0 && task.kind != TaskKind::kCompute ? comm_kind(task) : -1;
   for (const StreamRef& s : refs) {
-    RankClock& c = clocks_[s.rank.value()];
-    c.advance(now);
+    RankClock& c = advance(s.rank.value(), now);
     ++(s.kind == StreamKind::kCompute ? c.compute_active : c.comm_active);
+    if (kind >= 0) ++kind_active_[s.rank.value() * num_kinds_ + kind];
     if (sink_) report(t, s, now, true);
     // finish() will touch the state of the stream's next task: fetch it while this one
     // runs (a million-task graph's states are far from cache).
@@ -936,10 +918,8 @@ void Engine::finish(Time now, int32_t t) {
   const Task& task = g_.task(TaskId(t));
   auto refs = g_.streams(TaskId(t));
   if (task.kind == TaskKind::kCompute) flops_[refs[0].rank.value()] += task.flops;
-  if (num_kinds_ > 0) {
-    count_kinds(task, refs, now, -1);
-    if (task.kind != TaskKind::kCompute) ++kind_tasks_[comm_kind(task)];
-  }
+  const int32_t kind = num_kinds_ > 0 && task.kind != TaskKind::kCompute ? comm_kind(task) : -1;
+  if (kind >= 0) ++kind_tasks_[kind];
   if (variable_) {
     if (task.kind == TaskKind::kCompute) {
       const int32_t rank = refs[0].rank.value();
@@ -961,9 +941,9 @@ void Engine::finish(Time now, int32_t t) {
   category_tasks_[cat] += task.kind == TaskKind::kCompute ? g_.multiplicity(refs[0].rank)
                                                           : 1 + int64_t{task.num_copies};
   for (const StreamRef& s : refs) {
-    RankClock& c = clocks_[s.rank.value()];
-    c.advance(now);
+    RankClock& c = advance(s.rank.value(), now);
     --(s.kind == StreamKind::kCompute ? c.compute_active : c.comm_active);
+    if (kind >= 0) --kind_active_[s.rank.value() * num_kinds_ + kind];
     if (sink_) report(t, s, now, false);
     const int32_t stream = stream_of(s);
     stream_busy_[stream] += span;
