@@ -376,7 +376,6 @@ TEST(SimulateTest, ExposedCommByKindIsEachKindsTimeWithoutCompute) {
   opt.comm_kind_of_category.assign(g.num_labels() + 1, 2);  // fwd and none: kind 2
   opt.comm_kind_of_category[a.value()] = 0;
   opt.comm_kind_of_category[b.value()] = 1;
-  opt.num_comm_kinds = 3;
   SimResult r = run(g, net, opt);
   ASSERT_EQ(r.ranks[0].exposed_by_kind.size(), 3u);
   EXPECT_EQ(r.ranks[0].exposed_by_kind[0], Time::ms(6) + Time::us(2));

@@ -29,7 +29,6 @@ std::vector<std::string> comm_kinds(const sim::TaskGraph& g, sim::SimOptions& so
     if (it == kinds.end()) it = kinds.emplace(kinds.end(), name);
     so.comm_kind_of_category[c] = static_cast<int32_t>(it - kinds.begin());
   }
-  so.num_comm_kinds = static_cast<int32_t>(kinds.size());
   return kinds;
 }
 

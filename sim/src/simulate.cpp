@@ -399,10 +399,10 @@ Engine::Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, Tr
     HETPAR_CHECK(static_cast<int>(opt.comm_kind_of_category.size()) == g.num_labels() + 1,
                  "comm_kind_of_category has {} entries for {} labels + 1",
                  opt.comm_kind_of_category.size(), g.num_labels());
-    for (int32_t k : opt.comm_kind_of_category)
-      HETPAR_CHECK(k >= 0 && k < opt.num_comm_kinds, "comm kind {} outside [0, {})", k,
-                   opt.num_comm_kinds);
-    num_kinds_ = opt.num_comm_kinds;
+    for (int32_t k : opt.comm_kind_of_category) {
+      HETPAR_CHECK(k >= 0, "comm kind {} is negative", k);
+      num_kinds_ = std::max(num_kinds_, k + 1);
+    }
     kind_active_.assign(static_cast<size_t>(nr) * num_kinds_, 0);
     kind_exposed_.assign(static_cast<size_t>(nr) * num_kinds_, Time::zero());
     kind_tasks_.assign(num_kinds_, 0);

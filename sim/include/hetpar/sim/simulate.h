@@ -50,12 +50,11 @@ struct SimOptions {
   bool record_tasks = false;
   /// Exposed communication by kind (empty: not measured). Per category label (indexed by
   /// LabelId, one last slot for tasks without a category) the kind a communication task of
-  /// that category counts under, 0 <= kind < num_comm_kinds. RankStats::exposed_by_kind[k]
-  /// is then the time a communication task of kind k ran on the rank (a stream of it there)
-  /// while no compute task of the rank did: the union of the kind's intervals less the
-  /// compute tasks' union, integrated as the run goes.
+  /// that category counts under, from 0; the kinds are 0 .. the largest. RankStats::
+  /// exposed_by_kind[k] is then the time a communication task of kind k ran on the rank (a
+  /// stream of it there) while no compute task of the rank did: the union of the kind's
+  /// intervals less the compute tasks' union, integrated as the run goes.
   std::vector<int32_t> comm_kind_of_category;
-  int32_t num_comm_kinds = 0;
 };
 
 struct RankStats {
