@@ -372,6 +372,19 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
   return {};
 }
 
+OptimizerTraffic optimizer_traffic(const Layout& l, hardware::Precision p) {
+  constexpr int64_t kAdam = 28, kNorm = 4;
+  if (l.torch_fsdp2()) return {kNorm + 8 + kAdam, 0};
+  const int64_t gb = gradient_bytes(p, l.grad_reduce_dtype);
+  if (p == hardware::Precision::kFp32 || p == hardware::Precision::kTf32)
+    return {kNorm + kAdam, gb};
+  int64_t owned = kNorm + kAdam + 4 + weight_bytes(p);
+  if (gb != 4) owned += gb + 4;                     // main grads cast to fp32
+  if (p == hardware::Precision::kFp16) owned += 8;  // unscale and inf check
+  // FSDP's gradient buffer is the shard itself.
+  return l.fsdp ? OptimizerTraffic{owned + gb, 0} : OptimizerTraffic{owned, gb};
+}
+
 namespace {
 
 // Comm stream indices (compute tasks use compute stream 0).
@@ -1881,26 +1894,29 @@ void Lowering::gradients_and_optimizer() {
       reduce_over(Bytes(part.params.all * gb), bk, ready, reduce, part, "grads");
   }
 
-  // Adam over this rank's parameters (its dp shard with the distributed optimizer).
+  // The optimizer step over this rank's parameters (its dp shard with the distributed
+  // optimizer or FSDP): optimizer_traffic().
   int64_t dense = 0, expert = 0;
   for (int c = 0; c < l_.vpp; ++c)
     for (const PlacedBlock& pb : chunks_[c * l_.pp + stage_]) {
       dense += block(0, pb).dense.all;
       expert += block(0, pb).expert.all;
     }
-  const int64_t params = l_.shards_optimizer_state() ? dense / cpdp + expert / edp : dense + expert;
+  const int64_t owned = l_.shards_optimizer_state() ? dense / cpdp + expert / edp : dense + expert;
+  const OptimizerTraffic traffic = optimizer_traffic(l_, s_.workload.precision);
+  const int64_t step_bytes =
+      owned * traffic.per_owned_param + (dense + expert) * traffic.per_held_param;
   const sim::LabelId opt_name = g_.label(fmt::format("{}optimizer stage {}", role_.prefix, stage_));
   std::vector<TaskId> opt(n);
   sim::KernelListId opt_kernels;
   for (int j : actives_) {
     const hardware::DeviceProfile& dev = s_.cluster.groups()[group_[j]].profile.gpu;
-    opt[j] = g_.add_compute(rank_of(j, stage_), 0,
-                            dev.memory_kernel_time(Bytes(params * kAdamBytesPerParam)), Flops(),
-                            {cat_opt_, opt_name});
+    opt[j] = g_.add_compute(rank_of(j, stage_), 0, dev.memory_kernel_time(Bytes(step_bytes)),
+                            Flops(), {cat_opt_, opt_name});
     if (last_comm[j].valid()) g_.add_dependency(last_comm[j], opt[j]);
     if (o_.kernels) {
       if (!opt_kernels.valid()) {
-        const sim::Kernel adam = sim::memory_kernel(params * kAdamBytesPerParam);
+        const sim::Kernel adam = sim::memory_kernel(step_bytes);
         opt_kernels = g_.add_kernels({&adam, 1});
       }
       g_.set_kernels(opt[j], opt_kernels);

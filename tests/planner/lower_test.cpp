@@ -9,6 +9,7 @@
 
 #include "hetpar/models/totals.h"
 #include "hetpar/planner/evaluate.h"
+#include "hetpar/planner/memory.h"
 #include "hetpar/planner/network_builder.h"
 #include "hetpar/sim/simulate.h"
 
@@ -110,6 +111,55 @@ TEST(Lower, OneFOneBBubbleMatchesClosedForm) {
   // With equal stages this is the (p-1)/(m+p-1) bubble.
   const double bubble = 1.0 - (r.makespan - opt) / (slowest * (m + pp - 1));
   EXPECT_LT(std::abs(bubble), 0.02);
+}
+
+// The optimizer step's HBM traffic per parameter, read from the trainers' source
+// (optimizer_traffic in lower.h): {over the owned shard, over every held parameter}.
+TEST(Lower, OptimizerTrafficFollowsTheTrainersSteps) {
+  using hardware::Precision;
+  auto traffic = [](Precision p, auto&& edit) {
+    Layout l;
+    edit(l);
+    const OptimizerTraffic t = optimizer_traffic(l, p);
+    return std::pair<int64_t, int64_t>(t.per_owned_param, t.per_held_param);
+  };
+  auto none = [](Layout&) {};
+  auto owned_held = [](int64_t owned, int64_t held) { return std::pair(owned, held); };
+  // bf16, fp32 main grads: norm 4 + Adam 28 + master copy 4 + 2; the fp32 buffer zeroed.
+  EXPECT_EQ(traffic(Precision::kBf16, none), owned_held(38, 4));
+  EXPECT_EQ(traffic(Precision::kFp8, none), owned_held(38, 4));
+  // bf16 gradient buffer: the main grads cast to fp32 (2 + 4), a 2-byte buffer zeroed.
+  EXPECT_EQ(
+      traffic(Precision::kBf16, [](Layout& l) { l.grad_reduce_dtype = GradReduceDtype::kBf16; }),
+      owned_held(44, 2));
+  // fp16: fp16 buffer cast (2 + 4), unscale and inf check (8).
+  EXPECT_EQ(traffic(Precision::kFp16, none), owned_held(52, 2));
+  // fp32 training: the weights are their own master copy.
+  EXPECT_EQ(traffic(Precision::kFp32, none), owned_held(32, 4));
+  // Megatron-FSDP zeroes its gradient shard; FSDP2 clips always and never zeroes.
+  EXPECT_EQ(traffic(Precision::kBf16, [](Layout& l) { l.fsdp = true; }), owned_held(42, 0));
+  EXPECT_EQ(traffic(Precision::kBf16,
+                    [](Layout& l) {
+                      l.fsdp = true;
+                      l.fsdp_implementation = FsdpImplementation::kTorchFsdp2;
+                    }),
+            owned_held(40, 0));
+}
+
+// The optimizer task moves the owned shard's bytes plus the held buffer's: without the
+// distributed optimizer every local parameter is owned, with it a dp-th.
+TEST(Lower, OptimizerStepTimeIsItsTraffic) {
+  Scenario s = make(8, 8, 1);
+  const hardware::DeviceProfile& dev = s.cluster.groups()[0].profile.gpu;
+  for (bool dist : {false, true}) {
+    Plan p = plan(2, 1, 4);
+    p.layout.distributed_optimizer = dist;
+    const double held = estimate_memory(s, p).per_stage[0].weights.count() / 2.0;
+    const double owned = dist ? held / 4 : held;
+    const Time expect = dev.memory_kernel_time(Bytes(static_cast<int64_t>(owned * 38 + held * 4)));
+    const Time got = compute_time(lowered(s, p), 0)["optimizer"];
+    EXPECT_NEAR(got / expect, 1.0, 1e-3) << "distributed optimizer " << dist;
+  }
 }
 
 TEST(Lower, GpipeAndOneFOneBTakeTheSameTime) {

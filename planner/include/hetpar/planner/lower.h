@@ -26,8 +26,8 @@
 //   all-reduce, or reduce-scatter with the distributed optimizer, in gradient_bytes() per
 //   parameter. overlap_grad_reduce: a bucket starts when the last backward touching its
 //   layers ends; otherwise after the rank's whole backward. Then the optimizer step
-//   ("optimizer"): memory-bound Adam over the rank's (sharded) parameters,
-//   kAdamBytesPerParam of HBM traffic each. Distributed optimizer: all-gather of the
+//   ("optimizer"): memory-bound passes over the rank's (sharded) parameters,
+//   optimizer_traffic() bytes each. Distributed optimizer: all-gather of the
 //   bf16 parameters afterwards; with overlap_param_gather only the first bucket's
 //   all-gather is exposed (the rest overlaps the next iteration's forward), so only it is
 //   simulated.
@@ -111,9 +111,26 @@
 
 namespace hetpar::planner {
 
-/// HBM bytes Adam moves per parameter: fp32 gradient read (4), fp32 master weight, first
-/// and second moments read and written (24), bf16 weight written (2).
-inline constexpr int64_t kAdamBytesPerParam = 30;
+/// HBM traffic of one optimizer step per parameter, as the trainers run it.
+/// Megatron (megatron/optimizer/optimizer.py's MixedPrecisionOptimizer.step; Megatron-Core's
+/// optimizer.py and distrib_optimizer.py alike), over the params the rank's optimizer owns:
+/// the main grads taken from the gradient buffer (a view when it is fp32, else a cast copy:
+/// buffer bytes read, 4 written); fp16 training's unscale and inf check (4 read, 4 written);
+/// the gradient norm (multi_tensor_l2norm: 4 read; the clip's rescale runs only when the norm
+/// exceeds clip_grad, which the host checks, so it is not charged); Adam (apex / TE
+/// FusedAdam: fp32 weight, grad, m, v read, weight, m, v written: 28); the fp32 master
+/// weights copied to the model's (4 read, weight_bytes written; fp8 weights are taken at
+/// the bf16 write). Over every param the rank holds: the gradient buffer zeroed for the
+/// next iteration (zero_grad_buffer; under FSDP the rank's shard of it). fp32 training
+/// (FP32Optimizer): norm and Adam only.
+/// PyTorch FSDP2 (torchtitan): sharded fp32 weights and grads, torch.nn.utils'
+/// clip_grads_with_norm_ (norm 4 read; the clamped rescale always runs: 4 read, 4 written)
+/// and fused AdamW (28); gradients set to None, not zeroed.
+struct OptimizerTraffic {
+  int64_t per_owned_param = 0;  // over the rank's optimizer shard (all it holds unsharded)
+  int64_t per_held_param = 0;   // over every param the rank holds
+};
+OptimizerTraffic optimizer_traffic(const Layout& l, hardware::Precision p);
 
 struct LowerOptions {
   /// Local parameters per DP bucket; 0 = Megatron's max(40M, 1M x dp·cp).
