@@ -596,8 +596,11 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
   const bool tp = l.tp > 1;
   // Between pipeline stages each TP rank sends the hidden states it holds: under sequence
   // parallelism its s/tp slice (Megatron core's p2p tensor shape divides the sequence by
-  // the TP size), otherwise the whole, replicated tensor.
-  m.boundary_bytes = tp && l.sequence_parallel ? activation / l.tp : activation;
+  // the TP size), with scatter/gather its 1/tp piece of the replicated tensor (gathered
+  // again on arrival), otherwise the whole, replicated tensor.
+  const bool pieces = tp && !l.sequence_parallel && l.pp_scatter_gather;
+  m.boundary_bytes = tp && (l.sequence_parallel || pieces) ? activation / l.tp : activation;
+  if (pieces) m.boundary_gather_bytes = activation;
 
   // A MoE layer under TP with SP (Megatron-Core's token dispatchers): the router and the
   // permutation run on this rank's sequence slice, the permuted tokens are all-gathered

@@ -746,6 +746,9 @@ class Lowering {
   std::vector<std::vector<Labels>> labels_;       // per virtual stage: [block][pass]
   std::vector<std::vector<PipelineOp>> orders_;   // per stage
   std::vector<std::vector<std::vector<OpSpan>>> spans_;  // [stage][op][j]
+  // Per virtual stage and direction (2v forward, 2v + 1 backward): the label of the TP
+  // all-gather of a scatter/gather pipeline transfer's pieces (Layout::pp_scatter_gather).
+  std::vector<sim::LabelId> pp_gather_names_;
 
   // The stage being built.
   int stage_ = 0;
@@ -1598,6 +1601,28 @@ void Lowering::op_pieces(const PipelineOp& op, Emit&& emit) {
     for (int j : actives_) fsdp_after_[j] = st_[j].last;
     if (l_.torch_fsdp2()) fsdp_copy_out(u, gathered, pass);
   };
+  // Scatter/gather pipeline transfers: the chunk's input (forward) or its output's gradient
+  // (backward) arrives from another stage in tp pieces, all-gathered over the TP group
+  // before the chunk runs (Megatron-LM's gather_split_1d_tensor, on the compute stream's
+  // order). pipeline_p2p makes the transfer a dependency of this, the op's first task.
+  if (op.kind != PassKind::kWeight && l_.pp > 1) {
+    const bool fwd = op.kind == PassKind::kForward;
+    const int from = fwd ? v - 1 : v + 1;
+    if (from >= 0 && from < vstages_) {
+      const Bytes gathered =
+          costs_[0][0][chunks_[fwd ? from : v].back().module].boundary_gather_bytes;
+      if (gathered.count() > 0) {
+        if (pp_gather_names_.empty()) pp_gather_names_.resize(2 * static_cast<size_t>(vstages_));
+        sim::LabelId& name = pp_gather_names_[2 * static_cast<size_t>(v) + (fwd ? 0 : 1)];
+        if (!name.valid())
+          name =
+              g_.label(fmt::format("v{} -> v{} {} gather", from, v, fwd ? "activation" : "grad"));
+        emit(false, [this, gathered, name] {
+          collective(CollectiveKind::kAllGather, gathered, {cat_pp_, name}, tp_groups_);
+        });
+      }
+    }
+  }
   if (gathers)
     emit(false, [this] {
       for (int j : actives_) fsdp_after_[j] = st_[j].last;

@@ -169,12 +169,12 @@ class CostCache {
   // The fastest node group's time (a bound for every group). Not keyed by what one search
   // fixes for all its layouts (the cross-entropy fusion, the MoE capacity factor).
   const ModuleTime& get(size_t module, const Layout& l, bool context_parallel, bool frozen) {
-    auto key =
-        std::make_tuple(module, l.tp, l.cp, l.sequence_parallel, l.micro_batch,
-                        static_cast<int>(l.recompute), l.flash_attention, l.fused_projections,
-                        l.repeat_kv, l.tp_backward_overlap, l.tp_comm_overlap, l.ep, l.expert_tp(),
-                        static_cast<int>(l.fp8_recipe), static_cast<int>(l.cp_comm),
-                        static_cast<int>(l.attention_kernel), context_parallel, frozen);
+    auto key = std::make_tuple(module, l.tp, l.cp, l.sequence_parallel, l.micro_batch,
+                               static_cast<int>(l.recompute), l.flash_attention,
+                               l.fused_projections, l.repeat_kv, l.tp_backward_overlap,
+                               l.pp_scatter_gather, l.tp_comm_overlap, l.ep, l.expert_tp(),
+                               static_cast<int>(l.fp8_recipe), static_cast<int>(l.cp_comm),
+                               static_cast<int>(l.attention_kernel), context_parallel, frozen);
     auto it = memo_.find(key);
     if (it != memo_.end()) return it->second;
     const models::OpGraph g = module_graph(s_, module, l);
@@ -220,8 +220,8 @@ class CostCache {
  private:
   const Scenario& s_;
   const sim::CollectiveConfig collectives_;  // what simulate() gets: its size scales
-  std::map<std::tuple<size_t, int, int, bool, int, int, bool, bool, bool, bool, bool, int, int, int,
-                      int, int, bool, bool>,
+  std::map<std::tuple<size_t, int, int, bool, int, int, bool, bool, bool, bool, bool, bool, int,
+                      int, int, int, int, bool, bool>,
            ModuleTime>
       memo_;
 };
@@ -451,6 +451,7 @@ std::vector<int> layout_key(const Layout& l) {
                           l.fused_projections,
                           l.repeat_kv,
                           l.tp_backward_overlap,
+                          l.pp_scatter_gather,
                           l.tp_comm_overlap,
                           l.ep_comm_overlap,
                           static_cast<int>(l.fp8_recipe),

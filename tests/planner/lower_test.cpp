@@ -690,6 +690,46 @@ TEST(Lower, PipelineBytesAreConserved) {
   EXPECT_EQ(fwd, bwd);
 }
 
+// Megatron-LM's scatter/gather transfers (pp_scatter_gather): without SP each TP rank sends
+// its 1/tp piece and the receiving stage all-gathers the whole tensor over its TP group
+// before the chunk's forward (backward) runs; with SP the field changes nothing.
+TEST(Lower, ScatterGatherSendsPiecesAndGathersThemOverTp) {
+  Scenario s = make(8, 8, 1);
+  Plan p = plan(2, 4, 1, Schedule::kInterleaved, 2);
+  p.layout.pp_scatter_gather = true;
+  LoweredPlan lp = lowered(s, p, {.full_ranks = true});
+  const Bytes activation(2048LL * 1024 * 2);  // s·b·h in bf16
+  Bytes sent, gathered;
+  int gathers = 0;
+  for (int t = 0; t < lp.graph.num_tasks(); ++t) {
+    const sim::Task& task = lp.graph.task(TaskId(t));
+    if (lp.graph.label_text(task.label.category) != "pp_comm") continue;
+    if (task.kind == sim::TaskKind::kP2P) {
+      sent += task.bytes;
+      continue;
+    }
+    ASSERT_EQ(task.kind, sim::TaskKind::kCollective);
+    EXPECT_EQ(task.collective, sim::CollectiveKind::kAllGather);
+    EXPECT_EQ(task.bytes, activation);
+    EXPECT_NE(lp.graph.label_text(task.label.name).find("gather"), std::string_view::npos);
+    gathered += task.bytes;
+    ++gathers;
+  }
+  // 7 boundaries x 8 micro-batches x 2 directions x 2 TP ranks, each its half.
+  EXPECT_EQ(sent, Bytes(7LL * 8 * 2 * 2 * activation.count() / 2));
+  // Each crossing gathered once per TP group: 7 x 8 x 2.
+  EXPECT_EQ(gathers, 7 * 8 * 2);
+  EXPECT_EQ(gathered, Bytes(gathers * activation.count()));
+
+  // Under SP the pieces are the sequence slices already: same bytes, no gathers.
+  p.layout.sequence_parallel = true;
+  Plan q = p;
+  q.layout.pp_scatter_gather = false;
+  const LoweredPlan with = lowered(s, p, {.full_ranks = true});
+  const LoweredPlan without = lowered(s, q, {.full_ranks = true});
+  EXPECT_EQ(with.graph.num_tasks(), without.graph.num_tasks());
+}
+
 TEST(Lower, ModelFlopsCountEveryMicroBatchOnce) {
   Scenario s = make(8, 16, 1);
   LoweredPlan a = lowered(s, plan(1, 1, 8)), b = lowered(s, plan(2, 2, 2));

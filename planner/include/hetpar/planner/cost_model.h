@@ -145,9 +145,13 @@ struct ModuleCost {
   Block post;   // after the last layer (final norm, logits, loss)
   int64_t layers = 0;
   /// Activation one rank sends to the next pipeline stage: s·b·h/cp, divided by tp under
-  /// sequence parallelism (each rank sends its sequence slice); without it Megatron sends
-  /// the full tensor on every TP rank.
+  /// sequence parallelism (each rank sends its sequence slice) or with
+  /// Layout::pp_scatter_gather (its 1/tp piece); otherwise every TP rank sends the full
+  /// tensor.
   Bytes boundary_bytes;
+  /// With pp_scatter_gather (tp > 1, no SP): the tensor the receiving stage all-gathers
+  /// over its TP group from the pieces, s·b·h/cp; else zero.
+  Bytes boundary_gather_bytes;
 };
 
 /// One op's cost on one rank under `l`. `context_parallel`: whether cp splits the op's

@@ -163,6 +163,14 @@ struct Layout {
   /// runs after the linear's whole backward (Megatron-LM before late 2021, e.g. Narayanan
   /// et al. 2021). Every trainer hetpar exports to overlaps.
   bool tp_backward_overlap = true;
+  /// Megatron-LM's scatter/gather pipeline transfers (--scatter-gather-tensors-in-pipeline,
+  /// on by default in its own p2p_communication from 2021; Narayanan et al. 2021, sec. 4.1):
+  /// without SP each TP rank sends only its 1/tp piece of the replicated hidden state to the
+  /// next (previous) stage, over its own NIC, and the receiving stage all-gathers the pieces
+  /// over its TP group before the chunk's forward (backward) runs. Ignored with SP, which
+  /// sends the sequence slice anyway, or tp 1. Off: every TP rank sends the whole tensor
+  /// (Megatron-Core's pipeline communication, and the other trainers).
+  bool pp_scatter_gather = false;
   /// Transformer Engine's userbuffers TP overlap (Megatron-LM --tp-comm-overlap,
   /// Megatron-Bridge comm_overlap.tp_comm_overlap), as its ring-exchange configurations run
   /// it: the SP all-gather before qkv / fc1 and the reduce-scatter after proj / fc2 move
