@@ -773,6 +773,10 @@ class Lowering {
   // ring edge (from it to its CP successor) in the replicas it stands for.
   std::vector<GroupId> cp_edge_copies_;
   std::vector<std::vector<int32_t>> op_index_;  // pipeline_p2p: [stage][kind, chunk, mb]
+  // Per stage: (active index, task) of the work the trainer issues after the pipeline's
+  // last op (the optimizer step, a gradient reduction not overlapped with the backward),
+  // which blocking transfers (Layout::pp_blocking_p2p) hold back until the last one is sent.
+  std::vector<std::vector<std::pair<size_t, TaskId>>> after_pipeline_;
 };
 
 void Lowering::run() {
@@ -1890,7 +1894,7 @@ void Lowering::gradients_and_optimizer() {
 
   // Groups (build_stage): dense gradients over the dp x cp ranks with the same tp rank;
   // expert gradients over the expert-dp ranks (same tp rank and ep position).
-  std::vector<TaskId> last_comm(n);
+  std::vector<TaskId> last_comm(n), first_comm(n);
   const int64_t gb = gradient_bytes(s_.workload.precision, l_.grad_reduce_dtype);
   // One part (param_parts) of a bucket; `what` after the part's prefix in the label.
   auto reduce_over = [&](Bytes bytes, const Bucket& bk, const std::vector<TaskId>& after,
@@ -1903,6 +1907,7 @@ void Lowering::gradients_and_optimizer() {
                     chunks_[bk.chunk * l_.pp + stage_][bk.last].name, stage_));
     group_collectives(gs, kind, bytes, kDpStream, {cat_dp_, name}, [&](int j, TaskId c) {
       if (after[j].valid()) g_.add_dependency(after[j], c);
+      if (!first_comm[j].valid()) first_comm[j] = c;
       last_comm[j] = c;
     });
   };
@@ -1945,6 +1950,15 @@ void Lowering::gradients_and_optimizer() {
         opt_kernels = g_.add_kernels({&adam, 1});
       }
       g_.set_kernels(opt[j], opt_kernels);
+    }
+  }
+  if (l_.pp_blocking_p2p && l_.pp > 1) {
+    if (after_pipeline_.empty()) after_pipeline_.resize(l_.pp);
+    for (int j : actives_) {
+      const size_t a = static_cast<size_t>(slot_[j]);
+      after_pipeline_[stage_].emplace_back(a, opt[j]);
+      if (!l_.overlap_grad_reduce && first_comm[j].valid())
+        after_pipeline_[stage_].emplace_back(a, first_comm[j]);
     }
   }
   if (!dist || l_.fsdp) return;  // FSDP gathers parameters when a block runs
@@ -2023,6 +2037,15 @@ void Lowering::pipeline_p2p(int stage) {
                                   fwd ? kFwdRecv : kBwdRecv, {cat_pp_, name}, copies[a]);
       g_.add_dependency(before, x);
       g_.add_dependency(x, after);
+      // Blocking transfers: the sender's next op waits for this one to complete.
+      // After the last op: what the trainer issues after the pipeline.
+      if (l_.pp_blocking_p2p && i + 1 < orders_[stage].size()) {
+        const TaskId next = spans_[stage][i + 1][a].first;
+        if (next.valid()) g_.add_dependency(x, next);
+      } else if (l_.pp_blocking_p2p && stage < static_cast<int>(after_pipeline_.size())) {
+        for (const auto& [b, t] : after_pipeline_[stage])
+          if (b == a) g_.add_dependency(x, t);
+      }
     }
   }
 }

@@ -452,6 +452,7 @@ std::vector<int> layout_key(const Layout& l) {
                           l.repeat_kv,
                           l.tp_backward_overlap,
                           l.pp_scatter_gather,
+                          l.pp_blocking_p2p,
                           l.tp_comm_overlap,
                           l.ep_comm_overlap,
                           static_cast<int>(l.fp8_recipe),

@@ -730,6 +730,42 @@ TEST(Lower, ScatterGatherSendsPiecesAndGathersThemOverTp) {
   EXPECT_EQ(with.graph.num_tasks(), without.graph.num_tasks());
 }
 
+// Blocking pipeline transfers (pp_blocking_p2p, Megatron-LM's waited, synchronised P2P): the
+// sending rank computes nothing while its transfer runs; without it the next op overlaps
+// the transfer. Over a slow switch, so each transfer is long.
+TEST(Lower, BlockingPipelineTransfersStallTheSender) {
+  Scenario s = make(8, 8, 1);
+  auto sender_overlap = [&](bool blocking, Time* makespan) {
+    Plan p = plan(2, 4, 1, Schedule::kInterleaved, 2);
+    p.layout.pp_blocking_p2p = blocking;
+    LoweredPlan lp = lowered(s, p, {.full_ranks = true});
+    sim::SimOptions o;
+    o.record_tasks = true;
+    const sim::SimResult r =
+        run(lp, sim::single_switch_network(lp.world, Bandwidth::GBps(1), Time::zero()), o);
+    *makespan = r.makespan;
+    Time overlapped;
+    for (int x = 0; x < lp.graph.num_tasks(); ++x) {
+      const sim::Task& send = lp.graph.task(TaskId(x));
+      if (send.kind != sim::TaskKind::kP2P || lp.graph.label_text(send.label.category) != "pp_comm")
+        continue;
+      const sim::TaskTiming& tx = r.tasks[x];
+      for (int t = 0; t < lp.graph.num_tasks(); ++t) {
+        const sim::Task& c = lp.graph.task(TaskId(t));
+        if (c.kind != sim::TaskKind::kCompute || lp.graph.streams(TaskId(t))[0].rank != send.src)
+          continue;
+        const Time lo = std::max(tx.start, r.tasks[t].start), hi = std::min(tx.end, r.tasks[t].end);
+        if (hi > lo) overlapped += hi - lo;
+      }
+    }
+    return overlapped;
+  };
+  Time blocked, free;
+  EXPECT_EQ(sender_overlap(true, &blocked), Time::zero());
+  EXPECT_GT(sender_overlap(false, &free), Time::zero());
+  EXPECT_GT(blocked, free);
+}
+
 TEST(Lower, ModelFlopsCountEveryMicroBatchOnce) {
   Scenario s = make(8, 16, 1);
   LoweredPlan a = lowered(s, plan(1, 1, 8)), b = lowered(s, plan(2, 2, 2));
