@@ -78,6 +78,9 @@ std::vector<Flag> pipeline_split_flags(const Context& c) {
     f.push_back({"--decoder-last-pipeline-num-layers", num(l.last_stage_layers)});
   if (l.account_for_embedding) f.push_back({"--account-for-embedding-in-pipeline-split", ""});
   if (l.account_for_loss) f.push_back({"--account-for-loss-in-pipeline-split", ""});
+  // Blocking transfers: Megatron-LM's non-interleaved schedule always blocks; the
+  // interleaved one does with its P2P overlap off.
+  if (l.pp_blocking_p2p && l.vpp > 1) f.push_back({"--no-overlap-p2p-communication", ""});
   return f;
 }
 

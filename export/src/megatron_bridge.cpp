@@ -98,6 +98,10 @@ void add_training(std::vector<Setting>& s, const Context& c) {
   }
   s.push_back({"ddp.overlap_grad_reduce", yaml_bool(l.overlap_grad_reduce)});
   if (l.tp_comm_overlap) s.push_back({"comm_overlap.tp_comm_overlap", "true"});  // userbuffers
+  if (l.pp_blocking_p2p && l.vpp > 1) {  // blocking, batched, synchronised transfers
+    s.push_back({"comm_overlap.overlap_p2p_comm", "false"});
+    s.push_back({"comm_overlap.batch_p2p_comm", "true"});
+  }
   if (l.moe_capacity_factor >
       0) {  // token dropping, as the performance scripts' token-drop presets
     s.push_back({"model.moe_expert_capacity_factor", fmt::format("{}", l.moe_capacity_factor)});

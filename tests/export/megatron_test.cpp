@@ -242,6 +242,24 @@ TEST(ExportMegatron, UserbuffersTpOverlap) {
             0u);
 }
 
+// Blocking pipeline transfers on the interleaved schedule: Megatron-LM's
+// --no-overlap-p2p-communication, Megatron-Bridge's comm_overlap.overlap_p2p_comm false.
+TEST(ExportMegatron, BlockingPipelineTransfers) {
+  planner::Scenario s = scenario("llama-3.1-8b", 4, 8192, 512);
+  Plan p = llama_plans()[1];  // interleaved, vpp 2
+  ASSERT_GT(p.layout.vpp, 1);
+  auto count = [&] {
+    return all_flags(exported(s, p, Target::kMegatron).at("launch.sh"))
+        .count("--no-overlap-p2p-communication");
+  };
+  EXPECT_EQ(count(), 0u);
+  p.layout.pp_blocking_p2p = true;
+  EXPECT_EQ(count(), 1u);
+  EXPECT_EQ(yaml_settings(exported(s, p, Target::kMegatronBridge).at("megatron_bridge.yaml"))
+                .at("comm_overlap.overlap_p2p_comm"),
+            "false");
+}
+
 // The EP all-to-all overlap: Megatron-LM's --overlap-moe-expert-parallel-comm with
 // --delay-wgrad-compute, Megatron-Bridge's comm_overlap settings of the same names; the
 // other trainers have no merged forward/backward schedule and refuse it.
