@@ -773,10 +773,13 @@ class Lowering {
   // ring edge (from it to its CP successor) in the replicas it stands for.
   std::vector<GroupId> cp_edge_copies_;
   std::vector<std::vector<int32_t>> op_index_;  // pipeline_p2p: [stage][kind, chunk, mb]
-  // Per stage: (active index, task) of the work the trainer issues after the pipeline's
-  // last op (the optimizer step, a gradient reduction not overlapped with the backward),
+  // Per stage and active index: the work the trainer issues after the pipeline's last op,
   // which blocking transfers (Layout::pp_blocking_p2p) hold back until the last one is sent.
-  std::vector<std::vector<std::pair<size_t, TaskId>>> after_pipeline_;
+  struct AfterPipeline {
+    TaskId optimizer;
+    TaskId reduction;  // the first gradient reduction, when not overlapped with the backward
+  };
+  std::vector<std::vector<AfterPipeline>> after_pipeline_;
 };
 
 void Lowering::run() {
@@ -1954,12 +1957,10 @@ void Lowering::gradients_and_optimizer() {
   }
   if (l_.pp_blocking_p2p && l_.pp > 1) {
     if (after_pipeline_.empty()) after_pipeline_.resize(l_.pp);
-    for (int j : actives_) {
-      const size_t a = static_cast<size_t>(slot_[j]);
-      after_pipeline_[stage_].emplace_back(a, opt[j]);
-      if (!l_.overlap_grad_reduce && first_comm[j].valid())
-        after_pipeline_[stage_].emplace_back(a, first_comm[j]);
-    }
+    std::vector<AfterPipeline>& after = after_pipeline_[stage_];
+    after.assign(actives_.size(), {});
+    for (int j : actives_)
+      after[slot_[j]] = {opt[j], l_.overlap_grad_reduce ? TaskId() : first_comm[j]};
   }
   if (!dist || l_.fsdp) return;  // FSDP gathers parameters when a block runs
   // Parameter all-gather: buckets in forward order (the reverse of readiness); with
@@ -2042,9 +2043,11 @@ void Lowering::pipeline_p2p(int stage) {
       if (l_.pp_blocking_p2p && i + 1 < orders_[stage].size()) {
         const TaskId next = spans_[stage][i + 1][a].first;
         if (next.valid()) g_.add_dependency(x, next);
-      } else if (l_.pp_blocking_p2p && stage < static_cast<int>(after_pipeline_.size())) {
-        for (const auto& [b, t] : after_pipeline_[stage])
-          if (b == a) g_.add_dependency(x, t);
+      } else if (l_.pp_blocking_p2p && stage < static_cast<int>(after_pipeline_.size()) &&
+                 a < after_pipeline_[stage].size()) {  // none for a frozen module
+        const AfterPipeline& after_last = after_pipeline_[stage][a];
+        for (TaskId t : {after_last.optimizer, after_last.reduction})
+          if (t.valid()) g_.add_dependency(x, t);
       }
     }
   }
