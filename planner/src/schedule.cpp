@@ -98,6 +98,43 @@ std::vector<PipelineOp> stage_order(Schedule s, int stage, int pp, int vpp, int6
   return out;
 }
 
+PipelineCalls blocking_calls(Schedule s, const std::vector<PipelineOp>& order) {
+  HETPAR_CHECK(s != Schedule::kZeroBubble, "blocking pipeline calls of a zero-bubble schedule");
+  const int32_t n = static_cast<int32_t>(order.size());
+  PipelineCalls pc;
+  pc.send_call.assign(order.size(), -1);
+  pc.recv_call.assign(order.size(), -1);
+  if (s != Schedule::kInterleaved) {
+    for (int32_t a = -1; a < n; ++a) {
+      const bool split = a >= 0 && a + 1 < n && order[a].kind == order[a + 1].kind;
+      if (a >= 0) pc.send_call[a] = static_cast<int32_t>(pc.calls.size());
+      if (a + 1 < n) pc.recv_call[a + 1] = static_cast<int32_t>(pc.calls.size());
+      pc.calls.push_back({a, split});
+    }
+    return pc;
+  }
+  // Every forward in the warm-up (too few micro-batches for a steady state): after the last
+  // one a send_forward_recv_forward, then a recv_backward.
+  const auto first_b = std::find_if(order.begin(), order.end(), [](const PipelineOp& op) {
+    return op.kind == PassKind::kBackward;
+  });
+  const bool all_warmup = std::none_of(
+      first_b, order.end(), [](const PipelineOp& op) { return op.kind == PassKind::kForward; });
+  for (int32_t a = -1; a < n; ++a) {
+    const bool f_then_b = a >= 0 && a + 1 < n && order[a].kind == PassKind::kForward &&
+                          order[a + 1].kind == PassKind::kBackward;
+    if (f_then_b && !all_warmup) continue;
+    pc.calls.push_back({a, f_then_b});
+  }
+  size_t c = 0;
+  for (int32_t i = 0; i < n; ++i) {  // calls[c] is the last one before op i
+    while (c + 1 < pc.calls.size() && pc.calls[c + 1].after_op < i) ++c;
+    pc.recv_call[i] = static_cast<int32_t>(c);
+    pc.send_call[i] = static_cast<int32_t>(c + 1);
+  }
+  return pc;
+}
+
 bool merges_passes(Schedule s, int pp) {
   return s == Schedule::kInterleaved || (s == Schedule::k1F1B && pp == 1);
 }

@@ -69,6 +69,52 @@ TEST(Schedule, InterleavedFollowsMegatron) {
   for (size_t i = 0; i < order.size(); ++i) EXPECT_EQ(order[i], expect[i]) << i;
 }
 
+// Megatron-LM's blocking calls (schedules.py). Interleaved, the order above: a call before
+// the first op and after each warm-up forward; in the steady state one after each
+// forward-backward pair, sending both outputs and receiving the next forward's and
+// backward's inputs; in the cool-down one after each backward.
+TEST(Schedule, BlockingCallsFollowMegatron) {
+  const auto order = stage_order(Schedule::kInterleaved, 0, 2, 2, 4);
+  const PipelineCalls pc = blocking_calls(Schedule::kInterleaved, order);
+  const int32_t after[] = {-1, 0, 1, 2, 3, 5, 7, 9, 11, 12, 13, 14, 15};
+  ASSERT_EQ(pc.calls.size(), std::size(after));
+  for (size_t c = 0; c < pc.calls.size(); ++c) {
+    EXPECT_EQ(pc.calls[c].after_op, after[c]) << c;
+    EXPECT_FALSE(pc.calls[c].sends_first) << c;
+  }
+  EXPECT_EQ(pc.recv_call[0], 0);
+  EXPECT_EQ(pc.send_call[3], 4);  // the last warm-up forward's own call
+  EXPECT_EQ(pc.recv_call[4], 4);  // ... receives the first steady forward's input
+  EXPECT_EQ(pc.recv_call[5], 4);  // ... and the first backward's
+  EXPECT_EQ(pc.send_call[4], 5);  // a steady forward's output leaves after its backward
+  EXPECT_EQ(pc.send_call[5], 5);
+  EXPECT_EQ(pc.recv_call[6], 5);
+  EXPECT_EQ(pc.send_call[15], 12);
+
+  // Every forward in the warm-up (pp 2, vpp 2, 2 micro-batches): after the last forward a
+  // send, then the first backward's receive.
+  const auto warm = stage_order(Schedule::kInterleaved, 0, 2, 2, 2);
+  const PipelineCalls wc = blocking_calls(Schedule::kInterleaved, warm);
+  ASSERT_EQ(wc.calls.size(), warm.size() + 1);
+  for (size_t c = 0; c < wc.calls.size(); ++c) EXPECT_EQ(wc.calls[c].sends_first, c == 4) << c;
+
+  // 1F1B (stage 1 of 4: F0 F1 F2 B0 F3 B1 ...): a call after every op; between two
+  // forwards send_forward then recv_forward, between a forward and a backward one
+  // send_forward_recv_backward.
+  const auto one = stage_order(Schedule::k1F1B, 1, 4, 1, 8);
+  const PipelineCalls oc = blocking_calls(Schedule::k1F1B, one);
+  ASSERT_EQ(oc.calls.size(), one.size() + 1);
+  for (size_t c = 0; c < oc.calls.size(); ++c) EXPECT_EQ(oc.calls[c].after_op, int32_t(c) - 1);
+  EXPECT_TRUE(oc.calls[1].sends_first);               // F0 -> F1
+  EXPECT_FALSE(oc.calls[3].sends_first);              // F2 -> B0
+  EXPECT_FALSE(oc.calls[4].sends_first);              // B0 -> F3
+  EXPECT_TRUE(oc.calls[one.size() - 1].sends_first);  // cool-down B -> B
+  for (size_t i = 0; i < one.size(); ++i) {
+    EXPECT_EQ(oc.send_call[i], static_cast<int32_t>(i) + 1);
+    EXPECT_EQ(oc.recv_call[i], static_cast<int32_t>(i));
+  }
+}
+
 // Under the EP all-to-all overlap Megatron-Core warms up one more virtual micro-batch:
 // the same ops, the steady pairs one forward later (stage 1 of pp 2, vpp 2: 2 + 1 warm-up
 // forwards, then forward, backward, ...), each steady backward beside a forward of another

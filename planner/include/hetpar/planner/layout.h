@@ -171,12 +171,15 @@ struct Layout {
   /// sends the sequence slice anyway, or tp 1. Off: every TP rank sends the whole tensor
   /// (Megatron-Core's pipeline communication, and the other trainers).
   bool pp_scatter_gather = false;
-  /// Pipeline transfers that block the sending stage: its next op starts only when the
-  /// transfers the op before it sent have completed. Megatron-LM's p2p_communication waits
-  /// on every request and synchronises the device (batch_p2p_sync) in its non-interleaved
-  /// schedule, and did so in the interleaved one too until overlap_p2p_comm (2023). Off: a
-  /// transfer overlaps the sender's next op and only its consumer waits for it. The rendezvous
-  /// of a send with its posted receive is not modelled.
+  /// Pipeline transfers in blocking calls, as Megatron-LM's p2p_communication runs them: it
+  /// waits on every request and synchronises the device (batch_p2p_sync) in its
+  /// non-interleaved schedule, and did so in the interleaved one too until overlap_p2p_comm
+  /// (2023). Each stage sends and receives at the calls its schedule makes
+  /// (schedule.h, blocking_calls: interleaved, a steady forward's output leaves only after
+  /// the backward paired with it); a transfer moves once both ends have issued their calls,
+  /// and the op after a call starts only when all it moved has arrived. Zero-bubble schedules
+  /// and custom stage programs keep only the sender's wait: its next op waits for its sends.
+  /// Off: a transfer overlaps both ends' compute and only its consumer waits for it.
   bool pp_blocking_p2p = false;
   /// Transformer Engine's userbuffers TP overlap (Megatron-LM --tp-comm-overlap,
   /// Megatron-Bridge comm_overlap.tp_comm_overlap), as its ring-exchange configurations run

@@ -46,6 +46,33 @@ bool splits_weight_gradient(Schedule s);
 std::vector<PipelineOp> stage_order(Schedule s, int stage, int pp, int vpp, int64_t m,
                                     int extra_warmup = 0);
 
+/// One communication call of a stage that runs its pipeline transfers blocking
+/// (Layout::pp_blocking_p2p): issued once the op it follows has ended, it sends the outputs
+/// of the ops assigned to it and receives the inputs of the ops assigned to it, and the op
+/// after it starts only when all of them have completed. A transfer moves once both its
+/// sender's and its receiver's calls are issued (NCCL's send waits for the posted receive).
+struct PipelineCall {
+  int32_t after_op = -1;     // the op it follows; -1: before the first
+  bool sends_first = false;  // two calls back to back: its one send (the output of
+                             // `after_op`) completes before its receive is posted
+};
+struct PipelineCalls {
+  std::vector<PipelineCall> calls;  // in program order
+  std::vector<int32_t> send_call;   // per op: the call that sends its output
+  std::vector<int32_t> recv_call;   // per op: the call that receives its input
+};
+
+/// The calls Megatron-LM's schedules make around `order` (stage_order of `s`), from its
+/// schedules.py. Non-interleaved (1F1B, and GPipe alike): a call after every op and one
+/// before the first; between two ops of one kind a send_forward (send_backward) and then a
+/// recv_forward (recv_backward), else one combined send_forward_recv_backward or
+/// send_backward_recv_forward. Interleaved: one combined call before the first op and after
+/// every op except a forward followed by a backward (the steady state's
+/// send_forward_backward_recv_forward_backward follows the pair); each op's output goes in
+/// the first call after it, its input comes in the last call before it.
+/// REQUIRES: s is not zero-bubble (no trainer runs it blocking).
+PipelineCalls blocking_calls(Schedule s, const std::vector<PipelineOp>& order);
+
 /// Whether Megatron-Core's combined 1F1B (Layout::ep_comm_overlap) can merge forward and
 /// backward passes of schedule `s`: the interleaved one, or 1F1B without a pipeline.
 bool merges_passes(Schedule s, int pp);
