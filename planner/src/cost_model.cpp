@@ -347,6 +347,20 @@ bool accumulates_fp32(const Layout& l, Precision p) {
   return l.gradient_accumulation_fusion && gradient_bytes(p, l.grad_reduce_dtype) == 4;
 }
 
+// Megatron's unfused gradient accumulation (Layout::gradient_accumulation_fusion off, not
+// torch FSDP2): the wgrad GEMM writes the weight's gradient in the parameter dtype and the
+// parameter's backward hook adds it into main_grad (main_grad.add_(grad); Megatron-LM's
+// DistributedDataParallel, megatron/model/distributed.py in 2021, Megatron-Core's
+// _make_backward_post_hook): per weight element the gradient read, main_grad read and
+// written, every micro-batch. 0 with the fusion on (the GEMM adds into main_grad itself)
+// and under FSDP2 (no main_grad: autograd's own accumulation, not modelled).
+int64_t unfused_accumulation_bytes(const models::GemmShape& s, const models::OpGraph& g,
+                                   const Layout& l, Precision p) {
+  if (l.gradient_accumulation_fusion || l.torch_fsdp2()) return 0;
+  const int64_t weights = s.k * s.n * s.batch;
+  return weights * (activation_bytes(g, p) + 2 * gradient_bytes(p, l.grad_reduce_dtype));
+}
+
 // Whether the policy re-runs single ops before their backward (the step's cost.recompute),
 // not whole layers (full recompute, which lower() replays).
 bool reruns_ops(models::Recompute r) {
@@ -418,6 +432,8 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
             dev.gemm_time(ceil_div(s.m, chunks.forward), s.n, s.k, s.batch, gp) * chunks.forward;
         c.dgrad += dev.gemm_time(ceil_div(s.m, chunks.dgrad), s.k, s.n, s.batch, gp) * chunks.dgrad;
         c.wgrad += dev.gemm_time(s.k, s.n, s.m, s.batch, gp, accumulates_fp32(l, p));
+        if (const int64_t b = unfused_accumulation_bytes(s, g, l, p); b > 0)
+          c.wgrad += dev.memory_kernel_time(Bytes(b));
         if (role.rerun_n > 0) c.recompute += dev.gemm_time(s.m, role.rerun_n, s.k, s.batch, gp);
         if (gp == Precision::kFp8 && is_fp8_linear(op)) {
           const Fp8Kernels q = fp8_quantize_kernels(op, s, l);
@@ -734,6 +750,8 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
         k.dgrad.push_back(gemm(s.m, s.k, s.n, s.batch));
         k.wgrad.push_back(gemm(s.k, s.n, s.m, s.batch));
         k.wgrad.back().accumulate_fp32 = accumulates_fp32(l, p);
+        if (const int64_t b = unfused_accumulation_bytes(s, g, l, p); b > 0)
+          k.wgrad.push_back(sim::memory_kernel(b));
         if (role.rerun_n > 0) k.recompute.push_back(gemm(s.m, role.rerun_n, s.k, s.batch));
         if (gp == Precision::kFp8 && is_fp8_linear(op)) {
           const Fp8Kernels q = fp8_quantize_kernels(op, s, l);

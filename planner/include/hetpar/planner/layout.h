@@ -220,10 +220,14 @@ struct Layout {
   /// Megatron's gradient-accumulation fusion (--gradient-accumulation-fusion, on by
   /// default; Megatron-Bridge model.gradient_accumulation_fusion): each wgrad GEMM adds its
   /// product into the fp32 main_grad (beta 1), reading and writing 4 bytes per weight
-  /// element every micro-batch. Off: the GEMM writes the gradient in the parameter dtype
-  /// (torch FSDP2 / torchtitan, DeepSpeed). Timed apart only where the profile measured such
-  /// GEMMs (gpu.gemm.measured_accumulate, from `hetpar calibrate --shapes-from`); otherwise
-  /// the roofline counts the traffic inside the GEMM's compute time.
+  /// element every micro-batch. Timed apart only where the profile measured such GEMMs
+  /// (gpu.gemm.measured_accumulate, from `hetpar calibrate --shapes-from`); otherwise the
+  /// roofline counts the traffic inside the GEMM's compute time. Off: the GEMM writes the
+  /// gradient in the parameter dtype, and Megatron's backward hook adds it into main_grad
+  /// in a pass of its own (per weight element the gradient and main_grad read, main_grad
+  /// written, every micro-batch; --no-gradient-accumulation-fusion, and Megatron-LM before
+  /// the fusion existed, 2021); under torch FSDP2 (torchtitan) there is no main_grad and
+  /// nothing more is charged.
   bool gradient_accumulation_fusion = true;
   // Uneven pipeline splits of the LLM's layers (Megatron-LM; schedule.h's
   // layers_per_virtual_stage). first/last_stage_layers: --decoder-first/last-pipeline-
