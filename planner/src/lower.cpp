@@ -693,8 +693,10 @@ class Lowering {
   void ring_linear(const PlacedBlock& pb, size_t s, int pass, const Labels& lb);
   void cp_ring(const PlacedBlock& pb, size_t s, int pass, const Labels& lb);
   void pipeline_p2p(int stage);
-  // Whether the blocking transfers (Layout::pp_blocking_p2p) follow Megatron's calls with
-  // their rendezvous (blocking_calls()); else each send blocks only the sender's next op.
+  // Blocking transfers (Layout::pp_blocking_p2p): whether the lowering runs them, and whether
+  // they follow Megatron's calls with their rendezvous, else a call after every op that
+  // holds back only the sender's next op (zero-bubble, custom programs, the EP overlap).
+  bool blocking() const { return l_.pp_blocking_p2p && l_.pp > 1; }
   bool rendezvous() const;
   void blocking_calls(int stage);
   void gradients_and_optimizer();
@@ -777,9 +779,9 @@ class Lowering {
   // ring edge (from it to its CP successor) in the replicas it stands for.
   std::vector<GroupId> cp_edge_copies_;
   std::vector<std::vector<int32_t>> op_index_;  // pipeline_p2p: [stage][kind, chunk, mb]
-  // pipeline_p2p, for blocking_calls: [stage][op][active index] the transfer of the op's
-  // output (sent_) and of its input (received_).
-  std::vector<std::vector<std::vector<TaskId>>> sent_, received_;
+  // pipeline_p2p, for blocking_calls: [stage][op * actives + active index] the transfer of
+  // the op's output (sent_) and of its input (received_).
+  std::vector<std::vector<TaskId>> sent_, received_;
   // Per stage and active index: the work the trainer issues after the pipeline's last op,
   // which blocking transfers (Layout::pp_blocking_p2p) hold back until the last one is sent.
   struct AfterPipeline {
@@ -907,7 +909,7 @@ void Lowering::op(size_t i) {
 
 void Lowering::finish() {
   for (int stage = 0; stage < l_.pp; ++stage) pipeline_p2p(stage);
-  if (rendezvous())
+  if (blocking())
     for (int stage = 0; stage < l_.pp; ++stage) blocking_calls(stage);
 }
 
@@ -1999,12 +2001,14 @@ void Lowering::pipeline_p2p(int stage) {
         index[st][key(op.kind, op.chunk, op.micro_batch)] = static_cast<int32_t>(i);
       }
   }
-  if (rendezvous() && sent_.empty()) {
+  const bool blocked = blocking();
+  const size_t na = actives_.size();
+  if (blocked && sent_.empty()) {
     sent_.resize(l_.pp);
     received_.resize(l_.pp);
     for (int st = 0; st < l_.pp; ++st) {
-      sent_[st].assign(orders_[st].size(), std::vector<TaskId>(actives_.size()));
-      received_[st].assign(orders_[st].size(), std::vector<TaskId>(actives_.size()));
+      sent_[st].assign(orders_[st].size() * na, TaskId());
+      received_[st].assign(orders_[st].size() * na, TaskId());
     }
   }
   std::vector<sim::LabelId> names(2 * static_cast<size_t>(vstages_));
@@ -2055,38 +2059,30 @@ void Lowering::pipeline_p2p(int stage) {
                                   fwd ? kFwdRecv : kBwdRecv, {cat_pp_, name}, copies[a]);
       g_.add_dependency(before, x);
       g_.add_dependency(x, after);
-      if (rendezvous()) {
-        sent_[stage][i][a] = x;
-        received_[to_stage][k][a] = x;
-        continue;
-      }
-      // Blocking transfers: the sender's next op waits for this one to complete.
-      // After the last op: what the trainer issues after the pipeline.
-      if (l_.pp_blocking_p2p && i + 1 < orders_[stage].size()) {
-        const TaskId next = spans_[stage][i + 1][a].first;
-        if (next.valid()) g_.add_dependency(x, next);
-      } else if (l_.pp_blocking_p2p && stage < static_cast<int>(after_pipeline_.size()) &&
-                 a < after_pipeline_[stage].size()) {  // none for a frozen module
-        const AfterPipeline& after_last = after_pipeline_[stage][a];
-        for (TaskId t : {after_last.optimizer, after_last.reduction})
-          if (t.valid()) g_.add_dependency(x, t);
+      if (blocked) {
+        sent_[stage][i * na + a] = x;
+        received_[to_stage][static_cast<size_t>(k) * na + a] = x;
       }
     }
   }
 }
 
 bool Lowering::rendezvous() const {
-  return l_.pp_blocking_p2p && l_.pp > 1 && role_.orders.empty() &&
-         p_.schedule != Schedule::kZeroBubble && !l_.ep_comm_overlap;
+  return blocking() && role_.orders.empty() && p_.schedule != Schedule::kZeroBubble &&
+         !l_.ep_comm_overlap;
 }
 
-// Megatron's blocking calls on `stage` (schedule.h, blocking_calls): each transfer waits for
-// the calls of both its ends to be issued, and the op after a call for all it moved.
+// The blocking calls on `stage` (schedule.h, blocking_calls): the op after a call waits for
+// all it moved (after the last op: what the trainer issues then); with the rendezvous each
+// transfer also waits for the calls of both its ends to be issued.
 void Lowering::blocking_calls(int stage) {
   const std::vector<PipelineOp>& order = orders_[stage];
-  const PipelineCalls pc = planner::blocking_calls(p_.schedule, order);
+  const bool meet = rendezvous();
+  // Without the rendezvous: a call after every op, the non-interleaved rule on any order.
+  const PipelineCalls pc = planner::blocking_calls(meet ? p_.schedule : Schedule::k1F1B, order);
   const int32_t n = static_cast<int32_t>(order.size());
-  for (size_t a = 0; a < actives_.size(); ++a) {
+  const size_t na = actives_.size();
+  for (size_t a = 0; a < na; ++a) {
     // The op after call c waits for x; after the last op, what the trainer issues then.
     auto hold = [&](TaskId x, int32_t c) {
       const int32_t next = pc.calls[c].after_op + 1;
@@ -2104,16 +2100,19 @@ void Lowering::blocking_calls(int stage) {
       if (const TaskId t = spans_[stage][op][a].last; t.valid()) g_.add_dependency(t, x);
     };
     for (int32_t i = 0; i < n; ++i) {
-      if (const TaskId x = sent_[stage][i][a]; x.valid()) {
+      const size_t at = static_cast<size_t>(i) * na + a;
+      if (const TaskId x = sent_[stage][at]; x.valid()) {
         const int32_t c = pc.send_call[i], issued = pc.calls[c].after_op;
         if (issued > i) after_op(issued, x);
         hold(x, c);
       }
-      if (const TaskId x = received_[stage][i][a]; x.valid()) {
+      if (!meet) continue;
+      if (const TaskId x = received_[stage][at]; x.valid()) {
         const int32_t c = pc.recv_call[i], issued = pc.calls[c].after_op;
         if (issued >= 0) after_op(issued, x);
         if (pc.calls[c].sends_first)
-          if (const TaskId y = sent_[stage][issued][a]; y.valid()) g_.add_dependency(y, x);
+          if (const TaskId y = sent_[stage][static_cast<size_t>(issued) * na + a]; y.valid())
+            g_.add_dependency(y, x);
         if (issued + 1 < i) hold(x, c);  // op i itself already waits for its input
       }
     }

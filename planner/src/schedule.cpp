@@ -99,7 +99,6 @@ std::vector<PipelineOp> stage_order(Schedule s, int stage, int pp, int vpp, int6
 }
 
 PipelineCalls blocking_calls(Schedule s, const std::vector<PipelineOp>& order) {
-  HETPAR_CHECK(s != Schedule::kZeroBubble, "blocking pipeline calls of a zero-bubble schedule");
   const int32_t n = static_cast<int32_t>(order.size());
   PipelineCalls pc;
   pc.send_call.assign(order.size(), -1);

@@ -177,8 +177,9 @@ struct Layout {
   /// (2023). Each stage sends and receives at the calls its schedule makes
   /// (schedule.h, blocking_calls: interleaved, a steady forward's output leaves only after
   /// the backward paired with it); a transfer moves once both ends have issued their calls,
-  /// and the op after a call starts only when all it moved has arrived. Zero-bubble schedules
-  /// and custom stage programs keep only the sender's wait: its next op waits for its sends.
+  /// and the op after a call starts only when all it moved has arrived. Zero-bubble schedules,
+  /// custom stage programs and the EP all-to-all overlap keep only the sender's wait: a call
+  /// after every op, whose next op waits for its sends.
   /// Off: a transfer overlaps both ends' compute and only its consumer waits for it.
   bool pp_blocking_p2p = false;
   /// Transformer Engine's userbuffers TP overlap (Megatron-LM --tp-comm-overlap,

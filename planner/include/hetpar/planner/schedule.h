@@ -63,14 +63,13 @@ struct PipelineCalls {
 };
 
 /// The calls Megatron-LM's schedules make around `order` (stage_order of `s`), from its
-/// schedules.py. Non-interleaved (1F1B, and GPipe alike): a call after every op and one
-/// before the first; between two ops of one kind a send_forward (send_backward) and then a
+/// schedules.py. Non-interleaved (1F1B, and any other order alike): a call after every op
+/// and one before the first; between two ops of one kind a send_forward (send_backward) and then a
 /// recv_forward (recv_backward), else one combined send_forward_recv_backward or
 /// send_backward_recv_forward. Interleaved: one combined call before the first op and after
 /// every op except a forward followed by a backward (the steady state's
 /// send_forward_backward_recv_forward_backward follows the pair); each op's output goes in
 /// the first call after it, its input comes in the last call before it.
-/// REQUIRES: s is not zero-bubble (no trainer runs it blocking).
 PipelineCalls blocking_calls(Schedule s, const std::vector<PipelineOp>& order);
 
 /// Whether Megatron-Core's combined 1F1B (Layout::ep_comm_overlap) can merge forward and
