@@ -118,6 +118,24 @@ TEST(BuiltinProfiles, DatasheetPeaks) {
   EXPECT_DOUBLE_EQ(rtx.intra_node.bandwidth.to_GBps(), 25);
 }
 
+// NCCL's channels across nodes hold 16 SMs (NVIDIA/nccl#689): compute beside such a
+// collective has the rest, sm / (sm - 16) of its time; none where the field is absent.
+TEST(BuiltinProfiles, CrossNodeCollectivesHoldSixteenSms) {
+  for (const char* name : {"dgx-a100-80gb", "dgx-h100", "dgx-h200", "dgx-b200"}) {
+    const SystemProfile p = builtin(name);
+    EXPECT_EQ(p.inter_node.collective_sms, 16) << name;
+    EXPECT_DOUBLE_EQ(p.cross_node_collective_slowdown(), 16.0 / (p.gpu.sm_count - 16)) << name;
+  }
+  EXPECT_NEAR(builtin("dgx-a100-80gb").cross_node_collective_slowdown(), 0.174, 1e-3);
+  EXPECT_NEAR(builtin("dgx-h100").cross_node_collective_slowdown(), 0.138, 1e-3);
+  SystemProfile none = builtin("rtx4090-node");
+  EXPECT_EQ(none.inter_node.collective_sms, 0);
+  EXPECT_EQ(none.cross_node_collective_slowdown(), 0.0);
+  none.inter_node.collective_sms = 8;
+  none.gpu.sm_count = 0;  // an unknown SM count slows nothing rather than dividing by it
+  EXPECT_EQ(none.cross_node_collective_slowdown(), 0.0);
+}
+
 TEST(CollectiveFigure, BusBandwidthStepsWithGroupSize) {
   const SystemProfile h200 = builtin("dgx-h200");  // the figure refers into it
   const CollectiveFigure& ar = h200.collective(CollectiveScope::kIntraNode, Collective::kAllReduce);
@@ -430,6 +448,9 @@ TEST(ProfileJson, RejectsBadProfilesNamingTheField) {
   const BadProfileCase cases[] = {
       {"negative NIC bandwidth", [](nlohmann::json& j) { j["inter_node"]["nic_gbps"] = -400; },
        "inter_node.nic_gbps: must be > 0, got -400"},
+      {"collective holding every SM",
+       [](nlohmann::json& j) { j["inter_node"]["collective_sms"] = 132; },
+       "inter_node.collective_sms: must be in [0, gpu.sm_count=132), got 132"},
       {"zero HBM bandwidth", [](nlohmann::json& j) { j["gpu"]["memory_GBps"] = 0; },
        "gpu.memory_GBps: must be > 0"},
       {"missing peak", [](nlohmann::json& j) { j["gpu"]["compute"]["bf16"].erase("peak_tflops"); },

@@ -978,17 +978,27 @@ TEST(SimulateTest, CollectivesSlowTheComputeTheyOverlap) {
   g3.add_p2p(RankId(0), RankId(1), Bytes::GB(1), 0, 0);
   EXPECT_EQ(simulate(g3, net, o)->tasks[0].end, Time::ms(10));
 
-  // So do collectives across nodes; one inside a node slows its members only.
+  // So do collectives across nodes under the in-node slowdown; one inside a node slows its
+  // members only.
   Network two_nodes = cluster_network({.nodes = 2, .gpus_per_node = 2});
   TaskGraph g4;
   g4.add_compute(RankId(0), 0, Time::ms(10), Flops(0));
   g4.add_compute(RankId(2), 0, Time::ms(10), Flops(0));
   const RankId across[] = {RankId(0), RankId(2)};
-  g4.add_collective({.group = across, .bytes = Bytes::GB(0.01)});
+  const TaskId ar4 = g4.add_collective({.group = across, .bytes = Bytes::GB(0.01)});
   o.collective_compute_slowdown = {0.5, 0.5, 0.5, 0.5};
   const SimResult r4 = *simulate(g4, two_nodes, o);
   EXPECT_EQ(r4.tasks[0].end, Time::ms(10));
   EXPECT_EQ(r4.tasks[1].end, Time::ms(10));
+  // The cross-node slowdown (0.25 here) takes them: d / 1.25 of the work done while it
+  // runs, the rest at full speed; rank 0's own figure applies to rank 0 only.
+  o.cross_node_collective_compute_slowdown = {0.25, 0.0, 0.0, 0.0};
+  const SimResult x4 = *simulate(g4, two_nodes, o);
+  const Time d4 = x4.tasks[ar4.value()].end;
+  EXPECT_EQ(d4, r4.tasks[ar4.value()].end) << "the collective itself is not slowed";
+  EXPECT_NEAR(static_cast<double>(x4.tasks[0].end.count_ps()),
+              d4.count_ps() + (Time::ms(10).count_ps() - d4.count_ps() / 1.25), 2.0);
+  EXPECT_EQ(x4.tasks[1].end, Time::ms(10)) << "rank 2's cross-node slowdown is 0";
   TaskGraph g5;
   g5.add_compute(RankId(0), 0, Time::ms(10), Flops(0));
   g5.add_compute(RankId(2), 0, Time::ms(10), Flops(0));
@@ -997,6 +1007,23 @@ TEST(SimulateTest, CollectivesSlowTheComputeTheyOverlap) {
   const SimResult r5 = *simulate(g5, two_nodes, o);
   EXPECT_GT(r5.tasks[0].end, Time::ms(10));
   EXPECT_EQ(r5.tasks[1].end, Time::ms(10)) << "rank 2 is not a member";
+  // Inside a node the in-node figure (0.5) applies, not the cross-node one; with a short
+  // cross-node collective in flight too, the larger of the two (not their sum).
+  auto beside_in_node = [&](bool with_cross) {
+    TaskGraph g6;
+    g6.add_compute(RankId(0), 0, Time::ms(10), Flops(0));
+    g6.add_compute(RankId(2), 0, Time::ms(10), Flops(0));
+    g6.add_collective({.group = inside_node, .bytes = Bytes::GB(0.5)});
+    if (with_cross) g6.add_collective({.group = across, .bytes = Bytes(1024), .stream = 1});
+    return *simulate(g6, two_nodes, o);
+  };
+  o.cross_node_collective_compute_slowdown = {0.25, 0.25, 0.25, 0.25};
+  const SimResult alone = beside_in_node(false), r6 = beside_in_node(true);
+  ASSERT_LT(r6.tasks[3].end, r6.tasks[2].end) << "the cross-node one ends first";
+  EXPECT_GT(alone.tasks[0].end, Time::ms(10));
+  EXPECT_NEAR(static_cast<double>(r6.tasks[0].end.count_ps()),
+              static_cast<double>(alone.tasks[0].end.count_ps()), 2.0);
+  EXPECT_GT(r6.tasks[1].end, Time::ms(10)) << "rank 2 computes beside the cross-node one";
 }
 
 TEST(SimulateTest, RanksSharingComputeUnitsShareTheirSpeed) {

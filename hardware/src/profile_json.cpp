@@ -309,6 +309,8 @@ Result<SystemProfile> parse_profile(const nlohmann::json& j, const std::string& 
   p.inter_node.nics_per_node = read_count(inter, "nics_per_node");
   p.inter_node.nic_bandwidth = from_gbps(inter.required_double("nic_gbps"));
   p.inter_node.latency = Time::us(inter.required_double("latency_us"));
+  p.inter_node.collective_sms =
+      static_cast<int>(inter.optional_int("collective_sms", 0, 0, kMaxCount));
   inter.finish();
   r.merge(inter.status());
 
@@ -404,6 +406,8 @@ nlohmann::json profile_to_json(const SystemProfile& p) {
         {"latency_us", to_us(p.inter_node.latency)}}},
       {"provenance", p.provenance},
   };
+  if (p.inter_node.collective_sms > 0)
+    j["inter_node"]["collective_sms"] = p.inter_node.collective_sms;
   if (p.wan) j["wan"] = wan_to_json(*p.wan);
   if (p.host_op > Time::zero()) j["host"] = {{"op_us", to_us(p.host_op)}};
   nlohmann::json colls = nlohmann::json::array();

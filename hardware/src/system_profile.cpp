@@ -70,6 +70,12 @@ Bandwidth CollectiveFigure::bus_bandwidth(int group_size) const {
   return bw;
 }
 
+double SystemProfile::cross_node_collective_slowdown() const {
+  const int held = inter_node.collective_sms;
+  if (held <= 0 || held >= gpu.sm_count) return 0;
+  return static_cast<double>(held) / static_cast<double>(gpu.sm_count - held);
+}
+
 bool SystemProfile::has_collective(CollectiveScope scope, Collective op) const {
   return std::any_of(collectives.begin(), collectives.end(),
                      [&](const CollectiveFigure& f) { return f.scope == scope && f.op == op; });
@@ -210,6 +216,10 @@ Status validate_profile(const SystemProfile& p) {
            fmt::format("must be >= 1, got {}", p.inter_node.nics_per_node));
   c.positive("inter_node.nic_gbps", p.inter_node.nic_bandwidth.bytes_per_s() * 8e-9);
   c.non_negative("inter_node.latency_us", p.inter_node.latency.to_us());
+  if (p.inter_node.collective_sms < 0 ||
+      (p.inter_node.collective_sms > 0 && p.inter_node.collective_sms >= p.gpu.sm_count))
+    c.fail("inter_node.collective_sms", fmt::format("must be in [0, gpu.sm_count={}), got {}",
+                                                    p.gpu.sm_count, p.inter_node.collective_sms));
 
   if (p.wan) {
     c.positive("wan.up_gbps", p.wan->up.bytes_per_s() * 8e-9);
@@ -266,6 +276,7 @@ std::vector<std::string> missing_provenance(const SystemProfile& p) {
     fields.push_back(fmt::format("gpu.attention.alternatives.{}", to_string(k)));
   if (p.intra_node.nvls) fields.push_back("intra_node.nvls_min_group");
   if (p.gpu.collective_overlap_slowdown > 0) fields.push_back("gpu.collective_overlap_slowdown");
+  if (p.inter_node.collective_sms > 0) fields.push_back("inter_node.collective_sms");
   if (p.gpu.attention_sustain != 1.0) fields.push_back("gpu.attention.sustain");
   if (p.shared_compute_units > 0) fields.push_back("shared_compute_units");
   if (p.host_op > Time::zero()) fields.push_back("host.op_us");

@@ -87,12 +87,18 @@ Result<PlanMetrics> evaluate(const Scenario& s, const Plan& p, const EvaluateOpt
   if (o.exposed_by_kind) kinds = comm_kinds(lowered.graph, so);
   so.host = o.trainer_host;
   if (shared) so.node_compute_units = node_units;
-  for (int r = 0; r < lowered.world; ++r) {
-    const double slow = s.cluster.profile_of_gpu(r).gpu.collective_overlap_slowdown;
-    if (slow > 0 && so.collective_compute_slowdown.empty())
-      so.collective_compute_slowdown.assign(static_cast<size_t>(lowered.world), 0.0);
-    if (slow > 0) so.collective_compute_slowdown[static_cast<size_t>(r)] = slow;
-  }
+  // Compute beside NCCL's collectives, per rank from its GPU's profile (none: left empty).
+  auto per_rank = [&](std::vector<double>& out, auto&& of) {
+    for (int r = 0; r < lowered.world; ++r) {
+      const double x = of(s.cluster.profile_of_gpu(r));
+      if (x > 0 && out.empty()) out.assign(static_cast<size_t>(lowered.world), 0.0);
+      if (x > 0) out[static_cast<size_t>(r)] = x;
+    }
+  };
+  per_rank(so.collective_compute_slowdown,
+           [](const hardware::SystemProfile& p) { return p.gpu.collective_overlap_slowdown; });
+  per_rank(so.cross_node_collective_compute_slowdown,
+           [](const hardware::SystemProfile& p) { return p.cross_node_collective_slowdown(); });
   HETPAR_ASSIGN_OR_RETURN(sim::SimResult r,
                           sim::simulate(lowered.graph, lowered.network, so, o.trace,
                                         o.workspace ? &o.workspace->sim : nullptr));

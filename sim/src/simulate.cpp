@@ -166,10 +166,13 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
     }
     return known == 1;
   }
-  // Whether a collective slows its members' compute: a slowdown set, all members on one
-  // node (a collective asks at its start and at its end).
-  bool slows_compute(const Task& task) {
-    return !slowdown_.empty() && !task.copy_engine && in_one_node(task.group);
+  // Whether a collective slows its members' compute: a slowdown set and NCCL's kernels
+  // (not copy engines) moving it (a collective asks at its start and at its end).
+  bool slows_compute(const Task& task) { return !slowdown_.empty() && !task.copy_engine; }
+  // The count of `rank`'s slowing collectives in flight that `task` belongs to: those
+  // inside one node, or those across nodes.
+  int32_t& active_of(int32_t rank, const Task& task) {
+    return in_one_node(task.group) ? collectives_active_[rank] : cross_active_[rank];
   }
   const Plan& plan(const Task& task, Algorithm algorithm);
   const Plan& p2p_plan(const Task& task);
@@ -229,7 +232,8 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
   std::vector<int32_t> touched_;   // weigh() scratch: links with a load
 
   // Variable-speed compute, on when a slowdown or a shared node is set (else every compute
-  // task is one fixed event): per rank the slowdown, the slowing collectives in flight, the
+  // task is one fixed event): per rank the slowdowns and the slowing collectives in flight
+  // (inside one node, across nodes), the
   // current time multiplier; per compute stream the task it runs (-1: none) with its pending
   // end event and its work left (picoseconds at full speed) as of `since`; per node the
   // shared units (0 = none), the compute tasks running and the node's ranks.
@@ -240,9 +244,9 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
     Time since;
   };
   bool variable_ = false;
-  std::vector<double> slowdown_;
+  std::vector<double> slowdown_, cross_slowdown_;
   std::vector<int8_t> group_in_node_;  // per group: -1 not yet known, else 0 / 1 (in_one_node)
-  std::vector<int32_t> collectives_active_;
+  std::vector<int32_t> collectives_active_, cross_active_;
   std::vector<double> factor_;
   std::vector<Running> running_;  // indexed like streams (only compute ones used)
 
@@ -342,13 +346,20 @@ Engine::Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, Tr
   group_in_node_.assign(static_cast<size_t>(g.num_groups()), -1);
   bool slowed = false, shared = false;
   for (double x : opt.collective_compute_slowdown) slowed = slowed || x > 0;
+  for (double x : opt.cross_node_collective_compute_slowdown) slowed = slowed || x > 0;
   for (double x : opt.node_compute_units) shared = shared || x > 0;
   if (slowed) {
-    HETPAR_CHECK(static_cast<int>(opt.collective_compute_slowdown.size()) == nr,
-                 "collective_compute_slowdown has {} entries for {} ranks",
-                 opt.collective_compute_slowdown.size(), nr);
-    slowdown_ = opt.collective_compute_slowdown;
+    // Per rank, inside a node and across nodes; an empty one slows nothing.
+    auto per_rank = [&](const std::vector<double>& given, std::string_view name) {
+      HETPAR_CHECK(given.empty() || static_cast<int>(given.size()) == nr,
+                   "{} has {} entries for {} ranks", name, given.size(), nr);
+      return given.empty() ? std::vector<double>(nr, 0.0) : given;
+    };
+    slowdown_ = per_rank(opt.collective_compute_slowdown, "collective_compute_slowdown");
+    cross_slowdown_ = per_rank(opt.cross_node_collective_compute_slowdown,
+                               "cross_node_collective_compute_slowdown");
     collectives_active_.assign(nr, 0);
+    cross_active_.assign(nr, 0);
   }
   if (shared) {
     int nodes = 0;
@@ -411,7 +422,11 @@ Engine::Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, Tr
 
 double Engine::speed_factor(int32_t rank) const {
   double f = 1.0;
-  if (!slowdown_.empty() && collectives_active_[rank] > 0) f *= 1.0 + slowdown_[rank];
+  if (!slowdown_.empty()) {  // the larger of the two kinds in flight, not their sum
+    const double in = collectives_active_[rank] > 0 ? slowdown_[rank] : 0.0;
+    const double cross = cross_active_[rank] > 0 ? cross_slowdown_[rank] : 0.0;
+    f *= 1.0 + std::max(in, cross);
+  }
   if (!units_.empty()) {
     const int32_t node = net_.node_of(RankId(rank)).value();
     if (units_[node] > 0 && computing_[node] > units_[node]) f *= computing_[node] / units_[node];
@@ -579,7 +594,7 @@ void Engine::start(int32_t t) {
   }
   if (task.kind == TaskKind::kCollective && slows_compute(task))
     for (const StreamRef& s : refs) {
-      ++collectives_active_[s.rank.value()];
+      ++active_of(s.rank.value(), task);
       retime(s.rank.value());
     }
   switch (task.kind) {
@@ -932,7 +947,7 @@ void Engine::finish(Time now, int32_t t) {
     }
     if (task.kind == TaskKind::kCollective && slows_compute(task))
       for (const StreamRef& s : refs) {
-        --collectives_active_[s.rank.value()];
+        --active_of(s.rank.value(), task);
         retime(s.rank.value());
       }
   }

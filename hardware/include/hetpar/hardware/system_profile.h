@@ -39,7 +39,9 @@
 //                    "latency_us": 0.6,      // GPU to GPU through the fabric
 //                    "nvls": true, "nvls_min_group": 5},  // in-switch reduction
 //     "inter_node": {"nics_per_node": 8, "nic_gbps": 400,  // per NIC, one direction
-//                    "latency_us": 2.7},     // GPU to GPU across the network
+//                    "latency_us": 2.7,      // GPU to GPU across the network
+//                    "collective_sms": 16},  // optional (0): SMs an NCCL collective
+//                                            // across nodes holds while it runs
 //     "wan": {"up_gbps": 0.02, "down_gbps": 0.1, "latency_ms": 50},  // optional
 //     "collectives": [{"scope": "intra_node|inter_node",
 //                      "op": "all_reduce|all_gather|reduce_scatter|all_to_all|broadcast|send_recv",
@@ -102,6 +104,11 @@ struct InterNodeNetwork {
   int nics_per_node = 0;
   Bandwidth nic_bandwidth;  // per NIC, one direction
   Time latency;             // GPU to GPU across the network
+  /// SMs one NCCL collective whose group spans nodes occupies on each member GPU for its
+  /// whole duration (one CTA per channel, never sharing its SM with a compute kernel);
+  /// 0 = not modelled. SystemProfile::cross_node_collective_slowdown() turns it into the
+  /// compute slowdown beside such a collective.
+  int collective_sms = 0;
   bool operator==(const InterNodeNetwork&) const = default;
 };
 
@@ -153,6 +160,12 @@ struct SystemProfile {
   std::map<std::string, std::string> provenance;
 
   bool operator==(const SystemProfile&) const = default;
+
+  /// How much longer compute takes beside an NCCL collective across nodes: the GPU's SMs
+  /// over those the collective leaves it, minus one (sm / (sm - collective_sms) - 1); 0
+  /// when inter_node.collective_sms is 0. Compute-bound kernels lose that share of the
+  /// GPU; memory-bound ones, which saturate HBM with fewer SMs, lose less.
+  double cross_node_collective_slowdown() const;
 
   bool has_collective(CollectiveScope scope, Collective op) const;
   /// REQUIRES: has_collective(scope, op) (always true for a validated profile, except

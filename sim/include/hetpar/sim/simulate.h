@@ -30,10 +30,13 @@ struct SimOptions {
   /// on one node is in flight, its compute tasks run (1 + s[r]) times slower — NCCL's
   /// kernels take SMs and memory bandwidth from the GEMMs they overlap. A compute task that
   /// straddles the start or end of such a collective is re-timed at that instant (its
-  /// remaining work at the new speed). Collectives across nodes and P2P transfers leave
-  /// compute alone: the measurement behind the profiles' figure is of collectives inside
-  /// one node (and NCCL drives NICs and P2P with few channels).
+  /// remaining work at the new speed). P2P transfers and copy-engine collectives leave
+  /// compute alone (NCCL drives P2P with one or two channels per peer).
   std::vector<double> collective_compute_slowdown;
+  /// Per rank (empty: none): the same while a collective of rank r whose members span nodes
+  /// is in flight (SystemProfile::cross_node_collective_slowdown: the SMs its channels
+  /// hold). With collectives of both kinds in flight the larger slowdown applies.
+  std::vector<double> cross_node_collective_compute_slowdown;
   /// Per node (by NodeId; empty or 0: none): compute units its ranks share (a CPU host's
   /// cores). While n compute tasks of the node's ranks run and n exceeds the units, each
   /// runs n / units times slower (processor sharing), re-timed whenever n changes.
