@@ -447,8 +447,9 @@ std::string unfused_accumulation_note(const Context& c, std::string_view trainer
   return fmt::format(
       "The plan times its weight-gradient GEMMs as adding into an fp32 main_grad (Megatron's "
       "fused gradient accumulation); {} writes them in the parameter dtype and accumulates with "
-      "separate adds: set the plan's gradient_accumulation_fusion to false to time it so (it "
-      "differs only with a profile that measured such GEMMs).",
+      "separate adds: set the plan's gradient_accumulation_fusion to false to time it so (a "
+      "memory pass over every weight gradient each micro-batch, which the fused plan does not "
+      "charge).",
       trainer);
 }
 
