@@ -385,6 +385,35 @@ TEST(Lower, UserbuffersNeedSpAndAreNotForTheExecutor) {
             Bytes(10 * 2048 * 1024 * 2));
 }
 
+// The DP gradient reduction of a plan whose DP group spans two nodes runs beside the
+// backward; NCCL's channels hold 16 SMs of each member for it (inter_node.collective_sms),
+// so the iteration is slower than with the field zeroed. A DP group inside one node keeps
+// the in-node figure and does not move.
+TEST(Lower, CrossNodeCollectivesSlowTheBackwardTheyOverlap) {
+  auto without_sms = [](Scenario s) {
+    std::vector<hardware::NodeGroup> groups = s.cluster.groups();
+    for (hardware::NodeGroup& g : groups) g.profile.inter_node.collective_sms = 0;
+    auto c = hardware::ClusterSpec::create(groups, s.cluster.overrides());
+    EXPECT_TRUE(c.is_ok()) << c.status().to_string();
+    s.cluster = *c;
+    return s;
+  };
+  auto time = [](const Scenario& s, const Plan& p) {
+    auto m = evaluate(s, p);
+    EXPECT_TRUE(m.is_ok()) << m.status().to_string();
+    return m->iteration_time;
+  };
+  // Micro-batches of 8 sequences, so that the backward outlasts the reductions beside it.
+  const Scenario across = make(32, 128, 2);
+  Plan dp_across = plan(1, 1, 16);
+  dp_across.layout.micro_batch = 8;
+  EXPECT_GT(time(across, dp_across), time(without_sms(across), dp_across));
+  const Scenario one_node = make(32, 64, 1);
+  Plan dp_inside = plan(1, 1, 8);
+  dp_inside.layout.micro_batch = 8;
+  EXPECT_EQ(time(one_node, dp_inside), time(without_sms(one_node), dp_inside));
+}
+
 // FSDP: per micro-batch, each block (4 layers, the embedding, the head) all-gathers its
 // bf16 parameters before its forward and, resharded, again before its backward, and
 // reduce-scatters its fp32 gradients after it, over the dp ranks; no bucketed reduction and
