@@ -654,6 +654,10 @@ TEST(Cluster, OverridesApplyToEveryNode) {
   EXPECT_EQ(o.provenance.count("collectives.inter_node.all_reduce"), 0u);
   EXPECT_NE(o.provenance.at("collectives.inter_node").find("cluster override"), std::string::npos);
   EXPECT_EQ(o.provenance.at("wan"), "cluster override");
+  // NCCL's two channels per NIC: 4 NICs hold 8 SMs where the profile's 8 held 16.
+  for (const NodeGroup& g : c.groups()) EXPECT_EQ(g.profile.inter_node.collective_sms, 8);
+  EXPECT_NE(o.provenance.at("inter_node.collective_sms").find("cluster override"),
+            std::string::npos);
 }
 
 TEST(Cluster, DefaultConstructedIsEmpty) {

@@ -38,6 +38,19 @@ void apply_nic_override(SystemProfile& p, const ClusterOverrides& o) {
   replace_provenance(p, "inter_node.nics_per_node", note);
   replace_provenance(p, "inter_node.nic_gbps", note);
   replace_provenance(p, "collectives.inter_node", note);
+  // NCCL runs two channels (SMs) per NIC for a collective across nodes: 2 with one NIC,
+  // 16 with a DGX's eight (NVIDIA/nccl#689), so the SMs it holds follow the NIC count.
+  const int sms = p.inter_node.collective_sms;
+  if (sms > 0 && p.inter_node.nics_per_node != before.nics_per_node) {
+    const int scaled = std::max(1, sms * p.inter_node.nics_per_node / before.nics_per_node);
+    p.inter_node.collective_sms = std::min(scaled, std::max(1, p.gpu.sm_count - 1));
+    replace_provenance(
+        p, "inter_node.collective_sms",
+        fmt::format("cluster override: {} NICs per node; the profile's {} SMs for {} NICs "
+                    "scaled with the NIC count (NCCL runs two channels per NIC, "
+                    "NVIDIA/nccl#689)",
+                    p.inter_node.nics_per_node, sms, before.nics_per_node));
+  }
 }
 
 }  // namespace
