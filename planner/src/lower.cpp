@@ -908,6 +908,15 @@ void Lowering::op(size_t i) {
 }
 
 void Lowering::finish() {
+  if (blocking()) {  // pipeline_p2p records the transfers the calls move
+    const size_t na = actives_.size();
+    sent_.resize(l_.pp);
+    received_.resize(l_.pp);
+    for (int st = 0; st < l_.pp; ++st) {
+      sent_[st].assign(orders_[st].size() * na, TaskId());
+      received_[st].assign(orders_[st].size() * na, TaskId());
+    }
+  }
   for (int stage = 0; stage < l_.pp; ++stage) pipeline_p2p(stage);
   if (blocking())
     for (int stage = 0; stage < l_.pp; ++stage) blocking_calls(stage);
@@ -2003,14 +2012,6 @@ void Lowering::pipeline_p2p(int stage) {
   }
   const bool blocked = blocking();
   const size_t na = actives_.size();
-  if (blocked && sent_.empty()) {
-    sent_.resize(l_.pp);
-    received_.resize(l_.pp);
-    for (int st = 0; st < l_.pp; ++st) {
-      sent_[st].assign(orders_[st].size() * na, TaskId());
-      received_[st].assign(orders_[st].size() * na, TaskId());
-    }
-  }
   std::vector<sim::LabelId> names(2 * static_cast<size_t>(vstages_));
   // [to_stage][active index]: the transfers of the ranks each representative stands for.
   std::vector<std::vector<GroupId>> copies_to(l_.pp);

@@ -169,10 +169,10 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
   // Whether a collective slows its members' compute: a slowdown set and NCCL's kernels
   // (not copy engines) moving it (a collective asks at its start and at its end).
   bool slows_compute(const Task& task) { return !slowdown_.empty() && !task.copy_engine; }
-  // The count of `rank`'s slowing collectives in flight that `task` belongs to: those
-  // inside one node, or those across nodes.
-  int32_t& active_of(int32_t rank, const Task& task) {
-    return in_one_node(task.group) ? collectives_active_[rank] : cross_active_[rank];
+  // The per-rank counts of slowing collectives in flight that `task` adds to: those inside
+  // one node, or those across nodes.
+  std::vector<int32_t>& slowing_counts(const Task& task) {
+    return in_one_node(task.group) ? collectives_active_ : cross_active_;
   }
   const Plan& plan(const Task& task, Algorithm algorithm);
   const Plan& p2p_plan(const Task& task);
@@ -592,11 +592,13 @@ void Engine::start(int32_t t) {
     __builtin_prefetch(&state_[succ_[i]], 1);
     __builtin_prefetch(&g_.task(TaskId(succ_[i])), 0);
   }
-  if (task.kind == TaskKind::kCollective && slows_compute(task))
+  if (task.kind == TaskKind::kCollective && slows_compute(task)) {
+    std::vector<int32_t>& active = slowing_counts(task);
     for (const StreamRef& s : refs) {
-      ++active_of(s.rank.value(), task);
+      ++active[s.rank.value()];
       retime(s.rank.value());
     }
+  }
   switch (task.kind) {
     case TaskKind::kCompute: {
       if (!variable_) {
@@ -945,11 +947,13 @@ void Engine::finish(Time now, int32_t t) {
         retime_node(node);
       }
     }
-    if (task.kind == TaskKind::kCollective && slows_compute(task))
+    if (task.kind == TaskKind::kCollective && slows_compute(task)) {
+      std::vector<int32_t>& active = slowing_counts(task);
       for (const StreamRef& s : refs) {
-        --active_of(s.rank.value(), task);
+        --active[s.rank.value()];
         retime(s.rank.value());
       }
+    }
   }
   const int32_t cat = task.label.category.valid() ? task.label.category.value() : g_.num_labels();
   category_time_[cat] += span * g_.world_streams(TaskId(t));
