@@ -69,7 +69,11 @@ TEST(Zoo, ParameterCountsMatchPublished) {
   const std::vector<Case> rounded = {{"gpt3-175b", 175e9},
                                      {"llava-1.5-7b", 7.06e9},
                                      {"qwen3-30b-a3b", 30.5e9},
-                                     {"qwen3-235b-a22b", 235e9}};
+                                     {"qwen3-235b-a22b", 235e9},
+                                     // Nemotron-4: 12.5B + 3.2B embedding (arXiv 2402.16819);
+                                     // 340B (arXiv 2406.11704), 341.0B by its Table 1 shapes.
+                                     {"nemotron-4-15b", 15.6e9},
+                                     {"nemotron-4-340b", 340e9}};
   for (const Case& c : rounded) {
     ParamCounts p = count_params(zoo_model(c.name));
     EXPECT_LT(rel_err(static_cast<double>(p.total), c.published), 0.005)
@@ -509,6 +513,37 @@ TEST(Json, InlineModelWithDownsamplingProjector) {
   EXPECT_EQ(proj.ops[0].name, "pixel_shuffle");
   EXPECT_EQ(proj.ops[1].gemms[0].m, 256);
   EXPECT_EQ(proj.ops[1].gemms[0].k, 4 * 3200);
+}
+
+// Squared ReLU (Nemotron-4) is an ungated MLP: fc1 h -> f, one activation pass over f,
+// fc2 f -> h; the same bytes as GELU, fewer FLOPs per element.
+TEST(Json, SquaredReluIsAnUngatedMlp) {
+  auto model = [](const std::string& act) {
+    return model_from_json_text(
+        R"({"name": "m", "modules": [{"name": "llm", "kind": "llm", "spec": {"layers": 1,
+        "hidden": 256, "ffn_hidden": 1024, "heads": 4, "vocab": 100, "activation": ")" +
+            act + R"(", "norm": "layernorm"}}]})",
+        "test");
+  };
+  auto relu2 = model("squared_relu"), gelu = model("gelu");
+  ASSERT_TRUE(relu2.is_ok()) << relu2.status().message();
+  ASSERT_TRUE(gelu.is_ok()) << gelu.status().message();
+  const auto& block = std::get<LlmSpec>(relu2->modules[0].spec).block;
+  EXPECT_EQ(block.activation, Activation::kSquaredRelu);
+  EXPECT_EQ(to_string(block.activation), "squared_relu");
+  EXPECT_EQ(count_params(*relu2).total, count_params(*gelu).total);
+  auto op = [](const ModelSpec& m, const std::string& name) {
+    OpGraph g = build_op_graph(m.modules[0].spec, module_input(m, 0, input(1, 128)));
+    for (const Op& o : g.ops)
+      if (o.name == name) return o;
+    ADD_FAILURE() << name;
+    return Op{};
+  };
+  EXPECT_EQ(op(*relu2, "mlp_fc1").gemms[0].n, 1024);
+  const Op a = op(*relu2, "mlp_act"), g = op(*gelu, "mlp_act");
+  EXPECT_EQ(a.read, g.read);
+  EXPECT_EQ(a.written, g.written);
+  EXPECT_LT(a.forward.count(), g.forward.count());
 }
 
 struct GraphTotals {

@@ -230,6 +230,7 @@ std::vector<Flag> megatron_model_flags(const Context& c) {
   f.push_back({"--position-embedding-type", learned ? "learned_absolute" : "rope"});
   f.push_back({"--normalization", b.norm == models::Norm::kRmsNorm ? "RMSNorm" : "LayerNorm"});
   if (b.activation == models::Activation::kSwiglu) f.push_back({"--swiglu", ""});
+  if (b.activation == models::Activation::kSquaredRelu) f.push_back({"--squared-relu", ""});
   if (!b.linear_bias) {
     f.push_back({"--disable-bias-linear", ""});
     if (b.qkv_bias) f.push_back({"--add-qkv-bias", ""});

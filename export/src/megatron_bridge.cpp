@@ -235,7 +235,10 @@ Result<std::vector<ExportFile>> write_megatron_bridge(const Context& c) {
     text += fmt::format(
         "# Data parallelism {} = world / (tp x pp x cp) is implied. The activation function\n"
         "# ({}) is the provider's activation_func.\n",
-        l.dp, c.llm.block.activation == models::Activation::kSwiglu ? "SwiGLU: silu" : "GELU");
+        l.dp,
+        c.llm.block.activation == models::Activation::kSwiglu        ? "SwiGLU: silu"
+        : c.llm.block.activation == models::Activation::kSquaredRelu ? "squared ReLU"
+                                                                     : "GELU");
     if (c.multimodal())
       text += "# Multimodal, homogeneous: use your VLM provider; its encoder shares this layout.\n";
     if (l.torch_fsdp2())

@@ -73,9 +73,14 @@ ZooEntry read_metadata(JsonReader& r, std::string_view name) {
   return e;
 }
 
+Activation activation_named(const std::string& name) {
+  return name == "swiglu"         ? Activation::kSwiglu
+         : name == "squared_relu" ? Activation::kSquaredRelu
+                                  : Activation::kGelu;
+}
+
 Activation read_activation(JsonReader& r) {
-  return r.required_enum("activation", {"gelu", "swiglu"}) == "swiglu" ? Activation::kSwiglu
-                                                                       : Activation::kGelu;
+  return activation_named(r.required_enum("activation", {"gelu", "swiglu", "squared_relu"}));
 }
 
 PositionEmbedding read_positions(JsonReader& r, std::string fallback) {
@@ -145,9 +150,8 @@ ModuleSpec read_fields(std::string_view kind, JsonReader& r) {
   s.output_hidden = r.required_int("output_hidden");
   s.layers = r.optional_int("layers", 2);
   s.ffn_hidden = r.optional_int("ffn_hidden", s.output_hidden);
-  s.activation = r.optional_enum("activation", "gelu", {"gelu", "swiglu"}) == "swiglu"
-                     ? Activation::kSwiglu
-                     : Activation::kGelu;
+  s.activation =
+      activation_named(r.optional_enum("activation", "gelu", {"gelu", "swiglu", "squared_relu"}));
   s.downsample = r.optional_int("downsample", 1);
   return s;
 }

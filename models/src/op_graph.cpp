@@ -120,6 +120,7 @@ namespace {
 constexpr double kNormFlops = 5;
 constexpr double kGeluFlops = 8;
 constexpr double kSwigluFlops = 5;
+constexpr double kSquaredReluFlops = 2;
 constexpr double kAddFlops = 1;
 constexpr double kRopeFlops = 3;
 constexpr double kLossFlops = 5;
@@ -219,7 +220,10 @@ class Builder {
     if (branches == 2) first.parts = {f, f};
     if (prefix == "mlp_") separate(first);  // dense layers only
     pointwise(prefix + "act", OpKind::kElementwise, layer, branches * tokens * f, tokens * f,
-              act == Activation::kSwiglu ? kSwigluFlops : kGeluFlops, branches * tokens * f);
+              act == Activation::kSwiglu        ? kSwigluFlops
+              : act == Activation::kSquaredRelu ? kSquaredReluFlops
+                                                : kGeluFlops,
+              branches * tokens * f);
     gemm(prefix + "fc2", layer, std::move(fc2), bias, tokens * f);
   }
 

@@ -38,7 +38,15 @@ std::string_view to_string(ModuleKind kind) {
 }
 
 std::string_view to_string(Activation a) {
-  return a == Activation::kGelu ? "gelu" : "swiglu";
+  switch (a) {
+    case Activation::kGelu:
+      return "gelu";
+    case Activation::kSwiglu:
+      return "swiglu";
+    case Activation::kSquaredRelu:
+      return "squared_relu";
+  }
+  return "?";
 }
 std::string_view to_string(Norm n) {
   return n == Norm::kLayerNorm ? "layernorm" : "rmsnorm";

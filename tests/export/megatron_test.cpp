@@ -125,6 +125,22 @@ TEST(ExportMegatron, FlagsParseBackIntoThePlan) {
             0u);
 }
 
+// The MLP's activation: --swiglu for Llama, --squared-relu for Nemotron-4, neither for GELU.
+TEST(ExportMegatron, ActivationFlags) {
+  Plan p;
+  p.layout = layout(8, 1, 2);
+  auto flags = [&](const std::string& model) {
+    return all_flags(exported(scenario(model, 2, 4096, 64), p, Target::kMegatron).at("launch.sh"));
+  };
+  const auto nemotron = flags("nemotron-4-15b"), llama = flags("llama-3.1-8b"),
+             gpt = flags("gpt3-175b");
+  EXPECT_EQ(nemotron.count("--squared-relu"), 1u);
+  EXPECT_EQ(nemotron.count("--swiglu"), 0u);
+  EXPECT_EQ(llama.count("--swiglu"), 1u);
+  EXPECT_EQ(llama.count("--squared-relu"), 0u);
+  EXPECT_EQ(gpt.count("--swiglu") + gpt.count("--squared-relu"), 0u);
+}
+
 TEST(ExportMegatron, MixtureOfExpertsAndPrecisions) {
   planner::Scenario s = scenario("mixtral-8x7b", 8, 4096, 256, 0, "fp8");
   const Plan p = mixtral_ep8_plan();

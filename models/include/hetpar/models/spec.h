@@ -17,7 +17,8 @@
 
 namespace hetpar::models {
 
-enum class Activation { kGelu, kSwiglu };
+/// kSquaredRelu: relu(x)^2, ungated (Nemotron-4; Megatron-LM `--squared-relu`).
+enum class Activation { kGelu, kSwiglu, kSquaredRelu };
 enum class Norm { kLayerNorm, kRmsNorm };
 enum class PositionEmbedding { kRope, kLearned, kSinusoidal };
 
@@ -104,7 +105,7 @@ ModuleKind kind_of(const ModuleSpec& spec);
 bool is_encoder(ModuleKind kind);
 /// The JSON spellings: "llm", "vision_encoder", "audio_encoder", "projector".
 std::string_view to_string(ModuleKind kind);
-std::string_view to_string(Activation a);         // "gelu", "swiglu"
+std::string_view to_string(Activation a);         // "gelu", "swiglu", "squared_relu"
 std::string_view to_string(Norm n);               // "layernorm", "rmsnorm"
 std::string_view to_string(PositionEmbedding p);  // "rope", "learned", "sinusoidal"
 /// The transformer block of an LLM or encoder; null for a projector.
