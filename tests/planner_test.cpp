@@ -82,6 +82,7 @@ TEST(PlanJson, RoundTripsEveryLayoutSwitch) {
   p.layout.gradient_accumulation_fusion = false;
   p.layout.fused_projections = false;
   p.layout.repeat_kv = true;
+  p.layout.fused_activation = false;
   auto back = parse_plan(plan_to_json(p), "plan");
   ASSERT_TRUE(back.is_ok()) << back.status().to_string();
   EXPECT_EQ(*back, p);

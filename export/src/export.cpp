@@ -465,6 +465,12 @@ std::string layer_code_note(const Context& c, std::string_view trainer, LayerCod
     differ.push_back(code.repeat_kv
                          ? "copies K and V to every query head before attention (repeat_kv true)"
                          : "reads K and V grouped in the attention kernel (repeat_kv false)");
+  if (l.fused_activation != code.fused_activation &&
+      c.llm.block.activation != models::Activation::kGelu)
+    differ.push_back(code.fused_activation ? "runs the MLP activation as one fused kernel each way "
+                                             "(fused_activation true)"
+                                           : "runs the MLP activation as separate PyTorch ops "
+                                             "(fused_activation false)");
   if (differ.empty()) return "";
   return fmt::format(
       "The plan's layer is timed otherwise than {}'s model code runs it: it {}; "

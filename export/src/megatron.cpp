@@ -231,6 +231,8 @@ std::vector<Flag> megatron_model_flags(const Context& c) {
   f.push_back({"--normalization", b.norm == models::Norm::kRmsNorm ? "RMSNorm" : "LayerNorm"});
   if (b.activation == models::Activation::kSwiglu) f.push_back({"--swiglu", ""});
   if (b.activation == models::Activation::kSquaredRelu) f.push_back({"--squared-relu", ""});
+  if (b.activation == models::Activation::kSwiglu && !c.layout().fused_activation)
+    f.push_back({"--no-bias-swiglu-fusion", ""});
   if (!b.linear_bias) {
     f.push_back({"--disable-bias-linear", ""});
     if (b.qkv_bias) f.push_back({"--add-qkv-bias", ""});
@@ -282,8 +284,12 @@ Result<std::vector<ExportFile>> write_megatron(const Context& c) {
   if (l.torch_fsdp2())
     for (std::string& n : fsdp2_notes(c, "Megatron-LM", /*wraps_like_torchtitan=*/false))
       notes.push_back(std::move(n));
-  // Megatron-Core: linear_qkv and linear_fc1 fused, Transformer Engine reading the kv heads.
-  if (std::string n = layer_code_note(c, "Megatron-LM", {}); !n.empty())
+  // Megatron-Core: linear_qkv and linear_fc1 fused, Transformer Engine reading the kv heads;
+  // its squared ReLU always jit-fused, its SwiGLU as the plan says (--no-bias-swiglu-fusion).
+  const bool swiglu = c.llm.block.activation == models::Activation::kSwiglu;
+  if (std::string n = layer_code_note(c, "Megatron-LM",
+                                      {.fused_activation = !swiglu || c.layout().fused_activation});
+      !n.empty())
     notes.push_back(std::move(n));
   std::string entry = "pretrain_gpt.py";
   if (c.multimodal()) {

@@ -60,6 +60,8 @@ void add_model_shape(std::vector<Setting>& s, const Context& c) {
     s.push_back({"model.ffn_hidden_size", num(b.ffn_hidden)});
   }
   s.push_back({"model.gated_linear_unit", yaml_bool(b.activation == models::Activation::kSwiglu)});
+  if (b.activation == models::Activation::kSwiglu && !c.layout().fused_activation)
+    s.push_back({"model.bias_activation_fusion", yaml_bool(false)});
   s.push_back({"model.normalization",
                yaml_string(b.norm == models::Norm::kRmsNorm ? "RMSNorm" : "LayerNorm")});
   s.push_back({"model.position_embedding_type",
@@ -244,7 +246,14 @@ Result<std::vector<ExportFile>> write_megatron_bridge(const Context& c) {
     if (l.torch_fsdp2())
       for (const std::string& n : fsdp2_notes(c, "Megatron-Core", /*wraps_like_torchtitan=*/false))
         text += "# " + n + "\n";
-    if (std::string n = layer_code_note(c, "Megatron-Core", {}); !n.empty())
+    // Its SwiGLU as the plan says (model.bias_activation_fusion); the Nemotron provider's
+    // squared ReLU is torch.pow(relu(x), 2), separate PyTorch ops.
+    const models::Activation act = c.llm.block.activation;
+    const bool fused_act = act == models::Activation::kSwiglu
+                               ? l.fused_activation
+                               : act != models::Activation::kSquaredRelu;
+    if (std::string n = layer_code_note(c, "Megatron-Bridge", {.fused_activation = fused_act});
+        !n.empty())
       text += "# " + n + "\n";
     s.push_back({"model.tensor_model_parallel_size", num(l.tp)});
     s.push_back({"model.pipeline_model_parallel_size", num(l.pp)});

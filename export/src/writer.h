@@ -157,9 +157,11 @@ std::string unfused_accumulation_note(const Context& c, std::string_view trainer
 struct LayerCode {
   bool fused_projections = true;
   bool repeat_kv = false;
+  bool fused_activation = true;  // compared only for SwiGLU and squared ReLU (GELU: one kernel)
 };
 /// The note that the plan timed the LLM's layer otherwise than `trainer`'s model code runs
-/// it (Layout::fused_projections, Layout::repeat_kv); "" when they agree.
+/// it (Layout::fused_projections, Layout::repeat_kv, Layout::fused_activation); "" when they
+/// agree.
 std::string layer_code_note(const Context& c, std::string_view trainer, LayerCode code);
 /// For a trainer that runs PyTorch FSDP2 (`wraps_like_torchtitan`: with torchtitan's units,
 /// else Megatron-Core's, which reshard the output layer like the layers): the notes on what

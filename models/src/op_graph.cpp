@@ -223,7 +223,8 @@ class Builder {
               act == Activation::kSwiglu        ? kSwigluFlops
               : act == Activation::kSquaredRelu ? kSquaredReluFlops
                                                 : kGeluFlops,
-              branches * tokens * f);
+              branches * tokens * f)
+        .activation = act;
     gemm(prefix + "fc2", layer, std::move(fc2), bias, tokens * f);
   }
 

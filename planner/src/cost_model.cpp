@@ -409,6 +409,32 @@ int64_t backward_passes(const models::Op& op) {
   return op.name == "repeat_kv" ? 1 : 2;
 }
 
+// An activation run as separate PyTorch ops (Layout::fused_activation false): the traffic of
+// each kernel eager autograd launches, in element passes over the op's output (its written
+// bytes), forward and backward. SwiGLU as Megatron's glu (torch.chunk, F.silu(x0) * x1):
+// silu (read 1, write 1), mul (2, 1); backward the mul's two gradients (2, 1 each),
+// silu_backward (2, 1) and the chunk's backward concatenating both halves (2, 2). Squared
+// ReLU, torch.pow(relu(x), 2): relu (1, 1), pow (1, 1); backward PyTorch's pow_backward,
+// grad * (2 * r.pow(1)) (a copy, a scalar mul, a mul: 1 + 1, 1 + 1, 2 + 1), and relu's
+// threshold_backward (2, 1) (torch/csrc/autograd/FunctionsManual.cpp pow_backward,
+// aten/src/ATen/native/Pow.cpp: pow to the scalar 1 copies). GELU (F.gelu, gelu_backward)
+// is one kernel each way as fused; the fused ones keep the generic pointwise charge.
+struct ActivationPasses {
+  std::vector<int64_t> forward, backward;
+};
+std::optional<ActivationPasses> unfused_activation(const models::Op& op, const Layout& l) {
+  if (l.fused_activation || !op.activation) return std::nullopt;
+  switch (*op.activation) {
+    case models::Activation::kSwiglu:
+      return ActivationPasses{{2, 3}, {3, 3, 3, 4}};
+    case models::Activation::kSquaredRelu:
+      return ActivationPasses{{2, 2}, {2, 2, 3, 3}};
+    case models::Activation::kGelu:
+      return std::nullopt;
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l,
@@ -526,8 +552,14 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
       }
       int64_t shard = cp;
       if (pointwise_tp_sharded(op, l, g.kind)) shard *= l.tp;
-      const Bytes traffic =
-          (op.read + op.written) * (activation_bytes(g, p) / g.dtype_bytes) / shard;
+      const int64_t scale = activation_bytes(g, p) / g.dtype_bytes;
+      if (const auto eager = unfused_activation(op, l)) {
+        const Bytes pass = op.written * scale / shard;
+        for (int64_t x : eager->forward) c.forward += dev.memory_kernel_time(pass * x);
+        for (int64_t x : eager->backward) c.dgrad += dev.memory_kernel_time(pass * x);
+        break;
+      }
+      const Bytes traffic = (op.read + op.written) * scale / shard;
       c.forward = dev.memory_kernel_time(traffic);
       (op.kind == models::OpKind::kEmbedding ? c.wgrad : c.dgrad) =
           dev.memory_kernel_time(traffic * backward_passes(op));
@@ -831,8 +863,14 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
       }
       int64_t shard = cp;
       if (pointwise_tp_sharded(op, l, g.kind)) shard *= l.tp;
-      const int64_t traffic =
-          ((op.read + op.written) * (activation_bytes(g, p) / g.dtype_bytes) / shard).count();
+      const int64_t scale = activation_bytes(g, p) / g.dtype_bytes;
+      if (const auto eager = unfused_activation(op, l)) {
+        const int64_t pass = (op.written * scale / shard).count();
+        for (int64_t x : eager->forward) k.forward.push_back(sim::memory_kernel(pass * x));
+        for (int64_t x : eager->backward) k.dgrad.push_back(sim::memory_kernel(pass * x));
+        break;
+      }
+      const int64_t traffic = ((op.read + op.written) * scale / shard).count();
       k.forward.push_back(sim::memory_kernel(traffic));
       (op.kind == models::OpKind::kEmbedding ? k.wgrad : k.dgrad)
           .push_back(sim::memory_kernel(backward_passes(op) * traffic));

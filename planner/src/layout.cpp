@@ -134,6 +134,7 @@ std::string describe_in_words(const Layout& l, hardware::Precision workload) {
     out += fmt::format(", {} cross-entropy", to_string(l.cross_entropy_fusion));
   if (!l.fused_projections) out += ", separate projections";
   if (l.repeat_kv) out += ", repeat_kv";
+  if (!l.fused_activation) out += ", unfused activation";
   if (!l.flash_attention)
     out += ", unfused attention";
   else if (l.attention_kernel != hardware::AttentionKernel::kDefault)

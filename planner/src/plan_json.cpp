@@ -89,6 +89,7 @@ Layout parse_layout(JsonReader& r) {
       r.optional_enum("attention_kernel", "default", {"default", "cudnn", "flash2", "flash3"}));
   l.fused_projections = r.optional_bool("fused_projections", true);
   l.repeat_kv = r.optional_bool("repeat_kv", false);
+  l.fused_activation = r.optional_bool("fused_activation", true);
   l.tp_backward_overlap = r.optional_bool("tp_backward_overlap", true);
   l.pp_scatter_gather = r.optional_bool("pp_scatter_gather", false);
   l.pp_blocking_p2p = r.optional_bool("pp_blocking_p2p", false);
@@ -142,6 +143,7 @@ nlohmann::json layout_to_json(const Layout& l) {
     j["cross_entropy_fusion"] = to_string(l.cross_entropy_fusion);
   if (!l.fused_projections) j["fused_projections"] = false;
   if (l.repeat_kv) j["repeat_kv"] = true;
+  if (!l.fused_activation) j["fused_activation"] = false;
   if (!l.tp_backward_overlap) j["tp_backward_overlap"] = false;
   if (l.pp_scatter_gather) j["pp_scatter_gather"] = true;
   if (l.pp_blocking_p2p) j["pp_blocking_p2p"] = true;

@@ -169,12 +169,12 @@ class CostCache {
   // The fastest node group's time (a bound for every group). Not keyed by what one search
   // fixes for all its layouts (the cross-entropy fusion, the MoE capacity factor).
   const ModuleTime& get(size_t module, const Layout& l, bool context_parallel, bool frozen) {
-    auto key = std::make_tuple(module, l.tp, l.cp, l.sequence_parallel, l.micro_batch,
-                               static_cast<int>(l.recompute), l.flash_attention,
-                               l.fused_projections, l.repeat_kv, l.tp_backward_overlap,
-                               l.pp_scatter_gather, l.tp_comm_overlap, l.ep, l.expert_tp(),
-                               static_cast<int>(l.fp8_recipe), static_cast<int>(l.cp_comm),
-                               static_cast<int>(l.attention_kernel), context_parallel, frozen);
+    auto key = std::make_tuple(
+        module, l.tp, l.cp, l.sequence_parallel, l.micro_batch, static_cast<int>(l.recompute),
+        l.flash_attention, l.fused_projections, l.repeat_kv, l.fused_activation,
+        l.tp_backward_overlap, l.pp_scatter_gather, l.tp_comm_overlap, l.ep, l.expert_tp(),
+        static_cast<int>(l.fp8_recipe), static_cast<int>(l.cp_comm),
+        static_cast<int>(l.attention_kernel), context_parallel, frozen);
     auto it = memo_.find(key);
     if (it != memo_.end()) return it->second;
     const models::OpGraph g = module_graph(s_, module, l);
@@ -220,8 +220,8 @@ class CostCache {
  private:
   const Scenario& s_;
   const sim::CollectiveConfig collectives_;  // what simulate() gets: its size scales
-  std::map<std::tuple<size_t, int, int, bool, int, int, bool, bool, bool, bool, bool, bool, int,
-                      int, int, int, int, bool, bool>,
+  std::map<std::tuple<size_t, int, int, bool, int, int, bool, bool, bool, bool, bool, bool, bool,
+                      int, int, int, int, int, bool, bool>,
            ModuleTime>
       memo_;
 };
@@ -450,6 +450,7 @@ std::vector<int> layout_key(const Layout& l) {
                           l.flash_attention,
                           l.fused_projections,
                           l.repeat_kv,
+                          l.fused_activation,
                           l.tp_backward_overlap,
                           l.pp_scatter_gather,
                           l.pp_blocking_p2p,
@@ -522,6 +523,7 @@ std::string describe_layout(const Layout& l, bool llm) {
     out += fmt::format(" attn:{}", hardware::to_string(l.attention_kernel));
   if (!l.fused_projections) out += " separate-proj";
   if (l.repeat_kv) out += " repeat-kv";
+  if (!l.fused_activation) out += " unfused-act";
   if (llm && (l.first_stage_layers > 0 || l.last_stage_layers > 0))
     out += fmt::format(" first/last {}/{}", l.first_stage_layers, l.last_stage_layers);
   return out;
@@ -887,6 +889,7 @@ class Searcher {
           l.attention_kernel = fx.attention_kernel.value_or(hardware::AttentionKernel::kDefault);
           l.fused_projections = fx.fused_projections.value_or(true);
           l.repeat_kv = fx.repeat_kv.value_or(false);
+          l.fused_activation = fx.fused_activation.value_or(true);
           l.moe_capacity_factor = fx.moe_capacity_factor.value_or(0);
           l.tp_comm_overlap = fx.tp_comm_overlap.value_or(false) && tp > 1 && l.sequence_parallel;
           const bool even = layers_ % pp == 0;
@@ -1075,6 +1078,7 @@ class Searcher {
               mp.layout.attention_kernel = fx.attention_kernel.value_or(llm.attention_kernel);
               mp.layout.fused_projections = fx.fused_projections.value_or(llm.fused_projections);
               mp.layout.repeat_kv = fx.repeat_kv.value_or(llm.repeat_kv);
+              mp.layout.fused_activation = fx.fused_activation.value_or(llm.fused_activation);
               // Userbuffers for an encoder when its own fix asks (it needs TP with SP).
               mp.layout.tp_comm_overlap =
                   fx.tp_comm_overlap.value_or(false) && tp > 1 && mp.layout.sequence_parallel;

@@ -40,6 +40,24 @@ TEST(ExportMegatronBridge, MixtureOfExpertsRunsTheModelledDispatcher) {
   EXPECT_EQ(yd.at("model.moe_pad_expert_input_to_capacity"), "true");
 }
 
+// An unfused SwiGLU is model.bias_activation_fusion false; the Nemotron provider's squared
+// ReLU is eager PyTorch, so a plan timing it fused is noted.
+TEST(ExportMegatronBridge, ActivationFusion) {
+  planner::Plan p;
+  p.layout = layout(2, 1, 8);
+  p.layout.sequence_parallel = true;
+  const planner::Scenario llama = scenario("llama-3.1-8b", 2, 4096, 64);
+  EXPECT_EQ(bridge(llama, p).count("model.bias_activation_fusion"), 0u);
+  const planner::Scenario nemotron = scenario("nemotron-4-15b", 2, 4096, 64);
+  auto text = [&](const planner::Scenario& s) {
+    return exported(s, p, Target::kMegatronBridge).at("megatron_bridge.yaml");
+  };
+  EXPECT_NE(text(nemotron).find("(fused_activation false)"), std::string::npos) << text(nemotron);
+  p.layout.fused_activation = false;
+  EXPECT_EQ(bridge(llama, p).at("model.bias_activation_fusion"), "false");
+  EXPECT_EQ(text(nemotron).find("fused_activation"), std::string::npos) << text(nemotron);
+}
+
 TEST(ExportMegatronBridge, SingleLayoutSettingsMatchThePlan) {
   planner::Scenario s = scenario("llama-3.1-8b", 4, 8192, 512);
   Plan p;

@@ -139,6 +139,15 @@ TEST(ExportMegatron, ActivationFlags) {
   EXPECT_EQ(llama.count("--swiglu"), 1u);
   EXPECT_EQ(llama.count("--squared-relu"), 0u);
   EXPECT_EQ(gpt.count("--swiglu") + gpt.count("--squared-relu"), 0u);
+  // An unfused SwiGLU is Megatron's --no-bias-swiglu-fusion; its squared ReLU is always
+  // jit-fused, so an unfused one is noted as timed otherwise.
+  EXPECT_EQ(llama.count("--no-bias-swiglu-fusion"), 0u);
+  p.layout.fused_activation = false;
+  EXPECT_EQ(flags("llama-3.1-8b").count("--no-bias-swiglu-fusion"), 1u);
+  const std::string script =
+      exported(scenario("nemotron-4-15b", 2, 4096, 64), p, Target::kMegatron).at("launch.sh");
+  EXPECT_EQ(all_flags(script).count("--no-bias-swiglu-fusion"), 0u);
+  EXPECT_NE(script.find("(fused_activation true)"), std::string::npos) << script;
 }
 
 TEST(ExportMegatron, MixtureOfExpertsAndPrecisions) {

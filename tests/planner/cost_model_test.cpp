@@ -264,6 +264,52 @@ TEST(CostModel, ContextParallelAttentionPaysTheRingsCorrections) {
   EXPECT_EQ(op_kernels(attn, f.g, none, true, hardware::Precision::kBf16).forward.size(), 1u);
 }
 
+// An unfused MLP activation (Layout::fused_activation false) runs the kernels eager autograd
+// launches, in passes over its output (E elements of 2 bytes on each of tp ranks): squared
+// ReLU relu + pow (1 + 1 each) forward, pow_backward's copy, scalar mul and mul and relu's
+// threshold_backward (2 + 2 + 3 + 3) backward; SwiGLU silu + mul (2 + 3), backward the mul's
+// two gradients, silu_backward and the chunk's cat (3 + 3 + 3 + 4). GELU and the fused
+// default keep one kernel each way.
+TEST(CostModel, UnfusedActivationRunsEagerKernels) {
+  const auto dev = hardware::load_profile("dgx-h100")->gpu;
+  Layout fused, eager;
+  fused.tp = eager.tp = 2;
+  eager.fused_activation = false;
+  const auto check = [&](std::string_view model, int64_t f, std::vector<int64_t> fwd,
+                         std::vector<int64_t> bwd) {
+    const models::OpGraph g = zoo_graph(model, 4096);
+    const models::Op& act = op_named(g, "mlp_act");
+    const int64_t pass = 4096 * (f / 2) * 2;  // E x 2 bytes on one of tp 2 ranks
+    const OpKernels k = op_kernels(act, g, eager, true, hardware::Precision::kBf16);
+    ASSERT_EQ(k.forward.size(), fwd.size()) << model;
+    ASSERT_EQ(k.dgrad.size(), bwd.size()) << model;
+    Time t_fwd, t_bwd;
+    for (size_t i = 0; i < fwd.size(); ++i) {
+      EXPECT_EQ(k.forward[i].bytes, fwd[i] * pass) << model << " forward " << i;
+      t_fwd += dev.memory_kernel_time(Bytes(fwd[i] * pass));
+    }
+    for (size_t i = 0; i < bwd.size(); ++i) {
+      EXPECT_EQ(k.dgrad[i].bytes, bwd[i] * pass) << model << " backward " << i;
+      t_bwd += dev.memory_kernel_time(Bytes(bwd[i] * pass));
+    }
+    // op_cost times the same kernels, and more than the fused kernel pair.
+    const PassCost c = op_cost(act, g, eager, true, dev, hardware::Precision::kBf16);
+    EXPECT_EQ(c.forward, t_fwd) << model;
+    EXPECT_EQ(c.dgrad, t_bwd) << model;
+    const PassCost one = op_cost(act, g, fused, true, dev, hardware::Precision::kBf16);
+    EXPECT_GT(c.forward, one.forward) << model;
+    EXPECT_GT(c.dgrad, one.dgrad) << model;
+    EXPECT_EQ(op_kernels(act, g, fused, true, hardware::Precision::kBf16).forward.size(), 1u);
+  };
+  check("nemotron-4-15b", 24576, {2, 2}, {2, 2, 3, 3});
+  check("llama-3.1-8b", 14336, {2, 3}, {3, 3, 3, 4});
+  // GELU: F.gelu and gelu_backward, one kernel each way, fused or not.
+  const models::OpGraph g = zoo_graph("gpt3-175b", 2048);
+  const models::Op& act = op_named(g, "mlp_act");
+  EXPECT_EQ(op_cost(act, g, eager, true, dev, hardware::Precision::kBf16).forward,
+            op_cost(act, g, fused, true, dev, hardware::Precision::kBf16).forward);
+}
+
 // FP8 current scaling (tensorwise) quantises each tensor with three kernels (amax, scale,
 // cast + transpose) where delayed scaling runs the cast alone. Per Linear GEMM: forward, the
 // cast the norm can no longer fuse in front of qkv / fc1 (4 bytes per element of the local

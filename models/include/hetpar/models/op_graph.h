@@ -79,6 +79,8 @@ struct Op {
   /// is part i, all of one input.
   bool separate_parts = false;
   std::optional<AttentionShape> attention;
+  /// The MLP activation an activation op applies (mlp_act, expert_act); unset elsewhere.
+  std::optional<Activation> activation;
   Flops backward() const { return dgrad + wgrad; }
   /// The output width of the op's GEMM, its parts together (separate or fused).
   int64_t output_width() const;

@@ -156,6 +156,12 @@ struct Layout {
   /// (repeat_kv: torchtitan, Hugging Face) rather than read grouped by the kernel.
   bool fused_projections = true;
   bool repeat_kv = false;
+  /// The MLP activation as one fused kernel each way (default: Megatron-Core's jit-fused
+  /// bias_swiglu / bias_gelu / squared_relu, torch.compile's) or false as the separate
+  /// PyTorch ops autograd runs eagerly (NeMo's and Megatron-Bridge's Nemotron squared ReLU,
+  /// torch.pow(relu(x), 2); Megatron's --no-bias-swiglu-fusion glu; torchtitan without
+  /// compile). GELU is one kernel each way either way.
+  bool fused_activation = true;
   /// The backward of a column-parallel linear overlaps the TP collective of its input
   /// gradient with its wgrad GEMM (and, under SP, re-gathers its input beside the dgrad
   /// GEMM), as Megatron-LM's LinearWithGradAccumulationAndAsyncCommunication and

@@ -63,9 +63,10 @@ struct LayoutFix {
   /// The attention kernel (Layout::attention_kernel) of every searched layout; default the
   /// profile's own. Not searched: it is the trainer's kernel choice.
   std::optional<hardware::AttentionKernel> attention_kernel;
-  /// The trainer's model code (Layout::fused_projections, Layout::repeat_kv) in every
-  /// searched layout; default Megatron's (fused, no repeat). Not searched: it is the code.
-  std::optional<bool> fused_projections, repeat_kv;
+  /// The trainer's model code (Layout::fused_projections, Layout::repeat_kv,
+  /// Layout::fused_activation) in every searched layout; default Megatron's (fused, no
+  /// repeat, fused activation). Not searched: it is the code.
+  std::optional<bool> fused_projections, repeat_kv, fused_activation;
   /// MoE token dropping (Layout::moe_capacity_factor) in every searched LLM layout; default
   /// dropless. Not searched: dropping tokens changes what is trained.
   std::optional<double> moe_capacity_factor;
