@@ -1,8 +1,11 @@
 #include <gtest/gtest.h>
 
+#include <cstdint>
+
 #include "hetpar/core/check.h"
 #include "hetpar/core/file_io.h"
 #include "hetpar/core/format.h"
+#include "hetpar/core/huge_pages.h"
 #include "hetpar/core/ids.h"
 #include "hetpar/core/json_reader.h"
 #include "hetpar/core/status.h"
@@ -153,6 +156,31 @@ TEST(FileIo, AtomicWriteLeavesNothingOnFailure) {
   Status bad = write_file_atomically("/nonexistent-dir/x.txt", "data");
   EXPECT_EQ(bad.code(), Status::Code::kIoError);
   EXPECT_NE(bad.message().find("/nonexistent-dir/x.txt"), std::string::npos);
+}
+
+// Blocks from kHugePageBlock up are 2 MiB aligned (what huge pages need); smaller ones come
+// from the ordinary allocator; a vector growing across the threshold keeps its contents.
+TEST(HugePages, LargeBlocksAreAlignedAndVectorsBehave) {
+  HugePageAllocator<double> a;
+  const std::size_t n = kHugePageBlock / sizeof(double) + 3;
+  double* big = a.allocate(n);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(big) % kHugePageBlock, 0u);
+  big[0] = 1;
+  big[n - 1] = 2;  // the whole block is usable
+  EXPECT_EQ(big[0] + big[n - 1], 3);
+  a.deallocate(big, n);
+  int* small = HugePageAllocator<int>().allocate(16);
+  small[15] = 7;
+  HugePageAllocator<int>().deallocate(small, 16);
+
+  HugeVector<int64_t> v;
+  for (int64_t i = 0; i < 1 << 20; ++i) v.push_back(i);  // 8 MiB: crosses the threshold
+  int64_t sum = 0;
+  for (int64_t x : v) sum += x;
+  EXPECT_EQ(sum, (int64_t{1} << 20) * ((int64_t{1} << 20) - 1) / 2);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(v.data()) % kHugePageBlock, 0u);
+  HugeVector<int64_t> w = v;  // copies through the allocator too
+  EXPECT_EQ(w, v);
 }
 
 }  // namespace

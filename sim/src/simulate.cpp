@@ -95,8 +95,8 @@ struct TaskState {
 
 // The engine's per-task arrays, kept between calls by a SimWorkspace.
 struct SimWorkspace::Arrays {
-  std::vector<TaskState> state;
-  std::vector<int32_t> succ_begin, succ, fill, stream_tasks;
+  HugeVector<TaskState> state;  // per task; huge-page backed (core/huge_pages.h)
+  HugeVector<int32_t> succ_begin, succ, fill, stream_tasks;
   std::vector<Algorithm> algorithm;
   std::vector<TaskTiming> timings;
 };
@@ -194,16 +194,16 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
   // comm streams after them. Each stream's tasks in program order (CSR) and its head.
   std::vector<int32_t> stream_base_, num_compute_;
   std::vector<int32_t> stream_task_begin_, stream_head_;
-  std::vector<int32_t>& stream_tasks_ = a_.stream_tasks;
+  HugeVector<int32_t>& stream_tasks_ = a_.stream_tasks;
   std::vector<Time> stream_busy_;
   std::vector<RankClock> clocks_;
   std::vector<Flops> flops_;
 
   // Tasks: what each still waits for (dependencies + streams not yet at it), successors
   // (CSR), start times, flows in flight and the latency paid after the last one.
-  std::vector<int32_t>& succ_begin_ = a_.succ_begin;
-  std::vector<int32_t>& succ_ = a_.succ;
-  std::vector<TaskState>& state_ = a_.state;
+  HugeVector<int32_t>& succ_begin_ = a_.succ_begin;
+  HugeVector<int32_t>& succ_ = a_.succ;
+  HugeVector<TaskState>& state_ = a_.state;
   std::vector<Algorithm>& algorithm_ = a_.algorithm;
   std::vector<Time> category_time_;
   std::vector<int64_t> category_tasks_;
@@ -331,7 +331,7 @@ Engine::Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, Tr
   for (int t = 0; t < nt; ++t) succ_begin_[t + 1] += succ_begin_[t];
   succ_.resize(succ_begin_[nt]);
   {
-    std::vector<int32_t>& fill = a_.fill;
+    HugeVector<int32_t>& fill = a_.fill;
     fill.assign(succ_begin_.begin(), succ_begin_.end() - 1);
     for (auto [before, after] : g.dependencies()) succ_[fill[before.value()]++] = after.value();
   }

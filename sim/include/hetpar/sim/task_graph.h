@@ -47,6 +47,7 @@
 #include <string_view>
 #include <vector>
 
+#include "hetpar/core/huge_pages.h"
 #include "hetpar/core/ids.h"
 #include "hetpar/core/status.h"
 #include "hetpar/core/units.h"
@@ -263,21 +264,23 @@ class TaskGraph {
   int32_t copy_pairs(GroupId copies) const;
   GroupId intern_group(std::span<const RankId> group);
 
-  std::vector<Task> tasks_;
-  std::vector<int32_t> stream_begin_{0};
-  std::vector<StreamRef> stream_refs_;
-  std::vector<std::pair<TaskId, TaskId>> deps_;
+  // The per-task arrays, huge-page backed (core/huge_pages.h): a million-task graph
+  // otherwise spends a cold run's time in page faults.
+  HugeVector<Task> tasks_;
+  HugeVector<int32_t> stream_begin_{0};
+  HugeVector<StreamRef> stream_refs_;
+  HugeVector<std::pair<TaskId, TaskId>> deps_;
   std::vector<std::vector<RankId>> groups_;
   std::map<std::vector<RankId>, GroupId> group_ids_;
   std::vector<std::string> label_text_;
   std::map<std::string, LabelId, std::less<>> label_ids_;
   std::vector<int32_t> multiplicity_;
   std::vector<std::string> stream_names_[2];  // [kind][index]
-  std::vector<Kernel> kernels_;
-  std::vector<int32_t> kernel_begin_{0};
-  std::vector<Time> host_issue_;     // per task (< 0: no set_host); empty: no host
-  std::vector<uint8_t> host_sync_;   // parallel to host_issue_
-  std::vector<int32_t> host_calls_;  // parallel to host_issue_
+  HugeVector<Kernel> kernels_;
+  HugeVector<int32_t> kernel_begin_{0};
+  HugeVector<Time> host_issue_;     // per task (< 0: no set_host); empty: no host
+  HugeVector<uint8_t> host_sync_;   // parallel to host_issue_
+  HugeVector<int32_t> host_calls_;  // parallel to host_issue_
 };
 
 }  // namespace hetpar::sim
