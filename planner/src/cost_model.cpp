@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
+#include <span>
 #include <tuple>
 
 #include "hetpar/core/check.h"
@@ -420,15 +422,17 @@ int64_t backward_passes(const models::Op& op) {
 // aten/src/ATen/native/Pow.cpp: pow to the scalar 1 copies). GELU (F.gelu, gelu_backward)
 // is one kernel each way as fused; the fused ones keep the generic pointwise charge.
 struct ActivationPasses {
-  std::vector<int64_t> forward, backward;
+  std::span<const int64_t> forward, backward;
 };
 std::optional<ActivationPasses> unfused_activation(const models::Op& op, const Layout& l) {
+  static constexpr int64_t kSwigluForward[] = {2, 3}, kSwigluBackward[] = {3, 3, 3, 4};
+  static constexpr int64_t kReluSqForward[] = {2, 2}, kReluSqBackward[] = {2, 2, 3, 3};
   if (l.fused_activation || !op.activation) return std::nullopt;
   switch (*op.activation) {
     case models::Activation::kSwiglu:
-      return ActivationPasses{{2, 3}, {3, 3, 3, 4}};
+      return ActivationPasses{kSwigluForward, kSwigluBackward};
     case models::Activation::kSquaredRelu:
-      return ActivationPasses{{2, 2}, {2, 2, 3, 3}};
+      return ActivationPasses{kReluSqForward, kReluSqBackward};
     case models::Activation::kGelu:
       return std::nullopt;
   }
