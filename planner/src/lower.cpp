@@ -700,6 +700,37 @@ class Lowering {
   bool rendezvous() const;
   void blocking_calls(int stage);
   void gradients_and_optimizer();
+  // DP gradient buckets of the stage (Megatron's DDP buckets): consecutive blocks of a chunk
+  // in backward order, at least bucket_params local parameters each (the last block of a
+  // chunk closes one); in readiness order, chunks backward, blocks backward.
+  struct Bucket {
+    int chunk = 0;
+    size_t first = 0, last = 0;  // block range [first, last]
+    ParamCount dense, expert;
+  };
+  std::vector<Bucket> dp_buckets() const;
+  // Megatron's overlap_param_gather with the distributed optimizer (not FSDP, which gathers
+  // block by block): the step's parameter all-gathers run beside the first forward
+  // micro-batch of each chunk, each bucket's first block waiting for its bucket's. One chunk
+  // (Megatron-Core's forward pre-hooks): a bucket's all-gather is dispatched when the bucket
+  // before it starts its forward. Interleaved (align_param_gather, which Megatron-LM sets by
+  // default and NeMo with pp and vpp > 1: the schedule's param_sync_func): all buckets of
+  // chunks 0 and 1 at the step's start, those of chunk c + 1 at the same time on every
+  // stage: stage s launches them with its forward pp_rank = s places before chunk c's first
+  // (schedules.py, "launch param synchronization for next model chunk": virtual micro-batch
+  // k + pp_rank), which a pipeline running s forwards behind stage 0 starts when stage 0
+  // starts chunk c. Not in a
+  // colocated plan, whose modules' phases share the ranks: there the all-gathers keep their
+  // place after the step (the first bucket's), as before.
+  bool gathers_params_in_forward() const {
+    return l_.distributed_optimizer && l_.overlap_param_gather && !l_.fsdp && !role_.frozen &&
+           p_.placement != Placement::kColocated && l_.cp * l_.dp > 1;
+  }
+  // The all-gathers of buckets_[i] on the DP stream, after after[j] and the part before;
+  // bucket_gathered_[i][j] is the last.
+  void gather_bucket_params(size_t i, const std::vector<TaskId>& after);
+  // The all-gathers of every bucket of `chunk` in forward order, after after[j].
+  void gather_chunk_params(int chunk, const std::vector<TaskId>& after);
   const Labels& labels(int v, size_t block, int pass);
 
   // Local rank j's view of a block in one direction (backward for kB passes).
@@ -768,8 +799,20 @@ class Lowering {
   std::vector<TaskId> ring_;
   std::vector<std::vector<std::vector<TaskId>>> last_grad_;  // [chunk][block][j]
   // FSDP, per local rank: what the next block's all-gather follows (the task before the
-  // block ahead of it started), and the last gradient reduce-scatter.
+  // block ahead of it started; the distributed optimizer's bucket all-gathers likewise), and
+  // the last gradient reduce-scatter.
   std::vector<TaskId> fsdp_after_, fsdp_reduced_;
+  // The stage's DP buckets (dp_buckets()), for the forward's parameter all-gathers, and per
+  // bucket and local rank the last of its all-gather's tasks (invalid: not emitted yet).
+  std::vector<Bucket> buckets_;
+  std::vector<std::vector<TaskId>> bucket_gathered_;
+  // Interleaved: the forward (chunk, micro-batch) that launches a chunk's all-gathers.
+  struct ParamSync {
+    int at_chunk = 0;
+    int64_t at_micro_batch = 0;
+    int chunk = 0;
+  };
+  std::vector<ParamSync> param_syncs_;
   std::vector<RankId> members_;
   GroupSet tp_groups_, ep_groups_, cp_groups_, dp_groups_, edp_groups_;
   // Per active rank (reduced, leaders only): its ring step's pairs, the other edges it
@@ -871,6 +914,26 @@ void Lowering::setup() {
 void Lowering::begin_stage(int stage) {
   stage_ = stage;
   build_stage();
+  buckets_ = gathers_params_in_forward() ? dp_buckets() : std::vector<Bucket>();
+  bucket_gathered_.assign(buckets_.size(), std::vector<TaskId>(stage_ranks()));
+  // Interleaved: chunks 0 and 1 gathered at the step's start, before (and so outside) the
+  // first op, whose first task the pipeline's receive would otherwise hold back.
+  param_syncs_.clear();
+  if (!buckets_.empty() && l_.vpp > 1) {
+    const std::vector<TaskId> start(stage_ranks());
+    gather_chunk_params(0, start);
+    gather_chunk_params(1, start);
+    std::vector<const PipelineOp*> forwards;
+    for (const PipelineOp& op : orders_[stage])
+      if (op.kind == PassKind::kForward) forwards.push_back(&op);
+    for (int c = 1; c + 1 < l_.vpp; ++c)
+      for (size_t f = 0; f < forwards.size(); ++f)
+        if (forwards[f]->chunk == c && forwards[f]->micro_batch == 0) {
+          const PipelineOp& at = *forwards[f - std::min<size_t>(f, static_cast<size_t>(stage))];
+          param_syncs_.push_back({at.chunk, at.micro_batch, c + 1});
+          break;
+        }
+  }
   // Megatron-Core's combined 1F1B (Layout::ep_comm_overlap): each forward that the
   // schedule puts next to a backward of another micro-batch runs merged with it (the
   // steady state; pp 1: the backward of micro-batch k with the forward of k + 1).
@@ -1650,7 +1713,20 @@ void Lowering::op_pieces(const PipelineOp& op, Emit&& emit) {
       }
     }
   }
-  if (gathers)
+  // The distributed optimizer's parameter all-gathers beside the chunk's first forward
+  // (gathers_params_in_forward): one chunk, a bucket's before its first (lowest) block,
+  // issued once the bucket before it has started; interleaved, whole chunks ahead.
+  const bool bucket_gathers =
+      op.kind == PassKind::kForward && op.micro_batch == 0 && !fsdp && !buckets_.empty();
+  const bool by_chunk = l_.vpp > 1;
+  // Interleaved: the chunks whose all-gathers this forward launches (param_syncs_), emitted
+  // after the op's first block, so that the op's first task is its compute's; they follow
+  // the op before it, not the pipeline's receive.
+  std::vector<int> syncs;
+  if (op.kind == PassKind::kForward)
+    for (const ParamSync& ps : param_syncs_)
+      if (ps.at_chunk == op.chunk && ps.at_micro_batch == op.micro_batch) syncs.push_back(ps.chunk);
+  if (gathers || bucket_gathers || !syncs.empty())
     emit(false, [this] {
       for (int j : actives_) fsdp_after_[j] = st_[j].last;
     });
@@ -1662,12 +1738,25 @@ void Lowering::op_pieces(const PipelineOp& op, Emit&& emit) {
     const size_t nsteps = block(0, *pb, op.kind == PassKind::kBackward).steps.size();
     if (gathers && !in_root(*pb) && !(backward && fsdp_kept_to_backward(blocks, b)))
       emit(false, [gather, u = fsdp_unit(*pb)] { gather(u); });
+    if (bucket_gathers)
+      for (size_t i = 0; i < buckets_.size(); ++i)
+        if (buckets_[i].chunk == op.chunk && buckets_[i].first == b)
+          emit(false, [this, i, by_chunk] {
+            if (!by_chunk) gather_bucket_params(i, fsdp_after_);
+            for (int j : actives_) {
+              if (bucket_gathered_[i][j].valid()) st_[j].gathered = bucket_gathered_[i][j];
+              if (!by_chunk) fsdp_after_[j] = st_[j].last;
+            }
+          });
     switch (op.kind) {
       case PassKind::kForward: {
         const Labels* lb = &labels(v, b, kF);
         for (size_t s = 0; s < nsteps; ++s)
           emit(all_to_all(*pb, s, false),
                [this, pb, s, lb] { run_step(*pb, s, kF, *lb, lb->compute); });
+        if (bi == 0)
+          for (int chunk : syncs)
+            emit(false, [this, chunk] { gather_chunk_params(chunk, fsdp_after_); });
         break;
       }
       case PassKind::kBackward: {
@@ -1881,23 +1970,11 @@ void Lowering::build_stage() {
   spans_[stage_].resize(order.size());
 }
 
-// DP gradient buckets of this stage (see lower.h), the optimizer step, and the
-// distributed optimizer's parameter all-gather.
-void Lowering::gradients_and_optimizer() {
-  const int n = stage_ranks();
-  const int cpdp = l_.cp * l_.dp;
-  const int edp = l_.expert_ranks() / l_.ep;
-  const int64_t bucket_params =
-      o_.bucket_params > 0 ? o_.bucket_params : std::max<int64_t>(40'000'000, 1'000'000LL * cpdp);
-  const bool dist = l_.distributed_optimizer;
-  const CollectiveKind reduce = dist ? CollectiveKind::kReduceScatter : CollectiveKind::kAllReduce;
-
-  struct Bucket {
-    int chunk = 0;
-    size_t first = 0, last = 0;  // block range [first, last]
-    ParamCount dense, expert;
-  };
-  std::vector<Bucket> buckets;  // in readiness order: chunks backward, blocks backward
+std::vector<Lowering::Bucket> Lowering::dp_buckets() const {
+  const int64_t bucket_params = o_.bucket_params > 0
+                                    ? o_.bucket_params
+                                    : std::max<int64_t>(40'000'000, 1'000'000LL * l_.cp * l_.dp);
+  std::vector<Bucket> buckets;
   for (int c = l_.vpp - 1; c >= 0; --c) {
     const std::vector<PlacedBlock>& blocks = chunks_[c * l_.pp + stage_];
     Bucket cur{c, blocks.size(), blocks.size(), {}, {}};
@@ -1914,6 +1991,45 @@ void Lowering::gradients_and_optimizer() {
       }
     }
   }
+  return buckets;
+}
+
+void Lowering::gather_bucket_params(size_t i, const std::vector<TaskId>& after) {
+  const Bucket& bk = buckets_[i];
+  std::vector<TaskId>& gathered = bucket_gathered_[i];
+  std::vector<TaskId> previous(st_.size());
+  const std::vector<PlacedBlock>& blocks = chunks_[bk.chunk * l_.pp + stage_];
+  for (const ParamPart& part : param_parts(bk.dense, bk.expert)) {
+    const GroupSet& gs = *part.group;
+    const Bytes bytes = held_bytes(part.params);
+    if (gs.locals.empty() || gs.locals[0].size() < 2 || bytes.count() == 0) continue;
+    const sim::LabelId name =
+        g_.label(fmt::format("{}dp all_gather {}params bucket {}-{} stage {}", role_.prefix,
+                             part.prefix, blocks[bk.first].name, blocks[bk.last].name, stage_));
+    group_collectives(gs, CollectiveKind::kAllGather, bytes, kDpStream, {cat_dp_, name},
+                      [&](int j, TaskId c) {
+                        if (after[j].valid()) g_.add_dependency(after[j], c);
+                        if (previous[j].valid()) g_.add_dependency(previous[j], c);
+                        gathered[j] = c;
+                      });
+    previous = gathered;
+  }
+}
+
+void Lowering::gather_chunk_params(int chunk, const std::vector<TaskId>& after) {
+  for (size_t i = buckets_.size(); i-- > 0;)  // readiness order reversed: forward order
+    if (buckets_[i].chunk == chunk) gather_bucket_params(i, after);
+}
+
+// DP gradient buckets of this stage (see lower.h), the optimizer step, and the
+// distributed optimizer's parameter all-gather.
+void Lowering::gradients_and_optimizer() {
+  const int n = stage_ranks();
+  const int cpdp = l_.cp * l_.dp;
+  const int edp = l_.expert_ranks() / l_.ep;
+  const bool dist = l_.distributed_optimizer;
+  const CollectiveKind reduce = dist ? CollectiveKind::kReduceScatter : CollectiveKind::kAllReduce;
+  std::vector<Bucket> buckets = dp_buckets();
 
   // Groups (build_stage): dense gradients over the dp x cp ranks with the same tp rank;
   // expert gradients over the expert-dp ranks (same tp rank and ep position).
@@ -1982,9 +2098,12 @@ void Lowering::gradients_and_optimizer() {
     for (int j : actives_)
       after[slot_[j]] = {opt[j], l_.overlap_grad_reduce ? TaskId() : first_comm[j]};
   }
-  if (!dist || l_.fsdp) return;  // FSDP gathers parameters when a block runs
-  // Parameter all-gather: buckets in forward order (the reverse of readiness); with
-  // overlap_param_gather only the first one, the rest hides behind the next forward.
+  // FSDP gathers parameters when a block runs; with overlap_param_gather the distributed
+  // optimizer's all-gathers run in the first forward (gathers_params_in_forward).
+  if (!dist || l_.fsdp || gathers_params_in_forward()) return;
+  // Parameter all-gather after the step, buckets in forward order (the reverse of readiness);
+  // with overlap_param_gather (colocated plans) only the first one, the rest hides behind the
+  // next forward.
   const size_t gathered =
       l_.overlap_param_gather ? std::min<size_t>(buckets.size(), 1) : buckets.size();
   for (size_t i = 0; i < gathered; ++i) {

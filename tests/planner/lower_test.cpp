@@ -644,6 +644,105 @@ TEST(Lower, ParameterAllGatherMovesTheWeightsAsHeld) {
   }
 }
 
+// With overlap_param_gather the distributed optimizer's parameter all-gathers run beside the
+// first forward micro-batch (Megatron-Core's forward pre-hooks; interleaved, the schedule's
+// param_sync_func): every bucket's, once per step, the whole model as held; a bucket's first
+// forward waits for its all-gather. One chunk: bucket b + 1's follows bucket b's forward
+// start. Interleaved: chunks 0 and 1 at the step's start (no predecessors), chunk c + 1's
+// after chunk c's first forward has started.
+TEST(Lower, ParameterAllGathersRunBesideTheFirstForward) {
+  Scenario s = make(8, 16, 2);
+  const double params = static_cast<double>(models::count_params(s.model).total);
+  for (int vpp : {1, 2}) {
+    Plan p = plan(1, 2, 8, vpp > 1 ? Schedule::kInterleaved : Schedule::k1F1B, vpp);
+    p.layout.distributed_optimizer = true;
+    LowerOptions o;
+    o.bucket_params = 10'000'000;  // under one layer: a bucket per block
+    o.full_ranks = true;
+    auto lp = lower(s, p, o);
+    ASSERT_TRUE(lp.is_ok()) << lp.status().to_string();
+    const sim::TaskGraph& g = lp->graph;
+    std::vector<std::vector<TaskId>> preds(static_cast<size_t>(g.num_tasks()));
+    for (auto [before, after] : g.dependencies()) preds[after.value()].push_back(before);
+    Bytes gathered;
+    int gathers = 0, free_starts = 0;
+    std::set<std::string> free;  // "bucket <first>-<last> stage <s>" of those without predecessors
+    for (int t = 0; t < g.num_tasks(); ++t) {
+      const sim::Task& task = g.task(TaskId(t));
+      if (g.label_text(task.label.category) != "dp_comm" ||
+          task.collective != sim::CollectiveKind::kAllGather)
+        continue;
+      ++gathers;
+      gathered += task.bytes;
+      const std::string name(g.label_text(task.label.name));
+      if (preds[t].empty()) {
+        ++free_starts;
+        free.insert(name.substr(name.find("bucket ")));
+      }
+      // Some forward compute waits for it.
+      bool feeds_forward = false;
+      for (int u = t + 1; u < g.num_tasks() && !feeds_forward; ++u)
+        for (TaskId before : preds[u])
+          if (before.value() == t && g.task(TaskId(u)).kind == sim::TaskKind::kCompute &&
+              g.label_text(g.task(TaskId(u)).label.category) == "fwd")
+            feeds_forward = true;
+      EXPECT_TRUE(feeds_forward) << g.label_text(task.label.name);
+    }
+    // Every parameter once, in bf16, over the 2 stages' dp groups (one task per group and
+    // stage with full_ranks: 1 TP rank).
+    EXPECT_NEAR(gathered.as_double(), 2 * params, 1e-9 * params) << vpp;
+    EXPECT_GT(gathers, 2 * 2) << vpp;
+    if (vpp == 1) {
+      // Stage 0's first bucket at the start, and the one its forward's pre-hook dispatches
+      // before any compute; stage 1's first waits for its pipeline receive, its second
+      // follows it on the DP stream; later buckets wait for their predecessor's forward.
+      EXPECT_EQ(free, (std::set<std::string>{"bucket llm pre-llm pre stage 0",
+                                             "bucket llm L0-llm L0 stage 0",
+                                             "bucket llm L5-llm L5 stage 1"}));
+    } else {
+      // Every bucket is of chunk 0 or 1: all gathered at the step's start.
+      EXPECT_EQ(free_starts, gathers);
+    }
+  }
+}
+
+// Interleaved, chunk c + 1's all-gathers start on every stage at once (Megatron's
+// param_sync_func at virtual micro-batch k + pp_rank): stage s launches them s forwards
+// before its first forward of chunk c, which the pipeline starts s forwards after stage 0's.
+TEST(Lower, InterleavedParameterAllGathersAlignAcrossStages) {
+  Scenario s = make(16, 16, 2);  // 1 layer per virtual stage: layer v on virtual stage v
+  Plan p = plan(1, 4, 4, Schedule::kInterleaved, 4);
+  p.layout.distributed_optimizer = true;
+  LowerOptions o;
+  o.bucket_params = 10'000'000;  // under one layer: a bucket per block
+  const LoweredPlan lp = lowered(s, p, o);
+  struct Starts final : sim::TraceSink {
+    std::map<std::pair<int, int>, double> at;  // (chunk, stage) -> first all-gather start, s
+    void task_started(const sim::TaskSpan& span) override {
+      const std::string name(span.name);
+      if (name.find("all_gather params bucket llm L") == std::string::npos) return;
+      const int layer = std::stoi(name.substr(name.find("bucket llm L") + 12));
+      const int stage = std::stoi(name.substr(name.rfind(' ') + 1));
+      auto [it, fresh] = at.try_emplace({layer / 4, stage}, span.start.to_seconds());
+      if (!fresh) it->second = std::min(it->second, span.start.to_seconds());
+    }
+    void task_finished(const sim::TaskSpan&) override {}
+  } starts;
+  sim::SimOptions so;
+  so.host = false;
+  auto r = sim::simulate(lp.graph,
+                         sim::single_switch_network(lp.world, Bandwidth::GBps(1e9), Time::zero()),
+                         so, &starts);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  ASSERT_EQ(starts.at.size(), 16u);
+  // Chunks 2 and 3 launch pp = 4 forwards apart; each on all four stages at about one time.
+  const double apart = starts.at[{3, 0}] - starts.at[{2, 0}];
+  EXPECT_GT(apart, 0);
+  for (int c : {2, 3})
+    for (int st = 1; st < 4; ++st)
+      EXPECT_NEAR((starts.at[{c, st}]), (starts.at[{c, 0}]), 0.1 * apart) << c << " " << st;
+}
+
 TEST(Lower, GraphsValidateAndAreDeterministic) {
   Scenario s = make(8, 32, 2);
   std::vector<Plan> plans = {
