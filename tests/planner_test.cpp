@@ -83,6 +83,7 @@ TEST(PlanJson, RoundTripsEveryLayoutSwitch) {
   p.layout.fused_projections = false;
   p.layout.repeat_kv = true;
   p.layout.fused_activation = false;
+  p.layout.align_grad_reduce = false;
   auto back = parse_plan(plan_to_json(p), "plan");
   ASSERT_TRUE(back.is_ok()) << back.status().to_string();
   EXPECT_EQ(*back, p);

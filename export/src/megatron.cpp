@@ -105,6 +105,7 @@ std::vector<Flag> training_flags(const Context& c) {
     if (!l.fsdp_reshard_after_forward) f.push_back({"--torch-fsdp2-no-reshard-after-forward", ""});
   }
   if (l.overlap_grad_reduce) f.push_back({"--overlap-grad-reduce", ""});
+  if (l.overlap_grad_reduce && !l.align_grad_reduce) f.push_back({"--no-align-grad-reduce", ""});
   if (megatron_overlap_param_gather(l)) f.push_back({"--overlap-param-gather", ""});
   for (Flag& x : precision_flags(c)) f.push_back(std::move(x));
   // The gradient buffer where it departs from Megatron's default for the precision (fp32

@@ -99,6 +99,8 @@ void add_training(std::vector<Setting>& s, const Context& c) {
     s.push_back({"dist.use_torch_fsdp2", "true"});
   }
   s.push_back({"ddp.overlap_grad_reduce", yaml_bool(l.overlap_grad_reduce)});
+  if (l.overlap_grad_reduce && !l.align_grad_reduce)
+    s.push_back({"dist.align_grad_reduce", "false"});
   if (l.tp_comm_overlap) s.push_back({"comm_overlap.tp_comm_overlap", "true"});  // userbuffers
   if (l.pp_blocking_p2p && l.vpp > 1) {  // blocking, batched, synchronised transfers
     s.push_back({"comm_overlap.overlap_p2p_comm", "false"});

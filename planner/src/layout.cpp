@@ -135,6 +135,7 @@ std::string describe_in_words(const Layout& l, hardware::Precision workload) {
   if (!l.fused_projections) out += ", separate projections";
   if (l.repeat_kv) out += ", repeat_kv";
   if (!l.fused_activation) out += ", unfused activation";
+  if (!l.align_grad_reduce) out += ", unaligned gradient reduction";
   if (!l.flash_attention)
     out += ", unfused attention";
   else if (l.attention_kernel != hardware::AttentionKernel::kDefault)

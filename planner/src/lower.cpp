@@ -709,6 +709,10 @@ class Lowering {
     ParamCount dense, expert;
   };
   std::vector<Bucket> dp_buckets() const;
+  // Layout::align_grad_reduce: per chunk, the op of the stage after which the schedule
+  // launches the chunk's gradient reductions (SIZE_MAX: each bucket as it becomes ready);
+  // empty when not aligned.
+  std::vector<size_t> grad_syncs() const;
   // Megatron's overlap_param_gather with the distributed optimizer (not FSDP, which gathers
   // block by block): the step's parameter all-gathers run beside the first forward
   // micro-batch of each chunk, each bucket's first block waiting for its bucket's. One chunk
@@ -1994,6 +1998,31 @@ std::vector<Lowering::Bucket> Lowering::dp_buckets() const {
   return buckets;
 }
 
+std::vector<size_t> Lowering::grad_syncs() const {
+  const bool megatron_schedule =
+      p_.schedule == Schedule::kInterleaved || p_.schedule == Schedule::k1F1B;
+  if (!l_.align_grad_reduce || !l_.overlap_grad_reduce || l_.fsdp || l_.pp == 1 ||
+      !megatron_schedule || role_.frozen)
+    return {};
+  const std::vector<PipelineOp>& order = orders_[stage_];
+  const size_t last_op = order.size() - 1;  // after the schedule
+  if (l_.vpp == 1)  // the first stage reduces its last backward's buckets as they are ready
+    return {stage_ == 0 ? SIZE_MAX : last_op};
+  // Interleaved: backward virtual micro-batch k launches the chunk whose last backward is
+  // k - pp_rank, so the stages launch together.
+  std::vector<size_t> backwards;  // op indices, in order
+  for (size_t i = 0; i < order.size(); ++i)
+    if (order[i].kind == PassKind::kBackward) backwards.push_back(i);
+  std::vector<size_t> syncs(l_.vpp, last_op);
+  for (size_t b = 0; b < backwards.size(); ++b) {
+    const PipelineOp& op = order[backwards[b]];
+    if (op.micro_batch != m_ - 1) continue;  // a chunk's last backward
+    const size_t at = b + static_cast<size_t>(stage_);
+    if (at < backwards.size()) syncs[op.chunk] = backwards[at];
+  }
+  return syncs;
+}
+
 void Lowering::gather_bucket_params(size_t i, const std::vector<TaskId>& after) {
   const Bucket& bk = buckets_[i];
   std::vector<TaskId>& gathered = bucket_gathered_[i];
@@ -2055,10 +2084,13 @@ void Lowering::gradients_and_optimizer() {
     buckets.clear();
     for (int j : actives_) last_comm[j] = fsdp_reduced_[j];
   }
+  const std::vector<size_t> syncs = buckets.empty() ? std::vector<size_t>() : grad_syncs();
   for (const Bucket& bk : buckets) {
+    const size_t sync = syncs.empty() ? SIZE_MAX : syncs[bk.chunk];
     for (int j : actives_)  // the bucket's lowest block runs its backward last
-      ready[j] = l_.overlap_grad_reduce ? last_grad_[bk.chunk][bk.first][j]
-                                        : spans_[stage_].back()[slot_[j]].last;
+      ready[j] = !l_.overlap_grad_reduce ? spans_[stage_].back()[slot_[j]].last
+                 : sync != SIZE_MAX      ? spans_[stage_][sync][slot_[j]].last
+                                         : last_grad_[bk.chunk][bk.first][j];
     for (const ParamPart& part : param_parts(bk.dense, bk.expert))
       reduce_over(Bytes(part.params.all * gb), bk, ready, reduce, part, "grads");
   }

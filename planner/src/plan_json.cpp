@@ -84,6 +84,7 @@ Layout parse_layout(JsonReader& r) {
   l.fsdp_root_unit = r.optional_bool("fsdp_root_unit", false);
   l.overlap_grad_reduce = r.optional_bool("overlap_grad_reduce", true);
   l.overlap_param_gather = r.optional_bool("overlap_param_gather", true);
+  l.align_grad_reduce = r.optional_bool("align_grad_reduce", true);
   l.flash_attention = r.optional_bool("flash_attention", true);
   l.attention_kernel = *hardware::parse_attention_kernel(
       r.optional_enum("attention_kernel", "default", {"default", "cudnn", "flash2", "flash3"}));
@@ -144,6 +145,7 @@ nlohmann::json layout_to_json(const Layout& l) {
   if (!l.fused_projections) j["fused_projections"] = false;
   if (l.repeat_kv) j["repeat_kv"] = true;
   if (!l.fused_activation) j["fused_activation"] = false;
+  if (!l.align_grad_reduce) j["align_grad_reduce"] = false;
   if (!l.tp_backward_overlap) j["tp_backward_overlap"] = false;
   if (l.pp_scatter_gather) j["pp_scatter_gather"] = true;
   if (l.pp_blocking_p2p) j["pp_blocking_p2p"] = true;

@@ -42,6 +42,15 @@ TEST(ExportMegatronBridge, MixtureOfExpertsRunsTheModelledDispatcher) {
 
 // An unfused SwiGLU is model.bias_activation_fusion false; the Nemotron provider's squared
 // ReLU is eager PyTorch, so a plan timing it fused is noted.
+TEST(ExportMegatronBridge, GradientReductionAlignment) {
+  planner::Plan p;
+  p.layout = layout(2, 2, 8);
+  const planner::Scenario llama = scenario("llama-3.1-8b", 4, 4096, 64);
+  EXPECT_EQ(bridge(llama, p).count("dist.align_grad_reduce"), 0u);
+  p.layout.align_grad_reduce = false;
+  EXPECT_EQ(bridge(llama, p).at("dist.align_grad_reduce"), "false");
+}
+
 TEST(ExportMegatronBridge, ActivationFusion) {
   planner::Plan p;
   p.layout = layout(2, 1, 8);

@@ -126,6 +126,19 @@ TEST(ExportMegatron, FlagsParseBackIntoThePlan) {
 }
 
 // The MLP's activation: --swiglu for Llama, --squared-relu for Nemotron-4, neither for GELU.
+// Layout::align_grad_reduce is Megatron's default; off, --no-align-grad-reduce.
+TEST(ExportMegatron, GradientReductionAlignment) {
+  Plan p;
+  p.layout = layout(8, 2, 2);
+  auto flags = [&] {
+    return all_flags(
+        exported(scenario("llama-3.1-8b", 4, 4096, 64), p, Target::kMegatron).at("launch.sh"));
+  };
+  EXPECT_EQ(flags().count("--no-align-grad-reduce"), 0u);
+  p.layout.align_grad_reduce = false;
+  EXPECT_EQ(flags().count("--no-align-grad-reduce"), 1u);
+}
+
 TEST(ExportMegatron, ActivationFlags) {
   Plan p;
   p.layout = layout(8, 1, 2);

@@ -743,6 +743,87 @@ TEST(Lower, InterleavedParameterAllGathersAlignAcrossStages) {
       EXPECT_NEAR((starts.at[{c, st}]), (starts.at[{c, 0}]), 0.1 * apart) << c << " " << st;
 }
 
+// Layout::align_grad_reduce. Interleaved: stage s launches a chunk's reduce-scatters
+// s backwards after the chunk's last (virtual micro-batch k - pp_rank), so every stage
+// launches chunks 1 to 3 at about one time; chunk 0's are left for after the schedule.
+// Unaligned: each stage's as its buckets become ready, (pp - 1 - s) backwards apart.
+TEST(Lower, AlignedGradientReductionsLaunchTogether) {
+  Scenario s = make(16, 16, 2);  // 1 layer per virtual stage: layer v on virtual stage v
+  struct Starts final : sim::TraceSink {
+    std::map<std::pair<int, int>, double> at;  // (chunk, stage) -> first reduce-scatter start
+    void task_started(const sim::TaskSpan& span) override {
+      const std::string name(span.name);
+      if (name.find("reduce_scatter grads bucket llm L") == std::string::npos) return;
+      const int layer = std::stoi(name.substr(name.find("bucket llm L") + 12));
+      const int stage = std::stoi(name.substr(name.rfind(' ') + 1));
+      auto [it, fresh] = at.try_emplace({layer / 4, stage}, span.start.to_seconds());
+      if (!fresh) it->second = std::min(it->second, span.start.to_seconds());
+    }
+    void task_finished(const sim::TaskSpan&) override {}
+  };
+  for (bool align : {true, false}) {
+    Plan p = plan(1, 4, 4, Schedule::kInterleaved, 4);
+    p.layout.distributed_optimizer = true;
+    p.layout.align_grad_reduce = align;
+    LowerOptions o;
+    o.bucket_params = 10'000'000;  // under one layer: a bucket per block
+    const LoweredPlan lp = lowered(s, p, o);
+    Starts starts;
+    sim::SimOptions so;
+    so.host = false;
+    auto r = sim::simulate(lp.graph,
+                           sim::single_switch_network(lp.world, Bandwidth::GBps(1e9), Time::zero()),
+                           so, &starts);
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    ASSERT_EQ(starts.at.size(), 16u);
+    const double apart = starts.at[{2, 0}] - starts.at[{3, 0}];  // 4 backwards
+    ASSERT_GT(apart, 0);
+    double spread = 0;
+    for (int c : {1, 2, 3})
+      for (int st = 1; st < 4; ++st)
+        spread = std::max(spread, std::abs(starts.at[{c, st}] - starts.at[{c, 0}]));
+    if (align) {
+      EXPECT_LT(spread, 0.25 * apart);
+      // Chunk 0's after each stage's last backward: stage s's s backwards before stage 0's.
+      for (int st = 1; st < 4; ++st)
+        EXPECT_NEAR((starts.at[{0, st}] - starts.at[{1, st}]), (4 - st) / 4.0 * apart, 0.1 * apart)
+            << st;
+    } else {
+      EXPECT_GT(spread, 0.5 * apart);
+    }
+  }
+}
+
+// Layout::align_grad_reduce under 1F1B: the first stage reduces its buckets as they become
+// ready in its last backward, the other stages only after the schedule (in their bubble).
+TEST(Lower, AlignedGradientReductionsOf1F1BWaitForTheScheduleButOnTheFirstStage) {
+  Scenario s = make(16, 16, 2);
+  Plan p = plan(1, 4, 4);  // 4 ranks per stage: stage = rank / 4
+  p.layout.distributed_optimizer = true;
+  LowerOptions o;
+  o.bucket_params = 10'000'000;  // a bucket per block
+  const LoweredPlan lp = lowered(s, p, o);
+  struct Times final : sim::TraceSink {
+    std::map<int, double> first_reduce, last_backward;  // per stage
+    void task_started(const sim::TaskSpan&) override {}
+    void task_finished(const sim::TaskSpan& span) override {
+      const int stage = span.stream.rank.value() / 4;
+      if (span.category == "bwd")
+        last_backward[stage] = std::max(last_backward[stage], span.end.to_seconds());
+      if (std::string(span.name).find("reduce_scatter grads") != std::string::npos &&
+          !first_reduce.contains(stage))
+        first_reduce[stage] = span.start.to_seconds();
+    }
+  } times;
+  sim::SimOptions so;
+  so.host = false;
+  auto r = sim::simulate(lp.graph, lp.network, so, &times);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  ASSERT_EQ(times.first_reduce.size(), 4u);
+  EXPECT_LT(times.first_reduce[0], times.last_backward[0]);
+  for (int st = 1; st < 4; ++st) EXPECT_GE(times.first_reduce[st], times.last_backward[st]) << st;
+}
+
 TEST(Lower, GraphsValidateAndAreDeterministic) {
   Scenario s = make(8, 32, 2);
   std::vector<Plan> plans = {

@@ -140,6 +140,13 @@ struct Layout {
   bool shards_optimizer_state() const { return distributed_optimizer || fsdp; }
   bool overlap_grad_reduce = true;   // DP gradient reduction overlapped with backward
   bool overlap_param_gather = true;  // distributed optimizer all-gather overlapped with forward
+  /// With a pipeline and overlap_grad_reduce, Megatron-Core's align_grad_reduce (default on in
+  /// Megatron-LM, NeMo and Megatron-Bridge): the schedule launches a chunk's gradient
+  /// reductions itself (config.grad_sync_func) rather than as its buckets become ready.
+  /// Interleaved: chunk c's after the backward pp_rank places after its last (virtual
+  /// micro-batch k - pp_rank), those left after the schedule; 1F1B: the first stage's as
+  /// ready, the other stages' after the schedule, in its bubble. Off: every bucket as ready.
+  bool align_grad_reduce = true;
   /// Fused flash attention (default). Off: attention as batched GEMMs with the s x s
   /// scores materialised, softmax and dropout as separate kernels (Megatron-LM before
   /// flash attention, e.g. Narayanan et al. 2021).

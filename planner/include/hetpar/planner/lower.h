@@ -25,12 +25,17 @@
 //   ranks (expert weights over the expert-dp ranks) on comm stream 7 ("dp_comm"):
 //   all-reduce, or reduce-scatter with the distributed optimizer, in gradient_bytes() per
 //   parameter. overlap_grad_reduce: a bucket starts when the last backward touching its
-//   layers ends; otherwise after the rank's whole backward. Then the optimizer step
-//   ("optimizer"): memory-bound passes over the rank's (sharded) parameters,
-//   optimizer_traffic() bytes each. Distributed optimizer: all-gather of the
-//   bf16 parameters afterwards; with overlap_param_gather only the first bucket's
-//   all-gather is exposed (the rest overlaps the next iteration's forward), so only it is
-//   simulated.
+//   layers ends, or, with a pipeline and Layout::align_grad_reduce, when the schedule
+//   launches its chunk's (interleaved: pp_rank backwards after the chunk's last; 1F1B: after
+//   the schedule but on the first stage); otherwise after the rank's whole backward. Then
+//   the optimizer step ("optimizer"): memory-bound passes over the rank's (sharded)
+//   parameters, optimizer_traffic() bytes each. Distributed optimizer: all-gather of the
+//   held parameters; without overlap_param_gather after the step, bucket by bucket; with
+//   it beside the step's first forward (one chunk: a bucket's dispatched when the bucket
+//   before it starts its forward, its first block waiting for it; interleaved: chunks 0 and
+//   1 at the step's start, chunk c + 1 at the forward pp_rank places before chunk c's first,
+//   so that the stages launch together), except in a colocated plan, where only the first
+//   bucket's is simulated, after the step.
 // Symmetry (LowerOptions::full_ranks = false, the default): the ranks of one pipeline stage
 // (its TP, CP and DP peers) do the same work at the same times, so when the cluster makes
 // them alike too (one node type; stages on whole nodes or several stages per node; CP
