@@ -706,21 +706,24 @@ TEST(Lower, ParameterAllGathersRunBesideTheFirstForward) {
   }
 }
 
-// Interleaved, chunk c + 1's all-gathers start on every stage at once (Megatron's
-// param_sync_func at virtual micro-batch k + pp_rank): stage s launches them s forwards
-// before its first forward of chunk c, which the pipeline starts s forwards after stage 0's.
-TEST(Lower, InterleavedParameterAllGathersAlignAcrossStages) {
-  Scenario s = make(16, 16, 2);  // 1 layer per virtual stage: layer v on virtual stage v
+// First start (s) per (chunk, stage) of the DP bucket collectives named "<what> bucket llm
+// L<layer>-... stage <s>" in an interleaved tp 1 pp 4 vpp 4 dp 4 plan with the distributed
+// optimizer and a bucket per layer, one layer per virtual stage (chunk = layer / 4),
+// simulated with free communication and no host.
+std::map<std::pair<int, int>, double> bucket_starts(std::string_view what,
+                                                    bool align_grad_reduce = true) {
   Plan p = plan(1, 4, 4, Schedule::kInterleaved, 4);
   p.layout.distributed_optimizer = true;
+  p.layout.align_grad_reduce = align_grad_reduce;
   LowerOptions o;
   o.bucket_params = 10'000'000;  // under one layer: a bucket per block
-  const LoweredPlan lp = lowered(s, p, o);
+  const LoweredPlan lp = lowered(make(16, 16, 2), p, o);
   struct Starts final : sim::TraceSink {
-    std::map<std::pair<int, int>, double> at;  // (chunk, stage) -> first all-gather start, s
+    std::string key;
+    std::map<std::pair<int, int>, double> at;
     void task_started(const sim::TaskSpan& span) override {
       const std::string name(span.name);
-      if (name.find("all_gather params bucket llm L") == std::string::npos) return;
+      if (name.find(key) == std::string::npos) return;
       const int layer = std::stoi(name.substr(name.find("bucket llm L") + 12));
       const int stage = std::stoi(name.substr(name.rfind(' ') + 1));
       auto [it, fresh] = at.try_emplace({layer / 4, stage}, span.start.to_seconds());
@@ -728,19 +731,28 @@ TEST(Lower, InterleavedParameterAllGathersAlignAcrossStages) {
     }
     void task_finished(const sim::TaskSpan&) override {}
   } starts;
+  starts.key = fmt::format("{} bucket llm L", what);
   sim::SimOptions so;
   so.host = false;
   auto r = sim::simulate(lp.graph,
                          sim::single_switch_network(lp.world, Bandwidth::GBps(1e9), Time::zero()),
                          so, &starts);
-  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
-  ASSERT_EQ(starts.at.size(), 16u);
+  EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+  return starts.at;
+}
+
+// Interleaved, chunk c + 1's all-gathers start on every stage at once (Megatron's
+// param_sync_func at virtual micro-batch k + pp_rank): stage s launches them s forwards
+// before its first forward of chunk c, which the pipeline starts s forwards after stage 0's.
+TEST(Lower, InterleavedParameterAllGathersAlignAcrossStages) {
+  std::map<std::pair<int, int>, double> at = bucket_starts("all_gather params");
+  ASSERT_EQ(at.size(), 16u);
   // Chunks 2 and 3 launch pp = 4 forwards apart; each on all four stages at about one time.
-  const double apart = starts.at[{3, 0}] - starts.at[{2, 0}];
+  const double apart = at[{3, 0}] - at[{2, 0}];
   EXPECT_GT(apart, 0);
   for (int c : {2, 3})
     for (int st = 1; st < 4; ++st)
-      EXPECT_NEAR((starts.at[{c, st}]), (starts.at[{c, 0}]), 0.1 * apart) << c << " " << st;
+      EXPECT_NEAR((at[{c, st}]), (at[{c, 0}]), 0.1 * apart) << c << " " << st;
 }
 
 // Layout::align_grad_reduce. Interleaved: stage s launches a chunk's reduce-scatters
@@ -748,46 +760,19 @@ TEST(Lower, InterleavedParameterAllGathersAlignAcrossStages) {
 // launches chunks 1 to 3 at about one time; chunk 0's are left for after the schedule.
 // Unaligned: each stage's as its buckets become ready, (pp - 1 - s) backwards apart.
 TEST(Lower, AlignedGradientReductionsLaunchTogether) {
-  Scenario s = make(16, 16, 2);  // 1 layer per virtual stage: layer v on virtual stage v
-  struct Starts final : sim::TraceSink {
-    std::map<std::pair<int, int>, double> at;  // (chunk, stage) -> first reduce-scatter start
-    void task_started(const sim::TaskSpan& span) override {
-      const std::string name(span.name);
-      if (name.find("reduce_scatter grads bucket llm L") == std::string::npos) return;
-      const int layer = std::stoi(name.substr(name.find("bucket llm L") + 12));
-      const int stage = std::stoi(name.substr(name.rfind(' ') + 1));
-      auto [it, fresh] = at.try_emplace({layer / 4, stage}, span.start.to_seconds());
-      if (!fresh) it->second = std::min(it->second, span.start.to_seconds());
-    }
-    void task_finished(const sim::TaskSpan&) override {}
-  };
   for (bool align : {true, false}) {
-    Plan p = plan(1, 4, 4, Schedule::kInterleaved, 4);
-    p.layout.distributed_optimizer = true;
-    p.layout.align_grad_reduce = align;
-    LowerOptions o;
-    o.bucket_params = 10'000'000;  // under one layer: a bucket per block
-    const LoweredPlan lp = lowered(s, p, o);
-    Starts starts;
-    sim::SimOptions so;
-    so.host = false;
-    auto r = sim::simulate(lp.graph,
-                           sim::single_switch_network(lp.world, Bandwidth::GBps(1e9), Time::zero()),
-                           so, &starts);
-    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
-    ASSERT_EQ(starts.at.size(), 16u);
-    const double apart = starts.at[{2, 0}] - starts.at[{3, 0}];  // 4 backwards
+    std::map<std::pair<int, int>, double> at = bucket_starts("reduce_scatter grads", align);
+    ASSERT_EQ(at.size(), 16u);
+    const double apart = at[{2, 0}] - at[{3, 0}];  // 4 backwards
     ASSERT_GT(apart, 0);
     double spread = 0;
     for (int c : {1, 2, 3})
-      for (int st = 1; st < 4; ++st)
-        spread = std::max(spread, std::abs(starts.at[{c, st}] - starts.at[{c, 0}]));
+      for (int st = 1; st < 4; ++st) spread = std::max(spread, std::abs(at[{c, st}] - at[{c, 0}]));
     if (align) {
       EXPECT_LT(spread, 0.25 * apart);
       // Chunk 0's after each stage's last backward: stage s's s backwards before stage 0's.
       for (int st = 1; st < 4; ++st)
-        EXPECT_NEAR((starts.at[{0, st}] - starts.at[{1, st}]), (4 - st) / 4.0 * apart, 0.1 * apart)
-            << st;
+        EXPECT_NEAR((at[{0, st}] - at[{1, st}]), (4 - st) / 4.0 * apart, 0.1 * apart) << st;
     } else {
       EXPECT_GT(spread, 0.5 * apart);
     }
