@@ -726,6 +726,16 @@ class Lowering {
   // starts chunk c. Not in a
   // colocated plan, whose modules' phases share the ranks: there the all-gathers keep their
   // place after the step (the first bucket's), as before.
+  // Transformer Engine's delayed scaling (Fp8Recipe::kDelayed, its recipe's reduce_amax):
+  // the amaxes an FP8 autocast region recorded are all-reduced (MAX) over Megatron's amax
+  // reduction group, the stage's tp x cp x dp ranks, with async_op=False, so the compute
+  // stream waits: forward, when the region (Megatron-Core's TransformerBlock, one chunk) is
+  // left; backward, in the backward of its first FP8 module, the chunk's last
+  // (fp8.py, reduce_and_update_fp8_tensors).
+  bool reduces_amax() const {
+    return s_.workload.precision == hardware::Precision::kFp8 &&
+           l_.fp8_recipe == Fp8Recipe::kDelayed && !role_.frozen && stage_ranks() > 1;
+  }
   bool gathers_params_in_forward() const {
     return l_.distributed_optimizer && l_.overlap_param_gather && !l_.fsdp && !role_.frozen &&
            p_.placement != Placement::kColocated && l_.cp * l_.dp > 1;
@@ -756,7 +766,8 @@ class Lowering {
   const int32_t kTpStream, kCpSend, kCpRecv, kFwdSend, kFwdRecv, kBwdSend, kBwdRecv, kDpStream,
       kFsdpGather, kEpStream;
   bool has_llm_ = true;
-  sim::LabelId cat_[4]{}, cat_tp_, cat_cp_, cat_pp_, cat_dp_, cat_ep_, cat_opt_;
+  sim::LabelId cat_[4]{}, cat_tp_, cat_cp_, cat_pp_, cat_dp_, cat_ep_, cat_amax_, cat_opt_;
+  sim::LabelId amax_fwd_, amax_bwd_;  // the amax all-reduces' names
   int64_t m_ = 0;
   int vstages_ = 0;
   bool split_w_ = false;
@@ -818,7 +829,7 @@ class Lowering {
   };
   std::vector<ParamSync> param_syncs_;
   std::vector<RankId> members_;
-  GroupSet tp_groups_, ep_groups_, cp_groups_, dp_groups_, edp_groups_;
+  GroupSet tp_groups_, ep_groups_, cp_groups_, dp_groups_, edp_groups_, amax_groups_;
   // Per active rank (reduced, leaders only): its ring step's pairs, the other edges it
   // stands for.
   std::vector<GroupId> cp_pairs_, cp_copies_;
@@ -858,6 +869,9 @@ void Lowering::setup() {
   cat_pp_ = g_.label("pp_comm");
   cat_dp_ = g_.label("dp_comm");
   cat_ep_ = g_.label("ep_comm");
+  cat_amax_ = g_.label("amax_comm");
+  amax_fwd_ = g_.label(fmt::format("{}fp8 amax all_reduce fwd", role_.prefix));
+  amax_bwd_ = g_.label(fmt::format("{}fp8 amax all_reduce bwd", role_.prefix));
   cat_opt_ = g_.label("optimizer");
   // What each comm stream carries, for the trace's track names.
   const std::pair<int32_t, std::string_view> streams[] = {
@@ -1793,6 +1807,19 @@ void Lowering::op_pieces(const PipelineOp& op, Emit&& emit) {
       }
     }
   }
+  // Delayed scaling's amax all-reduce (reduces_amax()) as the chunk's forward and backward
+  // end: 3 amaxes per FP8 GEMM forward (input, weight, output), 2 backward, four GEMMs a
+  // layer.
+  if (!amax_groups_.ids.empty() && op.kind != PassKind::kWeight) {
+    int64_t layers = 0;
+    for (const PlacedBlock& pb : blocks) layers += pb.part == Part::kLayer;
+    const int64_t amaxes = 4 * layers * (op.kind == PassKind::kForward ? 3 : 2);
+    if (amaxes > 0)
+      emit(false, [this, amaxes, fwd = op.kind == PassKind::kForward] {
+        collective(CollectiveKind::kAllReduce, Bytes(4 * amaxes),
+                   {cat_amax_, fwd ? amax_fwd_ : amax_bwd_}, amax_groups_, kTpStream);
+      });
+  }
   // The root unit reduces once the chunk's last gradient is done (FSDP2's final callback).
   if (!root_unit.blocks.empty() && op.kind == (split_w_ ? PassKind::kWeight : PassKind::kBackward))
     emit(false, [this, root_unit] { fsdp_reduce(root_unit); });
@@ -1924,6 +1951,13 @@ void Lowering::build_stage() {
         for (int d = 0; d < edp; ++d) locals.back().push_back(expert_rank(a, e, d));
       }
   make_groups(edp_groups_, locals);
+  // FP8 delayed scaling's amax reduction group (reduces_amax()): the whole stage, tp x cp x dp.
+  locals.clear();
+  if (reduces_amax()) {
+    locals.emplace_back(n);
+    for (int j = 0; j < n; ++j) locals.back()[j] = j;
+  }
+  make_groups(amax_groups_, locals);
   // CP ring: each representative's send (0 -> 1 of tp 0 in its replica) and receive
   // (cp-1 -> 0); every other edge of the rings of the replicas it stands for is a copy.
   cp_pairs_.assign(actives_.size(), GroupId());
@@ -2115,6 +2149,9 @@ void Lowering::gradients_and_optimizer() {
     opt[j] = g_.add_compute(rank_of(j, stage_), 0, dev.memory_kernel_time(Bytes(step_bytes)),
                             Flops(), {cat_opt_, opt_name});
     if (last_comm[j].valid()) g_.add_dependency(last_comm[j], opt[j]);
+    // And whatever the schedule left on another stream for the compute stream to wait for
+    // (the last backward's amax all-reduce).
+    if (st_[j].need.valid()) g_.add_dependency(st_[j].need, opt[j]);
     if (o_.kernels) {
       if (!opt_kernels.valid()) {
         const sim::Kernel adam = sim::memory_kernel(step_bytes);

@@ -809,6 +809,46 @@ TEST(Lower, AlignedGradientReductionsOf1F1BWaitForTheScheduleButOnTheFirstStage)
   for (int st = 1; st < 4; ++st) EXPECT_GE(times.first_reduce[st], times.last_backward[st]) << st;
 }
 
+// FP8 delayed scaling (Transformer Engine's reduce_amax): every chunk's forward and backward
+// of every micro-batch ends with a MAX all-reduce of its amaxes over the stage's tp x cp x dp
+// ranks, which the next compute waits for; 3 amaxes a GEMM forward, 2 backward, 4 GEMMs a
+// layer. Current scaling and BF16 run none.
+TEST(Lower, DelayedScalingReducesAmaxesOverTheStage) {
+  Scenario s = make(8, 16, 2);  // tp 2 pp 2 dp 4: 4 layers and 8 ranks a stage, 4 micro-batches
+  auto amax_tasks = [&](hardware::Precision precision, Fp8Recipe recipe) {
+    s.workload.precision = precision;
+    Plan p = plan(2, 2, 4);
+    p.layout.sequence_parallel = true;
+    p.layout.fp8_recipe = recipe;
+    LowerOptions o;
+    o.full_ranks = true;
+    const LoweredPlan lp = lowered(s, p, o);
+    const sim::TaskGraph& g = lp.graph;
+    std::vector<std::vector<TaskId>> succs(static_cast<size_t>(g.num_tasks()));
+    for (auto [before, after] : g.dependencies()) succs[before.value()].push_back(after);
+    std::map<std::string, int> count;
+    for (int t = 0; t < g.num_tasks(); ++t) {
+      const sim::Task& task = g.task(TaskId(t));
+      if (g.label_text(task.label.category) != "amax_comm") continue;
+      const std::string name(g.label_text(task.label.name));
+      ++count[name];
+      EXPECT_EQ(task.collective, sim::CollectiveKind::kAllReduce);
+      EXPECT_EQ(g.group(task.group).size(), 8u);
+      EXPECT_EQ(task.bytes, Bytes(4 * 4 * 4 * (name.ends_with("fwd") ? 3 : 2))) << name;
+      bool blocks_compute = false;
+      for (TaskId u : succs[t]) blocks_compute |= g.task(u).kind == sim::TaskKind::kCompute;
+      EXPECT_TRUE(blocks_compute) << name;
+    }
+    return count;
+  };
+  // One group task per stage and micro-batch, each way.
+  EXPECT_EQ(
+      amax_tasks(hardware::Precision::kFp8, Fp8Recipe::kDelayed),
+      (std::map<std::string, int>{{"fp8 amax all_reduce bwd", 8}, {"fp8 amax all_reduce fwd", 8}}));
+  EXPECT_TRUE(amax_tasks(hardware::Precision::kFp8, Fp8Recipe::kTensorwise).empty());
+  EXPECT_TRUE(amax_tasks(hardware::Precision::kBf16, Fp8Recipe::kDelayed).empty());
+}
+
 TEST(Lower, GraphsValidateAndAreDeterministic) {
   Scenario s = make(8, 32, 2);
   std::vector<Plan> plans = {

@@ -30,7 +30,9 @@ std::string_view to_string(models::Recompute r);  // "none", "selective", "full"
 
 /// How Transformer Engine scales FP8 tensors (fp8 workloads; Megatron-LM's --fp8-recipe).
 enum class Fp8Recipe {
-  kDelayed,     // scale from the amax history of earlier steps, found inside the cast kernel
+  kDelayed,     // scale from the amax history of earlier steps, found inside the cast kernel;
+                // each chunk's forward and backward all-reduce their amaxes over the stage
+                // (Transformer Engine's reduce_amax; planner/lower.h)
   kTensorwise,  // current scaling: each tensor's own amax, a separate pass before its cast
 };
 std::string_view to_string(Fp8Recipe r);  // "delayed", "tensorwise"

@@ -36,6 +36,10 @@
 //   1 at the step's start, chunk c + 1 at the forward pp_rank places before chunk c's first,
 //   so that the stages launch together), except in a colocated plan, where only the first
 //   bucket's is simulated, after the step.
+// - FP8 delayed scaling (Fp8Recipe::kDelayed): each chunk's forward and backward of a
+//   micro-batch end with Transformer Engine's amax all-reduce (MAX, a few bytes per GEMM)
+//   over the stage's tp x cp x dp ranks (Megatron's amax reduction group), which the
+//   compute stream waits for ("amax_comm", comm stream 0).
 // Symmetry (LowerOptions::full_ranks = false, the default): the ranks of one pipeline stage
 // (its TP, CP and DP peers) do the same work at the same times, so when the cluster makes
 // them alike too (one node type; stages on whole nodes or several stages per node; CP
