@@ -613,6 +613,8 @@ class BlockBuilder {
   }
   // The last step (a TP entry) gathers `bytes` instead of its own size.
   void gather_as(Bytes bytes) { b_.steps.back().gather_bytes = bytes; }
+  // The last step's FP8 gather first all-reduces its tensor's amax (WorkStep::amax_reduce).
+  void reduce_amax() { b_.steps.back().amax_reduce = true; }
   // The last step (the dispatch's all-to-all) also sends the routing probabilities, after
   // the expert counts' all-gather.
   void dispatch_calls(Bytes probs, Bytes counts) {
@@ -675,6 +677,9 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
   };
   // Userbuffers (Layout::tp_comm_overlap): the layer linears next to the SP collectives.
   const bool userbuffers = tp && l.sequence_parallel && l.tp_comm_overlap;
+  // FP8 current scaling with SP: tensors gathered in FP8 reduce their amax over TP first.
+  const bool current_sp =
+      tp && l.sequence_parallel && p == Precision::kFp8 && l.fp8_recipe == Fp8Recipe::kTensorwise;
   // Whether the layer's TP exit comes right before `op` (the residual add after attention,
   // and after a dense MLP), and so right after the op before it.
   auto exit_before = [&](const models::Op& op) {
@@ -694,7 +699,14 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
     const int64_t params = local_params(op, g, l);
     (expert ? block.expert : block.dense) += {params, is_fp8_linear(op) ? params : 0};
 
-    if (tp && exit_before(op)) b.comm(StepKind::kTpExit, activation);
+    if (tp && exit_before(op)) {
+      b.comm(StepKind::kTpExit, activation);
+      // Its backward gathers the output gradient of the linear before it (proj, a dense fc2)
+      // in FP8: under current scaling, after an amax all-reduce.
+      int32_t k = op_index - 1;
+      while (k >= 0 && g.ops[k].kind != models::OpKind::kGemm) --k;
+      if (current_sp && k >= 0 && is_fp8_linear(g.ops[k]) && !is_expert(g.ops[k])) b.reduce_amax();
+    }
     if (tp && op.name == "logits") b.comm(StepKind::kTpEntry, activation);
     if (gather_routed && op.name == "moe_combine")  // the permuted tokens of all TP ranks
       b.comm(StepKind::kTpExit, routed_bytes(op, false));
@@ -743,6 +755,7 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
       // with_quantized_norm, gather_along_first_dim(..., quantizer=...)); backward's
       // re-gather of the saved input likewise. The reduce-scatter of its gradient stays bf16.
       if (p == Precision::kFp8 && l.sequence_parallel) b.gather_as(Bytes(tokens / cp * g.hidden));
+      if (current_sp) b.reduce_amax();  // one scale for the gathered input
     }
     if (tp && op.kind == models::OpKind::kEmbedding) b.comm(StepKind::kTpExit, activation);
     if (tp && g.kind == models::ModuleKind::kProjector && op.name == "fc2")

@@ -736,6 +736,11 @@ class Lowering {
     return s_.workload.precision == hardware::Precision::kFp8 &&
            l_.fp8_recipe == Fp8Recipe::kDelayed && !role_.frozen && stage_ranks() > 1;
   }
+  // FP8 current scaling's amax all-reduce over the TP group before a gather in FP8
+  // (WorkStep::amax_reduce), which the cast after it waits for.
+  void reduce_tp_amax() {
+    collective(CollectiveKind::kAllReduce, Bytes(4), {cat_amax_, amax_tp_}, tp_groups_);
+  }
   bool gathers_params_in_forward() const {
     return l_.distributed_optimizer && l_.overlap_param_gather && !l_.fsdp && !role_.frozen &&
            p_.placement != Placement::kColocated && l_.cp * l_.dp > 1;
@@ -767,7 +772,7 @@ class Lowering {
       kFsdpGather, kEpStream;
   bool has_llm_ = true;
   sim::LabelId cat_[4]{}, cat_tp_, cat_cp_, cat_pp_, cat_dp_, cat_ep_, cat_amax_, cat_opt_;
-  sim::LabelId amax_fwd_, amax_bwd_;  // the amax all-reduces' names
+  sim::LabelId amax_fwd_, amax_bwd_, amax_tp_;  // the amax all-reduces' names
   int64_t m_ = 0;
   int vstages_ = 0;
   bool split_w_ = false;
@@ -872,6 +877,7 @@ void Lowering::setup() {
   cat_amax_ = g_.label("amax_comm");
   amax_fwd_ = g_.label(fmt::format("{}fp8 amax all_reduce fwd", role_.prefix));
   amax_bwd_ = g_.label(fmt::format("{}fp8 amax all_reduce bwd", role_.prefix));
+  amax_tp_ = g_.label(fmt::format("{}fp8 amax all_reduce tp", role_.prefix));
   cat_opt_ = g_.label("optimizer");
   // What each comm stream carries, for the trace's track names.
   const std::pair<int32_t, std::string_view> streams[] = {
@@ -1606,6 +1612,7 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
     case StepKind::kTpEntry: {
       if (backward && overlapped_entry(pb, s)) return;  // linear_backward() ran it
       const std::vector<WorkStep>& steps = block(0, pb, backward).steps;
+      if (!backward && step.amax_reduce) reduce_tp_amax();
       if (!backward && sp && s + 1 < steps.size() && steps[s + 1].ring_exchange)
         return ring_collective(CollectiveKind::kAllGather, step.gather_bytes, lb.tp);
       if (backward)
@@ -1617,6 +1624,7 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
     }
     case StepKind::kTpExit: {
       const std::vector<WorkStep>& steps = block(0, pb, backward).steps;
+      if (backward && step.amax_reduce) reduce_tp_amax();
       if (s > 0 && steps[s - 1].ring_exchange) {
         if (backward)  // the gradient's all-gather, beside the linear's dgrad (ring_linear)
           return ring_collective(CollectiveKind::kAllGather, step.bytes, lb.tp);

@@ -829,8 +829,8 @@ TEST(Lower, DelayedScalingReducesAmaxesOverTheStage) {
     std::map<std::string, int> count;
     for (int t = 0; t < g.num_tasks(); ++t) {
       const sim::Task& task = g.task(TaskId(t));
-      if (g.label_text(task.label.category) != "amax_comm") continue;
       const std::string name(g.label_text(task.label.name));
+      if (g.label_text(task.label.category) != "amax_comm" || name.ends_with(" tp")) continue;
       ++count[name];
       EXPECT_EQ(task.collective, sim::CollectiveKind::kAllReduce);
       EXPECT_EQ(g.group(task.group).size(), 8u);
@@ -847,6 +847,38 @@ TEST(Lower, DelayedScalingReducesAmaxesOverTheStage) {
       (std::map<std::string, int>{{"fp8 amax all_reduce bwd", 8}, {"fp8 amax all_reduce fwd", 8}}));
   EXPECT_TRUE(amax_tasks(hardware::Precision::kFp8, Fp8Recipe::kTensorwise).empty());
   EXPECT_TRUE(amax_tasks(hardware::Precision::kBf16, Fp8Recipe::kDelayed).empty());
+}
+
+// FP8 current scaling with SP: the tensors gathered over TP in FP8 (qkv's and fc1's inputs
+// forward, proj's and fc2's output gradients backward) all-reduce their amax over the TP
+// group first, so all TP ranks cast with one scale (WorkStep::amax_reduce): 4 per layer and
+// micro-batch, 4 bytes each, held by the compute after them. Without SP, or under delayed
+// scaling, none.
+TEST(Lower, CurrentScalingReducesGatheredAmaxesOverTp) {
+  Scenario s = make(8, 16, 2);  // tp 2 pp 2 dp 4: 4 layers a stage, 4 micro-batches
+  s.workload.precision = hardware::Precision::kFp8;
+  auto tp_amaxes = [&](bool sp, Fp8Recipe recipe) {
+    Plan p = plan(2, 2, 4);
+    p.layout.sequence_parallel = sp;
+    p.layout.fp8_recipe = recipe;
+    LowerOptions o;
+    o.full_ranks = true;
+    const LoweredPlan lp = lowered(s, p, o);
+    const sim::TaskGraph& g = lp.graph;
+    int n = 0;
+    for (int t = 0; t < g.num_tasks(); ++t) {
+      const sim::Task& task = g.task(TaskId(t));
+      if (g.label_text(task.label.name) != "fp8 amax all_reduce tp") continue;
+      ++n;
+      EXPECT_EQ(task.bytes, Bytes(4));
+      EXPECT_EQ(g.group(task.group).size(), 2u);
+    }
+    return n;
+  };
+  // 2 stages x 4 TP groups x 4 layers x 4 micro-batches x 4.
+  EXPECT_EQ(tp_amaxes(true, Fp8Recipe::kTensorwise), 512);
+  EXPECT_EQ(tp_amaxes(false, Fp8Recipe::kTensorwise), 0);
+  EXPECT_EQ(tp_amaxes(true, Fp8Recipe::kDelayed), 0);
 }
 
 TEST(Lower, GraphsValidateAndAreDeterministic) {

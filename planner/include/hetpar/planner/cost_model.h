@@ -111,6 +111,12 @@ struct WorkStep {
   /// which the dispatcher all-gathers over the EP group before it (its preprocess) to size
   /// the all-to-all; 0: none.
   Bytes expert_counts_bytes{};
+  /// kTpEntry (forward) and kTpExit (backward) next to a Transformer Engine FP8 linear under
+  /// current scaling (Fp8Recipe::kTensorwise) with SP: the tensor the collective gathers in
+  /// FP8 (qkv's / fc1's input; proj's / fc2's output gradient) needs one scale on every TP
+  /// rank, so its amax is all-reduced over the TP group before the cast (TE's quantizer
+  /// with_amax_reduction), a blocking 4-byte all-reduce before the gather.
+  bool amax_reduce = false;
 };
 
 /// A GEMM's rows split into chunks run one after another (userbuffers' ring exchange): its

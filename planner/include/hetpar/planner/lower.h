@@ -39,7 +39,9 @@
 // - FP8 delayed scaling (Fp8Recipe::kDelayed): each chunk's forward and backward of a
 //   micro-batch end with Transformer Engine's amax all-reduce (MAX, a few bytes per GEMM)
 //   over the stage's tp x cp x dp ranks (Megatron's amax reduction group), which the
-//   compute stream waits for ("amax_comm", comm stream 0).
+//   compute stream waits for ("amax_comm", comm stream 0). FP8 current scaling with SP:
+//   a blocking 4-byte all-reduce of the amax over the TP group before each gather in FP8
+//   (WorkStep::amax_reduce).
 // Symmetry (LowerOptions::full_ranks = false, the default): the ranks of one pipeline stage
 // (its TP, CP and DP peers) do the same work at the same times, so when the cluster makes
 // them alike too (one node type; stages on whole nodes or several stages per node; CP
