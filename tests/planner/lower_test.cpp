@@ -809,20 +809,26 @@ TEST(Lower, AlignedGradientReductionsOf1F1BWaitForTheScheduleButOnTheFirstStage)
   for (int st = 1; st < 4; ++st) EXPECT_GE(times.first_reduce[st], times.last_backward[st]) << st;
 }
 
+// make(8, 16, 2) in `precision` under tp 2 pp 2 dp 4 (4 layers and 8 ranks a stage, 4
+// micro-batches) with SP as `sp` and FP8 scaled by `recipe`, every rank lowered.
+LoweredPlan fp8_lowered(hardware::Precision precision, bool sp, Fp8Recipe recipe) {
+  Scenario s = make(8, 16, 2);
+  s.workload.precision = precision;
+  Plan p = plan(2, 2, 4);
+  p.layout.sequence_parallel = sp;
+  p.layout.fp8_recipe = recipe;
+  LowerOptions o;
+  o.full_ranks = true;
+  return lowered(s, p, o);
+}
+
 // FP8 delayed scaling (Transformer Engine's reduce_amax): every chunk's forward and backward
 // of every micro-batch ends with a MAX all-reduce of its amaxes over the stage's tp x cp x dp
 // ranks, which the next compute waits for; 3 amaxes a GEMM forward, 2 backward, 4 GEMMs a
 // layer. Current scaling and BF16 run none.
 TEST(Lower, DelayedScalingReducesAmaxesOverTheStage) {
-  Scenario s = make(8, 16, 2);  // tp 2 pp 2 dp 4: 4 layers and 8 ranks a stage, 4 micro-batches
   auto amax_tasks = [&](hardware::Precision precision, Fp8Recipe recipe) {
-    s.workload.precision = precision;
-    Plan p = plan(2, 2, 4);
-    p.layout.sequence_parallel = true;
-    p.layout.fp8_recipe = recipe;
-    LowerOptions o;
-    o.full_ranks = true;
-    const LoweredPlan lp = lowered(s, p, o);
+    const LoweredPlan lp = fp8_lowered(precision, true, recipe);
     const sim::TaskGraph& g = lp.graph;
     std::vector<std::vector<TaskId>> succs(static_cast<size_t>(g.num_tasks()));
     for (auto [before, after] : g.dependencies()) succs[before.value()].push_back(after);
@@ -855,15 +861,8 @@ TEST(Lower, DelayedScalingReducesAmaxesOverTheStage) {
 // micro-batch, 4 bytes each, held by the compute after them. Without SP, or under delayed
 // scaling, none.
 TEST(Lower, CurrentScalingReducesGatheredAmaxesOverTp) {
-  Scenario s = make(8, 16, 2);  // tp 2 pp 2 dp 4: 4 layers a stage, 4 micro-batches
-  s.workload.precision = hardware::Precision::kFp8;
   auto tp_amaxes = [&](bool sp, Fp8Recipe recipe) {
-    Plan p = plan(2, 2, 4);
-    p.layout.sequence_parallel = sp;
-    p.layout.fp8_recipe = recipe;
-    LowerOptions o;
-    o.full_ranks = true;
-    const LoweredPlan lp = lowered(s, p, o);
+    const LoweredPlan lp = fp8_lowered(hardware::Precision::kFp8, sp, recipe);
     const sim::TaskGraph& g = lp.graph;
     int n = 0;
     for (int t = 0; t < g.num_tasks(); ++t) {
