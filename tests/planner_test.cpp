@@ -84,6 +84,8 @@ TEST(PlanJson, RoundTripsEveryLayoutSwitch) {
   p.layout.repeat_kv = true;
   p.layout.fused_activation = false;
   p.layout.align_grad_reduce = false;
+  p.layout.defer_embedding_wgrad = true;
+  p.layout.wgrad_deferral_limit = 22;
   auto back = parse_plan(plan_to_json(p), "plan");
   ASSERT_TRUE(back.is_ok()) << back.status().to_string();
   EXPECT_EQ(*back, p);

@@ -183,6 +183,11 @@ void refuse_megatron_comm_overlaps(const Context& c, Refusals& r) {
         "ep_comm_overlap: {} has no merged forward/backward schedule that hides the "
         "expert-parallel all-to-alls (Megatron-Core's --overlap-moe-expert-parallel-comm)",
         c.target_name()));
+  if (c.layout().defer_embedding_wgrad)
+    r.add(fmt::format(
+        "defer_embedding_wgrad: {} does not put the output layer's weight gradient off to the "
+        "pipeline's flush (Megatron-Core's --defer-embedding-wgrad-compute)",
+        c.target_name()));
 }
 
 std::string_view megatron_attention_backend(const planner::Layout& l) {

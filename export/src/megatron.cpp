@@ -115,6 +115,11 @@ std::vector<Flag> training_flags(const Context& c) {
   if (c.fp32_gradients() && fp16) f.push_back({"--accumulate-allreduce-grads-in-fp32", ""});
   if (l.fp8_param_gather) f.push_back({"--fp8-param-gather", ""});
   if (!l.gradient_accumulation_fusion) f.push_back({"--no-gradient-accumulation-fusion", ""});
+  if (l.defer_embedding_wgrad) {
+    f.push_back({"--defer-embedding-wgrad-compute", ""});
+    if (l.wgrad_deferral_limit > 0)
+      f.push_back({"--wgrad-deferral-limit", std::to_string(l.wgrad_deferral_limit)});
+  }
   if (l.cross_entropy_fusion != planner::CrossEntropy::kUnfused) {
     f.push_back({"--cross-entropy-loss-fusion", ""});
     f.push_back(

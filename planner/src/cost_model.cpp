@@ -615,6 +615,7 @@ class BlockBuilder {
   void gather_as(Bytes bytes) { b_.steps.back().gather_bytes = bytes; }
   // The last step's FP8 gather first all-reduces its tensor's amax (WorkStep::amax_reduce).
   void reduce_amax() { b_.steps.back().amax_reduce = true; }
+  WorkStep& last() { return b_.steps.back(); }
   // The last step (the dispatch's all-to-all) also sends the routing probabilities, after
   // the expert counts' all-gather.
   void dispatch_calls(Bytes probs, Bytes counts) {
@@ -722,6 +723,7 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
       const bool ring = userbuffers && is_fp8_linear(op);  // a TE layer linear, not logits
       b.linear_after_tp_entry(ring ? op_cost(op, g, l, context_parallel, dev, p, {l.tp, 1}) : c,
                               op_index, ring);
+      b.last().output_layer = op.name == "logits";
     } else if (userbuffers && is_fp8_linear(op) && !expert && gemm_split(op, g) == Split::kRow &&
                exit_follows(op_index)) {
       if (p == Precision::kFp8) {

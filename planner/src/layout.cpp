@@ -136,6 +136,11 @@ std::string describe_in_words(const Layout& l, hardware::Precision workload) {
   if (l.repeat_kv) out += ", repeat_kv";
   if (!l.fused_activation) out += ", unfused activation";
   if (!l.align_grad_reduce) out += ", unaligned gradient reduction";
+  if (l.defer_embedding_wgrad)
+    out += l.wgrad_deferral_limit > 0
+               ? fmt::format(", output-layer wgrad deferred ({} micro-batches)",
+                             l.wgrad_deferral_limit)
+               : ", output-layer wgrad deferred";
   if (!l.flash_attention)
     out += ", unfused attention";
   else if (l.attention_kernel != hardware::AttentionKernel::kDefault)

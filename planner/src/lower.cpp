@@ -279,6 +279,14 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
   if (l.tp_comm_overlap && !l.sequence_parallel)
     return "tp_comm_overlap needs tp > 1 with sequence parallelism (sp): userbuffers overlap the "
            "SP all-gathers and reduce-scatters with the GEMMs";
+  if (l.defer_embedding_wgrad && (l.pp == 1 || !l.gradient_accumulation_fusion))
+    return "defer_embedding_wgrad needs pp > 1 and gradient_accumulation_fusion (Megatron-Core "
+           "defers the output layer's wgrad to the pipeline's flush, into the fused main_grad)";
+  if (l.defer_embedding_wgrad &&
+      (l.tp == 1 || !l.tp_backward_overlap || l.fsdp || splits_weight_gradient(p.schedule)))
+    return "defer_embedding_wgrad is modelled with tp > 1, tp_backward_overlap, no fsdp and a "
+           "schedule without a split weight gradient (the output layer's wgrad a task of its "
+           "own)";
   const auto& llm = std::get<models::LlmSpec>(s.model.modules[s.model.llm_index()].spec);
   for (const models::Module& m : s.model.modules) {
     if (hetero && !std::holds_alternative<models::LlmSpec>(m.spec)) continue;
@@ -700,6 +708,13 @@ class Lowering {
   bool rendezvous() const;
   void blocking_calls(int stage);
   void gradients_and_optimizer();
+  // Layout::defer_embedding_wgrad: the output layer's wgrads the stage's backwards put off,
+  // run after its last op (Megatron-Core's drain_embedding_wgrad_compute): under SP each
+  // after re-gathering its saved input, the next all-gather beside the GEMM before it. The
+  // schedule has launched the gradient reductions before (finish_embedding_wgrad_compute
+  // follows "launch any remaining grad reductions"), so they do not wait for it; the
+  // optimizer step follows it on the compute stream.
+  void drain_deferred_wgrads();
   // DP gradient buckets of the stage (Megatron's DDP buckets): consecutive blocks of a chunk
   // in backward order, at least bucket_params local parameters each (the last block of a
   // chunk closes one); in readiness order, chunks backward, blocks backward.
@@ -826,6 +841,15 @@ class Lowering {
   // bucket and local rank the last of its all-gather's tasks (invalid: not emitted yet).
   std::vector<Bucket> buckets_;
   std::vector<std::vector<TaskId>> bucket_gathered_;
+  // The micro-batch of the backward being emitted; the output-layer wgrads the stage's
+  // backwards deferred (block, step, labels).
+  int64_t backward_mb_ = 0;
+  struct DeferredWgrad {
+    const PlacedBlock* pb = nullptr;
+    size_t s = 0;
+    sim::LabelId compute, tp;
+  };
+  std::vector<DeferredWgrad> deferred_;
   // Interleaved: the forward (chunk, micro-batch) that launches a chunk's all-gathers.
   struct ParamSync {
     int at_chunk = 0;
@@ -937,6 +961,7 @@ void Lowering::setup() {
 
 void Lowering::begin_stage(int stage) {
   stage_ = stage;
+  deferred_.clear();
   build_stage();
   buckets_ = gathers_params_in_forward() ? dp_buckets() : std::vector<Bucket>();
   bucket_gathered_.assign(buckets_.size(), std::vector<TaskId>(stage_ranks()));
@@ -979,6 +1004,7 @@ void Lowering::begin_stage(int stage) {
 }
 
 void Lowering::end_stage() {
+  drain_deferred_wgrads();
   if (!role_.frozen) gradients_and_optimizer();
   if (stage_ == 0 && l_.pp > 1) {  // stages are alike in size: room for the rest
     const double scale = 1.05 * l_.pp;
@@ -1431,8 +1457,13 @@ void Lowering::linear_backward(const PlacedBlock& pb, size_t s, const Labels& lb
   const bool sp = l_.sequence_parallel;
   const Bytes bytes = steps[s - 1].bytes;
   const int n = stage_ranks();
+  // Layout::defer_embedding_wgrad: the output layer's wgrad (and its input's re-gather)
+  // waits for the drain; the first wgrad_deferral_limit micro-batches (0: all).
+  const bool defer = steps[s].output_layer && l_.defer_embedding_wgrad &&
+                     (l_.wgrad_deferral_limit == 0 || backward_mb_ < l_.wgrad_deferral_limit);
+  if (defer) deferred_.push_back({&pb, s, lb.compute, lb.tp});
   std::vector<TaskId> gathered(n), dgrad(n), reduced(n);
-  if (sp)  // the saved input slice, gathered again for the wgrad GEMM
+  if (sp && !defer)  // the saved input slice, gathered again for the wgrad GEMM
     group_collectives(tp_groups_, CollectiveKind::kAllGather, steps[s - 1].gather_bytes, kTpStream,
                       {cat_tp_, lb.tp}, [&](int j, TaskId c) {
                         if (st_[j].last.valid()) g_.add_dependency(st_[j].last, c);
@@ -1449,12 +1480,38 @@ void Lowering::linear_backward(const PlacedBlock& pb, size_t s, const Labels& lb
                       g_.add_dependency(dgrad[j], c);
                       reduced[j] = c;
                     });
+  if (defer) {
+    for (int j : actives_) st_[j].need = reduced[j];
+    return;
+  }
   const sim::KernelListId kw = kernels(pb, s, true, Use::kStepWgrad);
   for (int j : actives_) {
     const PassCost& c = block(j, pb, true).steps[s].cost;
     st_[j].need = gathered[j];
     compute(j, c.wgrad, c.wgrad_flops, kB, lb.compute, kw);
     st_[j].need = reduced[j];  // the layer's earlier backward takes the reduced gradient
+  }
+}
+
+void Lowering::drain_deferred_wgrads() {
+  const int n = stage_ranks();
+  std::vector<TaskId> previous(n), gathered(n);
+  for (const DeferredWgrad& d : deferred_) {
+    const std::vector<WorkStep>& steps = block(0, *d.pb, true).steps;
+    if (l_.sequence_parallel)
+      group_collectives(tp_groups_, CollectiveKind::kAllGather, steps[d.s - 1].gather_bytes,
+                        kTpStream, {cat_tp_, d.tp}, [&](int j, TaskId c) {
+                          const TaskId after = previous[j].valid() ? previous[j] : st_[j].last;
+                          if (after.valid()) g_.add_dependency(after, c);
+                          gathered[j] = c;
+                        });
+    const sim::KernelListId kw = kernels(*d.pb, d.s, true, Use::kStepWgrad);
+    for (int j : actives_) {
+      const PassCost& c = block(j, *d.pb, true).steps[d.s].cost;
+      st_[j].need = gathered[j];
+      compute(j, c.wgrad, c.wgrad_flops, kB, d.compute, kw);
+    }
+    previous = gathered;
   }
 }
 
@@ -1796,7 +1853,10 @@ void Lowering::op_pieces(const PipelineOp& op, Emit&& emit) {
         }
         const Labels* lb = &labels(v, b, kB);
         for (size_t s = nsteps; s-- > 0;)
-          emit(all_to_all(*pb, s, true), [this, pb, s, lb, rl] { run_step(*pb, s, kB, *lb, rl); });
+          emit(all_to_all(*pb, s, true), [this, pb, s, lb, rl, mb = op.micro_batch] {
+            backward_mb_ = mb;
+            run_step(*pb, s, kB, *lb, rl);
+          });
         if (!split_w_) emit(false, [grads_done, b] { grads_done(b); });
         break;
       }

@@ -171,6 +171,12 @@ class Estimator {
     // The output layer and loss live in the last model chunk, which behaves as the last
     // stage of a pipeline without virtual stages.
     head_in_flight_ = in_flight_micro_batches(sch, l_.pp - 1, l_.pp, 1, m);
+    // Layout::defer_embedding_wgrad: the micro-batches whose output-layer wgrad waits for the
+    // pipeline's flush.
+    deferred_wgrads_ = !l_.defer_embedding_wgrad ? 0
+                       : l_.wgrad_deferral_limit > 0
+                           ? static_cast<double>(std::min<int64_t>(l_.wgrad_deferral_limit, m))
+                           : static_cast<double>(m);
   }
 
   void add_module(size_t i) {
@@ -235,6 +241,15 @@ class Estimator {
     }
     if (llm && llm->tied_embeddings && l_.pp > 1)
       add_params(last, vocab_params / l_.tp, false, false);
+    // Deferred output-layer wgrads (Layout::defer_embedding_wgrad): the last stage keeps each
+    // deferred micro-batch's logits gradient (tokens x vocab / tp) and the output layer's
+    // input (its SP slice) until the flush (Megatron-Core's grad_output_buffer and
+    // embedding_activation_buffer).
+    if (llm && deferred_wgrads_ > 0 && !frozen_)
+      stages_[last].activations +=
+          deferred_wgrads_ * static_cast<double>(g.layer_tokens) / l_.cp * g.dtype_bytes *
+          (static_cast<double>(llm->vocab) / l_.tp +
+           static_cast<double>(g.hidden) / (l_.sequence_parallel ? l_.tp : 1));
 
     // A layer's input s*b*h on one CP rank; where stored for backward, SP splits it by TP.
     const double layer_input =
@@ -361,6 +376,7 @@ class Estimator {
   std::vector<double> in_flight_;
   std::vector<double> w_pending_;  // ZB-H1 micro-batches holding only their GEMM inputs
   double head_in_flight_ = 0;
+  double deferred_wgrads_ = 0;  // micro-batches whose output-layer wgrad is deferred
 };
 
 }  // namespace

@@ -101,6 +101,9 @@ Layout parse_layout(JsonReader& r) {
       *parse_fp8_recipe(r.optional_enum("fp8_recipe", "delayed", {"delayed", "tensorwise"}));
   l.fp8_param_gather = r.optional_bool("fp8_param_gather", false);
   l.gradient_accumulation_fusion = r.optional_bool("gradient_accumulation_fusion", true);
+  l.defer_embedding_wgrad = r.optional_bool("defer_embedding_wgrad", false);
+  l.wgrad_deferral_limit =
+      static_cast<int>(r.optional_int("wgrad_deferral_limit", 0, 0, 1'000'000'000));
   l.grad_reduce_dtype = *parse_grad_reduce_dtype(
       r.optional_enum("grad_reduce_dtype", "default", {"default", "fp32", "bf16", "fp16"}));
   l.cross_entropy_fusion = *parse_cross_entropy(
@@ -137,6 +140,8 @@ nlohmann::json layout_to_json(const Layout& l) {
   if (l.cp_comm != CpComm::kP2P) j["cp_comm"] = to_string(l.cp_comm);
   if (l.fp8_param_gather) j["fp8_param_gather"] = true;
   if (!l.gradient_accumulation_fusion) j["gradient_accumulation_fusion"] = false;
+  if (l.defer_embedding_wgrad) j["defer_embedding_wgrad"] = true;
+  if (l.wgrad_deferral_limit > 0) j["wgrad_deferral_limit"] = l.wgrad_deferral_limit;
   if (l.etp > 0) j["etp"] = l.etp;
   if (l.grad_reduce_dtype != GradReduceDtype::kDefault)
     j["grad_reduce_dtype"] = to_string(l.grad_reduce_dtype);

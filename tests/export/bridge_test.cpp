@@ -40,17 +40,27 @@ TEST(ExportMegatronBridge, MixtureOfExpertsRunsTheModelledDispatcher) {
   EXPECT_EQ(yd.at("model.moe_pad_expert_input_to_capacity"), "true");
 }
 
-// An unfused SwiGLU is model.bias_activation_fusion false; the Nemotron provider's squared
-// ReLU is eager PyTorch, so a plan timing it fused is noted.
-TEST(ExportMegatronBridge, GradientReductionAlignment) {
+// Megatron-Core's gradient-reduction alignment (default: nothing written; off,
+// dist.align_grad_reduce false) and the deferred output-layer wgrad
+// (comm_overlap.defer_embedding_wgrad_compute with its limit).
+TEST(ExportMegatronBridge, AlignedReductionsAndDeferredWgrad) {
   planner::Plan p;
   p.layout = layout(2, 2, 8);
+  p.layout.sequence_parallel = true;
   const planner::Scenario llama = scenario("llama-3.1-8b", 4, 4096, 64);
   EXPECT_EQ(bridge(llama, p).count("dist.align_grad_reduce"), 0u);
+  EXPECT_EQ(bridge(llama, p).count("comm_overlap.defer_embedding_wgrad_compute"), 0u);
   p.layout.align_grad_reduce = false;
-  EXPECT_EQ(bridge(llama, p).at("dist.align_grad_reduce"), "false");
+  p.layout.defer_embedding_wgrad = true;
+  p.layout.wgrad_deferral_limit = 22;
+  const auto settings = bridge(llama, p);
+  EXPECT_EQ(settings.at("dist.align_grad_reduce"), "false");
+  EXPECT_EQ(settings.at("comm_overlap.defer_embedding_wgrad_compute"), "true");
+  EXPECT_EQ(settings.at("comm_overlap.wgrad_deferral_limit"), "22");
 }
 
+// An unfused SwiGLU is model.bias_activation_fusion false; the Nemotron provider's squared
+// ReLU is eager PyTorch, so a plan timing it fused is noted.
 TEST(ExportMegatronBridge, ActivationFusion) {
   planner::Plan p;
   p.layout = layout(2, 1, 8);

@@ -125,20 +125,29 @@ TEST(ExportMegatron, FlagsParseBackIntoThePlan) {
             0u);
 }
 
-// The MLP's activation: --swiglu for Llama, --squared-relu for Nemotron-4, neither for GELU.
-// Layout::align_grad_reduce is Megatron's default; off, --no-align-grad-reduce.
-TEST(ExportMegatron, GradientReductionAlignment) {
+// Layout::align_grad_reduce is Megatron's default (off: --no-align-grad-reduce), and
+// Layout::defer_embedding_wgrad is --defer-embedding-wgrad-compute, with its limit when
+// set; the trainers without the deferral refuse it.
+TEST(ExportMegatron, AlignedReductionsAndDeferredWgrad) {
   Plan p;
   p.layout = layout(8, 2, 2);
-  auto flags = [&] {
-    return all_flags(
-        exported(scenario("llama-3.1-8b", 4, 4096, 64), p, Target::kMegatron).at("launch.sh"));
-  };
+  p.layout.sequence_parallel = true;
+  const planner::Scenario s = scenario("llama-3.1-8b", 4, 4096, 64);
+  auto flags = [&] { return all_flags(exported(s, p, Target::kMegatron).at("launch.sh")); };
   EXPECT_EQ(flags().count("--no-align-grad-reduce"), 0u);
+  EXPECT_EQ(flags().count("--defer-embedding-wgrad-compute"), 0u);
   p.layout.align_grad_reduce = false;
+  p.layout.defer_embedding_wgrad = true;
   EXPECT_EQ(flags().count("--no-align-grad-reduce"), 1u);
+  EXPECT_EQ(flags().count("--defer-embedding-wgrad-compute"), 1u);
+  EXPECT_EQ(flags().count("--wgrad-deferral-limit"), 0u);
+  p.layout.wgrad_deferral_limit = 22;
+  EXPECT_EQ(flags().at("--wgrad-deferral-limit"), "22");
+  for (Target t : {Target::kTorchtitan, Target::kDeepspeed, Target::kNanotron})
+    EXPECT_NE(refusal(s, p, t).find("defer_embedding_wgrad: "), std::string::npos) << to_string(t);
 }
 
+// The MLP's activation: --swiglu for Llama, --squared-relu for Nemotron-4, neither for GELU.
 TEST(ExportMegatron, ActivationFlags) {
   Plan p;
   p.layout = layout(8, 1, 2);

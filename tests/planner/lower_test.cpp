@@ -880,6 +880,64 @@ TEST(Lower, CurrentScalingReducesGatheredAmaxesOverTp) {
   EXPECT_EQ(tp_amaxes(true, Fp8Recipe::kDelayed), 0);
 }
 
+// Layout::defer_embedding_wgrad: the last stage's output-layer wgrads of the first
+// wgrad_deferral_limit micro-batches (0: all) leave their backwards and run after the
+// stage's last op, each after re-gathering its saved input under SP; the work is moved,
+// not changed. Megatron-Core's conditions are checked.
+TEST(Lower, DeferredOutputLayerWgradsRunAtTheFlush) {
+  Scenario s = make(8, 16, 2);  // tp 2 pp 2 dp 4: 4 micro-batches; stage 1 is ranks 8-15
+  auto compute_of_rank8 = [&](bool defer, int limit) {
+    Plan p = plan(2, 2, 4);
+    p.layout.sequence_parallel = true;
+    p.layout.defer_embedding_wgrad = defer;
+    p.layout.wgrad_deferral_limit = limit;
+    LowerOptions o;
+    o.full_ranks = true;
+    const LoweredPlan lp = lowered(s, p, o);
+    std::vector<Time> durations;  // rank 8's compute tasks in program order
+    int gathers = 0;
+    for (int t = 0; t < lp.graph.num_tasks(); ++t) {
+      const sim::Task& task = lp.graph.task(TaskId(t));
+      const auto streams = lp.graph.streams(TaskId(t));
+      const bool on8 = std::any_of(streams.begin(), streams.end(),
+                                   [](const sim::StreamRef& r) { return r.rank == RankId(8); });
+      if (!on8) continue;
+      if (task.kind == sim::TaskKind::kCompute &&
+          lp.graph.label_text(task.label.category) != "optimizer")
+        durations.push_back(task.duration);
+      gathers += task.kind == sim::TaskKind::kCollective &&
+                 task.collective == sim::CollectiveKind::kAllGather;
+    }
+    return std::pair(durations, gathers);
+  };
+  auto total = [](const std::vector<Time>& v) {
+    Time t;
+    for (Time d : v) t += d;
+    return t;
+  };
+  const auto [plain, plain_gathers] = compute_of_rank8(false, 0);
+  for (int limit : {0, 2}) {
+    const auto [deferred, gathers] = compute_of_rank8(true, limit);
+    const size_t moved = limit == 0 ? 4 : 2;
+    EXPECT_EQ(total(deferred), total(plain)) << limit;
+    EXPECT_EQ(gathers, plain_gathers) << limit;  // the input re-gathers move with them
+    ASSERT_EQ(deferred.size(), plain.size()) << limit;
+    // The last `moved` compute tasks are the deferred wgrads, all alike; they were not last.
+    const std::vector<Time> tail(deferred.end() - static_cast<ptrdiff_t>(moved), deferred.end());
+    EXPECT_EQ(tail, std::vector<Time>(moved, tail.front())) << limit;
+    EXPECT_NE(std::vector<Time>(plain.end() - static_cast<ptrdiff_t>(moved), plain.end()), tail)
+        << limit;
+  }
+  // Megatron-Core's conditions: pipeline parallelism and the fused gradient accumulation.
+  Plan p = plan(2, 1, 8);
+  p.layout.sequence_parallel = true;
+  p.layout.defer_embedding_wgrad = true;
+  auto r = lower(s, p, {});
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().to_string().find("defer_embedding_wgrad needs pp > 1"), std::string::npos)
+      << r.status().to_string();
+}
+
 TEST(Lower, GraphsValidateAndAreDeterministic) {
   Scenario s = make(8, 32, 2);
   std::vector<Plan> plans = {

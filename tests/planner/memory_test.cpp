@@ -450,5 +450,26 @@ TEST(MemoryCapacity, SmallestGpuOfTheCluster) {
             Bytes::GiB(1) + Bytes(std::llround(0.1 * r.per_stage[0].activations.as_double())));
 }
 
+// Layout::defer_embedding_wgrad: the last stage keeps each deferred micro-batch's logits
+// gradient (s·b × V/tp) and the output layer's input slice (s·b × h / tp under SP) until
+// the pipeline's flush; wgrad_deferral_limit caps the micro-batches.
+TEST(Memory, DeferredOutputLayerWgradsHoldTheirBuffers) {
+  Scenario s = scenario(kGpt, kS, 8 * 4);  // 8 nodes of 8: tp 8 pp 2 dp 4, 8 micro-batches
+  Layout l;
+  l.tp = 8;
+  l.pp = 2;
+  l.dp = 4;
+  l.sequence_parallel = true;
+  auto last = [&](bool defer, int limit) {
+    Layout d = l;
+    d.defer_embedding_wgrad = defer;
+    d.wgrad_deferral_limit = limit;
+    return estimate_memory(s, plan(d)).per_stage[1].activations.as_double();
+  };
+  const double per_micro_batch = kS * 2.0 * (kV / 8.0 + kH / 8.0);  // bf16
+  EXPECT_DOUBLE_EQ(last(true, 0) - last(false, 0), 8 * per_micro_batch);
+  EXPECT_DOUBLE_EQ(last(true, 3) - last(false, 0), 3 * per_micro_batch);
+}
+
 }  // namespace
 }  // namespace hetpar::planner

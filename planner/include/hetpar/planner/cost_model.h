@@ -91,6 +91,9 @@ struct WorkStep {
   /// under SP the linear's input, saved as this rank's sequence slice, is all-gathered
   /// again beside the dgrad GEMM, which the wgrad GEMM waits for.
   bool overlaps_tp_entry = false;
+  /// With overlaps_tp_entry: the linear is the output layer (logits), whose wgrad
+  /// Layout::defer_embedding_wgrad puts off.
+  bool output_layer = false;
   /// kCompute: this step is one row-parallel linear (proj, fc2) right before a TP exit,
   /// alone in its step (Layout::tp_comm_overlap).
   bool overlaps_tp_exit = false;

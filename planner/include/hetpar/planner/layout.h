@@ -245,6 +245,16 @@ struct Layout {
   /// the fusion existed, 2021); under torch FSDP2 (torchtitan) there is no main_grad and
   /// nothing more is charged.
   bool gradient_accumulation_fusion = true;
+  /// Megatron-Core's defer_embedding_wgrad_compute (--defer-embedding-wgrad-compute with
+  /// --wgrad-deferral-limit; NeMo's Nemotron-4 340B recipe): the output layer's
+  /// weight-gradient GEMM of the first wgrad_deferral_limit micro-batches (0: all) is put off
+  /// to the pipeline's flush, where the last stage runs the deferred ones (under SP each
+  /// after re-gathering its saved input, the next all-gather beside the GEMM:
+  /// drain_embedding_wgrad_compute) before its gradients are reduced. Needs pp > 1 and
+  /// gradient_accumulation_fusion, as Megatron-Core checks; modelled with tp > 1, where the
+  /// output layer's backward is a task of its own.
+  bool defer_embedding_wgrad = false;
+  int wgrad_deferral_limit = 0;
   // Uneven pipeline splits of the LLM's layers (Megatron-LM; schedule.h's
   // layers_per_virtual_stage). first/last_stage_layers: --decoder-first/last-pipeline-
   // num-layers, the layers of pipeline stage 0 / pp-1 (0 = not set), the rest split evenly

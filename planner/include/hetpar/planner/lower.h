@@ -42,6 +42,9 @@
 //   compute stream waits for ("amax_comm", comm stream 0). FP8 current scaling with SP:
 //   a blocking 4-byte all-reduce of the amax over the TP group before each gather in FP8
 //   (WorkStep::amax_reduce).
+// - Layout::defer_embedding_wgrad: the last stage's output-layer wgrads of the deferred
+//   micro-batches run after its last op (each after its input's re-gather under SP), the
+//   gradient reductions not waiting for them.
 // Symmetry (LowerOptions::full_ranks = false, the default): the ranks of one pipeline stage
 // (its TP, CP and DP peers) do the same work at the same times, so when the cluster makes
 // them alike too (one node type; stages on whole nodes or several stages per node; CP
