@@ -613,8 +613,7 @@ class BlockBuilder {
   }
   // The last step (a TP entry) gathers `bytes` instead of its own size.
   void gather_as(Bytes bytes) { b_.steps.back().gather_bytes = bytes; }
-  // The last step's FP8 gather first all-reduces its tensor's amax (WorkStep::amax_reduce).
-  void reduce_amax() { b_.steps.back().amax_reduce = true; }
+  // The step just added, for flags of its own.
   WorkStep& last() { return b_.steps.back(); }
   // The last step (the dispatch's all-to-all) also sends the routing probabilities, after
   // the expert counts' all-gather.
@@ -706,7 +705,8 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
       // in FP8: under current scaling, after an amax all-reduce.
       int32_t k = op_index - 1;
       while (k >= 0 && g.ops[k].kind != models::OpKind::kGemm) --k;
-      if (current_sp && k >= 0 && is_fp8_linear(g.ops[k]) && !is_expert(g.ops[k])) b.reduce_amax();
+      if (current_sp && k >= 0 && is_fp8_linear(g.ops[k]) && !is_expert(g.ops[k]))
+        b.last().amax_reduce = true;
     }
     if (tp && op.name == "logits") b.comm(StepKind::kTpEntry, activation);
     if (gather_routed && op.name == "moe_combine")  // the permuted tokens of all TP ranks
@@ -757,7 +757,7 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
       // with_quantized_norm, gather_along_first_dim(..., quantizer=...)); backward's
       // re-gather of the saved input likewise. The reduce-scatter of its gradient stays bf16.
       if (p == Precision::kFp8 && l.sequence_parallel) b.gather_as(Bytes(tokens / cp * g.hidden));
-      if (current_sp) b.reduce_amax();  // one scale for the gathered input
+      if (current_sp) b.last().amax_reduce = true;  // one scale for the gathered input
     }
     if (tp && op.kind == models::OpKind::kEmbedding) b.comm(StepKind::kTpExit, activation);
     if (tp && g.kind == models::ModuleKind::kProjector && op.name == "fc2")

@@ -607,6 +607,12 @@ class Lowering {
   // Backward of a column-parallel linear after a TP entry (WorkStep::overlaps_tp_entry):
   // [SP: input all-gather beside] dgrad, then the entry's collective beside wgrad.
   void linear_backward(const PlacedBlock& pb, size_t s, const Labels& lb);
+  // That linear's saved input slice all-gathered again under SP, into gathered[j], after
+  // after[j] (invalid: the rank's last task); and its wgrad GEMM after gathered[j].
+  void regather_input(const PlacedBlock& pb, size_t s, sim::LabelId tp,
+                      const std::vector<TaskId>& after, std::vector<TaskId>& gathered);
+  void linear_wgrad(const PlacedBlock& pb, size_t s, sim::LabelId compute_label,
+                    const std::vector<TaskId>& gathered);
   // Whether backward step s, a TP entry, is run by the linear after it (linear_backward).
   bool overlapped_entry(const PlacedBlock& pb, size_t s);
   // Layout::ep_comm_overlap (--delay-wgrad-compute): whether backward step s, a plain
@@ -728,19 +734,6 @@ class Lowering {
   // launches the chunk's gradient reductions (SIZE_MAX: each bucket as it becomes ready);
   // empty when not aligned.
   std::vector<size_t> grad_syncs() const;
-  // Megatron's overlap_param_gather with the distributed optimizer (not FSDP, which gathers
-  // block by block): the step's parameter all-gathers run beside the first forward
-  // micro-batch of each chunk, each bucket's first block waiting for its bucket's. One chunk
-  // (Megatron-Core's forward pre-hooks): a bucket's all-gather is dispatched when the bucket
-  // before it starts its forward. Interleaved (align_param_gather, which Megatron-LM sets by
-  // default and NeMo with pp and vpp > 1: the schedule's param_sync_func): all buckets of
-  // chunks 0 and 1 at the step's start, those of chunk c + 1 at the same time on every
-  // stage: stage s launches them with its forward pp_rank = s places before chunk c's first
-  // (schedules.py, "launch param synchronization for next model chunk": virtual micro-batch
-  // k + pp_rank), which a pipeline running s forwards behind stage 0 starts when stage 0
-  // starts chunk c. Not in a
-  // colocated plan, whose modules' phases share the ranks: there the all-gathers keep their
-  // place after the step (the first bucket's), as before.
   // Transformer Engine's delayed scaling (Fp8Recipe::kDelayed, its recipe's reduce_amax):
   // the amaxes an FP8 autocast region recorded are all-reduced (MAX) over Megatron's amax
   // reduction group, the stage's tp x cp x dp ranks, with async_op=False, so the compute
@@ -756,6 +749,18 @@ class Lowering {
   void reduce_tp_amax() {
     collective(CollectiveKind::kAllReduce, Bytes(4), {cat_amax_, amax_tp_}, tp_groups_);
   }
+  // Megatron's overlap_param_gather with the distributed optimizer (not FSDP, which gathers
+  // block by block): the step's parameter all-gathers run beside the first forward
+  // micro-batch of each chunk, each bucket's first block waiting for its bucket's. One chunk
+  // (Megatron-Core's forward pre-hooks): a bucket's all-gather is dispatched when the bucket
+  // before it starts its forward. Interleaved (align_param_gather, which Megatron-LM sets by
+  // default and NeMo with pp and vpp > 1: the schedule's param_sync_func): all buckets of
+  // chunks 0 and 1 at the step's start, those of chunk c + 1 at the same time on every
+  // stage: stage s launches them with its forward pp_rank = s places before chunk c's first
+  // (schedules.py, "launch param synchronization for next model chunk": virtual micro-batch
+  // k + pp_rank), which a pipeline running s forwards behind stage 0 starts when stage 0
+  // starts chunk c. Not in a colocated plan, whose modules' phases share the ranks: there
+  // the first bucket's all-gather keeps its place after the step.
   bool gathers_params_in_forward() const {
     return l_.distributed_optimizer && l_.overlap_param_gather && !l_.fsdp && !role_.frozen &&
            p_.placement != Placement::kColocated && l_.cp * l_.dp > 1;
@@ -1463,12 +1468,7 @@ void Lowering::linear_backward(const PlacedBlock& pb, size_t s, const Labels& lb
                      (l_.wgrad_deferral_limit == 0 || backward_mb_ < l_.wgrad_deferral_limit);
   if (defer) deferred_.push_back({&pb, s, lb.compute, lb.tp});
   std::vector<TaskId> gathered(n), dgrad(n), reduced(n);
-  if (sp && !defer)  // the saved input slice, gathered again for the wgrad GEMM
-    group_collectives(tp_groups_, CollectiveKind::kAllGather, steps[s - 1].gather_bytes, kTpStream,
-                      {cat_tp_, lb.tp}, [&](int j, TaskId c) {
-                        if (st_[j].last.valid()) g_.add_dependency(st_[j].last, c);
-                        gathered[j] = c;
-                      });
+  if (sp && !defer) regather_input(pb, s, lb.tp, std::vector<TaskId>(n), gathered);
   const sim::KernelListId kd = kernels(pb, s, true, Use::kDgrad);
   for (int j : actives_) {
     const PassCost& c = block(j, pb, true).steps[s].cost;
@@ -1480,16 +1480,29 @@ void Lowering::linear_backward(const PlacedBlock& pb, size_t s, const Labels& lb
                       g_.add_dependency(dgrad[j], c);
                       reduced[j] = c;
                     });
-  if (defer) {
-    for (int j : actives_) st_[j].need = reduced[j];
-    return;
-  }
+  if (!defer) linear_wgrad(pb, s, lb.compute, gathered);
+  // The layer's earlier backward takes the reduced gradient.
+  for (int j : actives_) st_[j].need = reduced[j];
+}
+
+void Lowering::regather_input(const PlacedBlock& pb, size_t s, sim::LabelId tp,
+                              const std::vector<TaskId>& after, std::vector<TaskId>& gathered) {
+  const Bytes bytes = block(0, pb, true).steps[s - 1].gather_bytes;
+  group_collectives(tp_groups_, CollectiveKind::kAllGather, bytes, kTpStream, {cat_tp_, tp},
+                    [&](int j, TaskId c) {
+                      const TaskId a = after[j].valid() ? after[j] : st_[j].last;
+                      if (a.valid()) g_.add_dependency(a, c);
+                      gathered[j] = c;
+                    });
+}
+
+void Lowering::linear_wgrad(const PlacedBlock& pb, size_t s, sim::LabelId compute_label,
+                            const std::vector<TaskId>& gathered) {
   const sim::KernelListId kw = kernels(pb, s, true, Use::kStepWgrad);
   for (int j : actives_) {
     const PassCost& c = block(j, pb, true).steps[s].cost;
     st_[j].need = gathered[j];
-    compute(j, c.wgrad, c.wgrad_flops, kB, lb.compute, kw);
-    st_[j].need = reduced[j];  // the layer's earlier backward takes the reduced gradient
+    compute(j, c.wgrad, c.wgrad_flops, kB, compute_label, kw);
   }
 }
 
@@ -1497,20 +1510,9 @@ void Lowering::drain_deferred_wgrads() {
   const int n = stage_ranks();
   std::vector<TaskId> previous(n), gathered(n);
   for (const DeferredWgrad& d : deferred_) {
-    const std::vector<WorkStep>& steps = block(0, *d.pb, true).steps;
-    if (l_.sequence_parallel)
-      group_collectives(tp_groups_, CollectiveKind::kAllGather, steps[d.s - 1].gather_bytes,
-                        kTpStream, {cat_tp_, d.tp}, [&](int j, TaskId c) {
-                          const TaskId after = previous[j].valid() ? previous[j] : st_[j].last;
-                          if (after.valid()) g_.add_dependency(after, c);
-                          gathered[j] = c;
-                        });
-    const sim::KernelListId kw = kernels(*d.pb, d.s, true, Use::kStepWgrad);
-    for (int j : actives_) {
-      const PassCost& c = block(j, *d.pb, true).steps[d.s].cost;
-      st_[j].need = gathered[j];
-      compute(j, c.wgrad, c.wgrad_flops, kB, d.compute, kw);
-    }
+    // Each all-gather after the one before, so it runs beside the GEMM before it.
+    if (l_.sequence_parallel) regather_input(*d.pb, d.s, d.tp, previous, gathered);
+    linear_wgrad(*d.pb, d.s, d.compute, gathered);
     previous = gathered;
   }
 }

@@ -19,6 +19,14 @@ std::map<std::string, std::string> bridge(const planner::Scenario& s, const Plan
   return yaml_settings(exported(s, p, Target::kMegatronBridge).at("megatron_bridge.yaml"));
 }
 
+// A plan of layout(tp, pp, dp) with sequence parallelism.
+Plan sp_plan(int tp, int pp, int dp) {
+  Plan p;
+  p.layout = layout(tp, pp, dp);
+  p.layout.sequence_parallel = true;
+  return p;
+}
+
 // A MoE model as the cost model times its layers: Megatron-Bridge's GPTModelProvider
 // defaults to the allgather dispatcher and per-expert MLPs, so the settings are explicit.
 TEST(ExportMegatronBridge, MixtureOfExpertsRunsTheModelledDispatcher) {
@@ -44,9 +52,7 @@ TEST(ExportMegatronBridge, MixtureOfExpertsRunsTheModelledDispatcher) {
 // dist.align_grad_reduce false) and the deferred output-layer wgrad
 // (comm_overlap.defer_embedding_wgrad_compute with its limit).
 TEST(ExportMegatronBridge, AlignedReductionsAndDeferredWgrad) {
-  planner::Plan p;
-  p.layout = layout(2, 2, 8);
-  p.layout.sequence_parallel = true;
+  Plan p = sp_plan(2, 2, 8);
   const planner::Scenario llama = scenario("llama-3.1-8b", 4, 4096, 64);
   EXPECT_EQ(bridge(llama, p).count("dist.align_grad_reduce"), 0u);
   EXPECT_EQ(bridge(llama, p).count("comm_overlap.defer_embedding_wgrad_compute"), 0u);
@@ -62,9 +68,7 @@ TEST(ExportMegatronBridge, AlignedReductionsAndDeferredWgrad) {
 // An unfused SwiGLU is model.bias_activation_fusion false; the Nemotron provider's squared
 // ReLU is eager PyTorch, so a plan timing it fused is noted.
 TEST(ExportMegatronBridge, ActivationFusion) {
-  planner::Plan p;
-  p.layout = layout(2, 1, 8);
-  p.layout.sequence_parallel = true;
+  Plan p = sp_plan(2, 1, 8);
   const planner::Scenario llama = scenario("llama-3.1-8b", 2, 4096, 64);
   EXPECT_EQ(bridge(llama, p).count("model.bias_activation_fusion"), 0u);
   const planner::Scenario nemotron = scenario("nemotron-4-15b", 2, 4096, 64);

@@ -30,7 +30,7 @@ struct PhaseTime {
 };
 
 struct ExposedComm {
-  std::string kind;  // tp_comm, cp_comm, pp_comm, dp_comm, ep_comm
+  std::string kind;  // tp_comm, cp_comm, pp_comm, dp_comm, ep_comm, amax_comm, ...
   Time per_rank;     // mean over ranks of the time only this kind of comm ran (no compute)
 };
 
