@@ -93,7 +93,12 @@ TEST_F(Cuda, GemmsMatchTheCpuBackend) {
     Status st = gpu_->gemm(kComputeStream, d, ga, gb, gc);
     if (c.t == DType::kF8E4M3 && st.code() == Status::Code::kUnavailable) continue;  // pre-sm_89
     ASSERT_TRUE(st.is_ok()) << st.to_string();
-    expect_close(cc, gc, d.c_dtype(), c.m * c.n * c.batch, 1e-4f * std::sqrt(float(c.k)), "C");
+    // Hopper's FP8 tensor cores accumulate in about 14 bits between cuBLASLt's promotions
+    // to fp32 (DeepSeek-V3 technical report, 3.3.2): up to 2^-13 of the sum of |a_i b_i|,
+    // k/4 for these uniform inputs; an H200 missed fp32 by 1.8e-3 at k = 128 (2026-12-04).
+    const float fp8_accumulation = c.t == DType::kF8E4M3 ? c.k / 4.0f * std::ldexp(1.0f, -13) : 0;
+    expect_close(cc, gc, d.c_dtype(), c.m * c.n * c.batch,
+                 1e-4f * std::sqrt(float(c.k)) + fp8_accumulation, "C");
   }
 }
 

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <ctime>
+#include <utility>
 
 #include "commands.h"
 #include "hetpar/calibrate/profile.h"
@@ -117,9 +118,16 @@ Status add_plan_shapes(const std::string& path, int max, calibrate::SweepPlan& p
   if (!s.plan)
     return Status::invalid_argument(fmt::format(
         "{}: plan: missing required object (--shapes-from measures the plan's GEMMs)", path));
+  // Userbuffers' ring exchange runs each layer linear in tp chunks, which lower() has no
+  // kernel lists for (the executor runs whole GEMMs): measure the whole GEMMs; the profile's
+  // table carries their rate to the chunks' shapes (the ratio is interpolated in log space).
+  planner::Plan whole = *s.plan;
+  bool userbuffers = std::exchange(whole.layout.tp_comm_overlap, false);
+  for (planner::ModulePlan& m : whole.modules)
+    userbuffers = std::exchange(m.layout.tp_comm_overlap, false) || userbuffers;
   planner::LowerOptions lo;
   lo.full_ranks = lo.kernels = true;
-  HETPAR_ASSIGN_OR_RETURN(planner::LoweredPlan lp, planner::lower(s, *s.plan, lo));
+  HETPAR_ASSIGN_OR_RETURN(planner::LoweredPlan lp, planner::lower(s, whole, lo));
   const hardware::Precision p = s.workload.precision;
   const runtime::DType t = p == hardware::Precision::kFp8    ? runtime::DType::kF8E4M3
                            : p == hardware::Precision::kBf16 ? runtime::DType::kBf16
@@ -156,8 +164,9 @@ Status add_plan_shapes(const std::string& path, int max, calibrate::SweepPlan& p
   const std::string dtype = std::string(runtime::to_string(t));
   *what = fmt::format(
       "{} of the {} GEMM shapes of {}'s plan ({} of them weight gradients, "
-      "also measured adding into fp32), dtypes {}",
-      added, total, path, accumulating, dtype);
+      "also measured adding into fp32), dtypes {}{}",
+      added, total, path, accumulating, dtype,
+      userbuffers ? "; its tp_comm_overlap linears as whole GEMMs, not userbuffers' chunks" : "");
   return Status::ok();
 }
 

@@ -604,6 +604,9 @@ class Lowering {
   void run_step(const PlacedBlock& pb, size_t s, int pass, const Labels& lb,
                 sim::LabelId recompute);
   void compute(int j, Time d, Flops f, int pass, sim::LabelId name, sim::KernelListId kernels = {});
+  // A kernel list for compute(): added to the graph with its host calls counted (compute()
+  // charges the host per call of a task's list).
+  sim::KernelListId add_kernel_list(std::span<const sim::Kernel> list);
   // Backward of a column-parallel linear after a TP entry (WorkStep::overlaps_tp_entry):
   // [SP: input all-gather beside] dgrad, then the entry's collective beside wgrad.
   void linear_backward(const PlacedBlock& pb, size_t s, const Labels& lb);
@@ -1247,8 +1250,13 @@ sim::KernelListId Lowering::kernels(const PlacedBlock& pb, size_t s, bool backwa
     for (sim::Kernel& k : list)
       if (!ring_share(k)) k.batch = std::max<int64_t>(1, k.batch / l_.cp);
   }
-  const sim::KernelListId id = g_.add_kernels(list);
+  const sim::KernelListId id = add_kernel_list(list);
   kernel_ids_.emplace(key, id);
+  return id;
+}
+
+sim::KernelListId Lowering::add_kernel_list(std::span<const sim::Kernel> list) {
+  const sim::KernelListId id = g_.add_kernels(list);
   int32_t calls = 0;
   for (const sim::Kernel& k : list) calls += static_cast<int32_t>(k.launches);
   if (list_calls_.size() <= static_cast<size_t>(id.value())) list_calls_.resize(id.value() + 1);
@@ -1589,7 +1597,7 @@ void Lowering::memory_pass(Bytes moved, int pass, sim::LabelId name) {
   sim::KernelListId k;
   if (o_.kernels) {
     const sim::Kernel copy = sim::memory_kernel(moved.count());
-    k = g_.add_kernels({&copy, 1});
+    k = add_kernel_list({&copy, 1});
   }
   for (int j : actives_) {
     const hardware::DeviceProfile& dev = s_.cluster.groups()[group_[j]].profile.gpu;

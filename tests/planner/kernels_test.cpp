@@ -49,6 +49,15 @@ void expect_kernels_match(const Scenario& s, const Plan& p) {
     if (task.kind != sim::TaskKind::kCompute) continue;
     ++compute;
     ASSERT_TRUE(task.kernels.valid()) << lp->graph.label_text(task.label.name);
+    // The host issues one call, at the profile's cost, per kernel launch of the task's list.
+    if (lp->graph.host_issued(TaskId(t))) {
+      int64_t launches = 0;
+      for (const sim::Kernel& k : lp->graph.kernels(task.kernels)) launches += k.launches;
+      EXPECT_EQ(lp->graph.host_calls(TaskId(t)), std::max<int64_t>(launches, 1))
+          << lp->graph.label_text(task.label.name);
+      EXPECT_EQ(lp->graph.host_issue(TaskId(t)), s.cluster.profile_of_gpu(0).host_op * launches)
+          << lp->graph.label_text(task.label.name);
+    }
     double flops = 0;
     for (const sim::Kernel& k : lp->graph.kernels(task.kernels)) flops += k.flops();
     EXPECT_NEAR(flops, task.flops.count(), 1e-9 * std::max(1.0, task.flops.count()))
@@ -120,6 +129,15 @@ TEST(Kernels, ExpertParallelAndFsdpPlansMatchTaskFlops) {
   expect_kernels_match(tiny(4), fsdp);
   fsdp.layout.fsdp_implementation = FsdpImplementation::kTorchFsdp2;  // copy-out kernels
   fsdp.layout.gradient_accumulation_fusion = false;
+  {  // with a host that issues every launch (the copy-out's too)
+    Scenario host = tiny(4);
+    std::vector<hardware::NodeGroup> groups = host.cluster.groups();
+    groups[0].profile.host_op = Time::us(10);
+    auto cluster = hardware::ClusterSpec::create(groups);
+    ASSERT_TRUE(cluster.is_ok()) << cluster.status().to_string();
+    host.cluster = *cluster;
+    expect_kernels_match(host, fsdp);
+  }
   for (bool root : {false, true}) {
     fsdp.layout.fsdp_root_unit = root;
     expect_kernels_match(tiny(4), fsdp);
