@@ -332,6 +332,7 @@ class Builder {
                          o_.plan_shapes.empty() ? "the plan" : o_.plan_shapes, gemm_timing()));
       }
     }
+    accumulate_exposed(p);
     for (Precision prec : hardware::kAllPrecisions)
       if (!g.gemm_accumulate_measured[hardware::precision_index(prec)].empty() &&
           !p.provenance.contains(
@@ -364,6 +365,37 @@ class Builder {
       }
     }
     return Status::ok();
+  }
+
+  // gpu.gemm.accumulate_exposed: the median over the GEMMs measured both ways of
+  // (time adding into fp32 - plain time) / (the fp32 output's 8 bytes per element at the
+  // streaming bandwidth), clamped to [0, 1]; without such pairs, the base's figure.
+  void accumulate_exposed(SystemProfile& p) {
+    hardware::DeviceProfile& g = p.gpu;
+    const double bps = g.memory_bandwidth.bytes_per_s() * g.memory_efficiency;
+    std::vector<double> f;
+    for (const GemmSample& a : s_.gemms) {
+      if (!a.accumulate_fp32) continue;
+      for (const GemmSample& plain : s_.gemms)
+        if (!plain.accumulate_fp32 && plain.dtype == a.dtype && plain.dims == a.dims && bps > 0)
+          f.push_back((a.t.median_s - plain.t.median_s) /
+                      (8.0 * static_cast<double>(a.dims.m) * static_cast<double>(a.dims.n) / bps));
+    }
+    if (f.empty()) {
+      if (g.gemm_accumulate_exposed != 0)
+        mark(p, "gpu.gemm.accumulate_exposed",
+             from_base("exposed fraction of an fp32-accumulating GEMM's output traffic"));
+      return;
+    }
+    std::sort(f.begin(), f.end());
+    const double median =
+        f.size() % 2 ? f[f.size() / 2] : (f[f.size() / 2 - 1] + f[f.size() / 2]) / 2;
+    g.gemm_accumulate_exposed = std::clamp(median, 0.0, 1.0);
+    mark(p, "gpu.gemm.accumulate_exposed",
+         fmt::format("{}: median over {} GEMMs measured plain and adding into fp32 of (the "
+                     "difference in time) / (8 bytes x m x n at {:.1f} GB/s), {:.3f} to {:.3f}, "
+                     "clamped to [0, 1]",
+                     measured_, f.size(), bps / 1e9, f.front(), f.back()));
   }
 
   void attention(SystemProfile& p, double rate, bool backward) {

@@ -63,10 +63,18 @@ Time DeviceProfile::gemm_time(int64_t m, int64_t n, int64_t k, int64_t batch, Pr
                               bool accumulate_fp32) const {
   HETPAR_CHECK(m >= 1 && n >= 1 && k >= 1 && batch >= 1, "gemm {}x{}x{} batch {}", m, n, k, batch);
   HETPAR_CHECK(supports(p), "{} does not support {}", model, to_string(p));
-  const Time modelled = Time::seconds(model_gemm_seconds(m, n, k, batch, p)) + gemm_launch_overhead;
   const std::vector<GemmMeasurement>& accumulating = gemm_accumulate_measured[precision_index(p)];
+  const bool accumulate_table = accumulate_fp32 && !accumulating.empty();
+  // The fp32 output's read and write, the part the main loop leaves exposed.
+  const auto exposed_output_s = [&](int64_t om, int64_t on, int64_t ob) {
+    return gemm_accumulate_exposed * 8.0 * static_cast<double>(om) * static_cast<double>(on) *
+           static_cast<double>(ob) / (memory_bandwidth.bytes_per_s() * memory_efficiency);
+  };
+  const Time modelled = Time::seconds(model_gemm_seconds(m, n, k, batch, p) +
+                                      (accumulate_fp32 ? exposed_output_s(m, n, batch) : 0.0)) +
+                        gemm_launch_overhead;
   const std::vector<GemmMeasurement>& measured =
-      accumulate_fp32 && !accumulating.empty() ? accumulating : gemm_measured[precision_index(p)];
+      accumulate_table ? accumulating : gemm_measured[precision_index(p)];
   if (measured.empty()) return modelled;
   const double t = modelled.to_seconds();
 
@@ -94,8 +102,9 @@ Time DeviceProfile::gemm_time(int64_t m, int64_t n, int64_t k, int64_t batch, Pr
   auto log_ratio = [&](const GemmMeasurement& g) {
     const double measured_s = 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) *
                               static_cast<double>(g.k) / g.rate.per_second();
-    const double model_s =
-        model_gemm_seconds(g.m, g.n, g.k, 1, p) + gemm_launch_overhead.to_seconds();
+    const double model_s = model_gemm_seconds(g.m, g.n, g.k, 1, p) +
+                           (accumulate_table ? exposed_output_s(g.m, g.n, 1) : 0.0) +
+                           gemm_launch_overhead.to_seconds();
     return std::log(measured_s / model_s);
   };
   if (near[0].first < 1e-12) return Time::seconds(t * std::exp(log_ratio(*near[0].second)));

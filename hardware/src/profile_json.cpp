@@ -133,6 +133,7 @@ void read_gpu(JsonReader r, DeviceProfile& g, JsonReader& parent) {
   }
   g.gemm_launch_overhead = Time::us(gemm.required_double("launch_us"));
   g.gemm_split_k = gemm.optional_bool("split_k", true);
+  g.gemm_accumulate_exposed = gemm.optional_double("accumulate_exposed", 0.0, 0.0, 1.0);
   // gpu.gemm.<key>: an object of precision -> rows; `each` takes one precision's key.
   auto per_precision = [&gemm](std::string_view key, auto&& each) {
     if (!gemm.has(key)) return;
@@ -348,6 +349,7 @@ nlohmann::json profile_to_json(const SystemProfile& p) {
   for (const GemmTile& t : g.gemm_tiles) tiles.push_back({t.m, t.n, t.efficiency});
   nlohmann::json gemm = {
       {"tiles", tiles}, {"launch_us", to_us(g.gemm_launch_overhead)}, {"split_k", g.gemm_split_k}};
+  if (g.gemm_accumulate_exposed != 0) gemm["accumulate_exposed"] = g.gemm_accumulate_exposed;
   for (const auto& [key, table] : {std::pair{"measured", &g.gemm_measured},
                                    std::pair{"measured_accumulate", &g.gemm_accumulate_measured}})
     for (Precision prec : kAllPrecisions) {

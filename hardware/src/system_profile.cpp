@@ -278,6 +278,7 @@ std::vector<std::string> missing_provenance(const SystemProfile& p) {
   if (p.gpu.collective_overlap_slowdown > 0) fields.push_back("gpu.collective_overlap_slowdown");
   if (p.inter_node.collective_sms > 0) fields.push_back("inter_node.collective_sms");
   if (p.gpu.attention_sustain != 1.0) fields.push_back("gpu.attention.sustain");
+  if (p.gpu.gemm_accumulate_exposed != 0) fields.push_back("gpu.gemm.accumulate_exposed");
   if (p.shared_compute_units > 0) fields.push_back("shared_compute_units");
   if (p.host_op > Time::zero()) fields.push_back("host.op_us");
   for (Precision prec : kAllPrecisions) {

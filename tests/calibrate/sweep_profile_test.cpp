@@ -3,6 +3,7 @@
 // validation and round-trips through the calibration JSON.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <tuple>
@@ -336,6 +337,14 @@ TEST(CalibratedProfile, AccumulatingGemmsGetTheirOwnTable) {
       << p->provenance.at("gpu.gemm.measured.bf16");
   EXPECT_NE(p->provenance.at("gpu.gemm.measured_accumulate.bf16").find("adding into an fp32"),
             std::string::npos);
+  // The pair's extra time over the output's fp32 traffic: gpu.gemm.accumulate_exposed.
+  const double bps = p->gpu.memory_bandwidth.bytes_per_s() * p->gpu.memory_efficiency;
+  const double extra = s.gemms.back().t.median_s - s.gemms[1].t.median_s;
+  EXPECT_NEAR(p->gpu.gemm_accumulate_exposed,
+              std::clamp(extra / (8.0 * 1024 * 2048 / bps), 0.0, 1.0), 1e-12);
+  EXPECT_NE(p->provenance.at("gpu.gemm.accumulate_exposed").find("median over 1 GEMMs"),
+            std::string::npos)
+      << p->provenance.at("gpu.gemm.accumulate_exposed");
 }
 
 }  // namespace

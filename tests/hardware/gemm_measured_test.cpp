@@ -83,10 +83,36 @@ TEST(GemmMeasured, UsesTheNearestFourShapes) {
               3.0, 1e-6);
 }
 
+// An fp32-accumulating GEMM pays the exposed fraction of its output's read and write
+// (8 bytes per element at the streaming bandwidth) on top of the plain GEMM; 0 hides it all.
+TEST(GemmMeasured, AccumulatingGemmsPayTheirExposedOutputTraffic) {
+  DeviceProfile gpu = h100().gpu;
+  EXPECT_EQ(gpu.gemm_accumulate_exposed, 0.45);  // the built-in H100's, measured on an H200
+  const double bps = gpu.memory_bandwidth.bytes_per_s() * gpu.memory_efficiency;
+  for (double exposed : {0.0, 0.45, 1.0}) {
+    gpu.gemm_accumulate_exposed = exposed;
+    const Time plain = gpu.gemm_time(16384, 13312, 4096, 2, Precision::kFp8);
+    const Time into_fp32 = gpu.gemm_time(16384, 13312, 4096, 2, Precision::kFp8, true);
+    EXPECT_NEAR((into_fp32 - plain).to_seconds(), exposed * 8.0 * 16384 * 13312 * 2 / bps, 1e-11);
+  }
+  SystemProfile p = h100();
+  nlohmann::json j = profile_to_json(p);
+  EXPECT_EQ(j["gpu"]["gemm"]["accumulate_exposed"], 0.45);
+  p.provenance.erase("gpu.gemm.accumulate_exposed");
+  EXPECT_EQ(missing_provenance(p), std::vector<std::string>{"gpu.gemm.accumulate_exposed"});
+  j["gpu"]["gemm"]["accumulate_exposed"] = 1.5;
+  Result<SystemProfile> bad = parse_profile(j, "");
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("gpu.gemm.accumulate_exposed"), std::string::npos)
+      << bad.status().message();
+}
+
 // GEMMs adding into an fp32 output (a wgrad into Megatron's fp32 main_grad) read their own
-// table; plain GEMMs never do, and without the table both are timed alike.
+// table; plain GEMMs never do, and without the table both are timed alike (with nothing
+// of the output's traffic exposed).
 TEST(GemmMeasured, AccumulatingGemmsHaveTheirOwnTable) {
-  const DeviceProfile plain = h100().gpu;
+  DeviceProfile plain = h100().gpu;
+  plain.gemm_accumulate_exposed = 0;
   DeviceProfile gpu = plain;
   const GemmMeasurement into_fp32{4096, 6144, 4096, FlopRate::tflops(900)};
   const GemmMeasurement into_bf16{4096, 6144, 4096, FlopRate::tflops(1200)};

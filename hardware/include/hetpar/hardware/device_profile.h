@@ -98,6 +98,12 @@ struct DeviceProfile {
   /// Measured rates of GEMMs that add into an fp32 output (beta 1, fp32 C), per precision
   /// (profile key gpu.gemm.measured_accumulate; empty = none measured).
   std::array<std::vector<GemmMeasurement>, kAllPrecisions.size()> gemm_accumulate_measured;
+  /// The fraction of an fp32-accumulating GEMM's output traffic (its fp32 C read and D
+  /// written, 8 bytes per element, at the streaming bandwidth) that its main loop does not
+  /// hide (gpu.gemm.accumulate_exposed; 0: all hidden). cuBLASLt reads C in the epilogue,
+  /// after each tile's main loop. Used where gemm_accumulate_measured has no rows for the
+  /// precision; its rows are ratios to the model with this term.
+  double gemm_accumulate_exposed = 0;
   /// Sustained GEMM rate against the reduction length K, per precision (indexed like
   /// `compute`; empty: none): factors on eta_max, ascending in K, interpolated linearly in
   /// log2(K) and clamped. At the power limit a longer K holds a lower clock (more power per
@@ -140,8 +146,9 @@ struct DeviceProfile {
   /// log2 k), inverse-square-distance weighted in log space: exact at a measured shape,
   /// the model's shape dependence (waves, roofline, batch) in between.
   /// `accumulate_fp32`: the product is added into an fp32 output (a weight gradient into
-  /// Megatron's fp32 main_grad); with measurements of such GEMMs for `p`
-  /// (gemm_accumulate_measured) the ratio comes from those, else as for a plain GEMM.
+  /// Megatron's fp32 main_grad): the model adds gemm_accumulate_exposed of that output's
+  /// traffic, and with measurements of such GEMMs for `p` (gemm_accumulate_measured) the
+  /// ratio comes from those, else from the plain ones.
   /// REQUIRES: supports(p), all sizes >= 1.
   Time gemm_time(int64_t m, int64_t n, int64_t k, int64_t batch, Precision p,
                  bool accumulate_fp32 = false) const;

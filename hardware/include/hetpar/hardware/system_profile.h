@@ -24,6 +24,8 @@
 //                                            // from `hetpar calibrate` (device_profile.h)
 //                      "measured_accumulate": {"fp8": [[m, n, k, tflops], ...]},
 //                                            // optional: GEMMs adding into fp32 (wgrad)
+//                      "accumulate_exposed": 0.45,  // optional (0): the fraction of such
+//                                            // a GEMM's fp32 output traffic not hidden
 //                      "k_scale": {"bf16": [[K, factor], ...]}},  // optional: sustained
 //                                            // rate against K, a factor on eta_max
 //             "attention": {"fwd_efficiency": 0.6, "bwd_efficiency": 0.45,
