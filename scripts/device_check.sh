@@ -15,7 +15,9 @@
 # .json); HETPAR_DEVICE_BASE: the built-in profile the calibration starts from (dgx-h200);
 # HETPAR_DEVICE_ARCH: CMAKE_CUDA_ARCHITECTURES (90); HETPAR_DEVICE_SUSTAIN: seconds each
 # GEMM runs back to back before it is timed (0.5; 0 = burst); HETPAR_DEVICE_TARGETS: the
-# build targets (all; "hetpar runtime_cuda_test" is what the later steps need). Steps go on
+# build targets (all; "hetpar runtime_cuda_test" is what the later steps need; without the
+# test binary its step is left out); HETPAR_DEVICE_PYTORCH=0 leaves out the PyTorch timings
+# (scripts/device_attention.py; scripts/device_memory.py runs alone). Steps go on
 # after a failure where they can; the exit status is the first failure's.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -83,11 +85,14 @@ step build cmake --build build-device --parallel "$(nproc)" ${targets:+--target 
 
 # 3. The cuda backend against the cpu one (skipped, and so reported, without a GPU). The
 # binary itself: ctest's test discovery failed on that machine's CMake (2026-12-04).
-step gpu-tests build-device/tests/runtime_cuda_test
+if [ -x build-device/tests/runtime_cuda_test ]; then
+  step gpu-tests build-device/tests/runtime_cuda_test
+fi
 
 # 4. Fused attention (cuDNN, FlashAttention-2) and GEMMs through PyTorch, burst and
 # sustained: the rates the built-in profiles quote, which the cuda backend cannot measure.
-if LD_LIBRARY_PATH=$machine_ld PYTHONUNBUFFERED=1 step attention python3 scripts/device_attention.py --json "$out/attention.json"; then
+if [ "${HETPAR_DEVICE_PYTORCH:-1}" != 0 ] &&
+  LD_LIBRARY_PATH=$machine_ld PYTHONUNBUFFERED=1 step attention python3 scripts/device_attention.py --json "$out/attention.json"; then
   tail -n 25 "$out/attention.log" >>"$out/summary.txt"
 fi
 
