@@ -114,6 +114,14 @@ Result<std::vector<ExportFile>> write_nanotron(const Context& c) {
       c.nodes, c.gpus_per_node, c.world);
   if (std::string n = unfused_accumulation_note(c, "nanotron"); !n.empty())
     script += "# " + n + "\n";
+  // Its pipeline engines let torch DDP sync in each stage's last backward only, where the
+  // reducer all-reduces every bucket as it becomes ready: Megatron's unaligned reductions.
+  if (l.dp > 1 && l.pp > 1 && l.overlap_grad_reduce && l.align_grad_reduce)
+    script +=
+        "# The plan times Megatron's aligned gradient reductions (align_grad_reduce: stages "
+        "after\n# the first reduce after the schedule); nanotron's DDP reduces each bucket as "
+        "it becomes\n# ready in every stage's last backward: set the plan's align_grad_reduce "
+        "to false to time it so.\n";
   // nanotron's Llama: qkv_proj and gate_up_proj fused, flash-attn reading the kv heads.
   if (std::string n = layer_code_note(c, "nanotron", {}); !n.empty()) script += "# " + n + "\n";
   script += launcher_environment(c);

@@ -145,7 +145,13 @@ TEST(ExportNanotron, SectionsMatchThePlan) {
   p.layout.recompute = models::Recompute::kFull;
   p.layout.distributed_optimizer = true;
   p.schedule = Schedule::kGpipe;
+  // Its DDP reduces buckets as they become ready on every stage: a plan timed with
+  // Megatron's aligned reductions (the default) says so; one without them does not.
+  EXPECT_NE(exported(s, p, Target::kNanotron).at("launch.sh").find("align_grad_reduce to false"),
+            std::string::npos);
+  p.layout.align_grad_reduce = false;
   auto files = exported(s, p, Target::kNanotron);
+  EXPECT_EQ(files.at("launch.sh").find("align_grad_reduce"), std::string::npos);
   auto y = yaml_settings(files.at("nanotron.yaml"));
   EXPECT_EQ(y.at("parallelism.dp"), "4");
   EXPECT_EQ(y.at("parallelism.tp"), "4");
