@@ -938,6 +938,51 @@ TEST(SimulateTest, SizeScaleSlowsNcclCollectivesOfMidSizeMessages) {
   EXPECT_EQ(simulate(g, net, o)->tasks[t.value()].end, plain);
 }
 
+// CollectiveConfig's node scale: an NCCL collective across k nodes moves its flows at the
+// curve's factor at k of their rate (a ring of NCCL's all_gather / reduce_scatter below the
+// per-NIC rate at scale), on top of the size scale; inside one node, on a copy engine or for
+// a kind without a curve it keeps its time. Here the curve is 1 at 2 nodes, 0.5 at 4.
+TEST(SimulateTest, NodeScaleSlowsRingsThatSpanManyNodes) {
+  Network net = single_switch_network(4, kB, Time::zero());
+  for (int r = 0; r < 4; ++r) net.set_node(RankId(r), NodeId(r));  // one rank per node
+  const Bytes s = Bytes::GB(0.5);
+  auto run = [&](int n, bool scaled, bool copy_engine, CollectiveKind kind) {
+    TaskGraph g;
+    const TaskId t =
+        g.add_collective({.kind = kind, .group = ranks(n), .bytes = s, .copy_engine = copy_engine});
+    SimOptions o;
+    o.record_tasks = true;
+    if (scaled)
+      o.collectives.inter_node_node_scale[static_cast<size_t>(CollectiveKind::kReduceScatter)] = {
+          {2, 1.0}, {4, 0.5}};
+    return simulate(g, net, o)->tasks[t.value()].end;
+  };
+  const Time latency = collective_pattern(CollectiveKind::kReduceScatter, Algorithm::kRing,
+                                          ranks(4), RankId(0), net, {})
+                           .latency;
+  const Time plain = run(4, false, false, CollectiveKind::kReduceScatter);
+  EXPECT_NEAR((run(4, true, false, CollectiveKind::kReduceScatter) - latency).to_seconds() /
+                  (plain - latency).to_seconds(),
+              2.0, 1e-6);
+  EXPECT_EQ(run(2, true, false, CollectiveKind::kReduceScatter),
+            run(2, false, false, CollectiveKind::kReduceScatter));  // 2 nodes: factor 1
+  EXPECT_EQ(run(4, true, true, CollectiveKind::kReduceScatter),
+            run(4, false, true, CollectiveKind::kReduceScatter));  // copy engines
+  EXPECT_EQ(run(4, true, false, CollectiveKind::kAllGather),
+            run(4, false, false, CollectiveKind::kAllGather));  // no curve of its own
+  // Inside one node the curve does not apply.
+  Network one = single_switch_network(4, kB, Time::zero());
+  TaskGraph g;
+  const TaskId t =
+      g.add_collective({.kind = CollectiveKind::kReduceScatter, .group = ranks(4), .bytes = s});
+  SimOptions o;
+  o.record_tasks = true;
+  const Time alone = simulate(g, one, o)->tasks[t.value()].end;
+  o.collectives.inter_node_node_scale[static_cast<size_t>(CollectiveKind::kReduceScatter)] = {
+      {2, 0.5}};
+  EXPECT_EQ(simulate(g, one, o)->tasks[t.value()].end, alone);
+}
+
 TEST(SimulateTest, CollectivesSlowTheComputeTheyOverlap) {
   // 10 ms of compute on rank 0 beside an all-reduce of d on ranks 0 and 1, slowdown 0.5:
   // the compute does d / 1.5 of its work while the collective runs, the rest at full

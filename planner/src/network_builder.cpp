@@ -137,12 +137,35 @@ sim::CollectiveConfig collective_config(const hardware::ClusterSpec& cluster) {
   cfg.tree_inter_hop = tree_inter;
   // NCCL's ramp over message sizes, from the first node group's profile (its collectives'
   // size_scale); sim's reduce has no figure of its own and keeps none.
-  for (const hardware::CollectiveFigure& f : cluster.groups().front().profile.collectives) {
+  const hardware::SystemProfile& first = cluster.groups().front().profile;
+  for (const hardware::CollectiveFigure& f : first.collectives) {
     const std::optional<sim::CollectiveKind> kind = sim_collective(f.op);
     if (!kind) continue;
     auto& scales = f.scope == CollectiveScope::kIntraNode ? cfg.intra_node_size_scale
                                                           : cfg.inter_node_size_scale;
     scales[static_cast<size_t>(*kind)] = f.size_scale;
+  }
+  // The network's links carry all_reduce's per-NIC rate at the cluster's node count (above).
+  // NCCL runs all_gather and reduce_scatter across nodes as rings only, whose bus bandwidth
+  // falls as the ring spans more nodes: per node count of the profile's figure, its busbw
+  // over all_reduce's, at most 1.
+  if (cluster.num_nodes() > 1 &&
+      first.has_collective(CollectiveScope::kInterNode, Collective::kAllReduce)) {
+    const hardware::CollectiveFigure& ar =
+        first.collective(CollectiveScope::kInterNode, Collective::kAllReduce);
+    for (Collective op : {Collective::kAllGather, Collective::kReduceScatter}) {
+      if (!first.has_collective(CollectiveScope::kInterNode, op)) continue;
+      const hardware::CollectiveFigure& f = first.collective(CollectiveScope::kInterNode, op);
+      std::vector<CurvePoint> curve;
+      bool below = false;
+      for (const auto& [nodes, busbw] : f.busbw) {
+        const double factor =
+            std::min(1.0, busbw.bytes_per_s() / ar.bus_bandwidth(nodes).bytes_per_s());
+        below = below || factor < 1.0;
+        curve.push_back({nodes, factor});
+      }
+      if (below) cfg.inter_node_node_scale[static_cast<size_t>(*sim_collective(op))] = curve;
+    }
   }
   return cfg;
 }

@@ -25,18 +25,22 @@ struct Plan {
   std::vector<double> weights;   // parallel to links; empty when all 1
   double seconds_per_byte = 0;
   std::vector<Time> p2p_latency;  // P2P: per flow, its route's latency
-  // Collective: its kind's size scale for its group's scope (CollectiveConfig), or null.
+  // Collective: its kind's size scale for its group's scope (CollectiveConfig), or null,
+  // and the node scale's factor at the number of nodes its group spans (1 inside a node).
   const std::vector<CurvePoint>* size_scale = nullptr;
+  double node_factor = 1.0;
   // find_uncontended: whether every link it crosses is private to one stream (-1: not yet
   // known); a property of its links alone, so decided once per plan.
   mutable int8_t private_links = -1;
 };
 
-// Bytes the flows of `task` move per byte of its size: 1 / the size scale's factor at its
-// size for NCCL's collectives (CollectiveConfig::*_size_scale), 1 for P2P and copy engines.
+// Bytes the flows of `task` move per byte of its size: 1 / (the size scale's factor at its
+// size x the node scale's at its nodes) for NCCL's collectives (CollectiveConfig::
+// *_size_scale, inter_node_node_scale), 1 for P2P and copy engines.
 double wire_bytes_per_byte(const Plan& p, const Task& task) {
-  if (!p.size_scale || task.kind != TaskKind::kCollective || task.copy_engine) return 1.0;
-  return 1.0 / curve_factor(*p.size_scale, task.bytes.count());
+  if (task.kind != TaskKind::kCollective || task.copy_engine) return 1.0;
+  const double size = p.size_scale ? curve_factor(*p.size_scale, task.bytes.count()) : 1.0;
+  return 1.0 / (size * p.node_factor);
 }
 
 // What a task pays after its last flow is delivered: a collective's NCCL latency, unless
@@ -773,6 +777,15 @@ const Plan& Engine::plan(const Task& task, Algorithm algorithm) {
                                                : opt_.collectives.inter_node_size_scale;
   const std::vector<CurvePoint>& scale = scales[static_cast<size_t>(task.collective)];
   if (!scale.empty()) p.size_scale = &scale;
+  if (const auto& by_nodes =
+          opt_.collectives.inter_node_node_scale[static_cast<size_t>(task.collective)];
+      !by_nodes.empty() && !in_one_node(task.group)) {
+    std::vector<NodeId> nodes;
+    for (RankId r : g_.group(task.group)) nodes.push_back(net_.node_of(r));
+    std::sort(nodes.begin(), nodes.end());
+    const auto spanned = std::unique(nodes.begin(), nodes.end()) - nodes.begin();
+    p.node_factor = curve_factor(by_nodes, spanned);
+  }
   if (opt_.bundle_flows) bundle_flows(p);
   weigh(p, task, algorithm);
   return p;

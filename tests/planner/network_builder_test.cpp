@@ -130,6 +130,29 @@ TEST(NetworkBuilder, WanLinksSitBetweenNicsAndTheCore) {
   EXPECT_GE(net.latency(route), Time::ms(20));
 }
 
+// The rings' node scale: the profile's inter-node all_gather / reduce_scatter busbw over
+// all_reduce's at each node count of the figure (the H100's falls to 260 of 350 GB/s at 128
+// nodes); a profile whose figures never fall below all_reduce's gives none.
+TEST(NetworkBuilder, RingsSlowDownAsTheySpanMoreNodes) {
+  auto h100 = cluster(R"({"profile": "dgx-h100", "nodes": 4})");
+  const sim::CollectiveConfig cfg = collective_config(h100);
+  for (sim::CollectiveKind k :
+       {sim::CollectiveKind::kAllGather, sim::CollectiveKind::kReduceScatter}) {
+    const auto& curve = cfg.inter_node_node_scale[static_cast<size_t>(k)];
+    EXPECT_DOUBLE_EQ(curve_factor(curve, 2), 1.0);
+    EXPECT_NEAR(curve_factor(curve, 128), 260.0 / 350.0, 1e-12);
+    EXPECT_NEAR(curve_factor(curve, 1024), 260.0 / 350.0, 1e-12);  // clamped
+    EXPECT_LT(curve_factor(curve, 16), curve_factor(curve, 8));
+  }
+  EXPECT_TRUE(
+      cfg.inter_node_node_scale[static_cast<size_t>(sim::CollectiveKind::kAllReduce)].empty());
+  EXPECT_TRUE(
+      cfg.inter_node_node_scale[static_cast<size_t>(sim::CollectiveKind::kAllToAll)].empty());
+  auto a100 = cluster(R"({"profile": "dgx-a100-80gb", "nodes": 4})");
+  for (const auto& curve : collective_config(a100).inter_node_node_scale)
+    EXPECT_TRUE(curve.empty());
+}
+
 TEST(NetworkBuilder, CollectiveLatenciesFitTheProfileAlphas) {
   auto c = cluster(R"({"profile": "dgx-a100-80gb", "nodes": 2})");
   sim::CollectiveConfig cfg = collective_config(c);

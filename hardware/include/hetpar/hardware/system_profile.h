@@ -50,7 +50,10 @@
 //                      "alpha_us": 15,       // latency of a tiny call
 //                      "busbw_GBps": [[4, 363.3], [8, 473.1]],
 //                                            // [group size, nccl-tests busbw]; group size
-//                                            // counts GPUs (intra_node) or nodes (inter_node)
+//                                            // counts GPUs (intra_node) or nodes (inter_node);
+//                                            // inter_node all_gather / reduce_scatter below
+//                                            // all_reduce's slow the rings spanning that many
+//                                            // nodes (planner/network_builder.h)
 //                      "size_scale": [[67108864, 0.82], ...]}, ...],  // optional: the
 //                                            // share of busbw a message of that many bytes
 //                                            // reaches after alpha (NCCL's ramp)

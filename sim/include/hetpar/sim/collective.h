@@ -57,6 +57,12 @@ struct CollectiveConfig {
   /// NCCL's and keep all of it.
   std::array<std::vector<CurvePoint>, kNumCollectiveKinds> intra_node_size_scale{};
   std::array<std::vector<CurvePoint>, kNumCollectiveKinds> inter_node_size_scale{};
+  /// The fraction of its flows' max-min rate a collective across nodes reaches against the
+  /// number of nodes its group spans (CurvePoint::at), per CollectiveKind (empty: all of
+  /// it): NCCL's rings (all_gather, reduce_scatter) fall below the per-NIC rate the network's
+  /// links carry as the ring grows, where all_reduce's algorithms hold it. It multiplies the
+  /// size scale's factor; copy-engine collectives keep all of it.
+  std::array<std::vector<CurvePoint>, kNumCollectiveKinds> inter_node_node_scale{};
 };
 
 /// One flow of a collective: src sends share x S bytes to dst.
