@@ -21,23 +21,13 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from device_timing import median, median_call_s
+
 SUSTAIN_S = 2.0
 
 
 def timed_burst(fn, reps=20):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e-3)
-    times.sort()
-    return times[len(times) // 2]
+    return median_call_s(fn, 3, reps)
 
 
 def timed_sustained(fn, reps=20):
@@ -155,11 +145,10 @@ def mix_rows(b=1, h=32, hkv=8, s=8192, d=128, m=8192, n=28672, k=4096):
         for _ in range(20):
             one_round(times)
         torch.cuda.synchronize()
-    med = lambda xs: sorted(xs)[len(xs) // 2]
-    g = med([e[0].elapsed_time(e[1]) for e in times] + [e[2].elapsed_time(e[3]) for e in times])
+    g = median([e[0].elapsed_time(e[1]) for e in times] + [e[2].elapsed_time(e[3]) for e in times])
     g *= 1e-3
-    f = med([e[1].elapsed_time(e[2]) for e in times]) * 1e-3
-    bw = med([e[3].elapsed_time(e[4]) for e in times]) * 1e-3
+    f = median([e[1].elapsed_time(e[2]) for e in times]) * 1e-3
+    bw = median([e[3].elapsed_time(e[4]) for e in times]) * 1e-3
     return [{"kernel": "mix", "shape": [b, h, hkv, s, d, m, n, k],
              "gemm_tflops": 2.0 * m * n * k / g / 1e12, "fwd_tflops": fwd_flops / f / 1e12,
              "bwd_tflops": 2.5 * fwd_flops / bw / 1e12}]

@@ -16,24 +16,14 @@ import json
 import torch
 import torch.nn.functional as F
 
+from device_timing import median_call_s
+
 T, H, FF, V = 8192, 4096, 14336, 128256
 BF = torch.bfloat16
 
 
 def timed(fn, reps=50):
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e-3)
-    times.sort()
-    return times[len(times) // 2]
+    return median_call_s(fn, 5, reps)
 
 
 def timed_graph(fn, per_graph=10, replays=10):
@@ -49,18 +39,7 @@ def timed_graph(fn, per_graph=10, replays=10):
     with torch.cuda.graph(g):
         for _ in range(per_graph):
             fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e-3 / per_graph)
-    times.sort()
-    return times[len(times) // 2]
+    return median_call_s(g.replay, 1, replays) / per_graph
 
 
 def rnd(*shape, grad=False):

@@ -611,9 +611,10 @@ class Lowering {
   // [SP: input all-gather beside] dgrad, then the entry's collective beside wgrad.
   void linear_backward(const PlacedBlock& pb, size_t s, const Labels& lb);
   // That linear's saved input slice all-gathered again under SP, into gathered[j], after
-  // after[j] (invalid: the rank's last task); and its wgrad GEMM after gathered[j].
+  // after[j] (after empty or after[j] invalid: the rank's last task); and its wgrad GEMM
+  // after gathered[j].
   void regather_input(const PlacedBlock& pb, size_t s, sim::LabelId tp,
-                      const std::vector<TaskId>& after, std::vector<TaskId>& gathered);
+                      std::span<const TaskId> after, std::vector<TaskId>& gathered);
   void linear_wgrad(const PlacedBlock& pb, size_t s, sim::LabelId compute_label,
                     const std::vector<TaskId>& gathered);
   // Whether backward step s, a TP entry, is run by the linear after it (linear_backward).
@@ -1476,7 +1477,7 @@ void Lowering::linear_backward(const PlacedBlock& pb, size_t s, const Labels& lb
                      (l_.wgrad_deferral_limit == 0 || backward_mb_ < l_.wgrad_deferral_limit);
   if (defer) deferred_.push_back({&pb, s, lb.compute, lb.tp});
   std::vector<TaskId> gathered(n), dgrad(n), reduced(n);
-  if (sp && !defer) regather_input(pb, s, lb.tp, std::vector<TaskId>(n), gathered);
+  if (sp && !defer) regather_input(pb, s, lb.tp, {}, gathered);
   const sim::KernelListId kd = kernels(pb, s, true, Use::kDgrad);
   for (int j : actives_) {
     const PassCost& c = block(j, pb, true).steps[s].cost;
@@ -1494,11 +1495,11 @@ void Lowering::linear_backward(const PlacedBlock& pb, size_t s, const Labels& lb
 }
 
 void Lowering::regather_input(const PlacedBlock& pb, size_t s, sim::LabelId tp,
-                              const std::vector<TaskId>& after, std::vector<TaskId>& gathered) {
+                              std::span<const TaskId> after, std::vector<TaskId>& gathered) {
   const Bytes bytes = block(0, pb, true).steps[s - 1].gather_bytes;
   group_collectives(tp_groups_, CollectiveKind::kAllGather, bytes, kTpStream, {cat_tp_, tp},
                     [&](int j, TaskId c) {
-                      const TaskId a = after[j].valid() ? after[j] : st_[j].last;
+                      const TaskId a = !after.empty() && after[j].valid() ? after[j] : st_[j].last;
                       if (a.valid()) g_.add_dependency(a, c);
                       gathered[j] = c;
                     });

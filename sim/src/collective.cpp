@@ -86,6 +86,7 @@ CollectivePattern collective_pattern(CollectiveKind kind, Algorithm algorithm,
   const int n = static_cast<int>(group.size());
   if (n == 1) return p;
   const auto nodes = members_by_node(group, net);
+  p.nodes = static_cast<int32_t>(nodes.size());
   const int channels = num_channels(nodes, config);
   auto add = [&](RankId src, RankId dst, double share) { p.flows.push_back({src, dst, share}); };
 

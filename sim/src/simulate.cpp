@@ -777,15 +777,10 @@ const Plan& Engine::plan(const Task& task, Algorithm algorithm) {
                                                : opt_.collectives.inter_node_size_scale;
   const std::vector<CurvePoint>& scale = scales[static_cast<size_t>(task.collective)];
   if (!scale.empty()) p.size_scale = &scale;
-  if (const auto& by_nodes =
-          opt_.collectives.inter_node_node_scale[static_cast<size_t>(task.collective)];
-      !by_nodes.empty() && !in_one_node(task.group)) {
-    std::vector<NodeId> nodes;
-    for (RankId r : g_.group(task.group)) nodes.push_back(net_.node_of(r));
-    std::sort(nodes.begin(), nodes.end());
-    const auto spanned = std::unique(nodes.begin(), nodes.end()) - nodes.begin();
-    p.node_factor = curve_factor(by_nodes, spanned);
-  }
+  if (pattern.nodes > 1)
+    p.node_factor =
+        curve_factor(opt_.collectives.inter_node_node_scale[static_cast<size_t>(task.collective)],
+                     pattern.nodes);
   if (opt_.bundle_flows) bundle_flows(p);
   weigh(p, task, algorithm);
   return p;

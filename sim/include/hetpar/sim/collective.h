@@ -76,6 +76,7 @@ struct CollectivePattern {
   std::vector<CollectiveFlow> flows;
   Time latency{};
   Algorithm algorithm = Algorithm::kRing;
+  int32_t nodes = 1;  // the nodes its group spans
 };
 
 /// The flows and latency of `kind` over `group` with `algorithm` (kRing or kTree; kTree
