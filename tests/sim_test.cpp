@@ -914,7 +914,8 @@ TEST(SimulateTest, SizeScaleSlowsNcclCollectivesOfMidSizeMessages) {
     SimOptions o;
     o.record_tasks = true;
     if (scaled)
-      o.collectives.intra_node_size_scale[static_cast<size_t>(CollectiveKind::kAllReduce)] = {
+      o.collectives.curves[0]
+          .intra_node_size_scale[static_cast<size_t>(CollectiveKind::kAllReduce)] = {
           {s.count() / 2, 0.5}, {2 * s.count(), 1.0}};
     return simulate(g, net, o)->tasks[t.value()].end;
   };
@@ -933,7 +934,7 @@ TEST(SimulateTest, SizeScaleSlowsNcclCollectivesOfMidSizeMessages) {
   const TaskId t = g.add_collective({.group = grp, .bytes = s});
   SimOptions o;
   o.record_tasks = true;
-  o.collectives.inter_node_size_scale[static_cast<size_t>(CollectiveKind::kAllReduce)] = {
+  o.collectives.curves[0].inter_node_size_scale[static_cast<size_t>(CollectiveKind::kAllReduce)] = {
       {s.count(), 0.5}};
   EXPECT_EQ(simulate(g, net, o)->tasks[t.value()].end, plain);
 }
@@ -953,8 +954,9 @@ TEST(SimulateTest, NodeScaleSlowsRingsThatSpanManyNodes) {
     SimOptions o;
     o.record_tasks = true;
     if (scaled)
-      o.collectives.inter_node_node_scale[static_cast<size_t>(CollectiveKind::kReduceScatter)] = {
-          {2, 1.0}, {4, 0.5}};
+      o.collectives.curves[0]
+          .inter_node_node_scale[static_cast<size_t>(CollectiveKind::kReduceScatter)] = {{2, 1.0},
+                                                                                         {4, 0.5}};
     return simulate(g, net, o)->tasks[t.value()].end;
   };
   const Time latency = collective_pattern(CollectiveKind::kReduceScatter, Algorithm::kRing,
@@ -978,9 +980,40 @@ TEST(SimulateTest, NodeScaleSlowsRingsThatSpanManyNodes) {
   SimOptions o;
   o.record_tasks = true;
   const Time alone = simulate(g, one, o)->tasks[t.value()].end;
-  o.collectives.inter_node_node_scale[static_cast<size_t>(CollectiveKind::kReduceScatter)] = {
-      {2, 0.5}};
+  o.collectives.curves[0]
+      .inter_node_node_scale[static_cast<size_t>(CollectiveKind::kReduceScatter)] = {{2, 0.5}};
   EXPECT_EQ(simulate(g, one, o)->tasks[t.value()].end, alone);
+}
+
+// Nodes of different kinds (CollectiveConfig::node_curves): a ring over nodes of the kind
+// with a node scale slows, one over nodes of the other kind does not, and one spanning
+// both runs at its slowest kind's factor.
+TEST(SimulateTest, EachKindOfNodeFollowsItsOwnRamps) {
+  Network net = single_switch_network(4, kB, Time::zero());
+  for (int r = 0; r < 4; ++r) net.set_node(RankId(r), NodeId(r));  // one rank per node
+  const Bytes s = Bytes::GB(0.5);
+  SimOptions o;
+  o.record_tasks = true;
+  o.collectives.curves.resize(2);
+  o.collectives.curves[1]
+      .inter_node_node_scale[static_cast<size_t>(CollectiveKind::kReduceScatter)] = {{2, 0.5}};
+  o.collectives.node_curves = {0, 0, 1, 1};
+  auto run = [&](std::vector<RankId> group) {
+    TaskGraph g;
+    const TaskId t =
+        g.add_collective({.kind = CollectiveKind::kReduceScatter, .group = group, .bytes = s});
+    return simulate(g, net, o)->tasks[t.value()].end;
+  };
+  const std::vector<RankId> first_two = {RankId(0), RankId(1)};
+  const Time latency = collective_pattern(CollectiveKind::kReduceScatter, Algorithm::kRing,
+                                          first_two, RankId(0), net, {})
+                           .latency;
+  const Time plain = run(first_two);
+  const Time scaled = run({RankId(2), RankId(3)});
+  EXPECT_NEAR((scaled - latency).to_seconds() / (plain - latency).to_seconds(), 2.0, 1e-6);
+  EXPECT_EQ(run({RankId(1), RankId(2)}), scaled);
+  EXPECT_EQ(o.collectives.curves_of(NodeId(7)).inter_node_node_scale,
+            o.collectives.curves[0].inter_node_node_scale);  // past node_curves: kind 0
 }
 
 TEST(SimulateTest, CollectivesSlowTheComputeTheyOverlap) {

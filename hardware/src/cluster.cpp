@@ -126,6 +126,13 @@ const SystemProfile& ClusterSpec::profile_of_node(NodeId node) const {
   return groups_[group_of_node(node.value())].profile;
 }
 
+std::vector<size_t> ClusterSpec::groups_of_gpus(int first, int count) const {
+  std::vector<size_t> out;
+  for (size_t g = 0; g < groups_.size(); ++g)
+    if (group_first_gpu_[g] < first + count && first < group_first_gpu_[g + 1]) out.push_back(g);
+  return out;
+}
+
 int ClusterSpec::first_gpu_of_node(NodeId node) const {
   const size_t g = group_of_node(node.value());
   return group_first_gpu_[g] +

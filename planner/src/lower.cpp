@@ -478,18 +478,21 @@ std::vector<int> owners(const Layout& l, const Reduction& r) {
 }
 
 // Whether the ranks [offset, offset + tp·cp·dp) of each pipeline stage of `l` are alike
-// (so that representatives stand for the others): one node type (equal compute and links),
-// stages aligned to nodes (whole nodes each, or several stages per node), and CP / EP groups
+// (so that representatives stand for the others): all on one node group (equal compute and
+// links; of a mixed cluster, a module placed on one group's GPUs), stages aligned to its
+// nodes (whole nodes each, or several stages per node), and CP / EP groups
 // with the same shape on every node (inside one node, or one member per node for CP's ring;
 // whole nodes for EP). `whole_replicas` (every rank of a representative replica runs tasks,
 // Reduction): CP rings of any shape, as long as each replica's tp x cp block has the same
 // shape on the nodes as every other (whole nodes each, or several blocks per node).
 bool stage_symmetric(const Scenario& s, const Layout& l, int offset, bool whole_replicas = false) {
-  if (s.cluster.groups().size() != 1) return false;
-  const int g = s.cluster.groups()[0].profile.gpus_per_node;
+  // All of the module's ranks on one node group (of several, a module placed on its own).
+  const std::vector<size_t> on = s.cluster.groups_of_gpus(offset, l.world());
+  if (on.size() != 1) return false;
+  const int g = s.cluster.groups()[on[0]].profile.gpus_per_node;
   const int n = l.tp * l.cp * l.dp;
   if (n % g != 0 && g % n != 0) return false;
-  if (offset % std::min(n, g) != 0) return false;
+  if ((offset - s.cluster.group_first_gpu(on[0])) % std::min(n, g) != 0) return false;
   if (n <= g) return true;
   const int per_node = g / l.tp;  // (cp, dp) positions per node
   const int block = l.tp * l.cp;
@@ -2403,7 +2406,6 @@ std::optional<HeteroReduction> hetero_reduction(const Scenario& s, const Plan& p
   const bool three_phase = colocated && L.pp > 1;
   if (!stage_symmetric(s, L, colocated ? 0 : p.llm_first_rank, three_phase)) return std::nullopt;
   const int world = s.cluster.total_gpus();
-  const int per_node = s.cluster.groups()[0].profile.gpus_per_node;
   HeteroReduction r;
   r.llm.replica_class.assign(static_cast<size_t>(L.dp), 0);
   r.llm.whole_replicas = three_phase;
@@ -2445,7 +2447,9 @@ std::optional<HeteroReduction> hetero_reduction(const Scenario& s, const Plan& p
       for (int d = 0; d < L.dp; ++d) {
         const int src = enc_first + b.source_replica(d, i) * E.tp;
         const int dst = llm_first + d * L.tp * L.cp;
-        const int route = src == dst ? 0 : src / per_node == dst / per_node ? 1 : 2;
+        const int route = src == dst                                                 ? 0
+                          : s.cluster.node_of_gpu(src) == s.cluster.node_of_gpu(dst) ? 1
+                                                                                     : 2;
         int& known = route_of_class[static_cast<size_t>(r.llm.replica_class[d])];
         if (known >= 0 && known != route) return std::nullopt;
         known = route;

@@ -135,27 +135,32 @@ sim::CollectiveConfig collective_config(const hardware::ClusterSpec& cluster) {
   cfg.intra_hop = intra;
   cfg.ring_inter_hop = ring_inter;
   cfg.tree_inter_hop = tree_inter;
-  // NCCL's ramp over message sizes, from the first node group's profile (its collectives'
-  // size_scale); sim's reduce has no figure of its own and keeps none.
-  const hardware::SystemProfile& first = cluster.groups().front().profile;
-  for (const hardware::CollectiveFigure& f : first.collectives) {
-    const std::optional<sim::CollectiveKind> kind = sim_collective(f.op);
-    if (!kind) continue;
-    auto& scales = f.scope == CollectiveScope::kIntraNode ? cfg.intra_node_size_scale
-                                                          : cfg.inter_node_size_scale;
-    scales[static_cast<size_t>(*kind)] = f.size_scale;
-  }
-  // The network's links carry all_reduce's per-NIC rate at the cluster's node count (above).
-  // NCCL runs all_gather and reduce_scatter across nodes as rings only, whose bus bandwidth
-  // falls as the ring spans more nodes: per node count of the profile's figure, its busbw
-  // over all_reduce's, at most 1.
-  if (cluster.num_nodes() > 1 &&
-      first.has_collective(CollectiveScope::kInterNode, Collective::kAllReduce)) {
+  // NCCL's ramps, per node group from its own profile: over message sizes (its
+  // collectives' size_scale; sim's reduce has no figure of its own and keeps none) and,
+  // across nodes, over the nodes a ring spans. The network's links carry all_reduce's
+  // per-NIC rate at the cluster's node count (above); NCCL runs all_gather and
+  // reduce_scatter across nodes as rings only, whose bus bandwidth falls as the ring spans
+  // more nodes: per node count of the profile's figure, its busbw over all_reduce's, at
+  // most 1.
+  cfg.curves.assign(cluster.groups().size(), {});
+  for (size_t gi = 0; gi < cluster.groups().size(); ++gi) {
+    const hardware::SystemProfile& prof = cluster.groups()[gi].profile;
+    sim::CollectiveCurves& curves = cfg.curves[gi];
+    for (const hardware::CollectiveFigure& f : prof.collectives) {
+      const std::optional<sim::CollectiveKind> kind = sim_collective(f.op);
+      if (!kind) continue;
+      auto& scales = f.scope == CollectiveScope::kIntraNode ? curves.intra_node_size_scale
+                                                            : curves.inter_node_size_scale;
+      scales[static_cast<size_t>(*kind)] = f.size_scale;
+    }
+    if (cluster.num_nodes() < 2 ||
+        !prof.has_collective(CollectiveScope::kInterNode, Collective::kAllReduce))
+      continue;
     const hardware::CollectiveFigure& ar =
-        first.collective(CollectiveScope::kInterNode, Collective::kAllReduce);
+        prof.collective(CollectiveScope::kInterNode, Collective::kAllReduce);
     for (Collective op : {Collective::kAllGather, Collective::kReduceScatter}) {
-      if (!first.has_collective(CollectiveScope::kInterNode, op)) continue;
-      const hardware::CollectiveFigure& f = first.collective(CollectiveScope::kInterNode, op);
+      if (!prof.has_collective(CollectiveScope::kInterNode, op)) continue;
+      const hardware::CollectiveFigure& f = prof.collective(CollectiveScope::kInterNode, op);
       std::vector<CurvePoint> curve;
       bool below = false;
       for (const auto& [nodes, busbw] : f.busbw) {
@@ -164,8 +169,13 @@ sim::CollectiveConfig collective_config(const hardware::ClusterSpec& cluster) {
         below = below || factor < 1.0;
         curve.push_back({nodes, factor});
       }
-      if (below) cfg.inter_node_node_scale[static_cast<size_t>(*sim_collective(op))] = curve;
+      if (below) curves.inter_node_node_scale[static_cast<size_t>(*sim_collective(op))] = curve;
     }
+  }
+  if (cfg.curves.size() > 1) {
+    cfg.node_curves.resize(static_cast<size_t>(cluster.num_nodes()));
+    for (int n = 0; n < cluster.num_nodes(); ++n)
+      cfg.node_curves[static_cast<size_t>(n)] = static_cast<int32_t>(cluster.group_of_node(n));
   }
   return cfg;
 }

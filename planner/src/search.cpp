@@ -11,6 +11,7 @@
 #include <deque>
 #include <map>
 #include <numeric>
+#include <span>
 #include <thread>
 #include <tuple>
 
@@ -166,9 +167,10 @@ class CostCache {
  public:
   explicit CostCache(const Scenario& s) : s_(s), collectives_(collective_config(s.cluster)) {}
 
-  // The fastest node group's time (a bound for every group). Not keyed by what one search
-  // fixes for all its layouts (the cross-entropy fusion, the MoE capacity factor).
-  const ModuleTime& get(size_t module, const Layout& l, bool context_parallel, bool frozen) {
+  // The module's time on each node group (cluster.groups() order). Not keyed by what one
+  // search fixes for all its layouts (the cross-entropy fusion, the MoE capacity factor).
+  const std::vector<ModuleTime>& per_group(size_t module, const Layout& l, bool context_parallel,
+                                           bool frozen) {
     auto key = std::make_tuple(
         module, l.tp, l.cp, l.sequence_parallel, l.micro_batch, static_cast<int>(l.recompute),
         l.flash_attention, l.fused_projections, l.repeat_kv, l.fused_activation,
@@ -178,9 +180,9 @@ class CostCache {
     auto it = memo_.find(key);
     if (it != memo_.end()) return it->second;
     const models::OpGraph g = module_graph(s_, module, l);
-    ModuleTime best;
-    bool first = true;
-    for (const hardware::NodeGroup& group : s_.cluster.groups()) {
+    std::vector<ModuleTime> times;
+    for (size_t gi = 0; gi < s_.cluster.groups().size(); ++gi) {
+      const hardware::NodeGroup& group = s_.cluster.groups()[gi];
       const ModuleCost mc =
           module_cost(g, l, context_parallel, group.profile.gpu, s_.workload.precision);
       Bandwidth link = Bandwidth::bytes_per_s(1e30);
@@ -189,13 +191,13 @@ class CostCache {
             group.profile
                 .collective(hardware::CollectiveScope::kIntraNode, hardware::Collective::kAllGather)
                 .bus_bandwidth(group.profile.gpus_per_node);
-      ModuleTime t;
-      // The simulation's size scales are the first node group's (collective_config); a TP
-      // group inside one node pays the intra-node ones, one that may span nodes the
-      // inter-node ones.
+      ModuleTime& t = times.emplace_back();
+      // The simulation's size scales on this group's nodes (collective_config); a TP group
+      // inside one node pays the intra-node ones, one that may span nodes the inter-node ones.
       const bool tp_in_node = group.profile.gpus_per_node % l.tp == 0;
+      const sim::CollectiveCurves& curves = collectives_.curves[gi];
       const SizeScales* ramp =
-          tp_in_node ? &collectives_.intra_node_size_scale : &collectives_.inter_node_size_scale;
+          tp_in_node ? &curves.intra_node_size_scale : &curves.inter_node_size_scale;
       t.pre = block_time(mc.pre, l, link, frozen, ramp);
       t.layer = block_time(mc.layer, l, link, frozen, ramp);
       t.post = block_time(mc.post, l, link, frozen, ramp);
@@ -208,13 +210,23 @@ class CostCache {
         t.layer.b += t.layer.f_compute;
         t.layer.b_input += t.layer.f_compute;
       }
-      auto total = [](const ModuleTime& m) {
-        return m.pre.f + m.pre.b + (m.layer.f + m.layer.b) * m.layers + m.post.f + m.post.b;
-      };
-      if (first || total(t) < total(best)) best = t;
-      first = false;
     }
-    return memo_.emplace(key, best).first->second;
+    return memo_.emplace(key, std::move(times)).first->second;
+  }
+
+  // The fastest of `groups`' times (all groups when empty): a bound for every rank on them.
+  const ModuleTime& get(size_t module, const Layout& l, bool context_parallel, bool frozen,
+                        std::span<const size_t> groups = {}) {
+    const std::vector<ModuleTime>& times = per_group(module, l, context_parallel, frozen);
+    auto total = [](const ModuleTime& m) {
+      return m.pre.f + m.pre.b + (m.layer.f + m.layer.b) * m.layers + m.post.f + m.post.b;
+    };
+    const ModuleTime* best = nullptr;
+    for (size_t gi = 0; gi < times.size(); ++gi) {
+      if (!groups.empty() && std::find(groups.begin(), groups.end(), gi) == groups.end()) continue;
+      if (!best || total(times[gi]) < total(*best)) best = &times[gi];
+    }
+    return *best;
   }
 
  private:
@@ -222,7 +234,7 @@ class CostCache {
   const sim::CollectiveConfig collectives_;  // what simulate() gets: its size scales
   std::map<std::tuple<size_t, int, int, bool, int, int, bool, bool, bool, bool, bool, bool, bool,
                       int, int, int, int, int, bool, bool>,
-           ModuleTime>
+           std::vector<ModuleTime>>
       memo_;
 };
 
@@ -230,50 +242,70 @@ BlockTime whole_module(const ModuleTime& m) {
   return BlockTime().add(m.pre).add(m.layer, m.layers).add(m.post);
 }
 
-// An encoder and its projectors under `l`: one micro-batch of l.micro_batch samples.
-BlockTime encoder_time(CostCache& cache, const Scenario& s, const EncoderInfo& e, const Layout& l) {
+// An encoder and its projectors under `l`: one micro-batch of l.micro_batch samples, on the
+// fastest of `groups` (all when empty).
+BlockTime encoder_time(CostCache& cache, const Scenario& s, const EncoderInfo& e, const Layout& l,
+                       std::span<const size_t> groups = {}) {
   const bool frozen = s.workload.frozen_encoders;
-  BlockTime t = whole_module(cache.get(e.index, l, false, frozen));
-  for (size_t p : e.projectors) t.add(whole_module(cache.get(p, l, false, frozen)));
+  BlockTime t = whole_module(cache.get(e.index, l, false, frozen, groups));
+  for (size_t p : e.projectors) t.add(whole_module(cache.get(p, l, false, frozen, groups)));
   return t;
 }
 
 // The LLM's pipeline: max over stages of the fill before its first forward, its own work,
 // and the drain after its last backward. `stage0_extra`: encoder work per micro-batch on
-// stage 0 (the homogeneous placement).
+// stage 0 (the homogeneous placement). On a cluster of several node groups each stage
+// counts its work on the slowest group its ranks lie on (every rank does all of it) and
+// its share of the fill on the fastest (the replica that feeds a rank may be anywhere).
 Time llm_pipeline_bound(CostCache& cache, const Scenario& s, const Plan& p,
                         const BlockTime& stage0_extra) {
   const Layout& l = p.layout;
-  const ModuleTime& mt = cache.get(s.model.llm_index(), l, true, false);
-  const std::vector<int64_t> split = layers_per_virtual_stage(l, mt.layers, nullptr);
+  const std::vector<ModuleTime>& times = cache.per_group(s.model.llm_index(), l, true, false);
   const int vstages = l.pp * l.vpp;
   const bool zb = splits_weight_gradient(p.schedule);
   // ZB-H1 runs the TP entries' backward collectives without their wgrad beside them.
   auto backward = [zb](const BlockTime& b) { return zb ? b.b + b.tp_hidden : b.b; };
-  std::vector<BlockTime> v(vstages);
-  for (int i = 0; i < vstages; ++i) {
-    const int64_t n = i < static_cast<int>(split.size()) ? split[i] : 0;
-    v[i].f = mt.layer.f * n;
-    v[i].b = backward(mt.layer) * n;
-    v[i].b_input = mt.layer.b_input * n;
-  }
   auto add = [&backward](BlockTime& a, const BlockTime& b) {
     a.f += b.f;
     a.b += backward(b);
     a.b_input += b.b_input;
   };
-  add(v[0], mt.pre);
-  add(v[0], stage0_extra);
-  add(v[vstages - 1], mt.post);
+  // Per group, per virtual stage: its forward and backward per micro-batch.
+  std::vector<std::vector<BlockTime>> v(times.size());
+  for (size_t gi = 0; gi < times.size(); ++gi) {
+    const ModuleTime& mt = times[gi];
+    const std::vector<int64_t> split = layers_per_virtual_stage(l, mt.layers, nullptr);
+    v[gi].resize(vstages);
+    for (int i = 0; i < vstages; ++i) {
+      const int64_t n = i < static_cast<int>(split.size()) ? split[i] : 0;
+      v[gi][i].f = mt.layer.f * n;
+      v[gi][i].b = backward(mt.layer) * n;
+      v[gi][i].b_input = mt.layer.b_input * n;
+    }
+    add(v[gi][0], mt.pre);
+    add(v[gi][0], stage0_extra);
+    add(v[gi][vstages - 1], mt.post);
+  }
   const int64_t m = num_micro_batches(l, s.workload.global_batch);
+  const int first = p.placement == Placement::kNonColocated ? p.llm_first_rank : 0;
+  const int stage_ranks = l.tp * l.cp * l.dp;
   Time best, fill;
   for (int st = 0; st < l.pp; ++st) {
-    Time work;
-    for (int c = 0; c < l.vpp; ++c) work += (v[c * l.pp + st].f + v[c * l.pp + st].b) * m;
+    const std::vector<size_t> on = s.cluster.groups_of_gpus(first + st * stage_ranks, stage_ranks);
+    Time work, step;
+    bool first_group = true;
+    for (size_t gi : on) {
+      Time w;
+      for (int c = 0; c < l.vpp; ++c) w += (v[gi][c * l.pp + st].f + v[gi][c * l.pp + st].b) * m;
+      work = std::max(work, w);
+      // ZB-H1 may leave up to `st` weight-gradient passes to the end of stage st, in
+      // parallel with the earlier stages' last backwards: no drain counted.
+      const Time f = v[gi][st].f + (zb ? Time::zero() : v[gi][st].b);
+      step = first_group ? f : std::min(step, f);
+      first_group = false;
+    }
     best = std::max(best, fill + work);
-    // ZB-H1 may leave up to `st` weight-gradient passes to the end of stage st, in
-    // parallel with the earlier stages' last backwards: no drain counted.
-    fill += v[st].f + (zb ? Time::zero() : v[st].b);
+    fill += step;
   }
   return best;
 }
@@ -386,7 +418,11 @@ Time compute_bound(CostCache& cache, const std::vector<EncoderInfo>& encoders, c
     auto it = std::find_if(encoders.begin(), encoders.end(),
                            [&](const EncoderInfo& e) { return e.name == mp.module; });
     if (it == encoders.end()) continue;
-    const BlockTime t = encoder_time(cache, s, *it, mp.layout);
+    // Non-colocated: the fastest group the encoder's own ranks lie on.
+    const std::vector<size_t> on = p.placement == Placement::kNonColocated
+                                       ? s.cluster.groups_of_gpus(mp.first_rank, mp.layout.world())
+                                       : std::vector<size_t>{};
+    const BlockTime t = encoder_time(cache, s, *it, mp.layout, on);
     const int64_t steps = gb / (int64_t{mp.layout.micro_batch} * mp.layout.dp);
     if (p.placement == Placement::kColocated) {
       enc_total += (t.f + t.b) * steps;

@@ -25,22 +25,30 @@ struct Plan {
   std::vector<double> weights;   // parallel to links; empty when all 1
   double seconds_per_byte = 0;
   std::vector<Time> p2p_latency;  // P2P: per flow, its route's latency
-  // Collective: its kind's size scale for its group's scope (CollectiveConfig), or null,
-  // and the node scale's factor at the number of nodes its group spans (1 inside a node).
-  const std::vector<CurvePoint>* size_scale = nullptr;
-  double node_factor = 1.0;
+  // Collective: per kind of node among its members (CollectiveConfig::curves_of), its
+  // kind's size scale for the group's scope (null: none) and the node scale's factor at
+  // the number of nodes the group spans (1 inside a node). Empty: neither.
+  struct Ramp {
+    const std::vector<CurvePoint>* size_scale = nullptr;
+    double node_factor = 1.0;
+  };
+  std::vector<Ramp> ramps;
   // find_uncontended: whether every link it crosses is private to one stream (-1: not yet
   // known); a property of its links alone, so decided once per plan.
   mutable int8_t private_links = -1;
 };
 
 // Bytes the flows of `task` move per byte of its size: 1 / (the size scale's factor at its
-// size x the node scale's at its nodes) for NCCL's collectives (CollectiveConfig::
-// *_size_scale, inter_node_node_scale), 1 for P2P and copy engines.
+// size x the node scale's at its nodes) for NCCL's collectives (CollectiveCurves), the
+// smallest such factor where its members' nodes differ; 1 for P2P and copy engines.
 double wire_bytes_per_byte(const Plan& p, const Task& task) {
-  if (task.kind != TaskKind::kCollective || task.copy_engine) return 1.0;
-  const double size = p.size_scale ? curve_factor(*p.size_scale, task.bytes.count()) : 1.0;
-  return 1.0 / (size * p.node_factor);
+  if (task.kind != TaskKind::kCollective || task.copy_engine || p.ramps.empty()) return 1.0;
+  double factor = 1.0;
+  for (const Plan::Ramp& r : p.ramps) {
+    const double size = r.size_scale ? curve_factor(*r.size_scale, task.bytes.count()) : 1.0;
+    factor = std::min(factor, size * r.node_factor);
+  }
+  return 1.0 / factor;
 }
 
 // What a task pays after its last flow is delivered: a collective's NCCL latency, unless
@@ -773,14 +781,23 @@ const Plan& Engine::plan(const Task& task, Algorithm algorithm) {
   p.route_begin.push_back(0);
   for (const CollectiveFlow& f : pattern.flows) add_flow(p, f.src, f.dst, f.share);
   p.seconds_per_byte = idle_seconds_per_byte(p.pattern, net_);
-  const auto& scales = in_one_node(task.group) ? opt_.collectives.intra_node_size_scale
-                                               : opt_.collectives.inter_node_size_scale;
-  const std::vector<CurvePoint>& scale = scales[static_cast<size_t>(task.collective)];
-  if (!scale.empty()) p.size_scale = &scale;
-  if (pattern.nodes > 1)
-    p.node_factor =
-        curve_factor(opt_.collectives.inter_node_node_scale[static_cast<size_t>(task.collective)],
-                     pattern.nodes);
+  // One ramp per kind of node among the members (usually one), in order of first member.
+  const bool local = in_one_node(task.group);
+  const auto kind = static_cast<size_t>(task.collective);
+  std::vector<const CollectiveCurves*> kinds;
+  for (RankId r : g_.group(task.group)) {
+    const CollectiveCurves* c = &opt_.collectives.curves_of(net_.node_of(r));
+    if (std::find(kinds.begin(), kinds.end(), c) == kinds.end()) kinds.push_back(c);
+  }
+  for (const CollectiveCurves* c : kinds) {
+    const std::vector<CurvePoint>& scale =
+        (local ? c->intra_node_size_scale : c->inter_node_size_scale)[kind];
+    Plan::Ramp ramp;
+    if (!scale.empty()) ramp.size_scale = &scale;
+    if (pattern.nodes > 1)
+      ramp.node_factor = curve_factor(c->inter_node_node_scale[kind], pattern.nodes);
+    if (ramp.size_scale || ramp.node_factor != 1.0) p.ramps.push_back(ramp);
+  }
   if (opt_.bundle_flows) bundle_flows(p);
   weigh(p, task, algorithm);
   return p;

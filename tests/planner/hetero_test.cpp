@@ -5,12 +5,15 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
+#include <utility>
 
 #include "hetpar/planner/boundary.h"
 #include "hetpar/planner/evaluate.h"
 #include "hetpar/planner/lower.h"
 #include "hetpar/planner/memory.h"
+#include "hetpar/planner/search.h"
 #include "hetpar/sim/simulate.h"
 #include "two_encoders.h"
 
@@ -59,6 +62,28 @@ Plan non_colocated(const Scenario& s, Layout llm, int llm_first, Layout enc, int
   p.llm_first_rank = llm_first;
   p.modules.push_back({vision(s), enc, enc_first});
   return p;
+}
+
+// Lowers `p` (which must keep the symmetry: representatives stand for their classes) and
+// evaluates it reduced and with every rank: the reduced run has fewer tasks and the same
+// iteration time within `tol` (relative). Returns {reduced, full}; nothing on a failure.
+std::optional<std::pair<PlanMetrics, PlanMetrics>> reduced_and_full(const Scenario& s,
+                                                                    const Plan& p, double tol) {
+  EXPECT_EQ(infeasibility(s, p), "");
+  auto lp = lower(s, p);
+  EXPECT_TRUE(lp.is_ok()) << lp.status().to_string();
+  if (!lp.is_ok()) return std::nullopt;
+  EXPECT_TRUE(lp->representatives);
+  EvaluateOptions eo;
+  eo.enforce_memory = false;
+  auto reduced = evaluate(s, p, eo);
+  eo.full_ranks = true;
+  auto full = evaluate(s, p, eo);
+  EXPECT_TRUE(reduced.is_ok() && full.is_ok());
+  if (!reduced.is_ok() || !full.is_ok()) return std::nullopt;
+  EXPECT_LT(reduced->tasks, full->tasks);
+  EXPECT_NEAR(reduced->iteration_time / full->iteration_time, 1.0, tol);
+  return std::make_pair(*reduced, *full);
 }
 
 int64_t hidden(const Scenario& s) {
@@ -646,6 +671,37 @@ TEST(HeteroFsdp, ANonColocatedEncoderShardsItsOwnRanks) {
   EXPECT_EQ(sharded.activations, dopt.activations);
 }
 
+// A cluster of two node groups (one DGX A100, two DGX H100): a non-colocated plan whose
+// encoder lies on the A100 node and whose LLM lies on the H100 nodes keeps the symmetry of
+// each module (representatives predict what every rank does), and the planner's lower bound
+// stays below its time; a colocated plan spans both kinds of node and simulates every rank.
+TEST(HeteroSymmetry, AModuleOnOneNodeGroupOfAMixedCluster) {
+  auto s = parse_scenario_text(
+      R"({"model": "llava-1.5-7b", "workload": {"seq_len": 4096, "global_batch": 48,
+          "images_per_sample": 1, "precision": "bf16"},
+          "cluster": {"node_groups": [{"profile": "dgx-a100-80gb", "nodes": 1},
+                                      {"profile": "dgx-h100", "nodes": 2}]}})",
+      "mixed.json");
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  const Plan p = non_colocated(*s, layout(4, 2, 1, 2), 8, layout(1, 8, 2), 0);
+  const auto both = reduced_and_full(*s, p, 1e-9);
+  ASSERT_TRUE(both.has_value());
+  const PlanMetrics& full = both->second;
+  EXPECT_LE(lower_bound(*s, p), full.iteration_time);
+  // The same plan with the modules' places swapped runs the encoder on H100s: a different
+  // time, so the node groups' own numbers are used.
+  const Plan swapped = non_colocated(*s, layout(4, 2, 1, 2), 0, layout(1, 8, 2), 16);
+  EvaluateOptions eo;
+  eo.enforce_memory = false;
+  auto other = evaluate(*s, swapped, eo);
+  ASSERT_TRUE(other.is_ok() && other->feasible) << other->infeasible_reason;
+  EXPECT_NE(other->iteration_time, full.iteration_time);
+  EXPECT_LE(lower_bound(*s, swapped), other->iteration_time);
+  auto co = lower(*s, colocated(*s, layout(4, 6), layout(1, 24)));
+  ASSERT_TRUE(co.is_ok()) << co.status().to_string();
+  EXPECT_FALSE(co->representatives);
+}
+
 // Where a module's stages straddle nodes (the LLM's 6 ranks per stage on 8-GPU nodes), every
 // rank is simulated.
 TEST(HeteroSymmetry, UnalignedPlacementSimulatesEveryRank) {
@@ -985,19 +1041,10 @@ TEST(HeteroSymmetry, TwoEncoders) {
   }
   for (const Plan& p : plans) {
     SCOPED_TRACE(to_string(p.placement));
-    ASSERT_EQ(infeasibility(*s, p), "");
-    auto lp = lower(*s, p);
-    ASSERT_TRUE(lp.is_ok()) << lp.status().to_string();
-    EXPECT_TRUE(lp->representatives);
-    EvaluateOptions eo;
-    eo.enforce_memory = false;
-    auto reduced = evaluate(*s, p, eo);
-    eo.full_ranks = true;
-    auto full = evaluate(*s, p, eo);
-    ASSERT_TRUE(reduced.is_ok() && full.is_ok());
-    EXPECT_LT(reduced->tasks, full->tasks);
-    EXPECT_EQ(reduced->iteration_time, full->iteration_time);
-    EXPECT_EQ(reduced->boundary_bytes, full->boundary_bytes);
+    const auto both = reduced_and_full(*s, p, 0.0);
+    ASSERT_TRUE(both.has_value());
+    EXPECT_EQ(both->first.iteration_time, both->second.iteration_time);
+    EXPECT_EQ(both->first.boundary_bytes, both->second.boundary_bytes);
   }
 }
 

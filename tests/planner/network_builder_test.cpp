@@ -77,7 +77,7 @@ TEST(NetworkBuilder, MidSizeCollectivesTakeTheMeasuredTime) {
   auto r = sim::simulate(g, net, o);
   ASSERT_TRUE(r.is_ok());
   EXPECT_NEAR(r->makespan.to_us(), 210.89, 0.02 * 210.89);
-  o.collectives.intra_node_size_scale = {};
+  o.collectives.curves[0].intra_node_size_scale = {};
   EXPECT_NEAR(sim::simulate(g, net, o)->makespan.to_us(), 173.3, 2.0);
 }
 
@@ -101,6 +101,36 @@ TEST(NetworkBuilder, A100AllGatherAndReduceScatterTakeTheMeasuredTime) {
   EXPECT_NEAR(time_us(sim::CollectiveKind::kAllGather, Bytes::MiB(64)), 379.7, 0.02 * 379.7);
   EXPECT_NEAR(time_us(sim::CollectiveKind::kReduceScatter, Bytes::MiB(16)), 152.4, 0.02 * 152.4);
   EXPECT_NEAR(time_us(sim::CollectiveKind::kReduceScatter, Bytes::MiB(64)), 356.1, 0.02 * 356.1);
+}
+
+// A cluster of two kinds of node: each node's collectives follow its own profile's ramps
+// (collective_config's curves, one per node group), so an all_gather inside the A100 node
+// takes the pure A100 cluster's time and one inside the H100 node the pure H100's; the
+// H100's rings slow down across many nodes, the A100's do not.
+TEST(NetworkBuilder, EachNodeGroupKeepsItsOwnRamps) {
+  auto mixed = cluster(R"({"node_groups": [{"profile": "dgx-h100", "nodes": 1},
+                                           {"profile": "dgx-a100-80gb", "nodes": 1}]})");
+  const sim::CollectiveConfig cfg = collective_config(mixed);
+  ASSERT_EQ(cfg.curves.size(), 2u);
+  EXPECT_EQ(cfg.node_curves, (std::vector<int32_t>{0, 1}));
+  const auto rs = static_cast<size_t>(sim::CollectiveKind::kReduceScatter);
+  EXPECT_FALSE(cfg.curves_of(NodeId(0)).inter_node_node_scale[rs].empty());
+  EXPECT_TRUE(cfg.curves_of(NodeId(1)).inter_node_node_scale[rs].empty());
+  auto time_us = [](const hardware::ClusterSpec& c, int first, Bytes size) {
+    sim::SimOptions o;
+    o.collectives = collective_config(c);
+    sim::TaskGraph g;
+    g.add_collective(
+        {sim::CollectiveKind::kAllGather, range(first, first + 8), size, 0, sim::Algorithm::kRing});
+    auto r = sim::simulate(g, build_network(c), o);
+    EXPECT_TRUE(r.is_ok());
+    return r->makespan.to_us();
+  };
+  auto a100 = cluster(R"({"profile": "dgx-a100-80gb", "nodes": 1})");
+  auto h100 = cluster(R"({"profile": "dgx-h100", "nodes": 1})");
+  EXPECT_DOUBLE_EQ(time_us(mixed, 8, Bytes::MiB(16)), time_us(a100, 0, Bytes::MiB(16)));
+  EXPECT_DOUBLE_EQ(time_us(mixed, 0, Bytes::MiB(16)), time_us(h100, 0, Bytes::MiB(16)));
+  EXPECT_NE(time_us(a100, 0, Bytes::MiB(16)), time_us(h100, 0, Bytes::MiB(16)));
 }
 
 TEST(NetworkBuilder, PointToPointPaysTheSendRecvAlpha) {
@@ -138,18 +168,20 @@ TEST(NetworkBuilder, RingsSlowDownAsTheySpanMoreNodes) {
   const sim::CollectiveConfig cfg = collective_config(h100);
   for (sim::CollectiveKind k :
        {sim::CollectiveKind::kAllGather, sim::CollectiveKind::kReduceScatter}) {
-    const auto& curve = cfg.inter_node_node_scale[static_cast<size_t>(k)];
+    const auto& curve = cfg.curves[0].inter_node_node_scale[static_cast<size_t>(k)];
     EXPECT_DOUBLE_EQ(curve_factor(curve, 2), 1.0);
     EXPECT_NEAR(curve_factor(curve, 128), 260.0 / 350.0, 1e-12);
     EXPECT_NEAR(curve_factor(curve, 1024), 260.0 / 350.0, 1e-12);  // clamped
     EXPECT_LT(curve_factor(curve, 16), curve_factor(curve, 8));
   }
-  EXPECT_TRUE(
-      cfg.inter_node_node_scale[static_cast<size_t>(sim::CollectiveKind::kAllReduce)].empty());
-  EXPECT_TRUE(
-      cfg.inter_node_node_scale[static_cast<size_t>(sim::CollectiveKind::kAllToAll)].empty());
+  EXPECT_TRUE(cfg.curves[0]
+                  .inter_node_node_scale[static_cast<size_t>(sim::CollectiveKind::kAllReduce)]
+                  .empty());
+  EXPECT_TRUE(cfg.curves[0]
+                  .inter_node_node_scale[static_cast<size_t>(sim::CollectiveKind::kAllToAll)]
+                  .empty());
   auto a100 = cluster(R"({"profile": "dgx-a100-80gb", "nodes": 4})");
-  for (const auto& curve : collective_config(a100).inter_node_node_scale)
+  for (const auto& curve : collective_config(a100).curves[0].inter_node_node_scale)
     EXPECT_TRUE(curve.empty());
 }
 

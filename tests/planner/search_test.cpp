@@ -21,9 +21,9 @@ namespace {
 // divide them) on one DGX H100 node: few tasks to simulate, yet compute-bound as real
 // models are (the search's dominance rules assume that; see search.h).
 Scenario tiny(const std::string& search = "", int global_batch = 8,
-              const std::string& precision = "bf16") {
-  std::string text =
-      fmt::format(R"({{
+              const std::string& precision = "bf16",
+              const std::string& cluster = R"({"profile": "dgx-h100", "nodes": 1})") {
+  std::string text = fmt::format(R"({{
     "name": "tiny",
     "model": {{"name": "tiny-vlm", "modules": [
       {{"name": "vision", "kind": "vision_encoder", "spec": {{"layers": 4, "hidden": 1024,
@@ -38,9 +38,10 @@ Scenario tiny(const std::string& search = "", int global_batch = 8,
       "edges": [["vision", "projector"], ["projector", "llm"]]}},
     "workload": {{"seq_len": 2048, "global_batch": {}, "images_per_sample": 1,
                   "precision": "{}"}},
-    "cluster": {{"profile": "dgx-h100", "nodes": 1}}{}
+    "cluster": {}{}
   }})",
-                  global_batch, precision, search.empty() ? "" : ", \"search\": " + search);
+                                 global_batch, precision, cluster,
+                                 search.empty() ? "" : ", \"search\": " + search);
   auto s = parse_scenario_text(text, "tiny.json");
   EXPECT_TRUE(s.is_ok()) << s.status().to_string();
   return *s;
@@ -113,6 +114,26 @@ TEST(Search, FindsTheBruteForceBestAndTheBoundHolds) {
         << describe(brute.families[f].best->plan);
   }
   // The lower bound never exceeds the simulated time.
+  for (const RankedPlan& p : brute.top)
+    EXPECT_LE(lower_bound(s, p.plan), p.metrics.iteration_time) << describe(p.plan);
+}
+
+// On a cluster of two node groups (one DGX A100, one DGX H100) the bound takes each stage's
+// work on the slowest group its ranks lie on and each module's own group where it has one:
+// it stays below every simulated plan, prunes, and the pruned search still finds what brute
+// force finds.
+TEST(Search, TheBoundHoldsOnAMixedCluster) {
+  const Scenario s = tiny(R"({"modules": {"vision": {"tp": 1, "distributed_optimizer": true}},
+                              "llm": {"tp": 2, "distributed_optimizer": true}})",
+                          16, "bf16",
+                          R"({"node_groups": [{"profile": "dgx-a100-80gb", "nodes": 1},
+                                              {"profile": "dgx-h100", "nodes": 1}]})");
+  const SearchResult fast = run(s, threads(2));
+  const SearchResult brute = run(s, threads(2, true));
+  ASSERT_FALSE(brute.top.empty());
+  EXPECT_GT(fast.counts.pruned_bound, 0);
+  EXPECT_EQ(fast.top.front().metrics.iteration_time, brute.top.front().metrics.iteration_time)
+      << describe(fast.top.front().plan) << " vs " << describe(brute.top.front().plan);
   for (const RankedPlan& p : brute.top)
     EXPECT_LE(lower_bound(s, p.plan), p.metrics.iteration_time) << describe(p.plan);
 }

@@ -61,11 +61,17 @@ class ClusterSpec {
   /// REQUIRES: 0 <= node < num_nodes().
   const SystemProfile& profile_of_node(NodeId node) const;
   int first_gpu_of_node(NodeId node) const;
+  /// The index in groups() of the group that holds `node`. REQUIRES: 0 <= node < num_nodes().
+  size_t group_of_node(int node) const;
+  /// The index in groups() of the group that holds `gpu`. REQUIRES: 0 <= gpu < total_gpus().
+  size_t group_of_gpu(int gpu) const;
+  /// The first GPU of groups()[group]. REQUIRES: group < groups().size().
+  int group_first_gpu(size_t group) const { return group_first_gpu_[group]; }
+  /// The groups (indices into groups(), ascending) that GPUs [first, first + count) lie on;
+  /// GPUs outside the cluster count for none.
+  std::vector<size_t> groups_of_gpus(int first, int count) const;
 
  private:
-  size_t group_of_node(int node) const;
-  size_t group_of_gpu(int gpu) const;
-
   std::vector<NodeGroup> groups_;
   ClusterOverrides overrides_;
   std::vector<int> group_first_node_ = {0};  // prefix sums; size groups + 1

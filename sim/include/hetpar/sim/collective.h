@@ -36,6 +36,23 @@
 
 namespace hetpar::sim {
 
+/// NCCL's ramps on one kind of node (one node group's profile), per CollectiveKind.
+struct CollectiveCurves {
+  /// The fraction of its flows' max-min rate a collective of S bytes (the task's size)
+  /// reaches, for groups inside one node and groups across nodes (empty: all of it): NCCL
+  /// ramps its protocols and pipelining up over mid-size messages, which the steady-state
+  /// flows leave out. simulate() runs the flows of such a collective as S / factor(S)
+  /// bytes. Copy-engine collectives (CollectiveSpec) are not NCCL's and keep all of it.
+  std::array<std::vector<CurvePoint>, kNumCollectiveKinds> intra_node_size_scale{};
+  std::array<std::vector<CurvePoint>, kNumCollectiveKinds> inter_node_size_scale{};
+  /// The fraction of its flows' max-min rate a collective across nodes reaches against the
+  /// number of nodes its group spans (CurvePoint::at; empty: all of it): NCCL's rings
+  /// (all_gather, reduce_scatter) fall below the per-NIC rate the network's links carry as
+  /// the ring grows, where all_reduce's algorithms hold it. It multiplies the size scale's
+  /// factor; copy-engine collectives keep all of it.
+  std::array<std::vector<CurvePoint>, kNumCollectiveKinds> inter_node_node_scale{};
+};
+
 /// Latency constants from NCCL's tuner (src/graph/tuning.cc, LL protocol, calibration.md
 /// §3.3). They give ~15 us for an 8-GPU NVLink all_reduce and ~29 us across 2 nodes x 8,
 /// inside the measured 10-15 us intra-node and 25-50 us inter-node floors (§2.4).
@@ -49,20 +66,20 @@ struct CollectiveConfig {
   /// GPU's link), across nodes the smallest number of group members on one node (one
   /// ring per NIC when every GPU has its own NIC).
   int channels = 0;
-  /// The fraction of its flows' max-min rate a collective of S bytes (the task's size)
-  /// reaches, per CollectiveKind, for groups inside one node and groups across nodes
-  /// (empty: all of it): NCCL ramps its protocols and pipelining up over mid-size
-  /// messages, which the steady-state flows leave out. simulate() runs the flows of such a
-  /// collective as S / factor(S) bytes. Copy-engine collectives (CollectiveSpec) are not
-  /// NCCL's and keep all of it.
-  std::array<std::vector<CurvePoint>, kNumCollectiveKinds> intra_node_size_scale{};
-  std::array<std::vector<CurvePoint>, kNumCollectiveKinds> inter_node_size_scale{};
-  /// The fraction of its flows' max-min rate a collective across nodes reaches against the
-  /// number of nodes its group spans (CurvePoint::at), per CollectiveKind (empty: all of
-  /// it): NCCL's rings (all_gather, reduce_scatter) fall below the per-NIC rate the network's
-  /// links carry as the ring grows, where all_reduce's algorithms hold it. It multiplies the
-  /// size scale's factor; copy-engine collectives keep all of it.
-  std::array<std::vector<CurvePoint>, kNumCollectiveKinds> inter_node_node_scale{};
+  /// NCCL's ramps per kind of node (CollectiveCurves); curves[0] is every node's unless
+  /// node_curves says otherwise. Never empty.
+  std::vector<CollectiveCurves> curves = std::vector<CollectiveCurves>(1);
+  /// Per NodeId: the index into `curves` of that node's kind (mixed clusters: one per node
+  /// group). Empty, or a node past its end: 0. A collective whose group spans nodes of
+  /// several kinds takes, at its size, the smallest factor of any of them (the ring runs at
+  /// its slowest member's pace).
+  std::vector<int32_t> node_curves{};
+
+  /// The curves of `node`'s kind.
+  const CollectiveCurves& curves_of(NodeId node) const {
+    const auto i = static_cast<size_t>(node.value());
+    return curves[i < node_curves.size() ? static_cast<size_t>(node_curves[i]) : 0];
+  }
 };
 
 /// One flow of a collective: src sends share x S bytes to dst.
