@@ -296,6 +296,26 @@ std::string small_plan_scenario(const std::string& name, const std::string& sear
                                       search.empty() ? "" : ", \"search\": " + search));
 }
 
+// The mixed-cluster example (4 DGX A100 + 4 DGX H100): homogeneous and colocated plans run
+// at the A100s' pace, so the planner gives the LLM the H100s (ranks 32-63) and the vision
+// encoder the A100s, and the written plan simulates to the reported time.
+TEST(Cli, PlansTheMixedClusterExampleWithTheLlmOnTheFasterGpus) {
+  const std::string out = fmt::format("{}/{}.mixed.plan.json", ::testing::TempDir(), ::getpid());
+  CliRun r = run(fmt::format("plan --json --threads 2 --out {} {}", out,
+                             example("llava-7b-a100-h100-mixed.json")));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  const auto& plan = j["best"]["plan"];
+  EXPECT_EQ(plan["placement"], "non_colocated");
+  EXPECT_EQ(plan["llm_first_rank"], 32);
+  const double best = j["best"]["metrics"]["iteration_time_s"];
+  for (const char* family : {"homogeneous", "colocated"})
+    EXPECT_LT(best, j["families"][family]["metrics"]["iteration_time_s"].get<double>()) << family;
+  CliRun sim = run("simulate --json " + out);
+  ASSERT_EQ(sim.exit_code, 0) << sim.err;
+  EXPECT_DOUBLE_EQ(nlohmann::json::parse(sim.out)["iteration_time_s"].get<double>(), best);
+}
+
 TEST(Cli, PlanJsonHasTheDocumentedKeysAndTheWrittenPlanSimulates) {
   const std::string scenario = small_plan_scenario("plan.json");
   const std::string out = fmt::format("{}/{}.best.plan.json", ::testing::TempDir(), ::getpid());
