@@ -60,9 +60,9 @@ int run_validation(const ValidationOptions& opts) {
                  r.predicted.iteration_time, 100 * r.error, 100 * r.predicted.mfu,
                  r.predicted.memory.fits()
                      ? ""
-                     : fmt::format("(memory model: {} > {} by {})", r.predicted.memory.peak,
+                     : fmt::format("(memory model: {} > {} by {})", r.predicted.memory.tightest(),
                                    r.predicted.memory.capacity,
-                                   r.predicted.memory.peak - r.predicted.memory.capacity));
+                                   r.predicted.memory.tightest() - r.predicted.memory.capacity));
     }
     fmt::print(
         "\n{} runs, {} predicted: mean |error| {:.1f}%, max |error| {:.1f}%, {} within 10%\n",

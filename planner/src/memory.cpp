@@ -296,7 +296,9 @@ class Estimator {
     }
   }
 
-  MemoryReport report() const {
+  // `first_rank`: where the module's ranks start (stage st holds the tp·cp·dp ranks from
+  // first_rank + st·tp·cp·dp), for the device memory of each stage's GPUs.
+  MemoryReport report(int first_rank = 0) const {
     const bool fp32 = s_.workload.precision == hardware::Precision::kFp32 ||
                       s_.workload.precision == hardware::Precision::kTf32;
     const double optimizer_bytes = fp32 ? 8 : 12;
@@ -335,15 +337,16 @@ class Estimator {
           opts_.fixed_workspace + to_bytes(opts_.fragmentation * b.activations.as_double());
       r.per_stage.push_back(b);
     }
-    for (size_t st = 0; st < r.per_stage.size(); ++st) {
-      if (r.per_stage[st].total() <= r.peak) continue;
-      r.peak = r.per_stage[st].total();
-      r.peak_stage = static_cast<int>(st);
+    const int n = l_.tp * l_.cp * l_.dp;
+    for (int st = 0; st < static_cast<int>(r.per_stage.size()); ++st) {
+      Bytes cap;
+      for (size_t g : s_.cluster.groups_of_gpus(first_rank + st * n, n)) {
+        const Bytes c = s_.cluster.groups()[g].profile.gpu.memory_capacity;
+        if (cap == Bytes() || c < cap) cap = c;
+      }
+      r.stage_capacity.push_back(cap);
     }
-    for (const hardware::NodeGroup& g : s_.cluster.groups()) {
-      const Bytes cap = g.profile.gpu.memory_capacity;
-      if (r.capacity == Bytes() || cap < r.capacity) r.capacity = cap;
-    }
+    r.summarise();
     return r;
   }
 
@@ -426,23 +429,40 @@ MemoryReport estimate_memory(const Scenario& s, const Plan& p, const MemoryOptio
       llm.merge_into_all(enc);
     } else {
       enc.add_buffer(mp.layout.pp - 1, step * b.fan_out / static_cast<double>(b.llm_per_step));
-      enc_reports.push_back(enc.report());
+      enc_reports.push_back(enc.report(mp.first_rank));
     }
   }
-  MemoryReport r = llm.report();
+  MemoryReport r = llm.report(colocated ? 0 : p.llm_first_rank);
   if (enc_reports.empty()) return r;
   // Non-colocated: the encoders' ranks first, then the LLM's pipeline stages.
   MemoryReport out;
-  for (const MemoryReport& e : enc_reports)
+  enc_reports.push_back(std::move(r));
+  for (const MemoryReport& e : enc_reports) {
     out.per_stage.insert(out.per_stage.end(), e.per_stage.begin(), e.per_stage.end());
-  out.per_stage.insert(out.per_stage.end(), r.per_stage.begin(), r.per_stage.end());
-  for (size_t st = 0; st < out.per_stage.size(); ++st)
-    if (out.per_stage[st].total() > out.peak) {
-      out.peak = out.per_stage[st].total();
-      out.peak_stage = static_cast<int>(st);
-    }
-  out.capacity = r.capacity;
+    out.stage_capacity.insert(out.stage_capacity.end(), e.stage_capacity.begin(),
+                              e.stage_capacity.end());
+  }
+  out.summarise();
   return out;
+}
+
+void MemoryReport::summarise() {
+  peak = Bytes();
+  peak_stage = tightest_stage = 0;
+  capacity = stage_capacity.empty() ? Bytes() : stage_capacity[0];
+  for (size_t st = 0; st < per_stage.size(); ++st) {
+    const Bytes total = per_stage[st].total();
+    if (total > peak) {
+      peak = total;
+      peak_stage = static_cast<int>(st);
+    }
+    const Bytes over = total - stage_capacity[st];
+    const Bytes worst = per_stage[static_cast<size_t>(tightest_stage)].total() - capacity;
+    if (over > worst) {
+      tightest_stage = static_cast<int>(st);
+      capacity = stage_capacity[st];
+    }
+  }
 }
 
 }  // namespace hetpar::planner

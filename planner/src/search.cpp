@@ -773,7 +773,7 @@ class Searcher {
     const MemoryReport mem = estimate_memory(s_, p);
     if (!mem.fits())
       return fmt::format("out of memory: pipeline stage {} needs {} per GPU, the GPUs have {}",
-                         mem.peak_stage, mem.peak, mem.capacity);
+                         mem.tightest_stage, mem.tightest(), mem.capacity);
     if (spec_.max_memory && mem.peak > *spec_.max_memory)
       return fmt::format(
           "over the search's memory cap: pipeline stage {} needs {} per GPU, the cap is {}",

@@ -450,6 +450,28 @@ TEST(MemoryCapacity, SmallestGpuOfTheCluster) {
             Bytes::GiB(1) + Bytes(std::llround(0.1 * r.per_stage[0].activations.as_double())));
 }
 
+// A cluster of two GPU types, one per pipeline stage: each stage is held to its own GPUs'
+// memory. Llama 3.1 8B in two stages: the first on an H200 node fits, the second on RTX
+// 4090s (24 GiB) does not, though the first holds more (the 1F1B warm-up's activations).
+TEST(MemoryCapacity, EachStageIsHeldToItsOwnGpus) {
+  Scenario s = scenario(R"("llama-3.1-8b")", 4096, 64, R"({"node_groups": [
+      {"profile": "dgx-h200", "nodes": 1}, {"profile": "rtx4090-node", "nodes": 1}]})");
+  Layout l;
+  l.pp = 2;
+  l.dp = 8;
+  const MemoryReport r = estimate_memory(s, plan(l));
+  ASSERT_EQ(r.stage_capacity.size(), 2u);
+  EXPECT_EQ(r.stage_capacity[0], s.cluster.groups()[0].profile.gpu.memory_capacity);
+  EXPECT_EQ(r.stage_capacity[1], Bytes::GiB(24));
+  EXPECT_EQ(r.peak_stage, 0);
+  EXPECT_LT(r.per_stage[0].total(), r.stage_capacity[0]);
+  EXPECT_GT(r.per_stage[1].total(), Bytes::GiB(24));
+  EXPECT_FALSE(r.fits());
+  EXPECT_EQ(r.tightest_stage, 1);
+  EXPECT_EQ(r.capacity, Bytes::GiB(24));
+  EXPECT_EQ(r.tightest(), r.per_stage[1].total());
+}
+
 // Layout::defer_embedding_wgrad: the last stage keeps each deferred micro-batch's logits
 // gradient (s·b × V/tp) and the output layer's input slice (s·b × h / tp under SP) until
 // the pipeline's flush; wgrad_deferral_limit caps the micro-batches.

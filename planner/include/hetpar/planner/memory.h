@@ -65,8 +65,23 @@ struct MemoryReport {
   std::vector<MemoryBreakdown> per_stage;
   int peak_stage = 0;  // the stage with the largest total (the first of equals)
   Bytes peak;          // its total
-  Bytes capacity;      // device memory of the cluster's GPUs (the smallest over node groups)
-  bool fits() const { return peak <= capacity; }
+  /// Per stage: the device memory of its GPUs (the smallest over the node groups its ranks
+  /// lie on; a cluster may mix GPU types).
+  std::vector<Bytes> stage_capacity;
+  /// The stage with the least room: its total over its capacity is the largest (the first
+  /// of equals; on one kind of GPU, peak_stage), and that capacity.
+  int tightest_stage = 0;
+  Bytes capacity;
+  /// Whether every stage fits its GPUs.
+  bool fits() const {
+    return per_stage.empty() || per_stage[static_cast<size_t>(tightest_stage)].total() <= capacity;
+  }
+  /// The tightest stage's total.
+  Bytes tightest() const {
+    return per_stage.empty() ? Bytes() : per_stage[static_cast<size_t>(tightest_stage)].total();
+  }
+  /// Sets peak_stage / peak and tightest_stage / capacity from per_stage and stage_capacity.
+  void summarise();
 };
 
 struct MemoryOptions {
