@@ -12,6 +12,7 @@
 
 #include "export/helpers.h"
 #include "hetpar/planner/lower.h"
+#include "hetpar/planner/scenario.h"
 
 namespace hetpar::exporter {
 namespace {
@@ -49,6 +50,33 @@ TEST(ExportTargets, SingleLayoutTargetsRefuseHeterogeneousPlans) {
     EXPECT_NE(refusal(s, p, t).find("the colocated placement with its own layout for vision"),
               std::string::npos)
         << to_string(t) << ": " << refusal(s, p, t);
+}
+
+// On a cluster of two node types every target's header says which nodes the plan put
+// where: it places modules by rank, so each node must start with its own group's node rank.
+TEST(ExportTargets, MixedClustersSayWhichNodesAreWhich) {
+  auto s = planner::parse_scenario_text(
+      R"({"model": "llava-1.5-7b", "workload": {"seq_len": 4096, "global_batch": 48,
+          "images_per_sample": 1, "precision": "bf16"},
+          "cluster": {"node_groups": [{"profile": "dgx-a100-80gb", "nodes": 1},
+                                      {"profile": "dgx-h100", "nodes": 2}]}})",
+      "mixed.json");
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  Plan p;
+  p.layout = layout(4, 1, 4);
+  p.placement = Placement::kNonColocated;
+  p.llm_first_rank = 8;
+  p.modules.push_back({encoder_name(*s), layout(2, 1, 4), 0});
+  ASSERT_EQ(planner::infeasibility(*s, p), "");
+  const std::string want =
+      "Node types as planned: node 0 dgx-a100-80gb (ranks 0-7), nodes 1-2 dgx-h100 (ranks "
+      "8-23).";
+  const std::string mimo = exported(*s, p, Target::kMegatronMimo).at("launch.sh");
+  EXPECT_NE(mimo.find(want), std::string::npos) << mimo;
+  Plan homogeneous;
+  homogeneous.layout = layout(4, 1, 6);
+  const std::string megatron = exported(*s, homogeneous, Target::kMegatron).at("launch.sh");
+  EXPECT_NE(megatron.find(want), std::string::npos) << megatron;
 }
 
 TEST(ExportTargets, RefusalsNameEveryProblemAtOnce) {

@@ -369,6 +369,26 @@ std::string header(const Context& c, std::string_view comment) {
       "GPUs on {} node(s).\n",
       comment, c.s.workload.seq_len, c.s.workload.global_batch, c.micro_batches,
       hardware::to_string(c.s.workload.precision), c.world, c.nodes);
+  // A cluster of several node types: the plan places its modules by rank, so each node
+  // must start with the node rank of its own group's place.
+  const auto& groups = c.s.cluster.groups();
+  if (groups.size() > 1) {
+    std::string where;
+    int node = 0, gpu = 0;
+    for (const hardware::NodeGroup& g : groups) {
+      const int gpus = g.nodes * g.profile.gpus_per_node;
+      where += fmt::format("{}{} {} (ranks {}-{})", where.empty() ? "" : ", ",
+                           g.nodes == 1 ? fmt::format("node {}", node)
+                                        : fmt::format("nodes {}-{}", node, node + g.nodes - 1),
+                           g.profile.name, gpu, gpu + gpus - 1);
+      node += g.nodes;
+      gpu += gpus;
+    }
+    out += fmt::format(
+        "{}Node types as planned: {}. Start each node with its node rank from this order: the "
+        "plan places modules by rank.\n",
+        comment, where);
+  }
   return out;
 }
 

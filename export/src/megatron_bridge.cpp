@@ -200,6 +200,7 @@ void add_module(std::vector<Setting>& s, std::string_view name, const Layout& l,
 Result<std::vector<ExportFile>> write_megatron_bridge(const Context& c) {
   const Layout& l = c.layout();
   Refusals r;
+  refuse_mixed_node_sizes(c, r);
   refuse_megatron_model(c, r);
   refuse_selective_op(c, r);
   refuse_megatron_cross_entropy(c, r);
