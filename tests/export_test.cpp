@@ -55,12 +55,8 @@ TEST(ExportTargets, SingleLayoutTargetsRefuseHeterogeneousPlans) {
 // On a cluster of two node types every target's header says which nodes the plan put
 // where: it places modules by rank, so each node must start with its own group's node rank.
 TEST(ExportTargets, MixedClustersSayWhichNodesAreWhich) {
-  auto s = planner::parse_scenario_text(
-      R"({"model": "llava-1.5-7b", "workload": {"seq_len": 4096, "global_batch": 48,
-          "images_per_sample": 1, "precision": "bf16"},
-          "cluster": {"node_groups": [{"profile": "dgx-a100-80gb", "nodes": 1},
-                                      {"profile": "dgx-h100", "nodes": 2}]}})",
-      "mixed.json");
+  auto s = planner::load_scenario(std::string(HETPAR_SOURCE_DIR) +
+                                  "/tests/data/llava-a100-h100-24gpus.json");
   ASSERT_TRUE(s.is_ok()) << s.status().to_string();
   Plan p;
   p.layout = layout(4, 1, 4);

@@ -676,12 +676,8 @@ TEST(HeteroFsdp, ANonColocatedEncoderShardsItsOwnRanks) {
 // each module (representatives predict what every rank does), and the planner's lower bound
 // stays below its time; a colocated plan spans both kinds of node and simulates every rank.
 TEST(HeteroSymmetry, AModuleOnOneNodeGroupOfAMixedCluster) {
-  auto s = parse_scenario_text(
-      R"({"model": "llava-1.5-7b", "workload": {"seq_len": 4096, "global_batch": 48,
-          "images_per_sample": 1, "precision": "bf16"},
-          "cluster": {"node_groups": [{"profile": "dgx-a100-80gb", "nodes": 1},
-                                      {"profile": "dgx-h100", "nodes": 2}]}})",
-      "mixed.json");
+  auto s =
+      load_scenario(std::string(HETPAR_SOURCE_DIR) + "/tests/data/llava-a100-h100-24gpus.json");
   ASSERT_TRUE(s.is_ok()) << s.status().to_string();
   const Plan p = non_colocated(*s, layout(4, 2, 1, 2), 8, layout(1, 8, 2), 0);
   const auto both = reduced_and_full(*s, p, 1e-9);
