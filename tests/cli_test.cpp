@@ -314,6 +314,15 @@ TEST(Cli, PlansTheMixedClusterExampleWithTheLlmOnTheFasterGpus) {
   CliRun sim = run("simulate --json " + out);
   ASSERT_EQ(sim.exit_code, 0) << sim.err;
   EXPECT_DOUBLE_EQ(nlohmann::json::parse(sim.out)["iteration_time_s"].get<double>(), best);
+  // The text says which node types each module got.
+  CliRun text = run(
+      fmt::format("plan --threads 2 --out {} {}", out, example("llava-7b-a100-h100-mixed.json")));
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("node types: vision on dgx-a100-80gb (ranks 0-31), llm on dgx-h100 "
+                          "(ranks 32-63); the homogeneous plan: every module on dgx-a100-80gb + "
+                          "dgx-h100 (ranks 0-63)"),
+            std::string::npos)
+      << text.out;
 }
 
 TEST(Cli, PlanJsonHasTheDocumentedKeysAndTheWrittenPlanSimulates) {

@@ -27,6 +27,25 @@ void print_row(int rank, const planner::RankedPlan& r) {
              m.exposed_comm, planner::describe(r.plan));
 }
 
+// On a cluster of several node types: which types each module's ranks lie on, e.g.
+// "vision on dgx-a100-80gb (ranks 0-31), llm on dgx-h100 (ranks 32-63)"; "" on one type.
+std::string node_types(const planner::Scenario& s, const planner::Plan& p) {
+  const auto& groups = s.cluster.groups();
+  if (groups.size() < 2) return "";
+  auto on = [&](std::string_view module, int first, int count) {
+    std::string names;
+    for (size_t g : s.cluster.groups_of_gpus(first, count))
+      names += (names.empty() ? "" : " + ") + groups[g].profile.name;
+    return fmt::format("{} on {} (ranks {}-{})", module, names, first, first + count - 1);
+  };
+  const int world = s.cluster.total_gpus();
+  if (p.placement != planner::Placement::kNonColocated) return on("every module", 0, world);
+  std::string out;
+  for (const planner::ModulePlan& m : p.modules)
+    out += on(m.module, m.first_rank, m.layout.world()) + ", ";
+  return out + on("llm", p.llm_first_rank, p.layout.world());
+}
+
 void print_text(const planner::Scenario& s, const planner::SearchResult& r,
                 const std::string& out_path) {
   const planner::SearchCounts& c = r.counts;
@@ -72,6 +91,9 @@ void print_text(const planner::Scenario& s, const planner::SearchResult& r,
     fmt::print("  {}\n", advantage(a, b));
     fmt::print("  exposed communication {} vs {}; peak memory {} vs {}\n", a.exposed_comm,
                b.exposed_comm, a.memory.peak, b.memory.peak);
+    if (std::string types = node_types(s, w.plan); !types.empty())
+      fmt::print("  node types: {}; the homogeneous plan: {}\n", types,
+                 node_types(s, homo.best->plan));
   } else if (w.plan.placement == planner::Placement::kHomogeneous) {
     fmt::print("\nThe best plan is homogeneous");
     for (const planner::FamilyResult& f : r.families)
