@@ -34,7 +34,8 @@ std::string node_types(const planner::Scenario& s, const planner::Plan& p) {
   if (groups.size() < 2) return "";
   auto on = [&](std::string_view module, int first, int count) {
     std::string names;
-    for (size_t g : s.cluster.groups_of_gpus(first, count))
+    const hardware::ClusterSpec::GroupRange r = s.cluster.groups_of_gpus(first, count);
+    for (size_t g = r.begin; g < r.end; ++g)
       names += (names.empty() ? "" : " + ") + groups[g].profile.name;
     return fmt::format("{} on {} (ranks {}-{})", module, names, first, first + count - 1);
   };

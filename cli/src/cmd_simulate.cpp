@@ -38,9 +38,7 @@ void print_text(const planner::Scenario& s, const planner::Plan& p, const planne
   fmt::print("MFU                {:.1f}%\n", 100 * m.mfu);
   fmt::print("Peak memory        {} on pipeline stage {} (of {} per GPU)\n", m.memory.peak,
              m.memory.peak_stage,
-             m.memory.stage_capacity.empty()
-                 ? m.memory.capacity
-                 : m.memory.stage_capacity[static_cast<size_t>(m.memory.peak_stage)]);
+             m.memory.stage_capacity[static_cast<size_t>(m.memory.peak_stage)]);
   const planner::MemoryBreakdown& b = m.memory.per_stage[m.memory.peak_stage];
   fmt::print(
       "                   weights {}, gradients {}, optimizer {}, activations {}, "

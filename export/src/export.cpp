@@ -374,15 +374,13 @@ std::string header(const Context& c, std::string_view comment) {
   const auto& groups = c.s.cluster.groups();
   if (groups.size() > 1) {
     std::string where;
-    int node = 0, gpu = 0;
-    for (const hardware::NodeGroup& g : groups) {
-      const int gpus = g.nodes * g.profile.gpus_per_node;
+    for (size_t i = 0; i < groups.size(); ++i) {
+      const hardware::NodeGroup& g = groups[i];
+      const int node = c.s.cluster.group_first_node(i), gpu = c.s.cluster.group_first_gpu(i);
       where += fmt::format("{}{} {} (ranks {}-{})", where.empty() ? "" : ", ",
                            g.nodes == 1 ? fmt::format("node {}", node)
                                         : fmt::format("nodes {}-{}", node, node + g.nodes - 1),
-                           g.profile.name, gpu, gpu + gpus - 1);
-      node += g.nodes;
-      gpu += gpus;
+                           g.profile.name, gpu, gpu + g.nodes * g.profile.gpus_per_node - 1);
     }
     out += fmt::format(
         "{}Node types as planned: {}. Start each node with its node rank from this order: the "

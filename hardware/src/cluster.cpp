@@ -126,11 +126,14 @@ const SystemProfile& ClusterSpec::profile_of_node(NodeId node) const {
   return groups_[group_of_node(node.value())].profile;
 }
 
-std::vector<size_t> ClusterSpec::groups_of_gpus(int first, int count) const {
-  std::vector<size_t> out;
+ClusterSpec::GroupRange ClusterSpec::groups_of_gpus(int first, int count) const {
+  GroupRange r{groups_.size(), 0};
   for (size_t g = 0; g < groups_.size(); ++g)
-    if (group_first_gpu_[g] < first + count && first < group_first_gpu_[g + 1]) out.push_back(g);
-  return out;
+    if (group_first_gpu_[g] < first + count && first < group_first_gpu_[g + 1]) {
+      r.begin = std::min(r.begin, g);
+      r.end = g + 1;
+    }
+  return r.end == 0 ? GroupRange{} : r;
 }
 
 int ClusterSpec::first_gpu_of_node(NodeId node) const {

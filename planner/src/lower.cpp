@@ -487,12 +487,12 @@ std::vector<int> owners(const Layout& l, const Reduction& r) {
 // shape on the nodes as every other (whole nodes each, or several blocks per node).
 bool stage_symmetric(const Scenario& s, const Layout& l, int offset, bool whole_replicas = false) {
   // All of the module's ranks on one node group (of several, a module placed on its own).
-  const std::vector<size_t> on = s.cluster.groups_of_gpus(offset, l.world());
+  const hardware::ClusterSpec::GroupRange on = s.cluster.groups_of_gpus(offset, l.world());
   if (on.size() != 1) return false;
-  const int g = s.cluster.groups()[on[0]].profile.gpus_per_node;
+  const int g = s.cluster.groups()[on.begin].profile.gpus_per_node;
   const int n = l.tp * l.cp * l.dp;
   if (n % g != 0 && g % n != 0) return false;
-  if ((offset - s.cluster.group_first_gpu(on[0])) % std::min(n, g) != 0) return false;
+  if ((offset - s.cluster.group_first_gpu(on.begin)) % std::min(n, g) != 0) return false;
   if (n <= g) return true;
   const int per_node = g / l.tp;  // (cp, dp) positions per node
   const int block = l.tp * l.cp;

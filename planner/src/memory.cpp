@@ -340,7 +340,9 @@ class Estimator {
     const int n = l_.tp * l_.cp * l_.dp;
     for (int st = 0; st < static_cast<int>(r.per_stage.size()); ++st) {
       Bytes cap;
-      for (size_t g : s_.cluster.groups_of_gpus(first_rank + st * n, n)) {
+      const hardware::ClusterSpec::GroupRange on =
+          s_.cluster.groups_of_gpus(first_rank + st * n, n);
+      for (size_t g = on.begin; g < on.end; ++g) {
         const Bytes c = s_.cluster.groups()[g].profile.gpu.memory_capacity;
         if (cap == Bytes() || c < cap) cap = c;
       }
@@ -450,6 +452,7 @@ void MemoryReport::summarise() {
   peak = Bytes();
   peak_stage = tightest_stage = 0;
   capacity = stage_capacity.empty() ? Bytes() : stage_capacity[0];
+  Bytes worst;  // the tightest stage's total over its capacity
   for (size_t st = 0; st < per_stage.size(); ++st) {
     const Bytes total = per_stage[st].total();
     if (total > peak) {
@@ -457,8 +460,8 @@ void MemoryReport::summarise() {
       peak_stage = static_cast<int>(st);
     }
     const Bytes over = total - stage_capacity[st];
-    const Bytes worst = per_stage[static_cast<size_t>(tightest_stage)].total() - capacity;
-    if (over > worst) {
+    if (st == 0 || over > worst) {
+      worst = over;
       tightest_stage = static_cast<int>(st);
       capacity = stage_capacity[st];
     }

@@ -11,7 +11,6 @@
 #include <deque>
 #include <map>
 #include <numeric>
-#include <span>
 #include <thread>
 #include <tuple>
 
@@ -162,6 +161,8 @@ BlockTime block_time(const Block& b, const Layout& l, Bandwidth link, bool froze
   return t;
 }
 
+using Groups = hardware::ClusterSpec::GroupRange;
+
 // Per-thread memo of module times, keyed by what module_cost depends on.
 class CostCache {
  public:
@@ -216,16 +217,15 @@ class CostCache {
 
   // The fastest of `groups`' times (all groups when empty): a bound for every rank on them.
   const ModuleTime& get(size_t module, const Layout& l, bool context_parallel, bool frozen,
-                        std::span<const size_t> groups = {}) {
+                        Groups groups = {}) {
     const std::vector<ModuleTime>& times = per_group(module, l, context_parallel, frozen);
+    if (groups.size() == 0) groups = {0, times.size()};
     auto total = [](const ModuleTime& m) {
       return m.pre.f + m.pre.b + (m.layer.f + m.layer.b) * m.layers + m.post.f + m.post.b;
     };
-    const ModuleTime* best = nullptr;
-    for (size_t gi = 0; gi < times.size(); ++gi) {
-      if (!groups.empty() && std::find(groups.begin(), groups.end(), gi) == groups.end()) continue;
-      if (!best || total(times[gi]) < total(*best)) best = &times[gi];
-    }
+    const ModuleTime* best = &times[groups.begin];
+    for (size_t gi = groups.begin + 1; gi < groups.end; ++gi)
+      if (total(times[gi]) < total(*best)) best = &times[gi];
     return *best;
   }
 
@@ -245,7 +245,7 @@ BlockTime whole_module(const ModuleTime& m) {
 // An encoder and its projectors under `l`: one micro-batch of l.micro_batch samples, on the
 // fastest of `groups` (all when empty).
 BlockTime encoder_time(CostCache& cache, const Scenario& s, const EncoderInfo& e, const Layout& l,
-                       std::span<const size_t> groups = {}) {
+                       Groups groups = {}) {
   const bool frozen = s.workload.frozen_encoders;
   BlockTime t = whole_module(cache.get(e.index, l, false, frozen, groups));
   for (size_t p : e.projectors) t.add(whole_module(cache.get(p, l, false, frozen, groups)));
@@ -270,39 +270,40 @@ Time llm_pipeline_bound(CostCache& cache, const Scenario& s, const Plan& p,
     a.b += backward(b);
     a.b_input += b.b_input;
   };
-  // Per group, per virtual stage: its forward and backward per micro-batch.
-  std::vector<std::vector<BlockTime>> v(times.size());
-  for (size_t gi = 0; gi < times.size(); ++gi) {
-    const ModuleTime& mt = times[gi];
-    const std::vector<int64_t> split = layers_per_virtual_stage(l, mt.layers, nullptr);
-    v[gi].resize(vstages);
-    for (int i = 0; i < vstages; ++i) {
-      const int64_t n = i < static_cast<int>(split.size()) ? split[i] : 0;
-      v[gi][i].f = mt.layer.f * n;
-      v[gi][i].b = backward(mt.layer) * n;
-      v[gi][i].b_input = mt.layer.b_input * n;
-    }
-    add(v[gi][0], mt.pre);
-    add(v[gi][0], stage0_extra);
-    add(v[gi][vstages - 1], mt.post);
-  }
-  const int64_t m = num_micro_batches(l, s.workload.global_batch);
+  // The groups the LLM's ranks lie on; per group of them, per virtual stage: its forward and
+  // backward per micro-batch (v[(gi - llm.begin) * vstages + i]).
   const int first = p.placement == Placement::kNonColocated ? p.llm_first_rank : 0;
   const int stage_ranks = l.tp * l.cp * l.dp;
+  const Groups llm = s.cluster.groups_of_gpus(first, l.world());
+  std::vector<BlockTime> v(llm.size() * vstages);
+  for (size_t gi = llm.begin; gi < llm.end; ++gi) {
+    const ModuleTime& mt = times[gi];
+    const std::vector<int64_t> split = layers_per_virtual_stage(l, mt.layers, nullptr);
+    BlockTime* g = &v[(gi - llm.begin) * vstages];
+    for (int i = 0; i < vstages; ++i) {
+      const int64_t n = i < static_cast<int>(split.size()) ? split[i] : 0;
+      g[i].f = mt.layer.f * n;
+      g[i].b = backward(mt.layer) * n;
+      g[i].b_input = mt.layer.b_input * n;
+    }
+    add(g[0], mt.pre);
+    add(g[0], stage0_extra);
+    add(g[vstages - 1], mt.post);
+  }
+  const int64_t m = num_micro_batches(l, s.workload.global_batch);
   Time best, fill;
   for (int st = 0; st < l.pp; ++st) {
-    const std::vector<size_t> on = s.cluster.groups_of_gpus(first + st * stage_ranks, stage_ranks);
+    const Groups on = s.cluster.groups_of_gpus(first + st * stage_ranks, stage_ranks);
     Time work, step;
-    bool first_group = true;
-    for (size_t gi : on) {
+    for (size_t gi = on.begin; gi < on.end; ++gi) {
+      const BlockTime* g = &v[(gi - llm.begin) * vstages];
       Time w;
-      for (int c = 0; c < l.vpp; ++c) w += (v[gi][c * l.pp + st].f + v[gi][c * l.pp + st].b) * m;
+      for (int c = 0; c < l.vpp; ++c) w += (g[c * l.pp + st].f + g[c * l.pp + st].b) * m;
       work = std::max(work, w);
       // ZB-H1 may leave up to `st` weight-gradient passes to the end of stage st, in
       // parallel with the earlier stages' last backwards: no drain counted.
-      const Time f = v[gi][st].f + (zb ? Time::zero() : v[gi][st].b);
-      step = first_group ? f : std::min(step, f);
-      first_group = false;
+      const Time f = g[st].f + (zb ? Time::zero() : g[st].b);
+      step = gi == on.begin ? f : std::min(step, f);
     }
     best = std::max(best, fill + work);
     fill += step;
@@ -419,9 +420,9 @@ Time compute_bound(CostCache& cache, const std::vector<EncoderInfo>& encoders, c
                            [&](const EncoderInfo& e) { return e.name == mp.module; });
     if (it == encoders.end()) continue;
     // Non-colocated: the fastest group the encoder's own ranks lie on.
-    const std::vector<size_t> on = p.placement == Placement::kNonColocated
-                                       ? s.cluster.groups_of_gpus(mp.first_rank, mp.layout.world())
-                                       : std::vector<size_t>{};
+    const Groups on = p.placement == Placement::kNonColocated
+                          ? s.cluster.groups_of_gpus(mp.first_rank, mp.layout.world())
+                          : Groups{};
     const BlockTime t = encoder_time(cache, s, *it, mp.layout, on);
     const int64_t steps = gb / (int64_t{mp.layout.micro_batch} * mp.layout.dp);
     if (p.placement == Placement::kColocated) {

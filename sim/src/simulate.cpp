@@ -784,10 +784,13 @@ const Plan& Engine::plan(const Task& task, Algorithm algorithm) {
   // One ramp per kind of node among the members (usually one), in order of first member.
   const bool local = in_one_node(task.group);
   const auto kind = static_cast<size_t>(task.collective);
-  std::vector<const CollectiveCurves*> kinds;
-  for (RankId r : g_.group(task.group)) {
-    const CollectiveCurves* c = &opt_.collectives.curves_of(net_.node_of(r));
-    if (std::find(kinds.begin(), kinds.end(), c) == kinds.end()) kinds.push_back(c);
+  std::vector<const CollectiveCurves*> kinds = {&opt_.collectives.curves.front()};
+  if (!opt_.collectives.node_curves.empty()) {  // several kinds of node
+    kinds.clear();
+    for (RankId r : g_.group(task.group)) {
+      const CollectiveCurves* c = &opt_.collectives.curves_of(net_.node_of(r));
+      if (std::find(kinds.begin(), kinds.end(), c) == kinds.end()) kinds.push_back(c);
+    }
   }
   for (const CollectiveCurves* c : kinds) {
     const std::vector<CurvePoint>& scale =

@@ -65,11 +65,18 @@ class ClusterSpec {
   size_t group_of_node(int node) const;
   /// The index in groups() of the group that holds `gpu`. REQUIRES: 0 <= gpu < total_gpus().
   size_t group_of_gpu(int gpu) const;
-  /// The first GPU of groups()[group]. REQUIRES: group < groups().size().
+  /// The first node and the first GPU of groups()[group]. REQUIRES: group < groups().size().
+  int group_first_node(size_t group) const { return group_first_node_[group]; }
   int group_first_gpu(size_t group) const { return group_first_gpu_[group]; }
-  /// The groups (indices into groups(), ascending) that GPUs [first, first + count) lie on;
-  /// GPUs outside the cluster count for none.
-  std::vector<size_t> groups_of_gpus(int first, int count) const;
+  /// Group indices [begin, end) into groups(): groups hold consecutive GPUs, so the groups a
+  /// run of GPUs lies on are consecutive too.
+  struct GroupRange {
+    size_t begin = 0, end = 0;
+    size_t size() const { return end - begin; }
+  };
+  /// The groups that GPUs [first, first + count) lie on; GPUs outside the cluster count for
+  /// none.
+  GroupRange groups_of_gpus(int first, int count) const;
 
  private:
   std::vector<NodeGroup> groups_;
