@@ -299,28 +299,36 @@ std::string small_plan_scenario(const std::string& name, const std::string& sear
 // The mixed-cluster example (4 DGX A100 + 4 DGX H100): homogeneous and colocated plans run
 // at the A100s' pace, so the planner gives the LLM the H100s (ranks 32-63) and the vision
 // encoder the A100s, and the written plan simulates to the reported time.
-TEST(Cli, PlansTheMixedClusterExampleWithTheLlmOnTheFasterGpus) {
+// Golden: on 4 DGX A100 + 4 DGX H100 the search sizes the LLM's two pipeline stages to their
+// GPUs (8 layers on the A100s, 24 on the H100s), which beats giving the A100s to the vision
+// encoder alone (non-colocated) and an even split.
+TEST(Cli, PlansTheMixedClusterExampleWithStagesSizedToTheirGpus) {
   const std::string out = fmt::format("{}/{}.mixed.plan.json", ::testing::TempDir(), ::getpid());
   CliRun r = run(fmt::format("plan --json --threads 2 --out {} {}", out,
                              example("llava-7b-a100-h100-mixed.json")));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto j = nlohmann::json::parse(r.out);
   const auto& plan = j["best"]["plan"];
-  EXPECT_EQ(plan["placement"], "non_colocated");
-  EXPECT_EQ(plan["llm_first_rank"], 32);
+  EXPECT_FALSE(plan.contains("placement"));  // homogeneous: the plain plan section
+  EXPECT_EQ(plan["pp"], 2);
+  EXPECT_EQ(plan["pipeline_layout"], nlohmann::json::parse("[8, 24]"));
   const double best = j["best"]["metrics"]["iteration_time_s"];
-  for (const char* family : {"homogeneous", "colocated"})
-    EXPECT_LT(best, j["families"][family]["metrics"]["iteration_time_s"].get<double>()) << family;
+  EXPECT_LT(best, j["families"]["non_colocated"]["metrics"]["iteration_time_s"].get<double>());
   CliRun sim = run("simulate --json " + out);
   ASSERT_EQ(sim.exit_code, 0) << sim.err;
   EXPECT_DOUBLE_EQ(nlohmann::json::parse(sim.out)["iteration_time_s"].get<double>(), best);
-  // The text says which node types each module got.
+  // The same plan split evenly (16 | 16) runs at the A100s' pace.
+  auto even = nlohmann::json::parse(slurp(out));
+  even["plan"].erase("pipeline_layout");
+  CliRun slow = run("simulate --json " + write_temp("mixed.even.json", even.dump()));
+  ASSERT_EQ(slow.exit_code, 0) << slow.err;
+  EXPECT_GT(nlohmann::json::parse(slow.out)["iteration_time_s"].get<double>(), 1.2 * best);
+  // The text says which node types each stage got, with its layers.
   CliRun text = run(
       fmt::format("plan --threads 2 --out {} {}", out, example("llava-7b-a100-h100-mixed.json")));
   ASSERT_EQ(text.exit_code, 0) << text.err;
-  EXPECT_NE(text.out.find("node types: vision on dgx-a100-80gb (ranks 0-31), llm on dgx-h100 "
-                          "(ranks 32-63); the homogeneous plan: every module on dgx-a100-80gb + "
-                          "dgx-h100 (ranks 0-63)"),
+  EXPECT_NE(text.out.find("node types: llm stage 0 (the encoders and 8 layers) on dgx-a100-80gb "
+                          "(ranks 0-31), stage 1 (24 layers) on dgx-h100 (ranks 32-63)"),
             std::string::npos)
       << text.out;
 }

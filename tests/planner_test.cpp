@@ -86,6 +86,7 @@ TEST(PlanJson, RoundTripsEveryLayoutSwitch) {
   p.layout.align_grad_reduce = false;
   p.layout.defer_embedding_wgrad = true;
   p.layout.wgrad_deferral_limit = 22;
+  p.layout.pipeline_layout = {3, 0, 5};
   auto back = parse_plan(plan_to_json(p), "plan");
   ASSERT_TRUE(back.is_ok()) << back.status().to_string();
   EXPECT_EQ(*back, p);
@@ -106,6 +107,14 @@ TEST(PlanJson, RoundTripsEveryLayoutSwitch) {
   ASSERT_FALSE(bad.is_ok());
   EXPECT_NE(bad.status().to_string().find("plan.moe_capacity_factor"), std::string::npos)
       << bad.status().to_string();
+  for (const char* layout : {R"([4, -1])", R"([4, 2.5])", R"([4, "2"])", R"(4)"}) {
+    bad = parse_plan(nlohmann::json::parse(fmt::format(
+                         R"({{"micro_batch": 1, "pp": 2, "pipeline_layout": {}}})", layout)),
+                     "plan");
+    ASSERT_FALSE(bad.is_ok()) << layout;
+    EXPECT_NE(bad.status().to_string().find("plan.pipeline_layout"), std::string::npos)
+        << bad.status().to_string();
+  }
 }
 
 TEST(Summary, AddsUpModulesAndClusterPeak) {

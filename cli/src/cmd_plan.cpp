@@ -9,6 +9,7 @@
 #include "commands.h"
 #include "hetpar/core/file_io.h"
 #include "hetpar/core/format.h"
+#include "hetpar/planner/schedule.h"
 #include "hetpar/planner/search.h"
 #include "render.h"
 
@@ -28,23 +29,59 @@ void print_row(int rank, const planner::RankedPlan& r) {
 }
 
 // On a cluster of several node types: which types each module's ranks lie on, e.g.
-// "vision on dgx-a100-80gb (ranks 0-31), llm on dgx-h100 (ranks 32-63)"; "" on one type.
+// "vision on dgx-a100-80gb (ranks 0-31), llm on dgx-h100 (ranks 32-63)", and where the LLM's
+// pipeline stages lie on different types, each stage's with its layers ("llm stage 0 (8
+// layers) on dgx-a100-80gb (ranks 0-31), stage 1 (24 layers) on dgx-h100 (ranks 32-63)");
+// "" on one type.
 std::string node_types(const planner::Scenario& s, const planner::Plan& p) {
   const auto& groups = s.cluster.groups();
   if (groups.size() < 2) return "";
-  auto on = [&](std::string_view module, int first, int count) {
+  auto types = [&](int first, int count) {
     std::string names;
     const hardware::ClusterSpec::GroupRange r = s.cluster.groups_of_gpus(first, count);
     for (size_t g = r.begin; g < r.end; ++g)
       names += (names.empty() ? "" : " + ") + groups[g].profile.name;
-    return fmt::format("{} on {} (ranks {}-{})", module, names, first, first + count - 1);
+    return names;
   };
-  const int world = s.cluster.total_gpus();
-  if (p.placement != planner::Placement::kNonColocated) return on("every module", 0, world);
+  auto on = [&](std::string_view module, int first, int count) {
+    return fmt::format("{} on {} (ranks {}-{})", module, types(first, count), first,
+                       first + count - 1);
+  };
+  const planner::Layout& l = p.layout;
+  const int first = p.placement == planner::Placement::kNonColocated ? p.llm_first_rank : 0;
+  const int stage_ranks = l.tp * l.cp * l.dp;
+  bool stages_differ = false;
+  for (int st = 1; st < l.pp; ++st)
+    stages_differ |= types(first + st * stage_ranks, stage_ranks) != types(first, stage_ranks);
+  std::string llm = on("llm", first, l.world());
+  if (stages_differ) {
+    const auto& spec = std::get<models::LlmSpec>(s.model.modules[s.model.llm_index()].spec);
+    const std::vector<int64_t> split =
+        planner::layers_per_virtual_stage(l, spec.block.layers, nullptr);
+    llm.clear();
+    for (int st = 0; st < l.pp; ++st) {
+      int64_t layers = 0;
+      for (int c = 0; c < l.vpp; ++c) {
+        const size_t v = static_cast<size_t>(c * l.pp + st);
+        layers += v < split.size() ? split[v] : 0;
+      }
+      // The homogeneous placement runs the encoders on the LLM's first stage.
+      const bool encoders =
+          st == 0 && p.placement == planner::Placement::kHomogeneous && s.model.modules.size() > 1;
+      llm += fmt::format(
+          "{}{}", st == 0 ? "llm " : ", ",
+          on(fmt::format("stage {} ({}{} layers)", st, encoders ? "the encoders and " : "", layers),
+             first + st * stage_ranks, stage_ranks));
+    }
+  }
+  if (p.placement == planner::Placement::kColocated)
+    return "every encoder on " + types(0, s.cluster.total_gpus()) + ", " + llm;
+  if (p.placement == planner::Placement::kHomogeneous)
+    return stages_differ ? llm : on("every module", 0, s.cluster.total_gpus());
   std::string out;
   for (const planner::ModulePlan& m : p.modules)
     out += on(m.module, m.first_rank, m.layout.world()) + ", ";
-  return out + on("llm", p.llm_first_rank, p.layout.world());
+  return out + llm;
 }
 
 void print_text(const planner::Scenario& s, const planner::SearchResult& r,
@@ -103,6 +140,8 @@ void print_text(const planner::Scenario& s, const planner::SearchResult& r,
                    100 * (f.best->metrics.iteration_time / w.metrics.iteration_time - 1.0),
                    advantage(w.metrics, f.best->metrics));
     fmt::print("\n");
+    if (std::string types = node_types(s, w.plan); !types.empty())
+      fmt::print("  node types: {}\n", types);
   }
 
   fmt::print("\nMost common rejections\n");

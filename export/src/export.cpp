@@ -147,6 +147,23 @@ void refuse_uneven_split(const Context& c, Refusals& r) {
         fmt::format("counting the embedding / loss as a pipeline layer (account_for_embedding / "
                     "account_for_loss): {} has no such option",
                     c.target_name()));
+  if (!l.pipeline_layout.empty())
+    r.add(fmt::format(
+        "layers per pipeline stage set one by one (pipeline_layout {}): {} splits layers "
+        "evenly over the stages",
+        megatron_pipeline_layout(l), c.target_name()));
+}
+
+std::string megatron_pipeline_layout(const planner::Layout& l) {
+  std::string out;
+  const size_t n = l.pipeline_layout.size();
+  for (size_t v = 0; v < n; ++v) {
+    if (v > 0) out += '|';
+    if (v == 0) out += 'E';
+    if (l.pipeline_layout[v] > 0) out += fmt::format("t*{}", l.pipeline_layout[v]);
+    if (v + 1 == n) out += 'L';
+  }
+  return out;
 }
 
 void refuse_precision_unless(const Context& c, Refusals& r,

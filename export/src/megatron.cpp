@@ -63,7 +63,12 @@ std::vector<Flag> pipeline_split_flags(const Context& c) {
   std::vector<Flag> f;
   const bool uneven = l.first_stage_layers > 0 || l.last_stage_layers > 0 ||
                       l.account_for_embedding || l.account_for_loss;
-  if (l.vpp > 1) {
+  // The layout names every virtual stage, so it sets the virtual stages per rank itself
+  // (Megatron-LM takes at most one of it and the two flags below).
+  if (!l.pipeline_layout.empty())
+    f.push_back(
+        {"--pipeline-model-parallel-layout", fmt::format("\"{}\"", megatron_pipeline_layout(l))});
+  else if (l.vpp > 1) {
     // --num-layers-per-virtual-pipeline-stage needs an even split; otherwise name the
     // virtual stages per rank (at most one of the two may be given).
     const int64_t layers = c.llm.block.layers;

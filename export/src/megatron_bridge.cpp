@@ -280,6 +280,9 @@ Result<std::vector<ExportFile>> write_megatron_bridge(const Context& c) {
     if (l.account_for_embedding)
       s.push_back({"model.account_for_embedding_in_pipeline_split", "true"});
     if (l.account_for_loss) s.push_back({"model.account_for_loss_in_pipeline_split", "true"});
+    if (!l.pipeline_layout.empty())
+      s.push_back(
+          {"model.pipeline_model_parallel_layout", yaml_string(megatron_pipeline_layout(l))});
     s.push_back({"model.attention_backend", yaml_string(megatron_attention_backend(l))});
     // GPTModelProvider fuses the cross-entropy by default: the plan's choice, always.
     const bool fused_loss = l.cross_entropy_fusion != planner::CrossEntropy::kUnfused;
@@ -303,6 +306,8 @@ Result<std::vector<ExportFile>> write_megatron_bridge(const Context& c) {
             ? fmt::format(" num_layers_in_first_pipeline_stage={} "
                           "num_layers_in_last_pipeline_stage={}",
                           l.first_stage_layers, l.last_stage_layers)
+        : !l.pipeline_layout.empty()
+            ? fmt::format(" pipeline_model_parallel_layout=\"{}\"", megatron_pipeline_layout(l))
             : "");
     for (const planner::ModulePlan& m : c.p.modules)
       text += fmt::format("#   {}: {}\n", m.module, transformer_config_fields(m.layout));

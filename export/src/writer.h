@@ -61,6 +61,10 @@ void refuse_heterogeneous(const Context& c, Refusals& r);
 /// the LLM's layers (Megatron's LLaVA-style homogeneous layout).
 void refuse_multimodal(const Context& c, Refusals& r, std::string_view why);
 void refuse_uneven_split(const Context& c, Refusals& r);
+/// Megatron-Core's --pipeline-model-parallel-layout for Layout::pipeline_layout: the virtual
+/// stages in its order split by '|', the embedding (E) on the first, the output layer and
+/// loss (L) on the last, "Et*6|t*26L".
+std::string megatron_pipeline_layout(const planner::Layout& l);
 /// Precisions other than those listed.
 void refuse_precision_unless(const Context& c, Refusals& r,
                              std::initializer_list<hardware::Precision> supported);

@@ -106,6 +106,13 @@ int64_t num_micro_batches(const Layout& l, int64_t global_batch) {
   return global_batch / (static_cast<int64_t>(l.dp) * l.micro_batch);
 }
 
+std::string pipeline_layout_text(const Layout& l) {
+  std::string out;
+  for (size_t i = 0; i < l.pipeline_layout.size(); ++i)
+    out += fmt::format("{}{}", i > 0 ? "|" : "", l.pipeline_layout[i]);
+  return out;
+}
+
 std::string describe_in_words(const Layout& l, hardware::Precision workload) {
   std::string out = fmt::format("tp {}{} cp {}", l.tp, l.sequence_parallel ? " (sp)" : "", l.cp);
   if (l.cp > 1) out += fmt::format(" ({})", to_string(l.cp_comm));
@@ -141,6 +148,7 @@ std::string describe_in_words(const Layout& l, hardware::Precision workload) {
                ? fmt::format(", output-layer wgrad deferred ({} micro-batches)",
                              l.wgrad_deferral_limit)
                : ", output-layer wgrad deferred";
+  if (!l.pipeline_layout.empty()) out += ", layers per stage " + pipeline_layout_text(l);
   if (!l.flash_attention)
     out += ", unfused attention";
   else if (l.attention_kernel != hardware::AttentionKernel::kDefault)

@@ -149,6 +149,10 @@ std::string heterogeneous_infeasibility(const Scenario& s, const Plan& p) {
     if (!power_of_two_tp(e.tp))
       return fmt::format("module \"{}\": tp {} must be 1, 2, 4 or 8 (Megatron's MIMO path)",
                          mp.module, e.tp);
+    if (!e.pipeline_layout.empty())
+      return fmt::format(
+          "module \"{}\": pipeline_layout places the llm's layers; an encoder's split evenly",
+          mp.module);
     if (e.sequence_parallel && e.tp == 1)
       return fmt::format("module \"{}\": sequence parallelism needs tp > 1", mp.module);
     if (e.tp_comm_overlap && !e.sequence_parallel)

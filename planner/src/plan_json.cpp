@@ -112,6 +112,16 @@ Layout parse_layout(JsonReader& r) {
   l.last_stage_layers = static_cast<int>(r.optional_int("last_stage_layers", 0, 0, kMaxDegree));
   l.account_for_embedding = r.optional_bool("account_for_embedding", false);
   l.account_for_loss = r.optional_bool("account_for_loss", false);
+  const nlohmann::json& layout = r.array("pipeline_layout", false);
+  for (size_t i = 0; i < layout.size(); ++i) {
+    const nlohmann::json& n = layout[i];
+    if (!n.is_number_integer() || n.get<int64_t>() < 0 || n.get<int64_t>() > kMaxDegree) {
+      r.fail("pipeline_layout",
+             fmt::format("entry {} must be a whole number of layers, 0 to {}", i, kMaxDegree));
+      break;
+    }
+    l.pipeline_layout.push_back(n.get<int>());
+  }
   return l;
 }
 
@@ -136,6 +146,7 @@ nlohmann::json layout_to_json(const Layout& l) {
   if (l.last_stage_layers > 0) j["last_stage_layers"] = l.last_stage_layers;
   if (l.account_for_embedding) j["account_for_embedding"] = true;
   if (l.account_for_loss) j["account_for_loss"] = true;
+  if (!l.pipeline_layout.empty()) j["pipeline_layout"] = l.pipeline_layout;
   if (l.fp8_recipe != Fp8Recipe::kDelayed) j["fp8_recipe"] = to_string(l.fp8_recipe);
   if (l.cp_comm != CpComm::kP2P) j["cp_comm"] = to_string(l.cp_comm);
   if (l.fp8_param_gather) j["fp8_param_gather"] = true;

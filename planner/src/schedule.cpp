@@ -163,6 +163,23 @@ std::vector<int64_t> layers_per_virtual_stage(const Layout& l, int64_t layers, s
   };
   const bool first = l.first_stage_layers > 0, last = l.last_stage_layers > 0;
   const bool accounted = l.account_for_embedding || l.account_for_loss;
+  if (!l.pipeline_layout.empty()) {
+    if (first || last || accounted)
+      return fail(
+          "pipeline_layout cannot be combined with first/last_stage_layers or "
+          "account_for_embedding/loss");
+    if (static_cast<int64_t>(l.pipeline_layout.size()) != chunks)
+      return fail(fmt::format("pipeline_layout has {} entries, pp {} x vpp {} needs {}",
+                              l.pipeline_layout.size(), pp, vpp, chunks));
+    int64_t sum = 0;
+    for (int n : l.pipeline_layout) {
+      if (n < 0) return fail(fmt::format("pipeline_layout holds {} layers in a stage", n));
+      sum += n;
+    }
+    if (sum != layers)
+      return fail(fmt::format("pipeline_layout places {} layers, the llm has {}", sum, layers));
+    return std::vector<int64_t>(l.pipeline_layout.begin(), l.pipeline_layout.end());
+  }
   if (first || last) {
     if (accounted)
       return fail("first/last_stage_layers and account_for_embedding/loss cannot be combined");

@@ -463,43 +463,46 @@ Time lower_bound(const Scenario& s, const Plan& p) {
 namespace {
 
 std::vector<int> layout_key(const Layout& l) {
-  return std::vector<int>{l.tp,
-                          l.cp,
-                          l.pp,
-                          l.vpp,
-                          l.dp,
-                          l.ep,
-                          l.expert_tp(),
-                          l.micro_batch,
-                          static_cast<int>(l.recompute),
-                          l.sequence_parallel,
-                          l.distributed_optimizer,
-                          l.fsdp,
-                          l.fsdp_reshard_after_forward,
-                          static_cast<int>(l.fsdp_implementation),
-                          l.fsdp_root_unit,
-                          l.first_stage_layers,
-                          l.last_stage_layers,
-                          l.account_for_embedding,
-                          l.account_for_loss,
-                          l.overlap_grad_reduce,
-                          l.overlap_param_gather,
-                          l.flash_attention,
-                          l.fused_projections,
-                          l.repeat_kv,
-                          l.fused_activation,
-                          l.tp_backward_overlap,
-                          l.pp_scatter_gather,
-                          l.pp_blocking_p2p,
-                          l.tp_comm_overlap,
-                          l.ep_comm_overlap,
-                          static_cast<int>(l.fp8_recipe),
-                          static_cast<int>(l.cp_comm),
-                          static_cast<int>(l.grad_reduce_dtype),
-                          l.fp8_param_gather,
-                          static_cast<int>(l.cross_entropy_fusion),
-                          static_cast<int>(l.attention_kernel),
-                          static_cast<int>(std::lround(l.moe_capacity_factor * 1e6))};
+  std::vector<int> k{l.tp,
+                     l.cp,
+                     l.pp,
+                     l.vpp,
+                     l.dp,
+                     l.ep,
+                     l.expert_tp(),
+                     l.micro_batch,
+                     static_cast<int>(l.recompute),
+                     l.sequence_parallel,
+                     l.distributed_optimizer,
+                     l.fsdp,
+                     l.fsdp_reshard_after_forward,
+                     static_cast<int>(l.fsdp_implementation),
+                     l.fsdp_root_unit,
+                     l.first_stage_layers,
+                     l.last_stage_layers,
+                     l.account_for_embedding,
+                     l.account_for_loss,
+                     l.overlap_grad_reduce,
+                     l.overlap_param_gather,
+                     l.flash_attention,
+                     l.fused_projections,
+                     l.repeat_kv,
+                     l.fused_activation,
+                     l.tp_backward_overlap,
+                     l.pp_scatter_gather,
+                     l.pp_blocking_p2p,
+                     l.tp_comm_overlap,
+                     l.ep_comm_overlap,
+                     static_cast<int>(l.fp8_recipe),
+                     static_cast<int>(l.cp_comm),
+                     static_cast<int>(l.grad_reduce_dtype),
+                     l.fp8_param_gather,
+                     static_cast<int>(l.cross_entropy_fusion),
+                     static_cast<int>(l.attention_kernel),
+                     static_cast<int>(std::lround(l.moe_capacity_factor * 1e6)),
+                     static_cast<int>(l.pipeline_layout.size())};
+  k.insert(k.end(), l.pipeline_layout.begin(), l.pipeline_layout.end());
+  return k;
 }
 
 // The LLM side of a plan: placement, the LLM's layout, schedule and first rank.
@@ -563,6 +566,7 @@ std::string describe_layout(const Layout& l, bool llm) {
   if (!l.fused_activation) out += " unfused-act";
   if (llm && (l.first_stage_layers > 0 || l.last_stage_layers > 0))
     out += fmt::format(" first/last {}/{}", l.first_stage_layers, l.last_stage_layers);
+  if (llm && !l.pipeline_layout.empty()) out += " layers " + pipeline_layout_text(l);
   return out;
 }
 
@@ -694,6 +698,7 @@ class Searcher {
     moe_experts_ = llm.moe ? static_cast<int>(llm.moe->experts) : 0;
     top_k_ = o.top_k > 0 ? o.top_k : spec_.top_k;
     exhaustive_ = o.exhaustive;
+    if (s.cluster.groups().size() > 1) speed_ = std::make_unique<CostCache>(s);
   }
 
   // Every base plan, family by family.
@@ -712,9 +717,9 @@ class Searcher {
         continue;
       }
       if (pl == Placement::kHomogeneous) {
-        for (const Base& b : llm_bases(world_, true, true)) out.push_back(b);
+        for (const Base& b : llm_bases(world_, 0, true, true)) out.push_back(b);
       } else if (pl == Placement::kColocated) {
-        for (const Base& b : llm_bases(world_, true, true)) {
+        for (const Base& b : llm_bases(world_, 0, true, true)) {
           Base x = b;
           x.plan.placement = pl;
           add_encoders(x, 0, std::vector<int>(encoders_.size(), world_), out);
@@ -723,7 +728,7 @@ class Searcher {
         // Each encoder on its own ranks, in module order from rank 0, the LLM after them.
         for (const std::vector<int>& split : encoder_split_sets()) {
           const int enc_gpus = std::accumulate(split.begin(), split.end(), 0);
-          for (const Base& b : llm_bases(world_ - enc_gpus, false, true)) {
+          for (const Base& b : llm_bases(world_ - enc_gpus, enc_gpus, false, true)) {
             Base x = b;
             x.plan.placement = pl;
             x.plan.llm_first_rank = enc_gpus;
@@ -898,7 +903,7 @@ class Searcher {
 
   // The LLM's layouts on `world` GPUs (cp only when `allow_cp`, FSDP only when
   // `allow_fsdp`) with their schedules.
-  std::vector<Base> llm_bases(int world, bool allow_cp, bool allow_fsdp) const {
+  std::vector<Base> llm_bases(int world, int first, bool allow_cp, bool allow_fsdp) const {
     std::vector<Base> out;
     if (world < 1) return out;
     const LayoutFix& fx = spec_.llm;
@@ -956,14 +961,14 @@ class Searcher {
                       Layout sharded = l;
                       sharded.distributed_optimizer = true;
                       sh.apply(sharded);
-                      add_schedules(sharded, even, 1, out);
+                      add_splits(sharded, first, even, 1, out);
                     }
                     continue;
                   }
                   int dv = 1;
                   for (bool dopt : distopt_options(fx, dp * cp, &dv)) {
                     l.distributed_optimizer = dopt;
-                    add_schedules(l, even, dv, out);
+                    add_splits(l, first, even, dv, out);
                   }
                 }
               }
@@ -973,6 +978,59 @@ class Searcher {
       }
     }
     return out;
+  }
+
+  // add_schedules() for `l` as split, and on a cluster of several node types for `l` with
+  // its stages sized to their GPUs (sized_by_hardware()) where that differs.
+  void add_splits(const Layout& l, int first, bool even, int distopt_variants,
+                  std::vector<Base>& out) const {
+    add_schedules(l, even, distopt_variants, out);
+    Layout sized = l;
+    if (sized_by_hardware(first, sized)) add_schedules(sized, false, distopt_variants, out);
+  }
+
+  // The LLM's layers over its pipeline stages (ranks from `first`; one virtual stage each)
+  // by each stage's speed, so that stages on slower GPUs hold fewer layers: each layer goes,
+  // one at a time, to the stage that would finish its share soonest (optimal for identical
+  // jobs on machines of different speeds), a stage's time per layer being its slowest
+  // group's forward and backward, the embedding counted on the first stage and the output
+  // layer on the last. Sets l.pipeline_layout; false (l untouched) on one kind of node, with
+  // vpp > 1, or where every stage lies on equally fast GPUs or the split comes out even.
+  bool sized_by_hardware(int first, Layout& l) const {
+    if (!speed_ || l.pp < 2 || l.vpp != 1) return false;
+    const std::vector<ModuleTime>& times = speed_->per_group(s_.model.llm_index(), l, true, false);
+    const int stage_ranks = l.tp * l.cp * l.dp;
+    std::vector<Time> per_layer(static_cast<size_t>(l.pp)), fixed(static_cast<size_t>(l.pp));
+    for (int st = 0; st < l.pp; ++st) {
+      const Groups on = s_.cluster.groups_of_gpus(first + st * stage_ranks, stage_ranks);
+      for (size_t gi = on.begin; gi < on.end; ++gi) {
+        const ModuleTime& t = times[gi];
+        per_layer[st] = std::max(per_layer[st], t.layer.f + t.layer.b);
+        Time f;
+        if (st == 0) f += t.pre.f + t.pre.b;
+        if (st == l.pp - 1) f += t.post.f + t.post.b;
+        fixed[st] = std::max(fixed[st], f);
+      }
+    }
+    if (std::all_of(per_layer.begin(), per_layer.end(), [&](Time t) { return t == per_layer[0]; }))
+      return false;
+    std::vector<int> n(static_cast<size_t>(l.pp), 1);
+    for (int k = l.pp; k < layers_; ++k) {
+      size_t best = 0;
+      Time soonest = Time::max();
+      for (size_t st = 0; st < n.size(); ++st) {
+        const Time done = fixed[st] + per_layer[st] * (n[st] + 1);
+        if (done < soonest) {
+          soonest = done;
+          best = st;
+        }
+      }
+      ++n[best];
+    }
+    if (std::all_of(n.begin(), n.end(), [&](int x) { return x * l.pp == layers_; })) return false;
+    l.first_stage_layers = l.last_stage_layers = 0;
+    l.pipeline_layout = std::move(n);
+    return true;
   }
 
   void add_schedules(Layout l, bool even, int distopt_variants, std::vector<Base>& out) const {
@@ -1133,6 +1191,8 @@ class Searcher {
   std::vector<EncoderInfo> encoders_;
   int gpn_ = 1, world_ = 1, layers_ = 1, moe_experts_ = 0, top_k_ = 5;
   bool exhaustive_ = false;
+  // Module times per node group for sized_by_hardware(); only on several node types.
+  std::unique_ptr<CostCache> speed_;
 };
 
 // About how many tasks lower() builds for `p`: simulated ranks x micro-batches x layers x

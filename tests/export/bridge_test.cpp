@@ -119,6 +119,12 @@ TEST(ExportMegatronBridge, SingleLayoutSettingsMatchThePlan) {
   EXPECT_EQ(y.at("model.virtual_pipeline_model_parallel_size"), "null");
   EXPECT_EQ(y.at("ddp.overlap_param_gather"), "false");  // no parameter all-gather to overlap
   EXPECT_EQ(y.count("model.num_layers_in_first_pipeline_stage"), 0u);
+  EXPECT_EQ(y.count("model.pipeline_model_parallel_layout"), 0u);
+  // Layers set stage by stage: Megatron-Core's layout string.
+  p.layout.pipeline_layout = {5, 9, 9, 9};
+  ASSERT_EQ(planner::infeasibility(s, p), "");
+  y = bridge(s, p);
+  EXPECT_EQ(y.at("model.pipeline_model_parallel_layout"), "\"Et*5|t*9|t*9|t*9L\"");
 }
 
 TEST(ExportMegatronBridge, NonColocatedModulesGetTheirRanks) {

@@ -55,6 +55,21 @@ Layout parse_layout(const std::map<std::string, std::string>& f, const std::stri
   l.last_stage_layers = flag_int(f, "--decoder-last-pipeline-num-layers", 0);
   l.account_for_embedding = f.count("--account-for-embedding-in-pipeline-split") > 0;
   l.account_for_loss = f.count("--account-for-loss-in-pipeline-split") > 0;
+  // --pipeline-model-parallel-layout "Et*6|t*10|...L": the decoder layers (t*N) of each
+  // '|'-separated virtual stage; its stage count gives the virtual stages per rank.
+  if (auto it = f.find("--pipeline-model-parallel-layout"); it != f.end()) {
+    std::string text = it->second;
+    EXPECT_EQ(text.front(), '"');
+    EXPECT_EQ(text.substr(0, 2), "\"E");
+    EXPECT_EQ(text.substr(text.size() - 2), "L\"");
+    text = text.substr(1, text.size() - 2) + "|";
+    for (size_t at = 0, bar; (bar = text.find('|', at)) != std::string::npos; at = bar + 1) {
+      const std::string stage = text.substr(at, bar - at);
+      const size_t t = stage.find("t*");
+      l.pipeline_layout.push_back(t == std::string::npos ? 0 : std::stoi(stage.substr(t + 2)));
+    }
+    l.vpp = static_cast<int>(l.pipeline_layout.size()) / l.pp;
+  }
   return l;
 }
 
@@ -99,6 +114,14 @@ std::vector<Plan> llama_plans() {
   d.layout.account_for_loss = true;
   d.layout.attention_kernel = hardware::AttentionKernel::kFlash3;
   out.push_back(d);
+  // Layers set stage by stage (Layout::pipeline_layout), one and two virtual stages per rank.
+  Plan e = a;
+  e.layout.first_stage_layers = e.layout.last_stage_layers = 0;
+  e.layout.pipeline_layout = {12, 20};
+  out.push_back(e);
+  Plan g = b;
+  g.layout.pipeline_layout = {3, 5, 4, 4, 3, 5, 4, 4};
+  out.push_back(g);
   return out;
 }
 
@@ -122,6 +145,12 @@ TEST(ExportMegatron, FlagsParseBackIntoThePlan) {
             "4");
   EXPECT_EQ(all_flags(exported(s, llama_plans()[2], Target::kMegatron).at("launch.sh"))
                 .count("--num-layers-per-virtual-pipeline-stage"),
+            0u);
+  // A layout names the virtual stages itself: neither virtual-stage flag beside it.
+  const auto g = all_flags(exported(s, llama_plans()[5], Target::kMegatron).at("launch.sh"));
+  EXPECT_EQ(g.at("--pipeline-model-parallel-layout"), "\"Et*3|t*5|t*4|t*4|t*3|t*5|t*4|t*4L\"");
+  EXPECT_EQ(g.count("--num-layers-per-virtual-pipeline-stage") +
+                g.count("--num-virtual-stages-per-pipeline-rank"),
             0u);
 }
 

@@ -77,6 +77,14 @@ TEST(ExportTorchtitan, RefusesFsdpStyleAndMegatronOnlyFeatures) {
   const std::string why2 = refusal(s, p, Target::kTorchtitan);
   EXPECT_NE(why2.find("context parallelism (cp 2)"), std::string::npos);
   EXPECT_NE(why2.find("selective recompute"), std::string::npos);
+  Plan staged;
+  staged.layout = layout(4, 2, 4);
+  staged.layout.pipeline_layout = {12, 20};
+  const std::string why3 = refusal(s, staged, Target::kTorchtitan);
+  EXPECT_NE(why3.find("layers per pipeline stage set one by one (pipeline_layout "
+                      "Et*12|t*20L): torchtitan splits layers evenly"),
+            std::string::npos)
+      << why3;
   s.workload.precision = hardware::Precision::kFp32;
   p.layout = layout(8, 4, 1);
   p.schedule = Schedule::kZeroBubble;

@@ -939,6 +939,14 @@ TEST(Placement, NonPowerOfTwoEncoderTp) {
   const std::string why = infeasibility(
       *s, hetero(Placement::kNonColocated, module_layout(4, 3), 0, module_layout(3, 1, 3), 12));
   EXPECT_NE(why.find("module \"vision\": tp 3 must be 1, 2, 4 or 8"), std::string::npos) << why;
+  // Only the LLM's layers are placed stage by stage.
+  Layout staged = module_layout(2, 1, 1, 2);
+  staged.pipeline_layout = {2, 2};
+  const std::string why2 =
+      infeasibility(*s, hetero(Placement::kNonColocated, module_layout(4, 3), 0, staged, 12));
+  EXPECT_NE(why2.find("module \"vision\": pipeline_layout places the llm's layers"),
+            std::string::npos)
+      << why2;
 }
 
 // An encoder micro-batch that is a multiple of the LLM's (the encoder micro-batch scale):

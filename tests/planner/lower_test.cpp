@@ -1133,6 +1133,11 @@ TEST(Lower, InfeasiblePlansSayWhy) {
   EXPECT_EQ(infeasibility(odd, uneven),
             "llm layers 6 minus first_stage_layers 2 and last_stage_layers 1 do not split evenly "
             "over the other 2 pipeline stages");
+  Plan staged = plan(1, 4, 2);
+  staged.layout.pipeline_layout = {1, 2, 2, 1};
+  EXPECT_EQ(infeasibility(odd, staged), "");
+  staged.layout.pipeline_layout = {1, 2, 2, 2};
+  EXPECT_EQ(infeasibility(odd, staged), "pipeline_layout places 7 layers, the llm has 6");
   Plan sp = plan(1, 1, 8);
   sp.layout.sequence_parallel = true;
   EXPECT_EQ(why(sp), "sequence parallelism needs tp > 1");

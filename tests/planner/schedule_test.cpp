@@ -187,5 +187,29 @@ TEST(Schedule, LayersPerVirtualStage) {
   EXPECT_EQ(layers_per_virtual_stage(v, 14, &why), (std::vector<int64_t>{1, 2, 2, 2, 1, 2, 2, 2}));
 }
 
+// Layout::pipeline_layout lists every virtual stage's layers (Megatron-Core's
+// --pipeline-model-parallel-layout): taken as given, empty stages included, when it has pp x
+// vpp entries that add up to the layers and no other uneven split is set.
+TEST(Schedule, PipelineLayoutListsEachVirtualStage) {
+  Layout l;
+  l.pp = 2;
+  l.vpp = 2;
+  l.pipeline_layout = {1, 6, 0, 7};
+  std::string why;
+  EXPECT_EQ(layers_per_virtual_stage(l, 14, &why), (std::vector<int64_t>{1, 6, 0, 7}));
+  EXPECT_TRUE(layers_per_virtual_stage(l, 15, &why).empty());
+  EXPECT_EQ(why, "pipeline_layout places 14 layers, the llm has 15");
+  l.pipeline_layout = {7, 7};
+  EXPECT_TRUE(layers_per_virtual_stage(l, 14, &why).empty());
+  EXPECT_EQ(why, "pipeline_layout has 2 entries, pp 2 x vpp 2 needs 4");
+  l.pipeline_layout = {8, -1, 0, 7};
+  EXPECT_TRUE(layers_per_virtual_stage(l, 14, &why).empty());
+  EXPECT_EQ(why, "pipeline_layout holds -1 layers in a stage");
+  l.pipeline_layout = {1, 6, 0, 7};
+  l.first_stage_layers = 1;
+  EXPECT_TRUE(layers_per_virtual_stage(l, 14, &why).empty());
+  EXPECT_NE(why.find("cannot be combined"), std::string::npos) << why;
+}
+
 }  // namespace
 }  // namespace hetpar::planner

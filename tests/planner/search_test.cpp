@@ -138,6 +138,34 @@ TEST(Search, TheBoundHoldsOnAMixedCluster) {
     EXPECT_LE(lower_bound(s, p.plan), p.metrics.iteration_time) << describe(p.plan);
 }
 
+// On one DGX A100 and one DGX H100, an LLM pipelined over both gets its layers by the
+// stages' speed: one on the A100s, three on the H100s,
+// faster than the even split, which the search also weighs; the bound holds for both.
+TEST(Search, SizesPipelineStagesToTheirGpusOnAMixedCluster) {
+  const Scenario s = tiny(R"({"llm": {"tp": 2, "pp": 2, "distributed_optimizer": true},
+                              "forbid_placements": ["colocated", "non_colocated"]})",
+                          16, "bf16",
+                          R"({"node_groups": [{"profile": "dgx-a100-80gb", "nodes": 1},
+                                              {"profile": "dgx-h100", "nodes": 1}]})");
+  const SearchResult r = run(s, threads(2));
+  ASSERT_FALSE(r.top.empty());
+  const Plan& best = r.top.front().plan;
+  EXPECT_EQ(best.layout.pipeline_layout, (std::vector<int>{1, 3})) << describe(best);
+  Plan even = best;
+  even.layout.pipeline_layout.clear();
+  auto m = evaluate(s, even);
+  ASSERT_TRUE(m.is_ok() && m->feasible);
+  EXPECT_LT(r.top.front().metrics.iteration_time, m->iteration_time);
+  EXPECT_LE(lower_bound(s, best), r.top.front().metrics.iteration_time);
+  EXPECT_LE(lower_bound(s, even), m->iteration_time);
+  // On one kind of node every stage is as fast: no sized variant.
+  const Scenario one = tiny(R"({"llm": {"tp": 2, "pp": 2, "distributed_optimizer": true},
+                                "forbid_placements": ["colocated", "non_colocated"]})",
+                            16, "bf16", R"({"profile": "dgx-h100", "nodes": 2})");
+  for (const RankedPlan& p : run(one, threads(2)).top)
+    EXPECT_TRUE(p.plan.layout.pipeline_layout.empty()) << describe(p.plan);
+}
+
 // The example scenario `file`: the lower bound stays below each of its plans' simulated
 // time.
 Result<Scenario> expect_bound_below_plans(const std::string& file) {

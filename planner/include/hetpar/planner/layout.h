@@ -265,6 +265,12 @@ struct Layout {
   int last_stage_layers = 0;
   bool account_for_embedding = false;
   bool account_for_loss = false;
+  /// Megatron-Core's --pipeline-model-parallel-layout over the decoder layers: the layers of
+  /// each virtual stage in its order (virtual stage c·pp + s is chunk c of pipeline stage s),
+  /// pp·vpp entries summing to the LLM's layers; the embedding is on the first, the output
+  /// layer and loss on the last. Empty: not set. Lets a stage on slower GPUs (a cluster of
+  /// several node types) hold fewer layers; excludes the four fields above.
+  std::vector<int> pipeline_layout = {};
 
   int world() const { return tp * cp * pp * dp; }
   bool operator==(const Layout&) const = default;
@@ -275,6 +281,8 @@ struct Layout {
 /// ..."; an fp8 workload's adds its FP8 recipe. What `hetpar simulate` and the exports'
 /// headers print.
 std::string describe_in_words(const Layout& l, hardware::Precision workload);
+/// Layout::pipeline_layout as "8|24" ("" when not set).
+std::string pipeline_layout_text(const Layout& l);
 
 /// Where the modules of a multimodal model run (research/paper-heteropar.md).
 enum class Placement {

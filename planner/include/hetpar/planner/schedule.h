@@ -84,7 +84,8 @@ int extra_warmup(const Layout& l);
 int64_t peak_in_flight(const std::vector<PipelineOp>& order);
 
 /// Transformer layers of each virtual stage v = chunk * pp + stage (pp * vpp entries) when
-/// `layers` split under `l` (Megatron-LM): evenly; or with first/last_stage_layers, stage 0
+/// `layers` split under `l` (Megatron-LM): as pipeline_layout lists them; evenly; or with
+/// first/last_stage_layers, stage 0
 /// and / or stage pp-1 hold that many and the other stages share the rest evenly, each
 /// stage's layers split evenly over its vpp chunks; or with account_for_embedding / _loss,
 /// layers + 1 (+ 1) split evenly over the virtual stages, the first one giving a layer's
