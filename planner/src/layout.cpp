@@ -148,7 +148,9 @@ std::string describe_in_words(const Layout& l, hardware::Precision workload) {
                ? fmt::format(", output-layer wgrad deferred ({} micro-batches)",
                              l.wgrad_deferral_limit)
                : ", output-layer wgrad deferred";
-  if (!l.pipeline_layout.empty()) out += ", layers per stage " + pipeline_layout_text(l);
+  if (!l.pipeline_layout.empty())
+    out += (l.vpp > 1 ? ", layers per virtual stage " : ", layers per stage ") +
+           pipeline_layout_text(l);
   if (!l.flash_attention)
     out += ", unfused attention";
   else if (l.attention_kernel != hardware::AttentionKernel::kDefault)

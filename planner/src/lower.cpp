@@ -481,28 +481,31 @@ std::vector<int> owners(const Layout& l, const Reduction& r) {
   return out;
 }
 
-// Whether the ranks [offset, offset + tp·cp·dp) of each pipeline stage of `l` are alike
-// (so that representatives stand for the others): all on one node group (equal compute and
-// links; of a mixed cluster, a module placed on one group's GPUs), stages aligned to its
-// nodes (whole nodes each, or several stages per node), and CP / EP groups
-// with the same shape on every node (inside one node, or one member per node for CP's ring;
-// whole nodes for EP). `whole_replicas` (every rank of a representative replica runs tasks,
-// Reduction): CP rings of any shape, as long as each replica's tp x cp block has the same
-// shape on the nodes as every other (whole nodes each, or several blocks per node).
+// Whether the ranks [offset + st·n, offset + (st + 1)·n) of each pipeline stage st of `l`
+// (n = tp·cp·dp) are alike (so that representatives stand for the others): each stage on
+// one node group (equal compute and links; of a mixed cluster, stages may lie on different
+// groups, as a pipeline over A100 and H100 nodes), aligned to its nodes (whole nodes each,
+// or several stages per node), and CP / EP groups with the same shape on every node (inside
+// one node, or one member per node for CP's ring; whole nodes for EP). `whole_replicas`
+// (every rank of a representative replica runs tasks, Reduction): CP rings of any shape, as
+// long as each replica's tp x cp block has the same shape on the nodes as every other
+// (whole nodes each, or several blocks per node).
 bool stage_symmetric(const Scenario& s, const Layout& l, int offset, bool whole_replicas = false) {
-  // All of the module's ranks on one node group (of several, a module placed on its own).
-  const hardware::ClusterSpec::GroupRange on = s.cluster.groups_of_gpus(offset, l.world());
-  if (on.size() != 1) return false;
-  const int g = s.cluster.groups()[on.begin].profile.gpus_per_node;
   const int n = l.tp * l.cp * l.dp;
-  if (n % g != 0 && g % n != 0) return false;
-  if ((offset - s.cluster.group_first_gpu(on.begin)) % std::min(n, g) != 0) return false;
-  if (n <= g) return true;
-  const int per_node = g / l.tp;  // (cp, dp) positions per node
   const int block = l.tp * l.cp;
-  if (whole_replicas && block % g != 0 && g % block != 0) return false;
-  if (!whole_replicas && l.cp > 1 && per_node % l.cp != 0 && per_node != 1) return false;
-  if (l.ep > 1 && per_node % l.ep != 0 && l.ep % per_node != 0) return false;
+  for (int st = 0; st < l.pp; ++st) {
+    const int first = offset + st * n;
+    const hardware::ClusterSpec::GroupRange on = s.cluster.groups_of_gpus(first, n);
+    if (on.size() != 1) return false;
+    const int g = s.cluster.groups()[on.begin].profile.gpus_per_node;
+    if (n % g != 0 && g % n != 0) return false;
+    if ((first - s.cluster.group_first_gpu(on.begin)) % std::min(n, g) != 0) return false;
+    if (n <= g) continue;
+    const int per_node = g / l.tp;  // (cp, dp) positions per node
+    if (whole_replicas && block % g != 0 && g % block != 0) return false;
+    if (!whole_replicas && l.cp > 1 && per_node % l.cp != 0 && per_node != 1) return false;
+    if (l.ep > 1 && per_node % l.ep != 0 && l.ep % per_node != 0) return false;
+  }
   return true;
 }
 

@@ -981,7 +981,8 @@ class Searcher {
   }
 
   // add_schedules() for `l` as split, and on a cluster of several node types for `l` with
-  // its stages sized to their GPUs (sized_by_hardware()) where that differs.
+  // its stages sized to their GPUs (sized_by_hardware()) where that differs, interleaved
+  // too.
   void add_splits(const Layout& l, int first, bool even, int distopt_variants,
                   std::vector<Base>& out) const {
     add_schedules(l, even, distopt_variants, out);
@@ -1075,6 +1076,23 @@ class Searcher {
         if (vpp < 2 || !fixed_ok(fx.vpp, vpp)) continue;
         l.vpp = vpp;
         l.first_stage_layers = l.last_stage_layers = 0;
+        push(l, Schedule::kInterleaved, distopt_variants);
+      }
+    }
+    // Stages sized to their GPUs (pipeline_layout, one entry per stage): interleaved with
+    // the vpp values an even split would take, each stage's layers over its vpp chunks (the
+    // first chunks one more where vpp does not divide them).
+    const std::vector<int> stage = l.pipeline_layout;
+    if (l.pp > 1 && !stage.empty() && layers_ % l.pp == 0) {
+      const int fewest = *std::min_element(stage.begin(), stage.end());
+      for (int vpp : divisors(layers_ / l.pp)) {
+        if (vpp < 2 || vpp > fewest || !fixed_ok(fx.vpp, vpp)) continue;
+        l.vpp = vpp;
+        l.pipeline_layout.assign(static_cast<size_t>(l.pp) * vpp, 0);
+        for (int st = 0; st < l.pp; ++st)
+          for (int c = 0; c < vpp; ++c)
+            l.pipeline_layout[static_cast<size_t>(c) * l.pp + st] =
+                stage[st] / vpp + (c < stage[st] % vpp ? 1 : 0);
         push(l, Schedule::kInterleaved, distopt_variants);
       }
     }

@@ -698,6 +698,34 @@ TEST(HeteroSymmetry, AModuleOnOneNodeGroupOfAMixedCluster) {
   EXPECT_FALSE(co->representatives);
 }
 
+// A pipeline whose stages lie on different node groups (each stage on one) keeps the
+// symmetry: every DP replica has its stage s on the same kind of GPU, so representatives
+// predict what every rank does, homogeneous (stage 0 on the A100 node, stages 1-2 on the
+// H100s, layers sized to them) and non-colocated (the LLM's stages 0-1 on the A100 node,
+// 2-3 on the H100s, the encoder on the rest); a stage straddling two groups does not.
+TEST(HeteroSymmetry, PipelineStagesOnDifferentNodeGroups) {
+  auto s =
+      load_scenario(std::string(HETPAR_SOURCE_DIR) + "/tests/data/llava-a100-h100-24gpus.json");
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  Plan homo;
+  homo.layout = layout(4, 2, 1, 3);
+  homo.layout.pipeline_layout = {6, 13, 13};
+  const auto h = reduced_and_full(*s, homo, 1e-9);
+  ASSERT_TRUE(h.has_value());
+  EXPECT_LE(lower_bound(*s, homo), h->second.iteration_time);
+  Layout llm = layout(2, 2, 1, 4);
+  llm.pipeline_layout = {5, 5, 11, 11};
+  const Plan nc = non_colocated(*s, llm, 0, layout(1, 8), 16);
+  const auto n = reduced_and_full(*s, nc, 1e-9);
+  ASSERT_TRUE(n.has_value());
+  EXPECT_LE(lower_bound(*s, nc), n->second.iteration_time);
+  Plan straddle;
+  straddle.layout = layout(4, 3, 1, 2);  // stage 0: ranks 0-11, over both kinds
+  auto lp = lower(*s, straddle);
+  ASSERT_TRUE(lp.is_ok()) << lp.status().to_string();
+  EXPECT_FALSE(lp->representatives);
+}
+
 // Where a module's stages straddle nodes (the LLM's 6 ranks per stage on 8-GPU nodes), every
 // rank is simulated.
 TEST(HeteroSymmetry, UnalignedPlacementSimulatesEveryRank) {

@@ -47,7 +47,8 @@
 //   gradient reductions not waiting for them.
 // Symmetry (LowerOptions::full_ranks = false, the default): the ranks of one pipeline stage
 // (its TP, CP and DP peers) do the same work at the same times, so when the cluster makes
-// them alike too (one node type; stages on whole nodes or several stages per node; CP
+// them alike too (each stage on one node type, which may differ between stages; stages on
+// whole nodes or several stages per node; CP
 // rings inside a node or one member per node; EP groups on whole nodes) only one
 // representative per stage (tp, cp, dp index 0) runs tasks, with multiplicity tp·cp·dp; its
 // peers are mirrored ranks (sim/task_graph.h). Collectives keep their whole groups, so
