@@ -717,9 +717,9 @@ class Searcher {
         continue;
       }
       if (pl == Placement::kHomogeneous) {
-        for (const Base& b : llm_bases(world_, 0, true, true)) out.push_back(b);
+        for (const Base& b : llm_bases(world_, 0, true, true, true)) out.push_back(b);
       } else if (pl == Placement::kColocated) {
-        for (const Base& b : llm_bases(world_, 0, true, true)) {
+        for (const Base& b : llm_bases(world_, 0, true, true, false)) {
           Base x = b;
           x.plan.placement = pl;
           add_encoders(x, 0, std::vector<int>(encoders_.size(), world_), out);
@@ -728,7 +728,7 @@ class Searcher {
         // Each encoder on its own ranks, in module order from rank 0, the LLM after them.
         for (const std::vector<int>& split : encoder_split_sets()) {
           const int enc_gpus = std::accumulate(split.begin(), split.end(), 0);
-          for (const Base& b : llm_bases(world_ - enc_gpus, enc_gpus, false, true)) {
+          for (const Base& b : llm_bases(world_ - enc_gpus, enc_gpus, false, true, false)) {
             Base x = b;
             x.plan.placement = pl;
             x.plan.llm_first_rank = enc_gpus;
@@ -901,9 +901,11 @@ class Searcher {
     return out;
   }
 
-  // The LLM's layouts on `world` GPUs (cp only when `allow_cp`, FSDP only when
-  // `allow_fsdp`) with their schedules.
-  std::vector<Base> llm_bases(int world, int first, bool allow_cp, bool allow_fsdp) const {
+  // The LLM's layouts on `world` GPUs from rank `first` (cp only when `allow_cp`, FSDP only
+  // when `allow_fsdp`) with their schedules; `encoders_first`: the encoders run on the first
+  // pipeline stage (the homogeneous placement).
+  std::vector<Base> llm_bases(int world, int first, bool allow_cp, bool allow_fsdp,
+                              bool encoders_first) const {
     std::vector<Base> out;
     if (world < 1) return out;
     const LayoutFix& fx = spec_.llm;
@@ -961,14 +963,14 @@ class Searcher {
                       Layout sharded = l;
                       sharded.distributed_optimizer = true;
                       sh.apply(sharded);
-                      add_splits(sharded, first, even, 1, out);
+                      add_splits(sharded, first, encoders_first, even, 1, out);
                     }
                     continue;
                   }
                   int dv = 1;
                   for (bool dopt : distopt_options(fx, dp * cp, &dv)) {
                     l.distributed_optimizer = dopt;
-                    add_splits(l, first, even, dv, out);
+                    add_splits(l, first, encoders_first, even, dv, out);
                   }
                 }
               }
@@ -983,24 +985,27 @@ class Searcher {
   // add_schedules() for `l` as split, and on a cluster of several node types for `l` with
   // its stages sized to their GPUs (sized_by_hardware()) where that differs, interleaved
   // too.
-  void add_splits(const Layout& l, int first, bool even, int distopt_variants,
+  void add_splits(const Layout& l, int first, bool encoders_first, bool even, int distopt_variants,
                   std::vector<Base>& out) const {
     add_schedules(l, even, distopt_variants, out);
     Layout sized = l;
-    if (sized_by_hardware(first, sized)) add_schedules(sized, false, distopt_variants, out);
+    if (sized_by_hardware(first, encoders_first, sized))
+      add_schedules(sized, false, distopt_variants, out);
   }
 
   // The LLM's layers over its pipeline stages (ranks from `first`; one virtual stage each)
   // by each stage's speed, so that stages on slower GPUs hold fewer layers: each layer goes,
   // one at a time, to the stage that would finish its share soonest (optimal for identical
   // jobs on machines of different speeds), a stage's time per layer being its slowest
-  // group's forward and backward, the embedding counted on the first stage and the output
-  // layer on the last. Sets l.pipeline_layout; false (l untouched) on one kind of node, with
+  // group's forward and backward, the embedding (and with `encoders_first`, the homogeneous
+  // placement, the encoders) counted on the first stage and the output layer on the last.
+  // Sets l.pipeline_layout; false (l untouched) on one kind of node, with
   // vpp > 1, or where every stage lies on equally fast GPUs or the split comes out even.
-  bool sized_by_hardware(int first, Layout& l) const {
+  bool sized_by_hardware(int first, bool encoders_first, Layout& l) const {
     if (!speed_ || l.pp < 2 || l.vpp != 1) return false;
     const std::vector<ModuleTime>& times = speed_->per_group(s_.model.llm_index(), l, true, false);
     const int stage_ranks = l.tp * l.cp * l.dp;
+    const bool frozen = s_.workload.frozen_encoders;
     std::vector<Time> per_layer(static_cast<size_t>(l.pp)), fixed(static_cast<size_t>(l.pp));
     for (int st = 0; st < l.pp; ++st) {
       const Groups on = s_.cluster.groups_of_gpus(first + st * stage_ranks, stage_ranks);
@@ -1010,6 +1015,14 @@ class Searcher {
         Time f;
         if (st == 0) f += t.pre.f + t.pre.b;
         if (st == l.pp - 1) f += t.post.f + t.post.b;
+        if (st == 0 && encoders_first) {
+          for (const EncoderInfo& e : encoders_) {
+            BlockTime b = whole_module(speed_->per_group(e.index, l, false, frozen)[gi]);
+            for (size_t p : e.projectors)
+              b.add(whole_module(speed_->per_group(p, l, false, frozen)[gi]));
+            f += b.f + b.b;
+          }
+        }
         fixed[st] = std::max(fixed[st], f);
       }
     }
