@@ -163,6 +163,11 @@ BlockTime block_time(const Block& b, const Layout& l, Bandwidth link, bool froze
 
 using Groups = hardware::ClusterSpec::GroupRange;
 
+// Stages sized to their work (Searcher::sized_to_work) are searched only where they
+// shorten the largest stage by this fraction: on one kind of GPU the embedding and output
+// layer move a layer or two, and each sized layout doubles a pipeline's candidates.
+constexpr double kMinStageGain = 0.01;
+
 // Per-thread memo of module times, keyed by what module_cost depends on.
 class CostCache {
  public:
@@ -688,7 +693,7 @@ bool fixed_ok(const std::optional<int>& f, int v) {
 class Searcher {
  public:
   Searcher(const Scenario& s, const SearchOptions& o)
-      : s_(s), spec_(s.search), encoders_(fed_encoders(s)) {
+      : s_(s), spec_(s.search), encoders_(fed_encoders(s)), speed_(s) {
     gpn_ = 0;
     for (const hardware::NodeGroup& g : s.cluster.groups())
       gpn_ = std::gcd(gpn_, g.profile.gpus_per_node);
@@ -698,7 +703,6 @@ class Searcher {
     moe_experts_ = llm.moe ? static_cast<int>(llm.moe->experts) : 0;
     top_k_ = o.top_k > 0 ? o.top_k : spec_.top_k;
     exhaustive_ = o.exhaustive;
-    if (s.cluster.groups().size() > 1) speed_ = std::make_unique<CostCache>(s);
   }
 
   // Every base plan, family by family.
@@ -982,28 +986,27 @@ class Searcher {
     return out;
   }
 
-  // add_schedules() for `l` as split, and on a cluster of several node types for `l` with
-  // its stages sized to their GPUs (sized_by_hardware()) where that differs, interleaved
-  // too.
+  // add_schedules() for `l` as split, and for `l` with its stages sized to their work
+  // (sized_to_work()) where that pays, interleaved too.
   void add_splits(const Layout& l, int first, bool encoders_first, bool even, int distopt_variants,
                   std::vector<Base>& out) const {
     add_schedules(l, even, distopt_variants, out);
     Layout sized = l;
-    if (sized_by_hardware(first, encoders_first, sized))
+    if (sized_to_work(first, encoders_first, sized))
       add_schedules(sized, false, distopt_variants, out);
   }
 
   // The LLM's layers over its pipeline stages (ranks from `first`; one virtual stage each)
-  // by each stage's speed, so that stages on slower GPUs hold fewer layers: each layer goes,
-  // one at a time, to the stage that would finish its share soonest (optimal for identical
-  // jobs on machines of different speeds), a stage's time per layer being its slowest
-  // group's forward and backward, the embedding (and with `encoders_first`, the homogeneous
-  // placement, the encoders) counted on the first stage and the output layer on the last.
-  // Sets l.pipeline_layout; false (l untouched) on one kind of node, with
-  // vpp > 1, or where every stage lies on equally fast GPUs or the split comes out even.
-  bool sized_by_hardware(int first, bool encoders_first, Layout& l) const {
-    if (!speed_ || l.pp < 2 || l.vpp != 1) return false;
-    const std::vector<ModuleTime>& times = speed_->per_group(s_.model.llm_index(), l, true, false);
+  // by each stage's work, so that stages on slower GPUs, or with the embedding, the output
+  // layer or (`encoders_first`, the homogeneous placement) the encoders hold fewer layers:
+  // each layer goes, one at a time, to the stage that would finish its share soonest
+  // (optimal for identical jobs on machines of different speeds), a stage's time per layer
+  // being its slowest group's forward and backward. Sets l.pipeline_layout; false (l
+  // untouched) with vpp > 1, or where that shortens the largest stage of l's own split by
+  // less than kMinStageGain.
+  bool sized_to_work(int first, bool encoders_first, Layout& l) const {
+    if (l.pp < 2 || l.vpp != 1) return false;
+    const std::vector<ModuleTime>& times = speed_.per_group(s_.model.llm_index(), l, true, false);
     const int stage_ranks = l.tp * l.cp * l.dp;
     const bool frozen = s_.workload.frozen_encoders;
     std::vector<Time> per_layer(static_cast<size_t>(l.pp)), fixed(static_cast<size_t>(l.pp));
@@ -1017,17 +1020,15 @@ class Searcher {
         if (st == l.pp - 1) f += t.post.f + t.post.b;
         if (st == 0 && encoders_first) {
           for (const EncoderInfo& e : encoders_) {
-            BlockTime b = whole_module(speed_->per_group(e.index, l, false, frozen)[gi]);
+            BlockTime b = whole_module(speed_.per_group(e.index, l, false, frozen)[gi]);
             for (size_t p : e.projectors)
-              b.add(whole_module(speed_->per_group(p, l, false, frozen)[gi]));
+              b.add(whole_module(speed_.per_group(p, l, false, frozen)[gi]));
             f += b.f + b.b;
           }
         }
         fixed[st] = std::max(fixed[st], f);
       }
     }
-    if (std::all_of(per_layer.begin(), per_layer.end(), [&](Time t) { return t == per_layer[0]; }))
-      return false;
     std::vector<int> n(static_cast<size_t>(l.pp), 1);
     for (int k = l.pp; k < layers_; ++k) {
       size_t best = 0;
@@ -1041,7 +1042,16 @@ class Searcher {
       }
       ++n[best];
     }
-    if (std::all_of(n.begin(), n.end(), [&](int x) { return x * l.pp == layers_; })) return false;
+    // Worth a second search only where it shortens the largest stage of the split `l` has
+    // (even, or Megatron's uneven one) by kMinStageGain.
+    const std::vector<int64_t> split = layers_per_virtual_stage(l, layers_, nullptr);
+    if (split.size() != n.size()) return false;
+    Time before, after;
+    for (size_t st = 0; st < n.size(); ++st) {
+      before = std::max(before, fixed[st] + per_layer[st] * split[st]);
+      after = std::max(after, fixed[st] + per_layer[st] * n[st]);
+    }
+    if (after.to_seconds() > before.to_seconds() * (1.0 - kMinStageGain)) return false;
     l.first_stage_layers = l.last_stage_layers = 0;
     l.pipeline_layout = std::move(n);
     return true;
@@ -1222,8 +1232,8 @@ class Searcher {
   std::vector<EncoderInfo> encoders_;
   int gpn_ = 1, world_ = 1, layers_ = 1, moe_experts_ = 0, top_k_ = 5;
   bool exhaustive_ = false;
-  // Module times per node group for sized_by_hardware(); only on several node types.
-  std::unique_ptr<CostCache> speed_;
+  // Module times per node group for sized_to_work() (enumeration is single-threaded).
+  mutable CostCache speed_;
 };
 
 // About how many tasks lower() builds for `p`: simulated ranks x micro-batches x layers x

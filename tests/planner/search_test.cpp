@@ -166,6 +166,30 @@ TEST(Search, SizesPipelineStagesToTheirGpusOnAMixedCluster) {
     EXPECT_TRUE(p.plan.layout.pipeline_layout.empty()) << describe(p.plan);
 }
 
+// On one kind of GPU the sizing balances the output layer: Llama 3.1 8B's (a 128K
+// vocabulary, about 2.4 layers' work) makes the last of four stages the largest, so the
+// search gives it fewer layers than the first, which beats the even split.
+TEST(Search, BalancesTheOutputLayerOnOneKindOfGpu) {
+  auto s = parse_scenario_text(R"({"name": "llama8b-pp4", "model": "llama-3.1-8b",
+      "workload": {"seq_len": 4096, "global_batch": 32, "precision": "bf16"},
+      "cluster": {"profile": "dgx-h100", "nodes": 1},
+      "search": {"llm": {"tp": 2, "pp": 4, "vpp": 1, "micro_batch": 1,
+                         "distributed_optimizer": true}, "schedule": "1f1b"}})",
+                               "llama8b.json");
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  const SearchResult r = run(*s, threads(2));
+  ASSERT_FALSE(r.top.empty());
+  const Plan& best = r.top.front().plan;
+  ASSERT_EQ(best.layout.pipeline_layout.size(), 4u) << describe(best);
+  EXPECT_LT(best.layout.pipeline_layout.back(), best.layout.pipeline_layout.front());
+  Plan even = best;
+  even.layout.pipeline_layout.clear();
+  auto m = evaluate(*s, even);
+  ASSERT_TRUE(m.is_ok() && m->feasible);
+  EXPECT_LT(r.top.front().metrics.iteration_time, m->iteration_time);
+  EXPECT_LE(lower_bound(*s, best), r.top.front().metrics.iteration_time);
+}
+
 // The example scenario `file`: the lower bound stays below each of its plans' simulated
 // time.
 Result<Scenario> expect_bound_below_plans(const std::string& file) {

@@ -5,9 +5,10 @@
 // encoders and the LLM (one encoder: whole nodes, and sub-node ranges of a power-of-two
 // size; several: each a power of two of GPUs below a node or of whole nodes, in module
 // order from rank 0, the LLM after them); a non-colocated encoder may pipeline over 1, 2,
-// 4 or 8 stages. On a cluster of several node types each pipelined LLM layout whose stages
-// lie on GPUs of different speed is also tried with its layers sized to them
-// (Layout::pipeline_layout: fewer layers on slower stages), with and without interleaving.
+// 4 or 8 stages. Each pipelined LLM layout is also tried with its layers sized to its
+// stages' work (Layout::pipeline_layout: fewer layers on slower GPUs, on the stage with the
+// output layer, on a homogeneous plan's first stage, which runs the encoders), with and
+// without interleaving, where that shortens the largest stage by 1% or more.
 //
 // How (research/planners.md, "What to beat"):
 // 1. Enumerate the grid (exact factorisations of each module's GPUs) within the scenario's
