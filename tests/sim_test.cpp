@@ -1014,6 +1014,18 @@ TEST(SimulateTest, EachKindOfNodeFollowsItsOwnRamps) {
   EXPECT_EQ(run({RankId(1), RankId(2)}), scaled);
   EXPECT_EQ(o.collectives.curves_of(NodeId(7)).inter_node_node_scale,
             o.collectives.curves[0].inter_node_node_scale);  // past node_curves: kind 0
+  // Per-step latencies: a kind's own where set (else the config's), the largest of the kinds
+  // a ring spans.
+  o.collectives.curves[1].ring_inter_hop = Time::us(10);
+  auto ring_latency = [&](std::vector<RankId> group) {
+    return collective_pattern(CollectiveKind::kReduceScatter, Algorithm::kRing, group,
+                              group.front(), net, o.collectives)
+        .latency;
+  };
+  EXPECT_EQ(ring_latency(first_two), latency);
+  EXPECT_EQ(ring_latency({RankId(2), RankId(3)}) - latency,
+            Time::us(10) - o.collectives.ring_inter_hop);
+  EXPECT_EQ(ring_latency({RankId(1), RankId(2)}), ring_latency({RankId(2), RankId(3)}));
 }
 
 TEST(SimulateTest, CollectivesSlowTheComputeTheyOverlap) {

@@ -115,10 +115,14 @@ sim::Network build_network(const hardware::ClusterSpec& cluster) {
 
 sim::CollectiveConfig collective_config(const hardware::ClusterSpec& cluster) {
   sim::CollectiveConfig cfg;
+  // NCCL's per-step latencies per node group, from its profile's measured floors; the
+  // config's own are the slowest group's (every node's on one kind).
+  cfg.curves.assign(cluster.groups().size(), {});
   Time intra, ring_inter, tree_inter;
   auto at_least_zero = [](Time t) { return std::max(t, Time::zero()); };
-  for (const hardware::NodeGroup& group : cluster.groups()) {
-    const hardware::SystemProfile& prof = group.profile;
+  for (size_t gi = 0; gi < cluster.groups().size(); ++gi) {
+    const hardware::SystemProfile& prof = cluster.groups()[gi].profile;
+    sim::CollectiveCurves& curves = cfg.curves[gi];
     const int g = prof.gpus_per_node;
     Time hop = cfg.intra_hop;
     if (g > 1) {
@@ -126,11 +130,16 @@ sim::CollectiveConfig collective_config(const hardware::ClusterSpec& cluster) {
       hop = Time::ps((alpha - cfg.ring_base).count_ps() / (g - 1));
     }
     hop = at_least_zero(hop);
-    intra = std::max(intra, hop);
     const Time ag = prof.collective(CollectiveScope::kInterNode, Collective::kAllGather).alpha;
-    ring_inter = std::max(ring_inter, at_least_zero(ag - cfg.ring_base - hop * (2 * (g - 1))));
+    const Time ring = at_least_zero(ag - cfg.ring_base - hop * (2 * (g - 1)));
     const Time ar = prof.collective(CollectiveScope::kInterNode, Collective::kAllReduce).alpha;
-    tree_inter = std::max(tree_inter, at_least_zero(half(ar - cfg.tree_base) - hop * (g - 1)));
+    const Time tree = at_least_zero(half(ar - cfg.tree_base) - hop * (g - 1));
+    curves.intra_hop = hop;
+    curves.ring_inter_hop = ring;
+    curves.tree_inter_hop = tree;
+    intra = std::max(intra, hop);
+    ring_inter = std::max(ring_inter, ring);
+    tree_inter = std::max(tree_inter, tree);
   }
   cfg.intra_hop = intra;
   cfg.ring_inter_hop = ring_inter;
@@ -142,7 +151,6 @@ sim::CollectiveConfig collective_config(const hardware::ClusterSpec& cluster) {
   // reduce_scatter across nodes as rings only, whose bus bandwidth falls as the ring spans
   // more nodes: per node count of the profile's figure, its busbw over all_reduce's, at
   // most 1.
-  cfg.curves.assign(cluster.groups().size(), {});
   for (size_t gi = 0; gi < cluster.groups().size(); ++gi) {
     const hardware::SystemProfile& prof = cluster.groups()[gi].profile;
     sim::CollectiveCurves& curves = cfg.curves[gi];

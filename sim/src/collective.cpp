@@ -58,8 +58,28 @@ int btree_parent(int r, int n) {
   return up < n ? up : r ^ bit;
 }
 
+// One step's latencies over NVLink and over the network, ring and tree.
+struct Hops {
+  Time intra, ring_inter, tree_inter;
+};
+
+// The config's hops, or on several kinds of node (node_curves) the largest of the kinds
+// `nodes` lie on: a step waits for its slowest member.
+Hops hops_of(const std::vector<std::vector<RankId>>& nodes, const Network& net,
+             const CollectiveConfig& cfg) {
+  if (cfg.node_curves.empty()) return {cfg.intra_hop, cfg.ring_inter_hop, cfg.tree_inter_hop};
+  Hops h;
+  for (const auto& members : nodes) {
+    const CollectiveCurves& c = cfg.curves_of(net.node_of(members.front()));
+    h.intra = std::max(h.intra, c.intra_hop.value_or(cfg.intra_hop));
+    h.ring_inter = std::max(h.ring_inter, c.ring_inter_hop.value_or(cfg.ring_inter_hop));
+    h.tree_inter = std::max(h.tree_inter, c.tree_inter_hop.value_or(cfg.tree_inter_hop));
+  }
+  return h;
+}
+
 Time ring_latency(CollectiveKind kind, int n, const std::vector<std::vector<RankId>>& nodes,
-                  const CollectiveConfig& cfg) {
+                  const Hops& hops, const CollectiveConfig& cfg) {
   const int k = static_cast<int>(nodes.size());
   int steps = n - 1;
   int inter = k - 1;
@@ -69,7 +89,7 @@ Time ring_latency(CollectiveKind kind, int n, const std::vector<std::vector<Rank
   } else if (kind == CollectiveKind::kAllToAll) {
     inter = n - static_cast<int>(nodes[0].size());  // peers of one rank outside its node
   }
-  return cfg.ring_base + cfg.intra_hop * (steps - inter) + cfg.ring_inter_hop * inter;
+  return cfg.ring_base + hops.intra * (steps - inter) + hops.ring_inter * inter;
 }
 
 }  // namespace
@@ -93,10 +113,10 @@ CollectivePattern collective_pattern(CollectiveKind kind, Algorithm algorithm,
   if (algorithm == Algorithm::kTree) {
     size_t per_node = 0;
     for (const auto& members : nodes) per_node = std::max(per_node, members.size());
-    p.latency =
-        config.tree_base + (config.intra_hop * static_cast<int64_t>(per_node - 1) +
-                            config.tree_inter_hop * ceil_log2(static_cast<int>(nodes.size()))) *
-                               2;
+    const Hops hops = hops_of(nodes, net, config);
+    p.latency = config.tree_base + (hops.intra * static_cast<int64_t>(per_node - 1) +
+                                    hops.tree_inter * ceil_log2(static_cast<int>(nodes.size()))) *
+                                       2;
     // Tree 0 over positions 0..n-1; tree 1 mirrors it (n even) or shifts it by one (n odd).
     auto position = [n](int tree, int label) {
       if (tree == 0) return label;
@@ -117,7 +137,7 @@ CollectivePattern collective_pattern(CollectiveKind kind, Algorithm algorithm,
     return p;
   }
 
-  p.latency = ring_latency(kind, n, nodes, config);
+  p.latency = ring_latency(kind, n, nodes, hops_of(nodes, net, config), config);
   switch (kind) {
     case CollectiveKind::kAllToAll:
       for (RankId src : group)

@@ -131,6 +131,27 @@ TEST(NetworkBuilder, EachNodeGroupKeepsItsOwnRamps) {
   EXPECT_DOUBLE_EQ(time_us(mixed, 8, Bytes::MiB(16)), time_us(a100, 0, Bytes::MiB(16)));
   EXPECT_DOUBLE_EQ(time_us(mixed, 0, Bytes::MiB(16)), time_us(h100, 0, Bytes::MiB(16)));
   EXPECT_NE(time_us(a100, 0, Bytes::MiB(16)), time_us(h100, 0, Bytes::MiB(16)));
+  // Each kind keeps its own hop latencies too: a tree all-reduce over the two A100 nodes of
+  // two A100 + two H100 nodes pays the A100's (its all-reduce floor across nodes is 44 us,
+  // the H100's 46 us), as on two A100 nodes alone; one spanning both kinds the larger.
+  auto tree_us = [](const hardware::ClusterSpec& c, int first, int count) {
+    sim::SimOptions o;
+    o.collectives = collective_config(c);
+    sim::TaskGraph g;
+    g.add_collective({sim::CollectiveKind::kAllReduce, range(first, first + count), Bytes::KiB(64),
+                      0, sim::Algorithm::kTree});
+    auto r = sim::simulate(g, build_network(c), o);
+    EXPECT_TRUE(r.is_ok());
+    return r->makespan.to_us();
+  };
+  auto four = cluster(R"({"node_groups": [{"profile": "dgx-a100-80gb", "nodes": 2},
+                                          {"profile": "dgx-h100", "nodes": 2}]})");
+  const sim::CollectiveConfig four_cfg = collective_config(four);
+  EXPECT_LT(*four_cfg.curves[0].tree_inter_hop, *four_cfg.curves[1].tree_inter_hop);
+  EXPECT_EQ(four_cfg.tree_inter_hop, *four_cfg.curves[1].tree_inter_hop);  // the slowest's
+  auto a100x2 = cluster(R"({"profile": "dgx-a100-80gb", "nodes": 2})");
+  EXPECT_DOUBLE_EQ(tree_us(four, 0, 16), tree_us(a100x2, 0, 16));
+  EXPECT_GT(tree_us(four, 8, 16), tree_us(a100x2, 0, 16));
 }
 
 TEST(NetworkBuilder, PointToPointPaysTheSendRecvAlpha) {

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <array>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -51,6 +52,10 @@ struct CollectiveCurves {
   /// the ring grows, where all_reduce's algorithms hold it. It multiplies the size scale's
   /// factor; copy-engine collectives keep all of it.
   std::array<std::vector<CurvePoint>, kNumCollectiveKinds> inter_node_node_scale{};
+  /// NCCL's per-step latencies on this kind of node (CollectiveConfig's meaning; unset: the
+  /// config's); read only where CollectiveConfig::node_curves tells kinds apart, and then a
+  /// collective spanning several kinds takes each the largest of theirs.
+  std::optional<Time> intra_hop{}, ring_inter_hop{}, tree_inter_hop{};
 };
 
 /// Latency constants from NCCL's tuner (src/graph/tuning.cc, LL protocol, calibration.md
@@ -72,7 +77,8 @@ struct CollectiveConfig {
   /// Per NodeId: the index into `curves` of that node's kind (mixed clusters: one per node
   /// group). Empty, or a node past its end: 0. A collective whose group spans nodes of
   /// several kinds takes, at its size, the smallest factor of any of them (the ring runs at
-  /// its slowest member's pace).
+  /// its slowest member's pace). Non-empty, the kinds' own hop latencies replace the three
+  /// above (the largest of the kinds a collective spans).
   std::vector<int32_t> node_curves{};
 
   /// The curves of `node`'s kind.
