@@ -137,6 +137,7 @@ LayoutFix parse_layout_fix(JsonReader& r) {
   if (r.has("cross_entropy_fusion"))
     f.cross_entropy_fusion = parse_cross_entropy(
         r.optional_enum("cross_entropy_fusion", "none", {"none", "native", "te", "compiled"}));
+  f.sized_stages = r.optional_bool("sized_stages", true);
   r.finish();
   return f;
 }

@@ -1002,10 +1002,10 @@ class Searcher {
   // each layer goes, one at a time, to the stage that would finish its share soonest
   // (optimal for identical jobs on machines of different speeds), a stage's time per layer
   // being its slowest group's forward and backward. Sets l.pipeline_layout; false (l
-  // untouched) with vpp > 1, or where that shortens the largest stage of l's own split by
-  // less than kMinStageGain.
+  // untouched) with vpp > 1, under search.llm.sized_stages false, or where that shortens
+  // the largest stage of l's own split by less than kMinStageGain.
   bool sized_to_work(int first, bool encoders_first, Layout& l) const {
-    if (l.pp < 2 || l.vpp != 1) return false;
+    if (l.pp < 2 || l.vpp != 1 || !spec_.llm.sized_stages) return false;
     const std::vector<ModuleTime>& times = speed_.per_group(s_.model.llm_index(), l, true, false);
     const int stage_ranks = l.tp * l.cp * l.dp;
     const bool frozen = s_.workload.frozen_encoders;

@@ -188,6 +188,11 @@ TEST(Search, BalancesTheOutputLayerOnOneKindOfGpu) {
   ASSERT_TRUE(m.is_ok() && m->feasible);
   EXPECT_LT(r.top.front().metrics.iteration_time, m->iteration_time);
   EXPECT_LE(lower_bound(*s, best), r.top.front().metrics.iteration_time);
+  // search.llm.sized_stages false: even splits only, for trainers without a layout.
+  Scenario even_only = *s;
+  even_only.search.llm.sized_stages = false;
+  for (const RankedPlan& p : run(even_only, threads(2)).top)
+    EXPECT_TRUE(p.plan.layout.pipeline_layout.empty()) << describe(p.plan);
 }
 
 // The example scenario `file`: the lower bound stays below each of its plans' simulated

@@ -94,6 +94,10 @@ struct LayoutFix {
   /// `any_fsdp_implementation`: both where they apply (FSDP2 alone keeps gathered).
   std::optional<FsdpImplementation> fsdp_implementation;
   bool any_fsdp_implementation = false;
+  /// The LLM's pipeline stages sized to their work (Layout::pipeline_layout) as well as
+  /// split evenly (default true); false for a trainer without a per-stage layout (torchtitan,
+  /// DeepSpeed, nanotron).
+  bool sized_stages = true;
   bool operator==(const LayoutFix&) const = default;
 };
 
