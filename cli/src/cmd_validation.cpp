@@ -61,8 +61,8 @@ int run_validation(const ValidationOptions& opts) {
                  r.predicted.memory.fits()
                      ? ""
                      : fmt::format("(memory model: {} > {} by {})", r.predicted.memory.tightest(),
-                                   r.predicted.memory.capacity,
-                                   r.predicted.memory.tightest() - r.predicted.memory.capacity));
+                                   r.predicted.memory.capacity(),
+                                   r.predicted.memory.tightest() - r.predicted.memory.capacity()));
     }
     fmt::print(
         "\n{} runs, {} predicted: mean |error| {:.1f}%, max |error| {:.1f}%, {} within 10%\n",

@@ -65,7 +65,7 @@ Result<PlanMetrics> evaluate(const Scenario& s, const Plan& p, const EvaluateOpt
   if (!m.memory.fits()) {
     m.infeasible_reason =
         fmt::format("out of memory: pipeline stage {} needs {} per GPU, the GPUs have {}",
-                    m.memory.tightest_stage, m.memory.tightest(), m.memory.capacity);
+                    m.memory.tightest_stage, m.memory.tightest(), m.memory.capacity());
     if (o.enforce_memory) return m;
   }
 

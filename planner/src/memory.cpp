@@ -451,7 +451,6 @@ MemoryReport estimate_memory(const Scenario& s, const Plan& p, const MemoryOptio
 void MemoryReport::summarise() {
   peak = Bytes();
   peak_stage = tightest_stage = 0;
-  capacity = stage_capacity.empty() ? Bytes() : stage_capacity[0];
   Bytes worst;  // the tightest stage's total over its capacity
   for (size_t st = 0; st < per_stage.size(); ++st) {
     const Bytes total = per_stage[st].total();
@@ -463,7 +462,6 @@ void MemoryReport::summarise() {
     if (st == 0 || over > worst) {
       worst = over;
       tightest_stage = static_cast<int>(st);
-      capacity = stage_capacity[st];
     }
   }
 }

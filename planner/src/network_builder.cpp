@@ -115,14 +115,14 @@ sim::Network build_network(const hardware::ClusterSpec& cluster) {
 
 sim::CollectiveConfig collective_config(const hardware::ClusterSpec& cluster) {
   sim::CollectiveConfig cfg;
-  // NCCL's per-step latencies per node group, from its profile's measured floors; the
-  // config's own are the slowest group's (every node's on one kind).
   cfg.curves.assign(cluster.groups().size(), {});
   Time intra, ring_inter, tree_inter;
   auto at_least_zero = [](Time t) { return std::max(t, Time::zero()); };
   for (size_t gi = 0; gi < cluster.groups().size(); ++gi) {
     const hardware::SystemProfile& prof = cluster.groups()[gi].profile;
     sim::CollectiveCurves& curves = cfg.curves[gi];
+    // NCCL's per-step latencies, from the profile's measured floors; the config's own are
+    // the slowest group's (every node's on one kind).
     const int g = prof.gpus_per_node;
     Time hop = cfg.intra_hop;
     if (g > 1) {
@@ -132,28 +132,21 @@ sim::CollectiveConfig collective_config(const hardware::ClusterSpec& cluster) {
     hop = at_least_zero(hop);
     const Time ag = prof.collective(CollectiveScope::kInterNode, Collective::kAllGather).alpha;
     const Time ring = at_least_zero(ag - cfg.ring_base - hop * (2 * (g - 1)));
-    const Time ar = prof.collective(CollectiveScope::kInterNode, Collective::kAllReduce).alpha;
-    const Time tree = at_least_zero(half(ar - cfg.tree_base) - hop * (g - 1));
+    const Time ar_alpha =
+        prof.collective(CollectiveScope::kInterNode, Collective::kAllReduce).alpha;
+    const Time tree = at_least_zero(half(ar_alpha - cfg.tree_base) - hop * (g - 1));
     curves.intra_hop = hop;
     curves.ring_inter_hop = ring;
     curves.tree_inter_hop = tree;
     intra = std::max(intra, hop);
     ring_inter = std::max(ring_inter, ring);
     tree_inter = std::max(tree_inter, tree);
-  }
-  cfg.intra_hop = intra;
-  cfg.ring_inter_hop = ring_inter;
-  cfg.tree_inter_hop = tree_inter;
-  // NCCL's ramps, per node group from its own profile: over message sizes (its
-  // collectives' size_scale; sim's reduce has no figure of its own and keeps none) and,
-  // across nodes, over the nodes a ring spans. The network's links carry all_reduce's
-  // per-NIC rate at the cluster's node count (above); NCCL runs all_gather and
-  // reduce_scatter across nodes as rings only, whose bus bandwidth falls as the ring spans
-  // more nodes: per node count of the profile's figure, its busbw over all_reduce's, at
-  // most 1.
-  for (size_t gi = 0; gi < cluster.groups().size(); ++gi) {
-    const hardware::SystemProfile& prof = cluster.groups()[gi].profile;
-    sim::CollectiveCurves& curves = cfg.curves[gi];
+    // NCCL's ramps: over message sizes (the collectives' size_scale; sim's reduce has no
+    // figure of its own and keeps none) and, across nodes, over the nodes a ring spans. The
+    // network's links carry all_reduce's per-NIC rate at the cluster's node count (above);
+    // NCCL runs all_gather and reduce_scatter across nodes as rings only, whose bus
+    // bandwidth falls as the ring spans more nodes: per node count of the profile's figure,
+    // its busbw over all_reduce's, at most 1.
     for (const hardware::CollectiveFigure& f : prof.collectives) {
       const std::optional<sim::CollectiveKind> kind = sim_collective(f.op);
       if (!kind) continue;
@@ -180,6 +173,9 @@ sim::CollectiveConfig collective_config(const hardware::ClusterSpec& cluster) {
       if (below) curves.inter_node_node_scale[static_cast<size_t>(*sim_collective(op))] = curve;
     }
   }
+  cfg.intra_hop = intra;
+  cfg.ring_inter_hop = ring_inter;
+  cfg.tree_inter_hop = tree_inter;
   if (cfg.curves.size() > 1) {
     cfg.node_curves.resize(static_cast<size_t>(cluster.num_nodes()));
     for (int n = 0; n < cluster.num_nodes(); ++n)

@@ -783,7 +783,7 @@ class Searcher {
     const MemoryReport mem = estimate_memory(s_, p);
     if (!mem.fits())
       return fmt::format("out of memory: pipeline stage {} needs {} per GPU, the GPUs have {}",
-                         mem.tightest_stage, mem.tightest(), mem.capacity);
+                         mem.tightest_stage, mem.tightest(), mem.capacity());
     if (spec_.max_memory && mem.peak > *spec_.max_memory)
       return fmt::format(
           "over the search's memory cap: pipeline stage {} needs {} per GPU, the cap is {}",
@@ -1008,7 +1008,6 @@ class Searcher {
     if (l.pp < 2 || l.vpp != 1 || !spec_.llm.sized_stages) return false;
     const std::vector<ModuleTime>& times = speed_.per_group(s_.model.llm_index(), l, true, false);
     const int stage_ranks = l.tp * l.cp * l.dp;
-    const bool frozen = s_.workload.frozen_encoders;
     std::vector<Time> per_layer(static_cast<size_t>(l.pp)), fixed(static_cast<size_t>(l.pp));
     for (int st = 0; st < l.pp; ++st) {
       const Groups on = s_.cluster.groups_of_gpus(first + st * stage_ranks, stage_ranks);
@@ -1020,9 +1019,7 @@ class Searcher {
         if (st == l.pp - 1) f += t.post.f + t.post.b;
         if (st == 0 && encoders_first) {
           for (const EncoderInfo& e : encoders_) {
-            BlockTime b = whole_module(speed_.per_group(e.index, l, false, frozen)[gi]);
-            for (size_t p : e.projectors)
-              b.add(whole_module(speed_.per_group(p, l, false, frozen)[gi]));
+            const BlockTime b = encoder_time(speed_, s_, e, l, Groups{gi, gi + 1});
             f += b.f + b.b;
           }
         }

@@ -389,8 +389,8 @@ TEST_F(MemoryLlama70B, ReplicatedOptimizerDoesNotFit) {
   // 70.6e9 / 8 = 8.8e9 parameters per rank x 18 B = 159e9 B before any activation.
   MemoryReport r = estimate({.dp = 8, .recompute = models::Recompute::kSelective});
   const MemoryBreakdown& b = r.per_stage[0];
-  EXPECT_EQ(r.capacity, Bytes::GiB(80));
-  EXPECT_GT(b.weights + b.gradients + b.optimizer_state, r.capacity);
+  EXPECT_EQ(r.capacity(), Bytes::GiB(80));
+  EXPECT_GT(b.weights + b.gradients + b.optimizer_state, r.capacity());
   EXPECT_FALSE(r.fits());
 }
 
@@ -444,7 +444,7 @@ TEST(MemoryCapacity, SmallestGpuOfTheCluster) {
   Scenario s = scenario(R"("llama-3.1-8b")", 4096, 64, R"({"node_groups": [
       {"profile": "dgx-h200", "nodes": 1}, {"profile": "dgx-h100", "nodes": 1}]})");
   MemoryReport r = estimate_memory(s, plan({.dp = 16}));
-  EXPECT_EQ(r.capacity, Bytes::GiB(80));
+  EXPECT_EQ(r.capacity(), Bytes::GiB(80));
   EXPECT_EQ(r.peak, r.per_stage[0].total());
   EXPECT_EQ(r.per_stage[0].workspace,
             Bytes::GiB(1) + Bytes(std::llround(0.1 * r.per_stage[0].activations.as_double())));
@@ -468,7 +468,7 @@ TEST(MemoryCapacity, EachStageIsHeldToItsOwnGpus) {
   EXPECT_GT(r.per_stage[1].total(), Bytes::GiB(24));
   EXPECT_FALSE(r.fits());
   EXPECT_EQ(r.tightest_stage, 1);
-  EXPECT_EQ(r.capacity, Bytes::GiB(24));
+  EXPECT_EQ(r.capacity(), Bytes::GiB(24));
   EXPECT_EQ(r.tightest(), r.per_stage[1].total());
 }
 

@@ -69,18 +69,18 @@ struct MemoryReport {
   /// lie on; a cluster may mix GPU types).
   std::vector<Bytes> stage_capacity;
   /// The stage with the least room: its total over its capacity is the largest (the first
-  /// of equals; on one kind of GPU, peak_stage), and that capacity.
+  /// of equals; on one kind of GPU, peak_stage).
   int tightest_stage = 0;
-  Bytes capacity;
-  /// Whether every stage fits its GPUs.
-  bool fits() const {
-    return per_stage.empty() || per_stage[static_cast<size_t>(tightest_stage)].total() <= capacity;
+  /// The tightest stage's capacity and total.
+  Bytes capacity() const {
+    return stage_capacity.empty() ? Bytes() : stage_capacity[static_cast<size_t>(tightest_stage)];
   }
-  /// The tightest stage's total.
   Bytes tightest() const {
     return per_stage.empty() ? Bytes() : per_stage[static_cast<size_t>(tightest_stage)].total();
   }
-  /// Sets peak_stage / peak and tightest_stage / capacity from per_stage and stage_capacity.
+  /// Whether every stage fits its GPUs.
+  bool fits() const { return tightest() <= capacity(); }
+  /// Sets peak_stage / peak and tightest_stage from per_stage and stage_capacity.
   void summarise();
 };
 

@@ -31,10 +31,11 @@ sim::Network build_network(const hardware::ClusterSpec& cluster);
 /// inside a node and 2 x g rings / trees across two nodes (sim's latency formulas,
 /// collective.h): NVLink hop = (intra all_gather alpha - ring base) / (g-1); ring network
 /// hop = inter all_gather alpha - ring base - 2(g-1)·NVLink hop; tree network hop =
-/// (inter all_reduce alpha - tree base) / 2 - (g-1)·NVLink hop (never below zero). The
-/// slowest node group wins; the bases stay NCCL's (sim::CollectiveConfig defaults). Each
-/// node group's nodes follow its own profile's ramps (CollectiveConfig::curves, one per
-/// group in order, node_curves when there are several): the collectives' size scales
+/// (inter all_reduce alpha - tree base) / 2 - (g-1)·NVLink hop (never below zero), per
+/// node group (CollectiveCurves' hops; the config's own are the slowest group's); the bases
+/// stay NCCL's (sim::CollectiveConfig defaults). Each node group's nodes follow its own
+/// profile's ramps (CollectiveConfig::curves, one per group in order, node_curves when
+/// there are several): the collectives' size scales
 /// (size_scale) and the rings' node scales: the links carry all_reduce's per-NIC rate
 /// (build_network), and an inter-node all_gather / reduce_scatter over k nodes reaches its
 /// busbw at k over all_reduce's at k, at most 1 (inter_node_node_scale; none when never
