@@ -7,10 +7,38 @@
 // parallelism shards weights with FSDP too; bf16 mixed precision applies through FSDP or
 // under pure DDP / one device only (torchtitan/config/training.py).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "writer.h"
 
 namespace hetpar::exporter::detail {
+namespace {
+
+// The plan's layers per virtual stage (Layout::pipeline_layout, Megatron's order: virtual
+// stage c·pp + s is chunk c of rank s, as torchtitan's looped schedules place stage i on
+// rank i % pp) as the Python statement that sets them in the config function. The
+// override flags cannot carry it: module_fqns_per_model_part is a list of lists.
+std::string torchtitan_model_parts(const planner::Layout& l) {
+  std::string parts;
+  int next = 0;
+  const size_t n = l.pipeline_layout.size();
+  for (size_t v = 0; v < n; ++v) {
+    std::vector<std::string> terms;
+    if (v == 0) terms.push_back("[\"tok_embeddings\"]");
+    const int end = next + l.pipeline_layout[v];
+    if (end > next)
+      terms.push_back(fmt::format("[f\"layers.{{i}}\" for i in range({}, {})]", next, end));
+    if (v + 1 == n) terms.push_back("[\"norm\", \"output\"]");
+    next = end;
+    parts += (v == 0 ? "" : ", ") + fmt::format("{}", fmt::join(terms, " + "));
+  }
+  return fmt::format(
+      "Required in that function, the plan's layers per pipeline stage ({}; torchtitan places "
+      "stage i on rank i % pp): cfg.parallelism.module_fqns_per_model_part = [{}]",
+      megatron_pipeline_layout(l), parts);
+}
+
+}  // namespace
 
 Result<std::vector<ExportFile>> write_torchtitan(const Context& c) {
   const planner::Layout& l = c.layout();
@@ -27,7 +55,7 @@ Result<std::vector<ExportFile>> write_torchtitan(const Context& c) {
                       fmt::format("torchtitan's multimodal models do not support pipeline "
                                   "parallelism (pp {})",
                                   l.pp));
-  refuse_uneven_split(c, r);
+  refuse_uneven_split(c, r, /*per_stage_layers=*/true);
   refuse_precision_unless(
       c, r, {hardware::Precision::kBf16, hardware::Precision::kFp32, hardware::Precision::kFp8});
   const bool fp8 = c.s.workload.precision == hardware::Precision::kFp8;
@@ -81,7 +109,8 @@ Result<std::vector<ExportFile>> write_torchtitan(const Context& c) {
           "(InterleavedZeroBubble, ZBVZeroBubble) are looped");
       break;
     case planner::Schedule::kInterleaved:
-      if (c.llm.block.layers % (static_cast<int64_t>(l.pp) * l.vpp) != 0)
+      if (l.pipeline_layout.empty() &&
+          c.llm.block.layers % (static_cast<int64_t>(l.pp) * l.vpp) != 0)
         r.add(fmt::format(
             "vpp {} over {} layers: torchtitan's pipeline_parallel_layers_per_stage needs an "
             "even split over pp x vpp stages",
@@ -90,6 +119,16 @@ Result<std::vector<ExportFile>> write_torchtitan(const Context& c) {
     default:
       break;
   }
+  // A virtual stage's modules: torchtitan builds a stage from each list, and an empty one
+  // (no layers, neither the embedding nor the output layer) has nothing to run.
+  for (size_t v = 1; v + 1 < l.pipeline_layout.size(); ++v)
+    if (l.pipeline_layout[v] == 0) {
+      r.add(fmt::format(
+          "virtual stage {} of pipeline_layout {} holds no layers: torchtitan builds each "
+          "stage of module_fqns_per_model_part from its modules",
+          v, megatron_pipeline_layout(l)));
+      break;
+    }
   if (!r.empty()) return r.status(c.target);
 
   std::string schedule = "1F1B";
@@ -118,7 +157,9 @@ Result<std::vector<ExportFile>> write_torchtitan(const Context& c) {
     // Megatron's even split: no stage gives layers to the embedding or the loss.
     parallel.push_back({"--parallelism.pipeline_parallel_first_stage_less_layers", "0"});
     parallel.push_back({"--parallelism.pipeline_parallel_last_stage_less_layers", "0"});
-    if (l.vpp > 1)
+    // With module_fqns_per_model_part torchtitan splits by the lists; layers_per_stage
+    // would only be checked against them.
+    if (l.vpp > 1 && l.pipeline_layout.empty())
       parallel.push_back({"--parallelism.pipeline_parallel_layers_per_stage",
                           num(c.llm.block.layers / (l.pp * l.vpp))});
   }
@@ -145,6 +186,7 @@ Result<std::vector<ExportFile>> write_torchtitan(const Context& c) {
                   "attention {}.",
                   c.s.model.name, checkpointing,
                   l.flash_attention ? "flash (SDPA)" : "without flash attention")};
+  if (!l.pipeline_layout.empty()) notes.push_back(torchtitan_model_parts(l));
   if (fp8)
     notes.push_back(fmt::format(
         "FP8: the float8 model converter (torchao Float8LinearConfig, tensorwise dynamic "

@@ -1003,7 +1003,9 @@ class Searcher {
   // (optimal for identical jobs on machines of different speeds), a stage's time per layer
   // being its slowest group's forward and backward. Sets l.pipeline_layout; false (l
   // untouched) with vpp > 1, under search.llm.sized_stages false, or where that shortens
-  // the largest stage of l's own split by less than kMinStageGain.
+  // the largest stage of l's own split by less than kMinStageGain. Where l has no valid
+  // split of its own (pp 2 over odd layers, or Megatron's first/last rule fails), the
+  // sized split is its only one and is always taken.
   bool sized_to_work(int first, bool encoders_first, Layout& l) const {
     if (l.pp < 2 || l.vpp != 1 || !spec_.llm.sized_stages) return false;
     const std::vector<ModuleTime>& times = speed_.per_group(s_.model.llm_index(), l, true, false);
@@ -1042,7 +1044,11 @@ class Searcher {
     // Worth a second search only where it shortens the largest stage of the split `l` has
     // (even, or Megatron's uneven one) by kMinStageGain.
     const std::vector<int64_t> split = layers_per_virtual_stage(l, layers_, nullptr);
-    if (split.size() != n.size()) return false;
+    if (split.size() != n.size()) {
+      l.first_stage_layers = l.last_stage_layers = 0;
+      l.pipeline_layout = std::move(n);
+      return true;
+    }
     Time before, after;
     for (size_t st = 0; st < n.size(); ++st) {
       before = std::max(before, fixed[st] + per_layer[st] * split[st]);
@@ -1102,10 +1108,11 @@ class Searcher {
     // Stages sized to their GPUs (pipeline_layout, one entry per stage): interleaved with
     // the vpp values an even split would take, each stage's layers over its vpp chunks (the
     // first chunks one more where vpp does not divide them).
+    // Where pp does not divide the layers, the divisors of the fewest stage's layers.
     const std::vector<int> stage = l.pipeline_layout;
-    if (l.pp > 1 && !stage.empty() && layers_ % l.pp == 0) {
+    if (l.pp > 1 && !stage.empty()) {
       const int fewest = *std::min_element(stage.begin(), stage.end());
-      for (int vpp : divisors(layers_ / l.pp)) {
+      for (int vpp : divisors(layers_ % l.pp == 0 ? layers_ / l.pp : fewest)) {
         if (vpp < 2 || vpp > fewest || !fixed_ok(fx.vpp, vpp)) continue;
         l.vpp = vpp;
         l.pipeline_layout.assign(static_cast<size_t>(l.pp) * vpp, 0);

@@ -58,6 +58,27 @@ TEST(ExportTorchtitan, Fp32PipelinesAndTheirSchedules) {
   f = all_flags(exported(s, p, Target::kTorchtitan).at("launch.sh"));
   EXPECT_EQ(f.at("--parallelism.pipeline_parallel_schedule"), "GPipe");
   EXPECT_EQ(f.count("--parallelism.pipeline_parallel_layers_per_stage"), 0u);
+  // Layers per virtual stage (Megatron's order, torchtitan's loop placement): the lists of
+  // module_fqns_per_model_part in the config function, no layers_per_stage beside them.
+  p.layout.vpp = 2;
+  p.schedule = Schedule::kInterleaved;
+  p.layout.pipeline_layout = {3, 4, 4, 4, 4, 4, 4, 5};
+  const std::string script = exported(s, p, Target::kTorchtitan).at("launch.sh");
+  EXPECT_NE(script.find("cfg.parallelism.module_fqns_per_model_part = [[\"tok_embeddings\"] + "
+                        "[f\"layers.{i}\" for i in range(0, 3)], [f\"layers.{i}\" for i in "
+                        "range(3, 7)], "),
+            std::string::npos)
+      << script;
+  EXPECT_NE(script.find("[f\"layers.{i}\" for i in range(27, 32)] + [\"norm\", \"output\"]]"),
+            std::string::npos)
+      << script;
+  f = all_flags(script);
+  EXPECT_EQ(f.at("--parallelism.pipeline_parallel_schedule"), "Interleaved1F1B");
+  EXPECT_EQ(f.count("--parallelism.pipeline_parallel_layers_per_stage"), 0u);
+  // A middle stage with no module would be an empty torchtitan stage.
+  p.layout.pipeline_layout = {4, 4, 0, 8, 4, 4, 4, 4};
+  EXPECT_NE(refusal(s, p, Target::kTorchtitan).find("virtual stage 2 of pipeline_layout"),
+            std::string::npos);
 }
 
 TEST(ExportTorchtitan, RefusesFsdpStyleAndMegatronOnlyFeatures) {
@@ -77,14 +98,6 @@ TEST(ExportTorchtitan, RefusesFsdpStyleAndMegatronOnlyFeatures) {
   const std::string why2 = refusal(s, p, Target::kTorchtitan);
   EXPECT_NE(why2.find("context parallelism (cp 2)"), std::string::npos);
   EXPECT_NE(why2.find("selective recompute"), std::string::npos);
-  Plan staged;
-  staged.layout = layout(4, 2, 4);
-  staged.layout.pipeline_layout = {12, 20};
-  const std::string why3 = refusal(s, staged, Target::kTorchtitan);
-  EXPECT_NE(why3.find("layers per pipeline stage set one by one (pipeline_layout "
-                      "Et*12|t*20L): torchtitan splits layers evenly"),
-            std::string::npos)
-      << why3;
   s.workload.precision = hardware::Precision::kFp32;
   p.layout = layout(8, 4, 1);
   p.schedule = Schedule::kZeroBubble;
@@ -265,6 +278,21 @@ TEST(ExportOthers, RefuseTokenDropping) {
     EXPECT_NE(refusal(scenario("mixtral-8x7b", 1, 4096, 64), p, t).find("moe_capacity_factor 1"),
               std::string::npos)
         << static_cast<int>(t);
+}
+
+// Layers per pipeline stage set one by one: DeepSpeed's partition_method and nanotron's
+// split cannot hold counts (torchtitan can: Fp32PipelinesAndTheirSchedules).
+TEST(ExportOthers, RefuseLayersPerStageWhereTheTrainerSplitsItself) {
+  planner::Scenario s = llama();
+  Plan p;
+  p.layout = layout(4, 2, 4);
+  p.layout.pipeline_layout = {12, 20};
+  for (Target t : {Target::kDeepspeed, Target::kNanotron}) {
+    const std::string why = refusal(s, p, t);
+    EXPECT_NE(why.find("layers per pipeline stage set one by one (pipeline_layout Et*12|t*20L)"),
+              std::string::npos)
+        << why;
+  }
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <numeric>
 
 #include "hetpar/planner/evaluate.h"
 #include "hetpar/planner/lower.h"
@@ -193,6 +194,41 @@ TEST(Search, BalancesTheOutputLayerOnOneKindOfGpu) {
   even_only.search.llm.sized_stages = false;
   for (const RankedPlan& p : run(even_only, threads(2)).top)
     EXPECT_TRUE(p.plan.layout.pipeline_layout.empty()) << describe(p.plan);
+}
+
+// pp 2 over 31 layers has no even split and Megatron's first/last rule needs pp >= 3: the
+// split sized to the stages' work is the only one, and the search finds it (without
+// sized_stages, no plan at pp 2).
+TEST(Search, SizesStagesWhereNoEvenSplitExists) {
+  auto s = parse_scenario_text(R"({"name": "odd-layers", "model": {"name": "llama-31-layers",
+      "modules": [{"name": "llm", "kind": "llm", "spec": {"layers": 31, "hidden": 4096,
+        "ffn_hidden": 14336, "heads": 32, "kv_heads": 8, "vocab": 128256,
+        "activation": "swiglu", "norm": "rmsnorm"}}]},
+      "workload": {"seq_len": 4096, "global_batch": 32, "precision": "bf16"},
+      "cluster": {"profile": "dgx-h100", "nodes": 1},
+      "search": {"llm": {"tp": 4, "pp": 2, "micro_batch": 1,
+                         "distributed_optimizer": true}}})",
+                               "odd.json");
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  const SearchResult r = run(*s, threads(2));
+  ASSERT_FALSE(r.top.empty());
+  bool interleaved = false;
+  for (const RankedPlan& p : r.top) {
+    const std::vector<int>& split = p.plan.layout.pipeline_layout;
+    ASSERT_EQ(split.size(), 2u * p.plan.layout.vpp) << describe(p.plan);
+    EXPECT_EQ(std::accumulate(split.begin(), split.end(), 0), 31) << describe(p.plan);
+    EXPECT_LE(lower_bound(*s, p.plan), p.metrics.iteration_time) << describe(p.plan);
+    interleaved |= p.plan.schedule == Schedule::kInterleaved;
+  }
+  EXPECT_TRUE(interleaved);
+  // The output layer's stage holds fewer layers.
+  const Plan& best = r.top.front().plan;
+  if (best.layout.vpp == 1) {
+    EXPECT_LT(best.layout.pipeline_layout[1], best.layout.pipeline_layout[0]) << describe(best);
+  }
+  Scenario even_only = *s;
+  even_only.search.llm.sized_stages = false;
+  EXPECT_TRUE(run(even_only, threads(2)).top.empty());
 }
 
 // The example scenario `file`: the lower bound stays below each of its plans' simulated

@@ -95,8 +95,8 @@ struct LayoutFix {
   std::optional<FsdpImplementation> fsdp_implementation;
   bool any_fsdp_implementation = false;
   /// The LLM's pipeline stages sized to their work (Layout::pipeline_layout) as well as
-  /// split evenly (default true); false for a trainer without a per-stage layout (torchtitan,
-  /// DeepSpeed, nanotron).
+  /// split evenly (default true); false for a trainer without a per-stage layout (DeepSpeed,
+  /// nanotron).
   bool sized_stages = true;
   bool operator==(const LayoutFix&) const = default;
 };
