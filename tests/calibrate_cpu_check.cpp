@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -126,6 +127,8 @@ TEST(CalibratedCpuProfile, SimulateAcceptsTheProfile) {
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << text;
   const nlohmann::json j = nlohmann::json::parse(text);
   EXPECT_TRUE(j.dump().find("iteration") != std::string::npos) << text;
+  std::filesystem::remove(scenario);
+  std::filesystem::remove(scenario + ".out");
 }
 
 }  // namespace

@@ -27,11 +27,30 @@ std::string slurp(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
+// This process's scratch directory: ctest runs tests in parallel processes, so each keeps
+// its files apart, and removes them when its tests end (ScratchCleanup).
+std::string scratch(const std::string& name) {
+  static const std::filesystem::path dir = [] {
+    std::filesystem::path d =
+        std::filesystem::path(::testing::TempDir()) / fmt::format("hetpar_cli_test.{}", ::getpid());
+    std::filesystem::create_directories(d);
+    return d;
+  }();
+  return (dir / name).string();
+}
+
+class ScratchCleanup : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    std::error_code ignored;
+    std::filesystem::remove_all(std::filesystem::path(scratch("x")).parent_path(), ignored);
+  }
+};
+const auto* const kScratchCleanup = ::testing::AddGlobalTestEnvironment(new ScratchCleanup);
+
 CliRun run(const std::string& args) {
-  // ctest runs tests in parallel processes: keep each process's files apart.
-  std::string dir = ::testing::TempDir();
-  std::string out = fmt::format("{}/cli_out.{}.txt", dir, ::getpid());
-  std::string err = fmt::format("{}/cli_err.{}.txt", dir, ::getpid());
+  std::string out = scratch("cli_out.txt");
+  std::string err = scratch("cli_err.txt");
   std::string cmd = fmt::format("{} {} >{} 2>{}", HETPAR_BINARY, args, out, err);
   int status = std::system(cmd.c_str());
   CliRun r;
@@ -42,7 +61,7 @@ CliRun run(const std::string& args) {
 }
 
 std::string write_temp(const std::string& name, const std::string& text) {
-  std::string path = fmt::format("{}/{}.{}", ::testing::TempDir(), ::getpid(), name);
+  std::string path = scratch(name);
   std::ofstream(path) << text;
   return path;
 }
@@ -116,7 +135,7 @@ const char* kSmallPlan = R"({"model": "gpt3-1.3b",
 
 TEST(Cli, SimulateJsonHasTheDocumentedKeysAndWritesATrace) {
   std::string path = write_temp("small_plan.json", kSmallPlan);
-  std::string trace = fmt::format("{}/{}.trace.json", ::testing::TempDir(), ::getpid());
+  std::string trace = scratch("trace.json");
   CliRun r = run(fmt::format("simulate --json --trace {} {}", trace, path));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto j = nlohmann::json::parse(r.out);
@@ -161,7 +180,7 @@ TEST(Cli, SimulateTakesAValidationRunFile) {
 // `validation` summarises per source document: two runs of one paper, one of another.
 TEST(Cli, ValidationSummarisesEachSource) {
   const std::string runs = std::string(HETPAR_SOURCE_DIR) + "/validation/runs/";
-  const std::string dir = fmt::format("{}/{}.validation_runs", ::testing::TempDir(), ::getpid());
+  const std::string dir = scratch("validation_runs");
   std::filesystem::create_directories(dir);
   for (const char* f :
        {"megatron-2022-gpt-22b-8xa100-selective.json",
@@ -191,7 +210,7 @@ TEST(Cli, SimulateInfeasiblePlanExitsThreeAndWritesNoTrace) {
   std::string bad = kSmallPlan;
   bad.replace(bad.find(R"("tp": 2)"), 7, R"("tp": 3)");
   std::string path = write_temp("infeasible_plan.json", bad);
-  std::string trace = fmt::format("{}/{}.none.json", ::testing::TempDir(), ::getpid());
+  std::string trace = scratch("none.json");
   CliRun r = run(fmt::format("simulate --trace {} {}", trace, path));
   EXPECT_EQ(r.exit_code, 3);
   CliRun ops = run("simulate --ops " + path);  // no ops for a layout that cannot run
@@ -303,7 +322,7 @@ std::string small_plan_scenario(const std::string& name, const std::string& sear
 // GPUs (8 layers on the A100s, 24 on the H100s, over their virtual stages), which beats
 // giving the A100s to the vision encoder alone (non-colocated) and an even split.
 TEST(Cli, PlansTheMixedClusterExampleWithStagesSizedToTheirGpus) {
-  const std::string out = fmt::format("{}/{}.mixed.plan.json", ::testing::TempDir(), ::getpid());
+  const std::string out = scratch("mixed.plan.json");
   CliRun r = run(fmt::format("plan --json --threads 2 --out {} {}", out,
                              example("llava-7b-a100-h100-mixed.json")));
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -339,7 +358,7 @@ TEST(Cli, PlansTheMixedClusterExampleWithStagesSizedToTheirGpus) {
 
 TEST(Cli, PlanJsonHasTheDocumentedKeysAndTheWrittenPlanSimulates) {
   const std::string scenario = small_plan_scenario("plan.json");
-  const std::string out = fmt::format("{}/{}.best.plan.json", ::testing::TempDir(), ::getpid());
+  const std::string out = scratch("best.plan.json");
   std::filesystem::remove(out);
   CliRun r = run(fmt::format("plan --json --threads 2 --top 3 --out {} {}", out, scenario));
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -381,7 +400,7 @@ TEST(Cli, PlanFileElsewhereStillFindsAProfileFileNamedRelatively) {
   // The scenario names its profile file relative to its own directory; the plan file goes
   // to another directory and must still find it.
   namespace fs = std::filesystem;
-  const fs::path root = fs::path(::testing::TempDir()) / fmt::format("{}.relprofile", ::getpid());
+  const fs::path root = scratch("relprofile");
   fs::remove_all(root);
   fs::create_directories(root / "scenarios" / "profiles");
   fs::create_directories(root / "plans");
@@ -409,7 +428,7 @@ TEST(Cli, PlanFileElsewhereStillFindsAProfileFileNamedRelatively) {
 }
 
 TEST(Cli, PlanRejectsABadSearchSectionAndReportsNoFeasiblePlan) {
-  const std::string out = fmt::format("{}/{}.never.plan.json", ::testing::TempDir(), ::getpid());
+  const std::string out = scratch("never.plan.json");
   std::filesystem::remove(out);
   CliRun bad = run(fmt::format("plan --out {} {}", out,
                                small_plan_scenario("bad-search.json", R"({"llm": {"tpp": 2}})")));
@@ -436,7 +455,7 @@ TEST(Cli, ExportPrintsEachFileAfterAHeader) {
 }
 
 TEST(Cli, ExportWritesFilesIntoOut) {
-  const std::string dir = fmt::format("{}/{}.export_out", ::testing::TempDir(), ::getpid());
+  const std::string dir = scratch("export_out");
   std::filesystem::remove_all(dir);
   CliRun r = run(fmt::format("export {} --plan non_colocated --to megatron-mimo --out {}",
                              example("llava-7b-8xh100-compare.json"), dir));
@@ -464,7 +483,7 @@ TEST(Cli, ExportWritesFilesIntoOut) {
 }
 
 TEST(Cli, ExportRefusalsWriteNothing) {
-  const std::string dir = fmt::format("{}/{}.export_refused", ::testing::TempDir(), ::getpid());
+  const std::string dir = scratch("export_refused");
   std::filesystem::remove_all(dir);
   // A target that cannot express the plan: exit 2 with what it cannot express.
   CliRun r = run(

@@ -153,6 +153,7 @@ TEST(FileIo, AtomicWriteLeavesNothingOnFailure) {
   auto back = read_file(path);
   ASSERT_TRUE(back.is_ok());
   EXPECT_EQ(*back, "hello");
+  std::remove(path.c_str());
   Status bad = write_file_atomically("/nonexistent-dir/x.txt", "data");
   EXPECT_EQ(bad.code(), Status::Code::kIoError);
   EXPECT_NE(bad.message().find("/nonexistent-dir/x.txt"), std::string::npos);

@@ -8,28 +8,31 @@
 namespace hetpar::planner {
 namespace {
 
-std::string write_run(const std::string& measured) {
-  std::string path = fmt::format("{}/run_{}.json", ::testing::TempDir(), ::getpid());
+// A run file with `measured` as its measured block, loaded and removed again.
+Result<PublishedRun> load_run(const std::string& measured) {
+  const std::string path = fmt::format("{}/run_{}.json", ::testing::TempDir(), ::getpid());
   std::ofstream(path) << R"({"name": "r", "model": "gpt3-175b",
     "workload": {"seq_len": 2048, "global_batch": 1536},
     "cluster": {"profile": "dgx-a100-80gb", "nodes": 128},
     "plan": {"tp": 8, "pp": 8, "dp": 16, "micro_batch": 1},
     "measured": )" << measured
                       << "}";
-  return path;
+  Result<PublishedRun> run = load_published_run(path);
+  std::filesystem::remove(path);
+  return run;
 }
 
 TEST(PublishedRun, TokensPerSecondGivesIterationTime) {
-  auto run = load_published_run(write_run(
-      R"({"metric": "tokens_per_s_per_gpu", "value": 100, "convention": "tokens", "source": "x"})"));
+  auto run = load_run(
+      R"({"metric": "tokens_per_s_per_gpu", "value": 100, "convention": "tokens", "source": "x"})");
   ASSERT_TRUE(run.is_ok()) << run.status().to_string();
   // 2048 * 1536 tokens at 100 tokens/s on each of 1024 GPUs.
   EXPECT_EQ(measured_iteration_time(*run), Time::seconds(2048.0 * 1536 / (100.0 * 1024)));
 }
 
 TEST(PublishedRun, MegatronTflopsUseTheRecomputeFormula) {
-  auto run = load_published_run(write_run(
-      R"({"metric": "tflops_per_gpu", "value": 138, "convention": "megatron-2021", "source": "x"})"));
+  auto run = load_run(
+      R"({"metric": "tflops_per_gpu", "value": 138, "convention": "megatron-2021", "source": "x"})");
   ASSERT_TRUE(run.is_ok()) << run.status().to_string();
   const double B = 1536, s = 2048, l = 96, h = 12288, V = 51200;
   double f = 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h));
@@ -41,11 +44,11 @@ TEST(PublishedRun, MegatronTflopsUseTheRecomputeFormula) {
 }
 
 TEST(PublishedRun, MfuNeedsAConventionAndNamesTheField) {
-  auto run = load_published_run(write_run(R"({"metric": "mfu", "value": 0.4, "source": "x"})"));
+  auto run = load_run(R"({"metric": "mfu", "value": 0.4, "source": "x"})");
   ASSERT_FALSE(run.is_ok());
   EXPECT_NE(run.status().message().find("measured.convention"), std::string::npos)
       << run.status().message();
-  auto bad = load_published_run(write_run(R"({"metric": "speed", "value": 1, "source": "x"})"));
+  auto bad = load_run(R"({"metric": "speed", "value": 1, "source": "x"})");
   ASSERT_FALSE(bad.is_ok());
   EXPECT_NE(bad.status().message().find("measured.metric: unknown value \"speed\""),
             std::string::npos)
