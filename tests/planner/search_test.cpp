@@ -122,11 +122,9 @@ TEST(Search, FindsTheBruteForceBestAndTheBoundHolds) {
 // On a cluster of two node groups (one DGX A100, one DGX H100) the bound takes each stage's
 // work on the slowest group its ranks lie on and each module's own group where it has one:
 // it stays below every simulated plan, prunes, and the pruned search still finds what brute
-// force finds.
+// force finds, the distributed optimizer's dominance rule included.
 TEST(Search, TheBoundHoldsOnAMixedCluster) {
-  const Scenario s = tiny(R"({"modules": {"vision": {"tp": 1, "distributed_optimizer": true}},
-                              "llm": {"tp": 2, "distributed_optimizer": true}})",
-                          16, "bf16",
+  const Scenario s = tiny(R"({"modules": {"vision": {"tp": 1}}, "llm": {"tp": 2}})", 16, "bf16",
                           R"({"node_groups": [{"profile": "dgx-a100-80gb", "nodes": 1},
                                               {"profile": "dgx-h100", "nodes": 1}]})");
   const SearchResult fast = run(s, threads(2));
