@@ -481,32 +481,62 @@ std::vector<int> owners(const Layout& l, const Reduction& r) {
   return out;
 }
 
-// Whether the ranks [offset + st·n, offset + (st + 1)·n) of each pipeline stage st of `l`
-// (n = tp·cp·dp) are alike (so that representatives stand for the others): each stage on
-// one node group (equal compute and links; of a mixed cluster, stages may lie on different
-// groups, as a pipeline over A100 and H100 nodes), aligned to its nodes (whole nodes each,
-// or several stages per node), and CP / EP groups with the same shape on every node (inside
-// one node, or one member per node for CP's ring; whole nodes for EP). `whole_replicas`
-// (every rank of a representative replica runs tasks, Reduction): CP rings of any shape, as
-// long as each replica's tp x cp block has the same shape on the nodes as every other
-// (whole nodes each, or several blocks per node).
-bool stage_symmetric(const Scenario& s, const Layout& l, int offset, bool whole_replicas = false) {
+// Whether ranks [first, first + n) of one pipeline stage of `l`, all on node group `g`, are
+// alike: aligned to the group's nodes (whole nodes, or several such runs per node), and CP /
+// EP groups with the same shape on every node (inside one node, or one member per node for
+// CP's ring; whole nodes for EP). `whole_replicas` (every rank of a representative replica
+// runs tasks, Reduction): CP rings of any shape, as long as each replica's tp x cp block has
+// the same shape on the nodes as every other (whole nodes each, or several blocks per node).
+bool run_aligned(const Scenario& s, const Layout& l, size_t g, int first, int n,
+                 bool whole_replicas) {
+  const int block = l.tp * l.cp;
+  const int gpn = s.cluster.groups()[g].profile.gpus_per_node;
+  if (n % gpn != 0 && gpn % n != 0) return false;
+  if ((first - s.cluster.group_first_gpu(g)) % std::min(n, gpn) != 0) return false;
+  if (n <= gpn) return true;
+  const int per_node = gpn / l.tp;  // (cp, dp) positions per node
+  if (whole_replicas && block % gpn != 0 && gpn % block != 0) return false;
+  if (!whole_replicas && l.cp > 1 && per_node % l.cp != 0 && per_node != 1) return false;
+  if (l.ep > 1 && per_node % l.ep != 0 && l.ep % per_node != 0) return false;
+  return true;
+}
+
+// The classes of alike DP replicas of `l` on ranks from `offset` (stage st on [offset + st·n,
+// offset + (st + 1)·n), n = tp·cp·dp), or none where the cluster breaks the symmetry: two
+// replicas are alike when each of their stages lies on the same node group, so that their
+// compute and links are alike. A stage on one node group (of a mixed cluster, stages may
+// lie on different groups, as a pipeline over A100 and H100 nodes) must be aligned to its
+// nodes (run_aligned); a stage over several groups must have each replica's tp x cp block
+// on one group and its run on each group aligned to that group's nodes (a colocated
+// encoder's or a pp 1 LLM's DP replicas over A100 and H100 nodes). Classes are numbered in
+// the order of their first replica.
+std::optional<std::vector<int>> replica_classes(const Scenario& s, const Layout& l, int offset,
+                                                bool whole_replicas = false) {
   const int n = l.tp * l.cp * l.dp;
   const int block = l.tp * l.cp;
+  std::vector<std::vector<size_t>> groups_of(static_cast<size_t>(l.dp));  // per stage
   for (int st = 0; st < l.pp; ++st) {
     const int first = offset + st * n;
     const hardware::ClusterSpec::GroupRange on = s.cluster.groups_of_gpus(first, n);
-    if (on.size() != 1) return false;
-    const int g = s.cluster.groups()[on.begin].profile.gpus_per_node;
-    if (n % g != 0 && g % n != 0) return false;
-    if ((first - s.cluster.group_first_gpu(on.begin)) % std::min(n, g) != 0) return false;
-    if (n <= g) continue;
-    const int per_node = g / l.tp;  // (cp, dp) positions per node
-    if (whole_replicas && block % g != 0 && g % block != 0) return false;
-    if (!whole_replicas && l.cp > 1 && per_node % l.cp != 0 && per_node != 1) return false;
-    if (l.ep > 1 && per_node % l.ep != 0 && l.ep % per_node != 0) return false;
+    if (on.size() == 0) return std::nullopt;
+    for (size_t g = on.begin; g < on.end; ++g) {
+      const int from = std::max(first, s.cluster.group_first_gpu(g));
+      const int to = g + 1 < s.cluster.groups().size()
+                         ? std::min(first + n, s.cluster.group_first_gpu(g + 1))
+                         : first + n;
+      // A replica's block straddling two groups, or EP groups (of replicas) that might.
+      if (on.size() > 1 && (l.ep > 1 || (from - first) % block != 0 || (to - first) % block != 0))
+        return std::nullopt;
+      if (!run_aligned(s, l, g, from, to - from, whole_replicas)) return std::nullopt;
+    }
+    for (int d = 0; d < l.dp; ++d)
+      groups_of[d].push_back(s.cluster.group_of_gpu(first + d * block));
   }
-  return true;
+  std::map<std::vector<size_t>, int> ids;
+  std::vector<int> out;
+  for (const std::vector<size_t>& key : groups_of)
+    out.push_back(ids.emplace(key, static_cast<int>(ids.size())).first->second);
+  return out;
 }
 
 // What one Lowering builds. The homogeneous plan: every module under the plan's layout on
@@ -945,15 +975,16 @@ void Lowering::setup() {
     out_.network = build_network(s_.cluster);
   }
   const int n = stage_ranks();
+  std::optional<std::vector<int>> classes;
   if (role_.modules.empty()) {
-    reduced_ = !o_.full_ranks && stage_symmetric(s_, l_, 0);
+    if (!o_.full_ranks) classes = replica_classes(s_, l_, 0);
+    reduced_ = classes.has_value();
     out_.representatives = reduced_;
   } else {
     reduced_ = role_.reduction.has_value();  // lower_heterogeneous sets multiplicities
   }
   if (reduced_) {
-    owner_ = owners(l_, role_.modules.empty() ? Reduction{std::vector<int>(l_.dp, 0), false}
-                                              : *role_.reduction);
+    owner_ = owners(l_, role_.modules.empty() ? Reduction{*classes, false} : *role_.reduction);
   } else {
     owner_.resize(n);
     for (int j = 0; j < n; ++j) owner_[j] = j;
@@ -965,9 +996,12 @@ void Lowering::setup() {
       slot_[j] = static_cast<int>(actives_.size());
       actives_.push_back(j);
     }
-  if (reduced_ && role_.modules.empty())
+  if (reduced_ && role_.modules.empty()) {  // each owner stands for the ranks it owns
+    std::vector<int32_t> count(static_cast<size_t>(n), 0);
+    for (int j = 0; j < n; ++j) ++count[static_cast<size_t>(owner_[j])];
     for (int st = 0; st < l_.pp; ++st)
-      for (int j = 0; j < n; ++j) g_.set_multiplicity(rank_of(j, st), j == 0 ? n : 0);
+      for (int j = 0; j < n; ++j) g_.set_multiplicity(rank_of(j, st), count[j]);
+  }
   build_costs();
   place_blocks();
   orders_.resize(l_.pp);
@@ -2411,7 +2445,17 @@ std::optional<HeteroReduction> hetero_reduction(const Scenario& s, const Plan& p
   const bool colocated = p.placement == Placement::kColocated;
   const Layout& L = p.layout;
   const bool three_phase = colocated && L.pp > 1;
-  if (!stage_symmetric(s, L, colocated ? 0 : p.llm_first_rank, three_phase)) return std::nullopt;
+  const std::optional<std::vector<int>> llm_kinds =
+      replica_classes(s, L, colocated ? 0 : p.llm_first_rank, three_phase);
+  if (!llm_kinds) return std::nullopt;
+  // Replicas on different kinds of node (one class per kind) only where every module's
+  // replica is fed from its own GPUs: colocated with the LLM at pp 1. Elsewhere a replica's
+  // boundary traffic would also depend on the kind of its feeders' nodes.
+  const bool kinds_apart = colocated && !three_phase;
+  auto one_kind = [](const std::vector<int>& kinds) {
+    return std::all_of(kinds.begin(), kinds.end(), [](int c) { return c == 0; });
+  };
+  if (!kinds_apart && !one_kind(*llm_kinds)) return std::nullopt;
   const int world = s.cluster.total_gpus();
   HeteroReduction r;
   r.llm.replica_class.assign(static_cast<size_t>(L.dp), 0);
@@ -2424,16 +2468,22 @@ std::optional<HeteroReduction> hetero_reduction(const Scenario& s, const Plan& p
   int period = 1;
   if (!colocated)
     for (const Boundary& b : bounds) period = std::lcm(period, b.fan_out);
-  for (int d = 0; d < L.dp; ++d) r.llm.replica_class[d] = d % period;
+  // Each class also keeps to one kind of node (replica_classes): (place, kind) pairs.
+  std::map<std::pair<int, int>, int> llm_ids;
+  for (int d = 0; d < L.dp; ++d)
+    r.llm.replica_class[d] =
+        llm_ids.emplace(std::pair{d % period, (*llm_kinds)[d]}, static_cast<int>(llm_ids.size()))
+            .first->second;
   for (size_t k = 0; k < bounds.size(); ++k) {
     const Boundary& b = bounds[k];
     const Layout& E = p.modules[k].layout;
     if (three_phase && b.local_block == 0) return std::nullopt;
-    if (!colocated && !stage_symmetric(s, E, p.modules[k].first_rank)) return std::nullopt;
-    if (colocated && !stage_symmetric(s, E, 0)) return std::nullopt;
+    const std::optional<std::vector<int>> kinds =
+        replica_classes(s, E, colocated ? 0 : p.modules[k].first_rank);
+    if (!kinds || (!kinds_apart && !one_kind(*kinds))) return std::nullopt;
     Reduction& er = r.encoders.emplace_back();
     er.whole_replicas = three_phase;
-    std::map<std::pair<int, int>, int> ids;
+    std::map<std::tuple<int, int, int>, int> ids;
     for (int e = 0; e < E.dp; ++e) {
       std::pair<int, int> key{0, 0};
       if (three_phase) key.first = b.feeder_index(e);
@@ -2441,7 +2491,8 @@ std::optional<HeteroReduction> hetero_reduction(const Scenario& s, const Plan& p
         const int first_fed = b.fan_out > 1 ? e * b.fan_out : e / b.fan_in;
         key = {b.feeder_index(e), first_fed % period};
       }
-      er.replica_class.push_back(ids.emplace(key, static_cast<int>(ids.size())).first->second);
+      const std::tuple<int, int, int> full{key.first, key.second, (*kinds)[e]};
+      er.replica_class.push_back(ids.emplace(full, static_cast<int>(ids.size())).first->second);
     }
     // Boundary routes alike within a class: for the pairs of one encoder step, whether
     // the leaders share the GPU or the node is the class representative's.
@@ -2716,27 +2767,32 @@ void lower_heterogeneous(const Scenario& s, const Plan& p, const LowerOptions& o
       continue;
     }
     // Colocated (pp 1): rank r is local rank r of both (one stage each, offset 0). Groups
-    // of GPUs; reduced (every GPU alike, GPU 0 simulated): only the group holding GPU 0,
-    // the others its copies.
+    // of GPUs; reduced (the GPUs of one node group alike, one simulated per node group):
+    // only the groups holding a simulated GPU, each with the other groups on its node group
+    // as its copies.
     struct Groups {
       std::vector<std::vector<RankId>> all;
       std::vector<size_t> emitted;
-      GroupId copies;
+      std::vector<GroupId> copies;  // per emitted group
     };
     auto make = [&](std::vector<std::vector<RankId>> all) {
       Groups gs;
       gs.all = std::move(all);
-      std::vector<RankId> copies;
+      auto kind = [&](size_t q) { return s.cluster.group_of_gpu(gs.all[q].front().value()); };
+      std::vector<size_t> rest;
       for (size_t q = 0; q < gs.all.size(); ++q) {
         const bool sim = std::any_of(gs.all[q].begin(), gs.all[q].end(),
                                      [&](RankId r) { return g.multiplicity(r) != 0; });
-        if (sim || !red)
-          gs.emitted.push_back(q);
-        else
-          copies.insert(copies.end(), gs.all[q].begin(), gs.all[q].end());
+        (sim || !red ? gs.emitted : rest).push_back(q);
       }
-      HETPAR_CHECK(!red || gs.emitted.size() == 1, "colocated reduction: one simulated group");
-      gs.copies = group_of(copies);
+      std::vector<std::vector<RankId>> copies(gs.emitted.size());
+      for (size_t q : rest) {
+        size_t e = 0;
+        while (e < gs.emitted.size() && kind(gs.emitted[e]) != kind(q)) ++e;
+        HETPAR_CHECK(e < gs.emitted.size(), "colocated reduction: a node group simulates none");
+        copies[e].insert(copies[e].end(), gs.all[q].begin(), gs.all[q].end());
+      }
+      for (const std::vector<RankId>& c : copies) gs.copies.push_back(group_of(c));
       return gs;
     };
     const int world = out.world;
@@ -2775,10 +2831,10 @@ void lower_heterogeneous(const Scenario& s, const Plan& p, const LowerOptions& o
       const size_t enc_f = static_cast<size_t>(ef[t]), llm_f = static_cast<size_t>(lf[i0]);
       // Forward.
       if (b.fan_in > 1) {
-        for (size_t q : gather.emitted) {
-          members = gather.all[q];
+        for (size_t e = 0; e < gather.emitted.size(); ++e) {
+          members = gather.all[gather.emitted[e]];
           const TaskId ag = collective(CollectiveKind::kAllGather, step_bytes, fwd_coll, RankId(),
-                                       fwd_name, gather.copies);
+                                       fwd_name, gather.copies[e]);
           for (RankId r : members) {
             if (g.multiplicity(r) == 0) continue;
             g.add_dependency(enc.span(0, enc_f, r.value()).last, ag);
@@ -2795,10 +2851,10 @@ void lower_heterogeneous(const Scenario& s, const Plan& p, const LowerOptions& o
       const size_t enc_b = static_cast<size_t>(eb[t]), llm_b = static_cast<size_t>(lb[i1]);
       if (b.fan_out > 1 || L.cp > 1) {
         const Bytes bytes = b.fan_out > 1 ? step_bytes * b.fan_out : step_bytes;
-        for (size_t q : back.emitted) {
-          members = back.all[q];
+        for (size_t e = 0; e < back.emitted.size(); ++e) {
+          members = back.all[back.emitted[e]];
           const TaskId ag = collective(CollectiveKind::kAllGather, bytes, bwd_coll, RankId(),
-                                       bwd_name, back.copies);
+                                       bwd_name, back.copies[e]);
           for (RankId r : members) {
             if (g.multiplicity(r) == 0) continue;
             g.add_dependency(llm.span(0, llm_b, r.value()).last, ag);
@@ -2817,7 +2873,7 @@ void lower_heterogeneous(const Scenario& s, const Plan& p, const LowerOptions& o
 }  // namespace
 
 bool simulates_representatives(const Scenario& s, const Plan& p) {
-  if (p.placement == Placement::kHomogeneous) return stage_symmetric(s, p.layout, 0);
+  if (p.placement == Placement::kHomogeneous) return replica_classes(s, p.layout, 0).has_value();
   std::vector<Boundary> bounds;
   for (const ModulePlan& mp : p.modules) bounds.push_back(make_boundary(s, p, mp));
   return hetero_reduction(s, p, bounds).has_value();

@@ -674,7 +674,9 @@ TEST(HeteroFsdp, ANonColocatedEncoderShardsItsOwnRanks) {
 // A cluster of two node groups (one DGX A100, two DGX H100): a non-colocated plan whose
 // encoder lies on the A100 node and whose LLM lies on the H100 nodes keeps the symmetry of
 // each module (representatives predict what every rank does), and the planner's lower bound
-// stays below its time; a colocated plan spans both kinds of node and simulates every rank.
+// stays below its time; a colocated plan over both kinds of node keeps a class of DP
+// replicas per kind (the A100 one the slower), and its representatives predict what every
+// rank does too.
 TEST(HeteroSymmetry, AModuleOnOneNodeGroupOfAMixedCluster) {
   auto s =
       load_scenario(std::string(HETPAR_SOURCE_DIR) + "/tests/data/llava-a100-h100-24gpus.json");
@@ -693,9 +695,23 @@ TEST(HeteroSymmetry, AModuleOnOneNodeGroupOfAMixedCluster) {
   ASSERT_TRUE(other.is_ok() && other->feasible) << other->infeasible_reason;
   EXPECT_NE(other->iteration_time, full.iteration_time);
   EXPECT_LE(lower_bound(*s, swapped), other->iteration_time);
-  auto co = lower(*s, colocated(*s, layout(4, 6), layout(1, 24)));
-  ASSERT_TRUE(co.is_ok()) << co.status().to_string();
-  EXPECT_FALSE(co->representatives);
+  const Plan co = colocated(*s, layout(4, 6), layout(1, 24));
+  const auto c = reduced_and_full(*s, co, 1e-9);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_LE(lower_bound(*s, co), c->second.iteration_time);
+  // Two simulated ranks per module: one per kind of node.
+  auto lp = lower(*s, co);
+  ASSERT_TRUE(lp.is_ok());
+  int simulated = 0;
+  for (int r = 0; r < 24; ++r) simulated += lp->graph.multiplicity(RankId(r)) > 0 ? 1 : 0;
+  EXPECT_EQ(simulated, 2);
+  // Fan-out (an encoder replica over four LLM replicas) and an LLM with CP 2: the boundary's
+  // backward gathers run once per kind of node, the others their copies.
+  const Plan fan_out = colocated(*s, layout(1, 24), layout(4, 6, 4));
+  ASSERT_TRUE(reduced_and_full(*s, fan_out, 1e-9).has_value());
+  Layout with_cp = layout(2, 6);
+  with_cp.cp = 2;
+  ASSERT_TRUE(reduced_and_full(*s, colocated(*s, with_cp, layout(1, 24)), 1e-9).has_value());
 }
 
 // A pipeline whose stages lie on different node groups (each stage on one) keeps the
@@ -719,8 +735,20 @@ TEST(HeteroSymmetry, PipelineStagesOnDifferentNodeGroups) {
   const auto n = reduced_and_full(*s, nc, 1e-9);
   ASSERT_TRUE(n.has_value());
   EXPECT_LE(lower_bound(*s, nc), n->second.iteration_time);
+  // A stage over both kinds with its DP replicas each on one kind: a class per kind, as
+  // every rank predicts (pp 1: the A100 replicas 0-1, the H100 ones 2-5).
+  Plan wide;
+  wide.layout = layout(4, 6);
+  const auto w = reduced_and_full(*s, wide, 1e-9);
+  ASSERT_TRUE(w.has_value());
+  EXPECT_LE(lower_bound(*s, wide), w->second.iteration_time);
+  wide.layout = layout(2, 6);  // TP 2 x CP 2 blocks: each CP ring on one kind
+  wide.layout.cp = 2;
+  ASSERT_TRUE(reduced_and_full(*s, wide, 1e-9).has_value());
+  // A stage not aligned to its nodes breaks it: TP 4 x DP 3 x PP 2 puts stage 1 on ranks
+  // 12-23, one and a half H100 nodes.
   Plan straddle;
-  straddle.layout = layout(4, 3, 1, 2);  // stage 0: ranks 0-11, over both kinds
+  straddle.layout = layout(4, 3, 1, 2);
   auto lp = lower(*s, straddle);
   ASSERT_TRUE(lp.is_ok()) << lp.status().to_string();
   EXPECT_FALSE(lp->representatives);

@@ -51,7 +51,10 @@
 // whole nodes or several stages per node; CP
 // rings inside a node or one member per node; EP groups on whole nodes) only one
 // representative per stage (tp, cp, dp index 0) runs tasks, with multiplicity tp·cp·dp; its
-// peers are mirrored ranks (sim/task_graph.h). Collectives keep their whole groups, so
+// peers are mirrored ranks (sim/task_graph.h). A stage over several node types (without EP)
+// whose DP replicas each lie on one type, each type's run aligned to its nodes, keeps one
+// representative replica per class of replicas with the same type on every stage (the
+// first of the class; multiplicity the ranks it stands for). Collectives keep their whole groups, so
 // flows take every member's route, and name the stage's other groups (other TP groups,
 // the TP peers' DP groups, the other ring edges and pipeline transfers) as copies, so
 // links shared between them (NICs shared by the GPUs of a node) carry the whole stage's
