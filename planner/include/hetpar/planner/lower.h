@@ -63,7 +63,9 @@
 // Otherwise, or with full_ranks, every rank runs its own tasks. Both give the same
 // prediction where the symmetry holds (tests/planner/symmetry_test.cpp), except, slightly,
 // where pipeline transfers between nodes run beside DP collectives across the same nodes:
-// there the first task apart is a DP collective, and the iteration differs by up to 2e-4
+// a task's copies load only the links its own flows cross (sim's weigh()), so a DP ring
+// through a mirrored rank's NIC misses that rank's pipeline transfer, the first task apart
+// is a DP collective, and the iteration differs by up to 2e-4
 // (NeMo 24.07 Llama 2 70B on 64 H100, PP4 VPP20 DP4: 4.44868 s against 4.44939 s every
 // rank; the DGXC Llama 3.1 70B row 2e-5; six other validation rows to the picosecond).
 // Heterogeneous placements (Plan::placement kColocated / kNonColocated, boundary.h for the
