@@ -135,7 +135,7 @@ void refuse_multimodal(const Context& c, Refusals& r, std::string_view why) {
   r.add(fmt::format("the encoder(s) {}: {}", names, why));
 }
 
-void refuse_uneven_split(const Context& c, Refusals& r, bool per_stage_layers) {
+void refuse_uneven_split(const Context& c, Refusals& r) {
   const planner::Layout& l = c.layout();
   if (l.first_stage_layers > 0 || l.last_stage_layers > 0)
     r.add(fmt::format(
@@ -147,7 +147,7 @@ void refuse_uneven_split(const Context& c, Refusals& r, bool per_stage_layers) {
         fmt::format("counting the embedding / loss as a pipeline layer (account_for_embedding / "
                     "account_for_loss): {} has no such option",
                     c.target_name()));
-  if (!l.pipeline_layout.empty() && !per_stage_layers)
+  if (!l.pipeline_layout.empty())
     r.add(fmt::format(
         "layers per pipeline stage set one by one (pipeline_layout {}): {} splits layers "
         "evenly over the stages",

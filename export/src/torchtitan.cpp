@@ -9,33 +9,46 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+
+#include "hetpar/core/check.h"
+#include "hetpar/planner/schedule.h"
 #include "writer.h"
 
 namespace hetpar::exporter::detail {
 namespace {
 
-// The plan's layers per virtual stage (Layout::pipeline_layout, Megatron's order: virtual
-// stage c·pp + s is chunk c of rank s, as torchtitan's looped schedules place stage i on
-// rank i % pp) as the Python statement that sets them in the config function. The
-// override flags cannot carry it: module_fqns_per_model_part is a list of lists.
-std::string torchtitan_model_parts(const planner::Layout& l) {
+// The LLM's layers per virtual stage as the plan splits them (schedule.h: even, Megatron's
+// uneven first / last stage or embedding / loss slots, or Layout::pipeline_layout), in
+// Megatron's order: virtual stage c·pp + s is chunk c of rank s, as torchtitan's looped
+// schedules place stage i on rank i % pp. REQUIRES: the plan is feasible.
+std::vector<int64_t> stage_layers(const Context& c) {
+  std::string why;
+  std::vector<int64_t> split =
+      planner::layers_per_virtual_stage(c.layout(), c.llm.block.layers, &why);
+  HETPAR_CHECK(!split.empty(), "torchtitan export of an infeasible split: {}", why);
+  return split;
+}
+
+// `split` as the Python statement that sets it in the config function. The override flags
+// cannot carry it: module_fqns_per_model_part is a list of lists.
+std::string torchtitan_model_parts(const std::vector<int64_t>& split) {
   std::string parts;
-  int next = 0;
-  const size_t n = l.pipeline_layout.size();
-  for (size_t v = 0; v < n; ++v) {
+  int64_t next = 0;
+  for (size_t v = 0; v < split.size(); ++v) {
     std::vector<std::string> terms;
     if (v == 0) terms.push_back("[\"tok_embeddings\"]");
-    const int end = next + l.pipeline_layout[v];
+    const int64_t end = next + split[v];
     if (end > next)
       terms.push_back(fmt::format("[f\"layers.{{i}}\" for i in range({}, {})]", next, end));
-    if (v + 1 == n) terms.push_back("[\"norm\", \"output\"]");
+    if (v + 1 == split.size()) terms.push_back("[\"norm\", \"output\"]");
     next = end;
     parts += (v == 0 ? "" : ", ") + fmt::format("{}", fmt::join(terms, " + "));
   }
   return fmt::format(
       "Required in that function, the plan's layers per pipeline stage ({}; torchtitan places "
       "stage i on rank i % pp): cfg.parallelism.module_fqns_per_model_part = [{}]",
-      megatron_pipeline_layout(l), parts);
+      fmt::join(split, "|"), parts);
 }
 
 }  // namespace
@@ -55,7 +68,11 @@ Result<std::vector<ExportFile>> write_torchtitan(const Context& c) {
                       fmt::format("torchtitan's multimodal models do not support pipeline "
                                   "parallelism (pp {})",
                                   l.pp));
-  refuse_uneven_split(c, r, /*per_stage_layers=*/true);
+  // Every split the plan can hold (Megatron's uneven ones and pipeline_layout included)
+  // goes to module_fqns_per_model_part where it is not even.
+  const std::vector<int64_t> split = l.pp > 1 ? stage_layers(c) : std::vector<int64_t>();
+  const bool even_split =
+      std::all_of(split.begin(), split.end(), [&](int64_t n) { return n == split.front(); });
   refuse_precision_unless(
       c, r, {hardware::Precision::kBf16, hardware::Precision::kFp32, hardware::Precision::kFp8});
   const bool fp8 = c.s.workload.precision == hardware::Precision::kFp8;
@@ -108,25 +125,17 @@ Result<std::vector<ExportFile>> write_torchtitan(const Context& c) {
           "the ZB-H1 schedule with one stage per rank: torchtitan's zero-bubble schedules "
           "(InterleavedZeroBubble, ZBVZeroBubble) are looped");
       break;
-    case planner::Schedule::kInterleaved:
-      if (l.pipeline_layout.empty() &&
-          c.llm.block.layers % (static_cast<int64_t>(l.pp) * l.vpp) != 0)
-        r.add(fmt::format(
-            "vpp {} over {} layers: torchtitan's pipeline_parallel_layers_per_stage needs an "
-            "even split over pp x vpp stages",
-            l.vpp, c.llm.block.layers));
-      break;
     default:
       break;
   }
   // A virtual stage's modules: torchtitan builds a stage from each list, and an empty one
   // (no layers, neither the embedding nor the output layer) has nothing to run.
-  for (size_t v = 1; v + 1 < l.pipeline_layout.size(); ++v)
-    if (l.pipeline_layout[v] == 0) {
+  for (size_t v = 1; v + 1 < split.size(); ++v)
+    if (split[v] == 0) {
       r.add(fmt::format(
-          "virtual stage {} of pipeline_layout {} holds no layers: torchtitan builds each "
-          "stage of module_fqns_per_model_part from its modules",
-          v, megatron_pipeline_layout(l)));
+          "virtual stage {} of the split {} holds no layers: torchtitan builds each stage of "
+          "module_fqns_per_model_part from its modules",
+          v, fmt::join(split, "|")));
       break;
     }
   if (!r.empty()) return r.status(c.target);
@@ -159,9 +168,8 @@ Result<std::vector<ExportFile>> write_torchtitan(const Context& c) {
     parallel.push_back({"--parallelism.pipeline_parallel_last_stage_less_layers", "0"});
     // With module_fqns_per_model_part torchtitan splits by the lists; layers_per_stage
     // would only be checked against them.
-    if (l.vpp > 1 && l.pipeline_layout.empty())
-      parallel.push_back({"--parallelism.pipeline_parallel_layers_per_stage",
-                          num(c.llm.block.layers / (l.pp * l.vpp))});
+    if (l.vpp > 1 && even_split)
+      parallel.push_back({"--parallelism.pipeline_parallel_layers_per_stage", num(split.front())});
   }
   std::vector<Flag> training = {
       {"--training.max_context_length", num(seq)},
@@ -186,7 +194,7 @@ Result<std::vector<ExportFile>> write_torchtitan(const Context& c) {
                   "attention {}.",
                   c.s.model.name, checkpointing,
                   l.flash_attention ? "flash (SDPA)" : "without flash attention")};
-  if (!l.pipeline_layout.empty()) notes.push_back(torchtitan_model_parts(l));
+  if (!even_split) notes.push_back(torchtitan_model_parts(split));
   if (fp8)
     notes.push_back(fmt::format(
         "FP8: the float8 model converter (torchao Float8LinearConfig, tensorwise dynamic "

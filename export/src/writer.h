@@ -60,10 +60,9 @@ void refuse_heterogeneous(const Context& c, Refusals& r);
 /// Targets whose pipeline engine knows nothing of an encoder placed on stage 0 ahead of
 /// the LLM's layers (Megatron's LLaVA-style homogeneous layout).
 void refuse_multimodal(const Context& c, Refusals& r, std::string_view why);
-/// Megatron's uneven splits (first/last_stage_layers, account_for_embedding/loss) and, unless
-/// `per_stage_layers` (the target takes a list of layers per virtual stage),
-/// Layout::pipeline_layout.
-void refuse_uneven_split(const Context& c, Refusals& r, bool per_stage_layers = false);
+/// Megatron's uneven splits (first/last_stage_layers, account_for_embedding/loss) and
+/// Layout::pipeline_layout, for targets that split layers evenly themselves.
+void refuse_uneven_split(const Context& c, Refusals& r);
 /// Megatron-Core's --pipeline-model-parallel-layout for Layout::pipeline_layout: the virtual
 /// stages in its order split by '|', the embedding (E) on the first, the output layer and
 /// loss (L) on the last, "Et*6|t*26L".

@@ -77,7 +77,27 @@ TEST(ExportTorchtitan, Fp32PipelinesAndTheirSchedules) {
   EXPECT_EQ(f.count("--parallelism.pipeline_parallel_layers_per_stage"), 0u);
   // A middle stage with no module would be an empty torchtitan stage.
   p.layout.pipeline_layout = {4, 4, 0, 8, 4, 4, 4, 4};
-  EXPECT_NE(refusal(s, p, Target::kTorchtitan).find("virtual stage 2 of pipeline_layout"),
+  EXPECT_NE(refusal(s, p, Target::kTorchtitan).find("virtual stage 2 of the split 4|4|0|8"),
+            std::string::npos);
+  // Megatron's uneven splits take the same lists: first stage 5 layers, last 3, the
+  // middle two 12 each.
+  p.layout.pipeline_layout.clear();
+  p.layout.vpp = 1;
+  p.schedule = Schedule::k1F1B;
+  p.layout.first_stage_layers = 5;
+  p.layout.last_stage_layers = 3;
+  const std::string uneven = exported(s, p, Target::kTorchtitan).at("launch.sh");
+  EXPECT_NE(uneven.find("(5|12|12|3; torchtitan places stage i on rank i % pp): "
+                        "cfg.parallelism.module_fqns_per_model_part = [[\"tok_embeddings\"] + "
+                        "[f\"layers.{i}\" for i in range(0, 5)], [f\"layers.{i}\" for i in "
+                        "range(5, 17)], "),
+            std::string::npos)
+      << uneven;
+  EXPECT_NE(uneven.find("[f\"layers.{i}\" for i in range(29, 32)] + [\"norm\", \"output\"]]"),
+            std::string::npos);
+  // An even split keeps torchtitan's own: no lists.
+  p.layout.first_stage_layers = p.layout.last_stage_layers = 0;
+  EXPECT_EQ(exported(s, p, Target::kTorchtitan).at("launch.sh").find("module_fqns_per_model_part"),
             std::string::npos);
 }
 
