@@ -63,11 +63,12 @@
 // Otherwise, or with full_ranks, every rank runs its own tasks. Both give the same
 // prediction where the symmetry holds (tests/planner/symmetry_test.cpp), except, slightly,
 // where pipeline transfers between nodes run beside DP collectives across the same nodes:
-// a task's copies load only the links its own flows cross (sim's weigh()), so a DP ring
-// through a mirrored rank's NIC misses that rank's pipeline transfer, the first task apart
-// is a DP collective, and the iteration differs by up to 2e-4
-// (NeMo 24.07 Llama 2 70B on 64 H100, PP4 VPP20 DP4: 4.44868 s against 4.44939 s every
-// rank; the DGXC Llama 3.1 70B row 2e-5; six other validation rows to the picosecond).
+// the first task apart is a DP collective, faster among representatives (likely because
+// a task's copies load only the links its own flows cross, sim's weigh(), so a DP ring
+// through a mirrored rank's NIC misses that rank's pipeline transfer), and the iteration
+// differs by up to 2e-4 (NeMo 24.07 Llama 2 70B on 64 H100, PP4 VPP20 DP4: 4.44868 s
+// against 4.44939 s every rank; the DGXC Llama 3.1 70B row 2e-5; six other validation
+// rows to the picosecond).
 // Heterogeneous placements (Plan::placement kColocated / kNonColocated, boundary.h for the
 // data mapping and the boundary's communication): the LLM runs under plan.layout as above
 // (without the encoders), each encoder with its projectors under its ModulePlan's layout
