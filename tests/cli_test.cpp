@@ -160,6 +160,21 @@ TEST(Cli, SimulateJsonHasTheDocumentedKeysAndWritesATrace) {
   EXPECT_NE(ops.out.find("Ops of one rank, one micro-batch"), std::string::npos) << ops.out;
   for (const char* op : {"qkv", "attention", "attn_out", "mlp_fc1", "mlp_fc2", "layer total"})
     EXPECT_NE(ops.out.find(fmt::format("\n  {} ", op)), std::string::npos) << op;
+  // --every-rank: every rank runs its own tasks (more of them, a process per rank in the
+  // trace), the same iteration where the symmetry holds.
+  std::string every_trace = scratch("every.json");
+  CliRun every = run(fmt::format("simulate --json --every-rank --trace {} {}", every_trace, path));
+  ASSERT_EQ(every.exit_code, 0) << every.err;
+  auto e = nlohmann::json::parse(every.out);
+  EXPECT_GT(e["tasks"].get<int64_t>(), j["tasks"].get<int64_t>());
+  EXPECT_DOUBLE_EQ(e["iteration_time_s"].get<double>(), t);
+  auto pids = [](const nlohmann::json& trace) {
+    std::set<int> out;
+    for (const auto& ev : trace["traceEvents"])
+      if (ev.value("ph", "") == "X") out.insert(ev["pid"].get<int>());
+    return out.size();
+  };
+  EXPECT_GT(pids(nlohmann::json::parse(slurp(every_trace))), pids(events));
 }
 
 // A validation run file is a scenario with a `measured` object: simulate takes it as is; a

@@ -129,6 +129,7 @@ int run_simulate(const SimulateOptions& opts) {
   std::ostringstream trace_text;
   std::optional<sim::ChromeTraceWriter> trace;
   planner::EvaluateOptions eo;
+  eo.full_ranks = opts.every_rank;
   if (!opts.trace_path.empty()) {
     trace.emplace(trace_text);
     eo.trace = &*trace;

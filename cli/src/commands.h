@@ -23,6 +23,9 @@ struct SimulateOptions {
   std::string profile;
   /// Also print the per-op cost of one LLM layer on one rank (text output only).
   bool ops = false;
+  /// Simulate every rank instead of one representative per class of alike ranks (lower.h's
+  /// symmetry reduction): slower, for checking the reduction on a plan.
+  bool every_rank = false;
 };
 /// Exit 3 when the plan is infeasible (the reason goes to stderr).
 int run_simulate(const SimulateOptions& opts);

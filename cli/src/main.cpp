@@ -31,6 +31,9 @@ int main(int argc, char** argv) {
                            "Write the iteration timeline as a Perfetto/Chrome trace JSON");
   cmd_simulate->add_flag("--ops", simulate.ops,
                          "Also print each op of one LLM layer: time per pass and achieved rate");
+  cmd_simulate->add_flag("--every-rank", simulate.every_rank,
+                         "Simulate every rank, not one representative per class of alike ranks "
+                         "(slower; checks the symmetry reduction)");
   cmd_simulate->add_option("--profile", simulate.profile,
                            "Hardware profile (built-in name or file, e.g. from `hetpar "
                            "calibrate`) replacing the cluster's");
