@@ -48,13 +48,13 @@
 // Symmetry (LowerOptions::full_ranks = false, the default): the ranks of one pipeline stage
 // (its TP, CP and DP peers) do the same work at the same times, so when the cluster makes
 // them alike too (each stage on one node type, which may differ between stages; stages on
-// whole nodes or several stages per node; CP
-// rings inside a node or one member per node; EP groups on whole nodes) only one
-// representative per stage (tp, cp, dp index 0) runs tasks, with multiplicity tp·cp·dp; its
-// peers are mirrored ranks (sim/task_graph.h). A stage over several node types (without EP)
-// whose DP replicas each lie on one type, each type's run aligned to its nodes, keeps one
-// representative replica per class of replicas with the same type on every stage (the
-// first of the class; multiplicity the ranks it stands for). Collectives keep their whole groups, so
+// whole nodes or several stages per node; CP rings inside a node or one member per node;
+// EP groups on whole nodes) only one representative per stage (tp, cp, dp index 0) runs
+// tasks, with multiplicity tp·cp·dp; its peers are mirrored ranks (sim/task_graph.h). A
+// stage over several node types (without EP) whose DP replicas each lie on one type, each
+// type's run aligned to its nodes, keeps one representative replica per class of replicas
+// with the same type on every stage (the first of the class; multiplicity the ranks it
+// stands for). Collectives keep their whole groups, so
 // flows take every member's route, and name the stage's other groups (other TP groups,
 // the TP peers' DP groups, the other ring edges and pipeline transfers) as copies, so
 // links shared between them (NICs shared by the GPUs of a node) carry the whole stage's
@@ -63,12 +63,13 @@
 // Otherwise, or with full_ranks, every rank runs its own tasks. Both give the same
 // prediction where the symmetry holds (tests/planner/symmetry_test.cpp), except, slightly,
 // where pipeline transfers between nodes run beside DP collectives across the same nodes:
-// the first task apart is a DP collective, faster among representatives (likely because
-// a task's copies load only the links its own flows cross, sim's weigh(), so a DP ring
-// through a mirrored rank's NIC misses that rank's pipeline transfer), and the iteration
-// differs by up to 2e-4 (NeMo 24.07 Llama 2 70B on 64 H100, PP4 VPP20 DP4: 4.44868 s
-// against 4.44939 s every rank; the DGXC Llama 3.1 70B row 2e-5; six other validation
-// rows to the picosecond).
+// the first task apart is a DP collective, faster among representatives (a task's copies
+// load only the links its own flows cross, sim's weigh(), so a DP ring through a mirrored
+// rank's NIC misses that rank's pipeline transfer: with the other replicas' transfers
+// emptied, every rank predicts what the representatives do, to the picosecond), and the
+// iteration differs by up to 2e-4 (NeMo 24.07 Llama 2 70B on 64 H100, PP4 VPP20 DP4:
+// 4.44868 s against 4.44939 s every rank; the DGXC Llama 3.1 70B row 2e-5; six other
+// validation rows to the picosecond).
 // Heterogeneous placements (Plan::placement kColocated / kNonColocated, boundary.h for the
 // data mapping and the boundary's communication): the LLM runs under plan.layout as above
 // (without the encoders), each encoder with its projectors under its ModulePlan's layout
