@@ -514,11 +514,12 @@ std::optional<std::vector<int>> replica_classes(const Scenario& s, const Layout&
                                                 bool whole_replicas = false) {
   const int n = l.tp * l.cp * l.dp;
   const int block = l.tp * l.cp;
-  std::vector<std::vector<size_t>> groups_of(static_cast<size_t>(l.dp));  // per stage
+  bool spans = false;  // some stage over several groups: replicas may differ
   for (int st = 0; st < l.pp; ++st) {
     const int first = offset + st * n;
     const hardware::ClusterSpec::GroupRange on = s.cluster.groups_of_gpus(first, n);
     if (on.size() == 0) return std::nullopt;
+    spans = spans || on.size() > 1;
     for (size_t g = on.begin; g < on.end; ++g) {
       const int from = std::max(first, s.cluster.group_first_gpu(g));
       const int to = g + 1 < s.cluster.groups().size()
@@ -529,13 +530,16 @@ std::optional<std::vector<int>> replica_classes(const Scenario& s, const Layout&
         return std::nullopt;
       if (!run_aligned(s, l, g, from, to - from, whole_replicas)) return std::nullopt;
     }
-    for (int d = 0; d < l.dp; ++d)
-      groups_of[d].push_back(s.cluster.group_of_gpu(first + d * block));
   }
-  std::map<std::vector<size_t>, int> ids;
+  // Every stage on one group (the usual case, evaluated plan after plan): one class.
+  if (!spans) return std::vector<int>(static_cast<size_t>(l.dp), 0);
+  std::map<std::vector<size_t>, int> ids;  // the group of each stage -> class
   std::vector<int> out;
-  for (const std::vector<size_t>& key : groups_of)
+  std::vector<size_t> key(static_cast<size_t>(l.pp));
+  for (int d = 0; d < l.dp; ++d) {
+    for (int st = 0; st < l.pp; ++st) key[st] = s.cluster.group_of_gpu(offset + st * n + d * block);
     out.push_back(ids.emplace(key, static_cast<int>(ids.size())).first->second);
+  }
   return out;
 }
 

@@ -1041,20 +1041,17 @@ class Searcher {
       }
       ++n[best];
     }
-    // Worth a second search only where it shortens the largest stage of the split `l` has
-    // (even, or Megatron's uneven one) by kMinStageGain.
+    // Where `l` has a split of its own (even, or Megatron's uneven one), worth a second
+    // search only where it shortens that split's largest stage by kMinStageGain.
     const std::vector<int64_t> split = layers_per_virtual_stage(l, layers_, nullptr);
-    if (split.size() != n.size()) {
-      l.first_stage_layers = l.last_stage_layers = 0;
-      l.pipeline_layout = std::move(n);
-      return true;
+    if (split.size() == n.size()) {
+      Time before, after;
+      for (size_t st = 0; st < n.size(); ++st) {
+        before = std::max(before, fixed[st] + per_layer[st] * split[st]);
+        after = std::max(after, fixed[st] + per_layer[st] * n[st]);
+      }
+      if (after.to_seconds() > before.to_seconds() * (1.0 - kMinStageGain)) return false;
     }
-    Time before, after;
-    for (size_t st = 0; st < n.size(); ++st) {
-      before = std::max(before, fixed[st] + per_layer[st] * split[st]);
-      after = std::max(after, fixed[st] + per_layer[st] * n[st]);
-    }
-    if (after.to_seconds() > before.to_seconds() * (1.0 - kMinStageGain)) return false;
     l.first_stage_layers = l.last_stage_layers = 0;
     l.pipeline_layout = std::move(n);
     return true;
@@ -1106,9 +1103,9 @@ class Searcher {
       }
     }
     // Stages sized to their GPUs (pipeline_layout, one entry per stage): interleaved with
-    // the vpp values an even split would take, each stage's layers over its vpp chunks (the
+    // the vpp values an even split would take (where pp does not divide the layers, the
+    // divisors of the fewest stage's layers), each stage's layers over its vpp chunks (the
     // first chunks one more where vpp does not divide them).
-    // Where pp does not divide the layers, the divisors of the fewest stage's layers.
     const std::vector<int> stage = l.pipeline_layout;
     if (l.pp > 1 && !stage.empty()) {
       const int fewest = *std::min_element(stage.begin(), stage.end());

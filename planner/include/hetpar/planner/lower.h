@@ -54,15 +54,14 @@
 // stage over several node types (without EP) whose DP replicas each lie on one type, each
 // type's run aligned to its nodes, keeps one representative replica per class of replicas
 // with the same type on every stage (the first of the class; multiplicity the ranks it
-// stands for). Collectives keep their whole groups, so
-// flows take every member's route, and name the stage's other groups (other TP groups,
-// the TP peers' DP groups, the other ring edges and pipeline transfers) as copies, so
-// links shared between them (NICs shared by the GPUs of a node) carry the whole stage's
-// load. CP: the representative receives each K,V chunk from its ring predecessor, which
-// sends once its own previous chunk arrived (as the representative's, by symmetry).
-// Otherwise, or with full_ranks, every rank runs its own tasks. Both give the same
-// prediction where the symmetry holds (tests/planner/symmetry_test.cpp), except, slightly,
-// where pipeline transfers between nodes run beside DP collectives across the same nodes:
+// stands for). Collectives keep their whole groups, so flows take every member's route,
+// and name the stage's other groups (other TP groups, the TP peers' DP groups, the other
+// ring edges and pipeline transfers) as copies, so links shared between them (NICs shared
+// by the GPUs of a node) carry the whole stage's load. CP: the representative receives each K,V
+// chunk from its ring predecessor, which sends once its own previous chunk arrived (as the
+// representative's, by symmetry). Otherwise, or with full_ranks, every rank runs its own tasks.
+// Both give the same prediction where the symmetry holds (tests/planner/symmetry_test.cpp), except,
+// slightly, where pipeline transfers between nodes run beside DP collectives across the same nodes:
 // the first task apart is a DP collective, faster among representatives (a task's copies
 // load only the links its own flows cross, sim's weigh(), so a DP ring through a mirrored
 // rank's NIC misses that rank's pipeline transfer: with the other replicas' transfers
