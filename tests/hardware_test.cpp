@@ -545,6 +545,19 @@ TEST(ProfileJson, RejectsBadProfilesNamingTheField) {
        "wan.up_gbps: must be > 0"},
       {"wrong type", [](nlohmann::json& j) { j["gpus_per_node"] = "eight"; },
        "gpus_per_node: expected an integer"},
+      // Latencies past kMaxCallLatency would overflow integer-picosecond time once summed.
+      {"host of an hour", [](nlohmann::json& j) { j["host"]["op_us"] = 3.6e9; },
+       "host.op_us: must be <= 1000000, got 3600000000"},
+      {"collective latency of days",
+       [](nlohmann::json& j) { j["collectives"][1]["alpha_us"] = 1e12; },
+       "collectives[1].alpha_us: must be <= 1000000"},
+      {"negative launch", [](nlohmann::json& j) { j["gpu"]["gemm"]["launch_us"] = -1; },
+       "gpu.gemm.launch_us: must be >= 0, got -1"},
+      {"WAN of a minute",
+       [](nlohmann::json& j) {
+         j["wan"] = {{"up_gbps", 1}, {"down_gbps", 1}, {"latency_ms", 60000}};
+       },
+       "wan.latency_ms: must be <= 10000"},
   };
   for (const BadProfileCase& c : cases) {
     SCOPED_TRACE(c.label);

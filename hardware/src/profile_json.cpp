@@ -43,6 +43,12 @@ Bytes from_scaled_bytes(double v, double unit) {
 constexpr double kMiB = 1048576.0;
 constexpr double kGiB = 1073741824.0;
 constexpr int64_t kMaxCount = int64_t{1} << 30;
+// The largest latency a profile may give one call (a kernel launch, a collective's alpha, a
+// hop, the host's issue): one second, far above any fabric or host, and small enough that an
+// iteration's sum of them stays well inside integer-picosecond Time. Negative values pass
+// here and get validate_profile()'s message.
+constexpr double kMaxLatencyUs = kMaxCallLatency.to_us();
+constexpr double kNoMin = -1e308;
 
 int read_count(JsonReader& r, std::string_view key) {
   return static_cast<int>(r.required_int(key, -kMaxCount, kMaxCount));
@@ -131,7 +137,7 @@ void read_gpu(JsonReader r, DeviceProfile& g, JsonReader& parent) {
     }
     g.gemm_tiles.push_back({static_cast<int>(row[0]), static_cast<int>(row[1]), row[2]});
   }
-  g.gemm_launch_overhead = Time::us(gemm.required_double("launch_us"));
+  g.gemm_launch_overhead = Time::us(gemm.required_double("launch_us", kNoMin, kMaxLatencyUs));
   g.gemm_split_k = gemm.optional_bool("split_k", true);
   g.gemm_accumulate_exposed = gemm.optional_double("accumulate_exposed", 0.0, 0.0, 1.0);
   // gpu.gemm.<key>: an object of precision -> rows; `each` takes one precision's key.
@@ -224,7 +230,7 @@ void read_collectives(JsonReader& r, std::vector<CollectiveFigure>& out) {
     std::string scope = c.required_enum("scope", {"intra_node", "inter_node"});
     std::string op = c.required_enum("op", {"all_reduce", "all_gather", "reduce_scatter",
                                             "all_to_all", "broadcast", "send_recv"});
-    f.alpha = Time::us(c.required_double("alpha_us"));
+    f.alpha = Time::us(c.required_double("alpha_us", kNoMin, kMaxLatencyUs));
     for (const auto& row : read_rows(c, "busbw_GBps", 2, "[group size, GB/s]")) {
       if (!is_whole(row[0])) {
         c.fail("busbw_GBps", fmt::format("group size must be an integer, got {}", row[0]));
@@ -262,7 +268,7 @@ Result<WanLink> parse_wan(const nlohmann::json& j, const std::string& path) {
   WanLink w;
   w.up = from_gbps(r.required_double("up_gbps"));
   w.down = from_gbps(r.required_double("down_gbps"));
-  w.latency = Time::ms(r.required_double("latency_ms"));
+  w.latency = Time::ms(r.required_double("latency_ms", kNoMin, kMaxWanLatency.to_ms()));
   r.finish();
   if (!r.ok()) return r.status();
   if (!(w.up.bytes_per_s() > 0))
@@ -290,7 +296,7 @@ Result<SystemProfile> parse_profile(const nlohmann::json& j, const std::string& 
   read_gpu(r.object("gpu"), p.gpu, r);
   if (r.has("host")) {
     JsonReader host = r.object("host");
-    p.host_op = Time::us(host.required_double("op_us"));
+    p.host_op = Time::us(host.required_double("op_us", kNoMin, kMaxLatencyUs));
     host.finish();
     r.merge(host.status());
   }
@@ -299,7 +305,7 @@ Result<SystemProfile> parse_profile(const nlohmann::json& j, const std::string& 
   p.intra_node.kind = parse_fabric_kind(intra.required_enum("fabric", {"nvswitch", "pcie", "none"}))
                           .value_or(FabricKind::kNone);
   p.intra_node.bandwidth = from_GBps(intra.optional_double("GBps", 0));
-  p.intra_node.latency = Time::us(intra.optional_double("latency_us", 0));
+  p.intra_node.latency = Time::us(intra.optional_double("latency_us", 0, kNoMin, kMaxLatencyUs));
   p.intra_node.nvls = intra.optional_bool("nvls", false);
   p.intra_node.nvls_min_group =
       static_cast<int>(intra.optional_int("nvls_min_group", 0, -kMaxCount, kMaxCount));
@@ -309,7 +315,7 @@ Result<SystemProfile> parse_profile(const nlohmann::json& j, const std::string& 
   JsonReader inter = r.object("inter_node");
   p.inter_node.nics_per_node = read_count(inter, "nics_per_node");
   p.inter_node.nic_bandwidth = from_gbps(inter.required_double("nic_gbps"));
-  p.inter_node.latency = Time::us(inter.required_double("latency_us"));
+  p.inter_node.latency = Time::us(inter.required_double("latency_us", kNoMin, kMaxLatencyUs));
   p.inter_node.collective_sms =
       static_cast<int>(inter.optional_int("collective_sms", 0, 0, kMaxCount));
   inter.finish();

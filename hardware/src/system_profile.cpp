@@ -103,6 +103,16 @@ class Checker {
   void non_negative(const std::string& field, double v) {
     if (!(v >= 0)) fail(field, fmt::format("must be >= 0, got {}", v));
   }
+  // A latency in [0, max].
+  void latency(const std::string& field, Time t, Time max = kMaxCallLatency) {
+    if (t < Time::zero()) fail(field, fmt::format("must be >= 0, got {}", value_in(field, t)));
+    if (t > max)
+      fail(field, fmt::format("must be <= {}, got {}", value_in(field, max), value_in(field, t)));
+  }
+  // t in the field's unit (its name ends in _us or _ms).
+  static double value_in(const std::string& field, Time t) {
+    return field.ends_with("_ms") ? t.to_ms() : t.to_us();
+  }
   void fraction(const std::string& field, double v) {
     if (!(v > 0 && v <= 1)) fail(field, fmt::format("must be in (0, 1], got {}", v));
   }
@@ -157,8 +167,8 @@ Status validate_profile(const SystemProfile& p) {
     if (t.m < 1 || t.n < 1) c.fail(key, fmt::format("tile {}x{} must be at least 1x1", t.m, t.n));
     c.fraction(key + "[2]", t.efficiency);
   }
-  c.non_negative("gpu.gemm.launch_us", g.gemm_launch_overhead.to_us());
-  c.non_negative("host.op_us", p.host_op.to_us());
+  c.latency("gpu.gemm.launch_us", g.gemm_launch_overhead);
+  c.latency("host.op_us", p.host_op);
   for (const auto& [name, table] : {std::pair{"measured", &g.gemm_measured},
                                     std::pair{"measured_accumulate", &g.gemm_accumulate_measured}})
     for (Precision prec : kAllPrecisions) {
@@ -204,7 +214,7 @@ Status validate_profile(const SystemProfile& p) {
       c.fail("intra_node.fabric", "\"none\" needs gpus_per_node == 1");
     c.positive("intra_node.GBps", f.bandwidth.to_GBps());
   }
-  c.non_negative("intra_node.latency_us", f.latency.to_us());
+  c.latency("intra_node.latency_us", f.latency);
   if (f.nvls && f.kind != FabricKind::kNvSwitch)
     c.fail("intra_node.nvls", "needs fabric \"nvswitch\"");
   if (f.nvls && (f.nvls_min_group < 2 || f.nvls_min_group > p.gpus_per_node))
@@ -215,7 +225,7 @@ Status validate_profile(const SystemProfile& p) {
     c.fail("inter_node.nics_per_node",
            fmt::format("must be >= 1, got {}", p.inter_node.nics_per_node));
   c.positive("inter_node.nic_gbps", p.inter_node.nic_bandwidth.bytes_per_s() * 8e-9);
-  c.non_negative("inter_node.latency_us", p.inter_node.latency.to_us());
+  c.latency("inter_node.latency_us", p.inter_node.latency);
   if (p.inter_node.collective_sms < 0 ||
       (p.inter_node.collective_sms > 0 && p.inter_node.collective_sms >= p.gpu.sm_count))
     c.fail("inter_node.collective_sms", fmt::format("must be in [0, gpu.sm_count={}), got {}",
@@ -224,12 +234,12 @@ Status validate_profile(const SystemProfile& p) {
   if (p.wan) {
     c.positive("wan.up_gbps", p.wan->up.bytes_per_s() * 8e-9);
     c.positive("wan.down_gbps", p.wan->down.bytes_per_s() * 8e-9);
-    c.non_negative("wan.latency_ms", p.wan->latency.to_ms());
+    c.latency("wan.latency_ms", p.wan->latency, kMaxWanLatency);
   }
 
   for (const CollectiveFigure& fig : p.collectives) {
     const std::string key = collective_key(fig);
-    c.non_negative(key + ".alpha_us", fig.alpha.to_us());
+    c.latency(key + ".alpha_us", fig.alpha);
     if (fig.busbw.empty())
       c.fail(key + ".busbw_GBps", "must list at least one [group, GB/s] entry");
     for (size_t i = 0; i < fig.busbw.size(); ++i) {

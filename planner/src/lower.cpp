@@ -252,6 +252,38 @@ std::string grad_reduce_dtype_infeasibility(const Layout& l, hardware::Precision
 
 }  // namespace
 
+namespace {
+
+// Every micro-batch of every layer becomes tasks (25-50 per layer and micro-batch over the
+// simulated ranks, ~280 bytes each: 24M tasks, 6.7 GB, for 4096 micro-batches of Llama 3.1
+// 405B on its 512-GPU DGXC layout): a plan past kMaxLayerPasses would exhaust the memory of
+// a workstation before its first event, so it is refused with its size instead.
+constexpr int64_t kMaxLayerPasses = int64_t{1} << 19;
+
+std::string simulation_size_infeasibility(const Scenario& s, const Plan& p) {
+  int64_t passes = 0;
+  std::string parts;
+  for (const models::Module& m : s.model.modules) {
+    const models::TransformerSpec* t = models::transformer_of(m.spec);
+    if (t == nullptr) continue;
+    const Layout* l = &p.layout;
+    for (const ModulePlan& mp : p.modules)
+      if (mp.module == m.name) l = &mp.layout;
+    const int64_t per_replica =
+        std::max<int64_t>(1, s.workload.global_batch / (int64_t{l->micro_batch} * l->dp));
+    passes += per_replica * t->layers;
+    parts += fmt::format("{}{} micro-batches x {} layers of \"{}\"", parts.empty() ? "" : ", ",
+                         per_replica, t->layers, m.name);
+  }
+  if (passes <= kMaxLayerPasses) return "";
+  return fmt::format(
+      "too large to simulate: {} make {} layer passes per replica, over the simulator's limit "
+      "of {} (each is tens of tasks); a smaller global_batch or a larger micro_batch x dp fits",
+      parts, passes, kMaxLayerPasses);
+}
+
+}  // namespace
+
 std::string infeasibility(const Scenario& s, const Plan& p) {
   const Layout& l = p.layout;
   if (l.tp < 1 || l.cp < 1 || l.pp < 1 || l.vpp < 1 || l.dp < 1 || l.ep < 1 || l.micro_batch < 1)
@@ -259,6 +291,7 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
         "parallel sizes must be >= 1 (tp {}, cp {}, pp {}, vpp {}, dp {}, ep {}, "
         "micro_batch {})",
         l.tp, l.cp, l.pp, l.vpp, l.dp, l.ep, l.micro_batch);
+  if (std::string why = simulation_size_infeasibility(s, p); !why.empty()) return why;
   const int gpus = s.cluster.total_gpus();
   const bool hetero = p.placement != Placement::kHomogeneous;
   if (p.placement != Placement::kNonColocated && l.world() != gpus)

@@ -360,6 +360,28 @@ TEST(Lower, UserbuffersPayOffOnLargeGemms) {
   }
 }
 
+// A plan too large to simulate (its tasks would exhaust memory before the first event) is
+// refused with its size, not lowered until the allocator gives up.
+TEST(Lower, RefusesAPlanTooLargeToSimulate) {
+  // 2^19 layer passes per replica is the limit: 4 layers x 131072 micro-batches fits.
+  EXPECT_EQ(infeasibility(make(4, int64_t{1} << 17, 1), plan(8, 1, 1)), "");
+  Scenario s = make(4, (int64_t{1} << 17) + 1, 1);
+  Plan p = plan(8, 1, 1);
+  const std::string why = infeasibility(s, p);
+  EXPECT_EQ(why,
+            "too large to simulate: 131073 micro-batches x 4 layers of \"llm\" make 524292 "
+            "layer passes per replica, over the simulator's limit of 524288 (each is tens of "
+            "tasks); a smaller global_batch or a larger micro_batch x dp fits");
+  EXPECT_FALSE(lower(s, p, {}).is_ok());
+  // Each data-parallel replica runs its share: dp 2 halves the passes.
+  p = plan(4, 1, 2);
+  EXPECT_EQ(infeasibility(make(4, int64_t{1} << 18, 1), p), "");
+  auto m = evaluate(make(4, (int64_t{1} << 18) + 2, 1), p);
+  ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+  EXPECT_FALSE(m->feasible);
+  EXPECT_NE(m->infeasible_reason.find("too large to simulate"), std::string::npos);
+}
+
 TEST(Lower, UserbuffersNeedSpAndAreNotForTheExecutor) {
   Scenario s = make(2, 1, 1);
   Plan p = plan(8, 1, 1);

@@ -178,8 +178,16 @@ struct SystemProfile {
   const CollectiveFigure& collective(CollectiveScope scope, Collective op) const;
 };
 
+/// The longest latency a profile may give one call: a kernel launch, a collective's alpha,
+/// a fabric hop, the host's issue. Far above any real one; it keeps an iteration's sum of
+/// them well inside integer-picosecond Time.
+inline constexpr Time kMaxCallLatency = Time::seconds(1);
+/// The longest one-way latency of a node's internet link (WanLink::latency).
+inline constexpr Time kMaxWanLatency = Time::seconds(10);
+
 /// Checks the invariants the parser enforces (positive rates, fractions in (0, 1],
-/// every collective figure present, consistent fabric); errors name the JSON field.
+/// latencies in [0, kMaxCallLatency], every collective figure present, consistent fabric);
+/// errors name the JSON field.
 Status validate_profile(const SystemProfile& p);
 /// JSON field paths of the numbers in `p` that no provenance entry covers.
 std::vector<std::string> missing_provenance(const SystemProfile& p);
