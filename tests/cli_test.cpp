@@ -610,6 +610,9 @@ const std::vector<std::string>& bad_texts() {
           R"(, "plan": {"micro_batch": 1, "dp": 8, "repeat_kv": "yes"}})",
       R"({"model": "llama-3.1-8b", )" + kWorkload + ", " + kCluster +
           R"(, "search": {"llm": {"fused_projections": 0}}})",
+      // A vision encoder with no images to encode (it aborted every command).
+      R"({"model": "llava-1.5-7b", "workload": {"seq_len": 4096, "global_batch": 64}, )" +
+          kCluster + "}",
   };
   return texts;
 }
@@ -659,7 +662,10 @@ INSTANTIATE_TEST_SUITE_P(
                     "search.llm.attention_kernel: unknown value \"fa2\""},
         BadScenario{"repeat_kv_not_bool", bad_texts()[25].c_str(), "plan.repeat_kv: expected"},
         BadScenario{"search_fused_projections_not_bool", bad_texts()[26].c_str(),
-                    "search.llm.fused_projections: expected"}),
+                    "search.llm.fused_projections: expected"},
+        BadScenario{"encoder_without_images", bad_texts()[27].c_str(),
+                    "workload.images_per_sample: model \"llava-1.5-7b\" has a vision encoder, "
+                    "which needs >= 1 image per sample"}),
     [](const ::testing::TestParamInfo<BadScenario>& info) { return std::string(info.param.name); });
 
 }  // namespace

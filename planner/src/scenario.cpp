@@ -36,6 +36,17 @@ Status validate_workload(const models::ModelSpec& model, const Workload& w) {
         "workload.audio_clips_per_sample: {} clips per sample, but model \"{}\" has no audio "
         "encoder",
         w.audio_clips_per_sample, model.name));
+  // An encoder with nothing to encode has no op graph: the workload must feed it.
+  if (has_vision && w.images_per_sample == 0)
+    return Status::invalid_argument(fmt::format(
+        "workload.images_per_sample: model \"{}\" has a vision encoder, which needs >= 1 "
+        "image per sample (default 0)",
+        model.name));
+  if (has_audio && w.audio_clips_per_sample == 0)
+    return Status::invalid_argument(fmt::format(
+        "workload.audio_clips_per_sample: model \"{}\" has an audio encoder, which needs >= 1 "
+        "clip per sample (default 0)",
+        model.name));
   if ((w.tokens_per_image || w.image_size) && !has_vision)
     return Status::invalid_argument(
         w.tokens_per_image ? "workload.tokens_per_image: the model has no vision encoder"
