@@ -79,6 +79,16 @@ Result<PlanMetrics> evaluate(const Scenario& s, const Plan& p, const EvaluateOpt
       std::any_of(node_units.begin(), node_units.end(), [](double u) { return u > 0; });
   LowerOptions lo;
   lo.full_ranks = o.full_ranks || shared;
+  // A graph past kMaxSimulatedTasks would exhaust memory before its first event.
+  if (const double tasks = estimated_tasks(s, p, lo.full_ranks);
+      tasks > static_cast<double>(kMaxSimulatedTasks)) {
+    m.infeasible_reason = fmt::format(
+        "too large to simulate: about {:.0f}M tasks ({} micro-batches per replica{}), over the "
+        "simulator's limit of {}M; a smaller global_batch or a larger micro_batch x dp fits",
+        tasks / 1e6, m.micro_batches, lo.full_ranks ? ", every rank simulated" : "",
+        kMaxSimulatedTasks / 1'000'000);
+    return m;
+  }
   if (o.workspace) lo.reuse = &o.workspace->graph;
   HETPAR_ASSIGN_OR_RETURN(LoweredPlan lowered, lower(s, p, lo));
   sim::SimOptions so;

@@ -252,38 +252,6 @@ std::string grad_reduce_dtype_infeasibility(const Layout& l, hardware::Precision
 
 }  // namespace
 
-namespace {
-
-// Every micro-batch of every layer becomes tasks (25-50 per layer and micro-batch over the
-// simulated ranks, ~280 bytes each: 24M tasks, 6.7 GB, for 4096 micro-batches of Llama 3.1
-// 405B on its 512-GPU DGXC layout): a plan past kMaxLayerPasses would exhaust the memory of
-// a workstation before its first event, so it is refused with its size instead.
-constexpr int64_t kMaxLayerPasses = int64_t{1} << 19;
-
-std::string simulation_size_infeasibility(const Scenario& s, const Plan& p) {
-  int64_t passes = 0;
-  std::string parts;
-  for (const models::Module& m : s.model.modules) {
-    const models::TransformerSpec* t = models::transformer_of(m.spec);
-    if (t == nullptr) continue;
-    const Layout* l = &p.layout;
-    for (const ModulePlan& mp : p.modules)
-      if (mp.module == m.name) l = &mp.layout;
-    const int64_t per_replica =
-        std::max<int64_t>(1, s.workload.global_batch / (int64_t{l->micro_batch} * l->dp));
-    passes += per_replica * t->layers;
-    parts += fmt::format("{}{} micro-batches x {} layers of \"{}\"", parts.empty() ? "" : ", ",
-                         per_replica, t->layers, m.name);
-  }
-  if (passes <= kMaxLayerPasses) return "";
-  return fmt::format(
-      "too large to simulate: {} make {} layer passes per replica, over the simulator's limit "
-      "of {} (each is tens of tasks); a smaller global_batch or a larger micro_batch x dp fits",
-      parts, passes, kMaxLayerPasses);
-}
-
-}  // namespace
-
 std::string infeasibility(const Scenario& s, const Plan& p) {
   const Layout& l = p.layout;
   if (l.tp < 1 || l.cp < 1 || l.pp < 1 || l.vpp < 1 || l.dp < 1 || l.ep < 1 || l.micro_batch < 1)
@@ -291,7 +259,6 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
         "parallel sizes must be >= 1 (tp {}, cp {}, pp {}, vpp {}, dp {}, ep {}, "
         "micro_batch {})",
         l.tp, l.cp, l.pp, l.vpp, l.dp, l.ep, l.micro_batch);
-  if (std::string why = simulation_size_infeasibility(s, p); !why.empty()) return why;
   const int gpus = s.cluster.total_gpus();
   const bool hetero = p.placement != Placement::kHomogeneous;
   if (p.placement != Placement::kNonColocated && l.world() != gpus)
@@ -2919,6 +2886,45 @@ bool simulates_representatives(const Scenario& s, const Plan& p) {
   std::vector<Boundary> bounds;
   for (const ModulePlan& mp : p.modules) bounds.push_back(make_boundary(s, p, mp));
   return hetero_reduction(s, p, bounds).has_value();
+}
+
+// About how many tasks lower() builds for `p`: simulated ranks x micro-batches x layers x
+// tasks per layer and pass (forward, backward). A layer is one compute task, or with
+// tp > 1 five compute stretches between four TP collectives (sequence parallelism's
+// all-gathers and reduce-scatters); CP's ring attention turns one stretch into cp parts
+// and cp - 1 transfers; EP adds its all-to-alls. Simulated ranks (lower.h): one
+// representative per stage, a whole representative replica (colocated three-phase), or
+// every rank.
+double estimated_tasks(const Scenario& s, const Plan& p, bool every_rank) {
+  auto per_layer = [](const Layout& l) {
+    return (l.tp > 1 ? 9.0 : 1.0) + (l.cp > 1 ? 2.0 * (l.cp - 1) : 0.0) + (l.ep > 1 ? 4.0 : 0.0);
+  };
+  auto layers_of = [&](const std::string& module) -> double {
+    const std::optional<size_t> i = s.model.find(module);
+    const models::TransformerSpec* t =
+        i ? models::transformer_of(s.model.modules[*i].spec) : nullptr;
+    return t ? static_cast<double>(t->layers) : 1.0;
+  };
+  const int64_t gb = s.workload.global_batch;
+  const Layout& L = p.layout;
+  const bool alike = !every_rank && simulates_representatives(s, p);
+  const bool whole = p.placement == Placement::kColocated && L.pp > 1;
+  const double replica = whole ? static_cast<double>(L.tp * L.cp) : 1.0;
+  const double ranks = alike ? replica * L.pp : L.world();
+  const double llm_layers = layers_of(s.model.modules[s.model.llm_index()].name);
+  const double m = static_cast<double>(num_micro_batches(L, gb));
+  double tasks = ranks * m * (llm_layers / L.pp * per_layer(L) + 2) * 2;
+  if (p.placement == Placement::kHomogeneous)  // encoders on the first stage, same layout
+    for (const models::Module& mod : s.model.modules)
+      if (models::is_encoder(models::kind_of(mod.spec)))
+        tasks += (alike ? 1.0 : L.tp * L.cp * L.dp) * m * layers_of(mod.name) * per_layer(L) * 2;
+  for (const ModulePlan& e : p.modules) {
+    const Layout& E = e.layout;
+    const double enc_ranks = !alike ? E.world() : whole ? replica * L.pp : E.pp;
+    const double steps = static_cast<double>(gb / (int64_t{E.micro_batch} * E.dp));
+    tasks += enc_ranks * steps * (layers_of(e.module) / E.pp * per_layer(E) + 2) * 2;
+  }
+  return tasks;
 }
 
 Result<LoweredPlan> lower(const Scenario& s, const Plan& p, const LowerOptions& o) {

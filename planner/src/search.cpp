@@ -1237,45 +1237,6 @@ class Searcher {
   mutable CostCache speed_;
 };
 
-// About how many tasks lower() builds for `p`: simulated ranks x micro-batches x layers x
-// tasks per layer and pass (forward, backward). A layer is one compute task, or with
-// tp > 1 five compute stretches between four TP collectives (sequence parallelism's
-// all-gathers and reduce-scatters); CP's ring attention turns one stretch into cp parts
-// and cp - 1 transfers; EP adds its all-to-alls. Simulated ranks (lower.h): one
-// representative per stage, a whole representative replica (colocated three-phase), or
-// every rank.
-double estimated_tasks(const Scenario& s, const Plan& p) {
-  auto per_layer = [](const Layout& l) {
-    return (l.tp > 1 ? 9.0 : 1.0) + (l.cp > 1 ? 2.0 * (l.cp - 1) : 0.0) + (l.ep > 1 ? 4.0 : 0.0);
-  };
-  auto layers_of = [&](const std::string& module) -> double {
-    const std::optional<size_t> i = s.model.find(module);
-    const models::TransformerSpec* t =
-        i ? models::transformer_of(s.model.modules[*i].spec) : nullptr;
-    return t ? static_cast<double>(t->layers) : 1.0;
-  };
-  const int64_t gb = s.workload.global_batch;
-  const Layout& L = p.layout;
-  const bool alike = simulates_representatives(s, p);
-  const bool whole = p.placement == Placement::kColocated && L.pp > 1;
-  const double replica = whole ? static_cast<double>(L.tp * L.cp) : 1.0;
-  const double ranks = alike ? replica * L.pp : L.world();
-  const double llm_layers = layers_of(s.model.modules[s.model.llm_index()].name);
-  const double m = static_cast<double>(num_micro_batches(L, gb));
-  double tasks = ranks * m * (llm_layers / L.pp * per_layer(L) + 2) * 2;
-  if (p.placement == Placement::kHomogeneous)  // encoders on the first stage, same layout
-    for (const models::Module& mod : s.model.modules)
-      if (models::is_encoder(models::kind_of(mod.spec)))
-        tasks += (alike ? 1.0 : L.tp * L.cp * L.dp) * m * layers_of(mod.name) * per_layer(L) * 2;
-  for (const ModulePlan& e : p.modules) {
-    const Layout& E = e.layout;
-    const double enc_ranks = !alike ? E.world() : whole ? replica * L.pp : E.pp;
-    const double steps = static_cast<double>(gb / (int64_t{E.micro_batch} * E.dp));
-    tasks += enc_ranks * steps * (layers_of(e.module) / E.pp * per_layer(E) + 2) * 2;
-  }
-  return tasks;
-}
-
 struct Ranked {
   Plan plan;
   PlanMetrics metrics;

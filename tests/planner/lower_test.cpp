@@ -361,25 +361,38 @@ TEST(Lower, UserbuffersPayOffOnLargeGemms) {
 }
 
 // A plan too large to simulate (its tasks would exhaust memory before the first event) is
-// refused with its size, not lowered until the allocator gives up.
+// infeasible with its size, not lowered until the allocator gives up; the estimate tracks
+// the graph lower() builds.
 TEST(Lower, RefusesAPlanTooLargeToSimulate) {
-  // 2^19 layer passes per replica is the limit: 4 layers x 131072 micro-batches fits.
-  EXPECT_EQ(infeasibility(make(4, int64_t{1} << 17, 1), plan(8, 1, 1)), "");
-  Scenario s = make(4, (int64_t{1} << 17) + 1, 1);
-  Plan p = plan(8, 1, 1);
-  const std::string why = infeasibility(s, p);
-  EXPECT_EQ(why,
-            "too large to simulate: 131073 micro-batches x 4 layers of \"llm\" make 524292 "
-            "layer passes per replica, over the simulator's limit of 524288 (each is tens of "
-            "tasks); a smaller global_batch or a larger micro_batch x dp fits");
-  EXPECT_FALSE(lower(s, p, {}).is_ok());
-  // Each data-parallel replica runs its share: dp 2 halves the passes.
-  p = plan(4, 1, 2);
-  EXPECT_EQ(infeasibility(make(4, int64_t{1} << 18, 1), p), "");
-  auto m = evaluate(make(4, (int64_t{1} << 18) + 2, 1), p);
+  const Plan p = plan(8, 2, 1);  // tp 8 x pp 2 on two DGX H100 nodes
+  const Scenario small = make(4, 64, 2);
+  const double estimate = estimated_tasks(small, p);
+  const LoweredPlan lp = lowered(small, p);
+  const double built = static_cast<double>(lp.graph.num_tasks());
+  EXPECT_GT(estimate, built / 2);
+  EXPECT_LT(estimate, built * 2);
+  // Every rank: tp x dp ranks per stage instead of one representative.
+  EXPECT_NEAR(estimated_tasks(small, p, true) / estimate, 8.0, 1e-9);
+
+  // The global batch whose estimate passes kMaxSimulatedTasks.
+  const auto per_micro_batch = estimate / 64;
+  const auto over =
+      static_cast<int64_t>(static_cast<double>(kMaxSimulatedTasks) / per_micro_batch) + 1;
+  auto m = evaluate(make(4, over, 2), p);
   ASSERT_TRUE(m.is_ok()) << m.status().to_string();
   EXPECT_FALSE(m->feasible);
-  EXPECT_NE(m->infeasible_reason.find("too large to simulate"), std::string::npos);
+  EXPECT_EQ(m->infeasible_reason.rfind("too large to simulate: about ", 0), 0u)
+      << m->infeasible_reason;
+  EXPECT_NE(m->infeasible_reason.find(fmt::format("({} micro-batches per replica)", over)),
+            std::string::npos)
+      << m->infeasible_reason;
+  // Simulating every rank multiplies the graph: refused at an 8th of that batch.
+  EvaluateOptions every;
+  every.full_ranks = true;
+  m = evaluate(make(4, over / 8 + 64, 2), p, every);
+  ASSERT_TRUE(m.is_ok());
+  EXPECT_FALSE(m->feasible);
+  EXPECT_NE(m->infeasible_reason.find("every rank simulated"), std::string::npos);
 }
 
 TEST(Lower, UserbuffersNeedSpAndAreNotForTheExecutor) {

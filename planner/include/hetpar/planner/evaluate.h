@@ -92,8 +92,16 @@ struct EvaluateOptions {
   Workspace* workspace = nullptr;
 };
 
+/// The most tasks (estimated_tasks()) evaluate() simulates: about 6 GB at ~280 bytes a
+/// task (Llama 3.1 405B's 512-GPU DGXC layout at 4096 micro-batches per replica: estimated
+/// 11.5M, built 24.3M, 6.7 GB). Past it a plan is infeasible as too large to simulate,
+/// rather than lowered until the allocator gives up. A search skips plans far smaller
+/// (search.max_sim_tasks, 3M by default).
+inline constexpr int64_t kMaxSimulatedTasks = 20'000'000;
+
 /// Errors only for internal failures (a graph that does not validate); a plan that does
-/// not fit the scenario or the memory comes back with feasible = false and the reason.
+/// not fit the scenario, the memory or the simulator (kMaxSimulatedTasks) comes back with
+/// feasible = false and the reason.
 Result<PlanMetrics> evaluate(const Scenario& s, const Plan& p, const EvaluateOptions& o = {});
 
 }  // namespace hetpar::planner

@@ -201,6 +201,12 @@ std::string infeasibility(const Scenario& s, const Plan& p);
 /// plans too large to simulate). REQUIRES: infeasibility(s, p) is empty.
 bool simulates_representatives(const Scenario& s, const Plan& p);
 
+/// About how many tasks lower() builds for `p`, with one representative per class of alike
+/// ranks or, with `every_rank` (LowerOptions::full_ranks), every rank: what a simulation
+/// costs in memory (~280 bytes a task) and time. An estimate (within about 2x on the
+/// validation runs' plans). REQUIRES: infeasibility(s, p) is empty.
+double estimated_tasks(const Scenario& s, const Plan& p, bool every_rank = false);
+
 /// Errors (invalid argument): the plan is infeasible (the message of infeasibility()).
 Result<LoweredPlan> lower(const Scenario& s, const Plan& p, const LowerOptions& o = {});
 
