@@ -92,32 +92,17 @@ void print_ops(const planner::Scenario& s, const planner::Plan& p) {
   fmt::print("  (parenthesised: outside the layers)\n");
 }
 
-// --profile: the one node group's profile replaced, the cluster overrides re-applied.
-Status replace_profile(planner::Scenario& s, const std::string& ref) {
-  std::vector<hardware::NodeGroup> groups = s.cluster.groups();
-  if (groups.size() != 1)
-    return Status::invalid_argument(fmt::format(
-        "--profile: the cluster has {} node groups; --profile replaces the profile of a "
-        "single-group cluster (name calibrated files in cluster.node_groups instead)",
-        groups.size()));
-  auto profile = hardware::load_profile(ref);
-  if (!profile.is_ok()) return profile.status().with_context("--profile");
-  groups[0].profile = *profile;
-  groups[0].profile_ref = ref;
-  auto cluster = hardware::ClusterSpec::create(std::move(groups), s.cluster.overrides());
-  if (!cluster.is_ok()) return cluster.status().with_context("--profile");
-  s.cluster = *cluster;
-  return Status::ok();
-}
-
 }  // namespace
 
 int run_simulate(const SimulateOptions& opts) {
   auto scenario = planner::load_scenario(opts.path);
   if (!scenario.is_ok()) return report_error(scenario.status());
   if (!opts.profile.empty()) {
-    Status st = replace_profile(*scenario, opts.profile);
-    if (!st.is_ok()) return report_error(st);
+    auto profile = hardware::load_profile(opts.profile);
+    Status st = profile.is_ok()
+                    ? planner::replace_profile(*scenario, *std::move(profile), opts.profile)
+                    : profile.status();
+    if (!st.is_ok()) return report_error(st.with_context("--profile"));
   }
   if (!scenario->plan)
     return report_error(Status::invalid_argument(

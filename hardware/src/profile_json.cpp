@@ -43,10 +43,8 @@ Bytes from_scaled_bytes(double v, double unit) {
 constexpr double kMiB = 1048576.0;
 constexpr double kGiB = 1073741824.0;
 constexpr int64_t kMaxCount = int64_t{1} << 30;
-// The largest latency a profile may give one call (a kernel launch, a collective's alpha, a
-// hop, the host's issue): one second, far above any fabric or host, and small enough that an
-// iteration's sum of them stays well inside integer-picosecond Time. Negative values pass
-// here and get validate_profile()'s message.
+// Latencies are bounded above here (kMaxCallLatency), before Time::us() converts them;
+// negative ones pass here and get validate_profile()'s message.
 constexpr double kMaxLatencyUs = kMaxCallLatency.to_us();
 constexpr double kNoMin = -1e308;
 

@@ -17,6 +17,21 @@ int64_t modality_tokens_per_item(const models::ModelSpec& model, size_t encoder_
   return models::llm_tokens_per_item(model, encoder_index);
 }
 
+Status replace_profile(Scenario& s, hardware::SystemProfile profile, std::string ref) {
+  std::vector<hardware::NodeGroup> groups = s.cluster.groups();
+  if (groups.size() != 1)
+    return Status::invalid_argument(fmt::format(
+        "the cluster has {} node groups; a profile replaces that of a single-group cluster "
+        "(name calibrated files in cluster.node_groups instead)",
+        groups.size()));
+  groups[0].profile = std::move(profile);
+  groups[0].profile_ref = std::move(ref);
+  auto cluster = hardware::ClusterSpec::create(std::move(groups), s.cluster.overrides());
+  if (!cluster.is_ok()) return cluster.status();
+  s.cluster = *std::move(cluster);
+  return Status::ok();
+}
+
 Status validate_workload(const models::ModelSpec& model, const Workload& w) {
   bool has_vision = false, has_audio = false;
   int64_t modality_tokens = 0;

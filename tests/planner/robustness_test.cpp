@@ -9,11 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "hetpar/hardware/cluster.h"
 #include "hetpar/hardware/hardware_json.h"
 #include "hetpar/hardware/system_profile.h"
 #include "hetpar/planner/evaluate.h"
-#include "hetpar/planner/scenario_json.h"
+#include "hetpar/planner/scenario.h"
 
 namespace hetpar::planner {
 namespace {
@@ -66,14 +65,10 @@ TEST(Robustness, EveryProfileNumberAtAnExtremeIsRefusedOrSimulated) {
         continue;
       }
       Scenario with = *s;
-      std::vector<hardware::NodeGroup> groups = with.cluster.groups();
-      groups[0].profile = *profile;
-      auto cluster = hardware::ClusterSpec::create(std::move(groups), with.cluster.overrides());
-      if (!cluster.is_ok()) {
+      if (!replace_profile(with, *std::move(profile), "p.json").is_ok()) {
         ++refused;
         continue;
       }
-      with.cluster = *cluster;
       auto m = evaluate(with, p);
       ASSERT_TRUE(m.is_ok()) << m.status().to_string();
       if (m->feasible) {

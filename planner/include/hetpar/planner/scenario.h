@@ -145,6 +145,12 @@ Result<Scenario> load_scenario(const std::string& path);
 Result<Scenario> parse_scenario_text(std::string_view text, std::string_view source,
                                      std::string_view base_dir = "");
 
+/// Replaces the profile of `s`'s one node group with `profile` (`ref` names it, a built-in
+/// name or a file), re-applying the cluster's overrides (nics_per_node, nic_gbps, wan):
+/// `hetpar simulate --profile`. Errors: a cluster of several node groups, or overrides the
+/// new profile cannot take; `s` is unchanged then.
+Status replace_profile(Scenario& s, hardware::SystemProfile profile, std::string ref);
+
 /// Checks that what the workload asks for fits the model: an encoder for each modality it
 /// uses, modality tokens of a sample within seq_len. Errors name `workload.<field>`.
 /// REQUIRES: the image-size override is already applied to `model` (the parser does it).
