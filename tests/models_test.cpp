@@ -619,6 +619,13 @@ TEST(Json, BadInputsNameTheirPath) {
        "model.modules[0].spec.ffn_hidden", "must be >= 1, got -512"},
       {one(R"("layers": 2, "ffn_hidden": 512, "heads": 4, "vocab": 10, "activation": "gelu", "norm": "rmsnorm")"),
        "model.modules[0].spec.hidden", "missing required field"},
+      // Sizes past any published model: an op graph per layer would exhaust memory.
+      {one(R"("layers": 1000000000000, "hidden": 256, "ffn_hidden": 512, "heads": 4, "vocab": 10, "activation": "gelu", "norm": "rmsnorm")"),
+       "model.modules[0].spec.layers", "must be <= 10000, got 1000000000000"},
+      {one(R"("layers": 2, "hidden": 2097152, "ffn_hidden": 512, "heads": 4, "vocab": 10, "activation": "gelu", "norm": "rmsnorm")"),
+       "model.modules[0].spec.hidden", "must be <= 1048576"},
+      {one(R"("layers": 2, "hidden": 256, "heads": 4, "vocab": 10, "activation": "swiglu", "norm": "rmsnorm", "moe": {"experts": 100000, "top_k": 2, "expert_ffn_hidden": 64})"),
+       "model.modules[0].spec.moe.experts", "must be <= 65536"},
       {one(llm + R"(, "hiden": 4)"), "model.modules[0].spec.hiden", "unknown field"},
       {one(R"("layers": 2, "hidden": 256, "ffn_hidden": 512, "heads": "4", "vocab": 10, "activation": "gelu", "norm": "rmsnorm")"),
        "model.modules[0].spec.heads", "expected an integer"},

@@ -101,6 +101,11 @@ class Checker {
   void positive(std::string_view field, int64_t v) {
     if (v < 1) fail(field, fmt::format("must be >= 1, got {}", v));
   }
+  /// positive() and at most `max`.
+  void size(std::string_view field, int64_t v, int64_t max) {
+    positive(field, v);
+    if (v > max) fail(field, fmt::format("must be <= {}, got {}", max, v));
+  }
   /// `field` (value v) must divide `what` (value total).
   void divides(std::string_view field, int64_t v, std::string_view what, int64_t total) {
     if (v >= 1 && total % v != 0)
@@ -114,32 +119,34 @@ class Checker {
 };
 
 void check_block(Checker& c, const TransformerSpec& t, bool moe = false) {
-  c.positive("layers", t.layers);
-  c.positive("hidden", t.hidden);
-  if (!moe) c.positive("ffn_hidden", t.ffn_hidden);
+  c.size("layers", t.layers, kMaxLayers);
+  c.size("hidden", t.hidden, kMaxWidth);
+  if (!moe) c.size("ffn_hidden", t.ffn_hidden, kMaxWidth);
   if (moe && t.ffn_hidden != 0)
     c.fail("ffn_hidden", "unused with moe (experts take moe.expert_ffn_hidden)");
-  c.positive("heads", t.heads);
-  c.positive("kv_heads", t.kv_heads);
+  c.size("heads", t.heads, kMaxWidth);
+  c.size("kv_heads", t.kv_heads, kMaxWidth);
   if (t.head_size == 0)
     c.divides("heads", t.heads, "hidden", t.hidden);
   else
-    c.positive("head_dim", t.head_size);
+    c.size("head_dim", t.head_size, kMaxWidth);
   c.divides("kv_heads", t.kv_heads, "heads", t.heads);
 }
 
 void check(Checker& c, const LlmSpec& s) {
   check_block(c, s.block, s.moe.has_value());
-  c.positive("vocab", s.vocab);
+  c.size("vocab", s.vocab, kMaxWidth);
   if (s.positions == PositionEmbedding::kSinusoidal)
     c.fail("position_embedding", "an llm takes rope or learned positions");
-  if (s.positions == PositionEmbedding::kLearned) c.positive("max_positions", s.max_positions);
+  if (s.positions == PositionEmbedding::kLearned)
+    c.size("max_positions", s.max_positions, int64_t{1} << 24);  // workload.seq_len's bound
   if (!s.moe) return;
-  c.positive("moe.experts", s.moe->experts);
+  c.size("moe.experts", s.moe->experts, kMaxExperts);
   c.positive("moe.top_k", s.moe->top_k);
-  c.positive("moe.expert_ffn_hidden", s.moe->expert_ffn_hidden);
-  if (s.moe->shared_experts < 0)
-    c.fail("moe.shared_experts", fmt::format("must be >= 0, got {}", s.moe->shared_experts));
+  c.size("moe.expert_ffn_hidden", s.moe->expert_ffn_hidden, kMaxWidth);
+  if (s.moe->shared_experts < 0 || s.moe->shared_experts > kMaxExperts)
+    c.fail("moe.shared_experts",
+           fmt::format("must be in [0, {}], got {}", kMaxExperts, s.moe->shared_experts));
   if (s.moe->top_k > s.moe->experts)
     c.fail("moe.top_k",
            fmt::format("must be <= experts ({}), got {}", s.moe->experts, s.moe->top_k));
@@ -147,9 +154,9 @@ void check(Checker& c, const LlmSpec& s) {
 
 void check(Checker& c, const VisionEncoderSpec& s) {
   check_block(c, s.block);
-  c.positive("patch_size", s.patch_size);
-  c.positive("image_size", s.image_size);
-  c.positive("channels", s.channels);
+  c.size("patch_size", s.patch_size, kMaxInputSide);
+  c.size("image_size", s.image_size, kMaxInputSide);
+  c.size("channels", s.channels, kMaxInputSide);
   if (s.patch_size >= 1 && s.image_size % s.patch_size != 0)
     c.fail("image_size", fmt::format("must be a multiple of patch_size ({}), got {}", s.patch_size,
                                      s.image_size));
@@ -157,8 +164,8 @@ void check(Checker& c, const VisionEncoderSpec& s) {
 
 void check(Checker& c, const AudioEncoderSpec& s) {
   check_block(c, s.block);
-  c.positive("mel_bins", s.mel_bins);
-  c.positive("frames", s.frames);
+  c.size("mel_bins", s.mel_bins, kMaxInputSide);
+  c.size("frames", s.frames, kMaxInputSide);
   if (s.frames % 2 != 0)
     c.fail("frames", fmt::format("must be even (the second conv has stride 2), got {}", s.frames));
   if (s.positions == PositionEmbedding::kRope)
@@ -166,12 +173,12 @@ void check(Checker& c, const AudioEncoderSpec& s) {
 }
 
 void check(Checker& c, const ProjectorSpec& s) {
-  c.positive("input_hidden", s.input_hidden);
-  c.positive("output_hidden", s.output_hidden);
+  c.size("input_hidden", s.input_hidden, kMaxWidth);
+  c.size("output_hidden", s.output_hidden, kMaxWidth);
   if (s.layers != 1 && s.layers != 2)
     c.fail("layers", fmt::format("must be 1 or 2, got {}", s.layers));
-  if (s.layers == 2) c.positive("ffn_hidden", s.ffn_hidden);
-  c.positive("downsample", s.downsample);
+  if (s.layers == 2) c.size("ffn_hidden", s.ffn_hidden, kMaxWidth);
+  c.size("downsample", s.downsample, kMaxWidth);
 }
 
 int64_t output_hidden(const ModuleSpec& spec) {

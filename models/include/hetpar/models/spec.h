@@ -136,7 +136,19 @@ struct ModelSpec {
   std::optional<size_t> find(std::string_view name) const;
 };
 
-/// Checks one module's sizes and their divisibility; errors read `<path>.<field>: ...`.
+/// Upper bounds validate_module() puts on a module's sizes, far above any published model
+/// (the deepest transformer trained, DeepNet, has 1,000 layers; the widest dense LLMs a
+/// hidden size of 25,600, the largest vocabularies 256K entries, the most experts 256 per
+/// layer). An op graph has ops per layer, so layers bound its size; widths bound every
+/// derived count of parameters, FLOPs and bytes well inside int64. Both turn a mistyped
+/// size into an error naming the field, instead of a simulation that exhausts memory.
+inline constexpr int64_t kMaxLayers = 10'000;
+inline constexpr int64_t kMaxWidth = int64_t{1} << 20;      // hidden, ffn and head sizes, vocab
+inline constexpr int64_t kMaxExperts = int64_t{1} << 16;    // routed or shared, and top_k
+inline constexpr int64_t kMaxInputSide = int64_t{1} << 16;  // image side, mel bins, frames
+
+/// Checks one module's sizes (within the bounds above) and their divisibility; errors read
+/// `<path>.<field>: ...`.
 Status validate_module(const ModuleSpec& spec, std::string_view path);
 /// Checks every module (at `<path>.modules[i].spec`), then the wiring: one LLM, unique
 /// names, edges encoder -> projector -> llm or encoder -> llm, hidden sizes that match
