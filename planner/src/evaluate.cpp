@@ -69,14 +69,7 @@ Result<PlanMetrics> evaluate(const Scenario& s, const Plan& p, const EvaluateOpt
     if (o.enforce_memory) return m;
   }
 
-  // Ranks that share a node's compute units (a CPU host) slow each other only as far as
-  // they compute at once, so every rank is simulated (representatives would hide the
-  // others' load).
-  std::vector<double> node_units;
-  for (int n = 0; n < s.cluster.num_nodes(); ++n)
-    node_units.push_back(s.cluster.profile_of_node(NodeId(n)).shared_compute_units);
-  const bool shared =
-      std::any_of(node_units.begin(), node_units.end(), [](double u) { return u > 0; });
+  const bool shared = ranks_share_compute(s);  // then every rank is simulated
   LowerOptions lo;
   lo.full_ranks = o.full_ranks || shared;
   // A graph past kMaxSimulatedTasks would exhaust memory before its first event.
@@ -96,7 +89,9 @@ Result<PlanMetrics> evaluate(const Scenario& s, const Plan& p, const EvaluateOpt
   std::vector<std::string> kinds;
   if (o.exposed_by_kind) kinds = comm_kinds(lowered.graph, so);
   so.host = o.trainer_host;
-  if (shared) so.node_compute_units = node_units;
+  if (shared)
+    for (int n = 0; n < s.cluster.num_nodes(); ++n)
+      so.node_compute_units.push_back(s.cluster.profile_of_node(NodeId(n)).shared_compute_units);
   // Compute beside NCCL's collectives, per rank from its GPU's profile (none: left empty).
   auto per_rank = [&](std::vector<double>& out, auto&& of) {
     for (int r = 0; r < lowered.world; ++r) {

@@ -2895,6 +2895,12 @@ bool simulates_representatives(const Scenario& s, const Plan& p) {
 // and cp - 1 transfers; EP adds its all-to-alls. Simulated ranks (lower.h): one
 // representative per stage, a whole representative replica (colocated three-phase), or
 // every rank.
+bool ranks_share_compute(const Scenario& s) {
+  for (int n = 0; n < s.cluster.num_nodes(); ++n)
+    if (s.cluster.profile_of_node(NodeId(n)).shared_compute_units > 0) return true;
+  return false;
+}
+
 double estimated_tasks(const Scenario& s, const Plan& p, bool every_rank) {
   auto per_layer = [](const Layout& l) {
     return (l.tp > 1 ? 9.0 : 1.0) + (l.cp > 1 ? 2.0 * (l.cp - 1) : 0.0) + (l.ep > 1 ? 4.0 : 0.0);
@@ -2907,7 +2913,7 @@ double estimated_tasks(const Scenario& s, const Plan& p, bool every_rank) {
   };
   const int64_t gb = s.workload.global_batch;
   const Layout& L = p.layout;
-  const bool alike = !every_rank && simulates_representatives(s, p);
+  const bool alike = !every_rank && !ranks_share_compute(s) && simulates_representatives(s, p);
   const bool whole = p.placement == Placement::kColocated && L.pp > 1;
   const double replica = whole ? static_cast<double>(L.tp * L.cp) : 1.0;
   const double ranks = alike ? replica * L.pp : L.world();

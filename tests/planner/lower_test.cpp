@@ -373,6 +373,15 @@ TEST(Lower, RefusesAPlanTooLargeToSimulate) {
   EXPECT_LT(estimate, built * 2);
   // Every rank: tp x dp ranks per stage instead of one representative.
   EXPECT_NEAR(estimated_tasks(small, p, true) / estimate, 8.0, 1e-9);
+  // Nodes whose ranks share compute units (CPU hosts) are simulated rank by rank, and so
+  // estimated: a search must not pass a plan there that evaluate() then refuses.
+  Scenario shared = small;
+  std::vector<hardware::NodeGroup> groups = shared.cluster.groups();
+  for (hardware::NodeGroup& g : groups) g.profile.shared_compute_units = 2;
+  shared.cluster = *hardware::ClusterSpec::create(groups, shared.cluster.overrides());
+  EXPECT_FALSE(ranks_share_compute(small));
+  EXPECT_TRUE(ranks_share_compute(shared));
+  EXPECT_EQ(estimated_tasks(shared, p), estimated_tasks(small, p, true));
 
   // The global batch whose estimate passes kMaxSimulatedTasks.
   const auto per_micro_batch = estimate / 64;

@@ -201,9 +201,15 @@ std::string infeasibility(const Scenario& s, const Plan& p);
 /// plans too large to simulate). REQUIRES: infeasibility(s, p) is empty.
 bool simulates_representatives(const Scenario& s, const Plan& p);
 
+/// Whether some node's ranks share its compute units (SystemProfile::shared_compute_units, a
+/// CPU host): they slow each other only as far as they compute at once, so evaluate()
+/// simulates every rank there (representatives would hide the others' load).
+bool ranks_share_compute(const Scenario& s);
+
 /// About how many tasks lower() builds for `p`, with one representative per class of alike
-/// ranks or, with `every_rank` (LowerOptions::full_ranks), every rank: what a simulation
-/// costs in memory (~280 bytes a task) and time. An estimate: half what lower() builds for
+/// ranks or, with `every_rank` (LowerOptions::full_ranks) or on a cluster whose ranks share
+/// compute (ranks_share_compute()), every rank: what evaluate() simulates, which costs
+/// memory (~280 bytes a task) and time. An estimate: half what lower() builds for
 /// Llama 3.1 405B's DGXC layout (11.5M of 24.3M at 4096 micro-batches), within 2x on
 /// Lower.RefusesAPlanTooLargeToSimulate's. REQUIRES: infeasibility(s, p) is empty.
 double estimated_tasks(const Scenario& s, const Plan& p, bool every_rank = false);
