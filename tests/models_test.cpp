@@ -626,6 +626,9 @@ TEST(Json, BadInputsNameTheirPath) {
        "model.modules[0].spec.hidden", "must be <= 1048576"},
       {one(R"("layers": 2, "hidden": 256, "heads": 4, "vocab": 10, "activation": "swiglu", "norm": "rmsnorm", "moe": {"experts": 100000, "top_k": 2, "expert_ffn_hidden": 64})"),
        "model.modules[0].spec.moe.experts", "must be <= 65536"},
+      // Each size within its bound, the whole past 2^50 parameters (int64 byte counts).
+      {one(R"("layers": 10000, "hidden": 1048576, "heads": 1024, "vocab": 1024, "activation": "swiglu", "norm": "rmsnorm", "moe": {"experts": 65536, "top_k": 2, "expert_ffn_hidden": 1048576})"),
+       "model.modules[0].spec", "about 2.16e+21 parameters, over the bound of 1.13e+15"},
       {one(llm + R"(, "hiden": 4)"), "model.modules[0].spec.hiden", "unknown field"},
       {one(R"("layers": 2, "hidden": 256, "ffn_hidden": 512, "heads": "4", "vocab": 10, "activation": "gelu", "norm": "rmsnorm")"),
        "model.modules[0].spec.heads", "expected an integer"},

@@ -192,12 +192,49 @@ int64_t output_hidden(const ModuleSpec& spec) {
       spec);
 }
 
+// About how many parameters `spec` has, in double (count_params() sums in int64, which sizes
+// within the field bounds can still overflow together). For a bound, not a count.
+double approx_params(const ModuleSpec& spec) {
+  auto block = [](const TransformerSpec& t, double mlp) {
+    const double h = static_cast<double>(t.hidden);
+    const double hd = static_cast<double>(t.head_size > 0 ? t.head_size : t.hidden / t.heads);
+    const double attention = h * hd * static_cast<double>(2 * t.heads + 2 * t.kv_heads);
+    return static_cast<double>(t.layers) * (attention + 3 * h * mlp);
+  };
+  return std::visit(
+      [&](const auto& s) -> double {
+        using T = std::decay_t<decltype(s)>;
+        if constexpr (std::is_same_v<T, ProjectorSpec>) {
+          return static_cast<double>(s.input_hidden) * static_cast<double>(s.ffn_hidden) *
+                     static_cast<double>(s.downsample * s.downsample) +
+                 static_cast<double>(s.ffn_hidden) * static_cast<double>(s.output_hidden);
+        } else if constexpr (std::is_same_v<T, LlmSpec>) {
+          const double mlp = s.moe ? static_cast<double>(s.moe->experts + s.moe->shared_experts) *
+                                         static_cast<double>(s.moe->expert_ffn_hidden)
+                                   : static_cast<double>(s.block.ffn_hidden);
+          return block(s.block, mlp) +
+                 2 * static_cast<double>(s.vocab) * static_cast<double>(s.block.hidden);
+        } else {
+          return block(s.block, static_cast<double>(s.block.ffn_hidden));
+        }
+      },
+      spec);
+}
+
 }  // namespace
 
 Status validate_module(const ModuleSpec& spec, std::string_view path) {
   Checker c(path);
   std::visit([&](const auto& s) { check(c, s); }, spec);
-  return c.status();
+  HETPAR_RETURN_IF_ERROR(c.status());
+  // Each size within its bound, the module's parameters may still pass int64 in products
+  // (bytes of gradients and optimizer state): bounded as a whole.
+  if (const double params = approx_params(spec); params > static_cast<double>(kMaxParams))
+    return Status::invalid_argument(fmt::format(
+        "{}: about {:.3g} parameters, over the bound of {:.3g} (2^50; the largest published "
+        "models have about 2e12): a mistyped size?",
+        path, params, static_cast<double>(kMaxParams)));
+  return Status::ok();
 }
 
 Status validate_model(const ModelSpec& m, std::string_view path) {

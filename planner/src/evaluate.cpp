@@ -84,6 +84,21 @@ Result<PlanMetrics> evaluate(const Scenario& s, const Plan& p, const EvaluateOpt
   }
   if (o.workspace) lo.reuse = &o.workspace->graph;
   HETPAR_ASSIGN_OR_RETURN(LoweredPlan lowered, lower(s, p, lo));
+  double peak = 0;  // FLOP/s of every GPU together (node groups may differ)
+  for (const hardware::NodeGroup& g : s.cluster.groups())
+    peak +=
+        g.profile.gpu.peak(s.workload.precision).per_second() * g.nodes * g.profile.gpus_per_node;
+  // Integer-picosecond time spans about 106 days. An iteration that needs more than a
+  // hundredth of that even with every GPU at its peak would overflow the simulator's clock
+  // at a low MFU, so it is refused before it runs.
+  if (const double at_peak = lowered.model_flops_per_iteration.count() / peak;
+      !(at_peak <= kMaxIterationAtPeak.to_seconds())) {
+    m.infeasible_reason = fmt::format(
+        "too long to simulate: one iteration needs {:.3g} s even with every GPU at its peak, over "
+        "the simulator's limit of {:.3g} s (its clock spans {:.0f} days)",
+        at_peak, kMaxIterationAtPeak.to_seconds(), Time::max().to_seconds() / 86400);
+    return m;
+  }
   sim::SimOptions so;
   so.collectives = collective_config(s.cluster);
   std::vector<std::string> kinds;
@@ -122,10 +137,6 @@ Result<PlanMetrics> evaluate(const Scenario& s, const Plan& p, const EvaluateOpt
   double seconds = r.makespan.to_seconds();
   m.tokens_per_s = static_cast<double>(s.workload.seq_len * s.workload.global_batch) / seconds;
   m.tflops_per_gpu = lowered.model_flops_per_iteration.count() / (seconds * m.world) * 1e-12;
-  double peak = 0;  // mean over the GPUs (node groups may differ)
-  for (const hardware::NodeGroup& g : s.cluster.groups())
-    peak +=
-        g.profile.gpu.peak(s.workload.precision).per_second() * g.nodes * g.profile.gpus_per_node;
   m.mfu = m.tflops_per_gpu * 1e12 / (peak / s.cluster.total_gpus());
 
   // Means over the world: each simulated rank stands for `multiplicity` ranks.

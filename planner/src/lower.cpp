@@ -252,6 +252,57 @@ std::string grad_reduce_dtype_infeasibility(const Layout& l, hardware::Precision
 
 }  // namespace
 
+// The largest tensor one micro-batch of any module makes, against kMaxTensorElements: tokens
+// times the widest per-token width (hidden, the MLP's, the routed experts' top_k x width,
+// Q/K/V, the vocabulary; a projector's input after downsampling), and without a fused
+// attention kernel the scores (heads x sequence^2 per item). Counted in double: the op
+// graphs count bytes in int64, which sizes each within their bounds can pass together.
+std::string tensor_size_infeasibility(const Scenario& s, const Plan& p) {
+  auto layout_of = [&](size_t i) -> const Layout& {
+    std::string name = s.model.modules[i].name;
+    for (const models::Edge& e : s.model.edges)  // a projector goes with its encoder
+      if (e.to == i && models::kind_of(s.model.modules[i].spec) == models::ModuleKind::kProjector)
+        name = s.model.modules[e.from].name;
+    for (const ModulePlan& mp : p.modules)
+      if (mp.module == name) return mp.layout;
+    return p.layout;
+  };
+  for (size_t i = 0; i < s.model.modules.size(); ++i) {
+    const Layout& l = layout_of(i);
+    const models::ModuleInput in = module_input(s, i, l.micro_batch);
+    const models::ModuleSpec& spec = s.model.modules[i].spec;
+    auto d = [](int64_t v) { return static_cast<double>(v); };
+    double per_item = d(in.seq_len), width = 0, scores = 0;
+    if (const auto* proj = std::get_if<models::ProjectorSpec>(&spec)) {
+      width = std::max({d(proj->input_hidden) * d(proj->downsample * proj->downsample),
+                        d(proj->ffn_hidden), d(proj->output_hidden)});
+    } else {
+      const models::TransformerSpec& t = *models::transformer_of(spec);
+      if (const auto* v = std::get_if<models::VisionEncoderSpec>(&spec)) per_item = d(v->seq_len());
+      if (const auto* a = std::get_if<models::AudioEncoderSpec>(&spec))
+        per_item = d(a->frames), width = d(a->mel_bins);
+      width = std::max(
+          {width, d(t.hidden), d(t.ffn_hidden), d(t.head_dim() * (t.heads + 2 * t.kv_heads))});
+      if (const auto* llm = std::get_if<models::LlmSpec>(&spec)) {
+        width = std::max(width, d(llm->vocab));
+        if (llm->moe) width = std::max(width, d(llm->moe->top_k * llm->moe->expert_ffn_hidden));
+      }
+      if (!l.flash_attention) scores = d(t.heads) * per_item * per_item;
+    }
+    const double items = d(l.micro_batch) * d(in.items_per_sample);
+    const double elements = std::max(items * per_item * width, items * scores);
+    if (elements > static_cast<double>(kMaxTensorElements))
+      return fmt::format(
+          "out of memory: one micro-batch of module \"{}\" (micro_batch {}) makes a tensor of "
+          "about {:.3g} elements ({}), over {:.3g} (4 TiB in fp32), more than any GPU holds",
+          s.model.modules[i].name, l.micro_batch, elements,
+          elements == items * scores ? "attention scores: heads x sequence^2, no flash_attention"
+                                     : "tokens x width",
+          static_cast<double>(kMaxTensorElements));
+  }
+  return {};
+}
+
 std::string infeasibility(const Scenario& s, const Plan& p) {
   const Layout& l = p.layout;
   if (l.tp < 1 || l.cp < 1 || l.pp < 1 || l.vpp < 1 || l.dp < 1 || l.ep < 1 || l.micro_batch < 1)
@@ -380,8 +431,10 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
              "run between the LLM's on the same GPUs";
     if (l.tp_comm_overlap) return "ep_comm_overlap with tp_comm_overlap is not modelled";
   }
-  if (hetero) return heterogeneous_infeasibility(s, p);
-  return {};
+  if (hetero) {
+    if (std::string why = heterogeneous_infeasibility(s, p); !why.empty()) return why;
+  }
+  return tensor_size_infeasibility(s, p);
 }
 
 OptimizerTraffic optimizer_traffic(const Layout& l, hardware::Precision p) {

@@ -404,6 +404,44 @@ TEST(Lower, RefusesAPlanTooLargeToSimulate) {
   EXPECT_NE(m->infeasible_reason.find("every rank simulated"), std::string::npos);
 }
 
+// Sizes each within their bounds can together pass what int64 counters hold: a tensor of a
+// micro-batch over kMaxTensorElements, or an iteration whose clock could overflow, is an
+// infeasible plan with its reason, never a wrapped count.
+TEST(Lower, RefusesWhatItsCountersCannotHold) {
+  Scenario s = make(4, 512, 2);
+  s.workload.seq_len = int64_t{1} << 24;
+  Plan p = plan(8, 2, 1);
+  p.layout.micro_batch = 32;  // 2^29 tokens x the MLP's 4096: 2^41 elements
+  EXPECT_EQ(infeasibility(s, p).rfind("out of memory: one micro-batch of module \"llm\" "
+                                      "(micro_batch 32) makes a tensor of about 2.2e+12 "
+                                      "elements (tokens x width)",
+                                      0),
+            0u)
+      << infeasibility(s, p);
+  p.layout.micro_batch = 1;
+  EXPECT_EQ(infeasibility(s, p), "");
+  p.layout.flash_attention = false;  // 16 heads x (2^24)^2 scores
+  EXPECT_NE(infeasibility(s, p).find("attention scores: heads x sequence^2"), std::string::npos)
+      << infeasibility(s, p);
+
+  // Attention over 2^24 tokens: ~7e18 FLOPs a sample, 512 samples on 16 GPUs take about
+  // 2.3e5 s at peak, past kMaxIterationAtPeak (about 9.2e4 s).
+  p.layout.flash_attention = true;
+  EvaluateOptions o;
+  o.enforce_memory = false;
+  auto m = evaluate(s, p, o);
+  ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+  EXPECT_FALSE(m->feasible);
+  EXPECT_EQ(m->infeasible_reason.rfind("too long to simulate: one iteration needs ", 0), 0u)
+      << m->infeasible_reason;
+  s.workload.global_batch = 64;  // an eighth: about 2.9e4 s, simulated
+  m = evaluate(s, p, o);
+  ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+  EXPECT_TRUE(m->feasible) << m->infeasible_reason;
+  EXPECT_GT(m->iteration_time.to_seconds(), 2.9e4);
+  EXPECT_LT(m->iteration_time, Time::max());
+}
+
 TEST(Lower, UserbuffersNeedSpAndAreNotForTheExecutor) {
   Scenario s = make(2, 1, 1);
   Plan p = plan(8, 1, 1);

@@ -49,8 +49,12 @@ class Time {
  private:
   constexpr explicit Time(int64_t v) : ps_(v) {}
   // Rounds to the nearest picosecond; durations are never negative-rounded to zero-crossing.
+  // Spans past int64's range saturate (the conversion would be undefined); callers that
+  // simulate refuse such spans first (planner::kMaxIterationAtPeak).
   static constexpr Time from_scaled(double v, double scale) {
     double p = v * scale;
+    if (p >= 9.2233720368547748e18) return max();
+    if (p <= -9.2233720368547748e18) return Time(std::numeric_limits<int64_t>::min());
     return Time(static_cast<int64_t>(p < 0 ? p - 0.5 : p + 0.5));
   }
   int64_t ps_ = 0;

@@ -146,6 +146,9 @@ inline constexpr int64_t kMaxLayers = 10'000;
 inline constexpr int64_t kMaxWidth = int64_t{1} << 20;      // hidden, ffn and head sizes, vocab
 inline constexpr int64_t kMaxExperts = int64_t{1} << 16;    // routed or shared, and top_k
 inline constexpr int64_t kMaxInputSide = int64_t{1} << 16;  // image side, mel bins, frames
+/// Parameters of one module, as a whole (sizes each within bounds can still multiply past
+/// int64 in byte counts of gradients and optimizer state).
+inline constexpr int64_t kMaxParams = int64_t{1} << 50;
 
 /// Checks one module's sizes (within the bounds above) and their divisibility; errors read
 /// `<path>.<field>: ...`.

@@ -195,6 +195,9 @@ struct LoweredPlan {
 /// encoder tp x dp = world; non-colocated: rank ranges tile the world, first
 /// ranks aligned to tp, LLM cp = 1.
 std::string infeasibility(const Scenario& s, const Plan& p);
+/// The most elements infeasibility() lets one tensor of a micro-batch have (4 TiB in fp32,
+/// more than any GPU holds): past it, counts of bytes in int64 could overflow.
+inline constexpr int64_t kMaxTensorElements = int64_t{1} << 40;
 
 /// Whether lower() (without full_ranks) simulates one representative per class of alike
 /// ranks rather than every rank — what decides the size of the task graph (a search skips
