@@ -453,6 +453,10 @@ TEST(ProfileJson, RejectsBadProfilesNamingTheField) {
        "inter_node.collective_sms: must be in [0, gpu.sm_count=132), got 132"},
       {"zero HBM bandwidth", [](nlohmann::json& j) { j["gpu"]["memory_GBps"] = 0; },
        "gpu.memory_GBps: must be > 0"},
+      // A bus bandwidth of 1e300 GB/s became an infinite rate: the flow network's CHECK.
+      {"absurd bus bandwidth",
+       [](nlohmann::json& j) { j["collectives"][1]["busbw_GBps"][0][1] = 1e300; },
+       "collectives.intra_node.all_gather.busbw_GBps[0]: must be <= 1e+09, got inf"},
       {"missing peak", [](nlohmann::json& j) { j["gpu"]["compute"]["bf16"].erase("peak_tflops"); },
        "gpu.compute.bf16.peak_tflops: missing required field"},
       {"missing bf16", [](nlohmann::json& j) { j["gpu"]["compute"].erase("bf16"); },

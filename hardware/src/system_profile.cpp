@@ -97,8 +97,12 @@ std::string collective_key(const CollectiveFigure& f) {
 // First violation wins; messages name the JSON field.
 class Checker {
  public:
+  // A size or rate, in the field's unit: positive and at most kMaxProfileQuantity (a
+  // non-finite or absurd figure would overflow the byte counts and rates derived from it).
   void positive(const std::string& field, double v) {
     if (!(v > 0)) fail(field, fmt::format("must be > 0, got {}", v));
+    if (v > kMaxProfileQuantity)
+      fail(field, fmt::format("must be <= {:g}, got {:g}", kMaxProfileQuantity, v));
   }
   void non_negative(const std::string& field, double v) {
     if (!(v >= 0)) fail(field, fmt::format("must be >= 0, got {}", v));

@@ -4,6 +4,8 @@
 // same mutations in the same order, so a failure names its case and reproduces.
 #pragma once
 
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -64,9 +66,15 @@ inline std::vector<std::pair<std::string, nlohmann::json>> mutation_values() {
 
 /// Calls `f(what, mutated)` for every single-edit mutation of `doc`: each node of
 /// json_nodes() set to each mutation_values() entry, then deleted. `what` reads
-/// "/plan/tp = 7" or "/plan/tp deleted".
+/// "/plan/tp = 7" or "/plan/tp deleted". A crash shows no SCOPED_TRACE: with
+/// HETPAR_MUTATION_TRACE set, each `what` is printed to stderr before its call.
 template <typename F>
 void for_each_mutation(const nlohmann::json& doc, F&& f) {
+  const bool trace = std::getenv("HETPAR_MUTATION_TRACE") != nullptr;
+  auto call = [&](const std::string& what, const nlohmann::json& m) {
+    if (trace) std::fprintf(stderr, "mutation %s\n", what.c_str());
+    f(what, m);
+  };
   std::vector<std::string> nodes;
   json_nodes(doc, "", nodes);
   const auto values = mutation_values();
@@ -75,7 +83,7 @@ void for_each_mutation(const nlohmann::json& doc, F&& f) {
     for (const auto& [name, value] : values) {
       nlohmann::json m = doc;
       m[ptr] = value;
-      f(node + " = " + name, m);
+      call(node + " = " + name, m);
     }
     nlohmann::json m = doc;
     nlohmann::json& parent = m[ptr.parent_pointer()];
@@ -83,7 +91,7 @@ void for_each_mutation(const nlohmann::json& doc, F&& f) {
       parent.erase(ptr.back());
     else
       parent.erase(static_cast<size_t>(std::stoul(ptr.back())));
-    f(node + " deleted", m);
+    call(node + " deleted", m);
   }
 }
 

@@ -9,8 +9,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -60,8 +58,6 @@ TEST_P(ScenarioMutationTest, EverySingleEditIsRefusedOrEvaluated) {
   Outcomes out;
   hetpar::testing::for_each_mutation(doc, [&](const std::string& what, const nlohmann::json& m) {
     SCOPED_TRACE(what);
-    // A crash shows no trace: HETPAR_MUTATION_TRACE=1 prints each case before it runs.
-    if (std::getenv("HETPAR_MUTATION_TRACE")) std::fprintf(stderr, "case %s\n", what.c_str());
     auto s = parse_scenario_text(m.dump(), "m.json", dir);
     if (!s.is_ok()) {
       // The message names where: the file, or the profile file the scenario points at.

@@ -182,10 +182,15 @@ struct SystemProfile {
 /// a fabric hop, the host's issue. Far above any real one; it keeps an iteration's sum of
 /// them well inside integer-picosecond Time.
 inline constexpr Time kMaxCallLatency = Time::seconds(1);
+/// The largest size or rate a profile may give, in its field's unit (GiB, MiB, GB/s, Gb/s,
+/// TFLOP/s): a billion, far above any hardware (an HBM of 8e3 GB/s, a GPU of 1e4 TFLOP/s)
+/// and low enough that the bytes and rates derived from it stay finite and inside int64.
+inline constexpr double kMaxProfileQuantity = 1e9;
 /// The longest one-way latency of a node's internet link (WanLink::latency).
 inline constexpr Time kMaxWanLatency = Time::seconds(10);
 
-/// Checks the invariants the parser enforces (positive rates, fractions in (0, 1],
+/// Checks the invariants the parser enforces (rates and sizes in (0, kMaxProfileQuantity],
+/// fractions in (0, 1],
 /// latencies in [0, kMaxCallLatency], every collective figure present, consistent fabric);
 /// errors name the JSON field.
 Status validate_profile(const SystemProfile& p);
