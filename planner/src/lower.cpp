@@ -250,8 +250,6 @@ std::string grad_reduce_dtype_infeasibility(const Layout& l, hardware::Precision
   return {};
 }
 
-}  // namespace
-
 // The largest tensor one micro-batch of any module makes, against kMaxTensorElements: tokens
 // times the widest per-token width (hidden, the MLP's, the routed experts' top_k x width,
 // Q/K/V, the vocabulary; a projector's input after downsampling), and without a fused
@@ -302,6 +300,8 @@ std::string tensor_size_infeasibility(const Scenario& s, const Plan& p) {
   }
   return {};
 }
+
+}  // namespace
 
 std::string infeasibility(const Scenario& s, const Plan& p) {
   const Layout& l = p.layout;
