@@ -287,15 +287,15 @@ std::string tensor_size_infeasibility(const Scenario& s, const Plan& p) {
       }
       if (!l.flash_attention) scores = d(t.heads) * per_item * per_item;
     }
-    const double items = d(l.micro_batch) * d(in.items_per_sample);
-    const double elements = std::max(items * per_item * width, items * scores);
+    const bool by_scores = scores > per_item * width;
+    const double elements =
+        d(l.micro_batch) * d(in.items_per_sample) * (by_scores ? scores : per_item * width);
     if (elements > static_cast<double>(kMaxTensorElements))
       return fmt::format(
           "out of memory: one micro-batch of module \"{}\" (micro_batch {}) makes a tensor of "
           "about {:.3g} elements ({}), over {:.3g} (4 TiB in fp32), more than any GPU holds",
           s.model.modules[i].name, l.micro_batch, elements,
-          elements == items * scores ? "attention scores: heads x sequence^2, no flash_attention"
-                                     : "tokens x width",
+          by_scores ? "attention scores: heads x sequence^2, no flash_attention" : "tokens x width",
           static_cast<double>(kMaxTensorElements));
   }
   return {};
@@ -2941,6 +2941,14 @@ bool simulates_representatives(const Scenario& s, const Plan& p) {
   return hetero_reduction(s, p, bounds).has_value();
 }
 
+bool ranks_share_compute(const Scenario& s) {
+  // Per node group, not per node: a search asks for every candidate it estimates.
+  const auto& groups = s.cluster.groups();
+  return std::any_of(groups.begin(), groups.end(), [](const hardware::NodeGroup& g) {
+    return g.profile.shared_compute_units > 0;
+  });
+}
+
 // About how many tasks lower() builds for `p`: simulated ranks x micro-batches x layers x
 // tasks per layer and pass (forward, backward). A layer is one compute task, or with
 // tp > 1 five compute stretches between four TP collectives (sequence parallelism's
@@ -2948,12 +2956,6 @@ bool simulates_representatives(const Scenario& s, const Plan& p) {
 // and cp - 1 transfers; EP adds its all-to-alls. Simulated ranks (lower.h): one
 // representative per stage, a whole representative replica (colocated three-phase), or
 // every rank.
-bool ranks_share_compute(const Scenario& s) {
-  for (int n = 0; n < s.cluster.num_nodes(); ++n)
-    if (s.cluster.profile_of_node(NodeId(n)).shared_compute_units > 0) return true;
-  return false;
-}
-
 double estimated_tasks(const Scenario& s, const Plan& p, bool every_rank) {
   auto per_layer = [](const Layout& l) {
     return (l.tp > 1 ? 9.0 : 1.0) + (l.cp > 1 ? 2.0 * (l.cp - 1) : 0.0) + (l.ep > 1 ? 4.0 : 0.0);

@@ -53,8 +53,8 @@ class Time {
   // simulate refuse such spans first (planner::kMaxIterationAtPeak).
   static constexpr Time from_scaled(double v, double scale) {
     double p = v * scale;
-    if (p >= 9.2233720368547748e18) return max();
-    if (p <= -9.2233720368547748e18) return Time(std::numeric_limits<int64_t>::min());
+    if (p >= 0x1p63) return max();  // 2^63: past int64
+    if (p <= -0x1p63) return Time(std::numeric_limits<int64_t>::min());
     return Time(static_cast<int64_t>(p < 0 ? p - 0.5 : p + 0.5));
   }
   int64_t ps_ = 0;

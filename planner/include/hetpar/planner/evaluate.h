@@ -10,7 +10,6 @@
 // mean over ranks of the time a rank neither computes nor waits on exposed communication.
 #pragma once
 
-#include <limits>
 #include <string>
 #include <vector>
 
@@ -96,7 +95,7 @@ struct EvaluateOptions {
 /// The longest iteration evaluate() simulates, as model FLOPs over every GPU's peak: a
 /// hundredth of integer-picosecond time's range (about 1.07 days), so that even at 1% MFU
 /// the clock cannot overflow. Past it a plan is infeasible as too long to simulate.
-inline constexpr Time kMaxIterationAtPeak = Time::ps(std::numeric_limits<int64_t>::max() / 100);
+inline constexpr Time kMaxIterationAtPeak = Time::ps(Time::max().count_ps() / 100);
 
 /// The most tasks (estimated_tasks()) evaluate() simulates: about 6 GB at ~280 bytes a
 /// task (Llama 3.1 405B's 512-GPU DGXC layout at 4096 micro-batches per replica: estimated
