@@ -456,7 +456,11 @@ TEST(ProfileJson, RejectsBadProfilesNamingTheField) {
       // A bus bandwidth of 1e300 GB/s became an infinite rate: the flow network's CHECK.
       {"absurd bus bandwidth",
        [](nlohmann::json& j) { j["collectives"][1]["busbw_GBps"][0][1] = 1e300; },
-       "collectives.intra_node.all_gather.busbw_GBps[0]: must be <= 1e+09, got inf"},
+       "collectives[1].busbw_GBps[0]: must be <= 1e+09, got 1e+300"},
+      {"absurd memory bandwidth", [](nlohmann::json& j) { j["gpu"]["memory_GBps"] = 1e300; },
+       "gpu.memory_GBps: must be <= 1000000000, got 1e+300"},
+      {"absurd peak", [](nlohmann::json& j) { j["gpu"]["compute"]["bf16"]["peak_tflops"] = 1e300; },
+       "gpu.compute.bf16.peak_tflops: must be <= 1000000000, got 1e+300"},
       {"missing peak", [](nlohmann::json& j) { j["gpu"]["compute"]["bf16"].erase("peak_tflops"); },
        "gpu.compute.bf16.peak_tflops: missing required field"},
       {"missing bf16", [](nlohmann::json& j) { j["gpu"]["compute"].erase("bf16"); },

@@ -43,9 +43,12 @@ Bytes from_scaled_bytes(double v, double unit) {
 constexpr double kMiB = 1048576.0;
 constexpr double kGiB = 1073741824.0;
 constexpr int64_t kMaxCount = int64_t{1} << 30;
-// Latencies are bounded above here (kMaxCallLatency), before Time::us() converts them;
-// negative ones pass here and get validate_profile()'s message.
+// Latencies are bounded above here (kMaxCallLatency), and sizes and rates
+// (kMaxProfileQuantity), before the conversions to picoseconds, bytes and B/s, whose
+// overflow would be reported as "inf" instead of the value written; negative ones pass
+// here and get validate_profile()'s message.
 constexpr double kMaxLatencyUs = kMaxCallLatency.to_us();
+constexpr double kMaxQuantity = kMaxProfileQuantity;
 constexpr double kNoMin = -1e308;
 
 int read_count(JsonReader& r, std::string_view key) {
@@ -98,11 +101,12 @@ nlohmann::json curve_json(const std::vector<CurvePoint>& curve) {
 void read_gpu(JsonReader r, DeviceProfile& g, JsonReader& parent) {
   g.model = r.required_string("model");
   g.sm_count = read_count(r, "sm_count");
-  g.l2 = from_scaled_bytes(r.required_double("l2_MiB"), kMiB);
-  g.memory_capacity = from_scaled_bytes(r.required_double("memory_GiB"), kGiB);
-  g.memory_bandwidth = from_GBps(r.required_double("memory_GBps"));
+  g.l2 = from_scaled_bytes(r.required_double("l2_MiB", kNoMin, kMaxQuantity), kMiB);
+  g.memory_capacity =
+      from_scaled_bytes(r.required_double("memory_GiB", kNoMin, kMaxQuantity), kGiB);
+  g.memory_bandwidth = from_GBps(r.required_double("memory_GBps", kNoMin, kMaxQuantity));
   g.memory_efficiency = r.required_double("memory_efficiency");
-  g.host_link = from_GBps(r.required_double("host_link_GBps"));
+  g.host_link = from_GBps(r.required_double("host_link_GBps", kNoMin, kMaxQuantity));
   g.collective_overlap_slowdown = r.optional_double("collective_overlap_slowdown", 0, 0, 1);
 
   JsonReader compute = r.object("compute");
@@ -117,7 +121,8 @@ void read_gpu(JsonReader r, DeviceProfile& g, JsonReader& parent) {
       }
       JsonReader pr(it.value(), compute.path_of(it.key()));
       PrecisionRate rate;
-      rate.peak = FlopRate::per_second(std::round(pr.required_double("peak_tflops") * 1e12));
+      rate.peak = FlopRate::per_second(
+          std::round(pr.required_double("peak_tflops", kNoMin, kMaxQuantity) * 1e12));
       rate.eta_max = pr.required_double("eta_max");
       pr.finish();
       compute.merge(pr.status());
@@ -163,6 +168,11 @@ void read_gpu(JsonReader r, DeviceProfile& g, JsonReader& parent) {
         if (!is_whole(row[0]) || !is_whole(row[1]) || !is_whole(row[2])) {
           measured.fail(key, fmt::format("GEMM sizes must be integers, got {}x{}x{}", row[0],
                                          row[1], row[2]));
+          break;
+        }
+        if (row[3] > kMaxQuantity) {
+          measured.fail(key,
+                        fmt::format("must be <= {:g} TFLOP/s, got {:g}", kMaxQuantity, row[3]));
           break;
         }
         table[precision_index(prec)].push_back(
@@ -229,9 +239,16 @@ void read_collectives(JsonReader& r, std::vector<CollectiveFigure>& out) {
     std::string op = c.required_enum("op", {"all_reduce", "all_gather", "reduce_scatter",
                                             "all_to_all", "broadcast", "send_recv"});
     f.alpha = Time::us(c.required_double("alpha_us", kNoMin, kMaxLatencyUs));
-    for (const auto& row : read_rows(c, "busbw_GBps", 2, "[group size, GB/s]")) {
+    const auto rows = read_rows(c, "busbw_GBps", 2, "[group size, GB/s]");
+    for (size_t k = 0; k < rows.size(); ++k) {
+      const std::vector<double>& row = rows[k];
       if (!is_whole(row[0])) {
         c.fail("busbw_GBps", fmt::format("group size must be an integer, got {}", row[0]));
+        break;
+      }
+      if (row[1] > kMaxQuantity) {
+        c.fail(fmt::format("busbw_GBps[{}]", k),
+               fmt::format("must be <= {:g}, got {:g}", kMaxQuantity, row[1]));
         break;
       }
       f.busbw.emplace_back(static_cast<int>(row[0]), from_GBps(row[1]));
@@ -264,8 +281,8 @@ nlohmann::json rows_json(const std::vector<std::pair<int, Bandwidth>>& rows) {
 Result<WanLink> parse_wan(const nlohmann::json& j, const std::string& path) {
   JsonReader r(j, path);
   WanLink w;
-  w.up = from_gbps(r.required_double("up_gbps"));
-  w.down = from_gbps(r.required_double("down_gbps"));
+  w.up = from_gbps(r.required_double("up_gbps", kNoMin, kMaxQuantity));
+  w.down = from_gbps(r.required_double("down_gbps", kNoMin, kMaxQuantity));
   w.latency = Time::ms(r.required_double("latency_ms", kNoMin, kMaxWanLatency.to_ms()));
   r.finish();
   if (!r.ok()) return r.status();
@@ -302,7 +319,7 @@ Result<SystemProfile> parse_profile(const nlohmann::json& j, const std::string& 
   JsonReader intra = r.object("intra_node");
   p.intra_node.kind = parse_fabric_kind(intra.required_enum("fabric", {"nvswitch", "pcie", "none"}))
                           .value_or(FabricKind::kNone);
-  p.intra_node.bandwidth = from_GBps(intra.optional_double("GBps", 0));
+  p.intra_node.bandwidth = from_GBps(intra.optional_double("GBps", 0, kNoMin, kMaxQuantity));
   p.intra_node.latency = Time::us(intra.optional_double("latency_us", 0, kNoMin, kMaxLatencyUs));
   p.intra_node.nvls = intra.optional_bool("nvls", false);
   p.intra_node.nvls_min_group =
@@ -312,7 +329,7 @@ Result<SystemProfile> parse_profile(const nlohmann::json& j, const std::string& 
 
   JsonReader inter = r.object("inter_node");
   p.inter_node.nics_per_node = read_count(inter, "nics_per_node");
-  p.inter_node.nic_bandwidth = from_gbps(inter.required_double("nic_gbps"));
+  p.inter_node.nic_bandwidth = from_gbps(inter.required_double("nic_gbps", kNoMin, kMaxQuantity));
   p.inter_node.latency = Time::us(inter.required_double("latency_us", kNoMin, kMaxLatencyUs));
   p.inter_node.collective_sms =
       static_cast<int>(inter.optional_int("collective_sms", 0, 0, kMaxCount));

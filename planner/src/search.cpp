@@ -1402,14 +1402,17 @@ Result<SearchResult> search(const Scenario& s, const SearchOptions& o) {
         tbb::parallel_for(size_t{0}, chunk.size(), [&](size_t i) {
           const Candidate& c = *chunk[i];
           chunk_plans[i] = with_recompute(bases[c.base].plan, info[c.base].combos[c.combo]);
-          why[i] = searcher.memory_verdict(chunk_plans[i]);
-          const double tasks = why[i].empty() ? estimated_tasks(s, chunk_plans[i]) : 0.0;
+          // The task count first: it is cheap, and the memory estimate walks a heterogeneous
+          // plan's schedule one micro-batch at a time.
+          const double tasks = estimated_tasks(s, chunk_plans[i]);
           if (tasks > static_cast<double>(s.search.max_sim_tasks))
             why[i] = fmt::format(
                 "too large to simulate in a search: about {:.1f}M tasks, over "
                 "search.max_sim_tasks {:.1f}M (a placement that breaks the ranks' symmetry "
                 "is simulated on every rank)",
                 tasks / 1e6, static_cast<double>(s.search.max_sim_tasks) / 1e6);
+          else
+            why[i] = searcher.memory_verdict(chunk_plans[i]);
         });
       });
       for (size_t i = 0; i < chunk.size(); ++i) {

@@ -4,10 +4,13 @@
 // same mutations in the same order, so a failure names its case and reproduces.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -92,6 +95,47 @@ void for_each_mutation(const nlohmann::json& doc, F&& f) {
     else
       parent.erase(static_cast<size_t>(std::stoul(ptr.back())));
     call(node + " deleted", m);
+  }
+}
+
+/// Calls `f(what, mutated)` `cases` times, each with 2 or 3 distinct numeric leaves of `doc`
+/// set at once to values from multi_edit_values(): sizes each legal alone that overflow or
+/// exhaust together. Drawn from a fixed `seed` with the generator's raw output (no
+/// distribution, whose results differ between standard libraries), so cases reproduce.
+template <typename F>
+void for_each_multi_edit(const nlohmann::json& doc, int cases, uint64_t seed, F&& f) {
+  const bool trace = std::getenv("HETPAR_MUTATION_TRACE") != nullptr;
+  std::vector<std::string> nodes, numbers;
+  json_nodes(doc, "", nodes);
+  for (const std::string& n : nodes)
+    if (doc[nlohmann::json::json_pointer(n)].is_number()) numbers.push_back(n);
+  if (numbers.size() < 2) return;
+  const std::vector<std::pair<std::string, nlohmann::json>> values = {{"2", 2},
+                                                                      {"3", 3},
+                                                                      {"1000", 1000},
+                                                                      {"10000", 10000},
+                                                                      {"65536", 65536},
+                                                                      {"1048576", 1048576},
+                                                                      {"16777216", 16777216},
+                                                                      {"1e9", 1e9},
+                                                                      {"0.999", 0.999},
+                                                                      {"1e-6", 1e-6}};
+  std::mt19937_64 gen(seed);
+  for (int c = 0; c < cases; ++c) {
+    const size_t edits = 2 + gen() % 2;
+    nlohmann::json m = doc;
+    std::string what;
+    std::vector<size_t> picked;
+    while (picked.size() < std::min(edits, numbers.size())) {
+      const size_t i = gen() % numbers.size();
+      if (std::find(picked.begin(), picked.end(), i) != picked.end()) continue;
+      picked.push_back(i);
+      const auto& [name, value] = values[gen() % values.size()];
+      m[nlohmann::json::json_pointer(numbers[i])] = value;
+      what += (what.empty() ? "" : ", ") + numbers[i] + " = " + name;
+    }
+    if (trace) std::fprintf(stderr, "mutation %s\n", what.c_str());
+    f(what, m);
   }
 }
 
