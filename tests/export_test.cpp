@@ -512,5 +512,37 @@ TEST(ExportScripts, MegatronLaunchSetsTheHardwareQueuesItAsserts) {
             std::string::npos);
 }
 
+// A cluster with NVLS switched off (the DGX Cloud Benchmarking runs' NCCL_NVLS_ENABLE=0) is
+// predicted with ring all-reduces inside a node; every launch script sets the variable so,
+// and the YAML target says it. With NVLS on (the default) nothing is written.
+TEST(ExportScripts, LaunchScriptsSwitchNvlsOffWhereTheClusterDoes) {
+  planner::Scenario on = scenario("llama-3.1-8b", 4, 8192, 512);
+  planner::Scenario off = on;
+  hardware::ClusterOverrides o;
+  o.nvls = false;
+  off.cluster = *hardware::ClusterSpec::create(on.cluster.groups(), o);
+  Plan ddp;
+  ddp.layout = layout(1, 1, 32);
+  Plan nano = megatron_plans()[0];
+  nano.layout.first_stage_layers = nano.layout.last_stage_layers = 0;
+  Plan ds = nano;
+  ds.layout.sequence_parallel = false;
+  ds.layout.overlap_grad_reduce = ds.layout.overlap_param_gather = false;
+  const std::vector<std::pair<Target, Plan>> cases = {{Target::kMegatron, megatron_plans()[1]},
+                                                      {Target::kTorchtitan, ddp},
+                                                      {Target::kDeepspeed, ds},
+                                                      {Target::kNanotron, nano}};
+  for (const auto& [t, p] : cases) {
+    SCOPED_TRACE(to_string(t));
+    const std::string script = exported(off, p, t).at("launch.sh");
+    EXPECT_NE(script.find("\nexport NCCL_NVLS_ENABLE=0\n"), std::string::npos) << script;
+    EXPECT_EQ(exported(on, p, t).at("launch.sh").find("NVLS"), std::string::npos);
+  }
+  const std::string yaml =
+      exported(off, megatron_plans()[1], Target::kMegatronBridge).at("megatron_bridge.yaml");
+  EXPECT_NE(yaml.find("# NCCL_NVLS_ENABLE=0 (the cluster's nvls false)"), std::string::npos)
+      << yaml;
+}
+
 }  // namespace
 }  // namespace hetpar::exporter

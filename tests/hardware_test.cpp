@@ -457,6 +457,18 @@ TEST(ProfileJson, RejectsBadProfilesNamingTheField) {
       {"absurd bus bandwidth",
        [](nlohmann::json& j) { j["collectives"][1]["busbw_GBps"][0][1] = 1e300; },
        "collectives[1].busbw_GBps[0]: must be <= 1e+09, got 1e+300"},
+      {"ring figure on all_gather",
+       [](nlohmann::json& j) {
+         j["collectives"][1]["busbw_without_nvls_GBps"] = {{8, 300}};
+       },
+       "collectives.intra_node.all_gather.busbw_without_nvls_GBps: only the intra_node "
+       "all_reduce runs NVLS"},
+      {"ring figure without NVLS",
+       [](nlohmann::json& j) {
+         j["intra_node"]["nvls"] = false;
+         j["intra_node"].erase("nvls_min_group");
+       },
+       "collectives.intra_node.all_reduce.busbw_without_nvls_GBps: needs intra_node.nvls"},
       {"absurd memory bandwidth", [](nlohmann::json& j) { j["gpu"]["memory_GBps"] = 1e300; },
        "gpu.memory_GBps: must be <= 1000000000, got 1e+300"},
       {"absurd peak", [](nlohmann::json& j) { j["gpu"]["compute"]["bf16"]["peak_tflops"] = 1e300; },
@@ -679,6 +691,46 @@ TEST(Cluster, OverridesApplyToEveryNode) {
   for (const NodeGroup& g : c.groups()) EXPECT_EQ(g.profile.inter_node.collective_sms, 8);
   EXPECT_NE(o.provenance.at("inter_node.collective_sms").find("cluster override"),
             std::string::npos);
+}
+
+// NCCL_NVLS_ENABLE=0: an NVLS profile's intra-node all_reduce becomes its measured ring;
+// a profile without NVLS is unchanged, and one with NVLS but no ring figure is refused.
+TEST(Cluster, NvlsOffRunsTheIntraNodeAllReduceAsTheProfilesRing) {
+  ClusterSpec c = cluster_of(R"({"node_groups": [{"profile": "dgx-h100", "nodes": 1},
+                                                 {"profile": "dgx-a100-80gb", "nodes": 1}],
+                                 "nvls": false})");
+  const SystemProfile h100 = builtin("dgx-h100");
+  const CollectiveFigure& nvls =
+      h100.collective(CollectiveScope::kIntraNode, Collective::kAllReduce);
+  const SystemProfile& off = c.groups()[0].profile;
+  const CollectiveFigure& ring =
+      off.collective(CollectiveScope::kIntraNode, Collective::kAllReduce);
+  EXPECT_FALSE(off.intra_node.nvls);
+  EXPECT_TRUE(h100.intra_node.nvls);
+  EXPECT_EQ(ring.busbw, nvls.busbw_without_nvls);
+  EXPECT_EQ(ring.size_scale, nvls.size_scale_without_nvls);
+  EXPECT_TRUE(ring.busbw_without_nvls.empty());
+  EXPECT_NEAR(ring.bus_bandwidth(8).to_GBps(), 368.3, 1e-9);  // NVLS's: 473.1
+  EXPECT_NEAR(ring.bus_bandwidth(6).to_GBps(), 363.3, 1e-9);  // 5-7 take 4 GPUs' rate
+  EXPECT_NEAR(nvls.bus_bandwidth(8).to_GBps(), 473.1, 1e-9);
+  EXPECT_TRUE(validate_profile(off).is_ok());
+  EXPECT_TRUE(missing_provenance(off).empty());
+  EXPECT_NE(off.provenance.at("collectives.intra_node.all_reduce.busbw_GBps").find("nvls false"),
+            std::string::npos);
+  // Everything else as the profile has it.
+  EXPECT_EQ(off.collective(CollectiveScope::kIntraNode, Collective::kAllGather),
+            h100.collective(CollectiveScope::kIntraNode, Collective::kAllGather));
+  EXPECT_EQ(c.groups()[1].profile, builtin("dgx-a100-80gb"));  // no NVLS to switch off
+  // nvls true (or unset) keeps NVLS.
+  EXPECT_EQ(cluster_of(R"({"profile": "dgx-h100", "nodes": 1, "nvls": true})").groups()[0].profile,
+            h100);
+  // The H200 profile has NVLS and no ring figure: refused, naming what is missing.
+  Result<ClusterSpec> r = parse_cluster(
+      nlohmann::json::parse(R"({"profile": "dgx-h200", "nodes": 1, "nvls": false})"), "cluster");
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().message(),
+            "cluster.nvls: false, but profile dgx-h200 (node_groups[0]) gives no all_reduce "
+            "without NVLS (collectives.intra_node.all_reduce.busbw_without_nvls_GBps)");
 }
 
 TEST(Cluster, DefaultConstructedIsEmpty) {

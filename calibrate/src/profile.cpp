@@ -601,8 +601,11 @@ class Builder {
           }
         }
         if (!fig && scope == CollectiveScope::kInterNode) {
-          fig = CollectiveFigure{
-              scope, op, p.inter_node.latency, {{2, p.inter_node.nic_bandwidth}}, {}};
+          fig = CollectiveFigure{};
+          fig->scope = scope;
+          fig->op = op;
+          fig->alpha = p.inter_node.latency;
+          fig->busbw = {{2, p.inter_node.nic_bandwidth}};
           how = "[not measured] from the inter_node placeholder";
         }
         if (!fig)

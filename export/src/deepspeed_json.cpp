@@ -119,10 +119,11 @@ Result<std::vector<ExportFile>> write_deepspeed(const Context& c) {
   script += fmt::format(
       "# {} node(s) x {} GPUs; HOSTFILE lists the nodes (\"host slots={}\" lines).\n"
       "set -euo pipefail\n\n"
+      "{}"
       "deepspeed --num_nodes {} --num_gpus {} --hostfile \"${{HOSTFILE:-hostfile}}\" \\\n"
       "  \"${{TRAIN_SCRIPT:?set TRAIN_SCRIPT to your training script}}\" "
       "--deepspeed_config ds_config.json \"$@\"\n",
-      c.nodes, c.gpus_per_node, c.gpus_per_node, c.nodes, c.gpus_per_node);
+      c.nodes, c.gpus_per_node, c.gpus_per_node, nvls_environment(c), c.nodes, c.gpus_per_node);
   return std::vector<ExportFile>{{"ds_config.json", j.dump(2) + "\n"},
                                  {"launch.sh", std::move(script)}};
 }

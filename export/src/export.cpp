@@ -386,6 +386,11 @@ std::string header(const Context& c, std::string_view comment) {
       "GPUs on {} node(s).\n",
       comment, c.s.workload.seq_len, c.s.workload.global_batch, c.micro_batches,
       hardware::to_string(c.s.workload.precision), c.world, c.nodes);
+  if (!nvls_enabled(c))
+    out += fmt::format(
+        "{}NCCL_NVLS_ENABLE=0 (the cluster's nvls false): the prediction runs intra-node "
+        "all-reduces as rings; run with it set.\n",
+        comment);
   // A cluster of several node types: the plan places its modules by rank, so each node
   // must start with the node rank of its own group's place.
   const auto& groups = c.s.cluster.groups();
@@ -478,8 +483,17 @@ std::string launcher_environment(const Context& c) {
       "  MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\n"
       "fi\n"
       "MASTER_ADDR=${{MASTER_ADDR:-localhost}}\n"
-      "MASTER_PORT=${{MASTER_PORT:-6000}}\n",
-      c.nodes, c.gpus_per_node);
+      "MASTER_PORT=${{MASTER_PORT:-6000}}\n"
+      "{}",
+      c.nodes, c.gpus_per_node, nvls_environment(c));
+}
+
+bool nvls_enabled(const Context& c) {
+  return c.s.cluster.overrides().nvls.value_or(true);
+}
+
+std::string nvls_environment(const Context& c) {
+  return nvls_enabled(c) ? "" : "export NCCL_NVLS_ENABLE=0\n";
 }
 
 std::string unfused_accumulation_note(const Context& c, std::string_view trainer) {

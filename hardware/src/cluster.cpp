@@ -53,6 +53,35 @@ void apply_nic_override(SystemProfile& p, const ClusterOverrides& o) {
   }
 }
 
+// NVLS disabled: the intra-node all_reduce becomes the ring the profile measured for it.
+// False when the profile has NVLS and no such figure.
+bool apply_nvls_override(SystemProfile& p, const ClusterOverrides& o) {
+  if (o.nvls.value_or(true) || !p.intra_node.nvls) return true;
+  for (CollectiveFigure& f : p.collectives) {
+    if (f.scope != CollectiveScope::kIntraNode || f.op != Collective::kAllReduce) continue;
+    if (f.busbw_without_nvls.empty()) return false;
+    f.busbw = std::move(f.busbw_without_nvls);
+    f.size_scale = std::move(f.size_scale_without_nvls);
+    f.busbw_without_nvls.clear();
+    f.size_scale_without_nvls.clear();
+    auto moved = [&](const std::string& from, const std::string& to) {
+      if (auto it = p.provenance.find(from); it != p.provenance.end()) {
+        p.provenance[to] = "cluster override nvls false: " + it->second;
+        p.provenance.erase(it);
+      }
+    };
+    const std::string key = "collectives.intra_node.all_reduce";
+    p.provenance.erase(key + ".busbw_GBps");
+    p.provenance.erase(key + ".size_scale");
+    moved(key + ".busbw_without_nvls_GBps", key + ".busbw_GBps");
+    moved(key + ".size_scale_without_nvls", key + ".size_scale");
+  }
+  p.intra_node.nvls = false;
+  p.intra_node.nvls_min_group = 0;
+  p.provenance.erase("intra_node.nvls_min_group");
+  return true;
+}
+
 }  // namespace
 
 Result<ClusterSpec> ClusterSpec::create(std::vector<NodeGroup> groups, ClusterOverrides overrides) {
@@ -71,6 +100,11 @@ Result<ClusterSpec> ClusterSpec::create(std::vector<NodeGroup> groups, ClusterOv
       return Status::invalid_argument(
           fmt::format("node_groups[{}].nodes: must be >= 1, got {}", i, g.nodes));
     apply_nic_override(g.profile, overrides);
+    if (!apply_nvls_override(g.profile, overrides))
+      return Status::invalid_argument(fmt::format(
+          "nvls: false, but profile {} (node_groups[{}]) gives no all_reduce without NVLS "
+          "(collectives.intra_node.all_reduce.busbw_without_nvls_GBps)",
+          g.profile_ref, i));
     if (overrides.wan) {
       g.profile.wan = overrides.wan;
       replace_provenance(g.profile, "wan", "cluster override");

@@ -50,6 +50,7 @@ Result<ClusterSpec> parse_cluster(const nlohmann::json& j, const std::string& pa
     if (!(gbps > 0)) r.fail("nic_gbps", fmt::format("must be > 0, got {}", gbps));
     o.nic_bandwidth = Bandwidth::gbit_per_s(gbps);
   }
+  if (r.has("nvls")) o.nvls = r.optional_bool("nvls", true);
   if (const nlohmann::json* wan = r.raw("wan"); wan && r.ok()) {
     Result<WanLink> w = parse_wan(*wan, r.path_of("wan"));
     r.merge(w.status());

@@ -230,6 +230,25 @@ void read_gpu(JsonReader r, DeviceProfile& g, JsonReader& parent) {
   parent.merge(r.status());
 }
 
+// Rows [group size, GB/s] under `key`.
+void read_busbw(JsonReader& c, const std::string& key,
+                std::vector<std::pair<int, Bandwidth>>& out) {
+  const auto rows = read_rows(c, key, 2, "[group size, GB/s]");
+  for (size_t k = 0; k < rows.size(); ++k) {
+    const std::vector<double>& row = rows[k];
+    if (!is_whole(row[0])) {
+      c.fail(key, fmt::format("group size must be an integer, got {}", row[0]));
+      break;
+    }
+    if (row[1] > kMaxQuantity) {
+      c.fail(fmt::format("{}[{}]", key, k),
+             fmt::format("must be <= {:g}, got {:g}", kMaxQuantity, row[1]));
+      break;
+    }
+    out.emplace_back(static_cast<int>(row[0]), from_GBps(row[1]));
+  }
+}
+
 void read_collectives(JsonReader& r, std::vector<CollectiveFigure>& out) {
   const nlohmann::json& arr = r.array("collectives", /*required=*/true);
   for (size_t i = 0; i < arr.size() && r.ok(); ++i) {
@@ -239,21 +258,12 @@ void read_collectives(JsonReader& r, std::vector<CollectiveFigure>& out) {
     std::string op = c.required_enum("op", {"all_reduce", "all_gather", "reduce_scatter",
                                             "all_to_all", "broadcast", "send_recv"});
     f.alpha = Time::us(c.required_double("alpha_us", kNoMin, kMaxLatencyUs));
-    const auto rows = read_rows(c, "busbw_GBps", 2, "[group size, GB/s]");
-    for (size_t k = 0; k < rows.size(); ++k) {
-      const std::vector<double>& row = rows[k];
-      if (!is_whole(row[0])) {
-        c.fail("busbw_GBps", fmt::format("group size must be an integer, got {}", row[0]));
-        break;
-      }
-      if (row[1] > kMaxQuantity) {
-        c.fail(fmt::format("busbw_GBps[{}]", k),
-               fmt::format("must be <= {:g}, got {:g}", kMaxQuantity, row[1]));
-        break;
-      }
-      f.busbw.emplace_back(static_cast<int>(row[0]), from_GBps(row[1]));
-    }
+    read_busbw(c, "busbw_GBps", f.busbw);
     if (c.has("size_scale")) read_curve(c, "size_scale", "bytes", "message sizes", f.size_scale);
+    if (c.has("busbw_without_nvls_GBps"))
+      read_busbw(c, "busbw_without_nvls_GBps", f.busbw_without_nvls);
+    if (c.has("size_scale_without_nvls"))
+      read_curve(c, "size_scale_without_nvls", "bytes", "message sizes", f.size_scale_without_nvls);
     c.finish();
     if (c.ok()) {
       f.scope = *parse_collective_scope(scope);
@@ -440,6 +450,10 @@ nlohmann::json profile_to_json(const SystemProfile& p) {
                         {"alpha_us", to_us(f.alpha)},
                         {"busbw_GBps", rows_json(f.busbw)}};
     if (!f.size_scale.empty()) c["size_scale"] = curve_json(f.size_scale);
+    if (!f.busbw_without_nvls.empty())
+      c["busbw_without_nvls_GBps"] = rows_json(f.busbw_without_nvls);
+    if (!f.size_scale_without_nvls.empty())
+      c["size_scale_without_nvls"] = curve_json(f.size_scale_without_nvls);
     colls.push_back(std::move(c));
   }
   j["collectives"] = colls;

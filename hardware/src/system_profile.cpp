@@ -126,6 +126,19 @@ class Checker {
   Status status;
 };
 
+// Rows [group size, bus bandwidth] of a collective figure under `key`: increasing group
+// sizes, rates within Checker::positive's bounds.
+void check_busbw(Checker& c, const std::string& key,
+                 const std::vector<std::pair<int, Bandwidth>>& rows) {
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const std::string at = fmt::format("{}[{}]", key, i);
+    if (rows[i].first < 1)
+      c.fail(at, fmt::format("group size must be >= 1, got {}", rows[i].first));
+    if (i > 0 && rows[i].first <= rows[i - 1].first) c.fail(at, "group sizes must increase");
+    c.positive(at, rows[i].second.to_GBps());
+  }
+}
+
 // An efficiency curve: factors in (0, 1.5], sizes strictly ascending (`what` names them).
 void check_curve(Checker& c, const std::string& key, const std::vector<CurvePoint>& curve,
                  std::string_view what) {
@@ -246,15 +259,18 @@ Status validate_profile(const SystemProfile& p) {
     c.latency(key + ".alpha_us", fig.alpha);
     if (fig.busbw.empty())
       c.fail(key + ".busbw_GBps", "must list at least one [group, GB/s] entry");
-    for (size_t i = 0; i < fig.busbw.size(); ++i) {
-      const std::string at = fmt::format("{}.busbw_GBps[{}]", key, i);
-      if (fig.busbw[i].first < 1)
-        c.fail(at, fmt::format("group size must be >= 1, got {}", fig.busbw[i].first));
-      if (i > 0 && fig.busbw[i].first <= fig.busbw[i - 1].first)
-        c.fail(at, "group sizes must increase");
-      c.positive(at, fig.busbw[i].second.to_GBps());
-    }
+    check_busbw(c, key + ".busbw_GBps", fig.busbw);
     check_curve(c, key + ".size_scale", fig.size_scale, "message sizes");
+    if (fig.busbw_without_nvls.empty() && fig.size_scale_without_nvls.empty()) continue;
+    const std::string ring = key + ".busbw_without_nvls_GBps";
+    if (fig.scope != CollectiveScope::kIntraNode || fig.op != Collective::kAllReduce)
+      c.fail(ring, "only the intra_node all_reduce runs NVLS");
+    else if (!p.intra_node.nvls)
+      c.fail(ring, "needs intra_node.nvls (the figure is what NCCL runs with NVLS disabled)");
+    else if (fig.busbw_without_nvls.empty())
+      c.fail(ring, "must list at least one [group, GB/s] entry with size_scale_without_nvls");
+    check_busbw(c, ring, fig.busbw_without_nvls);
+    check_curve(c, key + ".size_scale_without_nvls", fig.size_scale_without_nvls, "message sizes");
   }
   for (CollectiveScope scope : kAllScopes) {
     if (scope == CollectiveScope::kIntraNode && p.gpus_per_node == 1) continue;
@@ -312,6 +328,10 @@ std::vector<std::string> missing_provenance(const SystemProfile& p) {
     fields.push_back(collective_key(f) + ".alpha_us");
     fields.push_back(collective_key(f) + ".busbw_GBps");
     if (!f.size_scale.empty()) fields.push_back(collective_key(f) + ".size_scale");
+    if (!f.busbw_without_nvls.empty())
+      fields.push_back(collective_key(f) + ".busbw_without_nvls_GBps");
+    if (!f.size_scale_without_nvls.empty())
+      fields.push_back(collective_key(f) + ".size_scale_without_nvls");
   }
   auto covered = [&](std::string field) {
     for (;;) {

@@ -33,6 +33,9 @@ struct ClusterOverrides {
   std::optional<int> nics_per_node;
   std::optional<Bandwidth> nic_bandwidth;  // per NIC, one direction
   std::optional<WanLink> wan;
+  /// false: NCCL's NVLS disabled (NCCL_NVLS_ENABLE=0), so intra-node all_reduces run as
+  /// rings at the profile's `busbw_without_nvls_GBps`; unset or true: as the profile has it.
+  std::optional<bool> nvls;
   bool operator==(const ClusterOverrides&) const = default;
 };
 
@@ -41,7 +44,9 @@ class ClusterSpec {
  public:
   /// Validates the groups and applies `overrides` to each group's profile. A NIC override
   /// rescales the profile's inter-node bus bandwidths with the NIC capacity: the node's
-  /// aggregate for ring-like collectives, one NIC for all_to_all and send_recv.
+  /// aggregate for ring-like collectives, one NIC for all_to_all and send_recv. NVLS
+  /// switched off replaces an NVLS profile's intra-node all_reduce figure by its ring's
+  /// (an error naming the profile where it has none).
   static Result<ClusterSpec> create(std::vector<NodeGroup> groups, ClusterOverrides overrides = {});
 
   const std::vector<NodeGroup>& groups() const { return groups_; }

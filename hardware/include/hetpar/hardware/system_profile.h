@@ -135,6 +135,11 @@ struct CollectiveFigure {
   /// How much of `busbw` a message of `at` bytes (nccl-tests size) reaches once `alpha` is
   /// paid: NCCL's protocols and pipelining ramp up over mid-size messages. Empty = all of it.
   std::vector<CurvePoint> size_scale;
+  /// The intra-node all_reduce of a profile with NVLS only: the figure of the ring NCCL
+  /// runs with NVLS disabled (NCCL_NVLS_ENABLE=0), which a cluster's `nvls: false` puts in
+  /// place of `busbw` and `size_scale` (cluster.h). Empty: not measured.
+  std::vector<std::pair<int, Bandwidth>> busbw_without_nvls;
+  std::vector<CurvePoint> size_scale_without_nvls;
   bool operator==(const CollectiveFigure&) const = default;
 
   /// Bus bandwidth of the largest listed group size <= `group_size` (the smallest listed
