@@ -462,9 +462,9 @@ TEST(ExportQkNorm, TheQueryKeyNormTravels) {
             "false");
 }
 
-TEST(ExportScripts, LaunchScriptsAreValidBash) {
-  planner::Scenario llama = scenario("llama-3.1-8b", 4, 8192, 512);
-  planner::Scenario vlm = scenario("llava-1.5-7b", 1, 4096, 96, 1);
+// A plan each LLM-only target with a launch script exports for Llama 3.1 8B on 4 nodes
+// (scenario("llama-3.1-8b", 4, 8192, 512)).
+std::vector<std::pair<Target, Plan>> llama_launch_plans() {
   Plan ddp;
   ddp.layout = layout(1, 1, 32);
   Plan nano = megatron_plans()[0];
@@ -472,12 +472,18 @@ TEST(ExportScripts, LaunchScriptsAreValidBash) {
   Plan ds = nano;
   ds.layout.sequence_parallel = false;
   ds.layout.overlap_grad_reduce = ds.layout.overlap_param_gather = false;
-  const std::vector<std::tuple<Target, const planner::Scenario*, Plan>> cases = {
-      {Target::kMegatron, &llama, megatron_plans()[1]},
-      {Target::kMegatronMimo, &vlm, mimo_fan_out(vlm)},
-      {Target::kTorchtitan, &llama, ddp},
-      {Target::kDeepspeed, &llama, ds},
-      {Target::kNanotron, &llama, nano}};
+  return {{Target::kMegatron, megatron_plans()[1]},
+          {Target::kTorchtitan, ddp},
+          {Target::kDeepspeed, ds},
+          {Target::kNanotron, nano}};
+}
+
+TEST(ExportScripts, LaunchScriptsAreValidBash) {
+  planner::Scenario llama = scenario("llama-3.1-8b", 4, 8192, 512);
+  planner::Scenario vlm = scenario("llava-1.5-7b", 1, 4096, 96, 1);
+  std::vector<std::tuple<Target, const planner::Scenario*, Plan>> cases = {
+      {Target::kMegatronMimo, &vlm, mimo_fan_out(vlm)}};
+  for (const auto& [t, p] : llama_launch_plans()) cases.emplace_back(t, &llama, p);
   for (const auto& [t, s, p] : cases) {
     const std::string path = ::testing::TempDir() + "/export_launch_" + std::to_string(getpid()) +
                              "_" + std::string(to_string(t)) + ".sh";
@@ -521,18 +527,7 @@ TEST(ExportScripts, LaunchScriptsSwitchNvlsOffWhereTheClusterDoes) {
   hardware::ClusterOverrides o;
   o.nvls = false;
   off.cluster = *hardware::ClusterSpec::create(on.cluster.groups(), o);
-  Plan ddp;
-  ddp.layout = layout(1, 1, 32);
-  Plan nano = megatron_plans()[0];
-  nano.layout.first_stage_layers = nano.layout.last_stage_layers = 0;
-  Plan ds = nano;
-  ds.layout.sequence_parallel = false;
-  ds.layout.overlap_grad_reduce = ds.layout.overlap_param_gather = false;
-  const std::vector<std::pair<Target, Plan>> cases = {{Target::kMegatron, megatron_plans()[1]},
-                                                      {Target::kTorchtitan, ddp},
-                                                      {Target::kDeepspeed, ds},
-                                                      {Target::kNanotron, nano}};
-  for (const auto& [t, p] : cases) {
+  for (const auto& [t, p] : llama_launch_plans()) {
     SCOPED_TRACE(to_string(t));
     const std::string script = exported(off, p, t).at("launch.sh");
     EXPECT_NE(script.find("\nexport NCCL_NVLS_ENABLE=0\n"), std::string::npos) << script;
