@@ -174,6 +174,16 @@ class Builder {
     intra(p);
     inter(p, hosts);
     HETPAR_RETURN_IF_ERROR(collectives(p, hosts));
+    // The ring figure for NVLS switched off is the base's (a sweep times what NCCL chose);
+    // it describes NVLS hardware, so it goes where the calibrated node has none.
+    for (CollectiveFigure& f : p.collectives) {
+      if (p.intra_node.nvls || f.busbw_without_nvls.empty()) continue;
+      f.busbw_without_nvls.clear();
+      f.size_scale_without_nvls.clear();
+      for (const char* field : {".busbw_without_nvls_GBps", ".size_scale_without_nvls"})
+        p.provenance.erase(fmt::format("collectives.{}.{}{}", hardware::to_string(f.scope),
+                                       hardware::to_string(f.op), field));
+    }
     HETPAR_RETURN_IF_ERROR(hardware::validate_profile(p));
     return p;
   }

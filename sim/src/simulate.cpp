@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <tuple>
 #include <unordered_map>
@@ -27,7 +28,8 @@ struct Plan {
   std::vector<Time> p2p_latency;  // P2P: per flow, its route's latency
   // Collective: per kind of node among its members (CollectiveConfig::curves_of), its
   // kind's size scale for the group's scope (null: none) and the node scale's factor at
-  // the number of nodes the group spans (1 inside a node). Empty: neither.
+  // the number of nodes the group spans (inside a node: the group scale's at its size).
+  // Empty: neither.
   struct Ramp {
     const std::vector<CurvePoint>* size_scale = nullptr;
     double node_factor = 1.0;
@@ -39,11 +41,12 @@ struct Plan {
 };
 
 // Bytes the flows of `task` move per byte of its size: 1 / (the size scale's factor at its
-// size x the node scale's at its nodes) for NCCL's collectives (CollectiveCurves), the
-// smallest such factor where its members' nodes differ; 1 for P2P and copy engines.
+// size x the node scale's at its nodes, or inside a node the group scale's at its size) for
+// NCCL's collectives (CollectiveCurves), the smallest such factor where its members' nodes
+// differ; 1 for P2P and copy engines. Below 1 where a factor exceeds 1 (NVLS).
 double wire_bytes_per_byte(const Plan& p, const Task& task) {
   if (task.kind != TaskKind::kCollective || task.copy_engine || p.ramps.empty()) return 1.0;
-  double factor = 1.0;
+  double factor = std::numeric_limits<double>::infinity();  // ramps is not empty
   for (const Plan::Ramp& r : p.ramps) {
     const double size = r.size_scale ? curve_factor(*r.size_scale, task.bytes.count()) : 1.0;
     factor = std::min(factor, size * r.node_factor);
@@ -799,6 +802,9 @@ const Plan& Engine::plan(const Task& task, Algorithm algorithm) {
     if (!scale.empty()) ramp.size_scale = &scale;
     if (pattern.nodes > 1)
       ramp.node_factor = curve_factor(c->inter_node_node_scale[kind], pattern.nodes);
+    else
+      ramp.node_factor = curve_factor(c->intra_node_group_scale[kind],
+                                      static_cast<int64_t>(g_.group(task.group).size()));
     if (ramp.size_scale || ramp.node_factor != 1.0) p.ramps.push_back(ramp);
   }
   if (opt_.bundle_flows) bundle_flows(p);

@@ -287,6 +287,21 @@ TEST(CalibratedProfile, BaseProfileKeepsDatasheetPeaksAndUnmeasuredFigures) {
             o.base->collective(CollectiveScope::kInterNode, Collective::kAllReduce));
   EXPECT_EQ(p->gpus_per_node, 2);
   EXPECT_FALSE(p->intra_node.nvls);  // NVLS needs 5 GPUs; two ranks measured
+  // Without NVLS the base's ring figure for NVLS switched off has no place, also where the
+  // base's all_reduce figure is kept (its samples dropped here).
+  Samples no_all_reduce = s;
+  std::erase_if(no_all_reduce.collectives, [](const CollectiveSample& c) {
+    return c.op == Collective::kAllReduce && c.scope == CollectiveScope::kIntraNode;
+  });
+  Result<hardware::SystemProfile> kept =
+      build_profile(no_all_reduce, *fit_samples(no_all_reduce), o);
+  ASSERT_TRUE(kept.is_ok()) << kept.status().to_string();
+  const hardware::CollectiveFigure& ar =
+      kept->collective(CollectiveScope::kIntraNode, Collective::kAllReduce);
+  EXPECT_EQ(ar.busbw,
+            o.base->collective(CollectiveScope::kIntraNode, Collective::kAllReduce).busbw);
+  EXPECT_TRUE(ar.busbw_without_nvls.empty());
+  EXPECT_EQ(hardware::missing_provenance(*kept), std::vector<std::string>{});
   // The memory bandwidth is below the datasheet: an efficiency of the datasheet peak.
   EXPECT_EQ(p->gpu.memory_bandwidth, o.base->gpu.memory_bandwidth);
   EXPECT_NEAR(p->gpu.effective_memory_bandwidth().bytes_per_s() / m.copy_Bps, 1.0, 1e-3);

@@ -52,7 +52,12 @@ TEST(NetworkBuilder, RingCollectivesReachTheProfilesBusBandwidth) {
                         Bytes::GiB(1).count());
   };
   const double ag = intra * ramp(hardware::Collective::kAllGather);
-  const double ar = intra * ramp(hardware::Collective::kAllReduce);
+  // An all_reduce at its own figure's busbw: NVLS's at 8 GPUs (473.1 GB/s, not 361.4).
+  const double ar =
+      prof.collective(hardware::CollectiveScope::kIntraNode, hardware::Collective::kAllReduce)
+          .bus_bandwidth(8)
+          .to_GBps() *
+      ramp(hardware::Collective::kAllReduce);
   EXPECT_GT(ag, 0.95 * intra);
   EXPECT_NEAR(busbw_GBps(c, sim::CollectiveKind::kAllGather, range(0, 8)), ag, 0.01 * ag);
   EXPECT_NEAR(busbw_GBps(c, sim::CollectiveKind::kAllReduce, range(0, 8)), ar, 0.01 * ar);
@@ -61,6 +66,37 @@ TEST(NetworkBuilder, RingCollectivesReachTheProfilesBusBandwidth) {
           .bus_bandwidth(4)
           .to_GBps();
   EXPECT_NEAR(busbw_GBps(c, sim::CollectiveKind::kAllReduce, range(0, 32)), inter, 0.01 * inter);
+}
+
+// Inside a node an all_reduce runs at its profile figure's busbw for its group size: NVLS
+// from nvls_min_group GPUs up (the H100's 5, the B200's 6), the ring below it, and the ring
+// at every size where the cluster switches NVLS off. The links themselves carry all_gather's.
+TEST(NetworkBuilder, IntraNodeAllReducesRunAtTheirGroupSizesFigure) {
+  struct Case {
+    const char* cluster;
+    int ranks;
+    double busbw;  // the profile's, GB/s
+  };
+  const Case cases[] = {
+      {R"({"profile": "dgx-h100", "nodes": 1})", 8, 473.1},
+      {R"({"profile": "dgx-h100", "nodes": 1})", 6, 435.6},
+      {R"({"profile": "dgx-h100", "nodes": 1})", 4, 363.3},
+      {R"({"profile": "dgx-h100", "nodes": 1})", 2, 363.3},  // below the listed sizes
+      {R"({"profile": "dgx-h100", "nodes": 1, "nvls": false})", 8, 368.3},
+      {R"({"profile": "dgx-h100", "nodes": 1, "nvls": false})", 6, 363.3},
+      {R"({"profile": "dgx-b200", "nodes": 1})", 8, 842.0},
+      {R"({"profile": "dgx-b200", "nodes": 1})", 4, 682.0},  // a step, not interpolated
+      {R"({"profile": "dgx-a100-80gb", "nodes": 1})", 8, 234.6},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(std::string(k.cluster) + " x" + std::to_string(k.ranks));
+    auto c = cluster(k.cluster);
+    const auto& ar = c.profile_of_node(NodeId(0)).collective(hardware::CollectiveScope::kIntraNode,
+                                                             hardware::Collective::kAllReduce);
+    const double want = k.busbw * curve_factor(ar.size_scale, Bytes::GiB(1).count());
+    EXPECT_NEAR(busbw_GBps(c, sim::CollectiveKind::kAllReduce, range(0, k.ranks)), want,
+                0.01 * want);
+  }
 }
 
 // A mid-size all_gather inside a DGX H100 takes what nccl-tests measures, not the large

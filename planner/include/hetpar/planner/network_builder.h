@@ -4,8 +4,10 @@
 //
 // - Each GPU of a multi-GPU node has an up and a down link to its node's switch with
 //   capacity = the node's intra-node all_gather busbw at the node's GPU count (a ring edge
-//   carries (n-1)/n·S, so a simulated ring all-gather or all-reduce inside the node runs at
-//   exactly that busbw; all-reduce is modelled as a ring, never NVLS).
+//   carries (n-1)/n·S, so a simulated ring all-gather inside the node runs at exactly that
+//   busbw; an all-reduce's flows are a ring's too, run at the share of that rate its own
+//   figure gives for its group size: collective_config()'s group scale, above 1 where
+//   NVLS reduces in the switch).
 // - Each NIC has an up and a down link to the network core with capacity = the node's
 //   inter-node all_reduce busbw (at the cluster's node count) / NICs per node: with one ring
 //   per NIC (sim's channels), a ring across nodes reaches that busbw. GPU i of a node uses
@@ -39,7 +41,9 @@ sim::Network build_network(const hardware::ClusterSpec& cluster);
 /// (size_scale) and the rings' node scales: the links carry all_reduce's per-NIC rate
 /// (build_network), and an inter-node all_gather / reduce_scatter over k nodes reaches its
 /// busbw at k over all_reduce's at k, at most 1 (inter_node_node_scale; none when never
-/// below 1).
+/// below 1). Inside a node an all_reduce of n ranks reaches its figure's busbw at n over
+/// all_gather's at the node's GPU count (intra_node_group_scale, a step per listed size;
+/// none where they are equal, as on the A100).
 sim::CollectiveConfig collective_config(const hardware::ClusterSpec& cluster);
 
 }  // namespace hetpar::planner

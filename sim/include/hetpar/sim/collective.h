@@ -52,6 +52,12 @@ struct CollectiveCurves {
   /// the ring grows, where all_reduce's algorithms hold it. It multiplies the size scale's
   /// factor; copy-engine collectives keep all of it.
   std::array<std::vector<CurvePoint>, kNumCollectiveKinds> inter_node_node_scale{};
+  /// The same inside one node against the group's size (CurvePoint::at: ranks; empty: all
+  /// of it), where the node's fabric runs a collective at a rate of its own rather than the
+  /// ring's the links carry: NVLS reduces in the NVSwitch, so an all_reduce of 5-8 H100s
+  /// reaches 1.31 times the all_gather's link rate. May exceed 1; multiplies the size
+  /// scale's factor; copy-engine collectives keep all of it.
+  std::array<std::vector<CurvePoint>, kNumCollectiveKinds> intra_node_group_scale{};
   /// NCCL's per-step latencies on this kind of node (CollectiveConfig's meaning; unset: the
   /// config's); read only where CollectiveConfig::node_curves tells kinds apart, and then a
   /// collective spanning several kinds takes each the largest of theirs.
