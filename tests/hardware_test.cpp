@@ -724,12 +724,13 @@ TEST(Cluster, NvlsOffRunsTheIntraNodeAllReduceAsTheProfilesRing) {
   // nvls true (or unset) keeps NVLS.
   EXPECT_EQ(cluster_of(R"({"profile": "dgx-h100", "nodes": 1, "nvls": true})").groups()[0].profile,
             h100);
-  // The H200 profile has NVLS and no ring figure: refused, naming what is missing.
+  // The B200 profile has NVLS and no ring figure (no NVLink 5 ring sweep was found):
+  // refused, naming what is missing.
   Result<ClusterSpec> r = parse_cluster(
-      nlohmann::json::parse(R"({"profile": "dgx-h200", "nodes": 1, "nvls": false})"), "cluster");
+      nlohmann::json::parse(R"({"profile": "dgx-b200", "nodes": 1, "nvls": false})"), "cluster");
   ASSERT_FALSE(r.is_ok());
   EXPECT_EQ(r.status().message(),
-            "cluster.nvls: false, but profile dgx-h200 (node_groups[0]) gives no all_reduce "
+            "cluster.nvls: false, but profile dgx-b200 (node_groups[0]) gives no all_reduce "
             "without NVLS (collectives.intra_node.all_reduce.busbw_without_nvls_GBps)");
 }
 
