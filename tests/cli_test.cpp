@@ -94,6 +94,21 @@ TEST(Cli, InspectJsonHasTheDefaultModelNumbers) {
   // Ideal iteration time = model FLOPs / cluster peak.
   EXPECT_NEAR(j["cluster"]["ideal_iteration_time_s"].get<double>(),
               j["model_flops_per_iteration"].get<double>() / (64 * 989.4e12), 1e-9);
+  EXPECT_EQ(j["cluster"]["groups"][0]["nvls"], true);  // the DGX H100's
+}
+
+// A cluster with NVLS switched off says so (the DGX Cloud Benchmarking rows set it).
+TEST(Cli, InspectSaysWhereNvlsIsOff) {
+  const std::string row =
+      std::string(HETPAR_SOURCE_DIR) + "/validation/runs/dgxc-25.04-llama31-8b-8xh100-bf16.json";
+  CliRun r = run("inspect --json " + row);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["cluster"]["groups"][0]["nvls"], false);
+  r = run("inspect " + row);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.find("(NVLS)"), std::string::npos) << r.out;
+  r = run("inspect " + example("default.json"));
+  EXPECT_NE(r.out.find("per GPU (NVLS),"), std::string::npos) << r.out;
 }
 
 TEST(Cli, ListsModelsAndHardware) {

@@ -40,11 +40,11 @@ void print_text(const planner::ScenarioSummary& s) {
   fmt::print("Cluster   {} GPUs\n", s.total_gpus);
   for (const auto& g : s.groups) {
     fmt::print(
-        "  {} x {} ({} x {}): {} per GPU ({}), HBM {} at {}, intra-node {} per GPU, "
+        "  {} x {} ({} x {}): {} per GPU ({}), HBM {} at {}, intra-node {} per GPU{}, "
         "{} x {} NICs per node\n",
         g.nodes, g.profile, g.gpus_per_node, g.gpu_model, g.peak_per_gpu,
         hardware::to_string(w.precision), g.memory_per_gpu, g.memory_bandwidth_per_gpu,
-        g.intra_node_per_gpu, g.nics_per_node, g.nic_bandwidth);
+        g.intra_node_per_gpu, g.nvls ? " (NVLS)" : "", g.nics_per_node, g.nic_bandwidth);
     if (g.wan)
       fmt::print("    WAN link per node: up {}, down {}, latency {}\n", g.wan->up, g.wan->down,
                  g.wan->latency);

@@ -42,6 +42,7 @@ std::string summary_to_json(const planner::ScenarioSummary& s) {
                       {"memory_bytes_per_gpu", g.memory_per_gpu.count()},
                       {"memory_bandwidth_Bps", g.memory_bandwidth_per_gpu.bytes_per_s()},
                       {"intra_node_bandwidth_Bps", g.intra_node_per_gpu.bytes_per_s()},
+                      {"nvls", g.nvls},
                       {"nics_per_node", g.nics_per_node},
                       {"nic_bandwidth_Bps", g.nic_bandwidth.bytes_per_s()},
                       {"wan", g.wan ? hardware::wan_to_json(*g.wan) : nlohmann::json()}});

@@ -60,6 +60,7 @@ ScenarioSummary summarize(const Scenario& s) {
     gs.memory_per_gpu = p.gpu.memory_capacity;
     gs.memory_bandwidth_per_gpu = p.gpu.memory_bandwidth;
     gs.intra_node_per_gpu = p.intra_node.bandwidth;
+    gs.nvls = p.intra_node.nvls;
     gs.nics_per_node = p.inter_node.nics_per_node;
     gs.nic_bandwidth = p.inter_node.nic_bandwidth;
     gs.wan = p.wan;

@@ -35,6 +35,7 @@ struct NodeGroupSummary {
   Bytes memory_per_gpu;
   Bandwidth memory_bandwidth_per_gpu;
   Bandwidth intra_node_per_gpu;  // one direction
+  bool nvls = false;             // intra-node all-reduces in the NVSwitch (cluster `nvls`)
   int nics_per_node = 0;
   Bandwidth nic_bandwidth;  // per NIC, one direction
   std::optional<hardware::WanLink> wan;
