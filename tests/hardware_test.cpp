@@ -463,6 +463,10 @@ TEST(ProfileJson, RejectsBadProfilesNamingTheField) {
        },
        "collectives.intra_node.all_gather.busbw_without_nvls_GBps: only the intra_node "
        "all_reduce runs NVLS"},
+      {"ring ramp without its rates",
+       [](nlohmann::json& j) { j["collectives"][0].erase("busbw_without_nvls_GBps"); },
+       "collectives.intra_node.all_reduce.busbw_without_nvls_GBps: missing: "
+       "size_scale_without_nvls is given without it"},
       {"ring figure without NVLS",
        [](nlohmann::json& j) {
          j["intra_node"]["nvls"] = false;

@@ -268,7 +268,7 @@ Status validate_profile(const SystemProfile& p) {
     else if (!p.intra_node.nvls)
       c.fail(ring, "needs intra_node.nvls (the figure is what NCCL runs with NVLS disabled)");
     else if (fig.busbw_without_nvls.empty())
-      c.fail(ring, "must list at least one [group, GB/s] entry with size_scale_without_nvls");
+      c.fail(ring, "missing: size_scale_without_nvls is given without it");
     check_busbw(c, ring, fig.busbw_without_nvls);
     check_curve(c, key + ".size_scale_without_nvls", fig.size_scale_without_nvls, "message sizes");
   }
