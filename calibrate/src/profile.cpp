@@ -174,16 +174,6 @@ class Builder {
     intra(p);
     inter(p, hosts);
     HETPAR_RETURN_IF_ERROR(collectives(p, hosts));
-    // The ring figure for NVLS switched off is the base's (a sweep times what NCCL chose);
-    // it describes NVLS hardware, so it goes where the calibrated node has none.
-    for (CollectiveFigure& f : p.collectives) {
-      if (p.intra_node.nvls || f.busbw_without_nvls.empty()) continue;
-      f.busbw_without_nvls.clear();
-      f.size_scale_without_nvls.clear();
-      for (const char* field : {".busbw_without_nvls_GBps", ".size_scale_without_nvls"})
-        p.provenance.erase(fmt::format("collectives.{}.{}{}", hardware::to_string(f.scope),
-                                       hardware::to_string(f.op), field));
-    }
     HETPAR_RETURN_IF_ERROR(hardware::validate_profile(p));
     return p;
   }
@@ -599,6 +589,12 @@ class Builder {
         if (!fig && o_.base && o_.base->has_collective(scope, op)) {
           fig = o_.base->collective(scope, op);
           how = from_base("figure");
+          // Its ring for NVLS switched off describes NVLS hardware (intra(): a node of
+          // fewer GPUs than NVLS needs has none).
+          if (!p.intra_node.nvls) {
+            fig->busbw_without_nvls.clear();
+            fig->size_scale_without_nvls.clear();
+          }
         }
         if (!fig && scope == CollectiveScope::kInterNode && p.gpus_per_node > 1) {
           fig = measured_figure(CollectiveScope::kIntraNode, op, &how);
@@ -611,7 +607,7 @@ class Builder {
           }
         }
         if (!fig && scope == CollectiveScope::kInterNode) {
-          fig = CollectiveFigure{};
+          fig.emplace();  // member by member: -Wmissing-field-initializers
           fig->scope = scope;
           fig->op = op;
           fig->alpha = p.inter_node.latency;

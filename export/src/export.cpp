@@ -99,6 +99,13 @@ Result<std::vector<ExportFile>> export_plan(const planner::Scenario& s, const pl
 
 namespace detail {
 
+namespace {
+// Whether the run keeps NCCL's NVLS (the cluster's `nvls`, default true).
+bool nvls_enabled(const Context& c) {
+  return c.s.cluster.overrides().nvls.value_or(true);
+}
+}  // namespace
+
 bool Context::fp32_gradients() const {
   return planner::gradient_bytes(s.workload.precision, layout().grad_reduce_dtype) == 4;
 }
@@ -486,10 +493,6 @@ std::string launcher_environment(const Context& c) {
       "MASTER_PORT=${{MASTER_PORT:-6000}}\n"
       "{}",
       c.nodes, c.gpus_per_node, nvls_environment(c));
-}
-
-bool nvls_enabled(const Context& c) {
-  return c.s.cluster.overrides().nvls.value_or(true);
 }
 
 std::string nvls_environment(const Context& c) {

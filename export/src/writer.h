@@ -154,9 +154,8 @@ std::string torchrun_script(const Context& c, const std::vector<std::string>& no
 std::string megatron_environment(const Context& c, bool any_tp_or_cp);
 /// The lines that set NNODES, GPUS_PER_NODE, NODE_RANK, MASTER_ADDR and MASTER_PORT.
 std::string launcher_environment(const Context& c);
-/// Whether the run keeps NCCL's NVLS (the cluster's `nvls`, default true), and the shell
-/// line that switches it off where it does not ("" where it does).
-bool nvls_enabled(const Context& c);
+/// The shell line that switches NCCL's NVLS off where the cluster does (`nvls` false), ""
+/// where it keeps it.
 std::string nvls_environment(const Context& c);
 /// For a trainer without Megatron's fused gradient accumulation (torchtitan, DeepSpeed,
 /// nanotron): the note that the plan timed its weight-gradient GEMMs as adding into an fp32

@@ -55,6 +55,12 @@ int read_count(JsonReader& r, std::string_view key) {
   return static_cast<int>(r.required_int(key, -kMaxCount, kMaxCount));
 }
 
+// A size or rate in its field's unit, at most kMaxQuantity (non-positive ones get
+// validate_profile()'s message).
+double read_quantity(JsonReader& r, std::string_view key) {
+  return r.required_double(key, kNoMin, kMaxQuantity);
+}
+
 // `[[a, b, ...], ...]`: arrays of `width` numbers.
 std::vector<std::vector<double>> read_rows(JsonReader& r, std::string_view key, size_t width,
                                            std::string_view shape) {
@@ -101,12 +107,11 @@ nlohmann::json curve_json(const std::vector<CurvePoint>& curve) {
 void read_gpu(JsonReader r, DeviceProfile& g, JsonReader& parent) {
   g.model = r.required_string("model");
   g.sm_count = read_count(r, "sm_count");
-  g.l2 = from_scaled_bytes(r.required_double("l2_MiB", kNoMin, kMaxQuantity), kMiB);
-  g.memory_capacity =
-      from_scaled_bytes(r.required_double("memory_GiB", kNoMin, kMaxQuantity), kGiB);
-  g.memory_bandwidth = from_GBps(r.required_double("memory_GBps", kNoMin, kMaxQuantity));
+  g.l2 = from_scaled_bytes(read_quantity(r, "l2_MiB"), kMiB);
+  g.memory_capacity = from_scaled_bytes(read_quantity(r, "memory_GiB"), kGiB);
+  g.memory_bandwidth = from_GBps(read_quantity(r, "memory_GBps"));
   g.memory_efficiency = r.required_double("memory_efficiency");
-  g.host_link = from_GBps(r.required_double("host_link_GBps", kNoMin, kMaxQuantity));
+  g.host_link = from_GBps(read_quantity(r, "host_link_GBps"));
   g.collective_overlap_slowdown = r.optional_double("collective_overlap_slowdown", 0, 0, 1);
 
   JsonReader compute = r.object("compute");
@@ -121,8 +126,7 @@ void read_gpu(JsonReader r, DeviceProfile& g, JsonReader& parent) {
       }
       JsonReader pr(it.value(), compute.path_of(it.key()));
       PrecisionRate rate;
-      rate.peak = FlopRate::per_second(
-          std::round(pr.required_double("peak_tflops", kNoMin, kMaxQuantity) * 1e12));
+      rate.peak = FlopRate::per_second(std::round(read_quantity(pr, "peak_tflops") * 1e12));
       rate.eta_max = pr.required_double("eta_max");
       pr.finish();
       compute.merge(pr.status());
@@ -291,8 +295,8 @@ nlohmann::json rows_json(const std::vector<std::pair<int, Bandwidth>>& rows) {
 Result<WanLink> parse_wan(const nlohmann::json& j, const std::string& path) {
   JsonReader r(j, path);
   WanLink w;
-  w.up = from_gbps(r.required_double("up_gbps", kNoMin, kMaxQuantity));
-  w.down = from_gbps(r.required_double("down_gbps", kNoMin, kMaxQuantity));
+  w.up = from_gbps(read_quantity(r, "up_gbps"));
+  w.down = from_gbps(read_quantity(r, "down_gbps"));
   w.latency = Time::ms(r.required_double("latency_ms", kNoMin, kMaxWanLatency.to_ms()));
   r.finish();
   if (!r.ok()) return r.status();
@@ -339,7 +343,7 @@ Result<SystemProfile> parse_profile(const nlohmann::json& j, const std::string& 
 
   JsonReader inter = r.object("inter_node");
   p.inter_node.nics_per_node = read_count(inter, "nics_per_node");
-  p.inter_node.nic_bandwidth = from_gbps(inter.required_double("nic_gbps", kNoMin, kMaxQuantity));
+  p.inter_node.nic_bandwidth = from_gbps(read_quantity(inter, "nic_gbps"));
   p.inter_node.latency = Time::us(inter.required_double("latency_us", kNoMin, kMaxLatencyUs));
   p.inter_node.collective_sms =
       static_cast<int>(inter.optional_int("collective_sms", 0, 0, kMaxCount));

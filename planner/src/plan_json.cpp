@@ -126,12 +126,13 @@ Layout parse_layout(JsonReader& r) {
   // (Layout::world()), and the virtual stages' count likewise.
   if (r.ok()) {
     const double world = static_cast<double>(l.tp) * l.cp * l.pp * l.dp;  // up to 2^80
+    const int64_t chunks = int64_t{l.pp} * l.vpp;
     if (world > static_cast<double>(kMaxDegree))
       r.fail("dp", fmt::format("tp {} x cp {} x pp {} x dp {} = {:.0f} GPUs, over the bound of {}",
                                l.tp, l.cp, l.pp, l.dp, world, kMaxDegree));
-    else if (int64_t{l.pp} * l.vpp > kMaxDegree)
+    else if (chunks > kMaxDegree)
       r.fail("vpp", fmt::format("pp {} x vpp {} = {} model chunks, over the bound of {}", l.pp,
-                                l.vpp, int64_t{l.pp} * l.vpp, kMaxDegree));
+                                l.vpp, chunks, kMaxDegree));
   }
   return l;
 }

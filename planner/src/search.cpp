@@ -95,7 +95,7 @@ struct ModuleTime {
 
 // A TP collective's bandwidth time on an idle link: a lower bound of what simulate() gives
 // it, which adds NCCL's latency and contention and, through `ramp` (the simulation's
-// CollectiveConfig scales of the TP group's scope; null: none), runs its flows at the
+// CollectiveConfig scales of the TP group's scope; none set: none), runs its flows at the
 // share of the link its size reaches and, inside a node, its group size (NVLS's all_reduce
 // above the link's rate).
 using SizeScales = std::array<std::vector<CurvePoint>, sim::kNumCollectiveKinds>;
@@ -104,17 +104,17 @@ struct TpRamp {
   const SizeScales* group = nullptr;  // intra_node_group_scale; null across nodes
 };
 Time collective_time(sim::CollectiveKind kind, Bytes bytes, int n, Bandwidth link,
-                     const TpRamp* ramp) {
+                     const TpRamp& ramp) {
   if (n <= 1 || bytes.count() == 0) return Time::zero();
   double factor = kind == sim::CollectiveKind::kAllReduce ? 2.0 * (n - 1) / n : (n - 1.0) / n;
   const auto k = static_cast<size_t>(kind);
-  if (ramp && ramp->size) factor /= curve_factor((*ramp->size)[k], bytes.count());
-  if (ramp && ramp->group) factor /= curve_factor((*ramp->group)[k], n);
+  if (ramp.size) factor /= curve_factor((*ramp.size)[k], bytes.count());
+  if (ramp.group) factor /= curve_factor((*ramp.group)[k], n);
   return Time::seconds(bytes.as_double() * factor / link.bytes_per_s());
 }
 
 BlockTime block_time(const Block& b, const Layout& l, Bandwidth link, bool frozen,
-                     const TpRamp* ramp) {
+                     const TpRamp& ramp) {
   using CK = sim::CollectiveKind;
   const bool sp = l.sequence_parallel;
   auto tp_collective = [&](CK kind, Bytes bytes) {
@@ -149,7 +149,7 @@ BlockTime block_time(const Block& b, const Layout& l, Bandwidth link, bool froze
         // all-gather runs beside its dgrad.
         if (i > 0 && b.steps[i - 1].ring_exchange) {  // on the copy engines: no NCCL ramp
           t.f += collective_time(CK::kReduceScatter, st.bytes / b.steps[i - 1].exit_chunks, l.tp,
-                                 link, nullptr);
+                                 link, TpRamp{});
           break;
         }
         t.f += tp_collective(sp ? CK::kReduceScatter : CK::kAllReduce, st.bytes);
@@ -212,9 +212,9 @@ class CostCache {
       const TpRamp ramp =
           tp_in_node ? TpRamp{&curves.intra_node_size_scale, &curves.intra_node_group_scale}
                      : TpRamp{&curves.inter_node_size_scale, nullptr};
-      t.pre = block_time(mc.pre, l, link, frozen, &ramp);
-      t.layer = block_time(mc.layer, l, link, frozen, &ramp);
-      t.post = block_time(mc.post, l, link, frozen, &ramp);
+      t.pre = block_time(mc.pre, l, link, frozen, ramp);
+      t.layer = block_time(mc.layer, l, link, frozen, ramp);
+      t.post = block_time(mc.post, l, link, frozen, ramp);
       t.layers = mc.layers;
       t.pre_params = mc.pre.dense.all;
       t.layer_params = mc.layer.dense.all;

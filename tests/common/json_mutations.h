@@ -67,17 +67,21 @@ inline std::vector<std::pair<std::string, nlohmann::json>> mutation_values() {
           {"{}", nlohmann::json::object()}};
 }
 
+/// `f(what, m)`, first printing `what` to stderr where HETPAR_MUTATION_TRACE is set: a
+/// crash shows no SCOPED_TRACE.
+template <typename F>
+void call_traced(F& f, const std::string& what, const nlohmann::json& m) {
+  static const bool trace = std::getenv("HETPAR_MUTATION_TRACE") != nullptr;
+  if (trace) std::fprintf(stderr, "mutation %s\n", what.c_str());
+  f(what, m);
+}
+
 /// Calls `f(what, mutated)` for every single-edit mutation of `doc`: each node of
 /// json_nodes() set to each mutation_values() entry, then deleted. `what` reads
-/// "/plan/tp = 7" or "/plan/tp deleted". A crash shows no SCOPED_TRACE: with
-/// HETPAR_MUTATION_TRACE set, each `what` is printed to stderr before its call.
+/// "/plan/tp = 7" or "/plan/tp deleted" (call_traced()).
 template <typename F>
 void for_each_mutation(const nlohmann::json& doc, F&& f) {
-  const bool trace = std::getenv("HETPAR_MUTATION_TRACE") != nullptr;
-  auto call = [&](const std::string& what, const nlohmann::json& m) {
-    if (trace) std::fprintf(stderr, "mutation %s\n", what.c_str());
-    f(what, m);
-  };
+  auto call = [&](const std::string& what, const nlohmann::json& m) { call_traced(f, what, m); };
   std::vector<std::string> nodes;
   json_nodes(doc, "", nodes);
   const auto values = mutation_values();
@@ -98,13 +102,13 @@ void for_each_mutation(const nlohmann::json& doc, F&& f) {
   }
 }
 
-/// Calls `f(what, mutated)` `cases` times, each with 2 or 3 distinct numeric leaves of `doc`
-/// set at once to values from multi_edit_values(): sizes each legal alone that overflow or
-/// exhaust together. Drawn from a fixed `seed` with the generator's raw output (no
-/// distribution, whose results differ between standard libraries), so cases reproduce.
+/// Calls `f(what, mutated)` `cases` times (call_traced()), each with 2 or 3 distinct numeric
+/// leaves of `doc` set at once to the values below: sizes legal alone that overflow or
+/// exhaust together, and small fractions. Drawn from a fixed `seed` with the generator's raw
+/// output (no distribution, whose results differ between standard libraries), so cases
+/// reproduce.
 template <typename F>
 void for_each_multi_edit(const nlohmann::json& doc, int cases, uint64_t seed, F&& f) {
-  const bool trace = std::getenv("HETPAR_MUTATION_TRACE") != nullptr;
   std::vector<std::string> nodes, numbers;
   json_nodes(doc, "", nodes);
   for (const std::string& n : nodes)
@@ -134,8 +138,7 @@ void for_each_multi_edit(const nlohmann::json& doc, int cases, uint64_t seed, F&
       m[nlohmann::json::json_pointer(numbers[i])] = value;
       what += (what.empty() ? "" : ", ") + numbers[i] + " = " + name;
     }
-    if (trace) std::fprintf(stderr, "mutation %s\n", what.c_str());
-    f(what, m);
+    call_traced(f, what, m);
   }
 }
 
