@@ -256,6 +256,46 @@ TEST(Cli, SimulateInfeasiblePlanExitsThreeAndWritesNoTrace) {
   EXPECT_NE(missing.err.find("plan: missing required object"), std::string::npos) << missing.err;
 }
 
+// A plan the memory model refuses says what does not fit: each stage's breakdown, in text and
+// JSON, and exit 3.
+TEST(Cli, SimulateAPlanOutOfMemoryShowsEachStagesBreakdown) {
+  std::string path = write_temp("oom_plan.json", R"({"model": "llama-3.1-70b",
+    "workload": {"seq_len": 4096, "global_batch": 8},
+    "cluster": {"profile": "dgx-a100-80gb", "nodes": 1},
+    "plan": {"tp": 4, "sp": true, "pp": 2, "dp": 1, "micro_batch": 1}})");
+  CliRun text = run("simulate " + path);
+  EXPECT_EQ(text.exit_code, 3);
+  EXPECT_NE(text.out.find("Infeasible: out of memory"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("Memory per GPU by pipeline stage"), std::string::npos) << text.out;
+  for (const char* stage : {"\n  stage 0 ", "\n  stage 1 "})
+    EXPECT_NE(text.out.find(stage), std::string::npos) << stage << text.out;
+  EXPECT_NE(text.out.find("of 80 GiB, over by"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("optimizer"), std::string::npos) << text.out;
+  CliRun json = run("simulate --json " + path);
+  EXPECT_EQ(json.exit_code, 3);
+  auto j = nlohmann::json::parse(json.out);
+  EXPECT_FALSE(j["feasible"].get<bool>());
+  ASSERT_EQ(j["memory_per_stage"].size(), 2u) << j;
+  int64_t peak = 0;
+  for (const auto& st : j["memory_per_stage"]) {
+    int64_t sum = 0;
+    for (const char* k : {"weights", "gradients", "optimizer_state", "activations",
+                          "communication_buffers", "workspace"})
+      sum += st[k].get<int64_t>();
+    EXPECT_NEAR(static_cast<double>(sum), st["total"].get<double>(), 8) << st;
+    EXPECT_EQ(st["capacity"].get<int64_t>(), int64_t{80} << 30);
+    peak = std::max(peak, st["total"].get<int64_t>());
+  }
+  EXPECT_EQ(j["peak_memory_bytes"].get<int64_t>(), peak);
+  EXPECT_GT(peak, j["memory_capacity_bytes"].get<int64_t>());
+  // A plan refused before its memory is estimated has no breakdown to show.
+  std::string bad = kSmallPlan;
+  bad.replace(bad.find(R"("tp": 2)"), 7, R"("tp": 3)");
+  CliRun layout = run("simulate --json " + write_temp("bad_layout.json", bad));
+  EXPECT_EQ(layout.exit_code, 3);
+  EXPECT_FALSE(nlohmann::json::parse(layout.out).contains("memory_per_stage")) << layout.out;
+}
+
 TEST(Cli, SimulateProfileReplacesTheClustersProfile) {
   std::string path = write_temp("small_plan_profile.json", kSmallPlan);
   CliRun a100 = run("simulate --json " + path);

@@ -19,6 +19,37 @@ namespace hetpar::cli {
 
 namespace {
 
+void print_breakdown(std::string_view indent, const planner::MemoryBreakdown& b) {
+  fmt::print("{}weights {}, gradients {}, optimizer {}, activations {}, buffers {}, workspace {}\n",
+             indent, b.weights, b.gradients, b.optimizer_state, b.activations,
+             b.communication_buffers, b.workspace);
+}
+
+bool same_memory(const planner::MemoryBreakdown& a, const planner::MemoryBreakdown& b) {
+  return a.weights == b.weights && a.gradients == b.gradients &&
+         a.optimizer_state == b.optimizer_state && a.activations == b.activations &&
+         a.communication_buffers == b.communication_buffers && a.workspace == b.workspace;
+}
+
+// Each stage's total against its GPUs' memory, then its breakdown; a run of alike stages
+// (the middle of a pipeline) prints once.
+void print_stages_memory(const planner::MemoryReport& mem) {
+  const size_t n = mem.per_stage.size();
+  for (size_t first = 0, last = 0; first < n; first = last + 1) {
+    last = first;
+    while (last + 1 < n && same_memory(mem.per_stage[last + 1], mem.per_stage[first]) &&
+           mem.stage_capacity[last + 1] == mem.stage_capacity[first])
+      ++last;
+    const Bytes total = mem.per_stage[first].total();
+    const Bytes capacity = mem.stage_capacity[first];
+    const std::string stages =
+        first == last ? fmt::format("stage {}", first) : fmt::format("stages {}-{}", first, last);
+    fmt::print("  {:<13} {} of {}{}\n", stages, total, capacity,
+               total > capacity ? fmt::format(", over by {}", total - capacity) : "");
+    print_breakdown("                ", mem.per_stage[first]);
+  }
+}
+
 void print_text(const planner::Scenario& s, const planner::Plan& p, const planner::PlanMetrics& m) {
   const planner::Layout& l = p.layout;
   fmt::print("Scenario   {} on {} GPUs\n", s.name, s.cluster.total_gpus());
@@ -26,6 +57,11 @@ void print_text(const planner::Scenario& s, const planner::Plan& p, const planne
              planner::to_string(p.schedule));
   if (!m.feasible) {
     fmt::print("Infeasible: {}\n", m.infeasible_reason);
+    // A plan the memory model refuses: every stage's breakdown, the refused one marked.
+    if (!m.memory.fits()) {
+      fmt::print("\nMemory per GPU by pipeline stage\n");
+      print_stages_memory(m.memory);
+    }
     return;
   }
   fmt::print("Micro-batches per replica {}, {} tasks simulated\n\n", m.micro_batches, m.tasks);
@@ -39,12 +75,7 @@ void print_text(const planner::Scenario& s, const planner::Plan& p, const planne
   fmt::print("Peak memory        {} on pipeline stage {} (of {} per GPU)\n", m.memory.peak,
              m.memory.peak_stage,
              m.memory.stage_capacity[static_cast<size_t>(m.memory.peak_stage)]);
-  const planner::MemoryBreakdown& b = m.memory.per_stage[m.memory.peak_stage];
-  fmt::print(
-      "                   weights {}, gradients {}, optimizer {}, activations {}, "
-      "buffers {}, workspace {}\n",
-      b.weights, b.gradients, b.optimizer_state, b.activations, b.communication_buffers,
-      b.workspace);
+  print_breakdown("                   ", m.memory.per_stage[m.memory.peak_stage]);
   fmt::print("Bubble             {:.1f}% of rank time idle\n", 100 * m.bubble_fraction);
   fmt::print("Exposed comm       {} per rank", m.exposed_comm);
   for (const auto& e : m.exposed_by_kind) fmt::print(", {} {}", e.kind, e.per_rank);

@@ -74,6 +74,28 @@ std::string summary_to_json(const planner::ScenarioSummary& s) {
 }
 
 namespace {
+// The memory model's keys: the peak, the tightest stage against its GPUs' capacity, and
+// every pipeline stage's breakdown.
+nlohmann::json memory_json(const planner::MemoryReport& mem) {
+  nlohmann::json stages = nlohmann::json::array();
+  for (size_t k = 0; k < mem.per_stage.size(); ++k) {
+    const planner::MemoryBreakdown& b = mem.per_stage[k];
+    stages.push_back({{"weights", b.weights.count()},
+                      {"gradients", b.gradients.count()},
+                      {"optimizer_state", b.optimizer_state.count()},
+                      {"activations", b.activations.count()},
+                      {"communication_buffers", b.communication_buffers.count()},
+                      {"workspace", b.workspace.count()},
+                      {"total", b.total().count()},
+                      {"capacity", mem.stage_capacity[k].count()}});
+  }
+  return {{"peak_memory_bytes", mem.peak.count()},
+          {"peak_memory_stage", mem.peak_stage},
+          {"memory_tightest_stage", mem.tightest_stage},
+          {"memory_capacity_bytes", mem.capacity().count()},
+          {"memory_per_stage", stages}};
+}
+
 nlohmann::json metrics_json(const planner::Scenario& s, const planner::Plan& p,
                             const planner::PlanMetrics& m);
 }  // namespace
@@ -162,17 +184,10 @@ nlohmann::json metrics_json(const planner::Scenario& s, const planner::Plan& p,
                       {"world", m.world}};
   if (!m.feasible) {
     j["infeasible_reason"] = m.infeasible_reason;
+    // A plan the memory model refuses carries the breakdown that refused it.
+    if (!m.memory.per_stage.empty()) j.update(memory_json(m.memory));
     return j;
   }
-  nlohmann::json stages = nlohmann::json::array();
-  for (const auto& b : m.memory.per_stage)
-    stages.push_back({{"weights", b.weights.count()},
-                      {"gradients", b.gradients.count()},
-                      {"optimizer_state", b.optimizer_state.count()},
-                      {"activations", b.activations.count()},
-                      {"communication_buffers", b.communication_buffers.count()},
-                      {"workspace", b.workspace.count()},
-                      {"total", b.total().count()}});
   nlohmann::json exposed = nlohmann::json::object();
   for (const auto& e : m.exposed_by_kind) exposed[e.kind] = e.per_rank.to_seconds();
   nlohmann::json phases = nlohmann::json::object();
@@ -184,10 +199,6 @@ nlohmann::json metrics_json(const planner::Scenario& s, const planner::Plan& p,
             {"flop_convention",
              "model FLOPs of every module: 3x forward, causal attention as half, no recompute"},
             {"model_flops_per_iteration", m.model_flops_per_iteration.count()},
-            {"peak_memory_bytes", m.memory.peak.count()},
-            {"peak_memory_stage", m.memory.peak_stage},
-            {"memory_capacity_bytes", m.memory.capacity().count()},
-            {"memory_per_stage", stages},
             {"bubble_fraction", m.bubble_fraction},
             {"exposed_comm_s", m.exposed_comm.to_seconds()},
             {"exposed_comm_by_kind_s", exposed},
@@ -198,6 +209,7 @@ nlohmann::json metrics_json(const planner::Scenario& s, const planner::Plan& p,
             {"boundary_bytes", m.boundary_bytes.count()},
             {"micro_batches", m.micro_batches},
             {"tasks", m.tasks}});
+  j.update(memory_json(m.memory));
   return j;
 }
 }  // namespace
