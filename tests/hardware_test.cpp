@@ -751,6 +751,11 @@ struct BadClusterCase {
   const char* expected;
 };
 
+TEST(Cluster, HoldsAtMostTheGpusAPlanCanLayOut) {
+  const ClusterSpec c = cluster_of(R"({"profile": "dgx-h100", "nodes": 131072})");
+  EXPECT_EQ(c.total_gpus(), kMaxClusterGpus);
+}
+
 TEST(Cluster, RejectsBadClustersNamingThePath) {
   const BadClusterCase cases[] = {
       {R"({"node_groups": [{"profile": "dgx-h100", "nodes": 1}, {"profile": "h300", "nodes": 2}]})",
@@ -774,6 +779,12 @@ TEST(Cluster, RejectsBadClustersNamingThePath) {
       {R"({"profile": "dgx-h100", "nodes": 2, "nics_per_node": 0})",
        "cluster.nics_per_node: must be >= 1"},
       {R"([1, 2])", "cluster: expected an object"},
+      // 131073 eight-GPU nodes: one node past 2^20 GPUs, the most a plan can lay out.
+      {R"({"profile": "dgx-h100", "nodes": 131073})",
+       "cluster.node_groups[0]: too many GPUs (1048584, at most 1048576 in a cluster)"},
+      {R"({"node_groups": [{"profile": "dgx-h100", "nodes": 131072},
+                            {"profile": "dgx-a100-80gb", "nodes": 1}]})",
+       "cluster.node_groups[1]: too many GPUs (1048584"},
   };
   for (const BadClusterCase& c : cases) {
     SCOPED_TRACE(c.json);

@@ -114,8 +114,10 @@ Result<ClusterSpec> ClusterSpec::create(std::vector<NodeGroup> groups, ClusterOv
     const int64_t nodes = int64_t{c.group_first_node_.back()} + g.nodes;
     const int64_t gpus =
         int64_t{c.group_first_gpu_.back()} + int64_t{g.nodes} * g.profile.gpus_per_node;
-    if (gpus > (int64_t{1} << 30))
-      return Status::invalid_argument(fmt::format("node_groups[{}]: too many GPUs ({})", i, gpus));
+    if (gpus > kMaxClusterGpus)
+      return Status::invalid_argument(
+          fmt::format("node_groups[{}]: too many GPUs ({}, at most {} in a cluster)", i, gpus,
+                      kMaxClusterGpus));
     c.group_first_node_.push_back(static_cast<int>(nodes));
     c.group_first_gpu_.push_back(static_cast<int>(gpus));
   }

@@ -1,12 +1,13 @@
 #include <fmt/format.h>
 
 #include "hetpar/core/json_reader.h"
+#include "hetpar/hardware/cluster.h"
 #include "hetpar/hardware/hardware_json.h"
 
 namespace hetpar::hardware {
 
 namespace {
-constexpr int64_t kMaxNodes = int64_t{1} << 24;
+constexpr int64_t kMaxNodes = kMaxClusterGpus;  // nodes of one GPU at least
 
 // Reads {"profile", "nodes"} from `r` (a group object or the short cluster form).
 NodeGroup read_group(JsonReader& r, std::string_view base_dir) {

@@ -2,6 +2,7 @@
 #include "hetpar/planner/plan_json.h"
 
 #include "hetpar/core/json_reader.h"
+#include "hetpar/hardware/cluster.h"
 
 namespace hetpar::planner {
 
@@ -59,7 +60,8 @@ std::optional<GradReduceDtype> parse_grad_reduce_dtype(std::string_view s) {
 
 namespace {
 
-constexpr int64_t kMaxDegree = 1 << 20;
+// A layout uses at most the GPUs a cluster may hold; each degree alone as well.
+constexpr int64_t kMaxDegree = hardware::kMaxClusterGpus;
 
 // The layout fields shared by the LLM's plan and each module's; `micro_batch` required.
 Layout parse_layout(JsonReader& r) {

@@ -39,6 +39,11 @@ struct ClusterOverrides {
   bool operator==(const ClusterOverrides&) const = default;
 };
 
+/// The most GPUs a cluster may hold, and so the most a plan's layout may use (the plan
+/// reader bounds each degree and their product by it): 2^20, far beyond any machine
+/// built, small enough that counts of ranks, tasks per rank and bytes never overflow.
+inline constexpr int64_t kMaxClusterGpus = int64_t{1} << 20;
+
 /// A default-constructed ClusterSpec is empty (no nodes); create() makes real ones.
 class ClusterSpec {
  public:
