@@ -143,6 +143,7 @@ std::string calibration_to_json_text(const hardware::SystemProfile& profile, con
       {"host_cores", s.device.host_cores},
       {"host_of_rank", s.topology.host_of_rank},
       {"base", opts.base ? opts.base_ref : ""},
+      {"nvls_disabled", opts.nvls_disabled},
       {"warmup", s.warmup},
       {"reps", s.reps},
       {"wall_s", s.wall_s},

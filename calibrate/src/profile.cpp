@@ -575,6 +575,28 @@ class Builder {
     return out;
   }
 
+  // The intra-node all_reduce `ring`, measured with NVLS switched off: on a node with NVLS
+  // (the base's, intra()), the base's figure with `ring` as its figure without NVLS;
+  // elsewhere `ring` itself, the node's own figure.
+  CollectiveFigure without_nvls(SystemProfile& p, CollectiveFigure ring, const std::string& key,
+                                std::string* how) {
+    if (!p.intra_node.nvls || !o_.base || !o_.base->has_collective(ring.scope, ring.op)) {
+      *how += "; NCCL ran with NVLS disabled (NCCL_NVLS_ENABLE=0), as this node runs";
+      return ring;
+    }
+    CollectiveFigure fig = o_.base->collective(ring.scope, ring.op);
+    fig.busbw_without_nvls = std::move(ring.busbw);
+    fig.size_scale_without_nvls = std::move(ring.size_scale);
+    const std::string measured = fmt::format(
+        "NCCL's ring with NVLS disabled (NCCL_NVLS_ENABLE=0, what a cluster's \"nvls\": false "
+        "runs), {}",
+        *how);
+    mark(p, key + ".busbw_without_nvls_GBps", measured);
+    if (!fig.size_scale_without_nvls.empty()) mark(p, key + ".size_scale_without_nvls", measured);
+    *how = from_base("figure with NVLS (this run measured NCCL without it)");
+    return fig;
+  }
+
   Status collectives(SystemProfile& p, int hosts) {
     std::vector<CollectiveFigure> out;
     for (CollectiveScope scope : hardware::kAllScopes) {
@@ -586,6 +608,9 @@ class Builder {
         std::optional<CollectiveFigure> fig;
         if (scope == CollectiveScope::kIntraNode || hosts > 1)
           fig = measured_figure(scope, op, &how);
+        if (fig && o_.nvls_disabled && scope == CollectiveScope::kIntraNode &&
+            op == Collective::kAllReduce)
+          fig = without_nvls(p, *std::move(fig), key, &how);
         if (!fig && o_.base && o_.base->has_collective(scope, op)) {
           fig = o_.base->collective(scope, op);
           how = from_base("figure");

@@ -4,12 +4,15 @@
 // the profile (with the raw samples under "$calibration") atomically. Progress goes to
 // stderr on rank 0. --shapes-from adds the GEMMs a scenario's plan runs (lowered as
 // `hetpar validate` runs it) in its workload's dtype: the profile's GEMM table is exact at
-// measured shapes, so a plan validated against it meets no interpolation error.
+// measured shapes, so a plan validated against it meets no interpolation error. Run with
+// NCCL_NVLS_ENABLE=0 and --base a profile measured with NVLS, it adds NCCL's ring without
+// NVLS to the base's intra-node all_reduce (ProfileOptions::nvls_disabled).
 #include <fmt/chrono.h>
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <ctime>
 #include <utility>
 
@@ -191,6 +194,16 @@ int run_calibrate(const CalibrateOptions& opts) {
     if (root && opts.base.empty())
       fmt::print(stderr, "calibrate: base profile {} (for {}; --base overrides)\n", base_ref,
                  b.info().name);
+  }
+  // NCCL reads NCCL_NVLS_ENABLE once, at its first communicator: the whole run's
+  // all_reduces are then rings, measured as the profile's figure without NVLS.
+  if (const char* nvls = std::getenv("NCCL_NVLS_ENABLE");
+      opts.backend == "cuda" && nvls && std::string_view(nvls) == "0") {
+    po.nvls_disabled = true;
+    if (root)
+      fmt::print(stderr,
+                 "calibrate: NCCL_NVLS_ENABLE=0: the intra-node all_reduce is measured as the "
+                 "ring a cluster's \"nvls\": false runs\n");
   }
   const std::string out =
       opts.out.empty() ? fmt::format("calibrated-{}.json", opts.backend) : opts.out;

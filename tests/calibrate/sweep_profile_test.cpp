@@ -11,6 +11,7 @@
 #include "fake_backend.h"
 #include "hetpar/calibrate/profile.h"
 #include "hetpar/calibrate/sweep.h"
+#include "hetpar/hardware/cluster.h"
 #include "hetpar/hardware/hardware_json.h"
 
 namespace hetpar::calibrate {
@@ -309,6 +310,82 @@ TEST(CalibratedProfile, BaseProfileKeepsDatasheetPeaksAndUnmeasuredFigures) {
   EXPECT_EQ(p->gpu.attention_sustain, 0.88);
   EXPECT_NE(p->provenance.at("gpu.attention.sustain").find("from the base profile"),
             std::string::npos);
+}
+
+// A run with NCCL's NVLS switched off measures the ring: on a node with NVLS (eight ranks
+// against the H100 base) it becomes the base figure's ring without NVLS, which a cluster's
+// "nvls": false then runs; on a node without NVLS (two ranks) it is the node's own figure.
+TEST(CalibratedProfile, ARunWithNvlsDisabledMeasuresTheRingWithoutNvls) {
+  const FakeModel m;
+  FakeBackend b(8, m);
+  SweepPlan plan = small_plan();
+  plan.p2p_bytes.clear();  // a one-process double cannot play pairs it is not in
+  plan.gemms.resize(2);
+  const Samples s = sweep(b, plan);
+  const Result<Fits> fits = fit_samples(s);
+  ASSERT_TRUE(fits.is_ok()) << fits.status().to_string();
+  ProfileOptions o;
+  o.base = *hardware::load_profile("dgx-h100");
+  o.base_ref = "dgx-h100";
+  o.date = "2026-12-05T12:00:00Z";
+  const hardware::CollectiveFigure& base_ar =
+      o.base->collective(CollectiveScope::kIntraNode, Collective::kAllReduce);
+  Result<hardware::SystemProfile> nvls_on = build_profile(s, *fits, o);
+  ASSERT_TRUE(nvls_on.is_ok()) << nvls_on.status().to_string();
+  ASSERT_TRUE(nvls_on->intra_node.nvls);
+  const hardware::CollectiveFigure measured =
+      nvls_on->collective(CollectiveScope::kIntraNode, Collective::kAllReduce);
+  ASSERT_EQ(measured.busbw.size(), 7u);  // 2 to 8 ranks
+  EXPECT_NE(measured.busbw, base_ar.busbw);
+
+  o.nvls_disabled = true;
+  Result<hardware::SystemProfile> p = build_profile(s, *fits, o);
+  ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+  EXPECT_TRUE(p->intra_node.nvls);
+  const hardware::CollectiveFigure& ar =
+      p->collective(CollectiveScope::kIntraNode, Collective::kAllReduce);
+  EXPECT_EQ(ar.busbw, base_ar.busbw);
+  EXPECT_EQ(ar.size_scale, base_ar.size_scale);
+  EXPECT_EQ(ar.alpha, base_ar.alpha);
+  EXPECT_EQ(ar.busbw_without_nvls, measured.busbw);
+  EXPECT_EQ(ar.size_scale_without_nvls, measured.size_scale);
+  EXPECT_TRUE(hardware::validate_profile(*p).is_ok());
+  EXPECT_EQ(hardware::missing_provenance(*p), std::vector<std::string>{});
+  const std::string key = "collectives.intra_node.all_reduce";
+  EXPECT_NE(p->provenance.at(key + ".busbw_without_nvls_GBps").find("NCCL_NVLS_ENABLE=0"),
+            std::string::npos);
+  EXPECT_NE(p->provenance.at(key).find("from the base profile dgx-h100"), std::string::npos);
+  // The other collectives are the run's own, as without the setting.
+  EXPECT_EQ(p->collective(CollectiveScope::kIntraNode, Collective::kAllGather),
+            nvls_on->collective(CollectiveScope::kIntraNode, Collective::kAllGather));
+  // Written and read back, a cluster with NVLS off runs the measured ring.
+  const std::string text = calibration_to_json_text(*p, s, *fits, o);
+  EXPECT_NE(text.find("\"nvls_disabled\": true"), std::string::npos);
+  Result<hardware::SystemProfile> back = hardware::parse_profile_text(text, "calibrated.json");
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+  hardware::ClusterOverrides nvls_off;
+  nvls_off.nvls = false;
+  Result<hardware::ClusterSpec> off =
+      hardware::ClusterSpec::create({{"calibrated.json", *back, 2}}, nvls_off);
+  ASSERT_TRUE(off.is_ok()) << off.status().to_string();
+  EXPECT_EQ(off->groups()[0]
+                .profile.collective(CollectiveScope::kIntraNode, Collective::kAllReduce)
+                .busbw,
+            measured.busbw);
+
+  // Two ranks: no NVLS on the node, so the ring is its own figure.
+  FakeBackend pair(2, m);
+  SweepPlan two = small_plan();
+  two.gemms.resize(2);
+  const Samples s2 = sweep(pair, two);
+  Result<hardware::SystemProfile> p2 = build_profile(s2, *fit_samples(s2), o);
+  ASSERT_TRUE(p2.is_ok()) << p2.status().to_string();
+  EXPECT_FALSE(p2->intra_node.nvls);
+  const hardware::CollectiveFigure& ar2 =
+      p2->collective(CollectiveScope::kIntraNode, Collective::kAllReduce);
+  EXPECT_TRUE(ar2.busbw_without_nvls.empty());
+  EXPECT_NE(ar2.busbw, base_ar.busbw);
+  EXPECT_NE(p2->provenance.at(key).find("NCCL_NVLS_ENABLE=0"), std::string::npos);
 }
 
 // The weight-gradient GEMMs measured adding into fp32 fill their own table, which only such

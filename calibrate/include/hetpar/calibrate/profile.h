@@ -81,6 +81,12 @@ struct ProfileOptions {
   /// Where the plan shapes beyond the grid came from (`--shapes-from`), for the record;
   /// "" = the grid alone.
   std::string plan_shapes;
+  /// The run's NCCL had NVLS switched off (NCCL_NVLS_ENABLE=0 in a cuda calibration's
+  /// environment), so its intra-node all_reduce samples are the ring NCCL runs without it.
+  /// Where the base's node has NVLS, the profile keeps the base's all_reduce figure and
+  /// takes the measured one as its busbw_without_nvls_GBps / size_scale_without_nvls (what a
+  /// cluster's "nvls": false runs); elsewhere the measured figure is the node's own.
+  bool nvls_disabled = false;
 };
 
 /// The profile; it passes hardware::validate_profile and has no missing provenance.
