@@ -363,6 +363,25 @@ int64_t unfused_accumulation_bytes(const models::GemmShape& s, const models::OpG
   return weights * (activation_bytes(g, p) + 2 * gradient_bytes(p, l.grad_reduce_dtype));
 }
 
+// The embedding's weight gradient beyond its scatter, per micro-batch: F.embedding's backward
+// (embedding_dense_backward, PyTorch's ATen) returns a dense gradient of the whole local
+// table, zero-filled before the token rows are added into it (`fill`: its bytes written), and
+// Megatron's DDP hook then adds that gradient into main_grad (`add`: the gradient read,
+// main_grad read and written; the embedding never fuses its accumulation, whatever
+// gradient_accumulation_fusion says). torch FSDP2 has no main_grad (autograd's own
+// accumulation, not modelled): the fill alone. The table: op.params / tp (vocab-parallel;
+// a learned position table, replicated, counts 1 / tp of it too: 4% of GPT-3's 51200 x h).
+struct EmbeddingGradient {
+  int64_t fill = 0, add = 0;
+};
+EmbeddingGradient embedding_gradient_bytes(const models::Op& op, const Layout& l, Precision p) {
+  if (op.kind != models::OpKind::kEmbedding || op.params == 0) return {};
+  const int64_t table = op.params / l.tp, wb = weight_bytes(p);
+  EmbeddingGradient e{table * wb, 0};
+  if (!l.torch_fsdp2()) e.add = table * (wb + 2 * int64_t{gradient_bytes(p, l.grad_reduce_dtype)});
+  return e;
+}
+
 // Whether the policy re-runs single ops before their backward (the step's cost.recompute),
 // not whole layers (full recompute, which lower() replays).
 bool reruns_ops(models::Recompute r) {
@@ -567,6 +586,9 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
       c.forward = dev.memory_kernel_time(traffic);
       (op.kind == models::OpKind::kEmbedding ? c.wgrad : c.dgrad) =
           dev.memory_kernel_time(traffic * backward_passes(op));
+      const EmbeddingGradient e = embedding_gradient_bytes(op, l, p);
+      for (int64_t bytes : {e.fill, e.add})
+        if (bytes > 0) c.wgrad += dev.memory_kernel_time(Bytes(bytes));
       break;
     }
   }
@@ -893,6 +915,9 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
       k.forward.push_back(sim::memory_kernel(traffic));
       (op.kind == models::OpKind::kEmbedding ? k.wgrad : k.dgrad)
           .push_back(sim::memory_kernel(backward_passes(op) * traffic));
+      const EmbeddingGradient e = embedding_gradient_bytes(op, l, p);
+      for (int64_t bytes : {e.fill, e.add})
+        if (bytes > 0) k.wgrad.push_back(sim::memory_kernel(bytes));
       break;
     }
   }

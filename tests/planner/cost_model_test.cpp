@@ -270,6 +270,43 @@ TEST(CostModel, ContextParallelAttentionPaysTheRingsCorrections) {
 // threshold_backward (2 + 2 + 3 + 3) backward; SwiGLU silu + mul (2 + 3), backward the mul's
 // two gradients, silu_backward and the chunk's cat (3 + 3 + 3 + 4). GELU and the fused
 // default keep one kernel each way.
+// The embedding's backward returns a dense gradient of its whole local table (PyTorch's
+// embedding_dense_backward zero-fills it, then adds the token rows) and Megatron's DDP hook
+// adds it into main_grad, every micro-batch: Llama 3.1 8B's 128256 x 4096 table, vocab-
+// parallel over tp. torch FSDP2 has no main_grad: the fill alone.
+TEST(CostModel, EmbeddingGradientFillsAndAddsTheWholeTable) {
+  const auto dev = hardware::load_profile("dgx-h100")->gpu;
+  const models::OpGraph g = zoo_graph("llama-3.1-8b", 8192);
+  const models::Op& emb = op_named(g, "embedding");
+  const int64_t table = int64_t{128256} * 4096;
+  ASSERT_EQ(emb.params, table);
+  const auto kernels = [&](const Layout& l, hardware::Precision p) {
+    std::vector<int64_t> out;
+    for (const sim::Kernel& k : op_kernels(emb, g, l, true, p).wgrad) out.push_back(k.bytes);
+    return out;
+  };
+  const int64_t scatter = 2 * 2 * 8192 * 4096 * 2;  // the token rows, read + write, twice
+  Layout l;
+  l.tp = 2;
+  // bf16 weights, fp32 main_grad: a 2-byte fill, then 2 + 4 + 4 bytes per element.
+  EXPECT_EQ(kernels(l, hardware::Precision::kBf16),
+            (std::vector<int64_t>{scatter, table / 2 * 2, table / 2 * 10}));
+  l.grad_reduce_dtype = GradReduceDtype::kBf16;  // a bf16 main_grad: 2 + 2 + 2
+  EXPECT_EQ(kernels(l, hardware::Precision::kBf16),
+            (std::vector<int64_t>{scatter, table / 2 * 2, table / 2 * 6}));
+  // op_cost times those kernels, gradient accumulation fusion or not.
+  Time t;
+  for (int64_t b : kernels(l, hardware::Precision::kBf16)) t += dev.memory_kernel_time(Bytes(b));
+  EXPECT_EQ(op_cost(emb, g, l, true, dev, hardware::Precision::kBf16).wgrad, t);
+  l.gradient_accumulation_fusion = false;
+  EXPECT_EQ(op_cost(emb, g, l, true, dev, hardware::Precision::kBf16).wgrad, t);
+  Layout fsdp2;
+  fsdp2.fsdp = true;
+  fsdp2.fsdp_implementation = FsdpImplementation::kTorchFsdp2;
+  fsdp2.gradient_accumulation_fusion = false;
+  EXPECT_EQ(kernels(fsdp2, hardware::Precision::kBf16), (std::vector<int64_t>{scatter, table * 2}));
+}
+
 TEST(CostModel, UnfusedActivationRunsEagerKernels) {
   const auto dev = hardware::load_profile("dgx-h100")->gpu;
   Layout fused, eager;
