@@ -57,7 +57,7 @@ void print_text(const planner::Scenario& s, const planner::Plan& p, const planne
              planner::to_string(p.schedule));
   if (!m.feasible) {
     fmt::print("Infeasible: {}\n", m.infeasible_reason);
-    // A plan the memory model refuses: every stage's breakdown, the refused one marked.
+    // A plan the memory model refuses: every stage's breakdown, and by how much it is over.
     if (!m.memory.fits()) {
       fmt::print("\nMemory per GPU by pipeline stage\n");
       print_stages_memory(m.memory);
