@@ -257,7 +257,7 @@ TEST(Cli, SimulateInfeasiblePlanExitsThreeAndWritesNoTrace) {
 }
 
 // A plan the memory model refuses says what does not fit: each stage's breakdown, in text and
-// JSON, and exit 3.
+// JSON, and exit 3; compare gives each such plan's tightest stage.
 TEST(Cli, SimulateAPlanOutOfMemoryShowsEachStagesBreakdown) {
   std::string path = write_temp("oom_plan.json", R"({"model": "llama-3.1-70b",
     "workload": {"seq_len": 4096, "global_batch": 8},
@@ -288,6 +288,22 @@ TEST(Cli, SimulateAPlanOutOfMemoryShowsEachStagesBreakdown) {
   }
   EXPECT_EQ(j["peak_memory_bytes"].get<int64_t>(), peak);
   EXPECT_GT(peak, j["memory_capacity_bytes"].get<int64_t>());
+  // compare: under each plan that does not fit, its tightest stage's breakdown.
+  std::string plans = write_temp("oom_plans.json", R"({"model": "llama-3.1-70b",
+    "workload": {"seq_len": 4096, "global_batch": 8},
+    "cluster": {"profile": "dgx-a100-80gb", "nodes": 1},
+    "plans": {"tp4-pp2": {"tp": 4, "sp": true, "pp": 2, "dp": 1, "micro_batch": 1},
+              "tp8": {"tp": 8, "sp": true, "dp": 1, "micro_batch": 1}}})");
+  CliRun compare = run("compare " + plans);
+  EXPECT_EQ(compare.exit_code, 3);
+  EXPECT_NE(compare.out.find("tp4-pp2          infeasible: out of memory"), std::string::npos)
+      << compare.out;
+  int breakdowns = 0;  // one under each of the two plans
+  for (size_t at = compare.out.find("\n                 stage 0: weights ");
+       at != std::string::npos;
+       at = compare.out.find("\n                 stage 0: weights ", at + 1))
+    ++breakdowns;
+  EXPECT_EQ(breakdowns, 2) << compare.out;
   // A plan refused before its memory is estimated has no breakdown to show.
   std::string bad = kSmallPlan;
   bad.replace(bad.find(R"("tp": 2)"), 7, R"("tp": 3)");

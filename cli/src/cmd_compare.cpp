@@ -44,6 +44,9 @@ int run_compare(const CompareOptions& opts) {
   for (const auto& [name, m] : rows) {
     if (!m.feasible) {
       fmt::print("{:<{}} infeasible: {}\n", name, width, m.infeasible_reason);
+      if (!m.memory.per_stage.empty() && !m.memory.fits())  // what does not fit
+        fmt::print("{:<{}} stage {}: {}\n", "", width, m.memory.tightest_stage,
+                   memory_breakdown_text(m.memory.per_stage[m.memory.tightest_stage]));
       continue;
     }
     fmt::print("{:<{}} {:>11} {:>10} {:>11.1f} {:>6.1f}% {:>11} {:>7.1f}% {:>11} {:>10}\n", name,

@@ -19,12 +19,6 @@ namespace hetpar::cli {
 
 namespace {
 
-void print_breakdown(std::string_view indent, const planner::MemoryBreakdown& b) {
-  fmt::print("{}weights {}, gradients {}, optimizer {}, activations {}, buffers {}, workspace {}\n",
-             indent, b.weights, b.gradients, b.optimizer_state, b.activations,
-             b.communication_buffers, b.workspace);
-}
-
 bool same_memory(const planner::MemoryBreakdown& a, const planner::MemoryBreakdown& b) {
   return a.weights == b.weights && a.gradients == b.gradients &&
          a.optimizer_state == b.optimizer_state && a.activations == b.activations &&
@@ -46,7 +40,7 @@ void print_stages_memory(const planner::MemoryReport& mem) {
         first == last ? fmt::format("stage {}", first) : fmt::format("stages {}-{}", first, last);
     fmt::print("  {:<13} {} of {}{}\n", stages, total, capacity,
                total > capacity ? fmt::format(", over by {}", total - capacity) : "");
-    print_breakdown("                ", mem.per_stage[first]);
+    fmt::print("                {}\n", memory_breakdown_text(mem.per_stage[first]));
   }
 }
 
@@ -75,7 +69,8 @@ void print_text(const planner::Scenario& s, const planner::Plan& p, const planne
   fmt::print("Peak memory        {} on pipeline stage {} (of {} per GPU)\n", m.memory.peak,
              m.memory.peak_stage,
              m.memory.stage_capacity[static_cast<size_t>(m.memory.peak_stage)]);
-  print_breakdown("                   ", m.memory.per_stage[m.memory.peak_stage]);
+  fmt::print("                   {}\n",
+             memory_breakdown_text(m.memory.per_stage[m.memory.peak_stage]));
   fmt::print("Bubble             {:.1f}% of rank time idle\n", 100 * m.bubble_fraction);
   fmt::print("Exposed comm       {} per rank", m.exposed_comm);
   for (const auto& e : m.exposed_by_kind) fmt::print(", {} {}", e.kind, e.per_rank);

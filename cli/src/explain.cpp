@@ -1,4 +1,5 @@
-// What makes one plan faster than another, for `compare` and `plan` (render.h).
+// What makes one plan faster than another, for `compare` and `plan`, and a stage's memory in
+// words (render.h).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -33,6 +34,12 @@ std::vector<std::string> phase_deltas(const planner::PlanMetrics& a,
     out.push_back(fmt::format("{} {}{}", d[i].second, d[i].first < 0 ? "-" : "+",
                               Time::seconds(std::fabs(d[i].first))));
   return out;
+}
+
+std::string memory_breakdown_text(const planner::MemoryBreakdown& b) {
+  return fmt::format(
+      "weights {}, gradients {}, optimizer {}, activations {}, buffers {}, workspace {}", b.weights,
+      b.gradients, b.optimizer_state, b.activations, b.communication_buffers, b.workspace);
 }
 
 std::string advantage(const planner::PlanMetrics& a, const planner::PlanMetrics& b) {

@@ -1,4 +1,5 @@
-// JSON renderings of what the subcommands print (summary_json.cpp; nlohmann stays there).
+// Renderings of what the subcommands print: JSON (summary_json.cpp; nlohmann stays there) and
+// the text shared by several of them (explain.cpp).
 #pragma once
 
 #include <string>
@@ -20,6 +21,9 @@ Time phase_time(const planner::PlanMetrics& m, std::string_view phase);
 std::vector<std::string> phase_deltas(const planner::PlanMetrics& a, const planner::PlanMetrics& b);
 /// Why `a` beats `b`: "per-rank time tp_comm -24.8 ms, ...; bubble -8.1 points".
 std::string advantage(const planner::PlanMetrics& a, const planner::PlanMetrics& b);
+/// One stage's memory in words: "weights 5.68 GiB, gradients 11.4 GiB, optimizer ..., activations
+/// ..., buffers ..., workspace ...".
+std::string memory_breakdown_text(const planner::MemoryBreakdown& b);
 
 std::string summary_to_json(const planner::ScenarioSummary& s);
 /// simulate --json: the metrics with at least iteration_time_s, tokens_per_s,
