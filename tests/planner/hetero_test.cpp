@@ -588,9 +588,9 @@ TEST(HeteroSymmetry, RepresentativesPredictWhatEveryRankDoes) {
        hetero(co, fsdp(module_layout(4, 4)), 0, fsdp(module_layout(1, 16)), 0)},
       {"colocated fan-out 4, both fsdp kept gathered", llava(32, 2),
        hetero(co, fsdp(module_layout(2, 8), false), 0, fsdp(module_layout(8, 2, 4), false), 0)},
-      // dp_comm 1.2e-5 and tp_comm 2e-6 apart, the iteration time 1e-6; cause not pinned down
-      // (candidates: the FSDP collectives sharing links with mirrored ranks' traffic that
-      // only the representative's links see).
+      // dp_comm 1.2e-5 and fwd 2e-6 apart, the iteration 1.7e-6: the LLM's first parameter
+      // all-gather runs beside the boundary's transfers into the other LLM replica's leader,
+      // copies among representatives, which load only the links their flows cross (lower.h).
       {"three-phase fan-in 8, both fsdp", llava(32, 2),
        hetero(co, fsdp(module_layout(4, 2, 1, 2)), 0, fsdp(module_layout(1, 16)), 0), 5e-5, 1e-5},
       {"non-colocated fan-in 4, both fsdp", llava(32, 3),

@@ -110,18 +110,22 @@
 //   rank runs tasks. Predicts what full_ranks predicts: tests/planner/hetero_test.cpp
 //   (HeteroSymmetry) finds the same iteration time (to the picosecond) and phase times on
 //   colocated fan-in / fan-out / equal / CP, three-phase (also with LLM CP, whose rings
-//   straddle nodes in one case; with LLM cp 2 and encoder tp 2 one phase, dp_comm, differs
-//   by 1.7e-4), non-colocated fan-in / fan-out /
+//   straddle nodes in one case), non-colocated fan-in / fan-out /
 //   equal, frozen encoders, a pipelined encoder and two encoders; the bubble differs by
 //   < 0.5 points (the leader's boundary P2P is its exposed communication while its
 //   mirrored TP peers idle). A one-off randomized check of 350 feasible plans on 1-4 nodes
 //   found the same iteration time everywhere but one interleaved three-phase plan on a
 //   one-NIC node (7.5e-5 relative): there, as in the homogeneous reduction, a DP ring
 //   shares links with mirrored ranks' transfers whose load only the representative sees.
+//   The same holds in HeteroSymmetry's three-phase plan with FSDP in both modules: the LLM's
+//   first layer's parameter all-gather (dp 2, inside a node) runs beside the boundary's
+//   transfers of encoder outputs into the other LLM replica's leader, which load that
+//   replica's links only when every rank runs (among representatives they are copies,
+//   loading the links their representative's flows cross): dp_comm 1.2e-5 and the
+//   iteration 1.7e-6 apart.
 // Not modelled: tied-embedding gradient all-reduce between first and last stage, the
 // vocab-parallel loss's small all-reduces, SP's backward re-gather of inputs for wgrad
-// (overlapped in Megatron), NVLS all-reduce (rings only), and the K,V ring of a
-// selectively recomputed CP attention.
+// (overlapped in Megatron), and the K,V ring of a selectively recomputed CP attention.
 #pragma once
 
 #include <cstdint>
