@@ -124,8 +124,9 @@
 //   loading the links their representative's flows cross): dp_comm 1.2e-5 and the
 //   iteration 1.7e-6 apart.
 // Not modelled: tied-embedding gradient all-reduce between first and last stage, the
-// vocab-parallel loss's small all-reduces, SP's backward re-gather of inputs for wgrad
-// (overlapped in Megatron), and the K,V ring of a selectively recomputed CP attention.
+// vocab-parallel loss's small all-reduces, and the K,V ring of a selectively recomputed CP
+// attention. (SP's backward re-gather of a column-parallel linear's input is: regather_input
+// in lower.cpp, beside the dgrad GEMM, since validation round 7.)
 #pragma once
 
 #include <cstdint>
