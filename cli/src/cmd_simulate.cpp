@@ -19,19 +19,13 @@ namespace hetpar::cli {
 
 namespace {
 
-bool same_memory(const planner::MemoryBreakdown& a, const planner::MemoryBreakdown& b) {
-  return a.weights == b.weights && a.gradients == b.gradients &&
-         a.optimizer_state == b.optimizer_state && a.activations == b.activations &&
-         a.communication_buffers == b.communication_buffers && a.workspace == b.workspace;
-}
-
 // Each stage's total against its GPUs' memory, then its breakdown; a run of alike stages
 // (the middle of a pipeline) prints once.
 void print_stages_memory(const planner::MemoryReport& mem) {
   const size_t n = mem.per_stage.size();
   for (size_t first = 0, last = 0; first < n; first = last + 1) {
     last = first;
-    while (last + 1 < n && same_memory(mem.per_stage[last + 1], mem.per_stage[first]) &&
+    while (last + 1 < n && mem.per_stage[last + 1] == mem.per_stage[first] &&
            mem.stage_capacity[last + 1] == mem.stage_capacity[first])
       ++last;
     const Bytes total = mem.per_stage[first].total();

@@ -156,20 +156,18 @@ sim::CollectiveConfig collective_config(const hardware::ClusterSpec& cluster) {
     }
     // Inside a node the links carry all_gather's ring rate; an all_reduce runs at its own
     // figure's busbw for its group size (NVLS's from nvls_min_group GPUs up, the ring's
-    // below it), a step per listed size as CollectiveFigure::bus_bandwidth reads it.
+    // below it), a point per group size the node holds.
     if (g > 1 && prof.has_collective(CollectiveScope::kIntraNode, Collective::kAllReduce)) {
+      const hardware::CollectiveFigure& ar =
+          prof.collective(CollectiveScope::kIntraNode, Collective::kAllReduce);
       const double link = prof.collective(CollectiveScope::kIntraNode, Collective::kAllGather)
                               .bus_bandwidth(g)
                               .bytes_per_s();
-      const auto& rows = prof.collective(CollectiveScope::kIntraNode, Collective::kAllReduce).busbw;
       std::vector<CurvePoint> curve;
       bool differs = false;
-      for (size_t i = 0; i < rows.size(); ++i) {
-        const double f = rows[i].second.bytes_per_s() / link;
-        differs = differs || f != 1.0;
-        curve.push_back({rows[i].first, f});
-        if (i + 1 < rows.size() && rows[i + 1].first - 1 > rows[i].first)
-          curve.push_back({rows[i + 1].first - 1, f});
+      for (int n = 2; n <= g; ++n) {
+        curve.push_back({n, ar.bus_bandwidth(n).bytes_per_s() / link});
+        differs = differs || curve.back().factor != 1.0;
       }
       if (differs)
         curves.intra_node_group_scale[static_cast<size_t>(sim::CollectiveKind::kAllReduce)] =

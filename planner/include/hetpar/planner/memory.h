@@ -56,6 +56,7 @@ struct MemoryBreakdown {  // one rank
   Bytes communication_buffers;
   Bytes workspace;
   Bytes total() const;
+  bool operator==(const MemoryBreakdown&) const = default;
 };
 
 struct MemoryReport {

@@ -42,8 +42,8 @@ sim::Network build_network(const hardware::ClusterSpec& cluster);
 /// (build_network), and an inter-node all_gather / reduce_scatter over k nodes reaches its
 /// busbw at k over all_reduce's at k, at most 1 (inter_node_node_scale; none when never
 /// below 1). Inside a node an all_reduce of n ranks reaches its figure's busbw at n over
-/// all_gather's at the node's GPU count (intra_node_group_scale, a step per listed size;
-/// none where they are equal, as on the A100).
+/// all_gather's at the node's GPU count (intra_node_group_scale, a point per group size from
+/// CollectiveFigure::bus_bandwidth; none where they are equal, as on the A100).
 sim::CollectiveConfig collective_config(const hardware::ClusterSpec& cluster);
 
 }  // namespace hetpar::planner
