@@ -184,7 +184,7 @@ nlohmann::json metrics_json(const planner::Scenario& s, const planner::Plan& p,
                       {"world", m.world}};
   if (!m.feasible) {
     j["infeasible_reason"] = m.infeasible_reason;
-    // A plan the memory model refuses carries the breakdown that refused it.
+    // Refused once its memory was estimated (for memory or later): the breakdown too.
     if (!m.memory.per_stage.empty()) j.update(memory_json(m.memory));
     return j;
   }
