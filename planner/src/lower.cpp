@@ -460,7 +460,8 @@ constexpr int32_t kFwdSendBase = 3, kFwdRecvBase = 4, kBwdSendBase = 5, kBwdRecv
 constexpr int32_t kDpStreamBase = 7;
 constexpr int32_t kFsdpGatherStreamBase = 8;  // FSDP's parameter all-gathers
 constexpr int32_t kEpStreamBase = 9;          // EP all-to-alls under ep_comm_overlap
-constexpr int32_t kCommStreams = 10;          // a role's comm streams (Role::stream_offset)
+constexpr int32_t kEmbeddingStreamBase = 10;  // the tied table's first / last stage all-reduce
+constexpr int32_t kCommStreams = 11;          // a role's comm streams (Role::stream_offset)
 
 enum Pass : int { kF = 0, kB = 1, kW = 2, kR = 3 };  // forward, backward, weight, recompute
 constexpr std::string_view kPassName[] = {"fwd", "bwd", "wgrad", "recompute"};
@@ -631,7 +632,8 @@ class Lowering {
         kBwdRecv(kBwdRecvBase + role_.stream_offset),
         kDpStream(kDpStreamBase + role_.stream_offset),
         kFsdpGather(kFsdpGatherStreamBase + role_.stream_offset),
-        kEpStream(kEpStreamBase + role_.stream_offset) {}
+        kEpStream(kEpStreamBase + role_.stream_offset),
+        kEmbeddingStream(kEmbeddingStreamBase + role_.stream_offset) {}
   void run();
   // run() in pieces, so a colocated plan can interleave two Lowerings' programs.
   void setup();
@@ -890,7 +892,7 @@ class Lowering {
   LoweredPlan& out_;
   sim::TaskGraph& g_;
   const int32_t kTpStream, kCpSend, kCpRecv, kFwdSend, kFwdRecv, kBwdSend, kBwdRecv, kDpStream,
-      kFsdpGather, kEpStream;
+      kFsdpGather, kEpStream, kEmbeddingStream;
   bool has_llm_ = true;
   sim::LabelId cat_[4]{}, cat_tp_, cat_cp_, cat_pp_, cat_dp_, cat_ep_, cat_amax_, cat_opt_;
   sim::LabelId amax_fwd_, amax_bwd_, amax_tp_;  // the amax all-reduces' names
@@ -982,6 +984,22 @@ class Lowering {
     TaskId reduction;  // the first gradient reduction, when not overlapped with the backward
   };
   std::vector<std::vector<AfterPipeline>> after_pipeline_;
+  // Tied embeddings over a pipeline (tied_embedding_all_reduce): per local rank of the
+  // first stage, what its table's gradient is final after, and its optimizer step.
+  std::vector<std::pair<TaskId, TaskId>> embedding_ready_;
+  std::vector<TaskId> embedding_opt_;
+  // Whether the LLM's output layer shares the embedding's table across stages: Megatron-LM
+  // keeps a copy of it on the last stage and all-reduces the two copies' gradients.
+  bool ties_embedding() const;
+  // Megatron-LM's finalize_model_grads (_allreduce_word_embedding_grads), after the DP
+  // gradient sync: the whole local table's main_grad all-reduced between each first-stage
+  // rank and the last-stage rank alike in tp, cp and dp (the embedding group), on its own
+  // communicator's stream. On the first stage: keeps what the table's gradient is final
+  // after (after[j], the rank's last task) and returns nothing; on the last stage: emits
+  // the all-reduces, makes the first stage's optimizer steps (keep_embedding_opt) wait for
+  // them and returns them per local rank for the last stage's.
+  std::vector<TaskId> tied_embedding_all_reduce(const std::vector<TaskId>& after);
+  void keep_embedding_opt(const std::vector<TaskId>& opt);
 };
 
 void Lowering::run() {
@@ -1020,7 +1038,8 @@ void Lowering::setup() {
       {kBwdRecv, "pp gradients recv"},
       {kDpStream, "dp / fsdp gradient reductions"},
       {kFsdpGather, "fsdp parameter gathers"},
-      {kEpStream, "ep all-to-alls"}};
+      {kEpStream, "ep all-to-alls"},
+      {kEmbeddingStream, "tied embedding gradient all-reduce"}};
   for (const auto& [index, what] : streams)
     g_.set_stream_name(sim::StreamKind::kComm, index, fmt::format("{}{}", role_.prefix, what));
   m_ = s_.workload.global_batch / (static_cast<int64_t>(l_.micro_batch) * l_.dp);
@@ -2321,6 +2340,23 @@ void Lowering::gradients_and_optimizer() {
   const OptimizerTraffic traffic = optimizer_traffic(l_, s_.workload.precision);
   const int64_t step_bytes =
       owned * traffic.per_owned_param + (dense + expert) * traffic.per_held_param;
+  // Then (Megatron-LM's finalize_model_grads) the gradients TP replicates but its ranks
+  // see apart (Block::tp_synced) all-reduced over TP as one coalesced buffer, and the tied
+  // embedding's between the first and last stage.
+  int64_t synced = 0;
+  for (int c = 0; c < l_.vpp; ++c)
+    for (const PlacedBlock& pb : chunks_[c * l_.pp + stage_]) synced += block(0, pb).tp_synced;
+  if (synced > 0 && !l_.torch_fsdp2()) {
+    const sim::LabelId name =
+        g_.label(fmt::format("{}layernorm grads all_reduce stage {}", role_.prefix, stage_));
+    group_collectives(tp_groups_, CollectiveKind::kAllReduce, Bytes(synced * gb), kTpStream,
+                      {cat_tp_, name}, [&](int j, TaskId c) {
+                        for (TaskId t : {last_comm[j], st_[j].last})
+                          if (t.valid()) g_.add_dependency(t, c);
+                        last_comm[j] = c;
+                      });
+  }
+  const std::vector<TaskId> embedding = tied_embedding_all_reduce(last_comm);
   const sim::LabelId opt_name = g_.label(fmt::format("{}optimizer stage {}", role_.prefix, stage_));
   std::vector<TaskId> opt(n);
   sim::KernelListId opt_kernels;
@@ -2329,6 +2365,7 @@ void Lowering::gradients_and_optimizer() {
     opt[j] = g_.add_compute(rank_of(j, stage_), 0, dev.memory_kernel_time(Bytes(step_bytes)),
                             Flops(), {cat_opt_, opt_name});
     if (last_comm[j].valid()) g_.add_dependency(last_comm[j], opt[j]);
+    if (!embedding.empty()) g_.add_dependency(embedding[j], opt[j]);
     // And whatever the schedule left on another stream for the compute stream to wait for
     // (the last backward's amax all-reduce).
     if (st_[j].need.valid()) g_.add_dependency(st_[j].need, opt[j]);
@@ -2340,6 +2377,7 @@ void Lowering::gradients_and_optimizer() {
       g_.set_kernels(opt[j], opt_kernels);
     }
   }
+  keep_embedding_opt(opt);
   if (l_.pp_blocking_p2p && l_.pp > 1) {
     if (after_pipeline_.empty()) after_pipeline_.resize(l_.pp);
     std::vector<AfterPipeline>& after = after_pipeline_[stage_];
@@ -2360,6 +2398,56 @@ void Lowering::gradients_and_optimizer() {
     for (const ParamPart& part : param_parts(bk.dense, bk.expert))
       reduce_over(held_bytes(part.params), bk, opt, CollectiveKind::kAllGather, part, "params");
   }
+}
+
+bool Lowering::ties_embedding() const {
+  if (!has_llm_ || role_.frozen || l_.pp < 2 || l_.torch_fsdp2()) return false;
+  const auto* llm = std::get_if<models::LlmSpec>(&s_.model.modules[s_.model.llm_index()].spec);
+  return llm && llm->tied_embeddings;
+}
+
+std::vector<TaskId> Lowering::tied_embedding_all_reduce(const std::vector<TaskId>& after) {
+  if (!ties_embedding() || (stage_ != 0 && stage_ != l_.pp - 1)) return {};
+  const int n = stage_ranks();
+  if (stage_ == 0) {
+    embedding_ready_.assign(n, {});
+    for (int j : actives_) embedding_ready_[j] = {after[j], st_[j].last};
+    return {};
+  }
+  const auto& llm = std::get<models::LlmSpec>(s_.model.modules[s_.model.llm_index()].spec);
+  const Bytes bytes(llm.vocab * llm.block.hidden / l_.tp *
+                    gradient_bytes(s_.workload.precision, l_.grad_reduce_dtype));
+  const sim::LabelId name = g_.label(
+      fmt::format("{}tied embedding grads all_reduce stage 0 + {}", role_.prefix, l_.pp - 1));
+  // Reduced: each representative's pair stands for the pairs of the ranks it owns.
+  std::vector<std::vector<RankId>> copies(n);
+  if (reduced_)
+    for (int j = 0; j < n; ++j)
+      if (!active(j)) {
+        copies[owner_[j]].push_back(rank_of(j, 0));
+        copies[owner_[j]].push_back(rank_of(j, stage_));
+      }
+  std::vector<TaskId> reduced(n);
+  for (int j : actives_) {
+    const RankId pair[] = {rank_of(j, 0), rank_of(j, stage_)};
+    sim::CollectiveSpec spec;
+    spec.kind = CollectiveKind::kAllReduce;
+    spec.group_id = g_.add_group(pair);
+    spec.bytes = bytes;
+    spec.stream = kEmbeddingStream;
+    if (!copies[j].empty()) spec.copies = g_.add_group(copies[j]);
+    const TaskId c = g_.add_collective(spec, {cat_dp_, name});
+    if (host_) g_.set_host(c, host_op_[group_[j]]);
+    for (TaskId t : {embedding_ready_[j].first, embedding_ready_[j].second, after[j], st_[j].last})
+      if (t.valid()) g_.add_dependency(t, c);
+    g_.add_dependency(c, embedding_opt_[j]);  // the first stage's step (stage 0 came first)
+    reduced[j] = c;
+  }
+  return reduced;
+}
+
+void Lowering::keep_embedding_opt(const std::vector<TaskId>& opt) {
+  if (ties_embedding() && stage_ == 0) embedding_opt_ = opt;
 }
 
 // P2P of activations (gradients) from each F (B) to the next (previous) virtual stage.

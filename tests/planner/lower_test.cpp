@@ -1039,6 +1039,101 @@ TEST(Lower, GraphsValidateAndAreDeterministic) {
   }
 }
 
+// Under SP each TP rank's norms see its own sequence slice, so after the DP sync their
+// gradients are all-reduced over TP in one buffer before the optimizer step
+// (_allreduce_layernorm_grads). tiny: two RMSNorms of 1024 per layer, the final norm on the
+// last stage. Without SP they are alike on every TP rank: nothing.
+TEST(Lower, SequenceParallelAllReducesTheNormsGradientsOverTp) {
+  const Scenario s = make(8, 16, 1);
+  auto norm_all_reduces = [](const LoweredPlan& lp) {
+    std::map<int, Bytes> by_first_rank;
+    for (int t = 0; t < lp.graph.num_tasks(); ++t) {
+      const sim::Task& task = lp.graph.task(TaskId(t));
+      if (lp.graph.label_text(task.label.name).find("layernorm grads") == std::string_view::npos)
+        continue;
+      EXPECT_EQ(task.collective, sim::CollectiveKind::kAllReduce);
+      EXPECT_EQ(lp.graph.group(task.group).size(), 2u);
+      int optimizer_after = 0;
+      for (const auto& [before, after] : lp.graph.dependencies())
+        optimizer_after += before == TaskId(t) &&
+                           lp.graph.label_text(lp.graph.task(after).label.category) == "optimizer";
+      EXPECT_EQ(optimizer_after, 2);
+      by_first_rank[lp.graph.group(task.group)[0].value()] = task.bytes;
+    }
+    return by_first_rank;
+  };
+  Plan p = plan(2, 2, 2);
+  p.layout.sequence_parallel = true;
+  LowerOptions o;
+  o.full_ranks = true;
+  const std::map<int, Bytes> sp = norm_all_reduces(lowered(s, p, o));
+  ASSERT_EQ(sp.size(), 4u);  // per stage its dp TP groups
+  for (int dp_i = 0; dp_i < 2; ++dp_i) {
+    EXPECT_EQ(sp.at(2 * dp_i), Bytes(4 * 2 * 1024 * 4));            // stage 0: 4 layers
+    EXPECT_EQ(sp.at(4 + 2 * dp_i), Bytes((4 * 2 + 1) * 1024 * 4));  // stage 1: and the final norm
+  }
+  auto full = evaluate(s, p, {.full_ranks = true});
+  auto reduced = evaluate(s, p);
+  ASSERT_TRUE(full.is_ok() && reduced.is_ok());
+  EXPECT_EQ(full->iteration_time, reduced->iteration_time);
+  p.layout.sequence_parallel = false;
+  EXPECT_TRUE(norm_all_reduces(lowered(s, p, o)).empty());
+}
+
+// Tied embeddings over a pipeline: after the DP gradient sync, each first-stage rank
+// all-reduces its table's gradient (vocab / tp x hidden, fp32 main_grad) with the last-stage
+// rank alike in tp, cp and dp, on a stream of its own, and both ranks' optimizer steps wait
+// for it (Megatron-LM's _allreduce_word_embedding_grads). Untied, or on one stage, none.
+TEST(Lower, TiedEmbeddingsAllReduceTheTablesGradientBetweenFirstAndLastStage) {
+  const Scenario tied = make(8, 16, 2, "dgx-h100", "", R"(, "tied_embeddings": true)");
+  const Scenario untied = make(8, 16, 2);
+  auto all_reduces = [](const LoweredPlan& lp) {
+    std::vector<TaskId> out;
+    for (int t = 0; t < lp.graph.num_tasks(); ++t)
+      if (lp.graph.label_text(lp.graph.task(TaskId(t)).label.name).find("tied embedding") !=
+          std::string_view::npos)
+        out.push_back(TaskId(t));
+    return out;
+  };
+  for (const bool dist : {false, true}) {
+    Plan p = plan(2, 4, 2);
+    p.layout.distributed_optimizer = dist;
+    LowerOptions o;
+    o.full_ranks = true;
+    const LoweredPlan lp = lowered(tied, p, o);
+    const std::vector<TaskId> ars = all_reduces(lp);
+    ASSERT_EQ(ars.size(), 4u);  // tp x dp pairs
+    std::set<int> members;
+    for (TaskId id : ars) {
+      const sim::Task& t = lp.graph.task(id);
+      EXPECT_EQ(t.kind, sim::TaskKind::kCollective);
+      EXPECT_EQ(t.collective, sim::CollectiveKind::kAllReduce);
+      EXPECT_EQ(t.bytes, Bytes(128 * 1024 / 2 * 4));
+      const auto group = lp.graph.group(t.group);
+      ASSERT_EQ(group.size(), 2u);
+      EXPECT_EQ(group[1].value(), group[0].value() + 3 * 4);  // stage 0 and stage 3
+      EXPECT_LT(group[0].value(), 4);
+      members.insert(group[0].value());
+      // Both members' optimizer steps follow it.
+      int steps = 0;
+      for (const auto& [before, after] : lp.graph.dependencies())
+        if (before == id && lp.graph.label_text(lp.graph.task(after).label.category) == "optimizer")
+          ++steps;
+      EXPECT_EQ(steps, 2);
+    }
+    EXPECT_EQ(members.size(), 4u);
+    // The representatives predict what every rank does.
+    auto full = evaluate(tied, p, {.full_ranks = true});
+    auto reduced = evaluate(tied, p);
+    ASSERT_TRUE(full.is_ok() && reduced.is_ok());
+    EXPECT_LT(reduced->tasks, full->tasks);  // copies stand for the mirrored pairs
+    EXPECT_EQ(full->iteration_time, reduced->iteration_time) << dist;
+    EXPECT_TRUE(lowered(tied, p).graph.validate(16).is_ok());
+  }
+  EXPECT_TRUE(all_reduces(lowered(untied, plan(2, 4, 2))).empty());
+  EXPECT_TRUE(all_reduces(lowered(tied, plan(2, 1, 8))).empty());
+}
+
 // evaluate() with a Workspace reused across plans of different sizes (as a search thread
 // does) reports exactly what it reports without one.
 TEST(Lower, AReusedWorkspaceGivesTheSameMetrics) {
@@ -1455,6 +1550,11 @@ TEST(Lower, FoldedExpertsTakeTheirEpGroupsFromTp) {
       if (task.collective == sim::CollectiveKind::kAllGather) continue;  // the expert counts
       ++a2a;
       EXPECT_EQ(task.bytes, Bytes(2048LL / 2 * 2 * 1024 * 2));  // tokens / tp x top_k x h
+    }
+    if (lp.graph.label_text(task.label.name).find("layernorm grads") != std::string_view::npos) {
+      // After the DP sync: under SP the norms' and the routers' gradients, in fp32.
+      EXPECT_EQ(task.bytes, Bytes((4 * (2 * 1024 + 8 * 1024) + 1024) * 4));
+      continue;
     }
     if (cat == "tp_comm") {
       ++tp_comm;

@@ -36,6 +36,17 @@
 //   1 at the step's start, chunk c + 1 at the forward pp_rank places before chunk c's first,
 //   so that the stages launch together), except in a colocated plan, where only the first
 //   bucket's is simulated, after the step.
+// - After the DP sync, the gradients of the parameters TP replicates but its ranks see apart
+//   (Block::tp_synced: under SP the norms and the MoE router, and q/k norms) all-reduced
+//   over TP in one buffer, which the optimizer step waits for ("tp_comm", comm stream 0;
+//   Megatron-LM's _allreduce_layernorm_grads; torch FSDP2's DTensors reduce them in the
+//   backward instead, not modelled).
+// - Tied embeddings (LlmSpec::tied_embeddings) over a pipeline: then each
+//   first-stage rank all-reduces its table's gradient (vocab / tp x hidden, gradient_bytes()
+//   each) with the last-stage rank alike in tp, cp and dp, which keeps a copy of the table
+//   for the output layer, on comm stream 10 ("dp_comm"), and both ranks' optimizer steps
+//   wait for it (Megatron-LM's finalize_model_grads, _allreduce_word_embedding_grads; not
+//   under torch FSDP2, whose trainers do not tie across stages).
 // - FP8 delayed scaling (Fp8Recipe::kDelayed): each chunk's forward and backward of a
 //   micro-batch end with Transformer Engine's amax all-reduce (MAX, a few bytes per GEMM)
 //   over the stage's tp x cp x dp ranks (Megatron's amax reduction group), which the
@@ -123,10 +134,9 @@
 //   replica's links only when every rank runs (among representatives they are copies,
 //   loading the links their representative's flows cross): dp_comm 1.2e-5 and the
 //   iteration 1.7e-6 apart.
-// Not modelled: tied-embedding gradient all-reduce between first and last stage, the
-// vocab-parallel loss's small all-reduces, and the K,V ring of a selectively recomputed CP
-// attention. (SP's backward re-gather of a column-parallel linear's input is: regather_input
-// in lower.cpp, beside the dgrad GEMM, since validation round 7.)
+// Not modelled: the vocab-parallel loss's small all-reduces and the K,V ring of a
+// selectively recomputed CP attention. (SP's backward re-gather of a column-parallel linear's input
+// is: regather_input in lower.cpp, beside the dgrad GEMM, since validation round 7.)
 #pragma once
 
 #include <cstdint>
