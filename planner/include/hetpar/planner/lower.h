@@ -134,8 +134,9 @@
 //   replica's links only when every rank runs (among representatives they are copies,
 //   loading the links their representative's flows cross): dp_comm 1.2e-5 and the
 //   iteration 1.7e-6 apart.
-// Not modelled: the vocab-parallel loss's small all-reduces and the K,V ring of a
-// selectively recomputed CP attention. (SP's backward re-gather of a column-parallel linear's input
+// Not modelled: the vocab-parallel loss's small all-reduces, the per-micro-batch loss
+// averaging over DP some trainers run for logging (each under 0.05% of a step; validation
+// round 29), and the K,V ring of a selectively recomputed CP attention. (SP's backward re-gather of a column-parallel linear's input
 // is: regather_input in lower.cpp, beside the dgrad GEMM, since validation round 7.)
 #pragma once
 
