@@ -87,6 +87,7 @@ TEST(PlanJson, RoundTripsEveryLayoutSwitch) {
   p.layout.defer_embedding_wgrad = true;
   p.layout.wgrad_deferral_limit = 22;
   p.layout.pipeline_layout = {3, 0, 5};
+  p.layout.microbatch_group = 6;
   auto back = parse_plan(plan_to_json(p), "plan");
   ASSERT_TRUE(back.is_ok()) << back.status().to_string();
   EXPECT_EQ(*back, p);

@@ -212,6 +212,11 @@ void refuse_megatron_comm_overlaps(const Context& c, Refusals& r) {
         "defer_embedding_wgrad: {} does not put the output layer's weight gradient off to the "
         "pipeline's flush (Megatron-Core's --defer-embedding-wgrad-compute)",
         c.target_name()));
+  if (c.layout().microbatch_group > 0)
+    r.add(fmt::format(
+        "microbatch_group: {} does not group an interleaved schedule's micro-batches per "
+        "virtual stage (Megatron-Core's --microbatch-group-size-per-virtual-pipeline-stage)",
+        c.target_name()));
 }
 
 std::string_view megatron_attention_backend(const planner::Layout& l) {

@@ -83,6 +83,8 @@ std::vector<Flag> pipeline_split_flags(const Context& c) {
     f.push_back({"--decoder-last-pipeline-num-layers", num(l.last_stage_layers)});
   if (l.account_for_embedding) f.push_back({"--account-for-embedding-in-pipeline-split", ""});
   if (l.account_for_loss) f.push_back({"--account-for-loss-in-pipeline-split", ""});
+  if (l.microbatch_group > 0)
+    f.push_back({"--microbatch-group-size-per-virtual-pipeline-stage", num(l.microbatch_group)});
   // Blocking transfers: Megatron-LM's non-interleaved schedule always blocks; the
   // interleaved one does with its P2P overlap off.
   if (l.pp_blocking_p2p && l.vpp > 1) f.push_back({"--no-overlap-p2p-communication", ""});

@@ -265,6 +265,8 @@ Result<std::vector<ExportFile>> write_megatron_bridge(const Context& c) {
     s.push_back({"model.tensor_model_parallel_size", num(l.tp)});
     s.push_back({"model.pipeline_model_parallel_size", num(l.pp)});
     s.push_back({"model.virtual_pipeline_model_parallel_size", l.vpp > 1 ? num(l.vpp) : "null"});
+    if (l.microbatch_group > 0)
+      s.push_back({"model.microbatch_group_size_per_vp_stage", num(l.microbatch_group)});
     s.push_back({"model.context_parallel_size", num(l.cp)});
     if (l.cp > 1) s.push_back({"model.cp_comm_type", yaml_string(planner::to_string(l.cp_comm))});
     if (c.llm.moe) {

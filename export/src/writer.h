@@ -76,8 +76,10 @@ void refuse_precision_unless(const Context& c, Refusals& r,
 /// Refuses an encoder micro-batch that differs. `who`: "the MIMO example", "MegatronMIMO".
 void refuse_mimo_encoder_batch(const Context& c, const planner::ModulePlan& m, std::string_view who,
                                Refusals& r);
-/// Megatron's communication overlaps, for targets without them: userbuffers TP overlap
-/// (Layout::tp_comm_overlap) and the EP all-to-all overlap (Layout::ep_comm_overlap).
+/// Megatron's communication overlaps and schedule knobs, for targets without them:
+/// userbuffers TP overlap (Layout::tp_comm_overlap), the EP all-to-all overlap
+/// (Layout::ep_comm_overlap), deferred output-layer wgrads (Layout::defer_embedding_wgrad)
+/// and the interleaved schedule's micro-batch groups (Layout::microbatch_group).
 void refuse_megatron_comm_overlaps(const Context& c, Refusals& r);
 /// Megatron-Core's --attention-backend for the layout: unfused without flash attention; auto
 /// for the profile's own kernel (Transformer Engine prefers cuDNN's fused attention on Hopper

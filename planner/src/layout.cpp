@@ -117,6 +117,7 @@ std::string describe_in_words(const Layout& l, hardware::Precision workload) {
   std::string out = fmt::format("tp {}{} cp {}", l.tp, l.sequence_parallel ? " (sp)" : "", l.cp);
   if (l.cp > 1) out += fmt::format(" ({})", to_string(l.cp_comm));
   out += fmt::format(" pp {} vpp {} dp {}", l.pp, l.vpp, l.dp);
+  if (l.microbatch_group > 0) out += fmt::format(" (micro-batch groups of {})", l.microbatch_group);
   if (l.ep > 1) out += fmt::format(" ep {}", l.ep);
   if (l.expert_tp() != l.tp) out += fmt::format(" etp {}", l.expert_tp());
   out += fmt::format(", micro-batch {}, recompute {}, ", l.micro_batch, to_string(l.recompute));

@@ -146,6 +146,11 @@ std::string heterogeneous_infeasibility(const Scenario& s, const Plan& p) {
     if (e.vpp != 1 || e.ep != 1)
       return fmt::format("module \"{}\": vpp {} and ep {} must be 1 for an encoder", mp.module,
                          e.vpp, e.ep);
+    if (e.microbatch_group != 0)
+      return fmt::format(
+          "module \"{}\": microbatch_group {} needs the interleaved schedule, "
+          "which an encoder does not run",
+          mp.module, e.microbatch_group);
     if (!power_of_two_tp(e.tp))
       return fmt::format("module \"{}\": tp {} must be 1, 2, 4 or 8 (Megatron's MIMO path)",
                          mp.module, e.tp);
@@ -381,11 +386,28 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
   if (p.schedule == Schedule::kInterleaved) {
     if (l.vpp < 2) return "the interleaved schedule needs vpp > 1";
     if (l.pp < 2) return "the interleaved schedule needs pp > 1";
-    if (m % l.pp != 0)
+    if (l.microbatch_group == 0 && m % l.pp != 0)
       return fmt::format(
           "interleaved schedule: {} micro-batches per replica not divisible by pp {}", m, l.pp);
+    const int64_t g = l.microbatch_group;
+    if (g > 0 && g < l.pp)
+      return fmt::format("microbatch_group {} must be at least pp {}", g, l.pp);
+    if (g > m)
+      return fmt::format("microbatch_group {} exceeds the {} micro-batches per replica", g, m);
+    if (g > 0 && m % g != 0 && m % g < l.pp)
+      return fmt::format(
+          "microbatch_group {}: the last group's {} micro-batches ({} % {}) must be none or at "
+          "least pp {}, as Megatron-Core checks",
+          g, m % g, m, g, l.pp);
+    if (g > 0 && g != l.pp && l.pp_blocking_p2p)
+      return fmt::format(
+          "microbatch_group {} with pp_blocking_p2p is not modelled (the blocking calls follow "
+          "the schedule's default groups of pp {})",
+          g, l.pp);
   } else if (l.vpp > 1) {
     return fmt::format("vpp {} needs the interleaved schedule", l.vpp);
+  } else if (l.microbatch_group > 0) {
+    return fmt::format("microbatch_group {} needs the interleaved schedule", l.microbatch_group);
   }
   if (l.fp8_recipe != Fp8Recipe::kDelayed && s.workload.precision != hardware::Precision::kFp8)
     return fmt::format("fp8_recipe {} needs workload precision fp8, not {}",
@@ -1083,9 +1105,9 @@ void Lowering::setup() {
   orders_.resize(l_.pp);
   spans_.resize(l_.pp);
   for (int st = 0; st < l_.pp; ++st)
-    orders_[st] = !role_.orders.empty()
-                      ? role_.orders[st]
-                      : stage_order(p_.schedule, st, l_.pp, l_.vpp, m_, extra_warmup(l_));
+    orders_[st] = !role_.orders.empty() ? role_.orders[st]
+                                        : stage_order(p_.schedule, st, l_.pp, l_.vpp, m_,
+                                                      extra_warmup(l_), microbatch_group(l_));
 }
 
 void Lowering::begin_stage(int stage) {
@@ -2718,9 +2740,9 @@ void lower_heterogeneous(const Scenario& s, const Plan& p, const LowerOptions& o
   llm_role.rank_offset = colocated ? 0 : p.llm_first_rank;
   if (red) llm_role.reduction = red->llm;
   Lowering llm(s, p, o, out, llm_role);
-  const std::vector<PipelineOp> llm0 =
-      stage_order(p.schedule, 0, L.pp, L.vpp,
-                  s.workload.global_batch / (int64_t{L.micro_batch} * L.dp), extra_warmup(L));
+  const std::vector<PipelineOp> llm0 = stage_order(
+      p.schedule, 0, L.pp, L.vpp, s.workload.global_batch / (int64_t{L.micro_batch} * L.dp),
+      extra_warmup(L), microbatch_group(L));
   const int nenc = static_cast<int>(p.modules.size());
   std::vector<std::unique_ptr<Lowering>> encs;
   std::vector<std::vector<MergedOp>> merged(p.modules.size());

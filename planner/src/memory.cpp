@@ -15,7 +15,8 @@ Bytes MemoryBreakdown::total() const {
 }
 
 double in_flight_micro_batches(Schedule sch, int stage, int pp, int vpp, int64_t m,
-                               int extra_warmup) {
+                               int extra_warmup, int64_t group) {
+  if (group == 0) group = pp;
   HETPAR_CHECK(0 <= stage && stage < pp && vpp >= 1 && m >= 1, "stage {} of {}, vpp {}, m {}",
                stage, pp, vpp, m);
   switch (sch) {
@@ -27,7 +28,7 @@ double in_flight_micro_batches(Schedule sch, int stage, int pp, int vpp, int64_t
     case Schedule::kInterleaved: {
       const int64_t chunks = m * vpp;
       const int64_t warmup =
-          m == pp ? chunks : 2 * (pp - stage - 1) + (vpp - 1) * int64_t{pp} + extra_warmup;
+          m == pp && group == pp ? chunks : 2 * (pp - stage - 1) + (vpp - 1) * group + extra_warmup;
       return static_cast<double>(std::min(warmup + 1, chunks)) / vpp;
     }
   }
@@ -158,9 +159,10 @@ class Estimator {
       // Layout::ep_comm_overlap: the interleaved schedule's extra warm-up forward holds one
       // more chunk; merged passes hold what they held (the backward frees a layer as the
       // forward fills one).
-      in_flight_.push_back(!in_flight.empty() ? in_flight[static_cast<size_t>(st)]
-                                              : in_flight_micro_batches(sch, st, l_.pp, l_.vpp, m,
-                                                                        extra_warmup(l_)));
+      in_flight_.push_back(!in_flight.empty()
+                               ? in_flight[static_cast<size_t>(st)]
+                               : in_flight_micro_batches(sch, st, l_.pp, l_.vpp, m,
+                                                         extra_warmup(l_), microbatch_group(l_)));
       // ZB-H1's stage st defers up to st weight-gradient passes past their B: up to
       // min(pp, m) micro-batches in flight on every stage, the extra ones holding only the
       // GEMM inputs W needs.
@@ -400,9 +402,9 @@ MemoryReport estimate_memory(const Scenario& s, const Plan& p, const MemoryOptio
   const Layout& L = p.layout;
   Estimator llm(s, p, opts);
   llm.add_module(s.model.llm_index());
-  const std::vector<PipelineOp> llm0 =
-      stage_order(p.schedule, 0, L.pp, L.vpp,
-                  s.workload.global_batch / (int64_t{L.micro_batch} * L.dp), extra_warmup(L));
+  const std::vector<PipelineOp> llm0 = stage_order(
+      p.schedule, 0, L.pp, L.vpp, s.workload.global_batch / (int64_t{L.micro_batch} * L.dp),
+      extra_warmup(L), microbatch_group(L));
   const bool frozen = s.workload.frozen_encoders;
   std::vector<MemoryReport> enc_reports;
   for (const ModulePlan& mp : p.modules) {

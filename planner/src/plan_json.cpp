@@ -96,6 +96,7 @@ Layout parse_layout(JsonReader& r) {
   l.tp_backward_overlap = r.optional_bool("tp_backward_overlap", true);
   l.pp_scatter_gather = r.optional_bool("pp_scatter_gather", false);
   l.pp_blocking_p2p = r.optional_bool("pp_blocking_p2p", false);
+  l.microbatch_group = static_cast<int>(r.optional_int("microbatch_group", 0, 0, kMaxDegree));
   l.tp_comm_overlap = r.optional_bool("tp_comm_overlap", false);
   l.ep_comm_overlap = r.optional_bool("ep_comm_overlap", false);
   l.moe_capacity_factor = r.optional_double("moe_capacity_factor", 0, 0, 64);
@@ -179,6 +180,7 @@ nlohmann::json layout_to_json(const Layout& l) {
   if (!l.tp_backward_overlap) j["tp_backward_overlap"] = false;
   if (l.pp_scatter_gather) j["pp_scatter_gather"] = true;
   if (l.pp_blocking_p2p) j["pp_blocking_p2p"] = true;
+  if (l.microbatch_group > 0) j["microbatch_group"] = l.microbatch_group;
   if (l.tp_comm_overlap) j["tp_comm_overlap"] = true;
   if (l.ep_comm_overlap) j["ep_comm_overlap"] = true;
   if (l.moe_capacity_factor > 0) j["moe_capacity_factor"] = l.moe_capacity_factor;

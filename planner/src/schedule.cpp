@@ -29,25 +29,33 @@ void one_f_one_b(Ops& out, int64_t warmup, int64_t m) {
     out.push_back({PassKind::kBackward, i, 0});
 }
 
-// Megatron-LM's interleaved order: virtual micro-batch k of the forward (backward) pass.
-PipelineOp virtual_op(PassKind kind, int64_t k, int pp, int vpp) {
-  const int64_t group = static_cast<int64_t>(pp) * vpp;
-  int chunk = static_cast<int>((k / pp) % vpp);
+// Megatron-Core's interleaved order (get_schedule_table): virtual micro-batch k of the
+// forward (backward) pass, the micro-batches in groups of `group`, the last group (from
+// `last`) taking the rest, each group through chunk 0, then chunk 1, ...
+PipelineOp virtual_op(PassKind kind, int64_t k, int vpp, int64_t m, int64_t group) {
+  const int64_t last = (m - 1) / group * group;
+  int64_t size = group, first = (k / (group * vpp)) * group, within = k % (group * vpp);
+  if (k >= last * vpp) {
+    size = m - last;
+    first = last;
+    within = k - last * vpp;
+  }
+  int chunk = static_cast<int>(within / size);
   if (kind == PassKind::kBackward) chunk = vpp - 1 - chunk;
-  return {kind, (k / group) * pp + k % pp, chunk};
+  return {kind, first + within % size, chunk};
 }
 
-void interleaved(Ops& out, int stage, int pp, int vpp, int64_t m, int extra_warmup) {
+void interleaved(Ops& out, int stage, int pp, int vpp, int64_t m, int extra_warmup, int64_t group) {
   const int64_t total = m * vpp;
   const int64_t warmup = std::min<int64_t>(
-      total, static_cast<int64_t>(pp - stage - 1) * 2 + (vpp - 1) * pp + extra_warmup);
-  for (int64_t k = 0; k < warmup; ++k) out.push_back(virtual_op(PassKind::kForward, k, pp, vpp));
+      total, static_cast<int64_t>(pp - stage - 1) * 2 + (vpp - 1) * group + extra_warmup);
+  auto op = [&](PassKind kind, int64_t k) { return virtual_op(kind, k, vpp, m, group); };
+  for (int64_t k = 0; k < warmup; ++k) out.push_back(op(PassKind::kForward, k));
   for (int64_t k = 0; k + warmup < total; ++k) {
-    out.push_back(virtual_op(PassKind::kForward, k + warmup, pp, vpp));
-    out.push_back(virtual_op(PassKind::kBackward, k, pp, vpp));
+    out.push_back(op(PassKind::kForward, k + warmup));
+    out.push_back(op(PassKind::kBackward, k));
   }
-  for (int64_t k = total - warmup; k < total; ++k)
-    out.push_back(virtual_op(PassKind::kBackward, k, pp, vpp));
+  for (int64_t k = total - warmup; k < total; ++k) out.push_back(op(PassKind::kBackward, k));
 }
 
 // 1F1B's F/B order with a W after each B, up to `defer` of them held back to the end.
@@ -70,8 +78,14 @@ void zero_bubble_h1(Ops& out, int stage, int pp, int64_t m) {
 
 }  // namespace
 
+bool interleaved_group_ok(int pp, int64_t m, int64_t group) {
+  if (group == 0) group = pp;
+  const int64_t rest = m % group;
+  return pp <= group && group <= m && (rest == 0 || rest >= pp);
+}
+
 std::vector<PipelineOp> stage_order(Schedule s, int stage, int pp, int vpp, int64_t m,
-                                    int extra_warmup) {
+                                    int extra_warmup, int64_t group) {
   HETPAR_CHECK(pp >= 1 && stage >= 0 && stage < pp && m >= 1 && vpp >= 1,
                "bad pipeline: stage {} of {}, vpp {}, {} micro-batches", stage, pp, vpp, m);
   HETPAR_CHECK((s == Schedule::kInterleaved) == (vpp > 1),
@@ -87,9 +101,9 @@ std::vector<PipelineOp> stage_order(Schedule s, int stage, int pp, int vpp, int6
       one_f_one_b(out, pp - stage - 1, m);
       break;
     case Schedule::kInterleaved:
-      HETPAR_CHECK(m % pp == 0, "interleaved schedule: {} micro-batches not divisible by pp {}", m,
-                   pp);
-      interleaved(out, stage, pp, vpp, m, extra_warmup);
+      HETPAR_CHECK(interleaved_group_ok(pp, m, group),
+                   "interleaved schedule: {} micro-batches in groups of {} on pp {}", m, group, pp);
+      interleaved(out, stage, pp, vpp, m, extra_warmup, group > 0 ? group : pp);
       break;
     case Schedule::kZeroBubble:
       zero_bubble_h1(out, stage, pp, m);
@@ -140,6 +154,10 @@ bool merges_passes(Schedule s, int pp) {
 
 int extra_warmup(const Layout& l) {
   return l.ep_comm_overlap ? 1 : 0;
+}
+
+int64_t microbatch_group(const Layout& l) {
+  return l.microbatch_group > 0 ? l.microbatch_group : l.pp;
 }
 
 int64_t peak_in_flight(const std::vector<PipelineOp>& order) {

@@ -35,6 +35,7 @@ Layout parse_layout(const std::map<std::string, std::string>& f, const std::stri
     l.vpp =
         static_cast<int>(layers / l.pp / flag_int(f, "--num-layers-per-virtual-pipeline-stage", 1));
   l.vpp = flag_int(f, "--num-virtual-stages-per-pipeline-rank", l.vpp);
+  l.microbatch_group = flag_int(f, "--microbatch-group-size-per-virtual-pipeline-stage", 0);
   l.micro_batch = flag_int(f, "--micro-batch-size", 0);
   if (f.count("--recompute-granularity")) {
     const std::string g = f.at("--recompute-granularity");
@@ -174,6 +175,31 @@ TEST(ExportMegatron, AlignedReductionsAndDeferredWgrad) {
   EXPECT_EQ(flags().at("--wgrad-deferral-limit"), "22");
   for (Target t : {Target::kTorchtitan, Target::kDeepspeed, Target::kNanotron})
     EXPECT_NE(refusal(s, p, t).find("defer_embedding_wgrad: "), std::string::npos) << to_string(t);
+}
+
+// Layout::microbatch_group is Megatron-Core's micro-batch group per virtual stage: Megatron-LM's
+// --microbatch-group-size-per-virtual-pipeline-stage, Megatron-Bridge's
+// model.microbatch_group_size_per_vp_stage; the trainers without it refuse it.
+TEST(ExportMegatron, MicroBatchGroupsPerVirtualStage) {
+  Plan p;
+  p.layout = layout(8, 2, 2);
+  p.layout.vpp = 2;
+  p.schedule = Schedule::kInterleaved;
+  const planner::Scenario s = scenario("llama-3.1-8b", 4, 4096, 64);  // 32 micro-batches
+  auto flags = [&] { return all_flags(exported(s, p, Target::kMegatron).at("launch.sh")); };
+  auto bridge = [&] {
+    return yaml_settings(exported(s, p, Target::kMegatronBridge).at("megatron_bridge.yaml"));
+  };
+  EXPECT_EQ(flags().count("--microbatch-group-size-per-virtual-pipeline-stage"), 0u);
+  EXPECT_EQ(bridge().count("model.microbatch_group_size_per_vp_stage"), 0u);
+  p.layout.microbatch_group = 3;
+  ASSERT_EQ(planner::infeasibility(s, p), "");
+  const auto f = flags();
+  EXPECT_EQ(f.at("--microbatch-group-size-per-virtual-pipeline-stage"), "3");
+  EXPECT_EQ(parse_layout(f, "--", 32, 32).microbatch_group, 3);
+  EXPECT_EQ(bridge().at("model.microbatch_group_size_per_vp_stage"), "3");
+  for (Target t : {Target::kTorchtitan, Target::kDeepspeed, Target::kNanotron})
+    EXPECT_NE(refusal(s, p, t).find("microbatch_group: "), std::string::npos) << to_string(t);
 }
 
 // The MLP's activation: --swiglu for Llama, --squared-relu for Nemotron-4, neither for GELU.

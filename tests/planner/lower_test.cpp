@@ -1039,6 +1039,49 @@ TEST(Lower, GraphsValidateAndAreDeterministic) {
   }
 }
 
+// The interleaved schedule with Megatron-Core's micro-batch groups (Layout::microbatch_group):
+// 8 micro-batches per replica in groups of 3 on pp 2 run, the representatives predicting
+// every rank; a group of pp is the default; a larger group holds more chunks in flight.
+// Megatron-Core's bounds, and blocking transfers (not modelled with groups), are refused
+// with the reason.
+TEST(Lower, InterleavedMicroBatchGroupsRunAndHoldMoreInFlight) {
+  const Scenario s = make(8, 16, 1);
+  Plan p = plan(2, 2, 2, Schedule::kInterleaved, 2);
+  p.layout.microbatch_group = 3;
+  ASSERT_EQ(infeasibility(s, p), "");
+  const LoweredPlan lp = lowered(s, p);
+  EXPECT_TRUE(lp.graph.validate(lp.world).is_ok());
+  auto full = evaluate(s, p, {.full_ranks = true});
+  auto reduced = evaluate(s, p);
+  ASSERT_TRUE(full.is_ok() && reduced.is_ok());
+  EXPECT_GT(reduced->iteration_time, Time::zero());
+  // The homogeneous reduction's known residual (lower.h), as with the default groups.
+  EXPECT_NEAR(full->iteration_time.to_seconds() / reduced->iteration_time.to_seconds(), 1.0, 2e-4);
+  Plan plain = p, wide = p, same = p;
+  plain.layout.microbatch_group = 0;
+  wide.layout.microbatch_group = 4;
+  same.layout.microbatch_group = 2;  // pp: the default
+  EXPECT_EQ(evaluate(s, same)->iteration_time, evaluate(s, plain)->iteration_time);
+  EXPECT_NE(evaluate(s, p)->iteration_time, evaluate(s, plain)->iteration_time);
+  EXPECT_GT(estimate_memory(s, wide).per_stage[0].activations,
+            estimate_memory(s, plain).per_stage[0].activations);
+  Plan bad = p;
+  bad.layout.microbatch_group = 1;
+  EXPECT_EQ(infeasibility(s, bad), "microbatch_group 1 must be at least pp 2");
+  bad.layout.microbatch_group = 9;
+  EXPECT_EQ(infeasibility(s, bad), "microbatch_group 9 exceeds the 8 micro-batches per replica");
+  bad.layout.microbatch_group = 7;
+  EXPECT_EQ(infeasibility(s, bad),
+            "microbatch_group 7: the last group's 1 micro-batches (8 % 7) must be none or at least "
+            "pp 2, as Megatron-Core checks");
+  bad.layout.microbatch_group = 3;
+  bad.layout.pp_blocking_p2p = true;
+  EXPECT_NE(infeasibility(s, bad).find("with pp_blocking_p2p is not modelled"), std::string::npos);
+  bad = plan(2, 2, 2);
+  bad.layout.microbatch_group = 2;
+  EXPECT_EQ(infeasibility(s, bad), "microbatch_group 2 needs the interleaved schedule");
+}
+
 // Under SP each TP rank's norms see its own sequence slice, so after the DP sync their
 // gradients are all-reduced over TP in one buffer before the optimizer step
 // (_allreduce_layernorm_grads). tiny: two RMSNorms of 1024 per layer, the final norm on the

@@ -133,6 +133,47 @@ TEST(Schedule, InterleavedWarmsUpOneMoreForTheEpOverlap) {
     }
 }
 
+// Megatron-Core's micro-batch groups (get_schedule_table, microbatch_group_size_per_vp_stage):
+// pp 2, vpp 2, 8 micro-batches in groups of 3, the last one the remaining 2: forwards run
+// mb 0-2 on chunk 0, mb 0-2 on chunk 1, mb 3-5 on both, then mb 6-7 on both; stage 0 warms
+// up (2-0-1)*2 + (2-1)*3 = 5 chunk forwards. The default group (pp) is the plain order.
+TEST(Schedule, InterleavedGroupsMicroBatchesPerVirtualStage) {
+  const auto order = stage_order(Schedule::kInterleaved, 0, 2, 2, 8, 0, 3);
+  std::vector<PipelineOp> forwards, backwards;
+  for (const PipelineOp& op : order)
+    (op.kind == PassKind::kForward ? forwards : backwards).push_back(op);
+  const std::pair<int64_t, int> table[] = {{0, 0}, {1, 0}, {2, 0}, {0, 1}, {1, 1}, {2, 1},
+                                           {3, 0}, {4, 0}, {5, 0}, {3, 1}, {4, 1}, {5, 1},
+                                           {6, 0}, {7, 0}, {6, 1}, {7, 1}};
+  ASSERT_EQ(forwards.size(), std::size(table));
+  ASSERT_EQ(backwards.size(), std::size(table));
+  for (size_t k = 0; k < std::size(table); ++k) {
+    EXPECT_EQ(forwards[k], (PipelineOp{PassKind::kForward, table[k].first, table[k].second})) << k;
+    // The backward walks the same table with the chunks reversed.
+    EXPECT_EQ(backwards[k], (PipelineOp{PassKind::kBackward, table[k].first, 1 - table[k].second}))
+        << k;
+  }
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(order[i].kind, PassKind::kForward) << i;
+  EXPECT_EQ(order[6].kind, PassKind::kBackward);  // the sixth forward, then 1F1B
+  for (int stage = 0; stage < 2; ++stage)
+    for (int64_t group : {0, 2})
+      EXPECT_EQ(stage_order(Schedule::kInterleaved, stage, 2, 2, 8, 0, group),
+                stage_order(Schedule::kInterleaved, stage, 2, 2, 8))
+          << stage << " " << group;
+  // A larger group warms up more: more chunks in flight.
+  EXPECT_GT(peak_in_flight(stage_order(Schedule::kInterleaved, 0, 2, 2, 8, 0, 4)),
+            peak_in_flight(stage_order(Schedule::kInterleaved, 0, 2, 2, 8)));
+  // Megatron-Core's bounds: pp <= group <= m, the last group none or at least pp.
+  EXPECT_TRUE(interleaved_group_ok(2, 8, 3));
+  EXPECT_FALSE(interleaved_group_ok(2, 7, 3));  // 7 % 3 = 1 < pp
+  EXPECT_TRUE(interleaved_group_ok(4, 8, 0));
+  EXPECT_FALSE(interleaved_group_ok(4, 6, 0));
+  EXPECT_FALSE(interleaved_group_ok(4, 8, 3));   // below pp
+  EXPECT_FALSE(interleaved_group_ok(2, 4, 5));   // above m
+  EXPECT_FALSE(interleaved_group_ok(4, 13, 6));  // 13 % 6 = 1 < pp
+  EXPECT_TRUE(interleaved_group_ok(4, 10, 5));   // m need not be a multiple of pp
+}
+
 // ZB-H1 keeps 1F1B's peak (pp on stage 0) on every stage; the last stage defers pp-1 Ws.
 TEST(Schedule, ZeroBubbleH1KeepsOneFOneBPeakMemory) {
   for (int stage = 0; stage < 4; ++stage) {

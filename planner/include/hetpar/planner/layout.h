@@ -100,6 +100,11 @@ struct Layout {
   CpComm cp_comm = CpComm::kP2P;  // meaningful when cp > 1
   int pp = 1;
   int vpp = 1;  // virtual pipeline stages per rank (interleaved schedule); 1 = none
+  /// Interleaved schedule: the contiguous micro-batches each virtual stage runs before the
+  /// next one takes over (Megatron-Core's microbatch_group_size_per_vp_stage, Llama 3's
+  /// flexible N); 0 = pp, Megatron's default. Between pp and the micro-batches per replica;
+  /// the last group's remainder 0 or at least pp, as Megatron-Core checks.
+  int microbatch_group = 0;
   int dp = 1;
   int ep = 1;  // expert parallel size (MoE only); divides dp * cp x tp / expert_tp()
   /// Expert tensor parallel size (Megatron-Core's --expert-tensor-parallel-size): the TP

@@ -136,8 +136,9 @@
 //   iteration 1.7e-6 apart.
 // Not modelled: the vocab-parallel loss's small all-reduces, the per-micro-batch loss
 // averaging over DP some trainers run for logging (each under 0.05% of a step; validation
-// round 29), and the K,V ring of a selectively recomputed CP attention. (SP's backward re-gather of a column-parallel linear's input
-// is: regather_input in lower.cpp, beside the dgrad GEMM, since validation round 7.)
+// round 29), and the K,V ring of a selectively recomputed CP attention. (SP's backward re-gather of
+// a column-parallel linear's input is: regather_input in lower.cpp, beside the dgrad GEMM, since
+// validation round 7.)
 #pragma once
 
 #include <cstdint>

@@ -146,9 +146,11 @@ double held_weight_bytes(double params, double fp8_params, hardware::Precision p
 /// - interleaved: Megatron-LM's warm-up of w = 2(pp - stage - 1) + (vpp - 1)pp chunk
 ///   forwards (all m*vpp of them when m == pp), so min(w + 1, m*vpp) chunks of 1/vpp of the
 ///   stage: on stage 0, pp + (pp - 1)/vpp, Korthikanti et al.'s L(1 + (p - 1)/(pm)) layers;
-///   `extra_warmup` more forwards as stage_order() runs them (Layout::ep_comm_overlap).
+///   `extra_warmup` more forwards as stage_order() runs them (Layout::ep_comm_overlap);
+///   with a micro-batch group (Layout::microbatch_group; `group`, 0 = pp) (vpp - 1)group
+///   in place of (vpp - 1)pp.
 /// REQUIRES: 0 <= stage < pp, vpp >= 1, m >= 1.
 double in_flight_micro_batches(Schedule sch, int stage, int pp, int vpp, int64_t m,
-                               int extra_warmup = 0);
+                               int extra_warmup = 0, int64_t group = 0);
 
 }  // namespace hetpar::planner

@@ -39,12 +39,20 @@ bool splits_weight_gradient(Schedule s);
 
 /// The program of pipeline stage `stage` (0-based) of `pp` with `vpp` chunks per stage
 /// and `m` micro-batches: every (kind, micro-batch, chunk) exactly once, in run order.
-/// REQUIRES: 0 <= stage < pp, m >= 1, vpp >= 1 (vpp > 1 and m % pp == 0 for interleaved;
-/// vpp == 1 otherwise). `extra_warmup` (interleaved only): that many more warm-up forwards,
-/// as Megatron-Core runs one more under the EP all-to-all overlap (Layout::ep_comm_overlap)
-/// so that each steady forward and the backward merged with it are of other micro-batches.
+/// REQUIRES: 0 <= stage < pp, m >= 1, vpp >= 1 (vpp > 1 for interleaved, and
+/// interleaved_group_ok(pp, m, group); vpp == 1 otherwise). `extra_warmup` (interleaved
+/// only): that many more warm-up forwards, as Megatron-Core runs one more under the EP
+/// all-to-all overlap (Layout::ep_comm_overlap) so that each steady forward and the
+/// backward merged with it are of other micro-batches. `group` (interleaved only; 0 = pp):
+/// Layout::microbatch_group, Megatron-Core's schedule table (get_schedule_table): the
+/// micro-batches in groups of `group`, the last one taking the rest, each group's through
+/// chunk 0, then chunk 1, ...; (vpp - 1) x group warm-up forwards besides 2(pp - stage - 1).
 std::vector<PipelineOp> stage_order(Schedule s, int stage, int pp, int vpp, int64_t m,
-                                    int extra_warmup = 0);
+                                    int extra_warmup = 0, int64_t group = 0);
+/// Whether the interleaved schedule runs `m` micro-batches in groups of `group` (0 = pp) on
+/// `pp` stages, as Megatron-Core checks: pp <= group <= m, and the last group's remainder
+/// m % group 0 or at least pp (with the default group: m % pp == 0).
+bool interleaved_group_ok(int pp, int64_t m, int64_t group);
 
 /// One communication call of a stage that runs its pipeline transfers blocking
 /// (Layout::pp_blocking_p2p): issued once the op it follows has ended, it sends the outputs
@@ -78,6 +86,8 @@ bool merges_passes(Schedule s, int pp);
 /// The extra warm-up forwards stage_order() runs for layout `l`: one under the EP
 /// all-to-all overlap (Megatron-Core's num_warmup_microbatches += 1), else none.
 int extra_warmup(const Layout& l);
+/// The interleaved schedule's micro-batch group of layout `l`: Layout::microbatch_group, or pp.
+int64_t microbatch_group(const Layout& l);
 
 /// Most micro-batch chunks whose forward ran and whose last backward pass (B, or W when the
 /// schedule splits it) has not, over the program: the activations the stage holds at peak.
