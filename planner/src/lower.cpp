@@ -399,11 +399,6 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
           "microbatch_group {}: the last group's {} micro-batches ({} % {}) must be none or at "
           "least pp {}, as Megatron-Core checks",
           g, m % g, m, g, l.pp);
-    if (g > 0 && g != l.pp && l.pp_blocking_p2p)
-      return fmt::format(
-          "microbatch_group {} with pp_blocking_p2p is not modelled (the blocking calls follow "
-          "the schedule's default groups of pp {})",
-          g, l.pp);
   } else if (l.vpp > 1) {
     return fmt::format("vpp {} needs the interleaved schedule", l.vpp);
   } else if (l.microbatch_group > 0) {
@@ -2558,7 +2553,8 @@ void Lowering::blocking_calls(int stage) {
   const std::vector<PipelineOp>& order = orders_[stage];
   const bool meet = rendezvous();
   // Without the rendezvous: a call after every op, the non-interleaved rule on any order.
-  const PipelineCalls pc = planner::blocking_calls(meet ? p_.schedule : Schedule::k1F1B, order);
+  const PipelineCalls pc =
+      planner::blocking_calls(meet ? p_.schedule : Schedule::k1F1B, order, stage, l_.pp);
   const int32_t n = static_cast<int32_t>(order.size());
   const size_t na = actives_.size();
   for (size_t a = 0; a < na; ++a) {

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <deque>
+#include <map>
+#include <tuple>
 
 #include "hetpar/core/check.h"
 
@@ -112,7 +114,7 @@ std::vector<PipelineOp> stage_order(Schedule s, int stage, int pp, int vpp, int6
   return out;
 }
 
-PipelineCalls blocking_calls(Schedule s, const std::vector<PipelineOp>& order) {
+PipelineCalls blocking_calls(Schedule s, const std::vector<PipelineOp>& order, int stage, int pp) {
   const int32_t n = static_cast<int32_t>(order.size());
   PipelineCalls pc;
   pc.send_call.assign(order.size(), -1);
@@ -144,6 +146,28 @@ PipelineCalls blocking_calls(Schedule s, const std::vector<PipelineOp>& order) {
     while (c + 1 < pc.calls.size() && pc.calls[c + 1].after_op < i) ++c;
     pc.recv_call[i] = static_cast<int32_t>(c);
     pc.send_call[i] = static_cast<int32_t>(c + 1);
+  }
+  if (pp < 2 || (stage != 0 && stage != pp - 1)) return pc;
+  // The leading stage: the input of (mb, chunk) from the ending stage's (mb, chunk -/+ 1),
+  // virtual micro-batch k of its pass, comes in the call after this stage's k + pp - 1.
+  std::vector<int32_t> pass[2];                         // op index of the k-th F / B
+  std::map<std::tuple<int, int64_t, int>, size_t> vid;  // (kind, mb, chunk) -> k
+  int last_chunk = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    const PipelineOp& op = order[i];
+    const int p = op.kind == PassKind::kForward ? 0 : 1;
+    vid[{p, op.micro_batch, op.chunk}] = pass[p].size();
+    pass[p].push_back(i);
+    last_chunk = std::max(last_chunk, op.chunk);
+  }
+  for (int32_t i = 0; i < n; ++i) {
+    const PipelineOp& op = order[i];
+    const bool fwd = op.kind == PassKind::kForward;
+    const bool wraps = fwd ? stage == 0 && op.chunk > 0 : stage == pp - 1 && op.chunk < last_chunk;
+    if (!wraps) continue;
+    const int p = fwd ? 0 : 1;
+    const size_t k = vid.at({p, op.micro_batch, op.chunk + (fwd ? -1 : 1)}) + pp - 1;
+    if (k < pass[p].size()) pc.recv_call[i] = std::min(pc.recv_call[i], pc.send_call[pass[p][k]]);
   }
   return pc;
 }

@@ -155,6 +155,22 @@ TEST(Schedule, InterleavedGroupsMicroBatchesPerVirtualStage) {
   }
   for (int i = 0; i < 5; ++i) EXPECT_EQ(order[i].kind, PassKind::kForward) << i;
   EXPECT_EQ(order[6].kind, PassKind::kBackward);  // the sixth forward, then 1F1B
+  // Blocking calls: the first stage takes the last stage's chunk-0 output of virtual
+  // micro-batch k in the call after its own forward k + pp - 1 (Megatron-Core's
+  // recv_tensor_from_previous_stage), here before the op that uses it: mb 0 on chunk 1
+  // (op 3) receives after mb 1's chunk-0 forward (op 1), not after op 2.
+  const PipelineCalls pc = blocking_calls(Schedule::kInterleaved, order, 0, 2);
+  EXPECT_EQ(order[3], (PipelineOp{PassKind::kForward, 0, 1}));
+  EXPECT_EQ(pc.recv_call[3], pc.send_call[1]);
+  EXPECT_LT(pc.recv_call[3], blocking_calls(Schedule::kInterleaved, order).recv_call[3]);
+  // With the default groups the two rules agree, on the first stage (forward) and the last
+  // (backward).
+  for (int stage : {0, 3}) {
+    const auto plain = stage_order(Schedule::kInterleaved, stage, 4, 3, 8);
+    EXPECT_EQ(blocking_calls(Schedule::kInterleaved, plain, stage, 4).recv_call,
+              blocking_calls(Schedule::kInterleaved, plain).recv_call)
+        << stage;
+  }
   for (int stage = 0; stage < 2; ++stage)
     for (int64_t group : {0, 2})
       EXPECT_EQ(stage_order(Schedule::kInterleaved, stage, 2, 2, 8, 0, group),

@@ -77,8 +77,16 @@ struct PipelineCalls {
 /// send_backward_recv_forward. Interleaved: one combined call before the first op and after
 /// every op except a forward followed by a backward (the steady state's
 /// send_forward_backward_recv_forward_backward follows the pair); each op's output goes in
-/// the first call after it, its input comes in the last call before it.
-PipelineCalls blocking_calls(Schedule s, const std::vector<PipelineOp>& order);
+/// the first call after it, its input comes in the last call before it, except on the
+/// interleaved schedule's leading stage (`stage` of `pp`: the first stage forward, the last
+/// backward), whose inputs from the other end of the pipeline (a chunk's first virtual
+/// stage) come as soon as that end sends them: Megatron-Core's
+/// recv_tensor_from_previous_stage receives, in the call after the leading stage's virtual
+/// micro-batch k, what the ending stage produced at k - (pp - 1), queued until used. With
+/// the default micro-batch groups (pp) that is the call before the op; with larger groups
+/// (Layout::microbatch_group) an earlier one.
+PipelineCalls blocking_calls(Schedule s, const std::vector<PipelineOp>& order, int stage = 0,
+                             int pp = 1);
 
 /// Whether Megatron-Core's combined 1F1B (Layout::ep_comm_overlap) can merge forward and
 /// backward passes of schedule `s`: the interleaved one, or 1F1B without a pipeline.
