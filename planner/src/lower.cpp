@@ -1013,10 +1013,9 @@ class Lowering {
   // rank and the last-stage rank alike in tp, cp and dp (the embedding group), on its own
   // communicator's stream. On the first stage: keeps what the table's gradient is final
   // after (after[j], the rank's last task) and returns nothing; on the last stage: emits
-  // the all-reduces, makes the first stage's optimizer steps (keep_embedding_opt) wait for
+  // the all-reduces, makes the first stage's optimizer steps (embedding_opt_) wait for
   // them and returns them per local rank for the last stage's.
   std::vector<TaskId> tied_embedding_all_reduce(const std::vector<TaskId>& after);
-  void keep_embedding_opt(const std::vector<TaskId>& opt);
 };
 
 void Lowering::run() {
@@ -2347,11 +2346,13 @@ void Lowering::gradients_and_optimizer() {
 
   // The optimizer step over this rank's parameters (its dp shard with the distributed
   // optimizer or FSDP): optimizer_traffic().
-  int64_t dense = 0, expert = 0;
+  int64_t dense = 0, expert = 0, synced = 0;  // synced: Block::tp_synced, below
   for (int c = 0; c < l_.vpp; ++c)
     for (const PlacedBlock& pb : chunks_[c * l_.pp + stage_]) {
-      dense += block(0, pb).dense.all;
-      expert += block(0, pb).expert.all;
+      const Block& b = block(0, pb);
+      dense += b.dense.all;
+      expert += b.expert.all;
+      synced += b.tp_synced;
     }
   const int64_t owned = l_.shards_optimizer_state() ? dense / cpdp + expert / edp : dense + expert;
   const OptimizerTraffic traffic = optimizer_traffic(l_, s_.workload.precision);
@@ -2360,9 +2361,6 @@ void Lowering::gradients_and_optimizer() {
   // Then (Megatron-LM's finalize_model_grads) the gradients TP replicates but its ranks
   // see apart (Block::tp_synced) all-reduced over TP as one coalesced buffer, and the tied
   // embedding's between the first and last stage.
-  int64_t synced = 0;
-  for (int c = 0; c < l_.vpp; ++c)
-    for (const PlacedBlock& pb : chunks_[c * l_.pp + stage_]) synced += block(0, pb).tp_synced;
   if (synced > 0 && !l_.torch_fsdp2()) {
     const sim::LabelId name =
         g_.label(fmt::format("{}layernorm grads all_reduce stage {}", role_.prefix, stage_));
@@ -2394,7 +2392,7 @@ void Lowering::gradients_and_optimizer() {
       g_.set_kernels(opt[j], opt_kernels);
     }
   }
-  keep_embedding_opt(opt);
+  if (stage_ == 0 && ties_embedding()) embedding_opt_ = opt;  // tied_embedding_all_reduce
   if (l_.pp_blocking_p2p && l_.pp > 1) {
     if (after_pipeline_.empty()) after_pipeline_.resize(l_.pp);
     std::vector<AfterPipeline>& after = after_pipeline_[stage_];
@@ -2461,10 +2459,6 @@ std::vector<TaskId> Lowering::tied_embedding_all_reduce(const std::vector<TaskId
     reduced[j] = c;
   }
   return reduced;
-}
-
-void Lowering::keep_embedding_opt(const std::vector<TaskId>& opt) {
-  if (ties_embedding() && stage_ == 0) embedding_opt_ = opt;
 }
 
 // P2P of activations (gradients) from each F (B) to the next (previous) virtual stage.

@@ -4,8 +4,6 @@
 
 #include <algorithm>
 #include <deque>
-#include <map>
-#include <tuple>
 
 #include "hetpar/core/check.h"
 
@@ -150,15 +148,20 @@ PipelineCalls blocking_calls(Schedule s, const std::vector<PipelineOp>& order, i
   if (pp < 2 || (stage != 0 && stage != pp - 1)) return pc;
   // The leading stage: the input of (mb, chunk) from the ending stage's (mb, chunk -/+ 1),
   // virtual micro-batch k of its pass, comes in the call after this stage's k + pp - 1.
-  std::vector<int32_t> pass[2];                         // op index of the k-th F / B
-  std::map<std::tuple<int, int64_t, int>, size_t> vid;  // (kind, mb, chunk) -> k
+  int64_t m = 0;
   int last_chunk = 0;
+  for (const PipelineOp& op : order) {
+    m = std::max(m, op.micro_batch + 1);
+    last_chunk = std::max(last_chunk, op.chunk);
+  }
+  std::vector<int32_t> pass[2];  // op index of the k-th F / B
+  std::vector<size_t> vid[2];    // [pass][chunk * m + mb]: its k
+  for (int p = 0; p < 2; ++p) vid[p].resize(static_cast<size_t>(m * (last_chunk + 1)));
   for (int32_t i = 0; i < n; ++i) {
     const PipelineOp& op = order[i];
     const int p = op.kind == PassKind::kForward ? 0 : 1;
-    vid[{p, op.micro_batch, op.chunk}] = pass[p].size();
+    vid[p][static_cast<size_t>(op.chunk * m + op.micro_batch)] = pass[p].size();
     pass[p].push_back(i);
-    last_chunk = std::max(last_chunk, op.chunk);
   }
   for (int32_t i = 0; i < n; ++i) {
     const PipelineOp& op = order[i];
@@ -166,7 +169,8 @@ PipelineCalls blocking_calls(Schedule s, const std::vector<PipelineOp>& order, i
     const bool wraps = fwd ? stage == 0 && op.chunk > 0 : stage == pp - 1 && op.chunk < last_chunk;
     if (!wraps) continue;
     const int p = fwd ? 0 : 1;
-    const size_t k = vid.at({p, op.micro_batch, op.chunk + (fwd ? -1 : 1)}) + pp - 1;
+    const int from = op.chunk + (fwd ? -1 : 1);
+    const size_t k = vid[p][static_cast<size_t>(from * m + op.micro_batch)] + pp - 1;
     if (k < pass[p].size()) pc.recv_call[i] = std::min(pc.recv_call[i], pc.send_call[pass[p][k]]);
   }
   return pc;
