@@ -84,6 +84,12 @@ bool interleaved_group_ok(int pp, int64_t m, int64_t group) {
   return pp <= group && group <= m && (rest == 0 || rest >= pp);
 }
 
+int64_t smallest_interleaved_group(int pp, int64_t m) {
+  for (int64_t group = pp; group <= m; ++group)
+    if (interleaved_group_ok(pp, m, group)) return group;
+  return 0;
+}
+
 std::vector<PipelineOp> stage_order(Schedule s, int stage, int pp, int vpp, int64_t m,
                                     int extra_warmup, int64_t group) {
   HETPAR_CHECK(pp >= 1 && stage >= 0 && stage < pp && m >= 1 && vpp >= 1,

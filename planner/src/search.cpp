@@ -556,6 +556,7 @@ std::string describe_layout(const Layout& l, bool llm) {
   if (l.cp > 1) out += fmt::format(" cp{}{}", l.cp, l.cp_comm == CpComm::kAllGather ? " ag" : "");
   if (l.pp > 1) out += fmt::format(" pp{}", l.pp);
   if (l.vpp > 1) out += fmt::format(" vpp{}", l.vpp);
+  if (l.microbatch_group > 0) out += fmt::format(" group{}", l.microbatch_group);
   out += fmt::format(" dp{}", l.dp);
   if (l.ep > 1) out += fmt::format(" ep{}", l.ep);
   if (l.expert_tp() != l.tp) out += fmt::format(" etp{}", l.expert_tp());
@@ -1075,6 +1076,12 @@ class Searcher {
       b.plan.layout = lay;
       b.plan.schedule = sch;
       b.distopt_variants = variants;
+      // Interleaved where pp does not divide the micro-batches per replica: Megatron-Core's
+      // smallest micro-batch group that runs them (its default, pp, cannot).
+      const int64_t gb = s_.workload.global_batch, per_step = int64_t{lay.micro_batch} * lay.dp;
+      if (sch == Schedule::kInterleaved && gb % per_step == 0 && (gb / per_step) % lay.pp != 0)
+        b.plan.layout.microbatch_group =
+            static_cast<int>(smallest_interleaved_group(lay.pp, gb / per_step));
       // search.llm.ep_comm_overlap: where Megatron-Core merges forward and backward passes.
       const bool a2a = lay.ep > 1 && !lay.tp_comm_overlap && merges_passes(sch, lay.pp);
       b.plan.layout.ep_comm_overlap = a2a && fx.ep_comm_overlap.value_or(false);

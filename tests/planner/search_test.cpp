@@ -13,6 +13,7 @@
 #include "hetpar/planner/lower.h"
 #include "hetpar/planner/memory.h"
 #include "hetpar/planner/plan_json.h"
+#include "hetpar/planner/schedule.h"
 #include "two_encoders.h"
 
 namespace hetpar::planner {
@@ -450,6 +451,39 @@ TEST(Search, HonoursTheSearchSection) {
     cap |= rr.reason.find("memory cap") != std::string::npos;
   EXPECT_TRUE(cap);
   for (const FamilyResult& f : none.families) EXPECT_FALSE(f.why_none.empty());
+}
+
+// Where pp does not divide the micro-batches per replica, the interleaved schedule runs with
+// Megatron-Core's smallest micro-batch group that takes them (its default, pp, cannot):
+// 3 micro-batches on 2 stages in one group of 3. Before, the search rejected them all.
+TEST(Search, InterleavesWithTheSmallestMicroBatchGroupWherePpDoesNotDivide) {
+  EXPECT_EQ(smallest_interleaved_group(2, 4), 2);
+  EXPECT_EQ(smallest_interleaved_group(2, 3), 3);
+  EXPECT_EQ(smallest_interleaved_group(4, 6), 6);
+  EXPECT_EQ(smallest_interleaved_group(4, 9), 5);  // groups 5, 4: the last at least pp
+  EXPECT_EQ(smallest_interleaved_group(4, 3), 0);
+  const Scenario s = tiny(R"({"llm": {"tp": 2, "pp": 2, "micro_batch": 1},
+                              "modules": {"vision": {"tp": 1}},
+                              "schedule": "interleaved", "top_k": 50})",
+                          6);
+  const SearchResult r = run(s, threads(2));
+  ASSERT_FALSE(r.top.empty());
+  for (const RankedPlan& p : r.top) {
+    const Layout& l = p.plan.layout;
+    ASSERT_EQ(p.plan.schedule, Schedule::kInterleaved);
+    const int64_t m = num_micro_batches(l, 6);
+    EXPECT_EQ(l.microbatch_group, m % l.pp == 0 ? 0 : smallest_interleaved_group(l.pp, m))
+        << describe(p.plan);
+    EXPECT_TRUE(infeasibility(s, p.plan).empty()) << describe(p.plan);
+    EXPECT_TRUE(p.metrics.feasible) << describe(p.plan);
+    EXPECT_LE(lower_bound(s, p.plan), p.metrics.iteration_time) << describe(p.plan);
+  }
+  // The homogeneous LLM on dp 2: 3 micro-batches per replica, one group of 3.
+  const FamilyResult& homogeneous = r.families[static_cast<int>(Placement::kHomogeneous)];
+  ASSERT_TRUE(homogeneous.best.has_value()) << homogeneous.why_none;
+  EXPECT_EQ(homogeneous.best->plan.layout.microbatch_group, 3) << describe(homogeneous.best->plan);
+  EXPECT_NE(describe(homogeneous.best->plan).find(" vpp2 group3 dp2"), std::string::npos)
+      << describe(homogeneous.best->plan);
 }
 
 // FSDP in heterogeneous placements: search.llm.fsdp shards every LLM layout with dp > 1 (so

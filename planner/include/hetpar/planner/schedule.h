@@ -53,6 +53,11 @@ std::vector<PipelineOp> stage_order(Schedule s, int stage, int pp, int vpp, int6
 /// `pp` stages, as Megatron-Core checks: pp <= group <= m, and the last group's remainder
 /// m % group 0 or at least pp (with the default group: m % pp == 0).
 bool interleaved_group_ok(int pp, int64_t m, int64_t group);
+/// The smallest micro-batch group with which the interleaved schedule runs `m` micro-batches
+/// on `pp` stages (interleaved_group_ok): pp, Megatron-Core's default, where it divides m,
+/// else the smallest larger one whose last group is at least pp; 0 where none is (m < pp).
+/// The fewest forwards held in flight that Megatron-Core accepts for this m.
+int64_t smallest_interleaved_group(int pp, int64_t m);
 
 /// One communication call of a stage that runs its pipeline transfers blocking
 /// (Layout::pp_blocking_p2p): issued once the op it follows has ended, it sends the outputs

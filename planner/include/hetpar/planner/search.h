@@ -8,7 +8,9 @@
 // 4 or 8 stages. Each pipelined LLM layout is also tried with its layers sized to its
 // stages' work (Layout::pipeline_layout: fewer layers on slower GPUs, on the stage with the
 // output layer, on a homogeneous plan's first stage, which runs the encoders), with and
-// without interleaving, where that shortens the largest stage by 1% or more.
+// without interleaving, where that shortens the largest stage by 1% or more. An
+// interleaved layout whose micro-batches per replica pp does not divide runs them in
+// Megatron-Core's smallest micro-batch group that takes them (smallest_interleaved_group).
 //
 // How (research/planners.md, "What to beat"):
 // 1. Enumerate the grid (exact factorisations of each module's GPUs) within the scenario's
