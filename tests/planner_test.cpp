@@ -88,6 +88,7 @@ TEST(PlanJson, RoundTripsEveryLayoutSwitch) {
   p.layout.wgrad_deferral_limit = 22;
   p.layout.pipeline_layout = {3, 0, 5};
   p.layout.microbatch_group = 6;
+  p.layout.moe_dispatcher = MoeDispatcher::kDeepEp;
   auto back = parse_plan(plan_to_json(p), "plan");
   ASSERT_TRUE(back.is_ok()) << back.status().to_string();
   EXPECT_EQ(*back, p);
@@ -107,6 +108,11 @@ TEST(PlanJson, RoundTripsEveryLayoutSwitch) {
       parse_plan(nlohmann::json::parse(R"({"micro_batch": 1, "moe_capacity_factor": -1})"), "plan");
   ASSERT_FALSE(bad.is_ok());
   EXPECT_NE(bad.status().to_string().find("plan.moe_capacity_factor"), std::string::npos)
+      << bad.status().to_string();
+  bad = parse_plan(nlohmann::json::parse(R"({"micro_batch": 1, "moe_dispatcher": "deep-ep"})"),
+                   "plan");
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().to_string().find("plan.moe_dispatcher"), std::string::npos)
       << bad.status().to_string();
   for (const char* layout : {R"([4, -1])", R"([4, 2.5])", R"([4, "2"])", R"(4)"}) {
     bad = parse_plan(nlohmann::json::parse(fmt::format(

@@ -245,6 +245,14 @@ void refuse_selective_op(const Context& c, Refusals& r) {
         c.target_name()));
 }
 
+void refuse_deepep(const Context& c, Refusals& r) {
+  if (c.layout().moe_dispatcher == planner::MoeDispatcher::kDeepEp)
+    r.add(
+        fmt::format("moe_dispatcher deepep: {} has no DeepEP token dispatcher (Megatron-Core's "
+                    "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep)",
+                    c.target_name()));
+}
+
 void refuse_token_dropping(const Context& c, Refusals& r) {
   if (c.layout().moe_capacity_factor > 0)
     r.add(

@@ -228,8 +228,14 @@ std::vector<Flag> megatron_model_flags(const Context& c) {
       f.push_back({"--moe-shared-expert-intermediate-size",
                    num(llm.moe->shared_experts * llm.moe->expert_ffn_hidden)});
     // The MoE layer hetpar models (cost_model.cpp): the all-to-all dispatcher (Megatron's
-    // default is allgather), grouped expert GEMMs, the fused permutation and router.
-    f.push_back({"--moe-token-dispatcher-type", "alltoall"});
+    // default is allgather) or the flex one with DeepEP, grouped expert GEMMs, the fused
+    // permutation and router.
+    if (c.layout().moe_dispatcher == planner::MoeDispatcher::kDeepEp) {
+      f.push_back({"--moe-token-dispatcher-type", "flex"});
+      f.push_back({"--moe-flex-dispatcher-backend", "deepep"});
+    } else {
+      f.push_back({"--moe-token-dispatcher-type", "alltoall"});
+    }
     f.push_back({"--moe-grouped-gemm", ""});
     f.push_back({"--moe-permute-fusion", ""});
     f.push_back({"--moe-router-fusion", ""});

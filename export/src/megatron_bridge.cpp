@@ -52,7 +52,12 @@ void add_model_shape(std::vector<Setting>& s, const Context& c) {
       s.push_back({"model.moe_shared_expert_intermediate_size",
                    num(llm.moe->shared_experts * llm.moe->expert_ffn_hidden)});
     // The MoE layer hetpar models, as Megatron-Bridge's performance configurations run it.
-    s.push_back({"model.moe_token_dispatcher_type", yaml_string("alltoall")});
+    if (c.layout().moe_dispatcher == planner::MoeDispatcher::kDeepEp) {
+      s.push_back({"model.moe_token_dispatcher_type", yaml_string("flex")});
+      s.push_back({"model.moe_flex_dispatcher_backend", yaml_string("deepep")});
+    } else {
+      s.push_back({"model.moe_token_dispatcher_type", yaml_string("alltoall")});
+    }
     s.push_back({"model.moe_grouped_gemm", yaml_bool(true)});
     s.push_back({"model.moe_permute_fusion", yaml_bool(true)});
     s.push_back({"model.moe_router_fusion", yaml_bool(true)});

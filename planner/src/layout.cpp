@@ -42,6 +42,16 @@ std::string_view to_string(Fp8Recipe r) {
   return "?";
 }
 
+std::string_view to_string(MoeDispatcher d) {
+  switch (d) {
+    case MoeDispatcher::kAllToAll:
+      return "alltoall";
+    case MoeDispatcher::kDeepEp:
+      return "deepep";
+  }
+  return "?";
+}
+
 std::string_view to_string(CrossEntropy c) {
   switch (c) {
     case CrossEntropy::kUnfused:
@@ -138,6 +148,8 @@ std::string describe_in_words(const Layout& l, hardware::Precision workload) {
   if (l.ep_comm_overlap) out += ", EP all-to-all overlap";
   if (l.moe_capacity_factor > 0)
     out += fmt::format(", token dropping (capacity factor {})", l.moe_capacity_factor);
+  if (l.moe_dispatcher != MoeDispatcher::kAllToAll)
+    out += fmt::format(", {} dispatcher", to_string(l.moe_dispatcher));
   if (l.cross_entropy_fusion != CrossEntropy::kUnfused)
     out += fmt::format(", {} cross-entropy", to_string(l.cross_entropy_fusion));
   if (!l.fused_projections) out += ", separate projections";

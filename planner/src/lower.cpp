@@ -151,6 +151,9 @@ std::string heterogeneous_infeasibility(const Scenario& s, const Plan& p) {
           "module \"{}\": microbatch_group {} needs the interleaved schedule, "
           "which an encoder does not run",
           mp.module, e.microbatch_group);
+    if (e.moe_dispatcher != MoeDispatcher::kAllToAll)
+      return fmt::format("module \"{}\": moe_dispatcher {} needs a mixture-of-experts llm",
+                         mp.module, to_string(e.moe_dispatcher));
     if (!power_of_two_tp(e.tp))
       return fmt::format("module \"{}\": tp {} must be 1, 2, 4 or 8 (Megatron's MIMO path)",
                          mp.module, e.tp);
@@ -366,6 +369,41 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
   if (l.moe_capacity_factor > 0 && !llm.moe)
     return fmt::format("moe_capacity_factor {} needs a mixture-of-experts llm",
                        l.moe_capacity_factor);
+  if (l.moe_dispatcher == MoeDispatcher::kDeepEp) {
+    if (!llm.moe || l.ep < 2)
+      return "moe_dispatcher deepep needs a mixture-of-experts llm with ep > 1 (Megatron-Core's "
+             "flex dispatcher requires EP > 1)";
+    if (l.expert_tp() != 1)
+      return fmt::format(
+          "moe_dispatcher deepep with expert tensor parallelism {} is not modelled (the flex "
+          "dispatcher then spans TP x EP); set etp 1",
+          l.expert_tp());
+    if (l.moe_capacity_factor > 0)
+      return fmt::format(
+          "moe_dispatcher deepep with moe_capacity_factor {}: Megatron-Core's flex dispatcher "
+          "does not support --moe-pad-expert-input-to-capacity",
+          l.moe_capacity_factor);
+    // With etp 1 an EP group is ep consecutive ranks of a stage. DeepEP's kernels across
+    // nodes pair each GPU with the GPUs of its local index on the other nodes: a group that
+    // leaves its node must take whole nodes of one size.
+    const int first = p.placement == Placement::kNonColocated ? p.llm_first_rank : 0;
+    const int stage_ranks = l.tp * l.cp * l.dp;
+    for (int st = 0; st < l.pp; ++st)
+      for (int r0 = first + st * stage_ranks; r0 < first + (st + 1) * stage_ranks; r0 += l.ep) {
+        const int r1 = r0 + l.ep - 1;
+        if (r1 >= s.cluster.total_gpus()) break;  // the world's size is checked elsewhere
+        if (s.cluster.node_of_gpu(r0) == s.cluster.node_of_gpu(r1)) continue;
+        const int gpn = s.cluster.gpus_per_node_of(r0);
+        bool whole = s.cluster.local_index(r0) == 0 && l.ep % gpn == 0;
+        for (int r = r0; whole && r <= r1; r += gpn) whole = s.cluster.gpus_per_node_of(r) == gpn;
+        if (!whole)
+          return fmt::format(
+              "moe_dispatcher deepep: the EP group of ranks {}-{} spans nodes without taking "
+              "whole nodes of one size (DeepEP pairs each GPU with those of its local index "
+              "on the other nodes)",
+              r0, r1);
+      }
+  }
   if (l.expert_tp() != l.tp && !l.sequence_parallel)
     return fmt::format(
         "etp {} with tp {} needs sequence parallelism (sp): whole experts run "
@@ -478,7 +516,8 @@ constexpr int32_t kDpStreamBase = 7;
 constexpr int32_t kFsdpGatherStreamBase = 8;  // FSDP's parameter all-gathers
 constexpr int32_t kEpStreamBase = 9;          // EP all-to-alls under ep_comm_overlap
 constexpr int32_t kEmbeddingStreamBase = 10;  // the tied table's first / last stage all-reduce
-constexpr int32_t kCommStreams = 11;          // a role's comm streams (Role::stream_offset)
+constexpr int32_t kEpRailStreamBase = 11;     // DeepEP's transfers across nodes (moe_dispatcher)
+constexpr int32_t kCommStreams = 12;          // a role's comm streams (Role::stream_offset)
 
 enum Pass : int { kF = 0, kB = 1, kW = 2, kR = 3 };  // forward, backward, weight, recompute
 constexpr std::string_view kPassName[] = {"fwd", "bwd", "wgrad", "recompute"};
@@ -650,7 +689,8 @@ class Lowering {
         kDpStream(kDpStreamBase + role_.stream_offset),
         kFsdpGather(kFsdpGatherStreamBase + role_.stream_offset),
         kEpStream(kEpStreamBase + role_.stream_offset),
-        kEmbeddingStream(kEmbeddingStreamBase + role_.stream_offset) {}
+        kEmbeddingStream(kEmbeddingStreamBase + role_.stream_offset),
+        kEpRailStream(kEpRailStreamBase + role_.stream_offset) {}
   void run();
   // run() in pieces, so a colocated plan can interleave two Lowerings' programs.
   void setup();
@@ -685,7 +725,9 @@ class Lowering {
   // Per local rank of the stage being built: what its next compute waits for (need: the
   // step's communication; gathered: FSDP's parameter all-gather), its last task.
   struct RankState {
-    TaskId need, gathered, last;
+    // beside: a transfer that ran beside `need` (DeepEP's transfers across nodes beside its
+    // NVLink all-to-all), which the next compute waits for too.
+    TaskId need, gathered, last, beside;
   };
   // Groups of local ranks of the stage being built, interned; with copies of the first one
   // (the group holding the representative) when reduced.
@@ -909,7 +951,7 @@ class Lowering {
   LoweredPlan& out_;
   sim::TaskGraph& g_;
   const int32_t kTpStream, kCpSend, kCpRecv, kFwdSend, kFwdRecv, kBwdSend, kBwdRecv, kDpStream,
-      kFsdpGather, kEpStream, kEmbeddingStream;
+      kFsdpGather, kEpStream, kEmbeddingStream, kEpRailStream;
   bool has_llm_ = true;
   sim::LabelId cat_[4]{}, cat_tp_, cat_cp_, cat_pp_, cat_dp_, cat_ep_, cat_amax_, cat_opt_;
   sim::LabelId amax_fwd_, amax_bwd_, amax_tp_;  // the amax all-reduces' names
@@ -984,6 +1026,12 @@ class Lowering {
   std::vector<ParamSync> param_syncs_;
   std::vector<RankId> members_;
   GroupSet tp_groups_, ep_groups_, cp_groups_, dp_groups_, edp_groups_, amax_groups_;
+  // moe_dispatcher deepep with EP groups across nodes: each EP group's members on one node
+  // (NVLink all-to-all), and its members of one local index, one per node (the transfers
+  // across nodes); deepep_remote_share_: the share of a rank's routed copies' bytes that go
+  // to each other node once (see run_step). Empty / 0 otherwise.
+  GroupSet ep_node_groups_, ep_rail_groups_;
+  double deepep_remote_share_ = 0;
   // Per active rank (reduced, leaders only): its ring step's pairs, the other edges it
   // stands for.
   std::vector<GroupId> cp_pairs_, cp_copies_;
@@ -1055,7 +1103,8 @@ void Lowering::setup() {
       {kDpStream, "dp / fsdp gradient reductions"},
       {kFsdpGather, "fsdp parameter gathers"},
       {kEpStream, "ep all-to-alls"},
-      {kEmbeddingStream, "tied embedding gradient all-reduce"}};
+      {kEmbeddingStream, "tied embedding gradient all-reduce"},
+      {kEpRailStream, "ep deepep transfers across nodes"}};
   for (const auto& [index, what] : streams)
     g_.set_stream_name(sim::StreamKind::kComm, index, fmt::format("{}{}", role_.prefix, what));
   m_ = s_.workload.global_batch / (static_cast<int64_t>(l_.micro_batch) * l_.dp);
@@ -1412,7 +1461,8 @@ void Lowering::compute(int j, Time d, Flops f, int pass, sim::LabelId name,
   RankState& rs = st_[j];
   if (rs.need.valid()) g_.add_dependency(rs.need, t);
   if (rs.gathered.valid()) g_.add_dependency(rs.gathered, t);
-  rs.need = rs.gathered = TaskId();
+  if (rs.beside.valid()) g_.add_dependency(rs.beside, t);
+  rs.need = rs.gathered = rs.beside = TaskId();
   rs.last = t;
 }
 
@@ -1864,17 +1914,41 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
             if (st_[j].last.valid() && g_.host_issued(st_[j].last)) g_.set_host_sync(st_[j].last);
       }
       const int32_t a2a_stream = l_.ep_comm_overlap ? kEpStream : kTpStream;
-      collective(CollectiveKind::kAllToAll, step.bytes, {cat_ep_, lb.ep}, ep_groups_, a2a_stream);
-      if (step.probs_bytes > Bytes(0))  // the routing probabilities, a call of their own
-        collective(CollectiveKind::kAllToAll, step.probs_bytes, {cat_ep_, lb.ep}, ep_groups_,
+      if (!ep_rail_groups_.ids.empty()) {
+        // DeepEP across nodes (Layout::moe_dispatcher): one kernel pipelines the transfers
+        // across nodes (each token once to each other node holding one of its experts, with
+        // its routing, to the GPU of the sender's local index there) with the NVLink
+        // all-to-all that forwards them and moves the node's own tokens; each GPU's NVLink
+        // sends then add up to the plain all-to-all's buffer. As two collectives side by
+        // side, both waited for.
+        const Bytes copies = step.bytes + step.probs_bytes;
+        const Bytes rail = Bytes(static_cast<int64_t>(
+            std::llround(copies.as_double() * deepep_remote_share_ *
+                         static_cast<double>(ep_rail_groups_.locals.front().size()))));
+        std::vector<TaskId> before(st_.size());
+        for (int j : actives_) before[j] = st_[j].last;
+        collective(CollectiveKind::kAllToAll, copies, {cat_ep_, lb.ep}, ep_node_groups_,
                    a2a_stream);
+        group_collectives(ep_rail_groups_, CollectiveKind::kAllToAll, rail, kEpRailStream,
+                          {cat_ep_, lb.ep}, [&](int j, TaskId c) {
+                            if (before[j].valid()) g_.add_dependency(before[j], c);
+                            st_[j].beside = c;
+                          });
+      } else {
+        collective(CollectiveKind::kAllToAll, step.bytes, {cat_ep_, lb.ep}, ep_groups_, a2a_stream);
+        if (step.probs_bytes > Bytes(0))  // the routing probabilities, a call of their own
+          collective(CollectiveKind::kAllToAll, step.probs_bytes, {cat_ep_, lb.ep}, ep_groups_,
+                     a2a_stream);
+      }
       if (backward && delays_wgrad(pb, s + 1)) {  // the wgrads held back for it, beside it
         const sim::KernelListId kw = kernels(pb, s + 1, true, Use::kStepWgrad);
         for (int j : actives_) {
           const TaskId a2a = std::exchange(st_[j].need, TaskId());
+          const TaskId rail = std::exchange(st_[j].beside, TaskId());
           const PassCost& c = block(j, pb, true).steps[s + 1].cost;
           compute(j, c.wgrad, c.wgrad_flops, kB, lb.compute, kw);
           st_[j].need = a2a;
+          st_[j].beside = rail;
         }
       }
       return;
@@ -2141,6 +2215,43 @@ void Lowering::build_stage() {
         for (int e = 0; e < l_.ep; ++e) locals.back().push_back(expert_rank(a, e, d));
       }
   make_groups(ep_groups_, locals);
+  // DeepEP across nodes: each EP group takes whole nodes of equal size (infeasibility());
+  // its members by node, and by local index across its nodes.
+  std::vector<std::vector<int>> node_locals, rail_locals;
+  deepep_remote_share_ = 0;
+  if (l_.moe_dispatcher == MoeDispatcher::kDeepEp)
+    for (const std::vector<int>& group : locals) {
+      std::vector<std::vector<int>> by_node;
+      NodeId node;
+      for (int j : group) {
+        const NodeId at = s_.cluster.node_of_gpu(rank_of(j, stage_).value());
+        if (by_node.empty() || at != node) by_node.emplace_back();
+        node = at;
+        by_node.back().push_back(j);
+      }
+      if (by_node.size() < 2) continue;
+      const size_t per_node = by_node.front().size();
+      for (size_t i = 0; i < per_node; ++i) {
+        rail_locals.emplace_back();
+        for (const std::vector<int>& members : by_node) {
+          HETPAR_CHECK(members.size() == per_node, "a DeepEP group with unequal nodes");
+          rail_locals.back().push_back(members[i]);
+        }
+      }
+      for (std::vector<int>& members : by_node) node_locals.push_back(std::move(members));
+      // A token's top_k experts, drawn evenly from the EP group's experts, fall on a given
+      // other node (experts / nodes of them) unless all miss it: C(E - E/G, k) / C(E, k).
+      const auto& moe = *std::get<models::LlmSpec>(s_.model.modules[s_.model.llm_index()].spec).moe;
+      const double experts = static_cast<double>(moe.experts);
+      const double elsewhere = experts - experts / static_cast<double>(by_node.size());
+      double miss = 1.0;
+      for (int64_t i = 0; i < moe.top_k; ++i)
+        miss *=
+            std::max(0.0, elsewhere - static_cast<double>(i)) / (experts - static_cast<double>(i));
+      deepep_remote_share_ = (1.0 - miss) / static_cast<double>(moe.top_k);
+    }
+  make_groups(ep_node_groups_, node_locals);
+  make_groups(ep_rail_groups_, rail_locals);
   // CP groups (all-gather CP): the cp ranks of one dp replica with the same tp rank.
   locals.clear();
   if (l_.cp > 1 && l_.cp_comm == CpComm::kAllGather)
@@ -2384,6 +2495,7 @@ void Lowering::gradients_and_optimizer() {
     // And whatever the schedule left on another stream for the compute stream to wait for
     // (the last backward's amax all-reduce).
     if (st_[j].need.valid()) g_.add_dependency(st_[j].need, opt[j]);
+    if (st_[j].beside.valid()) g_.add_dependency(st_[j].beside, opt[j]);
     if (o_.kernels) {
       if (!opt_kernels.valid()) {
         const sim::Kernel adam = sim::memory_kernel(step_bytes);

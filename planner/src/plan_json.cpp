@@ -100,6 +100,10 @@ Layout parse_layout(JsonReader& r) {
   l.tp_comm_overlap = r.optional_bool("tp_comm_overlap", false);
   l.ep_comm_overlap = r.optional_bool("ep_comm_overlap", false);
   l.moe_capacity_factor = r.optional_double("moe_capacity_factor", 0, 0, 64);
+  l.moe_dispatcher =
+      r.optional_enum("moe_dispatcher", "alltoall", {"alltoall", "deepep"}) == "deepep"
+          ? MoeDispatcher::kDeepEp
+          : MoeDispatcher::kAllToAll;
   l.fp8_recipe =
       *parse_fp8_recipe(r.optional_enum("fp8_recipe", "delayed", {"delayed", "tensorwise"}));
   l.fp8_param_gather = r.optional_bool("fp8_param_gather", false);
@@ -184,6 +188,8 @@ nlohmann::json layout_to_json(const Layout& l) {
   if (l.tp_comm_overlap) j["tp_comm_overlap"] = true;
   if (l.ep_comm_overlap) j["ep_comm_overlap"] = true;
   if (l.moe_capacity_factor > 0) j["moe_capacity_factor"] = l.moe_capacity_factor;
+  if (l.moe_dispatcher != MoeDispatcher::kAllToAll)
+    j["moe_dispatcher"] = to_string(l.moe_dispatcher);
   if (l.fsdp) {
     j["fsdp"] = true;
     j["fsdp_reshard_after_forward"] = l.fsdp_reshard_after_forward;

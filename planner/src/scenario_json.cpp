@@ -129,6 +129,13 @@ LayoutFix parse_layout_fix(JsonReader& r) {
   if (r.has("fused_activation")) f.fused_activation = r.optional_bool("fused_activation", true);
   if (r.has("moe_capacity_factor"))
     f.moe_capacity_factor = r.optional_double("moe_capacity_factor", 0, 0, 64);
+  if (r.has("moe_dispatcher")) {
+    const std::string d =
+        r.optional_enum("moe_dispatcher", "alltoall", {"alltoall", "deepep", "any"});
+    f.any_moe_dispatcher = d == "any";
+    if (d == "deepep") f.moe_dispatcher = MoeDispatcher::kDeepEp;
+    if (d == "alltoall") f.moe_dispatcher = MoeDispatcher::kAllToAll;
+  }
   bool_or_any(r, "tp_comm_overlap", f.tp_comm_overlap, f.any_tp_comm_overlap);
   bool_or_any(r, "ep_comm_overlap", f.ep_comm_overlap, f.any_ep_comm_overlap);
   if (r.has("grad_reduce_dtype"))

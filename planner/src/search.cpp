@@ -513,6 +513,8 @@ std::vector<int> layout_key(const Layout& l) {
                      static_cast<int>(l.cross_entropy_fusion),
                      static_cast<int>(l.attention_kernel),
                      static_cast<int>(std::lround(l.moe_capacity_factor * 1e6)),
+                     static_cast<int>(l.moe_dispatcher),
+                     l.microbatch_group,
                      static_cast<int>(l.pipeline_layout.size())};
   k.insert(k.end(), l.pipeline_layout.begin(), l.pipeline_layout.end());
   return k;
@@ -571,6 +573,8 @@ std::string describe_layout(const Layout& l, bool llm) {
   if (l.tp_comm_overlap) out += " ub";
   if (l.ep_comm_overlap) out += " a2a-overlap";
   if (l.moe_capacity_factor > 0) out += fmt::format(" capacity:{}", l.moe_capacity_factor);
+  if (l.moe_dispatcher != MoeDispatcher::kAllToAll)
+    out += fmt::format(" {}", to_string(l.moe_dispatcher));
   if (llm && l.cross_entropy_fusion != CrossEntropy::kUnfused)
     out += fmt::format(" ce:{}", to_string(l.cross_entropy_fusion));
   if (l.attention_kernel != hardware::AttentionKernel::kDefault)
@@ -968,25 +972,35 @@ class Searcher {
             for (int ep : eps) {
               if (!fixed_ok(fx.ep, ep)) continue;
               l.ep = ep;
-              for (int mbs : mbs_options(fx.micro_batch, gb % dp == 0 ? gb / dp : 1, 1)) {
-                l.micro_batch = mbs;
-                for (bool fsdp : fsdp_options(fx, allow_fsdp, dp * cp)) {
-                  if (fsdp) {  // shards the optimizer state too; resharded or kept gathered
-                    for (const Sharding& sh : fsdp_shardings(fx)) {
-                      Layout sharded = l;
-                      sharded.distributed_optimizer = true;
-                      sh.apply(sharded);
-                      add_splits(sharded, first, encoders_first, even, 1, out);
+              // search.llm.moe_dispatcher: DeepEP where it applies (ep > 1, whole experts,
+              // dropless), alone or beside the all-to-all.
+              std::vector<MoeDispatcher> dispatchers{
+                  fx.moe_dispatcher.value_or(MoeDispatcher::kAllToAll)};
+              const bool deepep_applies =
+                  ep > 1 && l.expert_tp() == 1 && l.moe_capacity_factor <= 0;
+              if (fx.any_moe_dispatcher && deepep_applies)
+                dispatchers.push_back(MoeDispatcher::kDeepEp);
+              for (MoeDispatcher dispatcher : dispatchers)
+                for (int mbs : mbs_options(fx.micro_batch, gb % dp == 0 ? gb / dp : 1, 1)) {
+                  l.moe_dispatcher = dispatcher;
+                  l.micro_batch = mbs;
+                  for (bool fsdp : fsdp_options(fx, allow_fsdp, dp * cp)) {
+                    if (fsdp) {  // shards the optimizer state too; resharded or kept gathered
+                      for (const Sharding& sh : fsdp_shardings(fx)) {
+                        Layout sharded = l;
+                        sharded.distributed_optimizer = true;
+                        sh.apply(sharded);
+                        add_splits(sharded, first, encoders_first, even, 1, out);
+                      }
+                      continue;
                     }
-                    continue;
-                  }
-                  int dv = 1;
-                  for (bool dopt : distopt_options(fx, dp * cp, &dv)) {
-                    l.distributed_optimizer = dopt;
-                    add_splits(l, first, encoders_first, even, dv, out);
+                    int dv = 1;
+                    for (bool dopt : distopt_options(fx, dp * cp, &dv)) {
+                      l.distributed_optimizer = dopt;
+                      add_splits(l, first, encoders_first, even, dv, out);
+                    }
                   }
                 }
-              }
             }
           }
         }

@@ -46,6 +46,14 @@ TEST(ExportMegatronBridge, MixtureOfExpertsRunsTheModelledDispatcher) {
   const auto yd = bridge(s, drop);
   EXPECT_EQ(yd.at("model.moe_expert_capacity_factor"), "1");
   EXPECT_EQ(yd.at("model.moe_pad_expert_input_to_capacity"), "true");
+  Plan deepep = p;  // the flex dispatcher with DeepEP, on whole experts (etp 1)
+  deepep.layout.etp = 1;
+  deepep.layout.moe_dispatcher = planner::MoeDispatcher::kDeepEp;
+  ASSERT_EQ(planner::infeasibility(s, deepep), "");
+  const auto ye = bridge(s, deepep);
+  EXPECT_EQ(ye.at("model.moe_token_dispatcher_type"), "\"flex\"");
+  EXPECT_EQ(ye.at("model.moe_flex_dispatcher_backend"), "\"deepep\"");
+  EXPECT_EQ(y.count("model.moe_flex_dispatcher_backend"), 0u);
 }
 
 // Megatron-Core's gradient-reduction alignment (default: nothing written; off,

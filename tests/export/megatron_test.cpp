@@ -250,6 +250,12 @@ TEST(ExportMegatron, MixtureOfExpertsAndPrecisions) {
   EXPECT_EQ(all_flags(exported(s, folded, Target::kMegatron).at("launch.sh"))
                 .at("--expert-tensor-parallel-size"),
             "1");
+  Plan deepep = folded;  // Megatron-Core's flex dispatcher with DeepEP
+  deepep.layout.moe_dispatcher = planner::MoeDispatcher::kDeepEp;
+  const auto fe = all_flags(exported(s, deepep, Target::kMegatron).at("launch.sh"));
+  EXPECT_EQ(fe.at("--moe-token-dispatcher-type"), "flex");
+  EXPECT_EQ(fe.at("--moe-flex-dispatcher-backend"), "deepep");
+  EXPECT_EQ(f.count("--moe-flex-dispatcher-backend"), 0u);
   Plan sharded = p;  // Megatron-FSDP shards the experts over their expert-DP group
   sharded.layout.fsdp = true;
   const auto fs = all_flags(exported(s, sharded, Target::kMegatron).at("launch.sh"));

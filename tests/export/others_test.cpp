@@ -300,6 +300,19 @@ TEST(ExportOthers, RefuseTokenDropping) {
         << static_cast<int>(t);
 }
 
+// DeepEP is Megatron-Core's flex dispatcher: the other trainers refuse it.
+TEST(ExportOthers, RefuseDeepEp) {
+  Plan p;
+  p.layout = layout(1, 1, 8);
+  p.layout.ep = 8;
+  p.layout.moe_dispatcher = planner::MoeDispatcher::kDeepEp;
+  const planner::Scenario s = scenario("mixtral-8x7b", 1, 4096, 64);
+  ASSERT_EQ(planner::infeasibility(s, p), "");
+  for (Target t : {Target::kTorchtitan, Target::kDeepspeed, Target::kNanotron})
+    EXPECT_NE(refusal(s, p, t).find("moe_dispatcher deepep"), std::string::npos)
+        << static_cast<int>(t);
+}
+
 // Layers per pipeline stage set one by one: DeepSpeed's partition_method and nanotron's
 // split cannot hold counts (torchtitan can: Fp32PipelinesAndTheirSchedules).
 TEST(ExportOthers, RefuseLayersPerStageWhereTheTrainerSplitsItself) {

@@ -1668,6 +1668,87 @@ TEST(Lower, MixtureOfExpertsAllToAllOverTheEpGroup) {
   EXPECT_TRUE(run(lp, lp.network).makespan > Time::zero());
 }
 
+// DeepEP (Layout::moe_dispatcher deepep) with an EP group over two nodes: each dispatch and
+// combine is an NVLink all-to-all over the group's 8 GPUs of a node, moving what the plain
+// all-to-all's buffer holds (tokens x top_k x h, with the routing), beside the transfers
+// across nodes between the GPUs of one local index: each token once to the other node when
+// one of its 2 experts is there, 1 - C(8, 2) / C(16, 2) of the time. Fewer bytes cross the
+// network, so the iteration is shorter; representatives predict every rank; inside one node
+// it is the plain all-to-all.
+TEST(Lower, DeepEpSendsEachTokenOnceToEachOtherNodeOfItsExperts) {
+  Scenario moe = tiny_moe(4, 32, 2, 16);
+  Plan p = plan(1, 1, 16);
+  p.layout.ep = 16;
+  Plan deepep = p;
+  deepep.layout.moe_dispatcher = MoeDispatcher::kDeepEp;
+  ASSERT_EQ(infeasibility(moe, deepep), "");
+  LoweredPlan lp = lowered(moe, deepep, {.full_ranks = true});
+  // tokens x top_k x h; the dispatch (forward and backward) with the routing probabilities
+  const Bytes tokens(2048LL * 2 * 1024 * 2), with_probs = tokens + Bytes(2048LL * 2 * 4);
+  const double share = (1.0 - 28.0 / 120.0) / 2;  // per copy, per other node
+  auto rail = [&](Bytes b) { return Bytes(std::llround(b.as_double() * share * 2)); };
+  int nvlink = 0, rails = 0, probs = 0;
+  for (int t = 0; t < lp.graph.num_tasks(); ++t) {
+    const sim::Task& task = lp.graph.task(TaskId(t));
+    if (lp.graph.label_text(task.label.category) != "ep_comm" ||
+        task.collective != sim::CollectiveKind::kAllToAll)
+      continue;
+    const auto& group = lp.graph.group(task.group);
+    if (group.size() == 8u) {
+      ++nvlink;
+      probs += task.bytes == with_probs;
+      EXPECT_TRUE(task.bytes == tokens || task.bytes == with_probs) << task.bytes.count();
+      EXPECT_EQ(group.back().value() - group.front().value(), 7);  // one node
+    } else {
+      ++rails;
+      ASSERT_EQ(group.size(), 2u);
+      EXPECT_TRUE(task.bytes == rail(tokens) || task.bytes == rail(with_probs))
+          << task.bytes.count();
+      EXPECT_EQ(group[1].value() - group[0].value(), 8);  // one local index on each node
+    }
+  }
+  // 4 layers x 2 micro-batches x (dispatch + combine) x (fwd + bwd), per node / local index.
+  EXPECT_EQ(nvlink, 2 * 32);
+  EXPECT_EQ(probs, 2 * 16);
+  EXPECT_EQ(rails, 8 * 32);
+  auto time = [&](const Plan& q, bool every_rank) {
+    EvaluateOptions o;
+    o.full_ranks = every_rank;
+    auto m = evaluate(moe, q, o);
+    EXPECT_TRUE(m.is_ok() && m->feasible);
+    return m.is_ok() ? m->iteration_time : Time::zero();
+  };
+  const Time fast = time(deepep, false);
+  EXPECT_LT(fast, time(p, false));
+  EXPECT_EQ(fast, time(deepep, true));
+  // Inside one node: the plain all-to-all, to the picosecond.
+  Scenario one = tiny_moe(4, 16, 1, 8);
+  Plan in_node = plan(1, 1, 8);
+  in_node.layout.ep = 4;
+  Plan in_node_deepep = in_node;
+  in_node_deepep.layout.moe_dispatcher = MoeDispatcher::kDeepEp;
+  EXPECT_EQ(evaluate(one, in_node_deepep)->iteration_time, evaluate(one, in_node)->iteration_time);
+  // What Megatron-Core's flex dispatcher takes, and what hetpar models of it.
+  Plan dense = plan(1, 1, 16);
+  dense.layout.moe_dispatcher = MoeDispatcher::kDeepEp;
+  EXPECT_NE(infeasibility(make(4, 32, 2), dense).find("needs a mixture-of-experts llm with ep > 1"),
+            std::string::npos);
+  Plan bad = deepep;
+  bad.layout.ep = 1;
+  EXPECT_NE(infeasibility(moe, bad).find("ep > 1"), std::string::npos);
+  bad = deepep;
+  bad.layout.tp = 2;
+  bad.layout.dp = 8;
+  bad.layout.ep = 8;
+  bad.layout.sequence_parallel = true;
+  EXPECT_NE(infeasibility(moe, bad).find("expert tensor parallelism 2 is not modelled"),
+            std::string::npos);
+  bad = deepep;
+  bad.layout.moe_capacity_factor = 1.0;
+  EXPECT_NE(infeasibility(moe, bad).find("does not support --moe-pad-expert-input-to-capacity"),
+            std::string::npos);
+}
+
 // Token dropping padded to capacity (Layout::moe_capacity_factor): static split sizes, so
 // no expert counts are gathered and the host never waits; the all-to-alls move every
 // expert's capacity (2048 tokens x top 2 / 8 experts x 1.5 = 768 each, 6144 copies). Model

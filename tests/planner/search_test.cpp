@@ -486,6 +486,41 @@ TEST(Search, InterleavesWithTheSmallestMicroBatchGroupWherePpDoesNotDivide) {
       << describe(homogeneous.best->plan);
 }
 
+// search.llm.moe_dispatcher: "any" tries DeepEP beside the all-to-all where it applies; over
+// two nodes with EP across them it moves fewer bytes over the network and wins; "deepep"
+// puts it in every layout (those it does not apply to are rejected with the reason).
+TEST(Search, TriesDeepEpWhereTheSectionAsks) {
+  auto moe = [](const std::string& dispatcher) {
+    auto s = parse_scenario_text(fmt::format(R"({{"name": "moe", "model": {{"name": "tiny-moe",
+        "modules": [{{"name": "llm", "kind": "llm", "spec": {{"layers": 4, "hidden": 1024,
+          "ffn_hidden": 0, "moe": {{"experts": 16, "top_k": 2, "expert_ffn_hidden": 2048}},
+          "heads": 16, "kv_heads": 8, "vocab": 128, "activation": "swiglu",
+          "norm": "rmsnorm"}}}}]}},
+        "workload": {{"seq_len": 2048, "global_batch": 32, "precision": "bf16"}},
+        "cluster": {{"profile": "dgx-h100", "nodes": 2}},
+        "search": {{"llm": {{"tp": 1, "pp": 1, "ep": 16, "micro_batch": 1,
+                            "moe_dispatcher": "{}"}}}}}})",
+                                             dispatcher),
+                                 "moe.json");
+    EXPECT_TRUE(s.is_ok()) << s.status().to_string();
+    return *s;
+  };
+  const SearchResult any = run(moe("any"), threads(2));
+  ASSERT_FALSE(any.top.empty());
+  EXPECT_EQ(any.top.front().plan.layout.moe_dispatcher, MoeDispatcher::kDeepEp)
+      << describe(any.top.front().plan);
+  bool alltoall = false;
+  for (const RankedPlan& p : any.top)
+    alltoall |= p.plan.layout.moe_dispatcher == MoeDispatcher::kAllToAll;
+  EXPECT_TRUE(alltoall);
+  EXPECT_NE(describe(any.top.front().plan).find(" deepep"), std::string::npos);
+  const SearchResult plain = run(moe("alltoall"), threads(2));
+  ASSERT_FALSE(plain.top.empty());
+  EXPECT_LT(any.top.front().metrics.iteration_time, plain.top.front().metrics.iteration_time);
+  for (const RankedPlan& p : run(moe("deepep"), threads(2)).top)
+    EXPECT_EQ(p.plan.layout.moe_dispatcher, MoeDispatcher::kDeepEp);
+}
+
 // FSDP in heterogeneous placements: search.llm.fsdp shards every LLM layout with dp > 1 (so
 // every plan here, the tiny world being one node), a colocated encoder as its LLM, an
 // encoder on its own ranks as search.modules.<name>.fsdp asks; every plan is feasible.

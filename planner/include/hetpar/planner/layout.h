@@ -74,6 +74,21 @@ enum class CrossEntropy {
 };
 std::string_view to_string(CrossEntropy c);  // "none", "native", "te", "compiled"
 
+/// How a MoE layer's tokens reach their experts' EP ranks and come back (Megatron-Core's
+/// --moe-token-dispatcher-type; Megatron-Bridge model.moe_token_dispatcher_type).
+enum class MoeDispatcher {
+  /// alltoall: NCCL all-to-alls over the EP group, every routed copy of a token sent to its
+  /// expert's rank, so a token with several experts on one remote node crosses the network
+  /// once per expert.
+  kAllToAll,
+  /// flex with DeepEP (--moe-flex-dispatcher-backend deepep): across nodes each token goes
+  /// once to every node that holds one of its experts, to the GPU of the sender's local
+  /// index there (RDMA), which forwards it over NVLink to the node's GPUs that need it;
+  /// combine the reverse. Inside one node a plain NVLink all-to-all.
+  kDeepEp,
+};
+std::string_view to_string(MoeDispatcher d);  // "alltoall", "deepep"
+
 /// Which FSDP runs a plan with Layout::fsdp (Megatron-LM --use-megatron-fsdp /
 /// --use-torch-fsdp2; torchtitan always runs PyTorch's FSDP2).
 enum class FsdpImplementation {
@@ -229,6 +244,7 @@ struct Layout {
   /// padded to exactly that, so the split sizes are static: no expert counts are gathered
   /// and the host never waits for them. 0: dropless (the default).
   double moe_capacity_factor = 0;
+  MoeDispatcher moe_dispatcher = MoeDispatcher::kAllToAll;
   Fp8Recipe fp8_recipe = Fp8Recipe::kDelayed;  // meaningful for fp8 workloads only
   GradReduceDtype grad_reduce_dtype = GradReduceDtype::kDefault;
   CrossEntropy cross_entropy_fusion = CrossEntropy::kUnfused;

@@ -70,6 +70,10 @@ struct LayoutFix {
   /// MoE token dropping (Layout::moe_capacity_factor) in every searched LLM layout; default
   /// dropless. Not searched: dropping tokens changes what is trained.
   std::optional<double> moe_capacity_factor;
+  /// MoE token dispatcher (Layout::moe_dispatcher) in every searched LLM layout; default the
+  /// all-to-all; `any_moe_dispatcher`: DeepEP too, where it applies (ep > 1, etp 1, dropless).
+  std::optional<MoeDispatcher> moe_dispatcher;
+  bool any_moe_dispatcher = false;
   /// Userbuffers TP overlap (Layout::tp_comm_overlap) in every searched LLM layout with
   /// tp > 1 and SP; default off; `any_tp_comm_overlap`: both (on small GEMMs the chunks
   /// cost more than they hide).
