@@ -516,7 +516,7 @@ std::vector<int> layout_key(const Layout& l) {
                      static_cast<int>(l.moe_dispatcher),
                      l.microbatch_group,
                      static_cast<int>(l.pipeline_layout.size())};
-  k.insert(k.end(), l.pipeline_layout.begin(), l.pipeline_layout.end());
+  for (int layers : l.pipeline_layout) k.push_back(layers);
   return k;
 }
 
