@@ -1028,10 +1028,10 @@ class Lowering {
   GroupSet tp_groups_, ep_groups_, cp_groups_, dp_groups_, edp_groups_, amax_groups_;
   // moe_dispatcher deepep with EP groups across nodes: each EP group's members on one node
   // (NVLink all-to-all), and its members of one local index, one per node (the transfers
-  // across nodes); deepep_remote_share_: the share of a rank's routed copies' bytes that go
-  // to each other node once (see run_step). Empty / 0 otherwise.
+  // across nodes); deepep_rail_per_byte_: the across-node all-to-all's bytes per byte of the
+  // plain all-to-all's buffer (see run_step). Empty / 0 otherwise.
   GroupSet ep_node_groups_, ep_rail_groups_;
-  double deepep_remote_share_ = 0;
+  double deepep_rail_per_byte_ = 0;
   // Per active rank (reduced, leaders only): its ring step's pairs, the other edges it
   // stands for.
   std::vector<GroupId> cp_pairs_, cp_copies_;
@@ -1922,17 +1922,21 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
         // sends then add up to the plain all-to-all's buffer. As two collectives side by
         // side, both waited for.
         const Bytes copies = step.bytes + step.probs_bytes;
-        const Bytes rail = Bytes(static_cast<int64_t>(
-            std::llround(copies.as_double() * deepep_remote_share_ *
-                         static_cast<double>(ep_rail_groups_.locals.front().size()))));
-        std::vector<TaskId> before(st_.size());
-        for (int j : actives_) before[j] = st_[j].last;
-        collective(CollectiveKind::kAllToAll, copies, {cat_ep_, lb.ep}, ep_node_groups_,
-                   a2a_stream);
+        const Bytes rail(std::llround(copies.as_double() * deepep_rail_per_byte_));
+        // The NVLink part after the rank's last task; `beside` holds that task until the
+        // part across nodes, which starts after it too, takes its place.
+        group_collectives(ep_node_groups_, CollectiveKind::kAllToAll, copies, a2a_stream,
+                          {cat_ep_, lb.ep}, [&](int j, TaskId c) {
+                            RankState& rs = st_[j];
+                            if (rs.last.valid()) g_.add_dependency(rs.last, c);
+                            rs.beside = rs.last;
+                            rs.need = rs.last = c;
+                          });
         group_collectives(ep_rail_groups_, CollectiveKind::kAllToAll, rail, kEpRailStream,
                           {cat_ep_, lb.ep}, [&](int j, TaskId c) {
-                            if (before[j].valid()) g_.add_dependency(before[j], c);
-                            st_[j].beside = c;
+                            RankState& rs = st_[j];
+                            if (rs.beside.valid()) g_.add_dependency(rs.beside, c);
+                            rs.beside = c;
                           });
       } else {
         collective(CollectiveKind::kAllToAll, step.bytes, {cat_ep_, lb.ep}, ep_groups_, a2a_stream);
@@ -2218,7 +2222,7 @@ void Lowering::build_stage() {
   // DeepEP across nodes: each EP group takes whole nodes of equal size (infeasibility());
   // its members by node, and by local index across its nodes.
   std::vector<std::vector<int>> node_locals, rail_locals;
-  deepep_remote_share_ = 0;
+  size_t nodes = 0;  // that each EP group spans (infeasibility(): all alike)
   if (l_.moe_dispatcher == MoeDispatcher::kDeepEp)
     for (const std::vector<int>& group : locals) {
       std::vector<std::vector<int>> by_node;
@@ -2238,18 +2242,24 @@ void Lowering::build_stage() {
           rail_locals.back().push_back(members[i]);
         }
       }
+      nodes = by_node.size();
       for (std::vector<int>& members : by_node) node_locals.push_back(std::move(members));
-      // A token's top_k experts, drawn evenly from the EP group's experts, fall on a given
-      // other node (experts / nodes of them) unless all miss it: C(E - E/G, k) / C(E, k).
-      const auto& moe = *std::get<models::LlmSpec>(s_.model.modules[s_.model.llm_index()].spec).moe;
-      const double experts = static_cast<double>(moe.experts);
-      const double elsewhere = experts - experts / static_cast<double>(by_node.size());
-      double miss = 1.0;
-      for (int64_t i = 0; i < moe.top_k; ++i)
-        miss *=
-            std::max(0.0, elsewhere - static_cast<double>(i)) / (experts - static_cast<double>(i));
-      deepep_remote_share_ = (1.0 - miss) / static_cast<double>(moe.top_k);
     }
+  deepep_rail_per_byte_ = 0;
+  if (nodes > 1) {
+    // A token's top_k experts, drawn evenly from the EP group's experts, fall on a given
+    // other node (experts / nodes of them) unless all miss it: C(E - E/G, k) / C(E, k). It
+    // goes there once, of its top_k copies in the buffer; the buffer holds one part per node.
+    const auto& moe = *std::get<models::LlmSpec>(s_.model.modules[s_.model.llm_index()].spec).moe;
+    const double experts = static_cast<double>(moe.experts);
+    const double elsewhere = experts - experts / static_cast<double>(nodes);
+    double miss = 1.0;
+    for (int64_t i = 0; i < moe.top_k; ++i)
+      miss *=
+          std::max(0.0, elsewhere - static_cast<double>(i)) / (experts - static_cast<double>(i));
+    deepep_rail_per_byte_ =
+        (1.0 - miss) / static_cast<double>(moe.top_k) * static_cast<double>(nodes);
+  }
   make_groups(ep_node_groups_, node_locals);
   make_groups(ep_rail_groups_, rail_locals);
   // CP groups (all-gather CP): the cp ranks of one dp replica with the same tp rank.

@@ -45,6 +45,12 @@ std::optional<CrossEntropy> parse_cross_entropy(std::string_view s) {
   return std::nullopt;
 }
 
+std::optional<MoeDispatcher> parse_moe_dispatcher(std::string_view s) {
+  for (MoeDispatcher d : {MoeDispatcher::kAllToAll, MoeDispatcher::kDeepEp})
+    if (to_string(d) == s) return d;
+  return std::nullopt;
+}
+
 std::optional<FsdpImplementation> parse_fsdp_implementation(std::string_view s) {
   for (FsdpImplementation f : {FsdpImplementation::kMegatron, FsdpImplementation::kTorchFsdp2})
     if (to_string(f) == s) return f;
@@ -101,9 +107,7 @@ Layout parse_layout(JsonReader& r) {
   l.ep_comm_overlap = r.optional_bool("ep_comm_overlap", false);
   l.moe_capacity_factor = r.optional_double("moe_capacity_factor", 0, 0, 64);
   l.moe_dispatcher =
-      r.optional_enum("moe_dispatcher", "alltoall", {"alltoall", "deepep"}) == "deepep"
-          ? MoeDispatcher::kDeepEp
-          : MoeDispatcher::kAllToAll;
+      *parse_moe_dispatcher(r.optional_enum("moe_dispatcher", "alltoall", {"alltoall", "deepep"}));
   l.fp8_recipe =
       *parse_fp8_recipe(r.optional_enum("fp8_recipe", "delayed", {"delayed", "tensorwise"}));
   l.fp8_param_gather = r.optional_bool("fp8_param_gather", false);

@@ -133,8 +133,7 @@ LayoutFix parse_layout_fix(JsonReader& r) {
     const std::string d =
         r.optional_enum("moe_dispatcher", "alltoall", {"alltoall", "deepep", "any"});
     f.any_moe_dispatcher = d == "any";
-    if (d == "deepep") f.moe_dispatcher = MoeDispatcher::kDeepEp;
-    if (d == "alltoall") f.moe_dispatcher = MoeDispatcher::kAllToAll;
+    if (!f.any_moe_dispatcher) f.moe_dispatcher = parse_moe_dispatcher(d);
   }
   bool_or_any(r, "tp_comm_overlap", f.tp_comm_overlap, f.any_tp_comm_overlap);
   bool_or_any(r, "ep_comm_overlap", f.ep_comm_overlap, f.any_ep_comm_overlap);

@@ -972,35 +972,25 @@ class Searcher {
             for (int ep : eps) {
               if (!fixed_ok(fx.ep, ep)) continue;
               l.ep = ep;
-              // search.llm.moe_dispatcher: DeepEP where it applies (ep > 1, whole experts,
-              // dropless), alone or beside the all-to-all.
-              std::vector<MoeDispatcher> dispatchers{
-                  fx.moe_dispatcher.value_or(MoeDispatcher::kAllToAll)};
-              const bool deepep_applies =
-                  ep > 1 && l.expert_tp() == 1 && l.moe_capacity_factor <= 0;
-              if (fx.any_moe_dispatcher && deepep_applies)
-                dispatchers.push_back(MoeDispatcher::kDeepEp);
-              for (MoeDispatcher dispatcher : dispatchers)
-                for (int mbs : mbs_options(fx.micro_batch, gb % dp == 0 ? gb / dp : 1, 1)) {
-                  l.moe_dispatcher = dispatcher;
-                  l.micro_batch = mbs;
-                  for (bool fsdp : fsdp_options(fx, allow_fsdp, dp * cp)) {
-                    if (fsdp) {  // shards the optimizer state too; resharded or kept gathered
-                      for (const Sharding& sh : fsdp_shardings(fx)) {
-                        Layout sharded = l;
-                        sharded.distributed_optimizer = true;
-                        sh.apply(sharded);
-                        add_splits(sharded, first, encoders_first, even, 1, out);
-                      }
-                      continue;
+              for (int mbs : mbs_options(fx.micro_batch, gb % dp == 0 ? gb / dp : 1, 1)) {
+                l.micro_batch = mbs;
+                for (bool fsdp : fsdp_options(fx, allow_fsdp, dp * cp)) {
+                  if (fsdp) {  // shards the optimizer state too; resharded or kept gathered
+                    for (const Sharding& sh : fsdp_shardings(fx)) {
+                      Layout sharded = l;
+                      sharded.distributed_optimizer = true;
+                      sh.apply(sharded);
+                      add_splits(sharded, first, encoders_first, even, 1, out);
                     }
-                    int dv = 1;
-                    for (bool dopt : distopt_options(fx, dp * cp, &dv)) {
-                      l.distributed_optimizer = dopt;
-                      add_splits(l, first, encoders_first, even, dv, out);
-                    }
+                    continue;
+                  }
+                  int dv = 1;
+                  for (bool dopt : distopt_options(fx, dp * cp, &dv)) {
+                    l.distributed_optimizer = dopt;
+                    add_splits(l, first, encoders_first, even, dv, out);
                   }
                 }
+              }
             }
           }
         }
@@ -1086,10 +1076,12 @@ class Searcher {
     const bool both = fx.any_tp_comm_overlap && l.tp > 1 && l.sequence_parallel;
     auto push = [&](const Layout& lay, Schedule sch, int variants) {
       if (spec_.schedule && *spec_.schedule != sch) return;
+      const size_t from = out.size();
       Base b;
       b.plan.layout = lay;
       b.plan.schedule = sch;
       b.distopt_variants = variants;
+      b.plan.layout.moe_dispatcher = fx.moe_dispatcher.value_or(MoeDispatcher::kAllToAll);
       // Interleaved where pp does not divide the micro-batches per replica: Megatron-Core's
       // smallest micro-batch group that runs them (its default, pp, cannot).
       const int64_t gb = s_.workload.global_batch, per_step = int64_t{lay.micro_batch} * lay.dp;
@@ -1110,6 +1102,15 @@ class Searcher {
         b.plan.layout.ep_comm_overlap = false;
         out.push_back(std::move(b));
       }
+      // search.llm.moe_dispatcher "any": each of these with DeepEP too, where it applies
+      // (ep > 1, whole experts, dropless).
+      if (fx.any_moe_dispatcher && lay.ep > 1 && lay.expert_tp() == 1 &&
+          lay.moe_capacity_factor <= 0)
+        for (size_t i = from, to = out.size(); i < to; ++i) {
+          Base d = out[i];
+          d.plan.layout.moe_dispatcher = MoeDispatcher::kDeepEp;
+          out.push_back(std::move(d));
+        }
     };
     if (fixed_ok(fx.vpp, 1)) {
       l.vpp = 1;

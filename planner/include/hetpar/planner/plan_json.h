@@ -25,6 +25,7 @@ std::optional<Fp8Recipe> parse_fp8_recipe(std::string_view s);
 std::optional<CpComm> parse_cp_comm(std::string_view s);
 std::optional<GradReduceDtype> parse_grad_reduce_dtype(std::string_view s);
 std::optional<CrossEntropy> parse_cross_entropy(std::string_view s);
+std::optional<MoeDispatcher> parse_moe_dispatcher(std::string_view s);
 std::optional<FsdpImplementation> parse_fsdp_implementation(std::string_view s);
 
 Result<Plan> parse_plan(const nlohmann::json& j, const std::string& path);
