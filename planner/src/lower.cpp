@@ -18,6 +18,7 @@
 #include "hetpar/models/totals.h"
 #include "hetpar/planner/boundary.h"
 #include "hetpar/planner/cost_model.h"
+#include "hetpar/planner/deepep.h"
 #include "hetpar/planner/kernels.h"
 #include "hetpar/planner/memory.h"
 #include "hetpar/planner/network_builder.h"
@@ -383,9 +384,15 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
           "moe_dispatcher deepep with moe_capacity_factor {}: Megatron-Core's flex dispatcher "
           "does not support --moe-pad-expert-input-to-capacity",
           l.moe_capacity_factor);
+    if (!deepep_supports(l.ep))
+      return fmt::format(
+          "moe_dispatcher deepep with ep {}: DeepEP configures EP groups of 2, 4, 8, 16, 24, "
+          "32, 64, 128, 144 or 160 ranks only (Buffer.get_dispatch_config)",
+          l.ep);
     // With etp 1 an EP group is ep consecutive ranks of a stage. DeepEP's kernels across
-    // nodes pair each GPU with the GPUs of its local index on the other nodes: a group that
-    // leaves its node must take whole nodes of one size.
+    // nodes pair each GPU with the GPUs of its local index on the other nodes, NVLink
+    // reaching kDeepEpNvlPeers of them: a group that leaves its node must take whole nodes
+    // of exactly that many GPUs.
     const int first = p.placement == Placement::kNonColocated ? p.llm_first_rank : 0;
     const int stage_ranks = l.tp * l.cp * l.dp;
     for (int st = 0; st < l.pp; ++st)
@@ -393,15 +400,15 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
         const int r1 = r0 + l.ep - 1;
         if (r1 >= s.cluster.total_gpus()) break;  // the world's size is checked elsewhere
         if (s.cluster.node_of_gpu(r0) == s.cluster.node_of_gpu(r1)) continue;
-        const int gpn = s.cluster.gpus_per_node_of(r0);
+        constexpr int gpn = kDeepEpNvlPeers;
         bool whole = s.cluster.local_index(r0) == 0 && l.ep % gpn == 0;
         for (int r = r0; whole && r <= r1; r += gpn) whole = s.cluster.gpus_per_node_of(r) == gpn;
         if (!whole)
           return fmt::format(
               "moe_dispatcher deepep: the EP group of ranks {}-{} spans nodes without taking "
-              "whole nodes of one size (DeepEP pairs each GPU with those of its local index "
-              "on the other nodes)",
-              r0, r1);
+              "whole nodes of {} GPUs (DeepEP pairs each GPU with those of its local index on "
+              "the other nodes, {} NVLink peers per node)",
+              r0, r1, gpn, gpn);
       }
   }
   if (l.expert_tp() != l.tp && !l.sequence_parallel)

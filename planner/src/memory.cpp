@@ -6,6 +6,7 @@
 #include "hetpar/core/check.h"
 #include "hetpar/models/op_graph.h"
 #include "hetpar/planner/boundary.h"
+#include "hetpar/planner/deepep.h"
 #include "hetpar/planner/schedule.h"
 
 namespace hetpar::planner {
@@ -201,8 +202,11 @@ class Estimator {
     // FSDP units: each layer, the ops before the layers, the ops after them.
     std::vector<double> unit(static_cast<size_t>(g.layers) + 2), unit_bytes(unit.size());
     bool before_layers = true;
+    std::vector<bool> dispatches(stages_.size());  // stages holding a MoE layer's dispatch
     for (const models::Op& op : g.ops) {
       if (op.layer >= 0) before_layers = false;
+      if (op.layer >= 0 && op.name == "moe_dispatch")
+        dispatches[static_cast<size_t>(stage_of[op.layer])] = true;
       const bool head = (llm || encoder) && op.layer < 0 && !before_layers;
       const bool stem = before_layers && models::is_encoder(kind);
       const int st = op.layer >= 0 ? stage_of[op.layer] : head ? last : home;
@@ -273,6 +277,11 @@ class Estimator {
     if (l_.tp_comm_overlap && l_.sequence_parallel && l_.tp > 1 && g.layers > 0 &&
         (llm || models::is_encoder(kind)))
       for (Tally& t : stages_) t.p2p += 10 * layer_input;
+    // Layout::moe_dispatcher deepep: the one DeepEP Buffer of every rank with a MoE layer,
+    // allocated at its first dispatch (Megatron-Core's fused_a2a.get_buffer) and kept.
+    if (llm && l_.ep > 1 && l_.moe_dispatcher == MoeDispatcher::kDeepEp && deepep_supports(l_.ep))
+      for (size_t st = 0; st < stages_.size(); ++st)
+        if (dispatches[st]) stages_[st].p2p += deepep_buffer_bytes(l_.ep, g.hidden).as_double();
   }
 
   // Adds `bytes` held by every rank of stage `st` (communication buffers).

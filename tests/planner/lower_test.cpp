@@ -8,6 +8,7 @@
 #include <set>
 
 #include "hetpar/models/totals.h"
+#include "hetpar/planner/deepep.h"
 #include "hetpar/planner/evaluate.h"
 #include "hetpar/planner/memory.h"
 #include "hetpar/planner/network_builder.h"
@@ -1747,6 +1748,44 @@ TEST(Lower, DeepEpSendsEachTokenOnceToEachOtherNodeOfItsExperts) {
   bad.layout.moe_capacity_factor = 1.0;
   EXPECT_NE(infeasibility(moe, bad).find("does not support --moe-pad-expert-input-to-capacity"),
             std::string::npos);
+  // DeepEP's own limits: the EP sizes its configurations cover (40 is not one), and 8
+  // NVLink peers per node for a group across nodes (none on nodes of 4).
+  Plan forty = plan(1, 1, 40);
+  forty.layout.ep = 40;
+  EXPECT_EQ(infeasibility(tiny_moe(4, 40, 5, 40), forty), "");
+  forty.layout.moe_dispatcher = MoeDispatcher::kDeepEp;
+  EXPECT_NE(infeasibility(tiny_moe(4, 40, 5, 40), forty).find("DeepEP configures EP groups"),
+            std::string::npos);
+  const Scenario fours =
+      make(4, 32, 4, HETPAR_SOURCE_DIR "/tests/data/executor/cpu-host-4.json", "",
+           R"(, "ffn_hidden": 0, "moe": {"experts": 16, "top_k": 2, "expert_ffn_hidden": 2048})");
+  EXPECT_EQ(infeasibility(fours, p), "");
+  EXPECT_NE(infeasibility(fours, deepep).find("whole nodes of 8 GPUs"), std::string::npos);
+}
+
+// DeepEP's buffers (planner/deepep.h), from its size hints at hidden 1024 (2048 bytes a
+// token): inside one node 10 channels x 8 peers x 256 tokens x (2048 + 4104 - 2048 bytes of
+// routing per token) and the counters; over two nodes 288 tokens and the RDMA halves (140
+// tokens each way per channel and node); 32 MiB of workspace. Every rank of a MoE stage
+// holds one, counted with the communication buffers.
+TEST(Memory, DeepEpHoldsItsBuffersOnEveryMoeRank) {
+  EXPECT_EQ(deepep_buffer_bytes(8, 1024), Bytes(84051584 + (32 << 20)));
+  EXPECT_EQ(deepep_buffer_bytes(16, 1024), Bytes(94558464 + 24123520 + (32 << 20)));
+  EXPECT_TRUE(deepep_supports(16) && deepep_supports(160));
+  EXPECT_FALSE(deepep_supports(1) || deepep_supports(12) || deepep_supports(40));
+  const Scenario moe = tiny_moe(4, 32, 2, 16);
+  Plan p = plan(1, 2, 8);
+  p.layout.ep = 8;
+  Plan deepep = p;
+  deepep.layout.moe_dispatcher = MoeDispatcher::kDeepEp;
+  ASSERT_EQ(infeasibility(moe, deepep), "");
+  const MemoryReport a = estimate_memory(moe, p), d = estimate_memory(moe, deepep);
+  ASSERT_EQ(d.per_stage.size(), 2u);
+  for (size_t st = 0; st < 2; ++st) {
+    EXPECT_EQ(d.per_stage[st].communication_buffers - a.per_stage[st].communication_buffers,
+              deepep_buffer_bytes(8, 1024));
+    EXPECT_EQ(d.per_stage[st].activations, a.per_stage[st].activations);
+  }
 }
 
 // Token dropping padded to capacity (Layout::moe_capacity_factor): static split sizes, so

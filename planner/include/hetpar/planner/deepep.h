@@ -1,0 +1,33 @@
+// DeepEP's fixed terms, for plans with Layout::moe_dispatcher deepep: the EP group sizes its
+// normal (high-throughput) kernels take, and the communication buffers a rank allocates
+// for them. Read from DeepEP's source (deepseek-ai/DeepEP, deep_ep/buffer.py at dcfd954's
+// get_dispatch_config / get_combine_config, csrc/config.hpp's buffer size hints,
+// csrc/kernels/configs.cuh) and Megatron-Core's fused_a2a.get_buffer, which sizes the one
+// Buffer a rank keeps from those hints with hidden_bytes = hidden x max(element size, 2).
+#pragma once
+
+#include <cstdint>
+
+#include "hetpar/core/units.h"
+
+namespace hetpar::planner {
+
+/// GPUs DeepEP's kernels reach over NVLink from one GPU (NUM_MAX_NVL_PEERS): a group of
+/// more ranks spans nodes of exactly this many GPUs each, paired by local index.
+inline constexpr int kDeepEpNvlPeers = 8;
+
+/// SMs its normal kernels run on (Megatron-Core's moe_deepep_num_sms default, DeepEP's
+/// Buffer.num_sms): 10 channels of 2.
+inline constexpr int kDeepEpSms = 20;
+
+/// Whether DeepEP has a dispatch and combine configuration for an EP group of `ranks`
+/// (any other size fails its assertion "Unsupported number of EP ranks").
+bool deepep_supports(int ranks);
+
+/// Device memory one rank of an EP group of `ranks` holds for DeepEP: the NVLink buffer
+/// (cudaMalloc, mapped by its node's peers), the RDMA buffer (NVSHMEM's symmetric heap,
+/// groups over nodes only), each the larger of the dispatch and combine configurations'
+/// hints, and the 32 MiB workspace. REQUIRES deepep_supports(ranks), hidden >= 1.
+Bytes deepep_buffer_bytes(int ranks, int64_t hidden);
+
+}  // namespace hetpar::planner

@@ -1,0 +1,88 @@
+#include "hetpar/planner/deepep.h"
+
+#include <algorithm>
+#include <array>
+
+#include "hetpar/core/check.h"
+
+namespace hetpar::planner {
+namespace {
+
+// DeepEP's get_dispatch_config and get_combine_config for one group size, by the token
+// counts that size its buffers (deep_ep/buffer.py, deepseek-ai/DeepEP dcfd954). Both
+// configurations of a size buffer as many tokens; they differ in the RDMA chunks they send.
+struct DeepEpConfigs {
+  int ranks;
+  int nvl_recv_tokens;      // num_max_nvl_chunked_recv_tokens
+  int rdma_recv_tokens;     // num_max_rdma_chunked_recv_tokens, before alignment
+  int rdma_send_tokens[2];  // num_max_rdma_chunked_send_tokens: dispatch, combine
+};
+
+constexpr std::array<DeepEpConfigs, 10> kConfigs{{{2, 256, 128, {6, 6}},
+                                                  {4, 256, 128, {6, 6}},
+                                                  {8, 256, 128, {6, 6}},
+                                                  {16, 288, 128, {20, 12}},
+                                                  {24, 288, 128, {32, 8}},
+                                                  {32, 288, 128, {32, 8}},
+                                                  {64, 288, 128, {28, 20}},
+                                                  {128, 560, 128, {32, 12}},
+                                                  {144, 720, 128, {12, 8}},
+                                                  {160, 720, 128, {12, 8}}}};
+
+const DeepEpConfigs* find(int ranks) {
+  for (const DeepEpConfigs& c : kConfigs)
+    if (c.ranks == ranks) return &c;
+  return nullptr;
+}
+
+int64_t align(int64_t x, int64_t a) {
+  return (x + a - 1) / a * a;
+}
+
+// Per buffered token beside its hidden bytes (config.hpp): the source metadata (SourceMeta,
+// two ints), 128 top-k indices (int64), 128 top-k weights and 128 scales (float).
+constexpr int64_t kSourceMeta = 8;
+constexpr int64_t kTopK = 128, kScales = 128;
+constexpr int64_t kPerToken = kSourceMeta + kTopK * 8 + kTopK * 4 + kScales * 4;
+
+// Config::get_nvl_buffer_size_hint.
+int64_t nvl_bytes(const DeepEpConfigs& c, int64_t hidden_bytes) {
+  const int64_t channels = kDeepEpSms / 2;
+  const int64_t rdma = std::max(c.ranks / kDeepEpNvlPeers, 1);
+  const int64_t nvl = std::min(c.ranks, kDeepEpNvlPeers);
+  const int64_t b = channels * nvl * (2 * rdma + 3) * 4 +
+                    channels * nvl * c.nvl_recv_tokens * (hidden_bytes + kPerToken);
+  return align(b, 128);
+}
+
+// Config::get_rdma_buffer_size_hint of the configuration sending `send` tokens a chunk
+// (Config aligns the receive count to it): send and receive halves; none inside one node.
+int64_t rdma_bytes(const DeepEpConfigs& c, int send, int64_t hidden_bytes) {
+  if (c.ranks <= kDeepEpNvlPeers) return 0;
+  const int64_t channels = kDeepEpSms / 2;
+  const int64_t rdma = c.ranks / kDeepEpNvlPeers;
+  const int64_t recv = align(c.rdma_recv_tokens, send);
+  const int64_t b = channels * rdma * (kDeepEpNvlPeers * 2 + 2) * 2 * 4 +
+                    channels * rdma * recv * 2 * (hidden_bytes + kPerToken + 16) +
+                    (int64_t{1} << 20);
+  return align(b, 128);
+}
+
+}  // namespace
+
+bool deepep_supports(int ranks) {
+  return find(ranks) != nullptr;
+}
+
+Bytes deepep_buffer_bytes(int ranks, int64_t hidden) {
+  const DeepEpConfigs* c = find(ranks);
+  HETPAR_CHECK(c && hidden >= 1, "DeepEP has no configuration for {} ranks", ranks);
+  const int64_t hidden_bytes = hidden * 2;  // bf16 activations (fp8 ones count 2 bytes too)
+  constexpr int64_t kWorkspace = int64_t{32} << 20;  // NUM_WORKSPACE_BYTES
+  return Bytes(nvl_bytes(*c, hidden_bytes) +
+               std::max(rdma_bytes(*c, c->rdma_send_tokens[0], hidden_bytes),
+                        rdma_bytes(*c, c->rdma_send_tokens[1], hidden_bytes)) +
+               kWorkspace);
+}
+
+}  // namespace hetpar::planner
