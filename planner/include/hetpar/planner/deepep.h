@@ -4,6 +4,9 @@
 // get_dispatch_config / get_combine_config, csrc/config.hpp's buffer size hints,
 // csrc/kernels/configs.cuh) and Megatron-Core's fused_a2a.get_buffer, which sizes the one
 // Buffer a rank keeps from those hints with hidden_bytes = hidden x max(element size, 2).
+// This is DeepEP V1's (NVSHMEM) Buffer, the one Megatron-Core's flex dispatcher runs with
+// --moe-flex-dispatcher-backend deepep; DeepEP V2's ElasticBuffer (backend deepepv2) sizes
+// its buffers and SMs otherwise and is not modelled.
 #pragma once
 
 #include <cstdint>
