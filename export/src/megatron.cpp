@@ -239,6 +239,9 @@ std::vector<Flag> megatron_model_flags(const Context& c) {
     f.push_back({"--moe-grouped-gemm", ""});
     f.push_back({"--moe-permute-fusion", ""});
     f.push_back({"--moe-router-fusion", ""});
+    // The router's scores and probabilities in fp32, as hetpar times them (and DeepEP takes
+    // them; in bf16 Megatron-Core casts them with a warning).
+    f.push_back({"--moe-router-dtype", "fp32"});
   } else {
     f.push_back({"--ffn-hidden-size", num(b.ffn_hidden)});
   }

@@ -61,6 +61,7 @@ void add_model_shape(std::vector<Setting>& s, const Context& c) {
     s.push_back({"model.moe_grouped_gemm", yaml_bool(true)});
     s.push_back({"model.moe_permute_fusion", yaml_bool(true)});
     s.push_back({"model.moe_router_fusion", yaml_bool(true)});
+    s.push_back({"model.moe_router_dtype", yaml_string("fp32")});  // as hetpar times it
   } else {
     s.push_back({"model.ffn_hidden_size", num(b.ffn_hidden)});
   }

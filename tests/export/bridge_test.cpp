@@ -39,6 +39,7 @@ TEST(ExportMegatronBridge, MixtureOfExpertsRunsTheModelledDispatcher) {
   EXPECT_EQ(y.at("model.moe_grouped_gemm"), "true");
   EXPECT_EQ(y.at("model.moe_permute_fusion"), "true");
   EXPECT_EQ(y.at("model.moe_router_fusion"), "true");
+  EXPECT_EQ(y.at("model.moe_router_dtype"), "\"fp32\"");
   EXPECT_EQ(y.count("model.moe_shared_expert_intermediate_size"), 0u);  // Mixtral has none
   EXPECT_EQ(y.count("model.moe_expert_capacity_factor"), 0u);
   Plan drop = p;

@@ -239,6 +239,7 @@ TEST(ExportMegatron, MixtureOfExpertsAndPrecisions) {
   EXPECT_EQ(f.at("--moe-token-dispatcher-type"), "alltoall");
   for (const char* flag : {"--moe-grouped-gemm", "--moe-permute-fusion", "--moe-router-fusion"})
     EXPECT_EQ(f.count(flag), 1u) << flag;
+  EXPECT_EQ(f.at("--moe-router-dtype"), "fp32");           // the router as the cost model times it
   EXPECT_EQ(f.count("--moe-expert-capacity-factor"), 0u);  // dropless
   Plan drop = p;                                           // token dropping, padded to capacity
   drop.layout.moe_capacity_factor = 1.25;
