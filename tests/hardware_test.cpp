@@ -577,6 +577,8 @@ TEST(ProfileJson, RejectsBadProfilesNamingTheField) {
        "collectives[1].alpha_us: must be <= 1000000"},
       {"negative launch", [](nlohmann::json& j) { j["gpu"]["gemm"]["launch_us"] = -1; },
        "gpu.gemm.launch_us: must be >= 0, got -1"},
+      {"clock spread of a half", [](nlohmann::json& j) { j["gpu"]["clock_spread"] = 0.5; },
+       "gpu.clock_spread: must be <= 0.2, got 0.5"},
       {"WAN of a minute",
        [](nlohmann::json& j) {
          j["wan"] = {{"up_gbps", 1}, {"down_gbps", 1}, {"latency_ms", 60000}};
@@ -627,6 +629,69 @@ TEST(Cluster, ShortFormAndHelpers) {
   EXPECT_EQ(c.first_gpu_of_node(NodeId(3)), 24);
   EXPECT_EQ(c.gpus_per_node_of(63), 8);
   EXPECT_EQ(c.profile_of_node(NodeId(7)).name, "dgx-h100");
+}
+
+// The slowest of n GPUs whose rates spread normally: z_n standard deviations below the
+// mean, z_n the expected largest of n standard normals (Blom's approximation; the exact
+// values 1.4236 for 8 and 3.2414 for 1000 are tabulated order statistics).
+TEST(ClockSpread, TheSlowestOfNGpusSetsTheJobsRate) {
+  EXPECT_EQ(slowest_rate_share(0.01, 1), 1.0);
+  EXPECT_EQ(slowest_rate_share(0.0, 4096), 1.0);
+  EXPECT_NEAR((1 - slowest_rate_share(0.01, 8)) / 0.01, 1.4236, 0.015);
+  EXPECT_NEAR((1 - slowest_rate_share(0.01, 1000)) / 0.01, 3.2414, 0.03);
+  double last = 1.0;  // more GPUs, a slower slowest
+  for (int64_t n : {2, 8, 64, 512, 4096, 32768}) {
+    const double share = slowest_rate_share(0.0046, n);
+    EXPECT_LT(share, last) << n;
+    last = share;
+  }
+  EXPECT_GT(last, 0.97);
+}
+
+// A cluster's GPUs of one model run their tensor-core work at the slowest of all of them
+// (gpu.clock_spread): GEMMs and attention take 1 / share as long, memory-bound kernels
+// keep the HBM's rate; each model counts its own GPUs; a profile without a spread is alone.
+TEST(ClockSpread, AClusterRunsEachModelAtItsSlowestGpu) {
+  const SystemProfile h100 = builtin("dgx-h100");
+  ASSERT_GT(h100.gpu.clock_spread, 0);
+  EXPECT_EQ(h100.gpu.compute_scale, 1.0);                     // a profile on its own
+  EXPECT_EQ(builtin("dgx-a100-80gb").gpu.clock_spread, 0.0);  // not measured
+  const ClusterSpec c = cluster_of(R"({"node_groups": [{"profile": "dgx-h100", "nodes": 2},
+                                                       {"profile": "dgx-a100-80gb", "nodes": 4},
+                                                       {"profile": "dgx-h100", "nodes": 30}]})");
+  const double share = slowest_rate_share(h100.gpu.clock_spread, 32 * 8);
+  const DeviceProfile& job = c.groups()[0].profile.gpu;
+  EXPECT_EQ(job.compute_scale, share);
+  EXPECT_EQ(c.groups()[2].profile.gpu.compute_scale, share);
+  EXPECT_EQ(c.groups()[1].profile.gpu.compute_scale, 1.0);
+  EXPECT_NEAR(share, 1 - 0.0046 * 2.8, 0.001);
+  // A compute-bound GEMM and the attention: the rate times the share (the launch aside).
+  const Time launch = h100.gpu.gemm_launch_overhead;
+  const Time alone = h100.gpu.gemm_time(8192, 8192, 8192, 1, Precision::kBf16) - launch;
+  const Time slowest = job.gemm_time(8192, 8192, 8192, 1, Precision::kBf16) - launch;
+  EXPECT_NEAR(alone.to_seconds() / slowest.to_seconds(), share, 1e-9);
+  const Flops f(1e15);
+  EXPECT_NEAR((h100.gpu.attention_time(f, Precision::kBf16, true, 8192) - launch).to_seconds() /
+                  (job.attention_time(f, Precision::kBf16, true, 8192) - launch).to_seconds(),
+              share, 1e-9);
+  EXPECT_EQ(job.memory_kernel_time(Bytes::GiB(1)), h100.gpu.memory_kernel_time(Bytes::GiB(1)));
+  // A measured table (a calibrated profile) holds one GPU's rates: the job's slowest still
+  // runs below them.
+  SystemProfile measured = h100;
+  measured.gpu.gemm_measured[precision_index(Precision::kBf16)] = {
+      {8192, 8192, 8192, FlopRate::tflops(700)}};
+  DeviceProfile measured_job = measured.gpu;
+  measured_job.compute_scale = share;
+  EXPECT_NEAR(measured.gpu.gemm_time(8192, 8192, 8192, 1, Precision::kBf16).to_seconds(),
+              2.0 * 8192 * 8192 * 8192 / 700e12, 1e-9);
+  EXPECT_LT(measured_job.gemm_time(8192, 8192, 8192, 1, Precision::kBf16).to_seconds() * share,
+            2.0 * 8192 * 8192 * 8192 / 700e12 + 1e-9);
+  EXPECT_GT(measured_job.gemm_time(8192, 8192, 8192, 1, Precision::kBf16),
+            measured.gpu.gemm_time(8192, 8192, 8192, 1, Precision::kBf16));
+  // The field round-trips through a profile file.
+  Result<SystemProfile> back = parse_profile_text(profile_to_json_text(h100), "h100.json");
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+  EXPECT_EQ(back->gpu.clock_spread, h100.gpu.clock_spread);
 }
 
 TEST(Cluster, MixedGroupsFromBuiltinsAndFiles) {
@@ -725,9 +790,11 @@ TEST(Cluster, NvlsOffRunsTheIntraNodeAllReduceAsTheProfilesRing) {
   EXPECT_EQ(off.collective(CollectiveScope::kIntraNode, Collective::kAllGather),
             h100.collective(CollectiveScope::kIntraNode, Collective::kAllGather));
   EXPECT_EQ(c.groups()[1].profile, builtin("dgx-a100-80gb"));  // no NVLS to switch off
-  // nvls true (or unset) keeps NVLS.
+  // nvls true (or unset) keeps NVLS; the one node's 8 GPUs run at their slowest's rate.
+  SystemProfile h100_node = h100;
+  h100_node.gpu.compute_scale = slowest_rate_share(h100.gpu.clock_spread, 8);
   EXPECT_EQ(cluster_of(R"({"profile": "dgx-h100", "nodes": 1, "nvls": true})").groups()[0].profile,
-            h100);
+            h100_node);
   // The B200 profile has NVLS and no ring figure (no NVLink 5 ring sweep was found):
   // refused, naming what is missing.
   Result<ClusterSpec> r = parse_cluster(

@@ -283,6 +283,9 @@ class Builder {
     // kernels alone); the base profile's figure, else none.
     if (g.collective_overlap_slowdown > 0)
       mark(p, "gpu.collective_overlap_slowdown", from_base("collective overlap slowdown"));
+    // The spread of the clock across a job's GPUs: not measured (one calibration times
+    // every rank's kernels alike); the base profile's figure, else none.
+    if (g.clock_spread > 0) mark(p, "gpu.clock_spread", from_base("clock spread across GPUs"));
 
     // GEMM: measured precisions get the table and eta_max; a cpu fp32 measurement also
     // stands for bf16 (the cpu backend computes every dtype in fp32).

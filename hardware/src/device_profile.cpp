@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <boost/math/distributions/normal.hpp>
 #include <cmath>
 #include <limits>
 
@@ -30,9 +31,9 @@ double DeviceProfile::eta_max(Precision p) const {
 }
 
 double DeviceProfile::model_gemm_seconds(int64_t m, int64_t n, int64_t k, int64_t batch,
-                                         Precision p) const {
+                                         Precision p, double rate_scale) const {
   const PrecisionRate& rate = *compute[precision_index(p)];
-  const double sm_flops = rate.peak.per_second() * rate.eta_max *
+  const double sm_flops = rate.peak.per_second() * rate.eta_max * rate_scale *
                           curve_factor(gemm_k_scale[precision_index(p)], k) / sm_count;
   const double mem_bps = memory_bandwidth.bytes_per_s() * memory_efficiency;
   const double b = static_cast<double>(batch);
@@ -70,7 +71,7 @@ Time DeviceProfile::gemm_time(int64_t m, int64_t n, int64_t k, int64_t batch, Pr
     return gemm_accumulate_exposed * 8.0 * static_cast<double>(om) * static_cast<double>(on) *
            static_cast<double>(ob) / (memory_bandwidth.bytes_per_s() * memory_efficiency);
   };
-  const Time modelled = Time::seconds(model_gemm_seconds(m, n, k, batch, p) +
+  const Time modelled = Time::seconds(model_gemm_seconds(m, n, k, batch, p, compute_scale) +
                                       (accumulate_fp32 ? exposed_output_s(m, n, batch) : 0.0)) +
                         gemm_launch_overhead;
   const std::vector<GemmMeasurement>& measured =
@@ -102,7 +103,8 @@ Time DeviceProfile::gemm_time(int64_t m, int64_t n, int64_t k, int64_t batch, Pr
   auto log_ratio = [&](const GemmMeasurement& g) {
     const double measured_s = 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) *
                               static_cast<double>(g.k) / g.rate.per_second();
-    const double model_s = model_gemm_seconds(g.m, g.n, g.k, 1, p) +
+    // The measurement is of one GPU, so against the model of one GPU (no job's slowest).
+    const double model_s = model_gemm_seconds(g.m, g.n, g.k, 1, p, 1.0) +
                            (accumulate_table ? exposed_output_s(g.m, g.n, 1) : 0.0) +
                            gemm_launch_overhead.to_seconds();
     return std::log(measured_s / model_s);
@@ -163,7 +165,7 @@ Time DeviceProfile::attention_time(Flops flops, Precision p, bool backward, int6
   const double bwd_eff = rates ? rates->bwd_efficiency : attention_bwd_efficiency;
   const std::vector<CurvePoint>& fwd_scale = rates ? rates->fwd_seq_scale : attention_fwd_seq_scale;
   const std::vector<CurvePoint>& bwd_scale = rates ? rates->bwd_seq_scale : attention_bwd_seq_scale;
-  const FlopRate sustained = peak(p) * attention_sustain;
+  const FlopRate sustained = peak(p) * (attention_sustain * compute_scale);
   if (!backward)
     return flops / (sustained * fwd_eff * curve_factor(fwd_scale, seq_kv)) + gemm_launch_overhead;
   // The backward efficiency is quoted as FlashAttention's benchmarks count it: 2.5x the
@@ -180,6 +182,14 @@ Time DeviceProfile::memory_time(Bytes bytes) const {
 Time DeviceProfile::memory_kernel_time(Bytes bytes) const {
   if (bytes.count() <= 0) return Time::zero();
   return memory_time(bytes) + gemm_launch_overhead;
+}
+
+double slowest_rate_share(double spread, int64_t n) {
+  HETPAR_CHECK(n >= 1 && spread >= 0 && spread <= 0.2, "{} GPUs, spread {}", n, spread);
+  if (n == 1 || spread == 0) return 1.0;
+  const double nd = static_cast<double>(n);
+  const double z = boost::math::quantile(boost::math::normal(), (nd - 0.375) / (nd + 0.25));
+  return 1.0 - spread * z;
 }
 
 }  // namespace hetpar::hardware

@@ -113,6 +113,7 @@ void read_gpu(JsonReader r, DeviceProfile& g, JsonReader& parent) {
   g.memory_efficiency = r.required_double("memory_efficiency");
   g.host_link = from_GBps(read_quantity(r, "host_link_GBps"));
   g.collective_overlap_slowdown = r.optional_double("collective_overlap_slowdown", 0, 0, 1);
+  g.clock_spread = r.optional_double("clock_spread", 0, 0, 0.2);
 
   JsonReader compute = r.object("compute");
   if (const nlohmann::json* cj = r.raw("compute"); cj && cj->is_object()) {
@@ -445,6 +446,7 @@ nlohmann::json profile_to_json(const SystemProfile& p) {
   };
   if (p.inter_node.collective_sms > 0)
     j["inter_node"]["collective_sms"] = p.inter_node.collective_sms;
+  if (p.gpu.clock_spread > 0) j["gpu"]["clock_spread"] = p.gpu.clock_spread;
   if (p.wan) j["wan"] = wan_to_json(*p.wan);
   if (p.host_op > Time::zero()) j["host"] = {{"op_us", to_us(p.host_op)}};
   nlohmann::json colls = nlohmann::json::array();

@@ -170,6 +170,10 @@ Status validate_profile(const SystemProfile& p) {
   if (!(g.collective_overlap_slowdown >= 0 && g.collective_overlap_slowdown <= 1))
     c.fail("gpu.collective_overlap_slowdown",
            fmt::format("must be in [0, 1], got {}", g.collective_overlap_slowdown));
+  if (!(g.clock_spread >= 0 && g.clock_spread <= 0.2))
+    c.fail("gpu.clock_spread", fmt::format("must be in [0, 0.2], got {}", g.clock_spread));
+  if (!(g.compute_scale > 0 && g.compute_scale <= 1))
+    c.fail("gpu.compute_scale", fmt::format("must be in (0, 1], got {}", g.compute_scale));
   if (!g.supports(Precision::kBf16)) c.fail("gpu.compute.bf16", "missing required precision");
   for (Precision prec : kAllPrecisions) {
     if (!g.supports(prec)) continue;
@@ -306,6 +310,7 @@ std::vector<std::string> missing_provenance(const SystemProfile& p) {
     fields.push_back(fmt::format("gpu.attention.alternatives.{}", to_string(k)));
   if (p.intra_node.nvls) fields.push_back("intra_node.nvls_min_group");
   if (p.gpu.collective_overlap_slowdown > 0) fields.push_back("gpu.collective_overlap_slowdown");
+  if (p.gpu.clock_spread > 0) fields.push_back("gpu.clock_spread");
   if (p.inter_node.collective_sms > 0) fields.push_back("inter_node.collective_sms");
   if (p.gpu.attention_sustain != 1.0) fields.push_back("gpu.attention.sustain");
   if (p.gpu.gemm_accumulate_exposed != 0) fields.push_back("gpu.gemm.accumulate_exposed");

@@ -51,7 +51,8 @@ class ClusterSpec {
   /// rescales the profile's inter-node bus bandwidths with the NIC capacity: the node's
   /// aggregate for ring-like collectives, one NIC for all_to_all and send_recv. NVLS
   /// switched off replaces an NVLS profile's intra-node all_reduce figure by its ring's
-  /// (an error naming the profile where it has none).
+  /// (an error naming the profile where it has none). Each group's GPU runs its tensor-core
+  /// work at the slowest of the cluster's GPUs of its model (DeviceProfile::compute_scale).
   static Result<ClusterSpec> create(std::vector<NodeGroup> groups, ClusterOverrides overrides = {});
 
   const std::vector<NodeGroup>& groups() const { return groups_; }

@@ -130,6 +130,15 @@ struct DeviceProfile {
   /// Compute kernels take (1 + this) times as long while a collective of this GPU runs
   /// (NCCL's kernels occupy SMs and memory bandwidth); 0 = overlap is free.
   double collective_overlap_slowdown = 0;
+  /// Relative standard deviation of the sustained SM clock across GPUs of this model under a
+  /// training load (gpu.clock_spread; 0: not modelled). Tensor-core work runs at the clock,
+  /// so in a job the GPUs' rates spread alike, and a synchronous job runs at its slowest.
+  double clock_spread = 0;
+  /// The share of the tensor-core rates above that the slowest of the job's GPUs of this
+  /// model sustains (ClusterSpec::create sets it from clock_spread and their count; 1 for a
+  /// profile on its own). gemm_time() and attention_time() include it; memory-bound kernels
+  /// run at the HBM's rate, which the SM clock does not set.
+  double compute_scale = 1.0;
 
   bool operator==(const DeviceProfile&) const = default;
 
@@ -180,8 +189,16 @@ struct DeviceProfile {
   Bandwidth effective_memory_bandwidth() const { return memory_bandwidth * memory_efficiency; }
 
  private:
-  /// The tile / roofline model of gemm_time() without launch overhead and measurements.
-  double model_gemm_seconds(int64_t m, int64_t n, int64_t k, int64_t batch, Precision p) const;
+  /// The tile / roofline model of gemm_time() without launch overhead and measurements, the
+  /// tensor-core rate times `rate_scale`.
+  double model_gemm_seconds(int64_t m, int64_t n, int64_t k, int64_t batch, Precision p,
+                            double rate_scale) const;
 };
+
+/// The share of the mean GPU's rate that the slowest of `n` GPUs sustains when their rates
+/// spread normally with relative standard deviation `spread`: 1 - spread * z_n, z_n the
+/// expected largest of n standard normal draws (Blom's approximation, Phi^-1((n - 0.375) /
+/// (n + 0.25)): 0 for one GPU, 1.42 for 8, 3.4 for 2048). REQUIRES n >= 1, 0 <= spread <= 0.2.
+double slowest_rate_share(double spread, int64_t n);
 
 }  // namespace hetpar::hardware

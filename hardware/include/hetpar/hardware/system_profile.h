@@ -15,6 +15,9 @@
 //             "host_link_GBps": 55.4,       // PCIe per direction, achievable
 //             "collective_overlap_slowdown": 0.189,  // optional (0): compute under a
 //                                           // collective takes (1 + this) x as long
+//             "clock_spread": 0.0047,       // optional (0): relative std of the sustained
+//                                           // clock across GPUs; a job of N runs its
+//                                           // tensor-core work at its slowest's rate
 //             "compute": {"bf16": {"peak_tflops": 989.4, "eta_max": 0.803}, ...},
 //                                           // dense peaks; keys fp32|tf32|bf16|fp16|fp8;
 //                                           // bf16 required, absent = unsupported
