@@ -80,6 +80,7 @@ json samples_json(const Samples& s) {
     j["dtype"] = runtime::to_string(g.dtype);
     if (g.accumulate_fp32) j["into_fp32"] = true;  // beta 1, fp32 C
     j["gflops"] = g.flops_per_s() / 1e9;
+    if (!g.rank_median_s.empty()) j["rank_median_s"] = g.rank_median_s;  // each GPU's own
     gemm.push_back(j);
   }
   json att = json::array();

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <tuple>
 
@@ -283,9 +284,7 @@ class Builder {
     // kernels alone); the base profile's figure, else none.
     if (g.collective_overlap_slowdown > 0)
       mark(p, "gpu.collective_overlap_slowdown", from_base("collective overlap slowdown"));
-    // The spread of the clock across a job's GPUs: not measured (one calibration times
-    // every rank's kernels alike); the base profile's figure, else none.
-    if (g.clock_spread > 0) mark(p, "gpu.clock_spread", from_base("clock spread across GPUs"));
+    clock_spread(p);
 
     // GEMM: measured precisions get the table and eta_max; a cpu fp32 measurement also
     // stands for bf16 (the cpu backend computes every dtype in fp32).
@@ -368,6 +367,44 @@ class Builder {
       }
     }
     return Status::ok();
+  }
+
+  // gpu.clock_spread: where every rank timed its own GPU through sustained GEMMs, the
+  // spread of their rates, as the median over the largest quarter of the plain GEMMs (by
+  // FLOPs: the compute-bound ones, whose rate is the clock's) of the ranks' relative
+  // standard deviation (n - 1), clamped to 0.2; else the base's figure. Burst timings do
+  // not count: a GPU spreads at its power limit, where a training step holds it.
+  void clock_spread(SystemProfile& p) {
+    std::vector<const GemmSample*> spread;
+    for (const GemmSample& gs : s_.gemms)
+      if (!gs.accumulate_fp32 && gs.rank_median_s.size() >= 2) spread.push_back(&gs);
+    if (s_.gemm_sustain_s <= 0 || spread.empty()) {
+      if (p.gpu.clock_spread > 0)
+        mark(p, "gpu.clock_spread", from_base("clock spread across GPUs"));
+      return;
+    }
+    std::sort(spread.begin(), spread.end(), [](const GemmSample* a, const GemmSample* b) {
+      return a->dims.flops() > b->dims.flops();
+    });
+    spread.resize((spread.size() + 3) / 4);
+    std::vector<double> rel;
+    for (const GemmSample* gs : spread) {
+      std::vector<double> rates;
+      for (double t : gs->rank_median_s) rates.push_back(1.0 / t);
+      const double n = static_cast<double>(rates.size());
+      double mean = 0, var = 0;
+      for (double r : rates) mean += r / n;
+      for (double r : rates) var += (r - mean) * (r - mean) / (n - 1);
+      rel.push_back(std::sqrt(var) / mean);
+    }
+    p.gpu.clock_spread = std::min(quantile(rel, 0.5), 0.2);
+    mark(p, "gpu.clock_spread",
+         fmt::format("{}: the relative standard deviation of {} ranks' sustained GEMM rates "
+                     "(each rank its own GPU), the median over the {} largest GEMMs, {:.4f} to "
+                     "{:.4f}",
+                     measured_, spread.front()->rank_median_s.size(), rel.size(),
+                     *std::min_element(rel.begin(), rel.end()),
+                     *std::max_element(rel.begin(), rel.end())));
   }
 
   // gpu.gemm.accumulate_exposed: the median over the GEMMs measured both ways of

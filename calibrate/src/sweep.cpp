@@ -268,11 +268,16 @@ class Runner {
   }
 
   // Pools the repetitions of every computing rank (all of them, or rank 0 alone).
-  Result<TimingStats> pooled(const std::vector<double>& reps) {
+  // `rank_medians` (optional): each rank's own median, where every rank computes.
+  Result<TimingStats> pooled(const std::vector<double>& reps,
+                             std::vector<double>* rank_medians = nullptr) {
     if (!plan_.compute_on_every_rank) return summarize(reps);
     HETPAR_ASSIGN_OR_RETURN(auto all, gather(reps));
     std::vector<double> flat;
-    for (const auto& v : all) flat.insert(flat.end(), v.begin(), v.end());
+    for (const auto& v : all) {
+      flat.insert(flat.end(), v.begin(), v.end());
+      if (rank_medians && world_n_ > 1) rank_medians->push_back(summarize(v).median_s);
+    }
     return summarize(flat);
   }
 
@@ -286,7 +291,7 @@ class Runner {
   // Times one GEMM, pooled over the computing ranks; nullopt when the backend has no kernel
   // for it (cuBLASLt's FP8 needs 16-byte-aligned leading dimensions): left out with a note,
   // every rank alike (the same GPU, the same answer), rather than ending the calibration.
-  Result<std::optional<TimingStats>> time_gemm(const runtime::GemmDesc& g, bool flush) {
+  Result<std::optional<GemmSample>> time_gemm(const runtime::GemmDesc& g, bool flush) {
     HETPAR_ASSIGN_OR_RETURN(Buffer a, random_buffer(g.m * g.k, g.dtype, 1));
     HETPAR_ASSIGN_OR_RETURN(Buffer bm, random_buffer(g.k * g.n, g.dtype, 2));
     HETPAR_ASSIGN_OR_RETURN(Buffer c, random_buffer(g.m * g.n, g.c_dtype(), 3));
@@ -296,15 +301,19 @@ class Runner {
         fmt::print(stderr, "calibrate: {} GEMM {}x{}x{}{} left out: {}\n",
                    runtime::to_string(g.dtype), g.m, g.n, g.k, g.fp32_c ? " into fp32" : "",
                    probe.message());
-      return std::optional<TimingStats>();
+      return std::optional<GemmSample>();
     } else {
       HETPAR_RETURN_IF_ERROR(probe);
     }
     const auto run = [&] { return b_.gemm(kComputeStream, g, a, bm, c); };
     const bool sustain = flush && plan_.gemm_sustain_s > 0;  // not the call-overhead probe
     HETPAR_ASSIGN_OR_RETURN(auto reps, sustain ? time_sustained(run) : time_local(run, flush));
-    HETPAR_ASSIGN_OR_RETURN(TimingStats st, pooled(reps));
-    return std::optional<TimingStats>(st);
+    GemmSample sample;
+    sample.dims = {g.m, g.n, g.k};
+    sample.dtype = g.dtype;
+    sample.accumulate_fp32 = g.fp32_c;
+    HETPAR_ASSIGN_OR_RETURN(sample.t, pooled(reps, &sample.rank_median_s));
+    return std::optional<GemmSample>(std::move(sample));
   }
 
   Status gemms() {
@@ -319,8 +328,8 @@ class Runner {
         // operands fit in 64 KiB: their time is the per-call overhead (the profile's launch
         // time), which a flush would inflate with cold code and TLB misses.
         const bool tiny = (d.m * d.k + d.k * d.n + d.m * d.n) * runtime::dtype_bytes(t) < 64 * 1024;
-        HETPAR_ASSIGN_OR_RETURN(std::optional<TimingStats> st, time_gemm(g, !tiny));
-        if (st) s_.gemms.push_back({d, t, *st});
+        HETPAR_ASSIGN_OR_RETURN(std::optional<GemmSample> st, time_gemm(g, !tiny));
+        if (st) s_.gemms.push_back(*std::move(st));
       }
     }
     for (const AccumulateGemm& ag : plan_.accumulate_gemms) {
@@ -333,8 +342,8 @@ class Runner {
                                 .dtype = ag.dtype,
                                 .beta = 1.0f,
                                 .fp32_c = true};
-      HETPAR_ASSIGN_OR_RETURN(std::optional<TimingStats> st, time_gemm(g, true));
-      if (st) s_.gemms.push_back({d, ag.dtype, *st, true});
+      HETPAR_ASSIGN_OR_RETURN(std::optional<GemmSample> st, time_gemm(g, true));
+      if (st) s_.gemms.push_back(*std::move(st));
     }
     return Status::ok();
   }

@@ -30,6 +30,15 @@ SweepPlan small_plan() {
   return p;
 }
 
+// Options for a profile on the built-in H100's datasheet and unmeasured figures.
+ProfileOptions h100_based(std::string date) {
+  ProfileOptions o;
+  o.base = *hardware::load_profile("dgx-h100");
+  o.base_ref = "dgx-h100";
+  o.date = std::move(date);
+  return o;
+}
+
 Samples sweep(FakeBackend& b, const SweepPlan& plan) {
   int calls = 0, last_total = 0;
   Result<Samples> s = run_sweeps(b, plan, [&](std::string_view, int done, int total) {
@@ -391,6 +400,43 @@ TEST(CalibratedProfile, ARunWithNvlsDisabledMeasuresTheRingWithoutNvls) {
 // The weight-gradient GEMMs measured adding into fp32 fill their own table, which only such
 // GEMMs read; the plain table and eta_max come from the plain samples alone. --sustain is
 // recorded in the provenance.
+// Every rank timing its own GPU through sustained GEMMs measures the spread of a job's GPUs
+// (gpu.clock_spread): the ranks' relative standard deviation over the largest quarter of
+// the plain GEMMs (their median); burst timings, or one rank, keep the base's figure.
+TEST(CalibratedProfile, RanksSustainedGemmRatesGiveTheClockSpread) {
+  FakeModel m;
+  FakeBackend b(1, m);
+  SweepPlan plan = small_plan();
+  plan.gemm_dtypes = {runtime::DType::kBf16};
+  plan.gemms = {{8, 8, 8}, {256, 256, 256}, {1024, 1024, 1024}, {2048, 2048, 2048}};
+  plan.gemm_sustain_s = 0.01;
+  Samples s = sweep(b, plan);
+  ASSERT_EQ(s.gemms.size(), 4u);
+  for (const GemmSample& g : s.gemms) EXPECT_TRUE(g.rank_median_s.empty());  // one rank
+  // Four GPUs, one 2% faster and one 2% slower than the other two: rates 1.02, 1, 1, 0.98
+  // (relative std sqrt(0.0008 / 3) = 0.01633) on the largest GEMM; the smaller ones, which
+  // the median over the largest quarter leaves out, spread more.
+  for (GemmSample& g : s.gemms) {
+    const double t = g.t.median_s;
+    g.rank_median_s = g.dims.m == 2048 ? std::vector<double>{t / 1.02, t, t, t / 0.98}
+                                       : std::vector<double>{t / 1.2, t, t, t / 0.8};
+  }
+  const Fits f = *fit_samples(s);
+  const ProfileOptions o = h100_based("2026-12-05T00:00:00Z");
+  Result<hardware::SystemProfile> p = build_profile(s, f, o);
+  ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+  EXPECT_NEAR(p->gpu.clock_spread, std::sqrt(0.0008 / 3), 1e-9);
+  EXPECT_NE(p->provenance.at("gpu.clock_spread").find("4 ranks' sustained GEMM rates"),
+            std::string::npos);
+  EXPECT_EQ(hardware::missing_provenance(*p), std::vector<std::string>{});
+  // Burst timings: the base's figure.
+  s.gemm_sustain_s = 0;
+  Result<hardware::SystemProfile> burst = build_profile(s, f, o);
+  ASSERT_TRUE(burst.is_ok()) << burst.status().to_string();
+  EXPECT_EQ(burst->gpu.clock_spread, o.base->gpu.clock_spread);
+  EXPECT_NE(burst->provenance.at("gpu.clock_spread").find("dgx-h100"), std::string::npos);
+}
+
 TEST(CalibratedProfile, AccumulatingGemmsGetTheirOwnTable) {
   FakeModel m;
   m.gemm_peak = 400e12;
@@ -410,11 +456,7 @@ TEST(CalibratedProfile, AccumulatingGemmsGetTheirOwnTable) {
   ASSERT_EQ(f.gemm.size(), 1u);
   ASSERT_EQ(f.gemm_accumulate.size(), 1u);
   EXPECT_EQ(f.gemm[0].shapes, 2);
-  ProfileOptions o;
-  o.base = *hardware::load_profile("dgx-h100");
-  o.base_ref = "dgx-h100";
-  o.date = "2026-12-02T00:00:00Z";
-  Result<hardware::SystemProfile> p = build_profile(s, f, o);
+  Result<hardware::SystemProfile> p = build_profile(s, f, h100_based("2026-12-02T00:00:00Z"));
   ASSERT_TRUE(p.is_ok()) << p.status().to_string();
   EXPECT_EQ(hardware::missing_provenance(*p), std::vector<std::string>{});
   const size_t bf16 = hardware::precision_index(Precision::kBf16);

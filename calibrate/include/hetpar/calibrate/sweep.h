@@ -18,7 +18,8 @@
 // Compute sweeps run on rank 0 only unless compute_on_every_rank: on the cpu backend the
 // ranks share cores and memory, so concurrent GEMMs would measure the contention of
 // oversubscription, not the device; on GPUs every rank measures its own GPU concurrently
-// and the repetitions of all ranks are pooled (GPU-to-GPU spread shows in p10/p90).
+// and the repetitions of all ranks are pooled (GPU-to-GPU spread shows in p10/p90; each
+// rank's own GEMM median is kept too, GemmSample::rank_median_s).
 //
 // Size conventions are nccl-tests' (calibration.md 2.5): all_reduce and broadcast S = the
 // buffer, all_gather / reduce_scatter S = the whole gathered / scattered array,
@@ -95,6 +96,9 @@ struct GemmSample {
   runtime::DType dtype = runtime::DType::kBf16;
   TimingStats t;
   bool accumulate_fp32 = false;  // an AccumulateGemm
+  /// Each rank's own median time, where every rank timed its own device (compute on every
+  /// rank, more than one rank): the spread of a job's GPUs; empty otherwise.
+  std::vector<double> rank_median_s;
   double flops_per_s() const { return dims.flops() / t.median_s; }
 };
 
