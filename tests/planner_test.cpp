@@ -143,6 +143,12 @@ TEST(Summary, AddsUpModulesAndClusterPeak) {
   EXPECT_GT(sum.modules[2].forward_per_sample.count(), two_n_s);
   EXPECT_LT(sum.modules[2].forward_per_sample.count(), 1.15 * two_n_s);
   EXPECT_DOUBLE_EQ(sum.cluster_peak.to_tflops(), 64 * 989.4);
+  // The cluster's 64 H100s run their GEMMs at the slowest one's rate (gpu.clock_spread).
+  ASSERT_EQ(sum.groups.size(), 1u);
+  EXPECT_EQ(sum.groups[0].gpus_of_model, 64);
+  EXPECT_EQ(sum.groups[0].slowest_gpu_rate,
+            hardware::slowest_rate_share(sum.groups[0].clock_spread, 64));
+  EXPECT_LT(sum.groups[0].slowest_gpu_rate, 1.0);
   EXPECT_EQ(sum.ideal_iteration_time, sum.model_flops_per_iteration / sum.cluster_peak);
 }
 

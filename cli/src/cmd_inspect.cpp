@@ -45,6 +45,11 @@ void print_text(const planner::ScenarioSummary& s) {
         g.nodes, g.profile, g.gpus_per_node, g.gpu_model, g.peak_per_gpu,
         hardware::to_string(w.precision), g.memory_per_gpu, g.memory_bandwidth_per_gpu,
         g.intra_node_per_gpu, g.nvls ? " (NVLS)" : "", g.nics_per_node, g.nic_bandwidth);
+    if (g.slowest_gpu_rate < 1)
+      fmt::print(
+          "    GEMMs and attention at {:.1f}% of one GPU's rate: the slowest of the cluster's {} "
+          "{} (clock spread {:.2f}%)\n",
+          100 * g.slowest_gpu_rate, g.gpus_of_model, g.gpu_model, 100 * g.clock_spread);
     if (g.wan)
       fmt::print("    WAN link per node: up {}, down {}, latency {}\n", g.wan->up, g.wan->down,
                  g.wan->latency);

@@ -39,6 +39,7 @@ std::string summary_to_json(const planner::ScenarioSummary& s) {
                       {"nodes", g.nodes},
                       {"gpus_per_node", g.gpus_per_node},
                       {"peak_flops_per_gpu", g.peak_per_gpu.per_second()},
+                      {"slowest_gpu_rate", g.slowest_gpu_rate},
                       {"memory_bytes_per_gpu", g.memory_per_gpu.count()},
                       {"memory_bandwidth_Bps", g.memory_bandwidth_per_gpu.bytes_per_s()},
                       {"intra_node_bandwidth_Bps", g.intra_node_per_gpu.bytes_per_s()},

@@ -57,6 +57,10 @@ ScenarioSummary summarize(const Scenario& s) {
     gs.nodes = g.nodes;
     gs.gpus_per_node = p.gpus_per_node;
     gs.peak_per_gpu = p.gpu.peak(s.workload.precision);
+    gs.slowest_gpu_rate = p.gpu.compute_scale;
+    gs.clock_spread = p.gpu.clock_spread;
+    for (const hardware::NodeGroup& h : s.cluster.groups())
+      if (h.profile.gpu.model == p.gpu.model) gs.gpus_of_model += h.nodes * h.profile.gpus_per_node;
     gs.memory_per_gpu = p.gpu.memory_capacity;
     gs.memory_bandwidth_per_gpu = p.gpu.memory_bandwidth;
     gs.intra_node_per_gpu = p.intra_node.bandwidth;

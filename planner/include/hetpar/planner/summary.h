@@ -32,6 +32,11 @@ struct NodeGroupSummary {
   int nodes = 0;
   int gpus_per_node = 0;
   FlopRate peak_per_gpu;  // at the workload's precision
+  /// The share of one GPU's tensor-core rate the slowest of the cluster's GPUs of this
+  /// model sustains (DeviceProfile::compute_scale, from gpu.clock_spread; 1: no spread).
+  double slowest_gpu_rate = 1.0;
+  double clock_spread = 0;
+  int gpus_of_model = 0;  // the cluster's GPUs of this model, of which that is the slowest
   Bytes memory_per_gpu;
   Bandwidth memory_bandwidth_per_gpu;
   Bandwidth intra_node_per_gpu;  // one direction
