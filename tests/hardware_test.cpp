@@ -659,6 +659,8 @@ TEST(ClockSpread, AClusterRunsEachModelAtItsSlowestGpu) {
   const ClusterSpec c = cluster_of(R"({"node_groups": [{"profile": "dgx-h100", "nodes": 2},
                                                        {"profile": "dgx-a100-80gb", "nodes": 4},
                                                        {"profile": "dgx-h100", "nodes": 30}]})");
+  EXPECT_EQ(c.gpus_of_model(h100.gpu.model), 32 * 8);
+  EXPECT_EQ(c.gpus_of_model("A100-SXM4-80GB"), 4 * 8);
   const double share = slowest_rate_share(h100.gpu.clock_spread, 32 * 8);
   const DeviceProfile& job = c.groups()[0].profile.gpu;
   EXPECT_EQ(job.compute_scale, share);

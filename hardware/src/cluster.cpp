@@ -121,18 +121,21 @@ Result<ClusterSpec> ClusterSpec::create(std::vector<NodeGroup> groups, ClusterOv
     c.group_first_node_.push_back(static_cast<int>(nodes));
     c.group_first_gpu_.push_back(static_cast<int>(gpus));
   }
-  // A synchronous job runs at its slowest GPU (DeviceProfile::clock_spread): each model's
-  // tensor-core rates are those of the slowest of the cluster's GPUs of that model.
-  for (NodeGroup& g : groups) {
-    int64_t n = 0;
-    for (const NodeGroup& h : groups)
-      if (h.profile.gpu.model == g.profile.gpu.model)
-        n += int64_t{h.nodes} * h.profile.gpus_per_node;
-    g.profile.gpu.compute_scale = slowest_rate_share(g.profile.gpu.clock_spread, n);
-  }
   c.groups_ = std::move(groups);
   c.overrides_ = std::move(overrides);
+  // A synchronous job runs at its slowest GPU (DeviceProfile::clock_spread): each model's
+  // tensor-core rates are those of the slowest of the cluster's GPUs of that model.
+  for (NodeGroup& g : c.groups_)
+    g.profile.gpu.compute_scale =
+        slowest_rate_share(g.profile.gpu.clock_spread, c.gpus_of_model(g.profile.gpu.model));
   return c;
+}
+
+int ClusterSpec::gpus_of_model(std::string_view model) const {
+  int n = 0;  // at most kMaxClusterGpus
+  for (const NodeGroup& g : groups_)
+    if (g.profile.gpu.model == model) n += g.nodes * g.profile.gpus_per_node;
+  return n;
 }
 
 bool ClusterSpec::homogeneous() const {

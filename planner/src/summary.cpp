@@ -59,8 +59,7 @@ ScenarioSummary summarize(const Scenario& s) {
     gs.peak_per_gpu = p.gpu.peak(s.workload.precision);
     gs.slowest_gpu_rate = p.gpu.compute_scale;
     gs.clock_spread = p.gpu.clock_spread;
-    for (const hardware::NodeGroup& h : s.cluster.groups())
-      if (h.profile.gpu.model == p.gpu.model) gs.gpus_of_model += h.nodes * h.profile.gpus_per_node;
+    gs.gpus_of_model = s.cluster.gpus_of_model(p.gpu.model);
     gs.memory_per_gpu = p.gpu.memory_capacity;
     gs.memory_bandwidth_per_gpu = p.gpu.memory_bandwidth;
     gs.intra_node_per_gpu = p.intra_node.bandwidth;

@@ -59,6 +59,8 @@ class ClusterSpec {
   const ClusterOverrides& overrides() const { return overrides_; }
   int num_nodes() const { return group_first_node_.back(); }
   int total_gpus() const { return group_first_gpu_.back(); }
+  /// The cluster's GPUs of this model (DeviceProfile::model), over every group.
+  int gpus_of_model(std::string_view model) const;
   /// True when every node has the same profile.
   bool homogeneous() const;
 
