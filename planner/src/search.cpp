@@ -16,6 +16,7 @@
 
 #include "hetpar/core/format.h"
 #include "hetpar/planner/cost_model.h"
+#include "hetpar/planner/deepep.h"
 #include "hetpar/planner/lower.h"
 #include "hetpar/planner/memory.h"
 #include "hetpar/planner/network_builder.h"
@@ -963,6 +964,9 @@ class Searcher {
             eps.clear();
             for (int ep = 1; ep <= ep_ranks; ep *= 2)
               if (ep_ranks % ep == 0 && moe_experts_ % ep == 0) eps.push_back(ep);
+            if (fx.ep && std::find(eps.begin(), eps.end(), *fx.ep) == eps.end() &&
+                ep_ranks % *fx.ep == 0)
+              eps.push_back(*fx.ep);  // a fixed non-power-of-two: infeasibility() judges it
           }
           std::vector<CpComm> comms{CpComm::kP2P};
           if (cp > 1 && fx.any_cp_comm) comms.push_back(CpComm::kAllGather);
@@ -1103,8 +1107,9 @@ class Searcher {
         out.push_back(std::move(b));
       }
       // search.llm.moe_dispatcher "any": each of these with DeepEP too, where it applies
-      // (ep > 1, whole experts, dropless).
-      if (fx.any_moe_dispatcher && lay.ep > 1 && lay.expert_tp() == 1 &&
+      // (ep > 1 of a size DeepEP configures, whole experts, dropless). Groups across nodes
+      // that do not take whole nodes depend on the placement: infeasibility() rejects them.
+      if (fx.any_moe_dispatcher && lay.ep > 1 && deepep_supports(lay.ep) && lay.expert_tp() == 1 &&
           lay.moe_capacity_factor <= 0)
         for (size_t i = from, to = out.size(); i < to; ++i) {
           Base d = out[i];

@@ -486,24 +486,31 @@ TEST(Search, InterleavesWithTheSmallestMicroBatchGroupWherePpDoesNotDivide) {
       << describe(homogeneous.best->plan);
 }
 
+// A MoE LLM alone (hidden 1024, `experts` experts of top 2) on `nodes` DGX H100 nodes, its
+// search section's llm fields `llm` (JSON members).
+Scenario moe_search(int experts, int nodes, int global_batch, const std::string& llm) {
+  auto s = parse_scenario_text(fmt::format(R"({{"name": "moe", "model": {{"name": "tiny-moe",
+      "modules": [{{"name": "llm", "kind": "llm", "spec": {{"layers": 4, "hidden": 1024,
+        "ffn_hidden": 0, "moe": {{"experts": {}, "top_k": 2, "expert_ffn_hidden": 2048}},
+        "heads": 16, "kv_heads": 8, "vocab": 128, "activation": "swiglu",
+        "norm": "rmsnorm"}}}}]}},
+      "workload": {{"seq_len": 2048, "global_batch": {}, "precision": "bf16"}},
+      "cluster": {{"profile": "dgx-h100", "nodes": {}}},
+      "search": {{"llm": {{{}}}}}}})",
+                                           experts, global_batch, nodes, llm),
+                               "moe.json");
+  EXPECT_TRUE(s.is_ok()) << s.status().to_string();
+  return *s;
+}
+
 // search.llm.moe_dispatcher: "any" tries DeepEP beside the all-to-all where it applies; over
 // two nodes with EP across them it moves fewer bytes over the network and wins; "deepep"
 // puts it in every layout (those it does not apply to are rejected with the reason).
 TEST(Search, TriesDeepEpWhereTheSectionAsks) {
   auto moe = [](const std::string& dispatcher) {
-    auto s = parse_scenario_text(fmt::format(R"({{"name": "moe", "model": {{"name": "tiny-moe",
-        "modules": [{{"name": "llm", "kind": "llm", "spec": {{"layers": 4, "hidden": 1024,
-          "ffn_hidden": 0, "moe": {{"experts": 16, "top_k": 2, "expert_ffn_hidden": 2048}},
-          "heads": 16, "kv_heads": 8, "vocab": 128, "activation": "swiglu",
-          "norm": "rmsnorm"}}}}]}},
-        "workload": {{"seq_len": 2048, "global_batch": 32, "precision": "bf16"}},
-        "cluster": {{"profile": "dgx-h100", "nodes": 2}},
-        "search": {{"llm": {{"tp": 1, "pp": 1, "ep": 16, "micro_batch": 1,
-                            "moe_dispatcher": "{}"}}}}}})",
-                                             dispatcher),
-                                 "moe.json");
-    EXPECT_TRUE(s.is_ok()) << s.status().to_string();
-    return *s;
+    return moe_search(
+        16, 2, 32,
+        R"("tp": 1, "pp": 1, "ep": 16, "micro_batch": 1, "moe_dispatcher": ")" + dispatcher + "\"");
   };
   const SearchResult any = run(moe("any"), threads(2));
   ASSERT_FALSE(any.top.empty());
@@ -519,6 +526,33 @@ TEST(Search, TriesDeepEpWhereTheSectionAsks) {
   EXPECT_LT(any.top.front().metrics.iteration_time, plain.top.front().metrics.iteration_time);
   for (const RankedPlan& p : run(moe("deepep"), threads(2)).top)
     EXPECT_EQ(p.plan.layout.moe_dispatcher, MoeDispatcher::kDeepEp);
+}
+
+// A fixed EP that is not a power of two is searched (as a fixed tp is), and "any" offers
+// DeepEP only for EP sizes DeepEP has a configuration for: EP 12 (three nodes, pp 2, dp 12)
+// gets no DeepEP candidates, where "deepep" alone has each rejected for its size.
+TEST(Search, OffersDeepEpOnlyForGroupSizesItConfigures) {
+  auto moe = [](const std::string& dispatcher) {
+    return moe_search(12, 3, 24,
+                      R"("tp": 1, "pp": 2, "vpp": 1, "ep": 12, "micro_batch": 1, )"
+                      R"("moe_dispatcher": ")" +
+                          dispatcher + "\"");
+  };
+  auto rejected_for_deepep = [](const SearchResult& r) {
+    int64_t n = 0;
+    for (const RejectionReason& rr : r.rejections)
+      if (rr.example.find("moe_dispatcher deepep") != std::string::npos) n += rr.count;
+    return n;
+  };
+  const SearchResult any = run(moe("any"), threads(2));
+  ASSERT_FALSE(any.top.empty());
+  for (const RankedPlan& p : any.top)
+    EXPECT_EQ(p.plan.layout.moe_dispatcher, MoeDispatcher::kAllToAll) << describe(p.plan);
+  EXPECT_EQ(rejected_for_deepep(any), 0);
+  const SearchResult deepep = run(moe("deepep"), threads(2));
+  EXPECT_TRUE(deepep.top.empty());
+  EXPECT_GT(rejected_for_deepep(deepep), 0);
+  EXPECT_EQ(any.counts.considered, run(moe("alltoall"), threads(2)).counts.considered);
 }
 
 // FSDP in heterogeneous placements: search.llm.fsdp shards every LLM layout with dp > 1 (so
