@@ -648,6 +648,33 @@ class BlockBuilder {
   Block& b_;
 };
 
+// The vocab-parallel loss's collectives over TP (forward only, each blocking the kernel after
+// it), on `rows` tokens' fp32 statistics. Megatron's unfused VocabParallelCrossEntropy
+// (megatron/core/tensor_parallel/cross_entropy.py): all-reduces of the logits' max, the
+// target logit and the sum of exponentials. Megatron-Core's fused version (megatron/core/
+// fusions/fused_cross_entropy.py): the max, then the other two concatenated in one call.
+// Transformer Engine's parallel_cross_entropy (transformer_engine/pytorch/triton/
+// cross_entropy.py): one all-gather of each rank's (max, sum, target logit) per token.
+// PyTorch's loss_parallel under DTensor (torch/distributed/tensor/parallel/loss.py,
+// torchtitan with TP): _log_softmax's max and sum of exponentials, _nll_loss_forward's
+// target logit; its backward avoids communication.
+void loss_collectives(BlockBuilder& b, CrossEntropy c, int64_t rows, int tp) {
+  const Bytes row(rows * 4);
+  switch (c) {
+    case CrossEntropy::kUnfused:
+    case CrossEntropy::kCompiled:
+      for (int i = 0; i < 3; ++i) b.comm(StepKind::kTpLossAllReduce, row);
+      return;
+    case CrossEntropy::kNative:
+      b.comm(StepKind::kTpLossAllReduce, row);
+      b.comm(StepKind::kTpLossAllReduce, row * 2);
+      return;
+    case CrossEntropy::kTe:
+      b.comm(StepKind::kTpLossAllGather, row * 3 * tp);
+      return;
+  }
+}
+
 int64_t local_params(const models::Op& op, const models::OpGraph& g, const Layout& l) {
   if (op.kind == models::OpKind::kEmbedding) return op.params / l.tp;  // vocab-parallel
   if (op.kind != models::OpKind::kGemm || gemm_split(op, g) == Split::kNone) return op.params;
@@ -774,6 +801,8 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
     } else {
       b.compute(c, op_index);
     }
+    if (tp && op.kind == models::OpKind::kLoss)
+      loss_collectives(b, l.cross_entropy_fusion, tokens / cp, l.tp);
 
     if (tp && (op.name == "attn_norm" || (op.name == "mlp_norm" && !moe_sp))) {
       b.comm(StepKind::kTpEntry, activation);

@@ -1905,6 +1905,13 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
         collective(CollectiveKind::kAllGather, step.bytes, {cat_tp_, lb.tp}, tp_groups_);
       return;
     }
+    case StepKind::kTpLossAllReduce:
+    case StepKind::kTpLossAllGather:
+      if (!backward)
+        collective(step.kind == StepKind::kTpLossAllReduce ? CollectiveKind::kAllReduce
+                                                           : CollectiveKind::kAllGather,
+                   step.bytes, {cat_tp_, lb.tp}, tp_groups_);
+      return;
     case StepKind::kEpAllToAll: {
       // Megatron's dropless all-to-all dispatcher all-gathers each rank's tokens per expert
       // over the group (the dispatch's step carries their bytes) and needs the split sizes on

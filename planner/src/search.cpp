@@ -161,6 +161,12 @@ BlockTime block_time(const Block& b, const Layout& l, Bandwidth link, bool froze
         }
         break;
       }
+      case StepKind::kTpLossAllReduce:
+        t.f += tp_collective(CK::kAllReduce, st.bytes);
+        break;
+      case StepKind::kTpLossAllGather:
+        t.f += tp_collective(CK::kAllGather, st.bytes);
+        break;
       case StepKind::kEpAllToAll:
         break;
     }

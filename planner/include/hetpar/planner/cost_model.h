@@ -67,6 +67,11 @@ enum class StepKind : uint8_t {
   kTpExit,       // "g": forward SP reduce-scatter or all-reduce; backward SP all-gather
   kEpAllToAll,   // both directions
   kCpAttention,  // ring attention over the cp group: cost split into cp steps
+  /// The vocab-parallel loss's statistics combined over TP (cross-entropy's max, sum of
+  /// exponentials, target logit per token): forward an all-reduce of `bytes`; backward
+  /// nothing (each rank's gradient needs only its own logits and the combined statistics).
+  kTpLossAllReduce,
+  kTpLossAllGather,  // as kTpLossAllReduce, an all-gather of `bytes` in total
 };
 
 struct WorkStep {
