@@ -250,6 +250,36 @@ TEST(Flops, SelectiveOpRecomputeKeepsEveryOtherMatmul) {
   EXPECT_EQ(activation_bytes(g, Recompute::kSelectiveOp).count(), 32 * per_block + outside);
 }
 
+// Megatron-Core's --recompute-modules layernorm moe_act (RecomputePolicy): the MoE layers'
+// pre-MLP norm and the experts' activation are re-run, their outputs dropped, so the router
+// and the second expert linear keep no input; the attention core is re-run only when named.
+TEST(Activations, RecomputeModulesDropTheOutputsTheyReRun) {
+  const OpGraph g = build_op_graph(zoo_module("mixtral-8x7b"), input(1, 4096));
+  const RecomputePolicy modules(Recompute::kSelective, kRecomputeLayernorm | kRecomputeMoeAct);
+  double dropped = 0;
+  for (const Op& op : g.ops) {
+    const bool rerun = op.layer >= 0 && (op.name == "mlp_norm" || op.name == "expert_act");
+    EXPECT_DOUBLE_EQ(recompute_share(op, modules), rerun ? 1 : 0) << op.name;
+    const bool drops = op.layer >= 0 && (op.name == "router" || op.name == "expert_fc2");
+    EXPECT_DOUBLE_EQ(kept_bytes(op, modules, g.dtype_bytes), drops ? 0 : op.saved.as_double())
+        << op.name;
+    if (drops) dropped += op.saved.as_double();
+  }
+  ASSERT_GT(dropped, 0);
+  EXPECT_EQ(activation_bytes(g, modules).count(),
+            activation_bytes(g, Recompute::kNone).count() - static_cast<int64_t>(dropped));
+  // No matmul is re-run; with the attention core named too, its FLOPs are selective's.
+  EXPECT_EQ(recompute_flops(g, modules).count(), 0);
+  const RecomputePolicy all(Recompute::kSelective, kRecomputeModulesAll);
+  EXPECT_DOUBLE_EQ(recompute_flops(g, all).count(),
+                   recompute_flops(g, Recompute::kSelective).count());
+  EXPECT_EQ(activation_bytes(g, all).count(),
+            activation_bytes(g, Recompute::kSelective).count() - static_cast<int64_t>(dropped));
+  // Other kinds ignore the modules.
+  EXPECT_EQ(activation_bytes(g, RecomputePolicy(Recompute::kFull, kRecomputeModulesAll)).count(),
+            activation_bytes(g, Recompute::kFull).count());
+}
+
 // Every zoo module, through its op graph, with Megatron's layer code and torchtitan's
 // (separate projections, repeat_kv): parameters sum to the closed-form count, GEMM FLOPs
 // equal their shapes, GEMM backward splits into dgrad = wgrad = forward, attention backward

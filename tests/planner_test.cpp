@@ -114,6 +114,29 @@ TEST(PlanJson, RoundTripsEveryLayoutSwitch) {
   ASSERT_FALSE(bad.is_ok());
   EXPECT_NE(bad.status().to_string().find("plan.moe_dispatcher"), std::string::npos)
       << bad.status().to_string();
+  // recompute_modules: Megatron-Core's --recompute-modules, under selective recompute only.
+  auto modules = parse_plan(nlohmann::json::parse(R"({"micro_batch": 1, "recompute": "selective",
+                                                      "recompute_modules": ["moe_act", "layernorm"]})"),
+                            "plan");
+  ASSERT_TRUE(modules.is_ok()) << modules.status().to_string();
+  EXPECT_EQ(modules->layout.recompute_modules,
+            models::kRecomputeLayernorm | models::kRecomputeMoeAct);
+  EXPECT_EQ(plan_to_json(*modules)["recompute_modules"],
+            nlohmann::json::parse(R"(["layernorm", "moe_act"])"));
+  back = parse_plan(plan_to_json(*modules), "plan");
+  ASSERT_TRUE(back.is_ok());
+  EXPECT_EQ(back->layout.recompute_modules, modules->layout.recompute_modules);
+  EXPECT_FALSE(plan_to_json(p).contains("recompute_modules"));
+  for (const char* text :
+       {R"({"micro_batch": 1, "recompute": "full", "recompute_modules": ["layernorm"]})",
+        R"({"micro_batch": 1, "recompute": "selective", "recompute_modules": ["mlp"]})",
+        R"({"micro_batch": 1, "recompute": "selective", "recompute_modules": []})",
+        R"({"micro_batch": 1, "recompute": "selective", "recompute_modules": "moe_act"})"}) {
+    bad = parse_plan(nlohmann::json::parse(text), "plan");
+    ASSERT_FALSE(bad.is_ok()) << text;
+    EXPECT_NE(bad.status().to_string().find("plan.recompute_modules"), std::string::npos)
+        << bad.status().to_string();
+  }
   for (const char* layout : {R"([4, -1])", R"([4, 2.5])", R"([4, "2"])", R"(4)"}) {
     bad = parse_plan(nlohmann::json::parse(fmt::format(
                          R"({{"micro_batch": 1, "pp": 2, "pipeline_layout": {}}})", layout)),

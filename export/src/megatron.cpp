@@ -2,6 +2,7 @@
 // export/vocabulary/megatron-lm.txt (and megatron-mimo-example.txt for the MIMO example's
 // own options); research/trainer-formats.md section 2 has the rules quoted below.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "writer.h"
 
@@ -155,15 +156,32 @@ FlagGroup placeholder_group(const Context& c) {
            {"--lr", "1.0e-4"}}};
 }
 
+// ["layernorm", "moe_act"]: the recompute modules as a Python list of strings.
+std::string python_string_list(uint8_t modules) {
+  std::vector<std::string> quoted;
+  for (std::string_view name : planner::recompute_module_names(modules))
+    quoted.push_back(fmt::format("\"{}\"", name));
+  return fmt::format("[{}]", fmt::join(quoted, ", "));
+}
+
 }  // namespace
 
 std::vector<Flag> megatron_recompute_flags(const Layout& l) {
   switch (l.recompute) {
     case models::Recompute::kNone:
       return {};
-    // The attention core (Megatron's default --recompute-modules core_attn).
-    case models::Recompute::kSelective:
-      return {{"--recompute-granularity", "selective"}};
+    // The attention core (Megatron's default --recompute-modules core_attn), or the modules
+    // the plan names.
+    case models::Recompute::kSelective: {
+      std::vector<Flag> f{{"--recompute-granularity", "selective"}};
+      if (l.recompute_modules != models::kRecomputeCoreAttn) {
+        f.push_back(
+            {"--recompute-modules",
+             fmt::format("{}",
+                         fmt::join(planner::recompute_module_names(l.recompute_modules), " "))});
+      }
+      return f;
+    }
     // Every layer's forward, keeping each layer's input.
     case models::Recompute::kFull:
       return {{"--recompute-granularity", "full"},
@@ -183,6 +201,8 @@ std::string transformer_config_fields(const Layout& l) {
       break;
     case models::Recompute::kSelective:
       out += " recompute_granularity=\"selective\"";
+      if (l.recompute_modules != models::kRecomputeCoreAttn)
+        out += fmt::format(" recompute_modules={}", python_string_list(l.recompute_modules));
       break;
     case models::Recompute::kFull:
       out +=

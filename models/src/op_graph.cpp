@@ -66,12 +66,16 @@ double selective_op_share(const Op& op) {
 
 }  // namespace
 
-double recompute_share(const Op& op, Recompute policy) {
-  switch (policy) {
+double recompute_share(const Op& op, RecomputePolicy policy) {
+  switch (policy.kind) {
     case Recompute::kNone:
       return 0;
     case Recompute::kSelective:
-      return op.kind == OpKind::kAttention ? 1 : 0;
+      if (op.kind == OpKind::kAttention) return policy.selects(kRecomputeCoreAttn) ? 1 : 0;
+      if (op.layer >= 0 && op.name == "mlp_norm")
+        return policy.selects(kRecomputeLayernorm) ? 1 : 0;
+      if (op.name == "expert_act") return policy.selects(kRecomputeMoeAct) ? 1 : 0;
+      return 0;
     case Recompute::kFull:
       return op.layer >= 0 ? 1 : 0;
     case Recompute::kSelectiveOp:
@@ -80,7 +84,7 @@ double recompute_share(const Op& op, Recompute policy) {
   return 0;
 }
 
-bool is_recomputed(const Op& op, Recompute policy) {
+bool is_recomputed(const Op& op, RecomputePolicy policy) {
   return recompute_share(op, policy) > 0;
 }
 
@@ -88,8 +92,20 @@ bool keeps_layer_input(Recompute policy) {
   return policy == Recompute::kFull || policy == Recompute::kSelectiveOp;
 }
 
-double kept_bytes(const Op& op, Recompute policy, int dtype_bytes) {
-  if (policy == Recompute::kSelectiveOp && op.layer >= 0) {
+double kept_bytes(const Op& op, RecomputePolicy policy, int dtype_bytes) {
+  if (policy.kind == Recompute::kSelective) {
+    // The ops after a module re-run without its output keep no input (RecomputeModule).
+    if (op.layer >= 0 && policy.selects(kRecomputeLayernorm) &&
+        (op.name == "router" || op.name == "shared_expert_fc1"))
+      return 0;
+    if (policy.selects(kRecomputeMoeAct) && op.name == "expert_fc2") return 0;
+    if (op.kind != OpKind::kAttention || !policy.selects(kRecomputeCoreAttn))
+      return op.saved.as_double();
+    const AttentionShape& a = *op.attention;  // Q, K, V stay
+    return static_cast<double>(a.batch) * a.seq_q * (a.heads + 2 * a.kv_heads) * a.head_dim *
+           dtype_bytes;
+  }
+  if (policy.kind == Recompute::kSelectiveOp && op.layer >= 0) {
     const double e = dtype_bytes;
     switch (op.kind) {
       case OpKind::kAttention: {  // its output and fp32 log-sum-exp
@@ -108,10 +124,7 @@ double kept_bytes(const Op& op, Recompute policy, int dtype_bytes) {
     }
   }
   if (!is_recomputed(op, policy)) return op.saved.as_double();
-  if (policy != Recompute::kSelective) return 0;
-  const AttentionShape& a = *op.attention;  // Q, K, V stay
-  return static_cast<double>(a.batch) * a.seq_q * (a.heads + 2 * a.kv_heads) * a.head_dim *
-         dtype_bytes;
+  return 0;
 }
 
 namespace {

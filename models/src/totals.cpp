@@ -111,7 +111,7 @@ Flops backward_flops(const OpGraph& g) {
   return sum_matmul(g, [](const Op& op) { return op.backward(); });
 }
 
-Flops recompute_flops(const OpGraph& g, Recompute policy) {
+Flops recompute_flops(const OpGraph& g, RecomputePolicy policy) {
   return sum_matmul(g, [&](const Op& op) { return op.forward * recompute_share(op, policy); });
 }
 
@@ -119,10 +119,10 @@ Flops model_flops(const OpGraph& g) {
   return forward_flops(g) + backward_flops(g);
 }
 
-Bytes activation_bytes(const OpGraph& g, Recompute policy) {
+Bytes activation_bytes(const OpGraph& g, RecomputePolicy policy) {
   double total = 0;
   for (const Op& op : g.ops) total += kept_bytes(op, policy, g.dtype_bytes);
-  if (keeps_layer_input(policy))
+  if (keeps_layer_input(policy.kind))
     total += static_cast<double>(g.layers * g.layer_tokens * g.hidden * g.dtype_bytes);
   return Bytes(static_cast<int64_t>(total));
 }

@@ -594,7 +594,7 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
   }
   add_moe_time(c, moe_kernels(op, g, l, cp, p), dev);  // none for other ops
   if (reruns_ops(l.recompute)) {
-    const double share = models::recompute_share(op, l.recompute);
+    const double share = models::recompute_share(op, l.recompute_policy());
     if (share >= 1) c.recompute = c.forward;
     c.recompute_flops = c.forward_flops * share;
   }
@@ -956,7 +956,7 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
   const MoeKernels moe = moe_kernels(op, g, l, cp, p);  // none for other ops
   k.forward.insert(k.forward.end(), moe.forward.begin(), moe.forward.end());
   k.dgrad.insert(k.dgrad.end(), moe.backward.begin(), moe.backward.end());
-  if (reruns_ops(l.recompute) && models::recompute_share(op, l.recompute) >= 1)
+  if (reruns_ops(l.recompute) && models::recompute_share(op, l.recompute_policy()) >= 1)
     k.recompute = k.forward;
   return k;
 }

@@ -352,6 +352,13 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
   if (l.recompute == models::Recompute::kSelectiveOp && llm.moe)
     return "recompute selective_op with a mixture-of-experts llm is not modelled: its "
            "grouped expert matmuls fall outside the per-block mm count";
+  if (l.recompute == models::Recompute::kSelective && !llm.moe &&
+      (l.recompute_modules & (models::kRecomputeLayernorm | models::kRecomputeMoeAct)) != 0)
+    return fmt::format(
+        "recompute_modules {} needs a mixture-of-experts llm (layernorm re-runs a MoE layer's "
+        "pre-MLP norm, Transformer Engine fuses a dense layer's; moe_act the experts' "
+        "activation)",
+        recompute_modules_names(l.recompute_modules));
   if (l.moe_capacity_factor > 0 && !llm.moe)
     return fmt::format("moe_capacity_factor {} needs a mixture-of-experts llm",
                        l.moe_capacity_factor);

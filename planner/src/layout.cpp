@@ -1,6 +1,7 @@
 #include "hetpar/planner/layout.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace hetpar::planner {
 
@@ -30,6 +31,19 @@ std::string_view to_string(models::Recompute r) {
       return "selective_op";
   }
   return "?";
+}
+
+std::vector<std::string_view> recompute_module_names(uint8_t modules) {
+  std::vector<std::string_view> out;
+  for (auto [bit, name] : {std::pair{models::kRecomputeCoreAttn, "core_attn"},
+                           std::pair{models::kRecomputeLayernorm, "layernorm"},
+                           std::pair{models::kRecomputeMoeAct, "moe_act"}})
+    if (modules & bit) out.push_back(name);
+  return out;
+}
+
+std::string recompute_modules_names(uint8_t modules) {
+  return fmt::format("{}", fmt::join(recompute_module_names(modules), ", "));
 }
 
 std::string_view to_string(Fp8Recipe r) {
@@ -130,7 +144,11 @@ std::string describe_in_words(const Layout& l, hardware::Precision workload) {
   if (l.microbatch_group > 0) out += fmt::format(" (micro-batch groups of {})", l.microbatch_group);
   if (l.ep > 1) out += fmt::format(" ep {}", l.ep);
   if (l.expert_tp() != l.tp) out += fmt::format(" etp {}", l.expert_tp());
-  out += fmt::format(", micro-batch {}, recompute {}, ", l.micro_batch, to_string(l.recompute));
+  out += fmt::format(", micro-batch {}, recompute {}", l.micro_batch, to_string(l.recompute));
+  if (l.recompute == models::Recompute::kSelective &&
+      l.recompute_modules != models::kRecomputeCoreAttn)
+    out += fmt::format(" ({})", recompute_modules_names(l.recompute_modules));
+  out += ", ";
   if (l.fsdp) {
     out += l.fsdp_reshard_after_forward ? "fsdp (parameters gathered for forward and backward"
                                         : "fsdp (parameters kept from forward to backward";

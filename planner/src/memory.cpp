@@ -239,7 +239,7 @@ class Estimator {
                                     ? activation_share(op, stem, l_)
                                     : share;
       const double kept =
-          frozen_ ? 0 : models::kept_bytes(op, l_.recompute, g.dtype_bytes) * kept_share;
+          frozen_ ? 0 : models::kept_bytes(op, l_.recompute_policy(), g.dtype_bytes) * kept_share;
       stages_[st].activations += kept * (head ? head_in_flight_ : in_flight_[st]);
       if (op.kind == models::OpKind::kGemm)
         stages_[st].activations += op.saved.as_double() * share * w_pending_[st];

@@ -84,6 +84,29 @@ Layout parse_layout(JsonReader& r) {
   l.micro_batch = static_cast<int>(r.required_int("micro_batch", 1, kMaxDegree));
   l.recompute = *parse_recompute(
       r.optional_enum("recompute", "none", {"none", "selective", "full", "selective_op"}));
+  // Megatron-Core's --recompute-modules, under selective recompute only.
+  if (const nlohmann::json& modules = r.array("recompute_modules", false);
+      r.has("recompute_modules")) {
+    if (l.recompute != models::Recompute::kSelective)
+      r.fail("recompute_modules", "needs \"recompute\": \"selective\"");
+    else if (modules.empty())
+      r.fail("recompute_modules", "must name at least one of core_attn, layernorm, moe_act");
+    l.recompute_modules = 0;
+    for (size_t i = 0; i < modules.size() && r.ok(); ++i) {
+      const nlohmann::json& m = modules[i];
+      const std::string name = m.is_string() ? m.get<std::string>() : std::string();
+      if (name == "core_attn")
+        l.recompute_modules |= models::kRecomputeCoreAttn;
+      else if (name == "layernorm")
+        l.recompute_modules |= models::kRecomputeLayernorm;
+      else if (name == "moe_act")
+        l.recompute_modules |= models::kRecomputeMoeAct;
+      else
+        r.fail(
+            "recompute_modules",
+            fmt::format("element {}: {} is not one of core_attn, layernorm, moe_act", i, m.dump()));
+    }
+  }
   l.distributed_optimizer = r.optional_bool("distributed_optimizer", false);
   l.fsdp = r.optional_bool("fsdp", false);
   l.fsdp_reshard_after_forward = r.optional_bool("fsdp_reshard_after_forward", true);
@@ -162,6 +185,13 @@ nlohmann::json layout_to_json(const Layout& l) {
                       {"overlap_grad_reduce", l.overlap_grad_reduce},
                       {"overlap_param_gather", l.overlap_param_gather},
                       {"flash_attention", l.flash_attention}};
+  if (l.recompute == models::Recompute::kSelective &&
+      l.recompute_modules != models::kRecomputeCoreAttn) {
+    nlohmann::json modules = nlohmann::json::array();
+    for (std::string_view name : recompute_module_names(l.recompute_modules))
+      modules.push_back(name);
+    j["recompute_modules"] = modules;
+  }
   if (l.attention_kernel != hardware::AttentionKernel::kDefault)
     j["attention_kernel"] = hardware::to_string(l.attention_kernel);
   // Uneven pipeline splits only when set, so even plans read as before.

@@ -191,12 +191,13 @@ class CostCache {
   // search fixes for all its layouts (the cross-entropy fusion, the MoE capacity factor).
   const std::vector<ModuleTime>& per_group(size_t module, const Layout& l, bool context_parallel,
                                            bool frozen) {
-    auto key = std::make_tuple(
-        module, l.tp, l.cp, l.sequence_parallel, l.micro_batch, static_cast<int>(l.recompute),
-        l.flash_attention, l.fused_projections, l.repeat_kv, l.fused_activation,
-        l.tp_backward_overlap, l.pp_scatter_gather, l.tp_comm_overlap, l.ep, l.expert_tp(),
-        static_cast<int>(l.fp8_recipe), static_cast<int>(l.cp_comm),
-        static_cast<int>(l.attention_kernel), context_parallel, frozen);
+    auto key =
+        std::make_tuple(module, l.tp, l.cp, l.sequence_parallel, l.micro_batch,
+                        static_cast<int>(l.recompute) * 256 + l.recompute_modules,
+                        l.flash_attention, l.fused_projections, l.repeat_kv, l.fused_activation,
+                        l.tp_backward_overlap, l.pp_scatter_gather, l.tp_comm_overlap, l.ep,
+                        l.expert_tp(), static_cast<int>(l.fp8_recipe), static_cast<int>(l.cp_comm),
+                        static_cast<int>(l.attention_kernel), context_parallel, frozen);
     auto it = memo_.find(key);
     if (it != memo_.end()) return it->second;
     const models::OpGraph g = module_graph(s_, module, l);
@@ -491,7 +492,7 @@ std::vector<int> layout_key(const Layout& l) {
                      l.ep,
                      l.expert_tp(),
                      l.micro_batch,
-                     static_cast<int>(l.recompute),
+                     static_cast<int>(l.recompute) * 256 + l.recompute_modules,
                      l.sequence_parallel,
                      l.distributed_optimizer,
                      l.fsdp,
@@ -571,6 +572,8 @@ std::string describe_layout(const Layout& l, bool llm) {
   if (l.expert_tp() != l.tp) out += fmt::format(" etp{}", l.expert_tp());
   out += fmt::format(" mb{}", l.micro_batch);
   if (l.recompute != Recompute::kNone) out += fmt::format(" rc:{}", to_string(l.recompute));
+  if (l.recompute == Recompute::kSelective && l.recompute_modules != models::kRecomputeCoreAttn)
+    out += fmt::format("({})", recompute_modules_names(l.recompute_modules));
   if (l.distributed_optimizer) out += " dopt";
   if (l.fsdp) {
     out += l.torch_fsdp2() ? " fsdp2" : " fsdp";

@@ -120,6 +120,16 @@ TEST(ExportMegatronBridge, SingleLayoutSettingsMatchThePlan) {
   EXPECT_EQ(y.at("ddp.use_distributed_optimizer"), "true");
   EXPECT_EQ(y.at("ddp.overlap_param_gather"), "true");
   EXPECT_EQ(y.at("mixed_precision"), "\"bf16_mixed\"");
+  // Selective recompute with modules other than the attention core (a MoE model) names them.
+  const planner::Scenario moe = scenario("mixtral-8x7b", 8, 4096, 256);
+  Plan sel = mixtral_ep8_plan();
+  sel.layout.recompute = models::Recompute::kSelective;
+  sel.layout.recompute_modules = models::kRecomputeCoreAttn | models::kRecomputeMoeAct;
+  auto ys = bridge(moe, sel);
+  EXPECT_EQ(ys.at("model.recompute_granularity"), "\"selective\"");
+  EXPECT_EQ(ys.at("model.recompute_modules"), "[core_attn, moe_act]");
+  sel.layout.recompute_modules = models::kRecomputeCoreAttn;
+  EXPECT_EQ(bridge(moe, sel).count("model.recompute_modules"), 0u);
   p.layout.vpp = 1;
   p.layout.first_stage_layers = p.layout.last_stage_layers = 0;
   p.layout.distributed_optimizer = false;

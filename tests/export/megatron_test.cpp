@@ -257,6 +257,13 @@ TEST(ExportMegatron, MixtureOfExpertsAndPrecisions) {
   EXPECT_EQ(fe.at("--moe-token-dispatcher-type"), "flex");
   EXPECT_EQ(fe.at("--moe-flex-dispatcher-backend"), "deepep");
   EXPECT_EQ(f.count("--moe-flex-dispatcher-backend"), 0u);
+  Plan modules = p;  // selective recompute of the pre-MLP norm and the experts' activation
+  modules.layout.recompute = models::Recompute::kSelective;
+  modules.layout.recompute_modules = models::kRecomputeLayernorm | models::kRecomputeMoeAct;
+  const auto fm = all_flags(exported(s, modules, Target::kMegatron).at("launch.sh"));
+  EXPECT_EQ(fm.at("--recompute-granularity"), "selective");
+  EXPECT_EQ(fm.at("--recompute-modules"), "layernorm moe_act");
+  EXPECT_EQ(f.count("--recompute-modules"), 0u);
   Plan sharded = p;  // Megatron-FSDP shards the experts over their expert-DP group
   sharded.layout.fsdp = true;
   const auto fs = all_flags(exported(s, sharded, Target::kMegatron).at("launch.sh"));

@@ -1841,6 +1841,38 @@ TEST(Memory, DeepEpHoldsItsBuffersOnEveryMoeRank) {
   }
 }
 
+// recompute selective with recompute_modules layernorm, moe_act on a MoE model: fewer
+// activations than no recompute or the attention core's recompute, the dropped outputs
+// re-computed before their backward (a longer iteration than without recompute); a dense
+// model has neither module.
+TEST(Memory, RecomputeModulesKeepLessAndReRunTheNormAndActivation) {
+  const Scenario moe = tiny_moe(4, 16, 1, 8);
+  Plan none = plan(1, 1, 8);
+  none.layout.ep = 8;
+  Plan attn = none, modules = none;
+  attn.layout.recompute = models::Recompute::kSelective;
+  modules.layout.recompute = models::Recompute::kSelective;
+  modules.layout.recompute_modules = models::kRecomputeLayernorm | models::kRecomputeMoeAct;
+  ASSERT_EQ(infeasibility(moe, modules), "");
+  const MemoryReport a = estimate_memory(moe, none), b = estimate_memory(moe, attn),
+                     c = estimate_memory(moe, modules);
+  EXPECT_LT(c.per_stage[0].activations, a.per_stage[0].activations);
+  EXPECT_LT(c.per_stage[0].activations, b.per_stage[0].activations);
+  auto time = [&](const Plan& p) {
+    LoweredPlan lp = lowered(moe, p);
+    return run(lp, lp.network).makespan;
+  };
+  EXPECT_GT(time(modules), time(none));
+  EXPECT_NE(describe_in_words(modules.layout, hardware::Precision::kBf16)
+                .find("recompute selective (layernorm, moe_act)"),
+            std::string::npos);
+  Plan dense = plan(1, 1, 8);
+  dense.layout.recompute = models::Recompute::kSelective;
+  dense.layout.recompute_modules = models::kRecomputeMoeAct;
+  EXPECT_NE(infeasibility(make(4, 16, 1), dense).find("needs a mixture-of-experts llm"),
+            std::string::npos);
+}
+
 // Token dropping padded to capacity (Layout::moe_capacity_factor): static split sizes, so
 // no expert counts are gathered and the host never waits; the all-to-alls move every
 // expert's capacity (2048 tokens x top 2 / 8 experts x 1.5 = 768 each, 6144 copies). Model

@@ -141,15 +141,46 @@ ModuleInput module_input(const ModelSpec& model, size_t i, const ModuleInput& mo
 /// is needed by no backward, so it is neither kept nor re-run; nor is the second residual.
 /// Dense layers only (MoE layers' grouped matmuls are counted differently).
 enum class Recompute { kNone, kSelective, kFull, kSelectiveOp };
+
+/// What selective recompute re-runs: Megatron-Core's --recompute-modules (a set; its
+/// default, and hetpar's, is the attention core alone). A module other than the attention
+/// core runs under CheckpointWithoutOutput: its input stays, its output is dropped after the
+/// next op consumed it and re-computed before that op's backward, so the next op keeps
+/// nothing.
+enum RecomputeModule : uint8_t {
+  kRecomputeCoreAttn = 1,  // "core_attn": the attention kernel; Q, K and V are kept
+  /// "layernorm": a MoE layer's pre-MLP norm (pre_mlp_layernorm, a TENorm of its own; the
+  /// other norms are fused into Transformer Engine's LayerNormLinear and are not re-run); the
+  /// router (and a shared expert's first linear) keep no input.
+  kRecomputeLayernorm = 2,
+  kRecomputeMoeAct =
+      4,  // "moe_act": the experts' activation; the second expert linear keeps no input
+};
+inline constexpr uint8_t kRecomputeModulesAll =
+    kRecomputeCoreAttn | kRecomputeLayernorm | kRecomputeMoeAct;
+
+/// A recompute policy: the kind, and under kSelective the modules it re-runs.
+struct RecomputePolicy {
+  Recompute kind = Recompute::kNone;
+  uint8_t modules = kRecomputeCoreAttn;
+  // Implicit: a kind alone is that kind with the default modules.
+  RecomputePolicy(Recompute k = Recompute::kNone, uint8_t m = kRecomputeCoreAttn)  // NOLINT
+      : kind(k), modules(m) {}
+  /// Whether selective recompute re-runs `module`.
+  bool selects(RecomputeModule module) const {
+    return kind == Recompute::kSelective && (modules & module) != 0;
+  }
+};
+
 /// Whether the backward pass re-runs (some of) op's forward under `policy`.
-bool is_recomputed(const Op& op, Recompute policy);
+bool is_recomputed(const Op& op, RecomputePolicy policy);
 /// The share of op's forward work the backward re-runs under `policy`: 0 or 1, or under
 /// selective_op for a fused GEMM the share of its output columns (Op::parts) re-run.
-double recompute_share(const Op& op, Recompute policy);
+double recompute_share(const Op& op, RecomputePolicy policy);
 /// Bytes of op.saved's kind the forward keeps for backward under `policy`, at the graph's
 /// dtype (op.saved itself without recompute). Full and selective_op also keep each layer's
 /// input, which this does not include (keeps_layer_input()).
-double kept_bytes(const Op& op, Recompute policy, int dtype_bytes);
+double kept_bytes(const Op& op, RecomputePolicy policy, int dtype_bytes);
 /// Whether `policy` keeps each layer's input for its replay (full, selective_op).
 bool keeps_layer_input(Recompute policy);
 

@@ -30,14 +30,14 @@ ParamCounts count_params(const ModelSpec& model);
 Flops forward_flops(const OpGraph& g);
 Flops backward_flops(const OpGraph& g);
 /// Extra forward FLOPs the backward pass re-runs under `policy`.
-Flops recompute_flops(const OpGraph& g, Recompute policy);
+Flops recompute_flops(const OpGraph& g, RecomputePolicy policy);
 /// Forward + backward, no recompute: the FLOPs MFU counts.
 Flops model_flops(const OpGraph& g);
 
 /// Activation bytes one micro-batch holds between its forward and backward. Selective
 /// recompute keeps only Q, K, V of the attention core; full recompute keeps each layer's
 /// input (Korthikanti et al.'s 2sbh per layer) and the ops outside the layers.
-Bytes activation_bytes(const OpGraph& g, Recompute policy);
+Bytes activation_bytes(const OpGraph& g, RecomputePolicy policy);
 
 /// LLM tokens one item (image, clip) of encoder `encoder` becomes after its projector.
 /// REQUIRES: validate_model(model) passed; `encoder` indexes an encoder.

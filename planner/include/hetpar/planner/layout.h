@@ -26,7 +26,12 @@ enum class Schedule {
 };
 std::string_view to_string(Schedule s);  // "gpipe", "1f1b", "interleaved", "zb-h1"
 
-std::string_view to_string(models::Recompute r);  // "none", "selective", "full"
+std::string_view to_string(models::Recompute r);
+/// The modules set in `modules` by Megatron-Core's --recompute-modules names, in the order
+/// core_attn, layernorm, moe_act.
+std::vector<std::string_view> recompute_module_names(uint8_t modules);
+/// The same joined: "layernorm, moe_act".
+std::string recompute_modules_names(uint8_t modules);  // "none", "selective", "full"
 
 /// How Transformer Engine scales FP8 tensors (fp8 workloads; Megatron-LM's --fp8-recipe).
 enum class Fp8Recipe {
@@ -134,6 +139,10 @@ struct Layout {
   int expert_ranks() const { return tp / expert_tp() * dp * cp; }
   int micro_batch = 1;  // samples per micro-batch
   models::Recompute recompute = models::Recompute::kNone;
+  /// Under recompute selective, what it re-runs (models::RecomputeModule bits; Megatron-Core's
+  /// --recompute-modules, default the attention core).
+  uint8_t recompute_modules = models::kRecomputeCoreAttn;
+  models::RecomputePolicy recompute_policy() const { return {recompute, recompute_modules}; }
   bool distributed_optimizer = false;  // ZeRO-1: optimizer state sharded over dp
   /// Fully sharded data parallelism (torch FSDP / FSDP2, Megatron-FSDP, DeepSpeed ZeRO-3):
   /// parameters, gradients and optimizer state sharded over the dp x cp ranks (routed
