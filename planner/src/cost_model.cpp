@@ -458,6 +458,25 @@ std::optional<ActivationPasses> unfused_activation(const models::Op& op, const L
   return std::nullopt;
 }
 
+// Transformer Engine's GroupedLinear, which Megatron-Core's grouped experts run, issues one
+// cuBLAS GEMM per local expert, round-robin on its compute streams
+// (transformer_engine/common/gemm/cublaslt_gemm.cu multi_stream_cublas_gemm, GEMM i on
+// stream i % nvte_get_num_compute_streams(); util/multi_stream.cpp: 4 streams), so at most
+// that many run at once, each filling only its own tiles of the GPU.
+constexpr int64_t kGroupedGemmStreams = 4;
+
+// A GEMM group of `batch` equal problems: an expert group in rounds of kGroupedGemmStreams
+// concurrent GEMMs; any other batch as one batched GEMM.
+Time group_gemm_time(const hardware::DeviceProfile& dev, bool experts, int64_t m, int64_t n,
+                     int64_t k, int64_t batch, Precision p, bool accumulate_fp32 = false) {
+  if (!experts || batch <= kGroupedGemmStreams)
+    return dev.gemm_time(m, n, k, batch, p, accumulate_fp32);
+  const int64_t rounds = batch / kGroupedGemmStreams, rest = batch % kGroupedGemmStreams;
+  Time t = dev.gemm_time(m, n, k, kGroupedGemmStreams, p, accumulate_fp32) * rounds;
+  if (rest > 0) t += dev.gemm_time(m, n, k, rest, p, accumulate_fp32);
+  return t;
+}
+
 }  // namespace
 
 PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l,
@@ -477,10 +496,15 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
       for (size_t i = 0; i < shapes.size(); ++i) {
         const models::GemmShape& s = shapes[i];
         const ShapeRole role = shape_role(op, s, i, rerun_n);
+        const bool grouped = is_expert(op);
         c.forward +=
-            dev.gemm_time(ceil_div(s.m, chunks.forward), s.n, s.k, s.batch, gp) * chunks.forward;
-        c.dgrad += dev.gemm_time(ceil_div(s.m, chunks.dgrad), s.k, s.n, s.batch, gp) * chunks.dgrad;
-        c.wgrad += dev.gemm_time(s.k, s.n, s.m, s.batch, gp, accumulates_fp32(l, p));
+            group_gemm_time(dev, grouped, ceil_div(s.m, chunks.forward), s.n, s.k, s.batch, gp) *
+            chunks.forward;
+        c.dgrad +=
+            group_gemm_time(dev, grouped, ceil_div(s.m, chunks.dgrad), s.k, s.n, s.batch, gp) *
+            chunks.dgrad;
+        c.wgrad +=
+            group_gemm_time(dev, grouped, s.k, s.n, s.m, s.batch, gp, accumulates_fp32(l, p));
         if (const int64_t b = unfused_accumulation_bytes(s, g, l, p); b > 0)
           c.wgrad += dev.memory_kernel_time(Bytes(b));
         if (role.rerun_n > 0) c.recompute += dev.gemm_time(s.m, role.rerun_n, s.k, s.batch, gp);

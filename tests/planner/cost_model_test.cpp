@@ -107,6 +107,29 @@ TEST(CostModel, LayerCommunicationPoints) {
   }
 }
 
+// Transformer Engine's GroupedLinear runs one cuBLAS GEMM per local expert on 4 streams:
+// Mixtral's 8 experts on one rank take two rounds of 4 concurrent GEMMs, not one batch of 8;
+// with EP 2 a rank's 4 experts are one round.
+TEST(CostModel, GroupedExpertGemmsRunFourAtATime) {
+  const models::OpGraph g = zoo_graph("mixtral-8x7b", 4096);
+  const hardware::DeviceProfile dev = hardware::load_profile("dgx-h100")->gpu;
+  const models::Op& fc1 = op_named(g, "expert_fc1");
+  const auto bf16 = hardware::Precision::kBf16;
+  Layout one;
+  const sim::Kernel k = op_kernels(fc1, g, one, true, bf16).forward.at(0);
+  ASSERT_EQ(k.batch, 8);
+  EXPECT_EQ(op_cost(fc1, g, one, true, dev, bf16).forward,
+            dev.gemm_time(k.m, k.n, k.k, 4, bf16) * 2);
+  EXPECT_NE(dev.gemm_time(k.m, k.n, k.k, 4, bf16) * 2, dev.gemm_time(k.m, k.n, k.k, 8, bf16));
+  Layout ep2;
+  ep2.ep = 2;
+  ep2.dp = 2;
+  const sim::Kernel k2 = op_kernels(fc1, g, ep2, true, bf16).forward.at(0);
+  ASSERT_EQ(k2.batch, 4);
+  EXPECT_EQ(op_cost(fc1, g, ep2, true, dev, bf16).forward,
+            dev.gemm_time(k2.m, k2.n, k2.k, 4, bf16));
+}
+
 // A MoE layer under TP with SP: the attention keeps its entry and exit; the MLP's give way
 // to Megatron-Core's dispatcher collectives: the permuted tokens (top_k per token, of every TP
 // rank) all-gathered after the EP all-to-all and reduce-scattered before the one back, the
