@@ -270,13 +270,17 @@ TEST(Activations, RecomputeModulesDropTheOutputsTheyReRun) {
             activation_bytes(g, Recompute::kNone).count() - static_cast<int64_t>(dropped));
   // No matmul is re-run; with the attention core named too, its FLOPs are selective's.
   EXPECT_EQ(recompute_flops(g, modules).count(), 0);
-  const RecomputePolicy all(Recompute::kSelective, kRecomputeModulesAll);
+  const RecomputePolicy all(Recompute::kSelective,
+                            kRecomputeCoreAttn | kRecomputeLayernorm | kRecomputeMoeAct);
   EXPECT_DOUBLE_EQ(recompute_flops(g, all).count(),
                    recompute_flops(g, Recompute::kSelective).count());
   EXPECT_EQ(activation_bytes(g, all).count(),
             activation_bytes(g, Recompute::kSelective).count() - static_cast<int64_t>(dropped));
   // Other kinds ignore the modules.
-  EXPECT_EQ(activation_bytes(g, RecomputePolicy(Recompute::kFull, kRecomputeModulesAll)).count(),
+  EXPECT_EQ(activation_bytes(
+                g, RecomputePolicy(Recompute::kFull,
+                                   kRecomputeCoreAttn | kRecomputeLayernorm | kRecomputeMoeAct))
+                .count(),
             activation_bytes(g, Recompute::kFull).count());
 }
 

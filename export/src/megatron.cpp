@@ -174,7 +174,7 @@ std::vector<Flag> megatron_recompute_flags(const Layout& l) {
     // the plan names.
     case models::Recompute::kSelective: {
       std::vector<Flag> f{{"--recompute-granularity", "selective"}};
-      if (l.recompute_modules != models::kRecomputeCoreAttn) {
+      if (l.names_recompute_modules()) {
         f.push_back(
             {"--recompute-modules",
              fmt::format("{}",
@@ -201,7 +201,7 @@ std::string transformer_config_fields(const Layout& l) {
       break;
     case models::Recompute::kSelective:
       out += " recompute_granularity=\"selective\"";
-      if (l.recompute_modules != models::kRecomputeCoreAttn)
+      if (l.names_recompute_modules())
         out += fmt::format(" recompute_modules={}", python_string_list(l.recompute_modules));
       break;
     case models::Recompute::kFull:

@@ -29,11 +29,9 @@ std::string recompute_value(models::Recompute r) {
 
 void add_recompute(std::vector<Setting>& s, const Layout& l) {
   s.push_back({"model.recompute_granularity", recompute_value(l.recompute)});
-  if (l.recompute == models::Recompute::kSelective &&
-      l.recompute_modules != models::kRecomputeCoreAttn) {
-    std::string names = planner::recompute_modules_names(l.recompute_modules);
-    s.push_back({"model.recompute_modules", "[" + names + "]"});
-  }
+  if (l.names_recompute_modules())
+    s.push_back({"model.recompute_modules",
+                 "[" + planner::recompute_modules_names(l.recompute_modules) + "]"});
   if (l.recompute == models::Recompute::kFull) {
     s.push_back({"model.recompute_method", yaml_string("uniform")});
     s.push_back({"model.recompute_num_layers", "1"});

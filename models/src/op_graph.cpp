@@ -72,10 +72,8 @@ double recompute_share(const Op& op, RecomputePolicy policy) {
       return 0;
     case Recompute::kSelective:
       if (op.kind == OpKind::kAttention) return policy.selects(kRecomputeCoreAttn) ? 1 : 0;
-      if (op.layer >= 0 && op.name == "mlp_norm")
-        return policy.selects(kRecomputeLayernorm) ? 1 : 0;
-      if (op.name == "expert_act") return policy.selects(kRecomputeMoeAct) ? 1 : 0;
-      return 0;
+      if (policy.selects(kRecomputeLayernorm) && op.layer >= 0 && op.name == "mlp_norm") return 1;
+      return policy.selects(kRecomputeMoeAct) && op.name == "expert_act" ? 1 : 0;
     case Recompute::kFull:
       return op.layer >= 0 ? 1 : 0;
     case Recompute::kSelectiveOp:

@@ -465,16 +465,14 @@ std::optional<ActivationPasses> unfused_activation(const models::Op& op, const L
 // that many run at once, each filling only its own tiles of the GPU.
 constexpr int64_t kGroupedGemmStreams = 4;
 
-// A GEMM group of `batch` equal problems: an expert group in rounds of kGroupedGemmStreams
-// concurrent GEMMs; any other batch as one batched GEMM.
-Time group_gemm_time(const hardware::DeviceProfile& dev, bool experts, int64_t m, int64_t n,
-                     int64_t k, int64_t batch, Precision p, bool accumulate_fp32 = false) {
-  if (!experts || batch <= kGroupedGemmStreams)
-    return dev.gemm_time(m, n, k, batch, p, accumulate_fp32);
-  const int64_t rounds = batch / kGroupedGemmStreams, rest = batch % kGroupedGemmStreams;
-  Time t = dev.gemm_time(m, n, k, kGroupedGemmStreams, p, accumulate_fp32) * rounds;
-  if (rest > 0) t += dev.gemm_time(m, n, k, rest, p, accumulate_fp32);
-  return t;
+// Calls f(b) for each round of a GEMM group of `batch` equal problems, b its batch: an
+// expert group in rounds of up to kGroupedGemmStreams concurrent GEMMs, any other group as
+// one batched GEMM. op_cost() and op_kernels() both time a group this way.
+template <class F>
+void for_each_gemm_round(bool experts, int64_t batch, F&& f) {
+  if (!experts) return f(batch);
+  for (int64_t done = 0; done < batch; done += kGroupedGemmStreams)
+    f(std::min(kGroupedGemmStreams, batch - done));
 }
 
 }  // namespace
@@ -493,21 +491,22 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
       // many as its own micro-batch routes in all: the op's FLOPs, not 1 / ep of them.
       const int64_t rerun_n = partial_rerun_columns(op, l);
       const std::vector<models::GemmShape> shapes = rank_gemms(op, g, l, cp);
+      const bool grouped = is_expert(op);
       for (size_t i = 0; i < shapes.size(); ++i) {
         const models::GemmShape& s = shapes[i];
         const ShapeRole role = shape_role(op, s, i, rerun_n);
-        const bool grouped = is_expert(op);
-        c.forward +=
-            group_gemm_time(dev, grouped, ceil_div(s.m, chunks.forward), s.n, s.k, s.batch, gp) *
-            chunks.forward;
-        c.dgrad +=
-            group_gemm_time(dev, grouped, ceil_div(s.m, chunks.dgrad), s.k, s.n, s.batch, gp) *
-            chunks.dgrad;
-        c.wgrad +=
-            group_gemm_time(dev, grouped, s.k, s.n, s.m, s.batch, gp, accumulates_fp32(l, p));
+        for_each_gemm_round(grouped, s.batch, [&](int64_t b) {
+          c.forward +=
+              dev.gemm_time(ceil_div(s.m, chunks.forward), s.n, s.k, b, gp) * chunks.forward;
+          c.dgrad += dev.gemm_time(ceil_div(s.m, chunks.dgrad), s.k, s.n, b, gp) * chunks.dgrad;
+          c.wgrad += dev.gemm_time(s.k, s.n, s.m, b, gp, accumulates_fp32(l, p));
+        });
         if (const int64_t b = unfused_accumulation_bytes(s, g, l, p); b > 0)
           c.wgrad += dev.memory_kernel_time(Bytes(b));
-        if (role.rerun_n > 0) c.recompute += dev.gemm_time(s.m, role.rerun_n, s.k, s.batch, gp);
+        if (role.rerun_n > 0)
+          for_each_gemm_round(grouped, s.batch, [&](int64_t b) {
+            c.recompute += dev.gemm_time(s.m, role.rerun_n, s.k, b, gp);
+          });
         if (gp == Precision::kFp8 && is_fp8_linear(op)) {
           const Fp8Kernels q = fp8_quantize_kernels(op, s, l);
           if (role.casts_input) {
@@ -864,24 +863,29 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
     case models::OpKind::kGemm: {
       const Precision gp = gemm_precision(op, p);
       // A grouped linear (Transformer Engine's GroupedLinear) launches one cuBLAS GEMM per
-      // local expert (nvte_multi_stream_cublas_gemm), timed as one batched product.
-      const auto gemm = [&](int64_t m, int64_t n, int64_t kk, int64_t batch) {
-        sim::Kernel x = sim::gemm_kernel(m, n, kk, batch, elem(gp));
-        if (is_expert(op)) x.launches = batch;
-        return x;
+      // local expert (nvte_multi_stream_cublas_gemm): a batched product per round of
+      // concurrent ones (for_each_gemm_round), each expert a launch.
+      const bool grouped = is_expert(op);
+      const auto gemms = [&](std::vector<sim::Kernel>& out, int64_t m, int64_t n, int64_t kk,
+                             int64_t batch, bool accumulate = false) {
+        for_each_gemm_round(grouped, batch, [&](int64_t b) {
+          sim::Kernel x = sim::gemm_kernel(m, n, kk, b, elem(gp));
+          if (grouped) x.launches = b;
+          x.accumulate_fp32 = accumulate;
+          out.push_back(x);
+        });
       };
       const int64_t rerun_n = partial_rerun_columns(op, l);
       const std::vector<models::GemmShape> shapes = rank_gemms(op, g, l, cp);
       for (size_t i = 0; i < shapes.size(); ++i) {
         const models::GemmShape& s = shapes[i];
         const ShapeRole role = shape_role(op, s, i, rerun_n);
-        k.forward.push_back(gemm(s.m, s.n, s.k, s.batch));
-        k.dgrad.push_back(gemm(s.m, s.k, s.n, s.batch));
-        k.wgrad.push_back(gemm(s.k, s.n, s.m, s.batch));
-        k.wgrad.back().accumulate_fp32 = accumulates_fp32(l, p);
+        gemms(k.forward, s.m, s.n, s.k, s.batch);
+        gemms(k.dgrad, s.m, s.k, s.n, s.batch);
+        gemms(k.wgrad, s.k, s.n, s.m, s.batch, accumulates_fp32(l, p));
         if (const int64_t b = unfused_accumulation_bytes(s, g, l, p); b > 0)
           k.wgrad.push_back(sim::memory_kernel(b));
-        if (role.rerun_n > 0) k.recompute.push_back(gemm(s.m, role.rerun_n, s.k, s.batch));
+        if (role.rerun_n > 0) gemms(k.recompute, s.m, role.rerun_n, s.k, s.batch);
         if (gp == Precision::kFp8 && is_fp8_linear(op)) {
           const Fp8Kernels q = fp8_quantize_kernels(op, s, l);
           if (role.casts_input) {

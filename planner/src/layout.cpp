@@ -33,13 +33,24 @@ std::string_view to_string(models::Recompute r) {
   return "?";
 }
 
+namespace {
+constexpr std::pair<models::RecomputeModule, std::string_view> kRecomputeModuleNames[] = {
+    {models::kRecomputeCoreAttn, "core_attn"},
+    {models::kRecomputeLayernorm, "layernorm"},
+    {models::kRecomputeMoeAct, "moe_act"}};
+}  // namespace
+
 std::vector<std::string_view> recompute_module_names(uint8_t modules) {
   std::vector<std::string_view> out;
-  for (auto [bit, name] : {std::pair{models::kRecomputeCoreAttn, "core_attn"},
-                           std::pair{models::kRecomputeLayernorm, "layernorm"},
-                           std::pair{models::kRecomputeMoeAct, "moe_act"}})
+  for (auto [bit, name] : kRecomputeModuleNames)
     if (modules & bit) out.push_back(name);
   return out;
+}
+
+uint8_t recompute_module(std::string_view name) {
+  for (auto [bit, n] : kRecomputeModuleNames)
+    if (n == name) return bit;
+  return 0;
 }
 
 std::string recompute_modules_names(uint8_t modules) {
@@ -145,8 +156,7 @@ std::string describe_in_words(const Layout& l, hardware::Precision workload) {
   if (l.ep > 1) out += fmt::format(" ep {}", l.ep);
   if (l.expert_tp() != l.tp) out += fmt::format(" etp {}", l.expert_tp());
   out += fmt::format(", micro-batch {}, recompute {}", l.micro_batch, to_string(l.recompute));
-  if (l.recompute == models::Recompute::kSelective &&
-      l.recompute_modules != models::kRecomputeCoreAttn)
+  if (l.names_recompute_modules())
     out += fmt::format(" ({})", recompute_modules_names(l.recompute_modules));
   out += ", ";
   if (l.fsdp) {

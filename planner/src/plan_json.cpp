@@ -94,14 +94,9 @@ Layout parse_layout(JsonReader& r) {
     l.recompute_modules = 0;
     for (size_t i = 0; i < modules.size() && r.ok(); ++i) {
       const nlohmann::json& m = modules[i];
-      const std::string name = m.is_string() ? m.get<std::string>() : std::string();
-      if (name == "core_attn")
-        l.recompute_modules |= models::kRecomputeCoreAttn;
-      else if (name == "layernorm")
-        l.recompute_modules |= models::kRecomputeLayernorm;
-      else if (name == "moe_act")
-        l.recompute_modules |= models::kRecomputeMoeAct;
-      else
+      const uint8_t bit = m.is_string() ? recompute_module(m.get<std::string>()) : 0;
+      l.recompute_modules |= bit;
+      if (bit == 0)
         r.fail(
             "recompute_modules",
             fmt::format("element {}: {} is not one of core_attn, layernorm, moe_act", i, m.dump()));
@@ -185,8 +180,7 @@ nlohmann::json layout_to_json(const Layout& l) {
                       {"overlap_grad_reduce", l.overlap_grad_reduce},
                       {"overlap_param_gather", l.overlap_param_gather},
                       {"flash_attention", l.flash_attention}};
-  if (l.recompute == models::Recompute::kSelective &&
-      l.recompute_modules != models::kRecomputeCoreAttn) {
+  if (l.names_recompute_modules()) {
     nlohmann::json modules = nlohmann::json::array();
     for (std::string_view name : recompute_module_names(l.recompute_modules))
       modules.push_back(name);

@@ -29,6 +29,12 @@ namespace {
 using models::Recompute;
 
 constexpr Recompute kRecomputes[] = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
+
+// The recompute policy as one key: its kind and, under selective, its modules.
+int recompute_key(const Layout& l) {
+  return static_cast<int>(l.recompute) * 256 + l.recompute_modules;
+}
+
 constexpr Placement kPlacements[] = {Placement::kHomogeneous, Placement::kColocated,
                                      Placement::kNonColocated};
 // Candidates simulated per batch: fixed, so which candidates are simulated does not
@@ -192,8 +198,7 @@ class CostCache {
   const std::vector<ModuleTime>& per_group(size_t module, const Layout& l, bool context_parallel,
                                            bool frozen) {
     auto key =
-        std::make_tuple(module, l.tp, l.cp, l.sequence_parallel, l.micro_batch,
-                        static_cast<int>(l.recompute) * 256 + l.recompute_modules,
+        std::make_tuple(module, l.tp, l.cp, l.sequence_parallel, l.micro_batch, recompute_key(l),
                         l.flash_attention, l.fused_projections, l.repeat_kv, l.fused_activation,
                         l.tp_backward_overlap, l.pp_scatter_gather, l.tp_comm_overlap, l.ep,
                         l.expert_tp(), static_cast<int>(l.fp8_recipe), static_cast<int>(l.cp_comm),
@@ -492,7 +497,7 @@ std::vector<int> layout_key(const Layout& l) {
                      l.ep,
                      l.expert_tp(),
                      l.micro_batch,
-                     static_cast<int>(l.recompute) * 256 + l.recompute_modules,
+                     recompute_key(l),
                      l.sequence_parallel,
                      l.distributed_optimizer,
                      l.fsdp,
@@ -572,7 +577,7 @@ std::string describe_layout(const Layout& l, bool llm) {
   if (l.expert_tp() != l.tp) out += fmt::format(" etp{}", l.expert_tp());
   out += fmt::format(" mb{}", l.micro_batch);
   if (l.recompute != Recompute::kNone) out += fmt::format(" rc:{}", to_string(l.recompute));
-  if (l.recompute == Recompute::kSelective && l.recompute_modules != models::kRecomputeCoreAttn)
+  if (l.names_recompute_modules())
     out += fmt::format("({})", recompute_modules_names(l.recompute_modules));
   if (l.distributed_optimizer) out += " dopt";
   if (l.fsdp) {

@@ -108,24 +108,38 @@ TEST(CostModel, LayerCommunicationPoints) {
 }
 
 // Transformer Engine's GroupedLinear runs one cuBLAS GEMM per local expert on 4 streams:
-// Mixtral's 8 experts on one rank take two rounds of 4 concurrent GEMMs, not one batch of 8;
-// with EP 2 a rank's 4 experts are one round.
+// Mixtral's 8 experts on one rank take two rounds of 4 concurrent GEMMs, not one batch of 8,
+// in the op's time and in its kernels alike; with EP 2 a rank's 4 experts are one round.
 TEST(CostModel, GroupedExpertGemmsRunFourAtATime) {
   const models::OpGraph g = zoo_graph("mixtral-8x7b", 4096);
   const hardware::DeviceProfile dev = hardware::load_profile("dgx-h100")->gpu;
   const models::Op& fc1 = op_named(g, "expert_fc1");
   const auto bf16 = hardware::Precision::kBf16;
+  // The kernels: one batched product per round, each of its experts a launch; the op's time
+  // is theirs.
+  auto rounds = [&](const Layout& l) {
+    const std::vector<sim::Kernel> ks = op_kernels(fc1, g, l, true, bf16).forward;
+    std::vector<std::pair<int64_t, int64_t>> out;  // batch, launches
+    Time t;
+    for (const sim::Kernel& k : ks) {
+      out.emplace_back(k.batch, k.launches);
+      t += kernel_time(k, dev, bf16);
+    }
+    EXPECT_EQ(op_cost(fc1, g, l, true, dev, bf16).forward, t);
+    return out;
+  };
   Layout one;
   const sim::Kernel k = op_kernels(fc1, g, one, true, bf16).forward.at(0);
-  ASSERT_EQ(k.batch, 8);
+  using Rounds = std::vector<std::pair<int64_t, int64_t>>;
+  EXPECT_EQ(rounds(one), (Rounds{{4, 4}, {4, 4}}));
   EXPECT_EQ(op_cost(fc1, g, one, true, dev, bf16).forward,
             dev.gemm_time(k.m, k.n, k.k, 4, bf16) * 2);
   EXPECT_NE(dev.gemm_time(k.m, k.n, k.k, 4, bf16) * 2, dev.gemm_time(k.m, k.n, k.k, 8, bf16));
   Layout ep2;
   ep2.ep = 2;
   ep2.dp = 2;
+  EXPECT_EQ(rounds(ep2), (Rounds{{4, 4}}));
   const sim::Kernel k2 = op_kernels(fc1, g, ep2, true, bf16).forward.at(0);
-  ASSERT_EQ(k2.batch, 4);
   EXPECT_EQ(op_cost(fc1, g, ep2, true, dev, bf16).forward,
             dev.gemm_time(k2.m, k2.n, k2.k, 4, bf16));
 }

@@ -153,11 +153,9 @@ enum RecomputeModule : uint8_t {
   /// other norms are fused into Transformer Engine's LayerNormLinear and are not re-run); the
   /// router (and a shared expert's first linear) keep no input.
   kRecomputeLayernorm = 2,
-  kRecomputeMoeAct =
-      4,  // "moe_act": the experts' activation; the second expert linear keeps no input
+  /// "moe_act": the experts' activation; the second expert linear keeps no input.
+  kRecomputeMoeAct = 4,
 };
-inline constexpr uint8_t kRecomputeModulesAll =
-    kRecomputeCoreAttn | kRecomputeLayernorm | kRecomputeMoeAct;
 
 /// A recompute policy: the kind, and under kSelective the modules it re-runs.
 struct RecomputePolicy {

@@ -26,12 +26,14 @@ enum class Schedule {
 };
 std::string_view to_string(Schedule s);  // "gpipe", "1f1b", "interleaved", "zb-h1"
 
-std::string_view to_string(models::Recompute r);
+std::string_view to_string(models::Recompute r);  // "none", "selective", "full", ...
 /// The modules set in `modules` by Megatron-Core's --recompute-modules names, in the order
 /// core_attn, layernorm, moe_act.
 std::vector<std::string_view> recompute_module_names(uint8_t modules);
 /// The same joined: "layernorm, moe_act".
-std::string recompute_modules_names(uint8_t modules);  // "none", "selective", "full"
+std::string recompute_modules_names(uint8_t modules);
+/// The models::RecomputeModule bit of a --recompute-modules name hetpar models; 0 if none.
+uint8_t recompute_module(std::string_view name);
 
 /// How Transformer Engine scales FP8 tensors (fp8 workloads; Megatron-LM's --fp8-recipe).
 enum class Fp8Recipe {
@@ -143,6 +145,12 @@ struct Layout {
   /// --recompute-modules, default the attention core).
   uint8_t recompute_modules = models::kRecomputeCoreAttn;
   models::RecomputePolicy recompute_policy() const { return {recompute, recompute_modules}; }
+  /// Whether selective recompute re-runs other modules than its default (what the plan
+  /// file and the exports then name).
+  bool names_recompute_modules() const {
+    return recompute == models::Recompute::kSelective &&
+           recompute_modules != models::kRecomputeCoreAttn;
+  }
   bool distributed_optimizer = false;  // ZeRO-1: optimizer state sharded over dp
   /// Fully sharded data parallelism (torch FSDP / FSDP2, Megatron-FSDP, DeepSpeed ZeRO-3):
   /// parameters, gradients and optimizer state sharded over the dp x cp ranks (routed
