@@ -483,7 +483,6 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
     if (p.placement == Placement::kColocated)
       return "ep_comm_overlap in a colocated placement is not modelled: the encoders' passes "
              "run between the LLM's on the same GPUs";
-    if (l.tp_comm_overlap) return "ep_comm_overlap with tp_comm_overlap is not modelled";
   }
   if (hetero) {
     if (std::string why = heterogeneous_infeasibility(s, p); !why.empty()) return why;

@@ -27,8 +27,15 @@ namespace hetpar::planner {
 namespace {
 
 using models::Recompute;
+using models::RecomputePolicy;
 
 constexpr Recompute kRecomputes[] = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
+// A MoE LLM's selective recompute also re-runs Megatron-Core's output-discarding modules
+// (Layout::recompute_modules): the norm and activation alone, as the Megatron-Core MoE
+// team's Qwen3 and DeepSeek-V3 recipes run them, or with the attention core.
+constexpr uint8_t kMoeRecomputeModules[] = {
+    models::kRecomputeLayernorm | models::kRecomputeMoeAct,
+    models::kRecomputeCoreAttn | models::kRecomputeLayernorm | models::kRecomputeMoeAct};
 
 // The recompute policy as one key: its kind and, under selective, its modules.
 int recompute_key(const Layout& l) {
@@ -691,26 +698,39 @@ struct Candidate {
 // combinations, lightest first.
 struct BaseInfo {
   std::string why;
-  std::vector<std::vector<Recompute>> combos;
+  std::vector<std::vector<RecomputePolicy>> combos;
   int64_t considered = 0, dominated = 0;
 };
+
+// Whether policy `a` recomputes no less than `b`: a heavier kind (none < selective < full),
+// or under selective a superset of b's modules. Selective sets that neither contains are not
+// ordered.
+bool recomputes_no_less(RecomputePolicy a, RecomputePolicy b) {
+  if (a.kind == b.kind)
+    return a.kind != Recompute::kSelective || (a.modules & b.modules) == b.modules;
+  return static_cast<int>(a.kind) > static_cast<int>(b.kind);
+}
 
 // Combination `a` is dominated by `b` (which fits): the LLM recomputes no less, every
 // encoder the same. Encoders' recompute is searched, not ruled: an encoder's recompute
 // shifts its gradient reduction in time, and in colocated plans that can shorten the
 // iteration by more than the recompute costs (tests/planner/search_test.cpp's brute force
 // found such a case).
-bool dominated_by(const std::vector<Recompute>& a, const std::vector<Recompute>& b) {
-  if (static_cast<int>(a[0]) < static_cast<int>(b[0])) return false;
+bool dominated_by(const std::vector<RecomputePolicy>& a, const std::vector<RecomputePolicy>& b) {
+  if (!recomputes_no_less(a[0], b[0])) return false;
   for (size_t k = 1; k < a.size(); ++k)
-    if (a[k] != b[k]) return false;
+    if (a[k].kind != b[k].kind || a[k].modules != b[k].modules) return false;
   return true;
 }
 
-Plan with_recompute(const Plan& base, const std::vector<Recompute>& levels) {
+Plan with_recompute(const Plan& base, const std::vector<RecomputePolicy>& levels) {
   Plan p = base;
-  p.layout.recompute = levels[0];
-  for (size_t k = 0; k < p.modules.size(); ++k) p.modules[k].layout.recompute = levels[k + 1];
+  p.layout.recompute = levels[0].kind;
+  p.layout.recompute_modules = levels[0].modules;
+  for (size_t k = 0; k < p.modules.size(); ++k) {
+    p.modules[k].layout.recompute = levels[k + 1].kind;
+    p.modules[k].layout.recompute_modules = levels[k + 1].modules;
+  }
   return p;
 }
 
@@ -777,10 +797,10 @@ class Searcher {
   BaseInfo check(const Base& base) const {
     BaseInfo r;
     const size_t nmod = 1 + base.plan.modules.size();
-    std::vector<std::vector<Recompute>> options(nmod);
-    options[0] = recompute_options(spec_.llm);
+    std::vector<std::vector<RecomputePolicy>> options(nmod);
+    options[0] = recompute_options(spec_.llm, moe_experts_ > 0);
     for (size_t k = 0; k < base.plan.modules.size(); ++k)
-      options[k + 1] = recompute_options(module_fix(base.plan.modules[k].module));
+      options[k + 1] = recompute_options(module_fix(base.plan.modules[k].module), false);
     int64_t combos = 1;
     for (const auto& o : options) combos *= static_cast<int64_t>(o.size());
     r.considered = combos * base.distopt_variants;
@@ -789,16 +809,16 @@ class Searcher {
     if (!r.why.empty()) return r;
     std::vector<size_t> idx(nmod, 0);
     for (;;) {
-      std::vector<Recompute> c(nmod);
+      std::vector<RecomputePolicy> c(nmod);
       for (size_t k = 0; k < nmod; ++k) c[k] = options[k][idx[k]];
       r.combos.push_back(std::move(c));
       size_t k = 0;
       while (k < nmod && ++idx[k] == options[k].size()) idx[k++] = 0;
       if (k == nmod) break;
     }
-    auto weight = [](const std::vector<Recompute>& c) {
+    auto weight = [](const std::vector<RecomputePolicy>& c) {
       int w = 0;
-      for (Recompute x : c) w += static_cast<int>(x);
+      for (const RecomputePolicy& x : c) w += static_cast<int>(x.kind);
       return w;
     };
     std::stable_sort(r.combos.begin(), r.combos.end(),
@@ -836,9 +856,16 @@ class Searcher {
     return kNone;
   }
 
-  static std::vector<Recompute> recompute_options(const LayoutFix& f) {
-    if (f.recompute) return {*f.recompute};
-    return {std::begin(kRecomputes), std::end(kRecomputes)};
+  // A module's recompute policies: the fixed kind or every kind; for a MoE LLM selective
+  // also with the output-discarding modules (kMoeRecomputeModules).
+  static std::vector<RecomputePolicy> recompute_options(const LayoutFix& f, bool moe) {
+    std::vector<RecomputePolicy> out;
+    for (Recompute r : kRecomputes)
+      if (!f.recompute || *f.recompute == r) out.emplace_back(r);
+    if (f.recompute && out.empty()) out.emplace_back(*f.recompute);  // selective_op
+    if (moe && (!f.recompute || *f.recompute == Recompute::kSelective))
+      for (uint8_t m : kMoeRecomputeModules) out.emplace_back(Recompute::kSelective, m);
+    return out;
   }
 
   // TP degrees: powers of two within a node (or, when allowed, beyond it).
@@ -1106,19 +1133,21 @@ class Searcher {
       if (sch == Schedule::kInterleaved && gb % per_step == 0 && (gb / per_step) % lay.pp != 0)
         b.plan.layout.microbatch_group =
             static_cast<int>(smallest_interleaved_group(lay.pp, gb / per_step));
-      // search.llm.ep_comm_overlap: where Megatron-Core merges forward and backward passes.
-      const bool a2a = lay.ep > 1 && !lay.tp_comm_overlap && merges_passes(sch, lay.pp);
-      b.plan.layout.ep_comm_overlap = a2a && fx.ep_comm_overlap.value_or(false);
-      out.push_back(b);
-      if (a2a && fx.any_ep_comm_overlap) {
-        Base o = b;
-        o.plan.layout.ep_comm_overlap = true;
-        out.push_back(std::move(o));
-      }
+      // search.llm.ep_comm_overlap: where Megatron-Core merges forward and backward passes
+      // (beside userbuffers too); "any": with and without.
+      const bool a2a = lay.ep > 1 && merges_passes(sch, lay.pp);
+      auto ep_overlaps = [&](Base x) {
+        x.plan.layout.ep_comm_overlap = a2a && fx.ep_comm_overlap.value_or(false);
+        out.push_back(x);
+        if (a2a && fx.any_ep_comm_overlap && !x.plan.layout.ep_comm_overlap) {
+          x.plan.layout.ep_comm_overlap = true;
+          out.push_back(std::move(x));
+        }
+      };
+      ep_overlaps(b);
       if (both) {
         b.plan.layout.tp_comm_overlap = true;
-        b.plan.layout.ep_comm_overlap = false;
-        out.push_back(std::move(b));
+        ep_overlaps(std::move(b));
       }
       // search.llm.moe_dispatcher "any": each of these with DeepEP too, where it applies
       // (ep > 1 of a size DeepEP configures, whole experts, dropless). Groups across nodes
@@ -1330,6 +1359,7 @@ Result<SearchResult> search(const Scenario& s, const SearchOptions& o) {
   std::vector<int64_t> considered(3, 0), simulated(3, 0);
   std::vector<Candidate> cands;
   std::map<std::vector<int>, int32_t> sides;
+  constexpr int32_t kKinds = 4;  // Recompute's kinds, selective_op included: a group per kind
   for (size_t i = 0; i < bases.size(); ++i) {
     const BaseInfo& r = info[i];
     res.counts.considered += r.considered;
@@ -1350,14 +1380,14 @@ Result<SearchResult> search(const Scenario& s, const SearchOptions& o) {
     for (size_t c = 0; c < r.combos.size(); ++c)
       cands.push_back({static_cast<uint32_t>(i), static_cast<uint16_t>(c), Time::zero(),
                        Time::zero(),
-                       side < 0 ? -1 : side * 3 + static_cast<int32_t>(r.combos[c][0])});
+                       side < 0 ? -1 : side * kKinds + static_cast<int32_t>(r.combos[c][0].kind)});
   }
   // Per LLM side and recompute: the bounds of the encoder layouts admitted (and not turned
   // away for memory). A layout is admitted while fewer than kEncoderVariants of them have a
   // bound at or below its own: a recompute variant held for a later batch (its lighter
   // variant did not fit) keeps the place its bound gives it rather than the slots that
   // higher-bound layouts took meanwhile.
-  std::vector<std::vector<Time>> admitted(sides.size() * 3);
+  std::vector<std::vector<Time>> admitted(sides.size() * kKinds);
   auto ahead = [&](const Candidate& c) {
     return std::count_if(admitted[c.group].begin(), admitted[c.group].end(),
                          [&](Time b) { return b <= c.bound; });

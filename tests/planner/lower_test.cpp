@@ -2006,13 +2006,45 @@ TEST(Lower, EpCommOverlapNeedsWhatMegatronCoreNeeds) {
   Plan full = p;
   full.layout.recompute = models::Recompute::kFull;
   EXPECT_NE(infeasibility(moe, full).find("recompute full"), std::string::npos);
-  Plan ub = plan(2, 1, 4);
-  ub.layout.sequence_parallel = true;
-  ub.layout.ep = 4;
-  ub.layout.etp = 1;
-  ub.layout.tp_comm_overlap = true;
-  ub.layout.ep_comm_overlap = true;
-  EXPECT_EQ(infeasibility(moe, ub), "ep_comm_overlap with tp_comm_overlap is not modelled");
+}
+
+// The all-to-all overlap beside userbuffers TP overlap (as the Megatron-Core MoE team's
+// launch scripts run them): each merged op keeps its own ring collective, every linear waits
+// for its own op's, and the overlap still hides all-to-all time.
+TEST(Lower, EpCommOverlapRunsBesideUserbuffersTpOverlap) {
+  Scenario moe = tiny_moe(4, 64, 2, 16);
+  for (Schedule sched : {Schedule::k1F1B, Schedule::kInterleaved}) {
+    const int pp = sched == Schedule::k1F1B ? 1 : 2;
+    SCOPED_TRACE(to_string(sched));
+    Plan p = plan(2, pp, 8 / pp, sched, sched == Schedule::k1F1B ? 1 : 2);
+    p.layout.sequence_parallel = true;
+    p.layout.ep = 16 / pp;  // folded over TP x DP: across both nodes at pp 1
+    p.layout.etp = 1;
+    p.layout.tp_comm_overlap = true;
+    Plan o = p;
+    o.layout.ep_comm_overlap = true;
+    ASSERT_EQ(infeasibility(moe, o), "");
+    LoweredPlan lp = lowered(moe, o, {.full_ranks = true});
+    ASSERT_TRUE(lp.graph.validate(lp.world).is_ok());
+    // Userbuffers' collectives (copy engines) are all there, each waited for by a task.
+    std::vector<int> waited(lp.graph.num_tasks(), 0);
+    int ring = 0, ring_base = 0;
+    for (const auto& [before, after] : lp.graph.dependencies()) waited[before.value()] = 1;
+    for (int t = 0; t < lp.graph.num_tasks(); ++t) {
+      if (!lp.graph.task(TaskId(t)).copy_engine) continue;
+      ++ring;
+      EXPECT_TRUE(waited[t]) << t;
+    }
+    LoweredPlan base = lowered(moe, p, {.full_ranks = true});
+    for (int t = 0; t < base.graph.num_tasks(); ++t)
+      ring_base += base.graph.task(TaskId(t)).copy_engine ? 1 : 0;
+    EXPECT_GT(ring, 0);
+    EXPECT_EQ(ring, ring_base);
+    auto e = evaluate(moe, p), eo = evaluate(moe, o);
+    ASSERT_TRUE(e.is_ok() && eo.is_ok());
+    ASSERT_TRUE(eo->feasible) << eo->infeasible_reason;
+    EXPECT_LT(eo->iteration_time, e->iteration_time);
+  }
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <set>
 
 #include "hetpar/planner/evaluate.h"
 #include "hetpar/planner/lower.h"
@@ -301,6 +302,25 @@ TEST(Search, TriesTheEpOverlapBothWaysWithAny) {
   EXPECT_TRUE(any.top.front().plan.layout.ep_comm_overlap) << describe(any.top.front().plan);
   EXPECT_LT(any.top.front().metrics.iteration_time, off.top.front().metrics.iteration_time);
   for (const RankedPlan& p : off.top) EXPECT_FALSE(p.plan.layout.ep_comm_overlap);
+  // Beside userbuffers: with TP 2, SP and tp_comm_overlap fixed, "any" still tries the
+  // overlap in every layout it applies to, each with userbuffers.
+  {
+    Scenario ub = *s;
+    ub.search.llm.tp = 2;
+    ub.search.llm.pp = 1;
+    ub.search.llm.sequence_parallel = true;
+    ub.search.llm.tp_comm_overlap = true;
+    ub.search.llm.any_ep_comm_overlap = true;
+    const SearchResult both = run(ub, threads(2));
+    ub.search.llm.any_ep_comm_overlap = false;
+    const SearchResult tp_only = run(ub, threads(2));
+    ASSERT_FALSE(both.top.empty() || tp_only.top.empty());
+    EXPECT_GT(both.counts.considered, tp_only.counts.considered);
+    bool paired = false;
+    for (const RankedPlan& p : both.top)
+      paired = paired || (p.plan.layout.ep_comm_overlap && p.plan.layout.tp_comm_overlap);
+    EXPECT_TRUE(paired) << describe(both.top.front().plan);
+  }
   // search.llm.moe_capacity_factor sets token dropping in every searched layout.
   s->search.llm.moe_capacity_factor = 1.0;
   const SearchResult drop = run(*s, threads(2));
@@ -526,6 +546,39 @@ TEST(Search, TriesDeepEpWhereTheSectionAsks) {
   EXPECT_LT(any.top.front().metrics.iteration_time, plain.top.front().metrics.iteration_time);
   for (const RankedPlan& p : run(moe("deepep"), threads(2)).top)
     EXPECT_EQ(p.plan.layout.moe_dispatcher, MoeDispatcher::kDeepEp);
+}
+
+// A MoE LLM's selective recompute is searched with Megatron-Core's output-discarding
+// modules too (Layout::recompute_modules): the attention core alone, the norm and the
+// experts' activation alone, and all three. Neither of the first two contains the other, so
+// both are simulated; all three together recompute no less than either and are dominated
+// once one fits. Full recompute keeps the attention core's default.
+TEST(Search, TriesTheMoeRecomputeModulesUnderSelective) {
+  auto moe = [](const std::string& recompute) {
+    return moe_search(16, 1, 16,
+                      R"("tp": 1, "pp": 1, "ep": 8, "micro_batch": 1, "recompute": ")" +
+                          recompute + "\"");
+  };
+  const SearchResult sel = run(moe("selective"), threads(2));
+  ASSERT_FALSE(sel.top.empty());
+  constexpr uint8_t kNormAct = models::kRecomputeLayernorm | models::kRecomputeMoeAct;
+  std::set<uint8_t> seen;
+  for (const RankedPlan& p : sel.top) {
+    EXPECT_EQ(p.plan.layout.recompute, models::Recompute::kSelective);
+    seen.insert(p.plan.layout.recompute_modules);
+  }
+  EXPECT_EQ(seen, (std::set<uint8_t>{models::kRecomputeCoreAttn, kNormAct}));
+  EXPECT_GT(sel.counts.pruned_dominated, 0);
+  bool named = false;
+  for (const RankedPlan& p : sel.top)
+    named = named || describe(p.plan).find("selective(layernorm, moe_act)") != std::string::npos;
+  EXPECT_TRUE(named);
+  // Three selective policies per layout where full recompute has one.
+  const SearchResult full = run(moe("full"), threads(2));
+  ASSERT_FALSE(full.top.empty());
+  EXPECT_EQ(sel.counts.considered, 3 * full.counts.considered);
+  for (const RankedPlan& p : full.top)
+    EXPECT_EQ(p.plan.layout.recompute_modules, models::kRecomputeCoreAttn);
 }
 
 // A fixed EP that is not a power of two is searched (as a fixed tp is), and "any" offers

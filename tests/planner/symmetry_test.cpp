@@ -163,6 +163,14 @@ std::vector<Case> cases() {
     f.layout.fsdp = true;
     out.push_back({"dgx-h100 dp16 ep16 fsdp ep_comm_overlap (merged F/B, sharded)",
                    make("dgx-h100", 2, 64, 4, moe), f});
+    Plan u = plan(2, 1, 1, 8);  // beside userbuffers: each merged op its own ring collective
+    u.layout.sequence_parallel = true;
+    u.layout.tp_comm_overlap = true;
+    u.layout.ep = 16;
+    u.layout.etp = 1;
+    u.layout.ep_comm_overlap = true;
+    out.push_back({"dgx-h100 tp2 sp dp8 ep16 etp1 tp_comm_overlap ep_comm_overlap",
+                   make("dgx-h100", 2, 64, 4, moe), u});
   }
   return out;
 }

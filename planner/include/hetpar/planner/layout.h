@@ -252,8 +252,9 @@ struct Layout {
   /// forward's dispatch beside the backward's experts, the backward's dispatch beside the
   /// forward's experts, the forward's combine beside the backward's attention. The
   /// all-to-alls then run on a stream of their own. Needs ep > 1, the 1F1B schedule with pp
-  /// 1 or the interleaved one, no full recompute (Megatron-Core's checks), no userbuffers
-  /// and no colocated encoders (not modelled together).
+  /// 1 or the interleaved one, no full recompute (Megatron-Core's checks), and no colocated
+  /// encoders (not modelled together). With userbuffers (tp_comm_overlap) each merged op keeps
+  /// its own ring collective in flight.
   bool ep_comm_overlap = false;
   /// MoE token dropping (Megatron --moe-expert-capacity-factor with
   /// --moe-pad-expert-input-to-capacity; Megatron-Bridge's token-drop presets): each expert

@@ -80,8 +80,8 @@ struct LayoutFix {
   std::optional<bool> tp_comm_overlap;
   bool any_tp_comm_overlap = false;
   /// The EP all-to-all overlap (Layout::ep_comm_overlap) in every searched LLM layout it
-  /// applies to (ep > 1; the interleaved schedule, or 1F1B with pp 1; no userbuffers);
-  /// default off; `any_ep_comm_overlap`: both.
+  /// applies to (ep > 1; the interleaved schedule, or 1F1B with pp 1), with or without
+  /// userbuffers; default off; `any_ep_comm_overlap`: both.
   std::optional<bool> ep_comm_overlap;
   bool any_ep_comm_overlap = false;
   /// How CP exchanges K,V in layouts with cp > 1; unset: the ring (p2p) only, which the
