@@ -57,9 +57,8 @@ Result<std::vector<ExportFile>> write_deepspeed(const Context& c) {
         "Megatron-style sequence parallelism: DeepSpeed AutoTP keeps activations between "
         "TP regions replicated");
   if (l.recompute == models::Recompute::kSelective)
-    r.add(
-        "selective recompute of the attention core: DeepSpeed checkpoints whole layers "
-        "(pipeline.activation_checkpoint_interval)");
+    r.add(selective_recompute(l) +
+          ": DeepSpeed checkpoints whole layers (pipeline.activation_checkpoint_interval)");
   if (l.dp > 1 && l.overlap_grad_reduce)
     r.add(
         "gradient reduction overlapped with the backward (overlap_grad_reduce): the pipeline "

@@ -233,6 +233,12 @@ std::string_view megatron_attention_backend(const planner::Layout& l) {
   return "auto";
 }
 
+std::string selective_recompute(const planner::Layout& l) {
+  if (!l.names_recompute_modules()) return "selective recompute of the attention core";
+  return fmt::format("selective recompute of recompute_modules [{}]",
+                     planner::recompute_modules_names(l.recompute_modules));
+}
+
 void refuse_selective_op(const Context& c, Refusals& r) {
   bool any = c.layout().recompute == models::Recompute::kSelectiveOp;
   for (const planner::ModulePlan& m : c.p.modules)

@@ -38,9 +38,8 @@ Result<std::vector<ExportFile>> write_nanotron(const Context& c) {
       break;
   }
   if (l.recompute == models::Recompute::kSelective)
-    r.add(
-        "selective recompute of the attention core: nanotron recomputes whole layers "
-        "(parallelism.recompute_layer)");
+    r.add(selective_recompute(l) +
+          ": nanotron recomputes whole layers (parallelism.recompute_layer)");
   if (c.llm.moe) r.add("a mixture-of-experts LLM: nanotron's Llama model is dense");
   if (l.fsdp) r.add("fsdp: nanotron shards the optimizer state at most (optimizer.zero_stage 1)");
   if (b.head_size > 0 && b.head_size * b.heads != b.hidden)

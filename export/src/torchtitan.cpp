@@ -117,9 +117,9 @@ Result<std::vector<ExportFile>> write_torchtitan(const Context& c) {
         "mixed_precision_param through FSDP, or autocast under pure DDP / one device only",
         l.tp, l.pp));
   if (l.recompute == models::Recompute::kSelective)
-    r.add(
-        "selective recompute of the attention core: torchtitan's selective activation "
-        "checkpointing keeps a different, per-op set of activations");
+    r.add(selective_recompute(l) +
+          ": torchtitan's selective activation checkpointing keeps a different, per-op set "
+          "of activations");
   switch (c.p.schedule) {
     case planner::Schedule::kZeroBubble:
       r.add(

@@ -89,6 +89,9 @@ std::string_view megatron_attention_backend(const planner::Layout& l);
 /// Refuses recompute selective_op (torchtitan's per-op activation checkpointing) in any of the
 /// plan's layouts: the other trainers keep other activations.
 void refuse_selective_op(const Context& c, Refusals& r);
+/// What a layout's selective recompute re-runs, as a refusal names it: the attention core, or
+/// the plan's recompute_modules.
+std::string selective_recompute(const planner::Layout& l);
 /// Refuses Layout::moe_capacity_factor (token dropping padded to capacity: Megatron's alone).
 void refuse_token_dropping(const Context& c, Refusals& r);
 /// Refuses Layout::moe_dispatcher deepep (Megatron-Core's flex dispatcher alone).

@@ -313,6 +313,27 @@ TEST(ExportOthers, RefuseDeepEp) {
         << static_cast<int>(t);
 }
 
+// Selective recompute is Megatron's: the other trainers refuse it, naming what it re-runs
+// (the attention core, or the plan's recompute_modules).
+TEST(ExportOthers, RefuseSelectiveRecomputeNamingItsModules) {
+  Plan p;
+  p.layout = layout(1, 1, 8);
+  p.layout.recompute = models::Recompute::kSelective;
+  const planner::Scenario s = scenario("mixtral-8x7b", 1, 4096, 64);
+  for (Target t : {Target::kTorchtitan, Target::kDeepspeed, Target::kNanotron})
+    EXPECT_NE(refusal(s, p, t).find("selective recompute of the attention core"), std::string::npos)
+        << static_cast<int>(t);
+  p.layout.recompute_modules = models::kRecomputeLayernorm | models::kRecomputeMoeAct;
+  ASSERT_EQ(planner::infeasibility(s, p), "");
+  for (Target t : {Target::kTorchtitan, Target::kDeepspeed, Target::kNanotron}) {
+    const std::string why = refusal(s, p, t);
+    EXPECT_NE(why.find("selective recompute of recompute_modules [layernorm, moe_act]"),
+              std::string::npos)
+        << why;
+    EXPECT_EQ(why.find("attention core:"), std::string::npos) << why;
+  }
+}
+
 // Layers per pipeline stage set one by one: DeepSpeed's partition_method and nanotron's
 // split cannot hold counts (torchtitan can: Fp32PipelinesAndTheirSchedules).
 TEST(ExportOthers, RefuseLayersPerStageWhereTheTrainerSplitsItself) {
