@@ -494,7 +494,8 @@ TEST(ExportScripts, LaunchScriptsAreValidBash) {
 }
 
 // Megatron-LM's arguments.py asserts CUDA_DEVICE_MAX_CONNECTIONS: 1 with TP or CP (before
-// Blackwell), more than one with FSDP; the launch scripts set it so. Other trainers' do not.
+// Blackwell), more than one with FSDP; the launch scripts set it so, and 32 for the EP
+// all-to-all overlap. Other trainers' do not.
 TEST(ExportScripts, MegatronLaunchSetsTheHardwareQueuesItAsserts) {
   planner::Scenario llama = scenario("llama-3.1-8b", 4, 8192, 512);
   const std::string one = "export CUDA_DEVICE_MAX_CONNECTIONS=1";
@@ -516,6 +517,18 @@ TEST(ExportScripts, MegatronLaunchSetsTheHardwareQueuesItAsserts) {
   ddp.layout.fsdp = true;
   EXPECT_EQ(exported(llama, ddp, Target::kTorchtitan).at("launch.sh").find("CUDA_DEVICE_MAX"),
             std::string::npos);
+  // The EP all-to-all overlap wants more queues than TP's one (Megatron-LM's warning; 32 as
+  // the Megatron-Core MoE team's scripts set beside TP).
+  const planner::Scenario moe = scenario("mixtral-8x7b", 4, 4096, 256);
+  Plan ep;
+  ep.layout = layout(2, 1, 16);
+  ep.layout.sequence_parallel = true;
+  ep.layout.ep = 8;
+  ep.layout.ep_comm_overlap = true;
+  ASSERT_EQ(planner::infeasibility(moe, ep), "");
+  script = exported(moe, ep, Target::kMegatron).at("launch.sh");
+  EXPECT_NE(script.find("export CUDA_DEVICE_MAX_CONNECTIONS=32"), std::string::npos) << script;
+  EXPECT_EQ(script.find(one), std::string::npos);
 }
 
 // A cluster with NVLS switched off (the DGX Cloud Benchmarking runs' NCCL_NVLS_ENABLE=0) is

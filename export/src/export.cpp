@@ -587,7 +587,12 @@ std::string megatron_environment(const Context& c, bool any_tp_or_cp) {
   if (l.fsdp)
     return "# FSDP: Megatron-LM asserts more than one hardware queue.\n"
            "unset CUDA_DEVICE_MAX_CONNECTIONS\n";
-  if (l.ep_comm_overlap || !any_tp_or_cp) return "";
+  if (l.ep_comm_overlap)
+    return "# EP all-to-all overlap: more hardware queues, so the all-to-alls run beside the "
+           "compute (Megatron-LM warns that before Blackwell TP / CP want 1 and the overlap more; "
+           "the Megatron-Core MoE team's launch scripts set 32 with it).\n"
+           "export CUDA_DEVICE_MAX_CONNECTIONS=32\n";
+  if (!any_tp_or_cp) return "";
   return "# TP / CP: Megatron-LM asserts one hardware queue before Blackwell (collectives in "
          "issue order).\n"
          "export CUDA_DEVICE_MAX_CONNECTIONS=1\n";
