@@ -64,6 +64,27 @@ std::optional<GradReduceDtype> parse_grad_reduce_dtype(std::string_view s) {
   return std::nullopt;
 }
 
+std::optional<uint8_t> read_recompute_modules(JsonReader& r,
+                                              std::optional<models::Recompute> kind) {
+  if (!r.has("recompute_modules")) return std::nullopt;
+  const nlohmann::json& modules = r.array("recompute_modules", false);
+  if (kind != models::Recompute::kSelective)
+    r.fail("recompute_modules", "needs \"recompute\": \"selective\"");
+  else if (modules.empty())
+    r.fail("recompute_modules", "must name at least one of core_attn, layernorm, moe_act");
+  uint8_t bits = 0;
+  for (size_t i = 0; i < modules.size() && r.ok(); ++i) {
+    const nlohmann::json& m = modules[i];
+    const uint8_t bit = m.is_string() ? recompute_module(m.get<std::string>()) : 0;
+    bits |= bit;
+    if (bit == 0)
+      r.fail(
+          "recompute_modules",
+          fmt::format("element {}: {} is not one of core_attn, layernorm, moe_act", i, m.dump()));
+  }
+  return bits;
+}
+
 namespace {
 
 // A layout uses at most the GPUs a cluster may hold; each degree alone as well.
@@ -84,24 +105,8 @@ Layout parse_layout(JsonReader& r) {
   l.micro_batch = static_cast<int>(r.required_int("micro_batch", 1, kMaxDegree));
   l.recompute = *parse_recompute(
       r.optional_enum("recompute", "none", {"none", "selective", "full", "selective_op"}));
-  // Megatron-Core's --recompute-modules, under selective recompute only.
-  if (const nlohmann::json& modules = r.array("recompute_modules", false);
-      r.has("recompute_modules")) {
-    if (l.recompute != models::Recompute::kSelective)
-      r.fail("recompute_modules", "needs \"recompute\": \"selective\"");
-    else if (modules.empty())
-      r.fail("recompute_modules", "must name at least one of core_attn, layernorm, moe_act");
-    l.recompute_modules = 0;
-    for (size_t i = 0; i < modules.size() && r.ok(); ++i) {
-      const nlohmann::json& m = modules[i];
-      const uint8_t bit = m.is_string() ? recompute_module(m.get<std::string>()) : 0;
-      l.recompute_modules |= bit;
-      if (bit == 0)
-        r.fail(
-            "recompute_modules",
-            fmt::format("element {}: {} is not one of core_attn, layernorm, moe_act", i, m.dump()));
-    }
-  }
+  if (const std::optional<uint8_t> m = read_recompute_modules(r, l.recompute))
+    l.recompute_modules = *m;
   l.distributed_optimizer = r.optional_bool("distributed_optimizer", false);
   l.fsdp = r.optional_bool("fsdp", false);
   l.fsdp_reshard_after_forward = r.optional_bool("fsdp_reshard_after_forward", true);

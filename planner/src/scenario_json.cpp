@@ -105,6 +105,7 @@ LayoutFix parse_layout_fix(JsonReader& r) {
   if (r.has("recompute"))
     f.recompute = parse_recompute(
         r.optional_enum("recompute", "none", {"none", "selective", "full", "selective_op"}));
+  f.recompute_modules = read_recompute_modules(r, f.recompute);
   if (r.has("attention_kernel"))
     f.attention_kernel = hardware::parse_attention_kernel(
         r.optional_enum("attention_kernel", "default", {"default", "cudnn", "flash2", "flash3"}));

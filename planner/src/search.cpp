@@ -856,9 +856,10 @@ class Searcher {
     return kNone;
   }
 
-  // A module's recompute policies: the fixed kind or every kind; for a MoE LLM selective
-  // also with the output-discarding modules (kMoeRecomputeModules).
+  // A module's recompute policies: the fixed kind (and modules) or every kind; for a MoE LLM
+  // selective also with the output-discarding modules (kMoeRecomputeModules).
   static std::vector<RecomputePolicy> recompute_options(const LayoutFix& f, bool moe) {
+    if (f.recompute_modules) return {RecomputePolicy(Recompute::kSelective, *f.recompute_modules)};
     std::vector<RecomputePolicy> out;
     for (Recompute r : kRecomputes)
       if (!f.recompute || *f.recompute == r) out.emplace_back(r);

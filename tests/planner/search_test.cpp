@@ -555,9 +555,9 @@ TEST(Search, TriesDeepEpWhereTheSectionAsks) {
 // once one fits. Full recompute keeps the attention core's default.
 TEST(Search, TriesTheMoeRecomputeModulesUnderSelective) {
   auto moe = [](const std::string& recompute) {
-    return moe_search(16, 1, 16,
-                      R"("tp": 1, "pp": 1, "ep": 8, "micro_batch": 1, "recompute": ")" +
-                          recompute + "\"");
+    return moe_search(
+        16, 1, 16,
+        R"("tp": 1, "pp": 1, "ep": 8, "micro_batch": 1, "recompute": ")" + recompute + "\"");
   };
   const SearchResult sel = run(moe("selective"), threads(2));
   ASSERT_FALSE(sel.top.empty());
@@ -579,6 +579,24 @@ TEST(Search, TriesTheMoeRecomputeModulesUnderSelective) {
   EXPECT_EQ(sel.counts.considered, 3 * full.counts.considered);
   for (const RankedPlan& p : full.top)
     EXPECT_EQ(p.plan.layout.recompute_modules, models::kRecomputeCoreAttn);
+  // search.llm.recompute_modules fixes them (with recompute fixed to selective).
+  const SearchResult fixed =
+      run(moe_search(16, 1, 16,
+                     R"("tp": 1, "pp": 1, "ep": 8, "micro_batch": 1, "recompute": "selective", )"
+                     R"("recompute_modules": ["layernorm", "moe_act"])"),
+          threads(2));
+  ASSERT_FALSE(fixed.top.empty());
+  EXPECT_EQ(fixed.counts.considered, full.counts.considered);
+  for (const RankedPlan& p : fixed.top) EXPECT_EQ(p.plan.layout.recompute_modules, kNormAct);
+  auto bad = parse_scenario_text(
+      R"({"name": "moe", "model": "qwen3-30b-a3b",
+          "workload": {"seq_len": 4096, "global_batch": 64, "precision": "bf16"},
+          "cluster": {"profile": "dgx-h100", "nodes": 1},
+          "search": {"llm": {"recompute_modules": ["moe_act"]}}})",
+      "moe.json");
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().to_string().find("search.llm.recompute_modules"), std::string::npos)
+      << bad.status().to_string();
 }
 
 // A fixed EP that is not a power of two is searched (as a fixed tp is), and "any" offers

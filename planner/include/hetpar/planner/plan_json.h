@@ -15,6 +15,10 @@
 #include "hetpar/core/status.h"
 #include "hetpar/planner/layout.h"
 
+namespace hetpar {
+class JsonReader;
+}
+
 namespace hetpar::planner {
 
 /// The names to_string() gives, back (nullopt for anything else).
@@ -27,6 +31,12 @@ std::optional<GradReduceDtype> parse_grad_reduce_dtype(std::string_view s);
 std::optional<CrossEntropy> parse_cross_entropy(std::string_view s);
 std::optional<MoeDispatcher> parse_moe_dispatcher(std::string_view s);
 std::optional<FsdpImplementation> parse_fsdp_implementation(std::string_view s);
+
+/// A layout object's "recompute_modules" (Megatron-Core's --recompute-modules), read from
+/// `r` for a layout whose recompute is `kind`: the module bits, or nullopt where the field is
+/// absent. Fails `r`, naming the field, unless `kind` is selective and every name is one of
+/// core_attn, layernorm, moe_act.
+std::optional<uint8_t> read_recompute_modules(JsonReader& r, std::optional<models::Recompute> kind);
 
 Result<Plan> parse_plan(const nlohmann::json& j, const std::string& path);
 /// parse_plan(plan_to_json(p), "") == p.

@@ -49,6 +49,10 @@ struct LayoutFix {
   std::optional<int> etp;
   std::optional<bool> sequence_parallel, distributed_optimizer;
   std::optional<models::Recompute> recompute;
+  /// With recompute fixed to selective: the modules it re-runs (Layout::recompute_modules),
+  /// fixed too; unset, a MoE LLM's are searched (the attention core, the norm and activation,
+  /// all three).
+  std::optional<uint8_t> recompute_modules;
   /// The FP8 scaling every searched layout uses (the LLM's fix sets the run's; default
   /// delayed). Not searched: it is the trainer's numerics, not a parallel layout.
   std::optional<Fp8Recipe> fp8_recipe;
