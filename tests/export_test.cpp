@@ -11,7 +11,9 @@
 #include <nlohmann/json.hpp>
 
 #include "export/helpers.h"
+#include "hetpar/core/format.h"
 #include "hetpar/planner/lower.h"
+#include "hetpar/planner/memory.h"
 #include "hetpar/planner/scenario.h"
 
 namespace hetpar::exporter {
@@ -550,6 +552,30 @@ TEST(ExportScripts, LaunchScriptsSwitchNvlsOffWhereTheClusterDoes) {
       exported(off, megatron_plans()[1], Target::kMegatronBridge).at("megatron_bridge.yaml");
   EXPECT_NE(yaml.find("# NCCL_NVLS_ENABLE=0 (the cluster's nvls false)"), std::string::npos)
       << yaml;
+}
+
+// A plan the memory model puts over its GPUs is still exported (the model's allowances may
+// be pessimistic), with a note saying so; plans that fit carry none.
+TEST(ExportScripts, SayWhereTheMemoryModelPutsThePlanOverItsGpus) {
+  const planner::Scenario llama = scenario("llama-3.1-8b", 4, 8192, 512);
+  const std::string note = "Memory: hetpar's memory model puts pipeline stage 0 at ";
+  int fitting = 0;
+  for (const auto& [t, p] : llama_launch_plans()) {
+    SCOPED_TRACE(to_string(t));
+    const bool fits = planner::estimate_memory(llama, p).fits();
+    fitting += fits ? 1 : 0;
+    EXPECT_EQ(exported(llama, p, t).at("launch.sh").find("Memory:") == std::string::npos, fits);
+  }
+  EXPECT_GT(fitting, 0);
+  Plan big;
+  big.layout = layout(1, 1, 32);
+  big.layout.micro_batch = 16;  // 16 sequences of 8192 tokens at once, unsharded
+  const planner::MemoryReport mem = planner::estimate_memory(llama, big);
+  ASSERT_FALSE(mem.fits());
+  for (Target t : {Target::kMegatron, Target::kTorchtitan}) {
+    const std::string script = exported(llama, big, t).at("launch.sh");
+    EXPECT_NE(script.find(note + fmt::format("{}", mem.tightest())), std::string::npos) << script;
+  }
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <map>
 #include <variant>
 
+#include "hetpar/core/format.h"
 #include "hetpar/planner/lower.h"
 #include "hetpar/planner/memory.h"
 #include "writer.h"
@@ -417,6 +418,13 @@ std::string header(const Context& c, std::string_view comment) {
         "{}NCCL_NVLS_ENABLE=0 (the cluster's nvls false): the prediction runs intra-node "
         "all-reduces as rings; run with it set.\n",
         comment);
+  // The export does not refuse for memory (the model's allowances may be pessimistic), but
+  // says so where the memory model puts the plan over its GPUs.
+  if (const planner::MemoryReport mem = planner::estimate_memory(c.s, c.p); !mem.fits())
+    out += fmt::format(
+        "{}Memory: hetpar's memory model puts pipeline stage {} at {} per GPU, over the {} its "
+        "GPUs have (`hetpar simulate` calls the plan infeasible); check it before a long run.\n",
+        comment, mem.tightest_stage, mem.tightest(), mem.capacity());
   // A cluster of several node types: the plan places its modules by rank, so each node
   // must start with the node rank of its own group's place.
   const auto& groups = c.s.cluster.groups();
