@@ -102,7 +102,7 @@ std::optional<std::vector<int>> replica_classes(const Scenario& s, const Layout&
 
 // What one Lowering builds. The homogeneous plan: every module under the plan's layout on
 // ranks [0, world). A heterogeneous plan lowers each encoder (with its projectors) and the
-// LLM as separate Lowerings sharing one graph (lower_heterogeneous below).
+// LLM as separate Lowerings sharing one graph (lower_heterogeneous, lower_hetero.cpp).
 struct Role {
   const Layout* layout = nullptr;               // null: the plan's
   std::vector<size_t> modules;                  // empty: every module the workload feeds

@@ -18,7 +18,7 @@
 // Bytes: the projector's output of one LLM micro-batch, llm_mb * V * H * bytes_per_element
 // (V modality tokens per sample, H the LLM hidden size).
 //
-// Communication (lower.cpp emits it; category "boundary_comm"):
+// Communication (lower_hetero.cpp emits it; category "boundary_comm"):
 // - Non-colocated: one leader per DP replica on each side (its tp = cp = 0 rank; the
 //   encoder's leader sits on its last pipeline stage; the LLM's on stage 0). Forward: the
 //   feeding encoder leader sends each LLM micro-batch to the LLM leader (P2P), which

@@ -149,7 +149,7 @@ struct ParamCount {
 struct Block {
   std::vector<WorkStep> steps;  // forward order; adjacent compute steps already merged
   ParamCount dense;             // this rank's shard, reduced over dp x cp
-  ParamCount expert;            // this rank's routed experts (see lower.cpp's param_parts)
+  ParamCount expert;            // this rank's routed experts (Lowering::param_parts)
   /// Of `dense`, the parameters TP replicates whose gradients differ between the TP ranks,
   /// which Megatron-LM all-reduces over TP after the DP sync (finalize_model_grads'
   /// _allreduce_layernorm_grads): under SP the norms and the MoE router (each rank sees
