@@ -81,6 +81,13 @@ Result<std::vector<ExportFile>> export_plan(const planner::Scenario& s, const pl
   for (const hardware::NodeGroup& g : s.cluster.groups())
     if (g.profile.gpus_per_node != c.gpus_per_node) c.gpus_per_node = 0;
   c.micro_batches = planner::num_micro_batches(p.layout, s.workload.global_batch);
+  // The export does not refuse for memory (the model's allowances may be pessimistic), but
+  // says so where the memory model puts the plan over its GPUs.
+  if (const planner::MemoryReport mem = planner::estimate_memory(s, p); !mem.fits())
+    c.memory_over = fmt::format(
+        "Memory: hetpar's memory model puts pipeline stage {} at {} per GPU, over the {} its GPUs "
+        "have (`hetpar simulate` calls the plan infeasible); check it before a long run.",
+        mem.tightest_stage, mem.tightest(), mem.capacity());
   switch (target) {
     case Target::kMegatron:
       return detail::write_megatron(c);
@@ -418,13 +425,7 @@ std::string header(const Context& c, std::string_view comment) {
         "{}NCCL_NVLS_ENABLE=0 (the cluster's nvls false): the prediction runs intra-node "
         "all-reduces as rings; run with it set.\n",
         comment);
-  // The export does not refuse for memory (the model's allowances may be pessimistic), but
-  // says so where the memory model puts the plan over its GPUs.
-  if (const planner::MemoryReport mem = planner::estimate_memory(c.s, c.p); !mem.fits())
-    out += fmt::format(
-        "{}Memory: hetpar's memory model puts pipeline stage {} at {} per GPU, over the {} its "
-        "GPUs have (`hetpar simulate` calls the plan infeasible); check it before a long run.\n",
-        comment, mem.tightest_stage, mem.tightest(), mem.capacity());
+  if (!c.memory_over.empty()) out += fmt::format("{}{}\n", comment, c.memory_over);
   // A cluster of several node types: the plan places its modules by rank, so each node
   // must start with the node rank of its own group's place.
   const auto& groups = c.s.cluster.groups();

@@ -28,6 +28,9 @@ struct Context {
   int nodes = 0;
   int gpus_per_node = 0;      // 0 when the node groups differ in GPUs per node
   int64_t micro_batches = 0;  // per LLM DP replica
+  /// Where the memory model puts the plan over its GPUs, what header() says (export_plan()
+  /// estimates it once); empty when it fits.
+  std::string memory_over = {};
 
   bool multimodal() const { return !encoders.empty(); }
   bool heterogeneous() const { return p.placement != planner::Placement::kHomogeneous; }

@@ -1041,7 +1041,6 @@ void Lowering::run_merged(size_t i) {
     std::vector<bool> ends_all_to_all;
     std::vector<RankState> state;
     std::vector<TaskId> fsdp_after;  // FSDP: what the op's next all-gather follows
-    std::vector<TaskId> ring;        // userbuffers: the op's ring collective in flight
     std::vector<std::pair<size_t, size_t>> ranges;
     size_t next = 0;
   };
@@ -1057,7 +1056,6 @@ void Lowering::run_merged(size_t i) {
     });
     p.state = st_;
     p.fsdp_after = fsdp_after_;
-    p.ring = ring_;
   }
   int turn = 0, last = 0;
   while (progs[0].next < progs[0].pieces.size() || progs[1].next < progs[1].pieces.size()) {
@@ -1065,7 +1063,6 @@ void Lowering::run_merged(size_t i) {
     if (p.next < p.pieces.size()) {
       std::swap(st_, p.state);
       std::swap(fsdp_after_, p.fsdp_after);
-      std::swap(ring_, p.ring);
       const size_t begin = static_cast<size_t>(g_.num_tasks());
       while (p.next < p.pieces.size()) {
         const bool a2a = p.ends_all_to_all[p.next];
@@ -1073,9 +1070,12 @@ void Lowering::run_merged(size_t i) {
         if (a2a) break;
       }
       p.ranges.emplace_back(begin, static_cast<size_t>(g_.num_tasks()));
+      // Userbuffers (tp_comm_overlap): a ring collective is consumed by the linear or TP exit
+      // right after it, never across an all-to-all, so ring_ needs no state per program.
+      for (TaskId t : ring_)
+        HETPAR_CHECK(!t.valid(), "a userbuffers collective in flight across an all-to-all");
       std::swap(st_, p.state);
       std::swap(fsdp_after_, p.fsdp_after);
-      std::swap(ring_, p.ring);
       last = turn;
     }
     turn ^= 1;
@@ -1087,9 +1087,6 @@ void Lowering::run_merged(size_t i) {
   }
   st_ = std::move(progs[last].state);  // both end with compute: the stream orders the rest
   fsdp_after_ = std::move(progs[last].fsdp_after);
-  ring_ = std::move(progs[last].ring);
-  for (TaskId t : progs[last ^ 1].ring)
-    HETPAR_CHECK(!t.valid(), "a merged op ends with its userbuffers collective unconsumed");
 }
 
 void Lowering::record_spans(std::span<const std::pair<size_t, size_t>> ranges,

@@ -719,7 +719,7 @@ bool recomputes_no_less(RecomputePolicy a, RecomputePolicy b) {
 bool dominated_by(const std::vector<RecomputePolicy>& a, const std::vector<RecomputePolicy>& b) {
   if (!recomputes_no_less(a[0], b[0])) return false;
   for (size_t k = 1; k < a.size(); ++k)
-    if (a[k].kind != b[k].kind || a[k].modules != b[k].modules) return false;
+    if (a[k] != b[k]) return false;
   return true;
 }
 
@@ -861,9 +861,10 @@ class Searcher {
   static std::vector<RecomputePolicy> recompute_options(const LayoutFix& f, bool moe) {
     if (f.recompute_modules) return {RecomputePolicy(Recompute::kSelective, *f.recompute_modules)};
     std::vector<RecomputePolicy> out;
-    for (Recompute r : kRecomputes)
-      if (!f.recompute || *f.recompute == r) out.emplace_back(r);
-    if (f.recompute && out.empty()) out.emplace_back(*f.recompute);  // selective_op
+    if (f.recompute)
+      out.emplace_back(*f.recompute);
+    else
+      out.assign(std::begin(kRecomputes), std::end(kRecomputes));
     if (moe && (!f.recompute || *f.recompute == Recompute::kSelective))
       for (uint8_t m : kMoeRecomputeModules) out.emplace_back(Recompute::kSelective, m);
     return out;

@@ -164,6 +164,7 @@ struct RecomputePolicy {
   // Implicit: a kind alone is that kind with the default modules.
   RecomputePolicy(Recompute k = Recompute::kNone, uint8_t m = kRecomputeCoreAttn)  // NOLINT
       : kind(k), modules(m) {}
+  bool operator==(const RecomputePolicy&) const = default;
   /// Whether selective recompute re-runs `module`.
   bool selects(RecomputeModule module) const {
     return kind == Recompute::kSelective && (modules & module) != 0;

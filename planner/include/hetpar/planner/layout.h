@@ -253,8 +253,8 @@ struct Layout {
   /// forward's experts, the forward's combine beside the backward's attention. The
   /// all-to-alls then run on a stream of their own. Needs ep > 1, the 1F1B schedule with pp
   /// 1 or the interleaved one, no full recompute (Megatron-Core's checks), and no colocated
-  /// encoders (not modelled together). With userbuffers (tp_comm_overlap) each merged op keeps
-  /// its own ring collective in flight.
+  /// encoders (not modelled together). With userbuffers (tp_comm_overlap) too: their ring
+  /// collectives never span an all-to-all, so the merged ops interleave as without them.
   bool ep_comm_overlap = false;
   /// MoE token dropping (Megatron --moe-expert-capacity-factor with
   /// --moe-pad-expert-input-to-capacity; Megatron-Bridge's token-drop presets): each expert
