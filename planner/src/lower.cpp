@@ -904,10 +904,20 @@ void Lowering::op_pieces(const PipelineOp& op, Emit&& emit) {
   };
   // FSDP gathers each block's parameters for its forward and, resharded after it, again for
   // its backward (but those FSDP2 keeps, fsdp_kept_to_backward); a block's all-gather starts
-  // once the block before it has started.
+  // once the block before it has started (two blocks' buffers).
   const bool backward = op.kind == PassKind::kBackward;
   const bool gathers =
       fsdp && (op.kind == PassKind::kForward || (backward && l_.fsdp_reshard_after_forward));
+  // Megatron-FSDP prefetches: a unit's pre-forward hook all-gathers it and the next unit in
+  // forward order, its pre-backward hook the one before it (megatron_fsdp.py
+  // _pre_forward_param_unshard / _pre_backward_param_unshard; AllGatherPipeline
+  // all_gather_params adds buckets up to suggested_AG_prefetch_size, at least one more unit),
+  // so its host issues a block's gather as the block before it begins, not as the block
+  // itself does. The gather's GPU dependency stays the block before that; what moves is
+  // when the host gets to it, which matters where the host waits inside a block (the MoE
+  // dispatcher's token counts). Under full recompute the pre-backward hook fires once the
+  // block is recomputed. FSDP2 issues each gather from its own unit's hook.
+  const bool prefetch = gathers && !l_.torch_fsdp2();
   const int pass = backward ? kB : kF;
   auto gather = [this, pass](FsdpUnit u) {
     const Bytes gathered = fsdp_gather(u, fsdp_after_);
@@ -959,8 +969,30 @@ void Lowering::op_pieces(const PipelineOp& op, Emit&& emit) {
     const size_t b = op.kind == PassKind::kForward ? bi : blocks.size() - 1 - bi;
     const PlacedBlock* pb = &blocks[b];
     const size_t nsteps = block(0, *pb, op.kind == PassKind::kBackward).steps.size();
-    if (gathers && !in_root(*pb) && !(backward && fsdp_kept_to_backward(blocks, b)))
+    // Prefetching, the next block's gather follows what this block's would have: the
+    // compute before this block (fsdp_after_, taken as the block starts).
+    std::function<void()> prefetch_next;
+    if (prefetch) {
+      emit(false, [this] {
+        for (int j : actives_) {
+          fsdp_after_[j] = st_[j].last;
+          if (st_[j].prefetched.valid()) st_[j].gathered = std::exchange(st_[j].prefetched, {});
+        }
+      });
+      if (bi == 0) emit(false, [gather, u = fsdp_unit(*pb)] { gather(u); });
+      if (bi + 1 < blocks.size()) {
+        const size_t next = backward ? b - 1 : b + 1;
+        prefetch_next = [this, gather, u = fsdp_unit(blocks[next])] {
+          std::vector<TaskId> current(st_.size());
+          for (int j : actives_) current[j] = st_[j].gathered;
+          gather(u);
+          for (int j : actives_) st_[j].prefetched = std::exchange(st_[j].gathered, current[j]);
+        };
+      }
+      if (!backward && prefetch_next) emit(false, prefetch_next);
+    } else if (gathers && !in_root(*pb) && !(backward && fsdp_kept_to_backward(blocks, b))) {
       emit(false, [gather, u = fsdp_unit(*pb)] { gather(u); });
+    }
     if (bucket_gathers)
       for (size_t i = 0; i < buckets_.size(); ++i)
         if (buckets_[i].chunk == op.chunk && buckets_[i].first == b)
@@ -991,6 +1023,7 @@ void Lowering::op_pieces(const PipelineOp& op, Emit&& emit) {
             emit(all_to_all(*pb, s, false),
                  [this, pb, s, replay, rl] { run_step(*pb, s, kR, *replay, rl); });
         }
+        if (prefetch_next) emit(false, prefetch_next);
         const Labels* lb = &labels(v, b, kB);
         for (size_t s = nsteps; s-- > 0;)
           emit(all_to_all(*pb, s, true), [this, pb, s, lb, rl, mb = op.micro_batch] {

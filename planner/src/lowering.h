@@ -173,8 +173,9 @@ class Lowering {
   // step's communication; gathered: FSDP's parameter all-gather), its last task.
   struct RankState {
     // beside: a transfer that ran beside `need` (DeepEP's transfers across nodes beside its
-    // NVLink all-to-all), which the next compute waits for too.
-    TaskId need, gathered, last, beside;
+    // NVLink all-to-all), which the next compute waits for too. prefetched: Megatron-FSDP's
+    // gather of the next block, issued early, which becomes `gathered` as that block starts.
+    TaskId need, gathered, last, beside, prefetched;
   };
   // Groups of local ranks of the stage being built, interned; with copies of the first one
   // (the group holding the representative) when reduced.

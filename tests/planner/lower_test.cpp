@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <set>
 
@@ -660,6 +661,75 @@ TEST(Lower, Fsdp2CopiesOutEachGatherAndKeepsTheHeadGathered) {
 }
 
 // The FSDP variant fields make sense only together.
+// Megatron-FSDP prefetches (megatron_fsdp.py: a unit's pre-forward hook gathers it and the
+// next unit): its host issues layer k+1's gather as layer k begins, before layer k's
+// dispatcher makes it wait for the expert counts, so the gather of layer k+1 runs beside
+// layer k rather than after its dispatch. Each layer's compute still waits for its own
+// gather only. FSDP2 issues each gather from its own unit's hook, after that wait.
+TEST(Lower, MegatronFsdpIssuesTheNextLayersGatherAsALayerBegins) {
+  Scenario moe = tiny_moe(4, 16, 2, 8);  // expert-DP groups across the two nodes
+  for (bool fsdp2 : {false, true}) {
+    SCOPED_TRACE(fsdp2 ? "torch_fsdp2" : "megatron_fsdp");
+    Plan p = plan(1, 1, 16);
+    p.layout.ep = 8;
+    p.layout.fsdp = true;
+    if (fsdp2) {
+      p.layout.fsdp_implementation = FsdpImplementation::kTorchFsdp2;
+      p.layout.gradient_accumulation_fusion = false;
+    }
+    LoweredPlan lp = lowered(moe, p, {.kernels = true});
+    const sim::TaskGraph& g = lp.graph;
+    sim::SimOptions o;
+    o.record_tasks = true;
+    const sim::SimResult r = run(lp, lp.network, o);
+    // Rank 0's forward, per layer: its expert gather, first compute task, and the host's
+    // wait for the expert counts.
+    std::map<int, TaskId> gather, first, counts;
+    for (int t = 0; t < g.num_tasks(); ++t) {
+      const sim::Task& task = g.task(TaskId(t));
+      if (g.streams(TaskId(t))[0].rank != RankId(0)) continue;
+      const std::string_view name = g.label_text(task.label.name);
+      int layer = -1;
+      if (std::sscanf(std::string(name).c_str(), "fsdp all_gather expert params llm L%d", &layer) ==
+              1 &&
+          !gather.contains(layer))
+        gather[layer] = TaskId(t);
+      else if (task.kind == sim::TaskKind::kCompute &&
+               std::sscanf(std::string(name).c_str(), "llm L%d fwd", &layer) == 1 &&
+               name.ends_with(" fwd") && !first.contains(layer))
+        first[layer] = TaskId(t);
+      else if (g.host_sync(TaskId(t)) &&
+               std::sscanf(std::string(name).c_str(), "llm L%d fwd", &layer) == 1 &&
+               !counts.contains(layer))
+        counts[layer] = TaskId(t);
+    }
+    ASSERT_EQ(gather.size(), 4u);
+    ASSERT_EQ(first.size(), 4u);
+    ASSERT_EQ(counts.size(), 4u);
+    std::set<std::pair<int32_t, int32_t>> deps;
+    for (const auto& [before, after] : g.dependencies())
+      deps.emplace(before.value(), after.value());
+    for (int k = 0; k < 4; ++k) {
+      // A layer's compute waits for its own gather (FSDP2: through its copy-out), never for
+      // the one prefetched beside it.
+      if (!fsdp2) {
+        EXPECT_TRUE(deps.contains({gather[k].value(), first[k].value()})) << k;
+      }
+      EXPECT_GE(r.tasks[first[k].value()].start, r.tasks[gather[k].value()].end) << k;
+      if (k + 1 == 4) continue;
+      EXPECT_FALSE(deps.contains({gather[k + 1].value(), first[k].value()})) << k;
+      // Issued (tasks are issued in id order) before layer k's compute or after its wait.
+      if (fsdp2) {
+        EXPECT_GT(gather[k + 1].value(), counts[k].value()) << k;
+        EXPECT_GE(r.tasks[gather[k + 1].value()].start, r.tasks[counts[k].value()].end) << k;
+      } else {
+        EXPECT_LT(gather[k + 1].value(), first[k].value()) << k;
+        EXPECT_LT(r.tasks[gather[k + 1].value()].start, r.tasks[counts[k].value()].end) << k;
+      }
+    }
+  }
+}
+
 TEST(Lower, FsdpVariantsNeedFsdpAndFsdp2NeedsNoFusedAccumulation) {
   Scenario s = make(4, 16, 2);
   Plan p = plan(2, 1, 8);
