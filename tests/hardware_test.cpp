@@ -136,6 +136,28 @@ TEST(BuiltinProfiles, CrossNodeCollectivesHoldSixteenSms) {
   EXPECT_EQ(none.cross_node_collective_slowdown(), 0.0);
 }
 
+// NCCL-registered buffers (Megatron's nccl_ub): Megatron-Core's reference table, AG / RS
+// SMs inside a node 4 / 5, one GPU per node 1 / 4; a profile without figures (the A100's)
+// charges what an unregistered collective costs.
+TEST(BuiltinProfiles, RegisteredCollectivesHoldFewSms) {
+  for (const char* name : {"dgx-h100", "dgx-h200", "dgx-b200"}) {
+    SCOPED_TRACE(name);
+    const SystemProfile p = builtin(name);
+    EXPECT_EQ(p.intra_node.registered_collective_sms, (RegisteredCollectiveSms{4, 5}));
+    EXPECT_EQ(p.inter_node.registered_collective_sms, (RegisteredCollectiveSms{1, 4}));
+    const double sm = p.gpu.sm_count;
+    EXPECT_DOUBLE_EQ(p.registered_collective_slowdown(true, true), 4 / (sm - 4));
+    EXPECT_DOUBLE_EQ(p.registered_collective_slowdown(true, false), 5 / (sm - 5));
+    EXPECT_DOUBLE_EQ(p.registered_collective_slowdown(false, true), 1 / (sm - 1));
+    EXPECT_DOUBLE_EQ(p.registered_collective_slowdown(false, false), 4 / (sm - 4));
+  }
+  const SystemProfile a100 = builtin("dgx-a100-80gb");
+  EXPECT_EQ(a100.intra_node.registered_collective_sms, RegisteredCollectiveSms{});
+  EXPECT_EQ(a100.registered_collective_slowdown(true, true), a100.gpu.collective_overlap_slowdown);
+  EXPECT_EQ(a100.registered_collective_slowdown(false, false),
+            a100.cross_node_collective_slowdown());
+}
+
 TEST(CollectiveFigure, BusBandwidthStepsWithGroupSize) {
   const SystemProfile h200 = builtin("dgx-h200");  // the figure refers into it
   const CollectiveFigure& ar = h200.collective(CollectiveScope::kIntraNode, Collective::kAllReduce);
@@ -451,6 +473,15 @@ TEST(ProfileJson, RejectsBadProfilesNamingTheField) {
       {"collective holding every SM",
        [](nlohmann::json& j) { j["inter_node"]["collective_sms"] = 132; },
        "inter_node.collective_sms: must be in [0, gpu.sm_count=132), got 132"},
+      {"registered collective holding every SM",
+       [](nlohmann::json& j) {
+         j["intra_node"]["registered_collective_sms"]["reduce_scatter"] = 200;
+       },
+       "intra_node.registered_collective_sms.reduce_scatter: must be in [0, gpu.sm_count=132), "
+       "got 200"},
+      {"registered collective SMs not an object",
+       [](nlohmann::json& j) { j["inter_node"]["registered_collective_sms"] = 4; },
+       "inter_node.registered_collective_sms"},
       {"zero HBM bandwidth", [](nlohmann::json& j) { j["gpu"]["memory_GBps"] = 0; },
        "gpu.memory_GBps: must be > 0"},
       // A bus bandwidth of 1e300 GB/s became an infinite rate: the flow network's CHECK.

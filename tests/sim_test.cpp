@@ -1028,6 +1028,54 @@ TEST(SimulateTest, EachKindOfNodeFollowsItsOwnRamps) {
   EXPECT_EQ(ring_latency({RankId(1), RankId(2)}), ring_latency({RankId(2), RankId(3)}));
 }
 
+// A collective from NCCL-registered buffers (CollectiveSpec::registered) slows the compute
+// beside it by its own figure: by kind (all-gather or reduction) inside one node and over
+// one member per node; across nodes with two members on a node by the cross-node figure,
+// as an unregistered one; without registered figures as an unregistered one.
+TEST(SimulateTest, RegisteredCollectivesSlowComputeByTheirOwnFigures) {
+  // Two nodes of two GPUs: ranks 0, 1 on node 0, ranks 2, 3 on node 1.
+  Network net = cluster_network({.nodes = 2, .gpus_per_node = 2});
+  const RankId in_node[] = {RankId(0), RankId(1)};
+  const RankId one_per_node[] = {RankId(0), RankId(2)};
+  const RankId across[] = {RankId(0), RankId(1), RankId(2)};
+  // Rank 0's 10 ms of compute beside one collective; the factor it ran at while the
+  // collective was in flight, from its end: d + (10 ms - d / f).
+  auto factor = [&](std::span<const RankId> group, CollectiveKind kind, bool registered,
+                    bool figures) {
+    TaskGraph g;
+    g.add_compute(RankId(0), 0, Time::ms(10), Flops(0));
+    const TaskId c = g.add_collective(
+        {.kind = kind, .group = group, .bytes = Bytes(10000000), .registered = registered});
+    SimOptions o;
+    o.record_tasks = true;
+    o.collective_compute_slowdown.assign(4, 0.5);
+    o.cross_node_collective_compute_slowdown.assign(4, 0.25);
+    if (figures)
+      o.registered_collective_compute_slowdown.assign(4, {.in_node_gather = 0.01,
+                                                          .in_node_reduce = 0.02,
+                                                          .one_per_node_gather = 0.03,
+                                                          .one_per_node_reduce = 0.04});
+    const SimResult r = *simulate(g, net, o);
+    const double d = r.tasks[c.value()].end.to_seconds();
+    EXPECT_LT(d, 0.005);
+    const double end = r.tasks[0].end.to_seconds();
+    return d / (d - (end - 0.010));  // d / (work done while it ran) = 1 + slowdown
+  };
+  const CollectiveKind ag = CollectiveKind::kAllGather, rs = CollectiveKind::kReduceScatter,
+                       ar = CollectiveKind::kAllReduce;
+  EXPECT_NEAR(factor(in_node, ag, true, true), 1.01, 1e-6);
+  EXPECT_NEAR(factor(in_node, rs, true, true), 1.02, 1e-6);
+  EXPECT_NEAR(factor(in_node, ar, true, true), 1.02, 1e-6);
+  EXPECT_NEAR(factor(one_per_node, ag, true, true), 1.03, 1e-6);
+  EXPECT_NEAR(factor(one_per_node, rs, true, true), 1.04, 1e-6);
+  EXPECT_NEAR(factor(across, ag, true, true), 1.25, 1e-6);
+  // Unregistered, or without figures: the in-node and cross-node ones.
+  EXPECT_NEAR(factor(in_node, ag, false, true), 1.5, 1e-6);
+  EXPECT_NEAR(factor(one_per_node, rs, false, true), 1.25, 1e-6);
+  EXPECT_NEAR(factor(in_node, rs, true, false), 1.5, 1e-6);
+  EXPECT_NEAR(factor(one_per_node, ag, true, false), 1.25, 1e-6);
+}
+
 TEST(SimulateTest, CollectivesSlowTheComputeTheyOverlap) {
   // 10 ms of compute on rank 0 beside an all-reduce of d on ranks 0 and 1, slowdown 0.5:
   // the compute does d / 1.5 of its work while the collective runs, the rest at full

@@ -523,6 +523,9 @@ class Builder {
     } else {
       mark(p, "intra_node", from_base("intra-node fabric"));
     }
+    // Not measured by the sweeps (they run no compute beside collectives).
+    if (f.registered_collective_sms != hardware::RegisteredCollectiveSms{})
+      mark(p, "intra_node.registered_collective_sms", from_base("registered collectives' SMs"));
   }
 
   void inter(SystemProfile& p, int hosts) {
@@ -547,9 +550,14 @@ class Builder {
            "[not measured] one host: copied from the intra-node P2P fit; run across hosts or "
            "pass --base for a real network");
     } else {
-      n = {1, Bandwidth::gbit_per_s(10), Time::us(50)};
+      n = {};
+      n.nics_per_node = 1;
+      n.nic_bandwidth = Bandwidth::gbit_per_s(10);
+      n.latency = Time::us(50);
       mark(p, "inter_node", "[not measured] one rank: placeholder 10 Gb/s Ethernet, 50 us");
     }
+    if (n.registered_collective_sms != hardware::RegisteredCollectiveSms{})
+      mark(p, "inter_node.registered_collective_sms", from_base("registered collectives' SMs"));
   }
 
   // The profile's figure of (scope, op) from the fits of that scope: busbw per group size

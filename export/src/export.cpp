@@ -220,6 +220,11 @@ void refuse_megatron_comm_overlaps(const Context& c, Refusals& r) {
         "defer_embedding_wgrad: {} does not put the output layer's weight gradient off to the "
         "pipeline's flush (Megatron-Core's --defer-embedding-wgrad-compute)",
         c.target_name()));
+  if (c.layout().nccl_ub)
+    r.add(fmt::format(
+        "nccl_ub: {} does not register its data-parallel buffers with NCCL (Megatron-Core's "
+        "--use-nccl-ub)",
+        c.target_name()));
   if (c.layout().microbatch_group > 0)
     r.add(fmt::format(
         "microbatch_group: {} does not group an interleaved schedule's micro-batches per "
@@ -392,7 +397,7 @@ void refuse_mimo_ddp_mismatch(const Context& c, const planner::ModulePlan& m,
   if (c.s.workload.frozen_encoders) return;  // no encoder gradients, no encoder optimizer
   if (e.distributed_optimizer == l.distributed_optimizer &&
       e.overlap_grad_reduce == l.overlap_grad_reduce &&
-      e.grad_reduce_dtype == l.grad_reduce_dtype &&
+      e.grad_reduce_dtype == l.grad_reduce_dtype && e.nccl_ub == l.nccl_ub &&
       (!l.distributed_optimizer || e.overlap_param_gather == l.overlap_param_gather))
     return;
   r.add(

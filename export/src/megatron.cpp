@@ -122,6 +122,7 @@ std::vector<Flag> training_flags(const Context& c) {
   if (!c.fp32_gradients() && !fp16) f.push_back({"--grad-reduce-in-bf16", ""});
   if (c.fp32_gradients() && fp16) f.push_back({"--accumulate-allreduce-grads-in-fp32", ""});
   if (l.fp8_param_gather) f.push_back({"--fp8-param-gather", ""});
+  if (l.nccl_ub) f.push_back({"--use-nccl-ub", ""});  // Megatron-FSDP: double buffers with it
   if (!l.gradient_accumulation_fusion) f.push_back({"--no-gradient-accumulation-fusion", ""});
   if (l.defer_embedding_wgrad) {
     f.push_back({"--defer-embedding-wgrad-compute", ""});

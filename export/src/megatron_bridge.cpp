@@ -111,6 +111,7 @@ void add_training(std::vector<Setting>& s, const Context& c) {
   if (l.overlap_grad_reduce && !l.align_grad_reduce)
     s.push_back({"dist.align_grad_reduce", "false"});
   if (l.tp_comm_overlap) s.push_back({"comm_overlap.tp_comm_overlap", "true"});  // userbuffers
+  if (l.nccl_ub) s.push_back({"ddp.nccl_ub", "true"});
   if (l.defer_embedding_wgrad) {  // the output layer's wgrad at the pipeline's flush
     s.push_back({"comm_overlap.defer_embedding_wgrad_compute", "true"});
     s.push_back({"comm_overlap.wgrad_deferral_limit", num(l.wgrad_deferral_limit)});

@@ -55,6 +55,18 @@ int read_count(JsonReader& r, std::string_view key) {
   return static_cast<int>(r.required_int(key, -kMaxCount, kMaxCount));
 }
 
+// An optional "registered_collective_sms" object of `r` (absent: zeros, not modelled).
+RegisteredCollectiveSms read_registered_sms(JsonReader& r) {
+  RegisteredCollectiveSms out;
+  if (!r.has("registered_collective_sms")) return out;
+  JsonReader o = r.object("registered_collective_sms");
+  out.all_gather = static_cast<int>(o.optional_int("all_gather", 0, -kMaxCount, kMaxCount));
+  out.reduce_scatter = static_cast<int>(o.optional_int("reduce_scatter", 0, -kMaxCount, kMaxCount));
+  o.finish();
+  r.merge(o.status());
+  return out;
+}
+
 // A size or rate in its field's unit, at most kMaxQuantity (non-positive ones get
 // validate_profile()'s message).
 double read_quantity(JsonReader& r, std::string_view key) {
@@ -339,6 +351,7 @@ Result<SystemProfile> parse_profile(const nlohmann::json& j, const std::string& 
   p.intra_node.nvls = intra.optional_bool("nvls", false);
   p.intra_node.nvls_min_group =
       static_cast<int>(intra.optional_int("nvls_min_group", 0, -kMaxCount, kMaxCount));
+  p.intra_node.registered_collective_sms = read_registered_sms(intra);
   intra.finish();
   r.merge(intra.status());
 
@@ -348,6 +361,7 @@ Result<SystemProfile> parse_profile(const nlohmann::json& j, const std::string& 
   p.inter_node.latency = Time::us(inter.required_double("latency_us", kNoMin, kMaxLatencyUs));
   p.inter_node.collective_sms =
       static_cast<int>(inter.optional_int("collective_sms", 0, 0, kMaxCount));
+  p.inter_node.registered_collective_sms = read_registered_sms(inter);
   inter.finish();
   r.merge(inter.status());
 
@@ -446,6 +460,15 @@ nlohmann::json profile_to_json(const SystemProfile& p) {
   };
   if (p.inter_node.collective_sms > 0)
     j["inter_node"]["collective_sms"] = p.inter_node.collective_sms;
+  auto registered = [](const RegisteredCollectiveSms& r) {
+    return nlohmann::json{{"all_gather", r.all_gather}, {"reduce_scatter", r.reduce_scatter}};
+  };
+  if (p.intra_node.registered_collective_sms != RegisteredCollectiveSms{})
+    j["intra_node"]["registered_collective_sms"] =
+        registered(p.intra_node.registered_collective_sms);
+  if (p.inter_node.registered_collective_sms != RegisteredCollectiveSms{})
+    j["inter_node"]["registered_collective_sms"] =
+        registered(p.inter_node.registered_collective_sms);
   if (p.gpu.clock_spread > 0) j["gpu"]["clock_spread"] = p.gpu.clock_spread;
   if (p.wan) j["wan"] = wan_to_json(*p.wan);
   if (p.host_op > Time::zero()) j["host"] = {{"op_us", to_us(p.host_op)}};

@@ -76,6 +76,15 @@ double SystemProfile::cross_node_collective_slowdown() const {
   return static_cast<double>(held) / static_cast<double>(gpu.sm_count - held);
 }
 
+double SystemProfile::registered_collective_slowdown(bool in_node, bool gather) const {
+  const RegisteredCollectiveSms& r =
+      in_node ? intra_node.registered_collective_sms : inter_node.registered_collective_sms;
+  const int held = gather ? r.all_gather : r.reduce_scatter;
+  if (held <= 0 || held >= gpu.sm_count)
+    return in_node ? gpu.collective_overlap_slowdown : cross_node_collective_slowdown();
+  return static_cast<double>(held) / static_cast<double>(gpu.sm_count - held);
+}
+
 bool SystemProfile::has_collective(CollectiveScope scope, Collective op) const {
   return std::any_of(collectives.begin(), collectives.end(),
                      [&](const CollectiveFigure& f) { return f.scope == scope && f.op == op; });
@@ -252,6 +261,16 @@ Status validate_profile(const SystemProfile& p) {
     c.fail("inter_node.collective_sms", fmt::format("must be in [0, gpu.sm_count={}), got {}",
                                                     p.gpu.sm_count, p.inter_node.collective_sms));
 
+  auto registered = [&](std::string_view where, const RegisteredCollectiveSms& r) {
+    for (auto [kind, sms] :
+         {std::pair{"all_gather", r.all_gather}, std::pair{"reduce_scatter", r.reduce_scatter}})
+      if (sms < 0 || (sms > 0 && sms >= p.gpu.sm_count))
+        c.fail(fmt::format("{}.registered_collective_sms.{}", where, kind),
+               fmt::format("must be in [0, gpu.sm_count={}), got {}", p.gpu.sm_count, sms));
+  };
+  registered("intra_node", p.intra_node.registered_collective_sms);
+  registered("inter_node", p.inter_node.registered_collective_sms);
+
   if (p.wan) {
     c.positive("wan.up_gbps", p.wan->up.bytes_per_s() * 8e-9);
     c.positive("wan.down_gbps", p.wan->down.bytes_per_s() * 8e-9);
@@ -312,6 +331,10 @@ std::vector<std::string> missing_provenance(const SystemProfile& p) {
   if (p.gpu.collective_overlap_slowdown > 0) fields.push_back("gpu.collective_overlap_slowdown");
   if (p.gpu.clock_spread > 0) fields.push_back("gpu.clock_spread");
   if (p.inter_node.collective_sms > 0) fields.push_back("inter_node.collective_sms");
+  if (p.intra_node.registered_collective_sms != RegisteredCollectiveSms{})
+    fields.push_back("intra_node.registered_collective_sms");
+  if (p.inter_node.registered_collective_sms != RegisteredCollectiveSms{})
+    fields.push_back("inter_node.registered_collective_sms");
   if (p.gpu.attention_sustain != 1.0) fields.push_back("gpu.attention.sustain");
   if (p.gpu.gemm_accumulate_exposed != 0) fields.push_back("gpu.gemm.accumulate_exposed");
   if (p.shared_compute_units > 0) fields.push_back("shared_compute_units");

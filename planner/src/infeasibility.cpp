@@ -449,6 +449,9 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
                        hardware::to_string(s.workload.precision));
   if (std::string why = grad_reduce_dtype_infeasibility(l, s.workload.precision); !why.empty())
     return why;
+  if (l.nccl_ub && l.torch_fsdp2())
+    return "nccl_ub registers Megatron's data-parallel and Megatron-FSDP buffers with NCCL; "
+           "torch FSDP2 (fsdp_implementation torch_fsdp2) has none";
   if (l.cp_comm != CpComm::kP2P && l.cp == 1)
     return fmt::format("cp_comm {} needs cp > 1", to_string(l.cp_comm));
   const int64_t seq = s.workload.seq_len;

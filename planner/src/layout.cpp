@@ -171,6 +171,7 @@ std::string describe_in_words(const Layout& l, hardware::Precision workload) {
   if (l.grad_reduce_dtype != GradReduceDtype::kDefault)
     out += fmt::format(", {} gradients", to_string(l.grad_reduce_dtype));
   if (l.fp8_param_gather) out += ", fp8 parameters";
+  if (l.nccl_ub) out += ", nccl user buffers";
   if (!l.gradient_accumulation_fusion) out += ", unfused gradient accumulation";
   if (l.tp_comm_overlap) out += ", userbuffers TP overlap";
   if (l.ep_comm_overlap) out += ", EP all-to-all overlap";

@@ -37,7 +37,7 @@ Bytes Lowering::fsdp_collectives(const FsdpUnit& u, CollectiveKind kind, PartByt
         g_.label(fmt::format("{}fsdp {} {}{} {} stage {}", role_.prefix, sim::to_string(kind),
                              part.prefix, what, u.name, stage_));
     const Bytes b = bytes(part.params);
-    group_collectives(gs, kind, b, stream, {cat_dp_, name}, [&](int j, TaskId c) {
+    dp_collectives(gs, kind, b, stream, {cat_dp_, name}, [&](int j, TaskId c) {
       on_rank(j, c, previous[j]);
       current[j] = c;
     });
@@ -179,12 +179,12 @@ void Lowering::gather_bucket_params(size_t i, const std::vector<TaskId>& after) 
     const sim::LabelId name =
         g_.label(fmt::format("{}dp all_gather {}params bucket {}-{} stage {}", role_.prefix,
                              part.prefix, blocks[bk.first].name, blocks[bk.last].name, stage_));
-    group_collectives(gs, CollectiveKind::kAllGather, bytes, kDpStream, {cat_dp_, name},
-                      [&](int j, TaskId c) {
-                        if (after[j].valid()) g_.add_dependency(after[j], c);
-                        if (previous[j].valid()) g_.add_dependency(previous[j], c);
-                        gathered[j] = c;
-                      });
+    dp_collectives(gs, CollectiveKind::kAllGather, bytes, kDpStream, {cat_dp_, name},
+                   [&](int j, TaskId c) {
+                     if (after[j].valid()) g_.add_dependency(after[j], c);
+                     if (previous[j].valid()) g_.add_dependency(previous[j], c);
+                     gathered[j] = c;
+                   });
     previous = gathered;
   }
 }
@@ -217,7 +217,7 @@ void Lowering::gradients_and_optimizer() {
         fmt::format("{}dp {} {}{} bucket {}-{} stage {}", role_.prefix, sim::to_string(kind),
                     part.prefix, what, chunks_[bk.chunk * l_.pp + stage_][bk.first].name,
                     chunks_[bk.chunk * l_.pp + stage_][bk.last].name, stage_));
-    group_collectives(gs, kind, bytes, kDpStream, {cat_dp_, name}, [&](int j, TaskId c) {
+    dp_collectives(gs, kind, bytes, kDpStream, {cat_dp_, name}, [&](int j, TaskId c) {
       if (after[j].valid()) g_.add_dependency(after[j], c);
       if (!first_comm[j].valid()) first_comm[j] = c;
       last_comm[j] = c;

@@ -301,7 +301,16 @@ class Lowering {
   }
   template <class OnRank>
   void group_collectives(const GroupSet& gs, CollectiveKind kind, Bytes bytes, int32_t stream,
-                         sim::Label label, bool copy_engine, OnRank&& on_rank);
+                         sim::Label label, bool copy_engine, OnRank&& on_rank,
+                         bool registered = false);
+  // The same for the data-parallel buffers' collectives (gradient reductions, the
+  // distributed optimizer's and FSDP's parameter gathers): from NCCL-registered buffers
+  // under Layout::nccl_ub.
+  template <class OnRank>
+  void dp_collectives(const GroupSet& gs, CollectiveKind kind, Bytes bytes, int32_t stream,
+                      sim::Label label, OnRank&& on_rank) {
+    group_collectives(gs, kind, bytes, stream, label, /*copy_engine=*/false, on_rank, l_.nccl_ub);
+  }
   // Userbuffers (Layout::tp_comm_overlap): a TP collective that starts after each member's
   // last task without blocking its next one, moved by the copy engines (ring exchange) or by
   // the SMs the GEMM beside it leaves free (pipeline; the cost model charges them to the
@@ -521,7 +530,7 @@ class Lowering {
 template <class OnRank>
 void Lowering::group_collectives(const GroupSet& gs, CollectiveKind kind, Bytes bytes,
                                  int32_t stream, sim::Label label, bool copy_engine,
-                                 OnRank&& on_rank) {
+                                 OnRank&& on_rank, bool registered) {
   for (size_t k = 0; k < gs.ids.size(); ++k) {
     if (!gs.emitted[k]) continue;
     sim::CollectiveSpec spec;
@@ -531,6 +540,7 @@ void Lowering::group_collectives(const GroupSet& gs, CollectiveKind kind, Bytes 
     spec.stream = stream;
     spec.copies = gs.copies[k];
     spec.copy_engine = copy_engine;
+    spec.registered = registered;
     const TaskId c = g_.add_collective(spec, label);
     if (host_) g_.set_host(c, host_op_[group_[gs.locals[k].front()]]);
     for (int j : gs.locals[k])

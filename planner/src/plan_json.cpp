@@ -134,6 +134,7 @@ Layout parse_layout(JsonReader& r) {
   l.fp8_recipe =
       *parse_fp8_recipe(r.optional_enum("fp8_recipe", "delayed", {"delayed", "tensorwise"}));
   l.fp8_param_gather = r.optional_bool("fp8_param_gather", false);
+  l.nccl_ub = r.optional_bool("nccl_ub", false);
   l.gradient_accumulation_fusion = r.optional_bool("gradient_accumulation_fusion", true);
   l.defer_embedding_wgrad = r.optional_bool("defer_embedding_wgrad", false);
   l.wgrad_deferral_limit =
@@ -202,6 +203,7 @@ nlohmann::json layout_to_json(const Layout& l) {
   if (l.fp8_recipe != Fp8Recipe::kDelayed) j["fp8_recipe"] = to_string(l.fp8_recipe);
   if (l.cp_comm != CpComm::kP2P) j["cp_comm"] = to_string(l.cp_comm);
   if (l.fp8_param_gather) j["fp8_param_gather"] = true;
+  if (l.nccl_ub) j["nccl_ub"] = true;
   if (!l.gradient_accumulation_fusion) j["gradient_accumulation_fusion"] = false;
   if (l.defer_embedding_wgrad) j["defer_embedding_wgrad"] = true;
   if (l.wgrad_deferral_limit > 0) j["wgrad_deferral_limit"] = l.wgrad_deferral_limit;

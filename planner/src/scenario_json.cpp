@@ -125,6 +125,7 @@ LayoutFix parse_layout_fix(JsonReader& r) {
     f.fp8_recipe =
         parse_fp8_recipe(r.optional_enum("fp8_recipe", "delayed", {"delayed", "tensorwise"}));
   if (r.has("fp8_param_gather")) f.fp8_param_gather = r.optional_bool("fp8_param_gather", false);
+  if (r.has("nccl_ub")) f.nccl_ub = r.optional_bool("nccl_ub", false);
   if (r.has("fused_projections")) f.fused_projections = r.optional_bool("fused_projections", true);
   if (r.has("repeat_kv")) f.repeat_kv = r.optional_bool("repeat_kv", false);
   if (r.has("fused_activation")) f.fused_activation = r.optional_bool("fused_activation", true);

@@ -530,6 +530,7 @@ std::vector<int> layout_key(const Layout& l) {
                      static_cast<int>(l.cp_comm),
                      static_cast<int>(l.grad_reduce_dtype),
                      l.fp8_param_gather,
+                     l.nccl_ub,
                      static_cast<int>(l.cross_entropy_fusion),
                      static_cast<int>(l.attention_kernel),
                      static_cast<int>(std::lround(l.moe_capacity_factor * 1e6)),
@@ -942,6 +943,7 @@ class Searcher {
       l.fsdp_implementation = impl;
       l.fsdp_root_unit = root;
       l.gradient_accumulation_fusion = !l.torch_fsdp2();
+      l.nccl_ub = l.nccl_ub && !l.torch_fsdp2();  // FSDP2 registers no buffers
     }
   };
 
@@ -991,6 +993,7 @@ class Searcher {
           l.grad_reduce_dtype = fx.grad_reduce_dtype.value_or(GradReduceDtype::kDefault);
           l.cross_entropy_fusion = fx.cross_entropy_fusion.value_or(CrossEntropy::kUnfused);
           l.fp8_param_gather = fx.fp8_param_gather.value_or(false);
+          l.nccl_ub = fx.nccl_ub.value_or(false);
           l.attention_kernel = fx.attention_kernel.value_or(hardware::AttentionKernel::kDefault);
           l.fused_projections = fx.fused_projections.value_or(true);
           l.repeat_kv = fx.repeat_kv.value_or(false);
@@ -1292,6 +1295,7 @@ class Searcher {
               mp.layout.cross_entropy_fusion =
                   fx.cross_entropy_fusion.value_or(llm.cross_entropy_fusion);
               mp.layout.fp8_param_gather = fx.fp8_param_gather.value_or(llm.fp8_param_gather);
+              mp.layout.nccl_ub = fx.nccl_ub.value_or(llm.nccl_ub) && !mp.layout.torch_fsdp2();
               mp.layout.attention_kernel = fx.attention_kernel.value_or(llm.attention_kernel);
               mp.layout.fused_projections = fx.fused_projections.value_or(llm.fused_projections);
               mp.layout.repeat_kv = fx.repeat_kv.value_or(llm.repeat_kv);

@@ -170,24 +170,44 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
   double speed_factor(int32_t rank) const;
   void retime(int32_t rank);
   void retime_node(int32_t node);
-  // Whether every member of `group` sits on one node (decided once per group).
-  bool in_one_node(GroupId group) {
-    int8_t& known = group_in_node_[group.value()];
+  // Where `group`'s members sit (decided once per group): on one node, across nodes with
+  // one member per node, or across nodes with several on some node.
+  enum Spread : int8_t { kOneNode, kOnePerNode, kAcrossNodes };
+  Spread spread(GroupId group) {
+    int8_t& known = group_spread_[group.value()];
     if (known < 0) {
       auto members = g_.group(group);
-      known = members.empty() ? 0 : 1;
-      for (RankId r : members)
-        if (net_.node_of(r) != net_.node_of(members[0])) known = 0;
+      std::vector<int32_t> nodes;
+      nodes.reserve(members.size());
+      for (RankId r : members) nodes.push_back(net_.node_of(r).value());
+      std::sort(nodes.begin(), nodes.end());
+      const bool one_node = !nodes.empty() && nodes.front() == nodes.back();
+      const bool one_per_node = std::adjacent_find(nodes.begin(), nodes.end()) == nodes.end();
+      known = one_node ? kOneNode : one_per_node ? kOnePerNode : kAcrossNodes;
     }
-    return known == 1;
+    return static_cast<Spread>(known);
   }
+  bool in_one_node(GroupId group) { return spread(group) == kOneNode; }
   // Whether a collective slows its members' compute: a slowdown set and NCCL's kernels
   // (not copy engines) moving it (a collective asks at its start and at its end).
   bool slows_compute(const Task& task) { return !slowdown_.empty() && !task.copy_engine; }
-  // The per-rank counts of slowing collectives in flight that `task` adds to: those inside
-  // one node, or those across nodes.
-  std::vector<int32_t>& slowing_counts(const Task& task) {
-    return in_one_node(task.group) ? collectives_active_ : cross_active_;
+  // Which of the slowdowns (SimOptions) a slowing collective applies while it runs.
+  enum SlowClass : int32_t {
+    kInNode,
+    kCrossNode,
+    kRegisteredInNodeGather,
+    kRegisteredInNodeReduce,
+    kRegisteredOnePerNodeGather,
+    kRegisteredOnePerNodeReduce,
+    kSlowClasses
+  };
+  int32_t slow_class(const Task& task) {
+    const Spread where = spread(task.group);
+    if (!task.registered || where == kAcrossNodes) return where == kOneNode ? kInNode : kCrossNode;
+    const bool gather = task.collective == CollectiveKind::kAllGather ||
+                        task.collective == CollectiveKind::kBroadcast;
+    if (where == kOneNode) return gather ? kRegisteredInNodeGather : kRegisteredInNodeReduce;
+    return gather ? kRegisteredOnePerNodeGather : kRegisteredOnePerNodeReduce;
   }
   const Plan& plan(const Task& task, Algorithm algorithm);
   const Plan& p2p_plan(const Task& task);
@@ -259,9 +279,11 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
     Time since;
   };
   bool variable_ = false;
-  std::vector<double> slowdown_, cross_slowdown_;
-  std::vector<int8_t> group_in_node_;  // per group: -1 not yet known, else 0 / 1 (in_one_node)
-  std::vector<int32_t> collectives_active_, cross_active_;
+  // Per rank and SlowClass (rank * kSlowClasses + class): the slowdown, and the slowing
+  // collectives of the class in flight.
+  std::vector<double> slowdown_;
+  std::vector<int32_t> slowing_active_;
+  std::vector<int8_t> group_spread_;  // per group: -1 not yet known, else a Spread
   std::vector<double> factor_;
   std::vector<Running> running_;  // indexed like streams (only compute ones used)
 
@@ -358,23 +380,44 @@ Engine::Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, Tr
     result_.tasks = std::move(a_.timings);
     result_.tasks.assign(nt, TaskTiming{});
   }
-  group_in_node_.assign(static_cast<size_t>(g.num_groups()), -1);
+  group_spread_.assign(static_cast<size_t>(g.num_groups()), -1);
   bool slowed = false, shared = false;
   for (double x : opt.collective_compute_slowdown) slowed = slowed || x > 0;
   for (double x : opt.cross_node_collective_compute_slowdown) slowed = slowed || x > 0;
+  for (const SimOptions::RegisteredSlowdown& x : opt.registered_collective_compute_slowdown)
+    slowed = slowed || x.in_node_gather > 0 || x.in_node_reduce > 0 || x.one_per_node_gather > 0 ||
+             x.one_per_node_reduce > 0;
   for (double x : opt.node_compute_units) shared = shared || x > 0;
   if (slowed) {
-    // Per rank, inside a node and across nodes; an empty one slows nothing.
-    auto per_rank = [&](const std::vector<double>& given, std::string_view name) {
-      HETPAR_CHECK(given.empty() || static_cast<int>(given.size()) == nr,
-                   "{} has {} entries for {} ranks", name, given.size(), nr);
-      return given.empty() ? std::vector<double>(nr, 0.0) : given;
+    // Per rank, inside a node and across nodes; an empty one slows nothing. Registered
+    // collectives without their own figures slow as the others.
+    auto check = [&](size_t size, std::string_view name) {
+      HETPAR_CHECK(size == 0 || static_cast<int>(size) == nr, "{} has {} entries for {} ranks",
+                   name, size, nr);
     };
-    slowdown_ = per_rank(opt.collective_compute_slowdown, "collective_compute_slowdown");
-    cross_slowdown_ = per_rank(opt.cross_node_collective_compute_slowdown,
-                               "cross_node_collective_compute_slowdown");
-    collectives_active_.assign(nr, 0);
-    cross_active_.assign(nr, 0);
+    check(opt.collective_compute_slowdown.size(), "collective_compute_slowdown");
+    check(opt.cross_node_collective_compute_slowdown.size(),
+          "cross_node_collective_compute_slowdown");
+    check(opt.registered_collective_compute_slowdown.size(),
+          "registered_collective_compute_slowdown");
+    slowdown_.assign(static_cast<size_t>(nr) * kSlowClasses, 0.0);
+    for (int r = 0; r < nr; ++r) {
+      auto of = [&](const std::vector<double>& v) { return v.empty() ? 0.0 : v[r]; };
+      double* x = &slowdown_[static_cast<size_t>(r) * kSlowClasses];
+      x[kInNode] = of(opt.collective_compute_slowdown);
+      x[kCrossNode] = of(opt.cross_node_collective_compute_slowdown);
+      if (opt.registered_collective_compute_slowdown.empty()) {
+        x[kRegisteredInNodeGather] = x[kRegisteredInNodeReduce] = x[kInNode];
+        x[kRegisteredOnePerNodeGather] = x[kRegisteredOnePerNodeReduce] = x[kCrossNode];
+      } else {
+        const SimOptions::RegisteredSlowdown& reg = opt.registered_collective_compute_slowdown[r];
+        x[kRegisteredInNodeGather] = reg.in_node_gather;
+        x[kRegisteredInNodeReduce] = reg.in_node_reduce;
+        x[kRegisteredOnePerNodeGather] = reg.one_per_node_gather;
+        x[kRegisteredOnePerNodeReduce] = reg.one_per_node_reduce;
+      }
+    }
+    slowing_active_.assign(static_cast<size_t>(nr) * kSlowClasses, 0);
   }
   if (shared) {
     int nodes = 0;
@@ -437,10 +480,12 @@ Engine::Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, Tr
 
 double Engine::speed_factor(int32_t rank) const {
   double f = 1.0;
-  if (!slowdown_.empty()) {  // the larger of the two kinds in flight, not their sum
-    const double in = collectives_active_[rank] > 0 ? slowdown_[rank] : 0.0;
-    const double cross = cross_active_[rank] > 0 ? cross_slowdown_[rank] : 0.0;
-    f *= 1.0 + std::max(in, cross);
+  if (!slowdown_.empty()) {  // the largest of the classes in flight, not their sum
+    const size_t base = static_cast<size_t>(rank) * kSlowClasses;
+    double x = 0.0;
+    for (size_t c = base; c < base + kSlowClasses; ++c)
+      if (slowing_active_[c] > 0) x = std::max(x, slowdown_[c]);
+    f *= 1.0 + x;
   }
   if (!units_.empty()) {
     const int32_t node = net_.node_of(RankId(rank)).value();
@@ -608,9 +653,9 @@ void Engine::start(int32_t t) {
     __builtin_prefetch(&g_.task(TaskId(succ_[i])), 0);
   }
   if (task.kind == TaskKind::kCollective && slows_compute(task)) {
-    std::vector<int32_t>& active = slowing_counts(task);
+    const int32_t c = slow_class(task);
     for (const StreamRef& s : refs) {
-      ++active[s.rank.value()];
+      ++slowing_active_[static_cast<size_t>(s.rank.value()) * kSlowClasses + c];
       retime(s.rank.value());
     }
   }
@@ -982,9 +1027,9 @@ void Engine::finish(Time now, int32_t t) {
       }
     }
     if (task.kind == TaskKind::kCollective && slows_compute(task)) {
-      std::vector<int32_t>& active = slowing_counts(task);
+      const int32_t c = slow_class(task);
       for (const StreamRef& s : refs) {
-        --active[s.rank.value()];
+        --slowing_active_[static_cast<size_t>(s.rank.value()) * kSlowClasses + c];
         retime(s.rank.value());
       }
     }

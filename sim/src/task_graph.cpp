@@ -187,6 +187,7 @@ TaskId TaskGraph::add_collective(const CollectiveSpec& spec, Label label) {
                .collective = spec.kind,
                .algorithm = spec.algorithm,
                .copy_engine = spec.copy_engine,
+               .registered = spec.registered,
                .label = label,
                .group = gid,
                .bytes = spec.bytes,

@@ -249,6 +249,9 @@ TEST(ExportMegatronBridge, EachSectionIsOneMapping) {
   EXPECT_EQ(y.count("model.gradient_accumulation_fusion"), 0u);  // the recipe's default: on
   p.layout.gradient_accumulation_fusion = false;
   EXPECT_EQ(bridge(s, p).at("model.gradient_accumulation_fusion"), "false");
+  EXPECT_EQ(y.count("ddp.nccl_ub"), 0u);
+  p.layout.nccl_ub = true;  // NCCL user buffers, as its performance scripts set with FSDP
+  EXPECT_EQ(bridge(s, p).at("ddp.nccl_ub"), "true");
 }
 
 // FP8 plans name the mixed-precision recipe of their scaling (Megatron-Bridge's

@@ -269,6 +269,11 @@ TEST(ExportMegatron, MixtureOfExpertsAndPrecisions) {
   const auto fs = all_flags(exported(s, sharded, Target::kMegatron).at("launch.sh"));
   EXPECT_EQ(fs.count("--use-megatron-fsdp"), 1u);
   EXPECT_EQ(fs.at("--expert-model-parallel-size"), "8");
+  EXPECT_EQ(fs.count("--use-nccl-ub"), 0u);
+  sharded.layout.nccl_ub = true;  // the data-parallel buffers registered with NCCL
+  EXPECT_EQ(
+      all_flags(exported(s, sharded, Target::kMegatron).at("launch.sh")).count("--use-nccl-ub"),
+      1u);
   EXPECT_EQ(f.at("--fp8-format"), "hybrid");
   EXPECT_EQ(f.at("--fp8-recipe"), "delayed");
   EXPECT_EQ(f.count("--fp8-param-gather"), 0u);

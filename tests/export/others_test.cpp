@@ -334,6 +334,18 @@ TEST(ExportOthers, RefuseSelectiveRecomputeNamingItsModules) {
   }
 }
 
+// NCCL user buffers are Megatron's registration of its data-parallel buffers.
+TEST(ExportOthers, RefuseNcclUserBuffers) {
+  Plan p;
+  p.layout = layout(1, 1, 32);
+  p.layout.distributed_optimizer = true;
+  p.layout.nccl_ub = true;
+  const planner::Scenario s = llama();
+  ASSERT_EQ(planner::infeasibility(s, p), "");
+  for (Target t : {Target::kTorchtitan, Target::kDeepspeed, Target::kNanotron})
+    EXPECT_NE(refusal(s, p, t).find("nccl_ub: "), std::string::npos) << static_cast<int>(t);
+}
+
 // Layers per pipeline stage set one by one: DeepSpeed's partition_method and nanotron's
 // split cannot hold counts (torchtitan can: Fp32PipelinesAndTheirSchedules).
 TEST(ExportOthers, RefuseLayersPerStageWhereTheTrainerSplitsItself) {

@@ -730,6 +730,58 @@ TEST(Lower, MegatronFsdpIssuesTheNextLayersGatherAsALayerBegins) {
   }
 }
 
+// nccl_ub (Megatron's --use-nccl-ub): the data-parallel buffers' collectives (FSDP's
+// gathers and reduce-scatters, the distributed optimizer's reductions and gathers) come
+// from registered buffers, and nothing else does; compute beside them slows by the few SMs
+// those hold (the profile's registered_collective_sms), so the iteration is faster. Torch
+// FSDP2 has no such buffers.
+TEST(Lower, NcclUserBuffersRegisterTheDataParallelCollectivesOnly) {
+  Scenario moe = tiny_moe(4, 16, 2, 8);
+  for (bool fsdp : {true, false}) {
+    SCOPED_TRACE(fsdp ? "fsdp" : "distributed optimizer");
+    Plan p = plan(2, 1, 8);
+    p.layout.sequence_parallel = true;
+    p.layout.ep = 8;
+    p.layout.etp = 1;
+    p.layout.fsdp = fsdp;
+    p.layout.distributed_optimizer = true;
+    Plan ub = p;
+    ub.layout.nccl_ub = true;
+    ASSERT_EQ(infeasibility(moe, ub), "");
+    const LoweredPlan lp = lowered(moe, ub), plain = lowered(moe, p);
+    int dp = 0;
+    for (int t = 0; t < lp.graph.num_tasks(); ++t) {
+      const sim::Task& task = lp.graph.task(TaskId(t));
+      if (task.kind != sim::TaskKind::kCollective) continue;
+      const std::string_view name = lp.graph.label_text(task.label.name);
+      const bool buffers = lp.graph.label_text(task.label.category) == "dp_comm" &&
+                           name.find("tied embedding") == std::string_view::npos;
+      EXPECT_EQ(task.registered, buffers) << name;
+      dp += buffers;
+    }
+    EXPECT_GT(dp, 0);
+    for (int t = 0; t < plain.graph.num_tasks(); ++t)
+      EXPECT_FALSE(plain.graph.task(TaskId(t)).registered);
+    auto with = evaluate(moe, ub), without = evaluate(moe, p);
+    ASSERT_TRUE(with.is_ok() && without.is_ok());
+    // FSDP's gathers run beside every block's compute; the distributed optimizer's
+    // reductions beside the last micro-batch's backward only.
+    if (fsdp) {
+      EXPECT_LT(with->iteration_time, without->iteration_time);
+    } else {
+      EXPECT_LE(with->iteration_time, without->iteration_time);
+    }
+  }
+  Plan fsdp2 = plan(1, 1, 16);
+  fsdp2.layout.fsdp = true;
+  fsdp2.layout.fsdp_implementation = FsdpImplementation::kTorchFsdp2;
+  fsdp2.layout.gradient_accumulation_fusion = false;
+  fsdp2.layout.nccl_ub = true;
+  EXPECT_EQ(infeasibility(make(4, 16, 2), fsdp2),
+            "nccl_ub registers Megatron's data-parallel and Megatron-FSDP buffers with NCCL; "
+            "torch FSDP2 (fsdp_implementation torch_fsdp2) has none");
+}
+
 TEST(Lower, FsdpVariantsNeedFsdpAndFsdp2NeedsNoFusedAccumulation) {
   Scenario s = make(4, 16, 2);
   Plan p = plan(2, 1, 8);

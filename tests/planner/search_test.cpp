@@ -767,6 +767,18 @@ TEST(Search, KeptFsdpLayoutsAreFsdp2UnlessTheSectionFixesOne) {
   const auto both = with(R"(, "fsdp_implementation": "any")");
   EXPECT_EQ(both, (std::set<std::pair<bool, F>>{
                       {false, F::kMegatron}, {false, F::kTorchFsdp2}, {true, F::kTorchFsdp2}}));
+  // NCCL user buffers fixed on: every Megatron-FSDP layout registers them, no FSDP2 one (it
+  // has none), and both kinds are still searched.
+  const SearchResult ub = run(tiny(R"({"llm": {"pp": 1, "fsdp": true, "nccl_ub": true,)"
+                                   R"( "fsdp_implementation": "any"},)"
+                                   R"( "forbid_placements": ["colocated", "non_colocated"]})"),
+                              o);
+  std::set<bool> registered_fsdp2;
+  for (const RankedPlan& p : ub.top) {
+    EXPECT_EQ(p.plan.layout.nccl_ub, !p.plan.layout.torch_fsdp2()) << describe(p.plan);
+    registered_fsdp2.insert(p.plan.layout.torch_fsdp2());
+  }
+  EXPECT_EQ(registered_fsdp2.size(), 2u);
 }
 
 TEST(Search, SearchesTheCpExchangeTheSectionAsksFor) {

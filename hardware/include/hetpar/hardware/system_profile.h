@@ -42,11 +42,17 @@
 //     "intra_node": {"fabric": "nvswitch|pcie|none",
 //                    "GBps": 450,            // per GPU, one direction
 //                    "latency_us": 0.6,      // GPU to GPU through the fabric
-//                    "nvls": true, "nvls_min_group": 5},  // in-switch reduction
+//                    "nvls": true, "nvls_min_group": 5,  // in-switch reduction
+//                    "registered_collective_sms": {"all_gather": 4, "reduce_scatter": 5}},
+//                                            // optional (0): SMs a collective from
+//                                            // registered buffers holds (nccl_ub)
 //     "inter_node": {"nics_per_node": 8, "nic_gbps": 400,  // per NIC, one direction
 //                    "latency_us": 2.7,      // GPU to GPU across the network
-//                    "collective_sms": 16},  // optional (0): SMs an NCCL collective
+//                    "collective_sms": 16,   // optional (0): SMs an NCCL collective
 //                                            // across nodes holds while it runs
+//                    "registered_collective_sms": {"all_gather": 1, "reduce_scatter": 4}},
+//                                            // optional (0): the same from registered
+//                                            // buffers, one member per node
 //     "wan": {"up_gbps": 0.02, "down_gbps": 0.1, "latency_ms": 50},  // optional
 //     "collectives": [{"scope": "intra_node|inter_node",
 //                      "op": "all_reduce|all_gather|reduce_scatter|all_to_all|broadcast|send_recv",
@@ -99,12 +105,22 @@ std::optional<FabricKind> parse_fabric_kind(std::string_view name);
 std::optional<CollectiveScope> parse_collective_scope(std::string_view name);
 std::optional<Collective> parse_collective(std::string_view name);
 
+/// SMs an NCCL collective from registered buffers holds on each member GPU while it runs
+/// (Megatron's nccl_ub: user buffers, which NCCL moves with SM-efficient kernels), by
+/// kind; 0 = not modelled: it holds what an unregistered one does.
+struct RegisteredCollectiveSms {
+  int all_gather = 0;      // and broadcast
+  int reduce_scatter = 0;  // and all-reduce, reduce
+  bool operator==(const RegisteredCollectiveSms&) const = default;
+};
+
 struct IntraNodeFabric {
   FabricKind kind = FabricKind::kNone;
   Bandwidth bandwidth;  // per GPU, one direction
   Time latency;         // GPU to GPU
   bool nvls = false;    // in-switch reduction (NVLink SHARP)
   int nvls_min_group = 0;
+  RegisteredCollectiveSms registered_collective_sms;  // a group inside the node
   bool operator==(const IntraNodeFabric&) const = default;
 };
 
@@ -117,6 +133,9 @@ struct InterNodeNetwork {
   /// 0 = not modelled. SystemProfile::cross_node_collective_slowdown() turns it into the
   /// compute slowdown beside such a collective.
   int collective_sms = 0;
+  /// A registered collective's SMs when its group has one member per node (a rail; NCCL's
+  /// "IB" domain). One with several members on a node holds collective_sms.
+  RegisteredCollectiveSms registered_collective_sms;
   bool operator==(const InterNodeNetwork&) const = default;
 };
 
@@ -179,6 +198,11 @@ struct SystemProfile {
   /// when inter_node.collective_sms is 0. Compute-bound kernels lose that share of the
   /// GPU; memory-bound ones, which saturate HBM with fewer SMs, lose less.
   double cross_node_collective_slowdown() const;
+  /// The same beside a collective from registered buffers (RegisteredCollectiveSms): inside
+  /// a node or over one member per node, an all-gather (`gather`) or a reduction; where the
+  /// profile gives no figure, what an unregistered one costs (collective_overlap_slowdown,
+  /// cross_node_collective_slowdown()).
+  double registered_collective_slowdown(bool in_node, bool gather) const;
 
   bool has_collective(CollectiveScope scope, Collective op) const;
   /// REQUIRES: has_collective(scope, op) (always true for a validated profile, except

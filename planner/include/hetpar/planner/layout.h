@@ -272,6 +272,14 @@ struct Layout {
   /// Megatron-Bridge mixed_precision.fp8_param_gather, on in its FP8 recipes). The optimizer
   /// keeps its fp32 master copy. Off: bf16 weights, cast to FP8 for the GEMMs.
   bool fp8_param_gather = false;
+  /// NCCL user-buffer registration of the data-parallel buffers (Megatron-LM
+  /// --use-nccl-ub, Megatron-Bridge ddp.nccl_ub, which its performance scripts set with
+  /// Megatron-FSDP): the DP gradient reductions and the distributed optimizer's and FSDP's
+  /// parameter gathers run NCCL's SM-efficient kernels, so compute beside them slows by
+  /// the few SMs those hold (the profile's intra_node / inter_node
+  /// registered_collective_sms) rather than by an ordinary collective's share. Megatron's
+  /// buffers only: infeasible with torch FSDP2.
+  bool nccl_ub = false;
   /// Megatron's gradient-accumulation fusion (--gradient-accumulation-fusion, on by
   /// default; Megatron-Bridge model.gradient_accumulation_fusion): each wgrad GEMM adds its
   /// product into the fp32 main_grad (beta 1), reading and writing 4 bytes per weight

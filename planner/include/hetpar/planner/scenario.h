@@ -64,6 +64,9 @@ struct LayoutFix {
   std::optional<CrossEntropy> cross_entropy_fusion;
   /// FP8 parameters (Layout::fp8_param_gather) in every searched layout; default off.
   std::optional<bool> fp8_param_gather;
+  /// NCCL user buffers (Layout::nccl_ub) in every searched layout but torch FSDP2's, which
+  /// has none; default off. Not searched: a trainer setting.
+  std::optional<bool> nccl_ub;
   /// The attention kernel (Layout::attention_kernel) of every searched layout; default the
   /// profile's own. Not searched: it is the trainer's kernel choice.
   std::optional<hardware::AttentionKernel> attention_kernel;

@@ -37,6 +37,17 @@ struct SimOptions {
   /// is in flight (SystemProfile::cross_node_collective_slowdown: the SMs its channels
   /// hold). With collectives of both kinds in flight the larger slowdown applies.
   std::vector<double> cross_node_collective_compute_slowdown;
+  /// Per rank (empty: registered collectives slow compute as the others do): the slowdowns
+  /// beside a collective from registered buffers (CollectiveSpec::registered), whose
+  /// kernels hold fewer SMs: all-gathers (and broadcasts) and reductions (reduce-scatter,
+  /// all-reduce, reduce) apart, inside one node and across nodes with one member per node.
+  /// One across nodes with several members on a node holds as many SMs as an unregistered
+  /// one (cross_node_collective_compute_slowdown). The larger slowdown in flight applies.
+  struct RegisteredSlowdown {
+    double in_node_gather = 0, in_node_reduce = 0;
+    double one_per_node_gather = 0, one_per_node_reduce = 0;
+  };
+  std::vector<RegisteredSlowdown> registered_collective_compute_slowdown;
   /// Per node (by NodeId; empty or 0: none): compute units its ranks share (a CPU host's
   /// cores). While n compute tasks of the node's ranks run and n exceeds the units, each
   /// runs n / units times slower (processor sharing), re-timed whenever n changes.

@@ -110,6 +110,10 @@ struct CollectiveSpec {
   /// Engine's userbuffers ring exchange): compute beside it is not slowed
   /// (SimOptions::collective_compute_slowdown), and no NCCL latency is paid.
   bool copy_engine = false;
+  /// From buffers registered with NCCL (Megatron's nccl_ub user buffers), which NCCL moves
+  /// with SM-efficient kernels: compute beside it is slowed by
+  /// SimOptions::registered_collective_compute_slowdown instead.
+  bool registered = false;
 };
 
 /// One task; fields that do not apply to its kind keep their defaults.
@@ -119,7 +123,8 @@ struct Task {
   TaskKind kind = TaskKind::kCompute;
   CollectiveKind collective = CollectiveKind::kAllReduce;
   Algorithm algorithm = Algorithm::kAuto;
-  bool copy_engine = false;  // collective: see CollectiveSpec::copy_engine
+  bool copy_engine : 1 = false;  // collective: see CollectiveSpec::copy_engine
+  bool registered : 1 = false;   // collective: see CollectiveSpec::registered
   Label label{};
   GroupId group{};
   Time duration{};  // compute
