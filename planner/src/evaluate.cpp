@@ -121,20 +121,23 @@ Result<PlanMetrics> evaluate(const Scenario& s, const Plan& p, const EvaluateOpt
   per_rank(so.cross_node_collective_compute_slowdown,
            [](const hardware::SystemProfile& p) { return p.cross_node_collective_slowdown(); });
   // Beside collectives from NCCL-registered buffers (Layout::nccl_ub): the SMs their kernels
-  // hold, where a profile gives them.
-  for (int r = 0; r < lowered.world && so.registered_collective_compute_slowdown.empty(); ++r) {
-    const hardware::SystemProfile& p = s.cluster.profile_of_gpu(r);
-    if (p.intra_node.registered_collective_sms != hardware::RegisteredCollectiveSms{} ||
-        p.inter_node.registered_collective_sms != hardware::RegisteredCollectiveSms{})
+  // hold, where a profile gives them (only plans with such buffers have those collectives).
+  bool registers = p.layout.nccl_ub;
+  for (const ModulePlan& mp : p.modules) registers = registers || mp.layout.nccl_ub;
+  for (int r = 0;
+       registers && r < lowered.world && so.registered_collective_compute_slowdown.empty(); ++r) {
+    const hardware::SystemProfile& gpu = s.cluster.profile_of_gpu(r);
+    if (gpu.intra_node.registered_collective_sms != hardware::RegisteredCollectiveSms{} ||
+        gpu.inter_node.registered_collective_sms != hardware::RegisteredCollectiveSms{})
       so.registered_collective_compute_slowdown.resize(static_cast<size_t>(lowered.world));
   }
   for (size_t r = 0; r < so.registered_collective_compute_slowdown.size(); ++r) {
-    const hardware::SystemProfile& p = s.cluster.profile_of_gpu(static_cast<int>(r));
+    const hardware::SystemProfile& gpu = s.cluster.profile_of_gpu(static_cast<int>(r));
     so.registered_collective_compute_slowdown[r] = {
-        .in_node_gather = p.registered_collective_slowdown(true, true),
-        .in_node_reduce = p.registered_collective_slowdown(true, false),
-        .one_per_node_gather = p.registered_collective_slowdown(false, true),
-        .one_per_node_reduce = p.registered_collective_slowdown(false, false)};
+        .in_node_gather = gpu.registered_collective_slowdown(true, true),
+        .in_node_reduce = gpu.registered_collective_slowdown(true, false),
+        .one_per_node_gather = gpu.registered_collective_slowdown(false, true),
+        .one_per_node_reduce = gpu.registered_collective_slowdown(false, false)};
   }
   HETPAR_ASSIGN_OR_RETURN(sim::SimResult r,
                           sim::simulate(lowered.graph, lowered.network, so, o.trace,
