@@ -120,17 +120,13 @@ Result<PlanMetrics> evaluate(const Scenario& s, const Plan& p, const EvaluateOpt
            [](const hardware::SystemProfile& p) { return p.gpu.collective_overlap_slowdown; });
   per_rank(so.cross_node_collective_compute_slowdown,
            [](const hardware::SystemProfile& p) { return p.cross_node_collective_slowdown(); });
-  // Beside collectives from NCCL-registered buffers (Layout::nccl_ub): the SMs their kernels
-  // hold, where a profile gives them (only plans with such buffers have those collectives).
+  // Beside collectives from NCCL-registered buffers (Layout::nccl_ub; only plans with such
+  // buffers have them): the SMs their kernels hold (a profile without figures gives the
+  // unregistered slowdowns).
   bool registers = p.layout.nccl_ub;
   for (const ModulePlan& mp : p.modules) registers = registers || mp.layout.nccl_ub;
-  for (int r = 0;
-       registers && r < lowered.world && so.registered_collective_compute_slowdown.empty(); ++r) {
-    const hardware::SystemProfile& gpu = s.cluster.profile_of_gpu(r);
-    if (gpu.intra_node.registered_collective_sms != hardware::RegisteredCollectiveSms{} ||
-        gpu.inter_node.registered_collective_sms != hardware::RegisteredCollectiveSms{})
-      so.registered_collective_compute_slowdown.resize(static_cast<size_t>(lowered.world));
-  }
+  if (registers)
+    so.registered_collective_compute_slowdown.resize(static_cast<size_t>(lowered.world));
   for (size_t r = 0; r < so.registered_collective_compute_slowdown.size(); ++r) {
     const hardware::SystemProfile& gpu = s.cluster.profile_of_gpu(static_cast<int>(r));
     so.registered_collective_compute_slowdown[r] = {

@@ -982,15 +982,17 @@ void Lowering::op_pieces(const PipelineOp& op, Emit&& emit) {
       if (bi == 0) emit(false, [gather, u = fsdp_unit(*pb)] { gather(u); });
       if (bi + 1 < blocks.size()) {
         const size_t next = backward ? b - 1 : b + 1;
+        // gather() sets `gathered`; swapped around it, the block's own gather stays there and
+        // the new one lands in `prefetched` (empty before: each block start consumes it).
         prefetch_next = [this, gather, u = fsdp_unit(blocks[next])] {
-          std::vector<TaskId> current(st_.size());
-          for (int j : actives_) current[j] = st_[j].gathered;
+          for (int j : actives_) std::swap(st_[j].gathered, st_[j].prefetched);
           gather(u);
-          for (int j : actives_) st_[j].prefetched = std::exchange(st_[j].gathered, current[j]);
+          for (int j : actives_) std::swap(st_[j].gathered, st_[j].prefetched);
         };
       }
       if (!backward && prefetch_next) emit(false, prefetch_next);
     } else if (gathers && !in_root(*pb) && !(backward && fsdp_kept_to_backward(blocks, b))) {
+      // (Megatron-FSDP, prefetching above, has no root unit and keeps nothing gathered.)
       emit(false, [gather, u = fsdp_unit(*pb)] { gather(u); });
     }
     if (bucket_gathers)

@@ -201,9 +201,11 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
     kRegisteredOnePerNodeReduce,
     kSlowClasses
   };
+  // Registered collectives without figures of their own (SimOptions) take the others' class.
   int32_t slow_class(const Task& task) {
     const Spread where = spread(task.group);
-    if (!task.registered || where == kAcrossNodes) return where == kOneNode ? kInNode : kCrossNode;
+    if (!task.registered || !registered_figures_ || where == kAcrossNodes)
+      return where == kOneNode ? kInNode : kCrossNode;
     const bool gather = task.collective == CollectiveKind::kAllGather ||
                         task.collective == CollectiveKind::kBroadcast;
     if (where == kOneNode) return gather ? kRegisteredInNodeGather : kRegisteredInNodeReduce;
@@ -283,6 +285,7 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
   // collectives of the class in flight.
   std::vector<double> slowdown_;
   std::vector<int32_t> slowing_active_;
+  bool registered_figures_ = false;   // SimOptions::registered_collective_compute_slowdown given
   std::vector<int8_t> group_spread_;  // per group: -1 not yet known, else a Spread
   std::vector<double> factor_;
   std::vector<Running> running_;  // indexed like streams (only compute ones used)
@@ -389,8 +392,7 @@ Engine::Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, Tr
              x.one_per_node_reduce > 0;
   for (double x : opt.node_compute_units) shared = shared || x > 0;
   if (slowed) {
-    // Per rank, inside a node and across nodes; an empty one slows nothing. Registered
-    // collectives without their own figures slow as the others.
+    // Per rank, inside a node and across nodes; an empty one slows nothing.
     auto check = [&](size_t size, std::string_view name) {
       HETPAR_CHECK(size == 0 || static_cast<int>(size) == nr, "{} has {} entries for {} ranks",
                    name, size, nr);
@@ -401,21 +403,18 @@ Engine::Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, Tr
     check(opt.registered_collective_compute_slowdown.size(),
           "registered_collective_compute_slowdown");
     slowdown_.assign(static_cast<size_t>(nr) * kSlowClasses, 0.0);
+    registered_figures_ = !opt.registered_collective_compute_slowdown.empty();
     for (int r = 0; r < nr; ++r) {
       auto of = [&](const std::vector<double>& v) { return v.empty() ? 0.0 : v[r]; };
       double* x = &slowdown_[static_cast<size_t>(r) * kSlowClasses];
       x[kInNode] = of(opt.collective_compute_slowdown);
       x[kCrossNode] = of(opt.cross_node_collective_compute_slowdown);
-      if (opt.registered_collective_compute_slowdown.empty()) {
-        x[kRegisteredInNodeGather] = x[kRegisteredInNodeReduce] = x[kInNode];
-        x[kRegisteredOnePerNodeGather] = x[kRegisteredOnePerNodeReduce] = x[kCrossNode];
-      } else {
-        const SimOptions::RegisteredSlowdown& reg = opt.registered_collective_compute_slowdown[r];
-        x[kRegisteredInNodeGather] = reg.in_node_gather;
-        x[kRegisteredInNodeReduce] = reg.in_node_reduce;
-        x[kRegisteredOnePerNodeGather] = reg.one_per_node_gather;
-        x[kRegisteredOnePerNodeReduce] = reg.one_per_node_reduce;
-      }
+      if (!registered_figures_) continue;
+      const SimOptions::RegisteredSlowdown& reg = opt.registered_collective_compute_slowdown[r];
+      x[kRegisteredInNodeGather] = reg.in_node_gather;
+      x[kRegisteredInNodeReduce] = reg.in_node_reduce;
+      x[kRegisteredOnePerNodeGather] = reg.one_per_node_gather;
+      x[kRegisteredOnePerNodeReduce] = reg.one_per_node_reduce;
     }
     slowing_active_.assign(static_cast<size_t>(nr) * kSlowClasses, 0);
   }
