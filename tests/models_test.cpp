@@ -379,6 +379,52 @@ TEST(OpGraph, TokenDroppingPadsEveryExpertToItsCapacity) {
   }
 }
 
+// Dropless routing's hottest EP rank (ModuleInput::moe_load_imbalance): the experts and the
+// reorders of the copies a rank receives run at its load, 1.5 x the 2002 copies of 1001
+// tokens top 2 = 3003 over 8 experts (3 of 376, 5 of 375); the router, the permute and
+// the unpermute keep the rank's own 2002.
+TEST(OpGraph, LoadImbalanceRunsTheExpertsAtTheHottestRanksLoad) {
+  ModuleSpec spec = zoo_module("mixtral-8x7b");
+  ModuleInput in = input(1, 1001);
+  const OpGraph even = build_op_graph(spec, in);
+  in.moe_load_imbalance = 1.5;
+  const OpGraph hot = build_op_graph(spec, in);
+  ASSERT_EQ(even.ops.size(), hot.ops.size());
+  const int64_t copy = 4096 * 2;
+  for (size_t i = 0; i < hot.ops.size(); ++i) {
+    const Op& op = hot.ops[i];
+    if (op.layer != 0) continue;
+    if (op.name == "expert_fc1" || op.name == "expert_fc2") {
+      int64_t rows = 0, experts = 0;
+      for (const GemmShape& s : op.gemms) {
+        rows += s.m * s.batch;
+        experts += s.batch;
+      }
+      EXPECT_EQ(rows, 3003) << op.name;
+      EXPECT_EQ(experts, 8) << op.name;
+    }
+    if (op.name.starts_with("expert_")) {  // fc1, the activation, fc2: 3003 / 2002 rows
+      EXPECT_DOUBLE_EQ(op.forward.count(), 1.5 * even.ops[i].forward.count()) << op.name;
+      if (op.kind != OpKind::kGemm) {  // a GEMM also reads its weights
+        EXPECT_EQ(2 * op.read.count(), 3 * even.ops[i].read.count()) << op.name;
+      }
+    } else if (op.name == "moe_sort" || op.name == "moe_unsort") {
+      EXPECT_EQ(op.read.count(), 3003 * copy) << op.name;
+      EXPECT_EQ(op.written.count(), 3003 * copy) << op.name;
+    } else {
+      EXPECT_EQ(op.forward, even.ops[i].forward) << op.name;
+      EXPECT_EQ(op.read, even.ops[i].read) << op.name;
+      EXPECT_EQ(op.written, even.ops[i].written) << op.name;
+    }
+    if (op.name == "moe_dispatch") {
+      EXPECT_EQ(op.written.count(), 2002 * copy);
+    }
+    if (op.name == "moe_combine") {
+      EXPECT_EQ(op.read.count(), 2002 * copy);
+    }
+  }
+}
+
 // head_dim apart from hidden / heads (Qwen3): the projections and the attention take the
 // heads' own width, 32 x 128 = 4096 against a 2048-wide residual stream.
 TEST(OpGraph, HeadDimSetsTheAttentionWidth) {

@@ -79,6 +79,7 @@ TEST(PlanJson, RoundTripsEveryLayoutSwitch) {
   p.layout.tp_backward_overlap = false;
   p.layout.flash_attention = false;
   p.layout.moe_capacity_factor = 1.25;
+  p.layout.moe_load_imbalance = 1.6;
   p.layout.gradient_accumulation_fusion = false;
   p.layout.fused_projections = false;
   p.layout.repeat_kv = true;
@@ -108,6 +109,11 @@ TEST(PlanJson, RoundTripsEveryLayoutSwitch) {
       parse_plan(nlohmann::json::parse(R"({"micro_batch": 1, "moe_capacity_factor": -1})"), "plan");
   ASSERT_FALSE(bad.is_ok());
   EXPECT_NE(bad.status().to_string().find("plan.moe_capacity_factor"), std::string::npos)
+      << bad.status().to_string();
+  bad =
+      parse_plan(nlohmann::json::parse(R"({"micro_batch": 1, "moe_load_imbalance": 0.5})"), "plan");
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().to_string().find("plan.moe_load_imbalance"), std::string::npos)
       << bad.status().to_string();
   bad = parse_plan(nlohmann::json::parse(R"({"micro_batch": 1, "moe_dispatcher": "deep-ep"})"),
                    "plan");

@@ -276,8 +276,16 @@ class Builder {
 };
 
 // One pre-norm transformer layer over `batch` sequences of `seq` tokens.
+// How a MoE layer's tokens reach its experts (ModuleInput::moe_capacity_factor,
+// ModuleInput::moe_load_imbalance).
+struct MoeRouting {
+  double capacity_factor = 0;
+  double load_imbalance = 1;
+};
+
 void add_layer(Builder& b, const TransformerSpec& t, const std::optional<MoeSpec>& moe, int layer,
-               int64_t batch, int64_t seq, bool causal, bool rope, double capacity_factor) {
+               int64_t batch, int64_t seq, bool causal, bool rope, MoeRouting routing) {
+  const double capacity_factor = routing.capacity_factor;
   const int64_t h = t.hidden, a = t.heads, g = t.kv_heads, d = t.head_dim();
   const int64_t tokens = batch * seq;
   const double T = static_cast<double>(tokens);
@@ -313,21 +321,25 @@ void add_layer(Builder& b, const TransformerSpec& t, const std::optional<MoeSpec
             : 0;
     const int64_t routed = capacity > 0 ? capacity * E : tokens * k;
     const double R = static_cast<double>(routed);
+    // The copies an expert-parallel rank receives: the hottest rank's share, scaled up to
+    // the group (ModuleInput::moe_load_imbalance).
+    const int64_t received = std::llround(R * std::max(1.0, routing.load_imbalance));
+    const double H = static_cast<double>(received);
     b.gemm("router", layer, {{tokens, E, h}}, false, T * h);
     b.pointwise("moe_dispatch", OpKind::kElementwise, layer, T * h, R * h, 0, 0);
     // Megatron's all-to-all dispatcher reorders the tokens it receives from (source rank,
     // expert) to (expert, source rank) order, a copy of all of them, and back before the
     // combine (sort_chunks_by_idxs, moe/token_dispatcher.py): work only under expert
     // parallelism with several local experts (planner's cost model).
-    b.pointwise("moe_sort", OpKind::kElementwise, layer, R * h, R * h, 0, 0);
-    // Expected load, spread as evenly as integers allow: r experts get one token more
-    // (with capacity: each exactly its capacity).
-    const int64_t q = routed / E, r = routed % E;
+    b.pointwise("moe_sort", OpKind::kElementwise, layer, H * h, H * h, 0, 0);
+    // The received copies over the experts, as evenly as integers allow: r experts get one
+    // token more (with capacity: each exactly its capacity).
+    const int64_t q = received / E, r = received % E;
     std::vector<std::pair<int64_t, int64_t>> groups;
     if (r > 0) groups.emplace_back(q + 1, r);
     if (q > 0) groups.emplace_back(q, E - r);
     b.mlp("expert_", layer, groups, h, moe->expert_ffn_hidden, h, t.activation, t.linear_bias);
-    b.pointwise("moe_unsort", OpKind::kElementwise, layer, R * h, R * h, 0, 0);
+    b.pointwise("moe_unsort", OpKind::kElementwise, layer, H * h, H * h, 0, 0);
     b.pointwise("moe_combine", OpKind::kElementwise, layer, R * h, T * h, 2.0 * k, R * h);
     if (moe->shared_experts > 0)
       b.mlp("shared_expert_", layer, {{tokens, 1}}, h, moe->shared_experts * moe->expert_ffn_hidden,
@@ -337,12 +349,12 @@ void add_layer(Builder& b, const TransformerSpec& t, const std::optional<MoeSpec
 }
 
 void add_layers(Builder& b, OpGraph& g, const TransformerSpec& t, const std::optional<MoeSpec>& moe,
-                int64_t batch, int64_t seq, bool causal, bool rope, double capacity_factor = 0) {
+                int64_t batch, int64_t seq, bool causal, bool rope, MoeRouting routing = {}) {
   g.layers = t.layers;
   g.layer_tokens = batch * seq;
   g.hidden = t.hidden;
   for (int64_t l = 0; l < t.layers; ++l)
-    add_layer(b, t, moe, static_cast<int>(l), batch, seq, causal, rope, capacity_factor);
+    add_layer(b, t, moe, static_cast<int>(l), batch, seq, causal, rope, routing);
   b.norm("final_norm", -1, t.norm, static_cast<double>(batch * seq), t.hidden);
 }
 
@@ -358,7 +370,8 @@ void build(Builder& b, OpGraph& g, const LlmSpec& s, const ModuleInput& in) {
   emb.wgrad = Flops(T * h);  // scatter-add into the table
   if (t.dropout) emb.saved = Bytes(tokens * h);
   add_layers(b, g, t, s.moe, in.micro_batch, in.seq_len, true,
-             s.positions == PositionEmbedding::kRope, in.moe_capacity_factor);
+             s.positions == PositionEmbedding::kRope,
+             {in.moe_capacity_factor, in.moe_load_imbalance});
   b.gemm("logits", -1, {{tokens, s.vocab, h}}, false, T * h, !s.tied_embeddings);
   Op& loss = b.pointwise("loss", OpKind::kLoss, -1, T * s.vocab, T, kLossFlops * s.vocab, 0);
   loss.written = Bytes(tokens * 4);

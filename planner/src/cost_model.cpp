@@ -741,11 +741,13 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
   const bool gather_routed = moe_sp && l.expert_tp() > 1;
   // A MoE permutation's routed token copies (top_k per token, or every expert's capacity
   // under token dropping) in bytes: of the CP rank's whole sequence, or with `slice` of its
-  // TP rank's share under SP.
+  // TP rank's share under SP; as the hottest EP rank receives them (Layout::
+  // moe_load_imbalance): the all-to-alls end when it has.
   auto routed_bytes = [&](const models::Op& op, bool slice) {
     const int64_t routed =
         (op.name == "moe_dispatch" ? op.written : op.read).count() / g.dtype_bytes / g.hidden;
-    return Bytes(routed / cp / (slice && l.sequence_parallel ? l.tp : 1) * g.hidden * e);
+    const int64_t mean = routed / cp / (slice && l.sequence_parallel ? l.tp : 1) * g.hidden * e;
+    return Bytes(std::llround(static_cast<double>(mean) * l.moe_rank_load()));
   };
   // Userbuffers (Layout::tp_comm_overlap): the layer linears next to the SP collectives.
   const bool userbuffers = tp && l.sequence_parallel && l.tp_comm_overlap;

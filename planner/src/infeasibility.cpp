@@ -362,6 +362,14 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
   if (l.moe_capacity_factor > 0 && !llm.moe)
     return fmt::format("moe_capacity_factor {} needs a mixture-of-experts llm",
                        l.moe_capacity_factor);
+  if (l.moe_load_imbalance > 1 && !llm.moe)
+    return fmt::format("moe_load_imbalance {} needs a mixture-of-experts llm",
+                       l.moe_load_imbalance);
+  if (l.moe_load_imbalance > 1 && l.moe_capacity_factor > 0)
+    return fmt::format(
+        "moe_load_imbalance {} with moe_capacity_factor {}: token dropping pads every expert to "
+        "its capacity, so no rank is hotter than another; drop one of the two",
+        l.moe_load_imbalance, l.moe_capacity_factor);
   if (l.moe_dispatcher == MoeDispatcher::kDeepEp) {
     if (!llm.moe || l.ep < 2)
       return "moe_dispatcher deepep needs a mixture-of-experts llm with ep > 1 (Megatron-Core's "

@@ -177,6 +177,8 @@ std::string describe_in_words(const Layout& l, hardware::Precision workload) {
   if (l.ep_comm_overlap) out += ", EP all-to-all overlap";
   if (l.moe_capacity_factor > 0)
     out += fmt::format(", token dropping (capacity factor {})", l.moe_capacity_factor);
+  if (l.moe_load_imbalance > 1)
+    out += fmt::format(", hottest EP rank at {}x the mean load", l.moe_load_imbalance);
   if (l.moe_dispatcher != MoeDispatcher::kAllToAll)
     out += fmt::format(", {} dispatcher", to_string(l.moe_dispatcher));
   if (l.cross_entropy_fusion != CrossEntropy::kUnfused)

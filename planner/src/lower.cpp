@@ -326,10 +326,12 @@ void Lowering::build_costs() {
   std::vector<models::OpGraph> graphs;
   for (size_t i : order) {
     graphs.push_back(module_graph(s_, i, l_));
-    // Model FLOPs count the routed tokens, not a token-dropping layout's padding.
+    // Model FLOPs count the routed tokens, not a token-dropping layout's padding nor the
+    // hottest rank's excess.
     Layout dropless = l_;
     dropless.moe_capacity_factor = 0;
-    const Flops flops = l_.moe_capacity_factor > 0
+    dropless.moe_load_imbalance = 1;
+    const Flops flops = l_.moe_capacity_factor > 0 || l_.moe_load_imbalance > 1
                             ? models::model_flops(module_graph(s_, i, dropless))
                             : models::model_flops(graphs.back());
     out_.model_flops_per_iteration += flops * static_cast<double>(m_ * l_.dp);

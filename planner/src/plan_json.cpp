@@ -129,6 +129,7 @@ Layout parse_layout(JsonReader& r) {
   l.tp_comm_overlap = r.optional_bool("tp_comm_overlap", false);
   l.ep_comm_overlap = r.optional_bool("ep_comm_overlap", false);
   l.moe_capacity_factor = r.optional_double("moe_capacity_factor", 0, 0, 64);
+  l.moe_load_imbalance = r.optional_double("moe_load_imbalance", 1, 1, 64);
   l.moe_dispatcher =
       *parse_moe_dispatcher(r.optional_enum("moe_dispatcher", "alltoall", {"alltoall", "deepep"}));
   l.fp8_recipe =
@@ -223,6 +224,7 @@ nlohmann::json layout_to_json(const Layout& l) {
   if (l.tp_comm_overlap) j["tp_comm_overlap"] = true;
   if (l.ep_comm_overlap) j["ep_comm_overlap"] = true;
   if (l.moe_capacity_factor > 0) j["moe_capacity_factor"] = l.moe_capacity_factor;
+  if (l.moe_load_imbalance > 1) j["moe_load_imbalance"] = l.moe_load_imbalance;
   if (l.moe_dispatcher != MoeDispatcher::kAllToAll)
     j["moe_dispatcher"] = to_string(l.moe_dispatcher);
   if (l.fsdp) {

@@ -106,6 +106,7 @@ models::OpGraph module_graph(const Scenario& s, size_t index, const Layout& l) {
   in.fused_projections = l.fused_projections;
   in.repeat_kv = l.repeat_kv;
   in.moe_capacity_factor = l.moe_capacity_factor;
+  in.moe_load_imbalance = l.moe_rank_load();
   return models::build_op_graph(s.model.modules[index].spec, in);
 }
 

@@ -131,6 +131,8 @@ LayoutFix parse_layout_fix(JsonReader& r) {
   if (r.has("fused_activation")) f.fused_activation = r.optional_bool("fused_activation", true);
   if (r.has("moe_capacity_factor"))
     f.moe_capacity_factor = r.optional_double("moe_capacity_factor", 0, 0, 64);
+  if (r.has("moe_load_imbalance"))
+    f.moe_load_imbalance = r.optional_double("moe_load_imbalance", 1, 1, 64);
   if (r.has("moe_dispatcher")) {
     const std::string d =
         r.optional_enum("moe_dispatcher", "alltoall", {"alltoall", "deepep", "any"});

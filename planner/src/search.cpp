@@ -534,6 +534,7 @@ std::vector<int> layout_key(const Layout& l) {
                      static_cast<int>(l.cross_entropy_fusion),
                      static_cast<int>(l.attention_kernel),
                      static_cast<int>(std::lround(l.moe_capacity_factor * 1e6)),
+                     static_cast<int>(std::lround(l.moe_load_imbalance * 1e6)),
                      static_cast<int>(l.moe_dispatcher),
                      l.microbatch_group,
                      static_cast<int>(l.pipeline_layout.size())};
@@ -596,6 +597,7 @@ std::string describe_layout(const Layout& l, bool llm) {
   if (l.tp_comm_overlap) out += " ub";
   if (l.ep_comm_overlap) out += " a2a-overlap";
   if (l.moe_capacity_factor > 0) out += fmt::format(" capacity:{}", l.moe_capacity_factor);
+  if (l.moe_load_imbalance > 1) out += fmt::format(" imbalance:{}", l.moe_load_imbalance);
   if (l.moe_dispatcher != MoeDispatcher::kAllToAll)
     out += fmt::format(" {}", to_string(l.moe_dispatcher));
   if (llm && l.cross_entropy_fusion != CrossEntropy::kUnfused)
@@ -999,6 +1001,7 @@ class Searcher {
           l.repeat_kv = fx.repeat_kv.value_or(false);
           l.fused_activation = fx.fused_activation.value_or(true);
           l.moe_capacity_factor = fx.moe_capacity_factor.value_or(0);
+          l.moe_load_imbalance = fx.moe_load_imbalance.value_or(1);
           l.tp_comm_overlap = fx.tp_comm_overlap.value_or(false) && tp > 1 && l.sequence_parallel;
           const bool even = layers_ % pp == 0;
           if (!even) uneven_split(pp, l);

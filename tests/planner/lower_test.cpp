@@ -1998,6 +1998,30 @@ TEST(Memory, RecomputeModulesKeepLessAndReRunTheNormAndActivation) {
             std::string::npos);
 }
 
+// The EP communication of a tiny_moe plan (hidden 1024, bf16): its token all-to-alls, each
+// checked to carry `copies` routed copies (the probabilities' all-to-alls, 4 bytes a copy,
+// left out), its other EP collectives, and whether any task makes the host wait.
+struct EpComm {
+  int token_all_to_alls = 0, others = 0;
+  bool host_sync = false;
+};
+EpComm ep_comm(const LoweredPlan& lp, int64_t copies) {
+  EpComm out;
+  for (int t = 0; t < lp.graph.num_tasks(); ++t) {
+    const sim::Task& task = lp.graph.task(TaskId(t));
+    out.host_sync = out.host_sync || lp.graph.host_sync(TaskId(t));
+    if (lp.graph.label_text(task.label.category) != "ep_comm") continue;
+    if (task.collective != sim::CollectiveKind::kAllToAll) {
+      ++out.others;
+      continue;
+    }
+    if (task.bytes == Bytes(copies * 4)) continue;
+    ++out.token_all_to_alls;
+    EXPECT_EQ(task.bytes, Bytes(copies * 1024 * 2)) << t;
+  }
+  return out;
+}
+
 // Token dropping padded to capacity (Layout::moe_capacity_factor): static split sizes, so
 // no expert counts are gathered and the host never waits; the all-to-alls move every
 // expert's capacity (2048 tokens x top 2 / 8 experts x 1.5 = 768 each, 6144 copies). Model
@@ -2010,22 +2034,52 @@ TEST(Lower, TokenDroppingMovesEveryExpertsCapacityWithoutAHostWait) {
   drop.layout.moe_capacity_factor = 1.5;
   ASSERT_EQ(infeasibility(moe, drop), "");
   LoweredPlan lp = lowered(moe, drop, {.full_ranks = true});
-  int a2a = 0;
-  for (int t = 0; t < lp.graph.num_tasks(); ++t) {
-    const sim::Task& task = lp.graph.task(TaskId(t));
-    EXPECT_FALSE(lp.graph.host_sync(TaskId(t))) << t;
-    if (lp.graph.label_text(task.label.category) != "ep_comm") continue;
-    ASSERT_EQ(task.collective, sim::CollectiveKind::kAllToAll) << "no counts' all-gather";
-    if (task.bytes == Bytes(6144LL * 4)) continue;  // the probabilities, one fp32 per copy
-    ++a2a;
-    EXPECT_EQ(task.bytes, Bytes(6144LL * 1024 * 2));
-  }
-  EXPECT_EQ(a2a, 2 * 4 * 2 * 2 * 2);
+  const EpComm c = ep_comm(lp, 6144);
+  EXPECT_FALSE(c.host_sync);
+  EXPECT_EQ(c.others, 0) << "no counts' all-gather";
+  EXPECT_EQ(c.token_all_to_alls, 2 * 4 * 2 * 2 * 2);
   EXPECT_EQ(lp.model_flops_per_iteration,
             lowered(moe, p, {.full_ranks = true}).model_flops_per_iteration);
   EXPECT_NE(infeasibility(make(4, 16, 1), drop)
                 .find("moe_capacity_factor 1.5 needs a "
                       "mixture-of-experts llm"),
+            std::string::npos);
+}
+
+// Dropless routing's hottest EP rank (Layout::moe_load_imbalance): every rank's all-to-alls
+// carry what that rank receives, 1.5 x the 4096 copies of 2048 tokens x top 2, and its
+// experts run at that load, so the iteration is slower; model FLOPs count the routed tokens
+// once, and memory holds the mean load (the hottest rank moves between layers). Without EP
+// there is no hotter rank; a dense model and token dropping refuse it.
+TEST(Lower, LoadImbalanceTimesEveryRankAtTheHottestRanksLoad) {
+  Scenario moe = tiny_moe(4, 16, 1, 8);
+  Plan p = plan(1, 1, 8);
+  p.layout.ep = 4;
+  Plan hot = p;
+  hot.layout.moe_load_imbalance = 1.5;
+  ASSERT_EQ(infeasibility(moe, hot), "");
+  LoweredPlan lp = lowered(moe, hot, {.full_ranks = true});
+  EXPECT_EQ(ep_comm(lp, 6144).token_all_to_alls, 2 * 4 * 2 * 2 * 2);
+  EXPECT_EQ(lp.model_flops_per_iteration,
+            lowered(moe, p, {.full_ranks = true}).model_flops_per_iteration);
+  auto with = evaluate(moe, hot), without = evaluate(moe, p);
+  ASSERT_TRUE(with.is_ok() && without.is_ok());
+  EXPECT_GT(with->iteration_time, without->iteration_time);
+  EXPECT_EQ(with->memory.peak, without->memory.peak);
+
+  Plan one = plan(1, 1, 8);  // ep 1: the one rank holds every expert
+  Plan one_hot = one;
+  one_hot.layout.moe_load_imbalance = 1.5;
+  auto a = evaluate(moe, one_hot), b = evaluate(moe, one);
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  EXPECT_EQ(a->iteration_time, b->iteration_time);
+
+  EXPECT_NE(infeasibility(make(4, 16, 1), hot)
+                .find("moe_load_imbalance 1.5 needs a "
+                      "mixture-of-experts llm"),
+            std::string::npos);
+  hot.layout.moe_capacity_factor = 1.25;
+  EXPECT_NE(infeasibility(moe, hot).find("moe_load_imbalance 1.5 with moe_capacity_factor 1.25"),
             std::string::npos);
 }
 

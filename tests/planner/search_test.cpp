@@ -326,6 +326,26 @@ TEST(Search, TriesTheEpOverlapBothWaysWithAny) {
   const SearchResult drop = run(*s, threads(2));
   ASSERT_FALSE(drop.top.empty());
   for (const RankedPlan& p : drop.top) EXPECT_EQ(p.plan.layout.moe_capacity_factor, 1.0);
+  // search.llm.moe_load_imbalance sets the routing's hottest rank in every searched layout;
+  // its plans with EP (here EP 8, fixed) are timed at that load (faster with every expert
+  // evenly loaded).
+  s->search.llm.moe_capacity_factor.reset();
+  s->search.llm.moe_load_imbalance = 1.5;
+  s->search.llm.ep = 8;
+  const SearchResult hot = run(*s, threads(2));
+  ASSERT_FALSE(hot.top.empty());
+  int with_ep = 0;
+  for (const RankedPlan& p : hot.top) {
+    EXPECT_EQ(p.plan.layout.moe_load_imbalance, 1.5);
+    if (p.plan.layout.ep == 1) continue;
+    Plan even = p.plan;
+    even.layout.moe_load_imbalance = 1;
+    auto m = evaluate(*s, even);
+    ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+    EXPECT_LT(m->iteration_time, p.metrics.iteration_time) << describe(p.plan);
+    ++with_ep;
+  }
+  EXPECT_GT(with_ep, 0);
 }
 
 // search.llm.cross_entropy_fusion sets the loss kernel of every searched layout (not a

@@ -99,6 +99,13 @@ struct ModuleInput {
   // top_k / experts) routed tokens (Megatron's get_capacity); 0: dropless, the expected
   // (balanced) load.
   double moe_capacity_factor = 0;
+  // Dropless routing's hottest expert-parallel rank: its routed tokens over the mean (>= 1;
+  // 1 = every expert the same load, as --moe-router-force-load-balancing makes it). The
+  // experts' work and their reorders run at that load (the graph's moe_sort, expert_* and
+  // moe_unsort), since every rank of a MoE layer waits for the hottest at the combine; the
+  // router, the permute and the unpermute keep the rank's own tokens. Token dropping pads
+  // every expert to its capacity, so this is 1 with moe_capacity_factor.
+  double moe_load_imbalance = 1;
   // The q, k, v projections and a gated MLP's gate and up as one GEMM each (Megatron's
   // linear_qkv and linear_fc1); false: a GEMM per projection, as torchtitan's and Hugging
   // Face's Llama run them (wq, wk, wv; w1, w3). Dense layers only: MoE experts keep theirs.

@@ -6,6 +6,7 @@
 // (rank = tp_i + tp*(cp_i + cp*(dp_i + dp*pp_i))); EP reuses the dp x cp ranks of a stage.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -262,6 +263,19 @@ struct Layout {
   /// padded to exactly that, so the split sizes are static: no expert counts are gathered
   /// and the host never waits for them. 0: dropless (the default).
   double moe_capacity_factor = 0;
+  /// Dropless routing's hottest expert-parallel rank: its routed tokens over the group's
+  /// mean (>= 1). Every rank of a MoE layer waits for that rank at the combine, so each is
+  /// timed at its load: the experts' GEMMs and reorders, and the all-to-alls, whose transfers
+  /// end when the hottest rank has received (and sent back) its tokens; memory holds its
+  /// expert activations. 1 (the default): every expert the same load, as Megatron's
+  /// --moe-router-force-load-balancing makes it for benchmarks. A property of the router and
+  /// the data, not a trainer flag, so nothing is exported; the same at every EP size (no
+  /// measurement of how it grows with fewer experts per rank); no effect without EP (one
+  /// rank holds every expert). Not with token dropping, which pads every expert to its
+  /// capacity.
+  double moe_load_imbalance = 1;
+  /// The load the hottest EP rank's experts and all-to-alls run at, over the mean.
+  double moe_rank_load() const { return ep > 1 ? std::max(1.0, moe_load_imbalance) : 1.0; }
   MoeDispatcher moe_dispatcher = MoeDispatcher::kAllToAll;
   Fp8Recipe fp8_recipe = Fp8Recipe::kDelayed;  // meaningful for fp8 workloads only
   GradReduceDtype grad_reduce_dtype = GradReduceDtype::kDefault;

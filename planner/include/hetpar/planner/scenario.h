@@ -77,6 +77,9 @@ struct LayoutFix {
   /// MoE token dropping (Layout::moe_capacity_factor) in every searched LLM layout; default
   /// dropless. Not searched: dropping tokens changes what is trained.
   std::optional<double> moe_capacity_factor;
+  /// Dropless routing's hottest EP rank over the mean (Layout::moe_load_imbalance) in every
+  /// searched LLM layout; default 1. Not searched: it is the router's and the data's.
+  std::optional<double> moe_load_imbalance;
   /// MoE token dispatcher (Layout::moe_dispatcher) in every searched LLM layout; default the
   /// all-to-all; `any_moe_dispatcher`: DeepEP too, where it applies (ep > 1, etp 1, dropless).
   std::optional<MoeDispatcher> moe_dispatcher;
