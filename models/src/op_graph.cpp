@@ -275,7 +275,6 @@ class Builder {
   bool flash_, fused_, repeat_kv_;
 };
 
-// One pre-norm transformer layer over `batch` sequences of `seq` tokens.
 // How a MoE layer's tokens reach its experts (ModuleInput::moe_capacity_factor,
 // ModuleInput::moe_load_imbalance).
 struct MoeRouting {
@@ -283,9 +282,9 @@ struct MoeRouting {
   double load_imbalance = 1;
 };
 
+// One pre-norm transformer layer over `batch` sequences of `seq` tokens.
 void add_layer(Builder& b, const TransformerSpec& t, const std::optional<MoeSpec>& moe, int layer,
                int64_t batch, int64_t seq, bool causal, bool rope, MoeRouting routing) {
-  const double capacity_factor = routing.capacity_factor;
   const int64_t h = t.hidden, a = t.heads, g = t.kv_heads, d = t.head_dim();
   const int64_t tokens = batch * seq;
   const double T = static_cast<double>(tokens);
@@ -315,15 +314,15 @@ void add_layer(Builder& b, const TransformerSpec& t, const std::optional<MoeSpec
     // Routed token copies: all T·k dropless; with token dropping every expert's capacity
     // (ModuleInput::moe_capacity_factor), padded to it.
     const int64_t capacity =
-        capacity_factor > 0
+        routing.capacity_factor > 0
             ? static_cast<int64_t>(std::ceil(static_cast<double>(tokens * k) /
-                                             static_cast<double>(E) * capacity_factor))
+                                             static_cast<double>(E) * routing.capacity_factor))
             : 0;
     const int64_t routed = capacity > 0 ? capacity * E : tokens * k;
     const double R = static_cast<double>(routed);
     // The copies an expert-parallel rank receives: the hottest rank's share, scaled up to
     // the group (ModuleInput::moe_load_imbalance).
-    const int64_t received = std::llround(R * std::max(1.0, routing.load_imbalance));
+    const int64_t received = std::llround(R * routing.load_imbalance);
     const double H = static_cast<double>(received);
     b.gemm("router", layer, {{tokens, E, h}}, false, T * h);
     b.pointwise("moe_dispatch", OpKind::kElementwise, layer, T * h, R * h, 0, 0);

@@ -328,11 +328,8 @@ void Lowering::build_costs() {
     graphs.push_back(module_graph(s_, i, l_));
     // Model FLOPs count the routed tokens, not a token-dropping layout's padding nor the
     // hottest rank's excess.
-    Layout dropless = l_;
-    dropless.moe_capacity_factor = 0;
-    dropless.moe_load_imbalance = 1;
-    const Flops flops = l_.moe_capacity_factor > 0 || l_.moe_load_imbalance > 1
-                            ? models::model_flops(module_graph(s_, i, dropless))
+    const Flops flops = l_.moe_capacity_factor > 0 || l_.moe_rank_load() > 1
+                            ? models::model_flops(module_graph(s_, i, l_, ExpertLoad::kRouted))
                             : models::model_flops(graphs.back());
     out_.model_flops_per_iteration += flops * static_cast<double>(m_ * l_.dp);
     module_names_.push_back(model.modules[i].name);

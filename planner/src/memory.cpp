@@ -185,11 +185,7 @@ class Estimator {
   void add_module(size_t i) {
     const models::ModuleSpec& spec = s_.model.modules[i].spec;
     const models::ModuleKind kind = models::kind_of(spec);
-    // The mean expert load (Layout::moe_load_imbalance): the hottest EP rank changes from
-    // layer to layer and micro-batch to micro-batch, so the many a rank holds average out.
-    Layout mean_load = l_;
-    mean_load.moe_load_imbalance = 1;
-    const models::OpGraph g = module_graph(s_, i, mean_load);
+    const models::OpGraph g = module_graph(s_, i, l_, ExpertLoad::kMean);
     const auto* llm = std::get_if<models::LlmSpec>(&spec);
     const double vocab_params =
         llm ? static_cast<double>(llm->vocab) * static_cast<double>(llm->block.hidden) : 0;

@@ -100,13 +100,13 @@ models::ModuleInput module_input(const Scenario& s, size_t index, int64_t micro_
   return in;
 }
 
-models::OpGraph module_graph(const Scenario& s, size_t index, const Layout& l) {
+models::OpGraph module_graph(const Scenario& s, size_t index, const Layout& l, ExpertLoad load) {
   models::ModuleInput in = module_input(s, index, l.micro_batch);
   in.flash_attention = l.flash_attention;
   in.fused_projections = l.fused_projections;
   in.repeat_kv = l.repeat_kv;
-  in.moe_capacity_factor = l.moe_capacity_factor;
-  in.moe_load_imbalance = l.moe_rank_load();
+  in.moe_capacity_factor = load == ExpertLoad::kRouted ? 0 : l.moe_capacity_factor;
+  in.moe_load_imbalance = load == ExpertLoad::kTimed ? l.moe_rank_load() : 1;
   return models::build_op_graph(s.model.modules[index].spec, in);
 }
 

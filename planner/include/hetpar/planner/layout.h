@@ -266,13 +266,13 @@ struct Layout {
   /// Dropless routing's hottest expert-parallel rank: its routed tokens over the group's
   /// mean (>= 1). Every rank of a MoE layer waits for that rank at the combine, so each is
   /// timed at its load: the experts' GEMMs and reorders, and the all-to-alls, whose transfers
-  /// end when the hottest rank has received (and sent back) its tokens; memory holds its
-  /// expert activations. 1 (the default): every expert the same load, as Megatron's
-  /// --moe-router-force-load-balancing makes it for benchmarks. A property of the router and
-  /// the data, not a trainer flag, so nothing is exported; the same at every EP size (no
-  /// measurement of how it grows with fewer experts per rank); no effect without EP (one
-  /// rank holds every expert). Not with token dropping, which pads every expert to its
-  /// capacity.
+  /// end when the hottest rank has received (and sent back) its tokens. Memory holds the
+  /// mean load (ExpertLoad::kMean: the hottest rank moves from layer to layer). 1 (the
+  /// default): every expert the same load, as Megatron's --moe-router-force-load-balancing
+  /// makes it for benchmarks. A property of the router and the data, not a trainer flag, so
+  /// nothing is exported; the same at every EP size (no measurement of how it grows with
+  /// fewer experts per rank); no effect without EP (one rank holds every expert). Not with
+  /// token dropping, which pads every expert to its capacity.
   double moe_load_imbalance = 1;
   /// The load the hottest EP rank's experts and all-to-alls run at, over the mean.
   double moe_rank_load() const { return ep > 1 ? std::max(1.0, moe_load_imbalance) : 1.0; }

@@ -178,8 +178,15 @@ int64_t modality_tokens_per_item(const models::ModelSpec& model, size_t encoder_
 /// batches of images (clips) per sample times micro_batch, projector tokens likewise.
 models::ModuleInput module_input(const Scenario& s, size_t index, int64_t micro_batch);
 
+/// The expert load a MoE module's op graph carries: what a rank's experts run in time (the
+/// hottest EP rank's, Layout::moe_rank_load(); token dropping's padded capacity), the mean
+/// (what memory holds: the hottest rank moves from layer to layer), or the routed tokens
+/// alone, neither padded nor hot (model FLOPs).
+enum class ExpertLoad { kTimed, kMean, kRouted };
+
 /// The op graph of module `index` for one micro-batch of `l`: its size and attention kernel
-/// (Layout::flash_attention).
-models::OpGraph module_graph(const Scenario& s, size_t index, const Layout& l);
+/// (Layout::flash_attention), its experts at `load`.
+models::OpGraph module_graph(const Scenario& s, size_t index, const Layout& l,
+                             ExpertLoad load = ExpertLoad::kTimed);
 
 }  // namespace hetpar::planner
