@@ -284,6 +284,38 @@ TEST(Activations, RecomputeModulesDropTheOutputsTheyReRun) {
             activation_bytes(g, Recompute::kFull).count());
 }
 
+// Megatron-Core's --recompute-modules moe (a checkpointed MoE layer): every op from the
+// router to the combine re-runs, and of them only the router keeps its input (the layer's);
+// with layernorm, whose output that input is, not even that. Attention and dense ops are
+// untouched; the matmuls re-run are the router's and the experts'.
+TEST(Activations, RecomputeModuleMoeKeepsOnlyTheMoeLayersInput) {
+  const OpGraph g = build_op_graph(zoo_module("mixtral-8x7b"), input(1, 4096));
+  const RecomputePolicy moe(Recompute::kSelective, kRecomputeMoe);
+  const RecomputePolicy with_norm(Recompute::kSelective, kRecomputeLayernorm | kRecomputeMoe);
+  double dropped = 0, rerun_flops = 0;
+  int moe_ops = 0;
+  for (const Op& op : g.ops) {
+    const bool in_moe = op.layer >= 0 && (op.name == "router" || op.name.starts_with("moe_") ||
+                                          op.name.starts_with("expert_"));
+    EXPECT_EQ(is_moe_block_op(op), in_moe) << op.name;
+    EXPECT_DOUBLE_EQ(recompute_share(op, moe), in_moe ? 1 : 0) << op.name;
+    const bool keeps = !in_moe || op.name == "router";
+    EXPECT_DOUBLE_EQ(kept_bytes(op, moe, g.dtype_bytes), keeps ? op.saved.as_double() : 0)
+        << op.name;
+    if (in_moe) {
+      ++moe_ops;
+      EXPECT_EQ(kept_bytes(op, with_norm, g.dtype_bytes), 0) << op.name;
+      if (!keeps) dropped += op.saved.as_double();
+      if (op.kind == OpKind::kGemm) rerun_flops += op.forward.count();
+    }
+  }
+  EXPECT_EQ(moe_ops, 8 * 32);
+  ASSERT_GT(dropped, 0);
+  EXPECT_EQ(activation_bytes(g, moe).count(),
+            activation_bytes(g, Recompute::kNone).count() - static_cast<int64_t>(dropped));
+  EXPECT_DOUBLE_EQ(recompute_flops(g, moe).count(), rerun_flops);
+}
+
 // Every zoo module, through its op graph, with Megatron's layer code and torchtitan's
 // (separate projections, repeat_kv): parameters sum to the closed-form count, GEMM FLOPs
 // equal their shapes, GEMM backward splits into dgrad = wgrad = forward, attention backward

@@ -133,6 +133,21 @@ TEST(PlanJson, RoundTripsEveryLayoutSwitch) {
   ASSERT_TRUE(back.is_ok());
   EXPECT_EQ(back->layout.recompute_modules, modules->layout.recompute_modules);
   EXPECT_FALSE(plan_to_json(p).contains("recompute_modules"));
+  auto layer = parse_plan(nlohmann::json::parse(R"({"micro_batch": 1, "recompute": "selective",
+                                                    "recompute_modules": ["moe", "layernorm"]})"),
+                          "plan");
+  ASSERT_TRUE(layer.is_ok()) << layer.status().to_string();
+  EXPECT_EQ(layer->layout.recompute_modules, models::kRecomputeLayernorm | models::kRecomputeMoe);
+  EXPECT_EQ(plan_to_json(*layer)["recompute_modules"],
+            nlohmann::json::parse(R"(["layernorm", "moe"])"));
+  bad = parse_plan(
+      nlohmann::json::parse(
+          R"({"micro_batch": 1, "recompute": "selective", "recompute_modules": ["mlp"]})"),
+      "plan");
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().to_string().find("is not one of core_attn, layernorm, moe_act, moe"),
+            std::string::npos)
+      << bad.status().to_string();
   for (const char* text :
        {R"({"micro_batch": 1, "recompute": "full", "recompute_modules": ["layernorm"]})",
         R"({"micro_batch": 1, "recompute": "selective", "recompute_modules": ["mlp"]})",

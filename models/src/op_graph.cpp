@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <string_view>
 #include <utility>
 
 #include "hetpar/core/check.h"
@@ -71,6 +72,7 @@ double recompute_share(const Op& op, RecomputePolicy policy) {
     case Recompute::kNone:
       return 0;
     case Recompute::kSelective:
+      if (policy.selects(kRecomputeMoe) && is_moe_block_op(op)) return 1;
       if (op.kind == OpKind::kAttention) return policy.selects(kRecomputeCoreAttn) ? 1 : 0;
       if (policy.selects(kRecomputeLayernorm) && op.layer >= 0 && op.name == "mlp_norm") return 1;
       return policy.selects(kRecomputeMoeAct) && op.name == "expert_act" ? 1 : 0;
@@ -80,6 +82,13 @@ double recompute_share(const Op& op, RecomputePolicy policy) {
       return selective_op_share(op);
   }
   return 0;
+}
+
+bool is_moe_block_op(const Op& op) {
+  if (op.layer < 0) return false;
+  const std::string_view n = op.name;
+  return n == "router" || n.starts_with("moe_") || n.starts_with("expert_") ||
+         n.starts_with("shared_expert_");
 }
 
 bool is_recomputed(const Op& op, RecomputePolicy policy) {
@@ -96,6 +105,9 @@ double kept_bytes(const Op& op, RecomputePolicy policy, int dtype_bytes) {
     if (op.layer >= 0 && policy.selects(kRecomputeLayernorm) &&
         (op.name == "router" || op.name == "shared_expert_fc1"))
       return 0;
+    // A checkpointed MoE layer keeps its input alone, which the router's saved input is.
+    if (policy.selects(kRecomputeMoe) && is_moe_block_op(op))
+      return op.name == "router" ? op.saved.as_double() : 0;
     if (policy.selects(kRecomputeMoeAct) && op.name == "expert_fc2") return 0;
     if (op.kind != OpKind::kAttention || !policy.selects(kRecomputeCoreAttn))
       return op.saved.as_double();

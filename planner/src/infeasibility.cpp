@@ -353,12 +353,18 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
     return "recompute selective_op with a mixture-of-experts llm is not modelled: its "
            "grouped expert matmuls fall outside the per-block mm count";
   if (l.recompute == models::Recompute::kSelective && !llm.moe &&
-      (l.recompute_modules & (models::kRecomputeLayernorm | models::kRecomputeMoeAct)) != 0)
+      (l.recompute_modules &
+       (models::kRecomputeLayernorm | models::kRecomputeMoeAct | models::kRecomputeMoe)) != 0)
     return fmt::format(
         "recompute_modules {} needs a mixture-of-experts llm (layernorm re-runs a MoE layer's "
         "pre-MLP norm, Transformer Engine fuses a dense layer's; moe_act the experts' "
-        "activation)",
+        "activation; moe the whole MoE layer)",
         recompute_modules_names(l.recompute_modules));
+  // Megatron-Core's TransformerConfig refuses it: the MoE layer's re-run dispatches again,
+  // which the overlap's split schedule of that layer cannot hold.
+  if (l.recompute_policy().selects(models::kRecomputeMoe) && l.ep_comm_overlap)
+    return "recompute_modules moe with ep_comm_overlap: Megatron-Core refuses the MoE layer's "
+           "recompute beside the EP all-to-all overlap";
   if (l.moe_capacity_factor > 0 && !llm.moe)
     return fmt::format("moe_capacity_factor {} needs a mixture-of-experts llm",
                        l.moe_capacity_factor);

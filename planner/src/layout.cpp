@@ -37,7 +37,8 @@ namespace {
 constexpr std::pair<models::RecomputeModule, std::string_view> kRecomputeModuleNames[] = {
     {models::kRecomputeCoreAttn, "core_attn"},
     {models::kRecomputeLayernorm, "layernorm"},
-    {models::kRecomputeMoeAct, "moe_act"}};
+    {models::kRecomputeMoeAct, "moe_act"},
+    {models::kRecomputeMoe, "moe"}};
 }  // namespace
 
 std::vector<std::string_view> recompute_module_names(uint8_t modules) {

@@ -843,6 +843,9 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
                           {cat_ep_, lb.ep}, [&](int j, TaskId c) {
                             RankState& rs = st_[j];
                             if (rs.last.valid()) g_.add_dependency(rs.last, c);
+                            // A transfer still beside the last (a replayed dispatch's part
+                            // across nodes, the MoE recompute's) is waited for as well.
+                            if (rs.beside.valid()) g_.add_dependency(rs.beside, c);
                             rs.beside = rs.last;
                             rs.need = rs.last = c;
                           });
@@ -872,6 +875,21 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
       return;
     }
   }
+}
+
+Lowering::MoeReplay Lowering::moe_replay(const PlacedBlock& pb) const {
+  MoeReplay r;
+  if (pb.part != Part::kLayer || !l_.recompute_policy().selects(models::kRecomputeMoe)) return r;
+  const std::vector<WorkStep>& forward = block(0, pb).steps;
+  for (size_t s = 0; s < forward.size(); ++s)
+    if (forward[s].kind == StepKind::kEpAllToAll) r.all_to_alls.push_back(s);
+  const std::vector<WorkStep>& backward = block(0, pb, true).steps;
+  for (size_t s = backward.size(); s-- > 0 && !r.all_to_alls.empty();)
+    if (backward[s].kind == StepKind::kEpAllToAll) {
+      r.at = std::min(s + 1, backward.size() - 1);
+      break;
+    }
+  return r;
 }
 
 void Lowering::run_op(const PipelineOp& op, std::vector<OpSpan>& spans) {
@@ -1026,11 +1044,23 @@ void Lowering::op_pieces(const PipelineOp& op, Emit&& emit) {
         }
         if (prefetch_next) emit(false, prefetch_next);
         const Labels* lb = &labels(v, b, kB);
-        for (size_t s = nsteps; s-- > 0;)
+        // The "moe" recompute module (a checkpointed MoE layer, MoELayer.forward under
+        // tensor_parallel.checkpoint) re-runs the layer's forward before its backward: its
+        // all-to-alls (and the dispatch's split sizes) are sent again, here, as the backward
+        // reaches the step after the combine; its compute re-runs as the selective modules'
+        // does, before each step's backward (cost.recompute).
+        const MoeReplay moe = moe_replay(*pb);
+        for (size_t s = nsteps; s-- > 0;) {
+          if (moe.at == s) {
+            const Labels* replay = &labels(v, b, kR);
+            for (size_t f : moe.all_to_alls)
+              emit(true, [this, pb, f, replay, rl] { run_step(*pb, f, kR, *replay, rl); });
+          }
           emit(all_to_all(*pb, s, true), [this, pb, s, lb, rl, mb = op.micro_batch] {
             backward_mb_ = mb;
             run_step(*pb, s, kB, *lb, rl);
           });
+        }
         if (!split_w_) emit(false, [grads_done, b] { grads_done(b); });
         break;
       }

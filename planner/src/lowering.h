@@ -229,6 +229,14 @@ class Lowering {
   // compute step right before an EP all-to-all, runs only its dgrad, its wgrad beside the
   // all-to-all once that is issued (run_step's kEpAllToAll).
   bool delays_wgrad(const PlacedBlock& pb, size_t s);
+  // Layout::recompute_modules "moe": the forward steps of a layer block's all-to-alls,
+  // which its backward sends again before the backward step `at` (the one after its last
+  // all-to-all); none (at SIZE_MAX) without the module or expert parallelism.
+  struct MoeReplay {
+    size_t at = SIZE_MAX;
+    std::vector<size_t> all_to_alls;
+  };
+  MoeReplay moe_replay(const PlacedBlock& pb) const;
   // FSDP (Layout::fsdp): an FSDP unit, the blocks whose parameters gather and reduce
   // together: one block, or with Layout::fsdp_root_unit the chunk's blocks outside the layers.
   struct FsdpUnit {

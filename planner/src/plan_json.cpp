@@ -71,16 +71,16 @@ std::optional<uint8_t> read_recompute_modules(JsonReader& r,
   if (kind != models::Recompute::kSelective)
     r.fail("recompute_modules", "needs \"recompute\": \"selective\"");
   else if (modules.empty())
-    r.fail("recompute_modules", "must name at least one of core_attn, layernorm, moe_act");
+    r.fail("recompute_modules",
+           fmt::format("must name at least one of {}", recompute_modules_names(0xff)));
   uint8_t bits = 0;
   for (size_t i = 0; i < modules.size() && r.ok(); ++i) {
     const nlohmann::json& m = modules[i];
     const uint8_t bit = m.is_string() ? recompute_module(m.get<std::string>()) : 0;
     bits |= bit;
     if (bit == 0)
-      r.fail(
-          "recompute_modules",
-          fmt::format("element {}: {} is not one of core_attn, layernorm, moe_act", i, m.dump()));
+      r.fail("recompute_modules", fmt::format("element {}: {} is not one of {}", i, m.dump(),
+                                              recompute_modules_names(0xff)));
   }
   return bits;
 }

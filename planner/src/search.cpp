@@ -32,10 +32,13 @@ using models::RecomputePolicy;
 constexpr Recompute kRecomputes[] = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
 // A MoE LLM's selective recompute also re-runs Megatron-Core's output-discarding modules
 // (Layout::recompute_modules): the norm and activation alone, as the Megatron-Core MoE
-// team's Qwen3 and DeepSeek-V3 recipes run them, or with the attention core.
+// team's Qwen3 and DeepSeek-V3 recipes run them, or with the attention core; and the norm
+// with the whole MoE layer, as their long-context runs do, tried where the norm and
+// activation do not fit (it re-runs no less, recomputes_no_less).
 constexpr uint8_t kMoeRecomputeModules[] = {
     models::kRecomputeLayernorm | models::kRecomputeMoeAct,
-    models::kRecomputeCoreAttn | models::kRecomputeLayernorm | models::kRecomputeMoeAct};
+    models::kRecomputeCoreAttn | models::kRecomputeLayernorm | models::kRecomputeMoeAct,
+    models::kRecomputeLayernorm | models::kRecomputeMoe};
 
 // The recompute policy as one key: its kind and, under selective, its modules.
 int recompute_key(const Layout& l) {
@@ -706,11 +709,14 @@ struct BaseInfo {
 };
 
 // Whether policy `a` recomputes no less than `b`: a heavier kind (none < selective < full),
-// or under selective a superset of b's modules. Selective sets that neither contains are not
-// ordered.
+// or under selective a superset of b's modules, the whole MoE layer counting as its
+// activation too. Selective sets that neither contains are not ordered.
 bool recomputes_no_less(RecomputePolicy a, RecomputePolicy b) {
+  const auto reruns = [](uint8_t m) -> uint8_t {
+    return (m & models::kRecomputeMoe) != 0 ? m | models::kRecomputeMoeAct : m;
+  };
   if (a.kind == b.kind)
-    return a.kind != Recompute::kSelective || (a.modules & b.modules) == b.modules;
+    return a.kind != Recompute::kSelective || (reruns(a.modules) & b.modules) == b.modules;
   return static_cast<int>(a.kind) > static_cast<int>(b.kind);
 }
 

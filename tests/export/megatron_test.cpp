@@ -264,6 +264,10 @@ TEST(ExportMegatron, MixtureOfExpertsAndPrecisions) {
   EXPECT_EQ(fm.at("--recompute-granularity"), "selective");
   EXPECT_EQ(fm.at("--recompute-modules"), "layernorm moe_act");
   EXPECT_EQ(f.count("--recompute-modules"), 0u);
+  modules.layout.recompute_modules = models::kRecomputeLayernorm | models::kRecomputeMoe;
+  EXPECT_EQ(
+      all_flags(exported(s, modules, Target::kMegatron).at("launch.sh")).at("--recompute-modules"),
+      "layernorm moe");
   Plan sharded = p;  // Megatron-FSDP shards the experts over their expert-DP group
   sharded.layout.fsdp = true;
   const auto fs = all_flags(exported(s, sharded, Target::kMegatron).at("launch.sh"));

@@ -1966,6 +1966,16 @@ TEST(Memory, DeepEpHoldsItsBuffersOnEveryMoeRank) {
   }
 }
 
+// Whether a dense model refuses selective recompute of `modules`, MoE-only modules, for
+// want of MoE layers.
+bool dense_refuses(uint8_t modules) {
+  Plan dense = plan(1, 1, 8);
+  dense.layout.recompute = models::Recompute::kSelective;
+  dense.layout.recompute_modules = modules;
+  return infeasibility(make(4, 16, 1), dense).find("needs a mixture-of-experts llm") !=
+         std::string::npos;
+}
+
 // recompute selective with recompute_modules layernorm, moe_act on a MoE model: fewer
 // activations than no recompute or the attention core's recompute, the dropped outputs
 // re-computed before their backward (a longer iteration than without recompute); a dense
@@ -1991,11 +2001,7 @@ TEST(Memory, RecomputeModulesKeepLessAndReRunTheNormAndActivation) {
   EXPECT_NE(describe_in_words(modules.layout, hardware::Precision::kBf16)
                 .find("recompute selective (layernorm, moe_act)"),
             std::string::npos);
-  Plan dense = plan(1, 1, 8);
-  dense.layout.recompute = models::Recompute::kSelective;
-  dense.layout.recompute_modules = models::kRecomputeMoeAct;
-  EXPECT_NE(infeasibility(make(4, 16, 1), dense).find("needs a mixture-of-experts llm"),
-            std::string::npos);
+  EXPECT_TRUE(dense_refuses(models::kRecomputeMoeAct));
 }
 
 // The EP communication of a tiny_moe plan (hidden 1024, bf16): its token all-to-alls, each
@@ -2081,6 +2087,50 @@ TEST(Lower, LoadImbalanceTimesEveryRankAtTheHottestRanksLoad) {
   hot.layout.moe_capacity_factor = 1.25;
   EXPECT_NE(infeasibility(moe, hot).find("moe_load_imbalance 1.5 with moe_capacity_factor 1.25"),
             std::string::npos);
+}
+
+// The "moe" recompute module (a checkpointed MoE layer, MoELayer.forward under
+// tensor_parallel.checkpoint): each layer's backward sends its dispatch and combine again
+// (6 token all-to-alls a layer and micro-batch instead of 4) and gathers the split sizes
+// again, labelled as recompute; its compute re-runs (a longer iteration than re-running
+// the norm and activation alone) and only its input stays (fewer activations).
+// Megatron-Core refuses it beside the EP overlap; a dense model has no MoE layer.
+TEST(Lower, MoeRecomputeSendsTheLayersAllToAllsAgainAndKeepsOnlyItsInput) {
+  Scenario moe = tiny_moe(4, 16, 1, 8);
+  Plan p = plan(1, 1, 8);
+  p.layout.ep = 4;
+  p.layout.recompute = models::Recompute::kSelective;
+  p.layout.recompute_modules = models::kRecomputeLayernorm | models::kRecomputeMoeAct;
+  Plan layer = p;
+  layer.layout.recompute_modules = models::kRecomputeLayernorm | models::kRecomputeMoe;
+  ASSERT_EQ(infeasibility(moe, layer), "");
+  LoweredPlan a = lowered(moe, p, {.full_ranks = true});
+  LoweredPlan b = lowered(moe, layer, {.full_ranks = true});
+  const EpComm ca = ep_comm(a, 4096), cb = ep_comm(b, 4096);
+  EXPECT_EQ(ca.token_all_to_alls, 2 * 4 * 2 * 2 * 2);
+  EXPECT_EQ(cb.token_all_to_alls * 2, ca.token_all_to_alls * 3);
+  EXPECT_EQ(cb.others, 2 * ca.others);
+  int replayed = 0;
+  for (int t = 0; t < b.graph.num_tasks(); ++t) {
+    const sim::Task& task = b.graph.task(TaskId(t));
+    if (task.collective == sim::CollectiveKind::kAllToAll &&
+        b.graph.label_text(task.label.name).find("recompute all-to-all") != std::string::npos)
+      ++replayed;
+  }
+  EXPECT_EQ(replayed * 3, cb.token_all_to_alls + cb.token_all_to_alls / 2) << "a third of them";
+  auto with = evaluate(moe, layer), without = evaluate(moe, p);
+  ASSERT_TRUE(with.is_ok() && without.is_ok());
+  EXPECT_GT(with->iteration_time, without->iteration_time);
+  EXPECT_LT(estimate_memory(moe, layer).per_stage[0].activations,
+            estimate_memory(moe, p).per_stage[0].activations);
+  EXPECT_NE(describe_in_words(layer.layout, hardware::Precision::kBf16)
+                .find("recompute selective (layernorm, moe)"),
+            std::string::npos);
+
+  layer.layout.ep_comm_overlap = true;
+  EXPECT_NE(infeasibility(moe, layer).find("recompute_modules moe with ep_comm_overlap"),
+            std::string::npos);
+  EXPECT_TRUE(dense_refuses(models::kRecomputeMoe));
 }
 
 // Megatron-Core's combined 1F1B (Layout::ep_comm_overlap): the same tasks, the

@@ -570,9 +570,11 @@ TEST(Search, TriesDeepEpWhereTheSectionAsks) {
 
 // A MoE LLM's selective recompute is searched with Megatron-Core's output-discarding
 // modules too (Layout::recompute_modules): the attention core alone, the norm and the
-// experts' activation alone, and all three. Neither of the first two contains the other, so
-// both are simulated; all three together recompute no less than either and are dominated
-// once one fits. Full recompute keeps the attention core's default.
+// experts' activation alone, all three, and the norm with the whole MoE layer. Neither of
+// the first two contains the other, so both are simulated; all three together, and the norm
+// with the MoE layer (which re-runs the activation too), recompute no less than the norm and
+// activation and are dominated once that fits. Full recompute keeps the attention core's
+// default.
 TEST(Search, TriesTheMoeRecomputeModulesUnderSelective) {
   auto moe = [](const std::string& recompute) {
     return moe_search(
@@ -593,10 +595,10 @@ TEST(Search, TriesTheMoeRecomputeModulesUnderSelective) {
   for (const RankedPlan& p : sel.top)
     named = named || describe(p.plan).find("selective(layernorm, moe_act)") != std::string::npos;
   EXPECT_TRUE(named);
-  // Three selective policies per layout where full recompute has one.
+  // Four selective policies per layout where full recompute has one.
   const SearchResult full = run(moe("full"), threads(2));
   ASSERT_FALSE(full.top.empty());
-  EXPECT_EQ(sel.counts.considered, 3 * full.counts.considered);
+  EXPECT_EQ(sel.counts.considered, 4 * full.counts.considered);
   for (const RankedPlan& p : full.top)
     EXPECT_EQ(p.plan.layout.recompute_modules, models::kRecomputeCoreAttn);
   // search.llm.recompute_modules fixes them (with recompute fixed to selective).

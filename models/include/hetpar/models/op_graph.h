@@ -162,7 +162,16 @@ enum RecomputeModule : uint8_t {
   kRecomputeLayernorm = 2,
   /// "moe_act": the experts' activation; the second expert linear keeps no input.
   kRecomputeMoeAct = 4,
+  /// "moe": the whole MoE layer (router, token permutation and dispatch, experts, combine,
+  /// shared experts) under tensor_parallel.checkpoint: only its input is kept (the router's;
+  /// nothing with "layernorm", whose dropped output that input is), and the layer's forward,
+  /// its all-to-alls included, re-runs before its backward (MoELayer.forward).
+  kRecomputeMoe = 8,
 };
+
+/// Whether op is part of a MoE layer's MLP block (router through combine, shared experts):
+/// what the "moe" recompute module re-runs.
+bool is_moe_block_op(const Op& op);
 
 /// A recompute policy: the kind, and under kSelective the modules it re-runs.
 struct RecomputePolicy {
