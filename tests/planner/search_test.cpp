@@ -199,16 +199,22 @@ TEST(Search, BalancesTheOutputLayerOnOneKindOfGpu) {
 // pp 2 over 31 layers has no even split and Megatron's first/last rule needs pp >= 3: the
 // split sized to the stages' work is the only one, and the search finds it (without
 // sized_stages, no plan at pp 2).
-TEST(Search, SizesStagesWhereNoEvenSplitExists) {
-  auto s = parse_scenario_text(R"({"name": "odd-layers", "model": {"name": "llama-31-layers",
-      "modules": [{"name": "llm", "kind": "llm", "spec": {"layers": 31, "hidden": 4096,
+// A Llama-3.1-8B-shaped LLM of `layers` layers on one DGX H100, its search.llm `fixed`.
+Result<Scenario> llama_layers(int layers, const std::string& fixed) {
+  return parse_scenario_text(
+      fmt::format(R"({{"name": "odd-layers", "model": {{"name": "llama-{0}-layers",
+      "modules": [{{"name": "llm", "kind": "llm", "spec": {{"layers": {0}, "hidden": 4096,
         "ffn_hidden": 14336, "heads": 32, "kv_heads": 8, "vocab": 128256,
-        "activation": "swiglu", "norm": "rmsnorm"}}]},
-      "workload": {"seq_len": 4096, "global_batch": 32, "precision": "bf16"},
-      "cluster": {"profile": "dgx-h100", "nodes": 1},
-      "search": {"llm": {"tp": 4, "pp": 2, "micro_batch": 1,
-                         "distributed_optimizer": true}}})",
-                               "odd.json");
+        "activation": "swiglu", "norm": "rmsnorm"}}}}]}},
+      "workload": {{"seq_len": 4096, "global_batch": 32, "precision": "bf16"}},
+      "cluster": {{"profile": "dgx-h100", "nodes": 1}},
+      "search": {{"llm": {{{1}}}}}}})",
+                  layers, fixed),
+      "odd.json");
+}
+
+TEST(Search, SizesStagesWhereNoEvenSplitExists) {
+  auto s = llama_layers(31, R"("tp": 4, "pp": 2, "micro_batch": 1, "distributed_optimizer": true)");
   ASSERT_TRUE(s.is_ok()) << s.status().to_string();
   const SearchResult r = run(*s, threads(2));
   ASSERT_FALSE(r.top.empty());
@@ -229,6 +235,31 @@ TEST(Search, SizesStagesWhereNoEvenSplitExists) {
   Scenario even_only = *s;
   even_only.search.llm.sized_stages = false;
   EXPECT_TRUE(run(even_only, threads(2)).top.empty());
+}
+
+// pp 4 over 30 layers has no even split; with the embedding and the loss counted as layers
+// (Megatron's --account-for-embedding/loss-in-pipeline-split) the 32 slots split into 4 x 4
+// virtual stages of 2, which the search offers interleaved (the first and last with one
+// layer beside the embedding / loss); without it a fixed vpp 4 would have no plan.
+TEST(Search, CountsTheEmbeddingAndLossAsLayersWhereNoEvenSplitExists) {
+  auto s = llama_layers(30, R"("tp": 2, "pp": 4, "vpp": 4, "micro_batch": 1,
+                               "distributed_optimizer": true, "sized_stages": false)");
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  const SearchResult r = run(*s, threads(2));
+  ASSERT_FALSE(r.top.empty());
+  for (const RankedPlan& p : r.top) {
+    EXPECT_TRUE(p.plan.layout.account_for_embedding && p.plan.layout.account_for_loss)
+        << describe(p.plan);
+    EXPECT_EQ(p.plan.schedule, Schedule::kInterleaved);
+    EXPECT_NE(describe(p.plan).find("vpp4"), std::string::npos) << describe(p.plan);
+    EXPECT_NE(describe(p.plan).find("slots:embedding+loss"), std::string::npos);
+    const std::vector<int64_t> split = layers_per_virtual_stage(p.plan.layout, 30, nullptr);
+    ASSERT_EQ(split.size(), 16u);
+    EXPECT_EQ(split.front(), 1);
+    EXPECT_EQ(split.back(), 1);
+    EXPECT_EQ(std::accumulate(split.begin(), split.end(), int64_t{0}), 30);
+    EXPECT_LE(lower_bound(*s, p.plan), p.metrics.iteration_time) << describe(p.plan);
+  }
 }
 
 // The example scenario `file`: the lower bound stays below each of its plans' simulated
