@@ -431,6 +431,30 @@ TEST(DeviceProfile, AttentionKernelsByName) {
   EXPECT_EQ(parse_attention_kernel("sdpa"), std::nullopt);
 }
 
+// A call without a mask runs at the paper's unmasked rate: on an H100, cuDNN's forward
+// 609 TFLOP/s at 4K and 595 at 16K, where the causal one runs 518 and 539 (FlashAttention-3
+// paper, Figure 5), its backward by the same factor; FlashAttention-2 unmasked 370 at 16K. A
+// profile without the figure (the A100's) times both alike.
+TEST(DeviceProfile, AnUnmaskedCallRunsAtTheUnmaskedRate) {
+  const DeviceProfile h100 = builtin("dgx-h100").gpu;
+  const Flops f(1e12);
+  const auto tflops = [&](bool backward, int64_t seq, bool causal,
+                          const AttentionRates* rates = nullptr) {
+    const Time t = h100.attention_time(f, Precision::kBf16, backward, seq, rates, causal) -
+                   h100.gemm_launch_overhead;
+    return f.count() * (backward ? kFlashBackwardWork : 1) / t.to_seconds() / 1e12 /
+           h100.attention_sustain;
+  };
+  EXPECT_NEAR(tflops(false, 4096, false), 609, 1);
+  EXPECT_NEAR(tflops(false, 16384, false), 595, 1);
+  EXPECT_NEAR(tflops(false, 16384, true), 539, 1);
+  EXPECT_NEAR(tflops(true, 16384, false) / tflops(true, 16384, true), 595.0 / 539, 1e-3);
+  EXPECT_NEAR(tflops(false, 16384, false, h100.attention_rates(AttentionKernel::kFlash2)), 370, 1);
+  const DeviceProfile a100 = builtin("dgx-a100-80gb").gpu;
+  EXPECT_EQ(a100.attention_time(f, Precision::kBf16, false, 4096, nullptr, false),
+            a100.attention_time(f, Precision::kBf16, false, 4096));
+}
+
 // --- Profile JSON: round trip and the error corpus -------------------------------------
 
 TEST(ProfileJson, RoundTripsEveryBuiltin) {

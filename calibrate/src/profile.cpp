@@ -449,8 +449,14 @@ class Builder {
                    : "[not measured] placeholder 0.5 (no attention samples)");
       return;
     }
-    // The backend's own attention kernel is what was measured, not the base's named one.
+    // The backend's own attention kernel is what was measured, not the base's named one;
+    // the base's unmasked-call factor is that kernel's, so it goes too (unmasked calls then
+    // run at the measured rate).
     p.gpu.attention_kernel = hardware::AttentionKernel::kDefault;
+    if (!p.gpu.attention_noncausal_scale.empty()) {
+      p.gpu.attention_noncausal_scale.clear();
+      p.provenance.erase("gpu.attention.noncausal_scale");
+    }
     const Precision prec = precision_of(s_.attention.front().desc.dtype);
     Precision use = p.gpu.supports(prec) ? prec : Precision::kBf16;
     if (fp32_stands_for_bf16()) use = Precision::kBf16;

@@ -160,9 +160,12 @@ const AttentionRates* DeviceProfile::attention_rates(AttentionKernel k) const {
 }
 
 Time DeviceProfile::attention_time(Flops flops, Precision p, bool backward, int64_t seq_kv,
-                                   const AttentionRates* rates) const {
-  const double fwd_eff = rates ? rates->fwd_efficiency : attention_fwd_efficiency;
-  const double bwd_eff = rates ? rates->bwd_efficiency : attention_bwd_efficiency;
+                                   const AttentionRates* rates, bool causal) const {
+  const double unmasked =
+      causal ? 1.0
+             : curve_factor(rates ? rates->noncausal_scale : attention_noncausal_scale, seq_kv);
+  const double fwd_eff = (rates ? rates->fwd_efficiency : attention_fwd_efficiency) * unmasked;
+  const double bwd_eff = (rates ? rates->bwd_efficiency : attention_bwd_efficiency) * unmasked;
   const std::vector<CurvePoint>& fwd_scale = rates ? rates->fwd_seq_scale : attention_fwd_seq_scale;
   const std::vector<CurvePoint>& bwd_scale = rates ? rates->bwd_seq_scale : attention_bwd_seq_scale;
   const FlopRate sustained = peak(p) * (attention_sustain * compute_scale);

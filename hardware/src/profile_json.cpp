@@ -211,7 +211,8 @@ void read_gpu(JsonReader r, DeviceProfile& g, JsonReader& parent) {
     out.fwd_efficiency = a.required_double("fwd_efficiency");
     out.bwd_efficiency = a.required_double("bwd_efficiency");
     for (const auto& [key, curve] : {std::pair{"fwd_seq_scale", &out.fwd_seq_scale},
-                                     std::pair{"bwd_seq_scale", &out.bwd_seq_scale}})
+                                     std::pair{"bwd_seq_scale", &out.bwd_seq_scale},
+                                     std::pair{"noncausal_scale", &out.noncausal_scale}})
       if (a.has(key)) read_curve(a, key, "seq", "sequence lengths", *curve);
   };
   AttentionRates own;
@@ -220,6 +221,7 @@ void read_gpu(JsonReader r, DeviceProfile& g, JsonReader& parent) {
   g.attention_bwd_efficiency = own.bwd_efficiency;
   g.attention_fwd_seq_scale = std::move(own.fwd_seq_scale);
   g.attention_bwd_seq_scale = std::move(own.bwd_seq_scale);
+  g.attention_noncausal_scale = std::move(own.noncausal_scale);
   g.attention_sustain = att.optional_double("sustain", 1.0);
   if (att.has("kernel"))
     g.attention_kernel =
@@ -413,21 +415,21 @@ nlohmann::json profile_to_json(const SystemProfile& p) {
     if (const auto& curve = g.gemm_k_scale[precision_index(prec)]; !curve.empty())
       gemm["k_scale"][std::string(to_string(prec))] = curve_json(curve);
 
-  const auto rates_json = [](double fwd, double bwd, const std::vector<CurvePoint>& fwd_scale,
-                             const std::vector<CurvePoint>& bwd_scale) {
-    nlohmann::json j = {{"fwd_efficiency", fwd}, {"bwd_efficiency", bwd}};
-    if (!fwd_scale.empty()) j["fwd_seq_scale"] = curve_json(fwd_scale);
-    if (!bwd_scale.empty()) j["bwd_seq_scale"] = curve_json(bwd_scale);
+  const auto rates_json = [](const AttentionRates& a) {
+    nlohmann::json j = {{"fwd_efficiency", a.fwd_efficiency}, {"bwd_efficiency", a.bwd_efficiency}};
+    if (!a.fwd_seq_scale.empty()) j["fwd_seq_scale"] = curve_json(a.fwd_seq_scale);
+    if (!a.bwd_seq_scale.empty()) j["bwd_seq_scale"] = curve_json(a.bwd_seq_scale);
+    if (!a.noncausal_scale.empty()) j["noncausal_scale"] = curve_json(a.noncausal_scale);
     return j;
   };
-  nlohmann::json attention = rates_json(g.attention_fwd_efficiency, g.attention_bwd_efficiency,
-                                        g.attention_fwd_seq_scale, g.attention_bwd_seq_scale);
+  nlohmann::json attention =
+      rates_json({g.attention_fwd_efficiency, g.attention_bwd_efficiency, g.attention_fwd_seq_scale,
+                  g.attention_bwd_seq_scale, g.attention_noncausal_scale});
   if (g.attention_kernel != AttentionKernel::kDefault)
     attention["kernel"] = to_string(g.attention_kernel);
   if (g.attention_sustain != 1.0) attention["sustain"] = g.attention_sustain;
   for (const auto& [k, a] : g.attention_alternatives)
-    attention["alternatives"][std::string(to_string(k))] =
-        rates_json(a.fwd_efficiency, a.bwd_efficiency, a.fwd_seq_scale, a.bwd_seq_scale);
+    attention["alternatives"][std::string(to_string(k))] = rates_json(a);
 
   nlohmann::json j = {
       {"name", p.name},

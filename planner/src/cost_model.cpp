@@ -543,9 +543,25 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
         const int64_t seq_kv = ceil_div(a.seq_kv, gather ? 2 : cp);
         const double per_call = static_cast<double>(calls);
         const hardware::AttentionRates* rates = dev.attention_rates(l.attention_kernel);
-        c.forward =
-            dev.attention_time(c.forward_flops / per_call, ap, false, seq_kv, rates) * calls;
-        c.dgrad = dev.attention_time(c.dgrad_flops / per_call, ap, true, seq_kv, rates) * calls;
+        // A call's mask sets its rate. All-gather CP's calls hold a causal block each. The
+        // ring's causal attention (Transformer Engine's load-balanced
+        // AttnFuncWithCPAndKVP2P) masks only its diagonal step; each other step, of as many
+        // FLOPs, runs unmasked: the local queries against half the chunk arrived (from a rank
+        // before) or the later half of the queries against all of it (from a rank after),
+        // half the steps each over the ring's ranks.
+        auto time = [&](Flops f, bool backward) {
+          const Flops one = f / per_call;
+          if (gather || cp == 1 || !a.causal)
+            return dev.attention_time(one, ap, backward, seq_kv, rates, a.causal) * calls;
+          const Time unmasked =
+              Time::ps((dev.attention_time(one, ap, backward, seq_kv, rates, false) +
+                        dev.attention_time(one, ap, backward, ceil_div(seq_kv, 2), rates, false))
+                           .count_ps() /
+                       2);
+          return dev.attention_time(one, ap, backward, seq_kv, rates) + unmasked * (calls - 1);
+        };
+        c.forward = time(c.forward_flops, false);
+        c.dgrad = time(c.dgrad_flops, true);
         if (cp > 1) {
           // The ring runs its memory passes once per step (lower() splits them cp ways,
           // each a kernel of its own); all-gather CP once.
@@ -1004,7 +1020,7 @@ Time kernel_time(const sim::Kernel& k, const hardware::DeviceProfile& dev, Preci
     case sim::KernelKind::kAttentionForward:
     case sim::KernelKind::kAttentionBackward:
       return dev.attention_time(Flops(k.flops()), kp, k.kind == sim::KernelKind::kAttentionBackward,
-                                k.seq_kv, dev.attention_rates(attention));
+                                k.seq_kv, dev.attention_rates(attention), k.causal);
     case sim::KernelKind::kMemory:
       return dev.memory_kernel_time(Bytes(k.bytes));
   }

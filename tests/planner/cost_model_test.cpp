@@ -269,6 +269,37 @@ TEST(CostModel, ContextParallelAttentionIsARingStep) {
   EXPECT_GT(layer_total(rep).forward_flops / layer_total(m).forward_flops, 3.9);
 }
 
+// On a profile with unmasked rates (the H100's) the causal ring masks only its diagonal
+// step: the other, of as many FLOPs, runs unmasked, half the ring's ranks against half the
+// arrived chunk (512 keys), half against all of it (1024). The same GPT-3 layout as below,
+// tp 8, cp 2, s 2048; an attention without a causal mask runs unmasked at cp 1 too.
+TEST(CostModel, TheRingMasksOnlyItsDiagonalStep) {
+  Fixture f = gpt(1, true, 2, "dgx-h100");
+  Layout l;
+  l.tp = 8;
+  l.cp = 2;
+  const models::Op& attn = op_named(f.g, "attention");
+  const auto bf16 = hardware::Precision::kBf16;
+  const PassCost c = op_cost(attn, f.g, l, true, f.dev, bf16);
+  const double n = 1024.0 * 12 * 128, lse = 1024.0 * 12 * 4;
+  const Bytes fwd(static_cast<int64_t>(2 * (4 * n + 4.25 * n) + 7.75 * lse));
+  const Flops one = c.forward_flops / 2;
+  const Time unmasked = Time::ps((f.dev.attention_time(one, bf16, false, 1024, nullptr, false) +
+                                  f.dev.attention_time(one, bf16, false, 512, nullptr, false))
+                                     .count_ps() /
+                                 2);
+  EXPECT_EQ(c.forward, f.dev.attention_time(one, bf16, false, 1024) + unmasked +
+                           f.dev.memory_kernel_time(fwd / 2) * 2);
+  EXPECT_LT(unmasked, f.dev.attention_time(one, bf16, false, 1024));
+  models::Op bidirectional = attn;
+  bidirectional.attention->causal = false;
+  Layout one_rank;
+  one_rank.tp = 8;
+  EXPECT_EQ(op_cost(bidirectional, f.g, one_rank, true, f.dev, bf16).forward,
+            f.dev.attention_time(op_cost(attn, f.g, one_rank, true, f.dev, bf16).forward_flops,
+                                 bf16, false, 2048, nullptr, false));
+}
+
 // Under CP the flash attention is cp calls at the chunk's key length plus the ring's
 // memory-bound corrections and accumulations (TE's AttnFuncWithCPAndKVP2P): GPT-3 175B,
 // 96 heads (no GQA), tp 8, cp 2, s 2048, bf16. Nq = Nkv = 1024 x 12 x 128, L = 1024 x 12.

@@ -76,6 +76,7 @@ struct AttentionRates {
   double bwd_efficiency = 0;
   std::vector<CurvePoint> fwd_seq_scale;
   std::vector<CurvePoint> bwd_seq_scale;
+  std::vector<CurvePoint> noncausal_scale;  // as DeviceProfile::attention_noncausal_scale
   bool operator==(const AttentionRates&) const = default;
 };
 
@@ -117,6 +118,11 @@ struct DeviceProfile {
   /// prologue and epilogue per query block).
   std::vector<CurvePoint> attention_fwd_seq_scale;
   std::vector<CurvePoint> attention_bwd_seq_scale;
+  /// The efficiencies above are of causal calls; a call without a mask (an encoder's, a
+  /// context-parallel ring's steps off the diagonal) runs this factor faster per FLOP at
+  /// its key/value length (gpu.attention.noncausal_scale; empty: 1), as the diagonal
+  /// tiles' partial work and the triangle's uneven rows cost a causal kernel.
+  std::vector<CurvePoint> attention_noncausal_scale;
   /// The kernel the rates above are of (gpu.attention.kernel; kDefault: unnamed), and other
   /// kernels' rates (gpu.attention.alternatives), which a plan may ask for by name.
   AttentionKernel attention_kernel = AttentionKernel::kDefault;
@@ -172,9 +178,10 @@ struct DeviceProfile {
   /// flops · kFlashBackwardWork / (peak · bwd efficiency). `seq_kv` (> 0) is the key/value
   /// length of one kernel call and selects the point on the seq-scale curves; 0 means a
   /// long sequence (factor 1).
-  /// `rates`: another kernel's (attention_rates()); nullptr: the profile's own.
+  /// `rates`: another kernel's (attention_rates()); nullptr: the profile's own. `causal`
+  /// false: a call without a mask, at the noncausal_scale's faster rate.
   Time attention_time(Flops flops, Precision p, bool backward, int64_t seq_kv = 0,
-                      const AttentionRates* rates = nullptr) const;
+                      const AttentionRates* rates = nullptr, bool causal = true) const;
   /// Whether the profile has rates for `k` (kDefault and its own kernel always).
   bool has_attention_kernel(AttentionKernel k) const;
   /// `k`'s rates for attention_time(): nullptr for the profile's own kernel.
