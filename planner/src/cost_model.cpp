@@ -22,6 +22,8 @@ PassCost& PassCost::operator+=(const PassCost& o) {
   dgrad_flops += o.dgrad_flops;
   wgrad_flops += o.wgrad_flops;
   recompute_flops += o.recompute_flops;
+  ring_diagonal_forward += o.ring_diagonal_forward;
+  ring_diagonal_dgrad += o.ring_diagonal_dgrad;
   return *this;
 }
 
@@ -546,22 +548,23 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
         // A call's mask sets its rate. All-gather CP's calls hold a causal block each. The
         // ring's causal attention (Transformer Engine's load-balanced
         // AttnFuncWithCPAndKVP2P) masks only its diagonal step; each other step, of as many
-        // FLOPs, runs unmasked: the local queries against half the chunk arrived (from a rank
-        // before) or the later half of the queries against all of it (from a rank after),
-        // half the steps each over the ring's ranks.
-        auto time = [&](Flops f, bool backward) {
+        // FLOPs, runs unmasked: the local queries against the first half of the chunk
+        // arrived (from a rank before) or the later half of the queries against all of it
+        // (from a rank after). The last rank's are all of the first kind, half the keys per
+        // call, the slowest; the ring, whose next layer waits for each rank's keys, runs at
+        // its pace.
+        const bool ring = !gather && cp > 1 && a.causal;
+        auto time = [&](Flops f, bool backward, Time& diagonal_extra) {
           const Flops one = f / per_call;
-          if (gather || cp == 1 || !a.causal)
-            return dev.attention_time(one, ap, backward, seq_kv, rates, a.causal) * calls;
+          if (!ring) return dev.attention_time(one, ap, backward, seq_kv, rates, a.causal) * calls;
+          const Time masked = dev.attention_time(one, ap, backward, seq_kv, rates);
           const Time unmasked =
-              Time::ps((dev.attention_time(one, ap, backward, seq_kv, rates, false) +
-                        dev.attention_time(one, ap, backward, ceil_div(seq_kv, 2), rates, false))
-                           .count_ps() /
-                       2);
-          return dev.attention_time(one, ap, backward, seq_kv, rates) + unmasked * (calls - 1);
+              dev.attention_time(one, ap, backward, ceil_div(seq_kv, 2), rates, false);
+          diagonal_extra = masked - unmasked;
+          return masked + unmasked * (calls - 1);
         };
-        c.forward = time(c.forward_flops, false);
-        c.dgrad = time(c.dgrad_flops, true);
+        c.forward = time(c.forward_flops, false, c.ring_diagonal_forward);
+        c.dgrad = time(c.dgrad_flops, true, c.ring_diagonal_dgrad);
         if (cp > 1) {
           // The ring runs its memory passes once per step (lower() splits them cp ways,
           // each a kernel of its own); all-gather CP once.

@@ -440,20 +440,29 @@ sim::KernelListId Lowering::kernels(const PlacedBlock& pb, size_t s, bool backwa
         // (the cost model times it so, cost_model.cpp).
         for (const sim::Kernel& x : k.recompute) {
           sim::Kernel chunk = x;
-          if (ring_share(chunk))
-            list.insert(list.end(), static_cast<size_t>(l_.cp), chunk);
-          else
+          if (!ring_share(chunk)) {
             list.push_back(x);
+          } else if (chunk.kind != sim::KernelKind::kMemory && chunk.causal) {
+            // The diagonal step masked, the others unmasked (the Unmasked uses below).
+            list.push_back(chunk);
+            chunk.causal = false;
+            chunk.seq_kv = (chunk.seq_kv + 1) / 2;
+            list.insert(list.end(), static_cast<size_t>(l_.cp - 1), chunk);
+          } else {
+            list.insert(list.end(), static_cast<size_t>(l_.cp), chunk);
+          }
         }
         continue;
       }
       switch (use) {
         case Use::kForward:
         case Use::kRingForward:
+        case Use::kRingForwardUnmasked:
           list.insert(list.end(), k.forward.begin(), k.forward.end());
           break;
         case Use::kBackward:
         case Use::kRingBackward:
+        case Use::kRingBackwardUnmasked:
           list.insert(list.end(), k.dgrad.begin(), k.dgrad.end());
           if (!split_w_) list.insert(list.end(), k.wgrad.begin(), k.wgrad.end());
           break;
@@ -475,13 +484,30 @@ sim::KernelListId Lowering::kernels(const PlacedBlock& pb, size_t s, bool backwa
   } else {
     add(block(0, pb, backward || use == Use::kStepWgrad || use == Use::kDgrad).steps[s]);
   }
-  if (use == Use::kRingForward || use == Use::kRingBackward) {
-    for (sim::Kernel& k : list)
+  const bool unmasked = use == Use::kRingForwardUnmasked || use == Use::kRingBackwardUnmasked;
+  if (use == Use::kRingForward || use == Use::kRingBackward || unmasked) {
+    for (sim::Kernel& k : list) {
       if (!ring_share(k)) k.batch = std::max<int64_t>(1, k.batch / l_.cp);
+      // As many FLOPs as the diagonal's masked call: all the queries against the first half
+      // of the arrived chunk, no mask (the ring's slowest rank's calls, op_cost).
+      if (unmasked && k.causal && k.kind != sim::KernelKind::kGemm &&
+          k.kind != sim::KernelKind::kMemory) {
+        k.causal = false;
+        k.seq_kv = (k.seq_kv + 1) / 2;
+      }
+    }
   }
   const sim::KernelListId id = add_kernel_list(list);
   kernel_ids_.emplace(key, id);
   return id;
+}
+
+bool Lowering::cp_causal(const PlacedBlock& pb, size_t s, bool backward) const {
+  if (graphs_.empty()) return false;
+  const models::OpGraph& g = graphs_[pb.module];
+  for (int32_t i : block(0, pb, backward).steps[s].ops)
+    if (g.ops[i].attention) return g.ops[i].attention->causal;
+  return false;
 }
 
 sim::KernelListId Lowering::add_kernel_list(std::span<const sim::Kernel> list) {
@@ -600,8 +626,21 @@ void Lowering::cp_ring(const PlacedBlock& pb, size_t s, int pass, const Labels& 
   const int cp = l_.cp;
   const bool backward = pass == kB;
   const Bytes bytes = block(0, pb, backward).steps[s].bytes * (backward ? 2 : 1);
-  const sim::KernelListId part =
+  const sim::KernelListId diagonal =
       kernels(pb, s, backward, backward ? Use::kRingBackward : Use::kRingForward);
+  // The cost model's mask per step (op_cost): only the diagonal step's is causal.
+  const bool causal = cp_causal(pb, s, backward);
+  const sim::KernelListId off_diagonal =
+      causal ? kernels(pb, s, backward,
+                       backward ? Use::kRingBackwardUnmasked : Use::kRingForwardUnmasked)
+             : diagonal;
+  auto part = [&](int i) { return i == 0 ? diagonal : off_diagonal; };
+  // The diagonal step is the masked call, longer than the others by the cost model's extra.
+  auto step_time = [&](const PassCost& c, int i) {
+    const Time extra = backward ? c.ring_diagonal_dgrad : c.ring_diagonal_forward;
+    const Time base = Time::ps(((backward ? c.dgrad : c.forward) - extra).count_ps() / cp);
+    return i == 0 ? base + extra : base;
+  };
   std::vector<TaskId> arrived(cp), next(cp);
   if (reduced_ && !whole_replicas()) {
     // Each representative (q = 0) computes; each ring step it sends K,V to q = 1 and
@@ -615,8 +654,8 @@ void Lowering::cp_ring(const PlacedBlock& pb, size_t s, int pass, const Labels& 
       for (int i = 0; i < cp; ++i) {
         const PassCost& c = block(j, pb, backward).steps[s].cost;
         if (i > 0) st_[j].need = in;
-        compute(j, Time::ps((backward ? c.dgrad : c.forward).count_ps() / cp),
-                (backward ? c.dgrad_flops : c.forward_flops) / cp, pass, lb.compute, part);
+        compute(j, step_time(c, i), (backward ? c.dgrad_flops : c.forward_flops) / cp, pass,
+                lb.compute, part(i));
         if (i + 1 == cp) break;
         const TaskId x = g_.add_p2p_group(cp_pairs_[a], bytes, kCpSend, kCpRecv, {cat_cp_, lb.cp},
                                           cp_copies_[a]);
@@ -637,8 +676,8 @@ void Lowering::cp_ring(const PlacedBlock& pb, size_t s, int pass, const Labels& 
           const int j = local(q);
           const PassCost& c = block(j, pb, backward).steps[s].cost;
           if (i > 0) st_[j].need = arrived[q];
-          compute(j, Time::ps((backward ? c.dgrad : c.forward).count_ps() / cp),
-                  (backward ? c.dgrad_flops : c.forward_flops) / cp, pass, lb.compute, part);
+          compute(j, step_time(c, i), (backward ? c.dgrad_flops : c.forward_flops) / cp, pass,
+                  lb.compute, part(i));
         }
         if (i + 1 == cp) break;
         for (int q = 0; q < cp; ++q) {

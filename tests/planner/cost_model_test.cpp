@@ -270,8 +270,8 @@ TEST(CostModel, ContextParallelAttentionIsARingStep) {
 }
 
 // On a profile with unmasked rates (the H100's) the causal ring masks only its diagonal
-// step: the other, of as many FLOPs, runs unmasked, half the ring's ranks against half the
-// arrived chunk (512 keys), half against all of it (1024). The same GPT-3 layout as below,
+// step: the other, of as many FLOPs, runs unmasked at the pace of the ring's slowest rank,
+// whose queries meet half the arrived chunk (512 keys). The same GPT-3 layout as below,
 // tp 8, cp 2, s 2048; an attention without a causal mask runs unmasked at cp 1 too.
 TEST(CostModel, TheRingMasksOnlyItsDiagonalStep) {
   Fixture f = gpt(1, true, 2, "dgx-h100");
@@ -284,13 +284,11 @@ TEST(CostModel, TheRingMasksOnlyItsDiagonalStep) {
   const double n = 1024.0 * 12 * 128, lse = 1024.0 * 12 * 4;
   const Bytes fwd(static_cast<int64_t>(2 * (4 * n + 4.25 * n) + 7.75 * lse));
   const Flops one = c.forward_flops / 2;
-  const Time unmasked = Time::ps((f.dev.attention_time(one, bf16, false, 1024, nullptr, false) +
-                                  f.dev.attention_time(one, bf16, false, 512, nullptr, false))
-                                     .count_ps() /
-                                 2);
-  EXPECT_EQ(c.forward, f.dev.attention_time(one, bf16, false, 1024) + unmasked +
-                           f.dev.memory_kernel_time(fwd / 2) * 2);
-  EXPECT_LT(unmasked, f.dev.attention_time(one, bf16, false, 1024));
+  const Time masked = f.dev.attention_time(one, bf16, false, 1024);
+  const Time unmasked = f.dev.attention_time(one, bf16, false, 512, nullptr, false);
+  EXPECT_EQ(c.forward, masked + unmasked + f.dev.memory_kernel_time(fwd / 2) * 2);
+  EXPECT_LT(unmasked, masked);
+  EXPECT_EQ(c.ring_diagonal_forward, masked - unmasked);
   models::Op bidirectional = attn;
   bidirectional.attention->causal = false;
   Layout one_rank;

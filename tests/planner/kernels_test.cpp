@@ -107,6 +107,29 @@ TEST(Kernels, HomogeneousLayoutsMatchTaskFlops) {
   expect_kernels_match(s, zb);
 }
 
+// On an H100 (unmasked attention faster than masked) a causal ring's steps differ: the
+// diagonal one runs the masked call, the others unmasked calls against half the arrived
+// chunk, and each step's kernels still add up to its time; with selective recompute the
+// re-run ring too.
+TEST(Kernels, ARingsMaskedAndUnmaskedStepsMatchTheirTimes) {
+  auto s = parse_scenario_text(R"({"name": "ring", "model": {"name": "small",
+      "modules": [{"name": "llm", "kind": "llm", "spec": {"layers": 2, "hidden": 1024,
+        "ffn_hidden": 4096, "heads": 8, "kv_heads": 8, "vocab": 4096,
+        "activation": "swiglu", "norm": "rmsnorm"}}]},
+      "workload": {"seq_len": 8192, "global_batch": 8, "precision": "bf16"},
+      "cluster": {"profile": "dgx-h100", "nodes": 1}})",
+                               "ring.json");
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  for (int cp : {2, 4}) {
+    Plan p;
+    p.layout = layout(1, cp, 1, 8 / cp);
+    SCOPED_TRACE(fmt::format("cp {}", cp));
+    expect_kernels_match(*s, p);
+    p.layout.recompute = models::Recompute::kSelective;
+    expect_kernels_match(*s, p);
+  }
+}
+
 // Expert parallelism: a rank's experts run the tokens its ep group routes to them, as many
 // as its own micro-batch routes (the task's FLOPs are the op's, not 1 / ep of them), and
 // fully sharded data parallelism; both under the same kernel bookkeeping.

@@ -58,6 +58,10 @@ namespace hetpar::planner {
 struct PassCost {
   Time forward, dgrad, wgrad, recompute;
   Flops forward_flops, dgrad_flops, wgrad_flops, recompute_flops;  // GEMMs + attention core
+  /// A causal context-parallel ring's attention: how much longer its first (diagonal,
+  /// masked) step takes than each other (unmasked) one, forward and backward; lower()'s
+  /// ring gives the first step that much more of the op's time.
+  Time ring_diagonal_forward, ring_diagonal_dgrad;
   PassCost& operator+=(const PassCost& o);
 };
 
