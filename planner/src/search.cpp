@@ -581,6 +581,18 @@ bool canonical_less(const Plan& a, const Plan& b) {
 
 namespace {
 
+// The degrees a search section fixes, as " with search.llm tp 4, pp 8" ("" when none): what
+// an empty family's reason names, since a fixed degree (a vpp no split of the layers takes)
+// can leave no layout at all.
+std::string fixed_degrees(const LayoutFix& f) {
+  std::string out;
+  for (const auto& [name, v] : {std::pair{"tp", f.tp}, std::pair{"cp", f.cp}, std::pair{"pp", f.pp},
+                                std::pair{"vpp", f.vpp}, std::pair{"dp", f.dp},
+                                std::pair{"ep", f.ep}, std::pair{"micro_batch", f.micro_batch}})
+    if (v) out += fmt::format("{}{} {}", out.empty() ? " with search.llm " : ", ", name, *v);
+  return out;
+}
+
 std::string describe_layout(const Layout& l, bool llm) {
   std::string out = fmt::format("tp{}", l.tp);
   if (l.sequence_parallel) out += " sp";
@@ -1601,7 +1613,8 @@ Result<SearchResult> search(const Scenario& s, const SearchOptions& o) {
     } else if (!why_none[f].empty()) {
       fr.why_none = why_none[f];
     } else if (considered[f] == 0) {
-      fr.why_none = "no layout of this placement fits the cluster's GPUs";
+      fr.why_none =
+          "no layout of this placement fits the cluster's GPUs" + fixed_degrees(s.search.llm);
     } else {
       std::vector<RejectionReason> reasons = by_family[f].sorted();
       std::vector<std::string> parts;

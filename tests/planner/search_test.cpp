@@ -260,6 +260,16 @@ TEST(Search, CountsTheEmbeddingAndLossAsLayersWhereNoEvenSplitExists) {
     EXPECT_EQ(std::accumulate(split.begin(), split.end(), int64_t{0}), 30);
     EXPECT_LE(lower_bound(*s, p.plan), p.metrics.iteration_time) << describe(p.plan);
   }
+  // A vpp that divides no split leaves no layout at all: the reason names the fixed degrees.
+  auto three = llama_layers(30, R"("tp": 2, "pp": 4, "vpp": 3, "micro_batch": 1,
+                                   "distributed_optimizer": true, "sized_stages": false)");
+  ASSERT_TRUE(three.is_ok()) << three.status().to_string();
+  const SearchResult none = run(*three, threads(2));
+  EXPECT_TRUE(none.top.empty());
+  ASSERT_FALSE(none.families.empty());
+  EXPECT_NE(none.families[0].why_none.find("with search.llm tp 2, pp 4, vpp 3, micro_batch 1"),
+            std::string::npos)
+      << none.families[0].why_none;
 }
 
 // The example scenario `file`: the lower bound stays below each of its plans' simulated
