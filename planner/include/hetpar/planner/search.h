@@ -32,7 +32,7 @@
 //    - a lower bound on the iteration time (lower_bound() below) worse than both the
 //      current k-th best and the current best of the candidate's family;
 //    - heterogeneous plans: for one LLM side (its layout, recompute, schedule and ranks),
-//      only the 3 encoder layouts with the lowest bounds that fit in memory are simulated.
+//      only the 4 encoder layouts with the lowest bounds that fit in memory are simulated.
 //      An encoder that is a few percent of the work gives dozens of layouts within noise of
 //      each other, and heterogeneous simulations are the costly ones (whole replicas or
 //      every rank, lower.h); where the encoder is the bottleneck its work dominates the
@@ -107,7 +107,7 @@ struct SearchCounts {
   int64_t rejected = 0;          // by a constraint (reasons below)
   int64_t pruned_dominated = 0;  // dominated variants (step 3)
   int64_t pruned_bound = 0;      // lower bound worse than the threshold
-  /// Heterogeneous: encoder layouts beyond the 3 lowest bounds for the same LLM side
+  /// Heterogeneous: encoder layouts beyond the 4 lowest bounds for the same LLM side
   /// (layout, recompute, schedule, ranks).
   int64_t pruned_encoder = 0;
   /// Of `rejected`: plans larger than the search's max_sim_tasks (not simulated).
