@@ -431,6 +431,17 @@ sim::KernelListId Lowering::kernels(const PlacedBlock& pb, size_t s, bool backwa
       k.seq_kv /= l_.cp;
     return true;
   };
+  // A causal ring's step off the diagonal (op_cost): as many FLOPs as the diagonal's masked
+  // call, all the queries against the first half of the arrived chunk, no mask. False for a
+  // kernel that is not such an attention call (kept as it is).
+  auto unmask = [](sim::Kernel& k) {
+    const bool attention = k.kind == sim::KernelKind::kAttentionForward ||
+                           k.kind == sim::KernelKind::kAttentionBackward;
+    if (!attention || !k.causal) return false;
+    k.causal = false;
+    k.seq_kv = (k.seq_kv + 1) / 2;
+    return true;
+  };
   const bool ring = cp_split && l_.cp > 1 && l_.cp_comm == CpComm::kP2P;
   auto add = [&](const WorkStep& step) {
     for (int32_t i : step.ops) {
@@ -442,15 +453,11 @@ sim::KernelListId Lowering::kernels(const PlacedBlock& pb, size_t s, bool backwa
           sim::Kernel chunk = x;
           if (!ring_share(chunk)) {
             list.push_back(x);
-          } else if (chunk.kind != sim::KernelKind::kMemory && chunk.causal) {
-            // The diagonal step masked, the others unmasked (the Unmasked uses below).
-            list.push_back(chunk);
-            chunk.causal = false;
-            chunk.seq_kv = (chunk.seq_kv + 1) / 2;
-            list.insert(list.end(), static_cast<size_t>(l_.cp - 1), chunk);
-          } else {
-            list.insert(list.end(), static_cast<size_t>(l_.cp), chunk);
+            continue;
           }
+          list.push_back(chunk);  // the diagonal step's; the others' unmasked
+          unmask(chunk);
+          list.insert(list.end(), static_cast<size_t>(l_.cp - 1), chunk);
         }
         continue;
       }
@@ -488,26 +495,12 @@ sim::KernelListId Lowering::kernels(const PlacedBlock& pb, size_t s, bool backwa
   if (use == Use::kRingForward || use == Use::kRingBackward || unmasked) {
     for (sim::Kernel& k : list) {
       if (!ring_share(k)) k.batch = std::max<int64_t>(1, k.batch / l_.cp);
-      // As many FLOPs as the diagonal's masked call: all the queries against the first half
-      // of the arrived chunk, no mask (the ring's slowest rank's calls, op_cost).
-      if (unmasked && k.causal && k.kind != sim::KernelKind::kGemm &&
-          k.kind != sim::KernelKind::kMemory) {
-        k.causal = false;
-        k.seq_kv = (k.seq_kv + 1) / 2;
-      }
+      if (unmasked) unmask(k);
     }
   }
   const sim::KernelListId id = add_kernel_list(list);
   kernel_ids_.emplace(key, id);
   return id;
-}
-
-bool Lowering::cp_causal(const PlacedBlock& pb, size_t s, bool backward) const {
-  if (graphs_.empty()) return false;
-  const models::OpGraph& g = graphs_[pb.module];
-  for (int32_t i : block(0, pb, backward).steps[s].ops)
-    if (g.ops[i].attention) return g.ops[i].attention->causal;
-  return false;
 }
 
 sim::KernelListId Lowering::add_kernel_list(std::span<const sim::Kernel> list) {
@@ -628,12 +621,9 @@ void Lowering::cp_ring(const PlacedBlock& pb, size_t s, int pass, const Labels& 
   const Bytes bytes = block(0, pb, backward).steps[s].bytes * (backward ? 2 : 1);
   const sim::KernelListId diagonal =
       kernels(pb, s, backward, backward ? Use::kRingBackward : Use::kRingForward);
-  // The cost model's mask per step (op_cost): only the diagonal step's is causal.
-  const bool causal = cp_causal(pb, s, backward);
+  // The cost model's mask per step (op_cost): a causal ring masks its diagonal step only.
   const sim::KernelListId off_diagonal =
-      causal ? kernels(pb, s, backward,
-                       backward ? Use::kRingBackwardUnmasked : Use::kRingForwardUnmasked)
-             : diagonal;
+      kernels(pb, s, backward, backward ? Use::kRingBackwardUnmasked : Use::kRingForwardUnmasked);
   auto part = [&](int i) { return i == 0 ? diagonal : off_diagonal; };
   // The diagonal step is the masked call, longer than the others by the cost model's extra.
   auto step_time = [&](const PassCost& c, int i) {

@@ -291,17 +291,15 @@ class Lowering {
     kWgrad,
     kRingForward,
     kRingBackward,
-    // A causal ring's steps off the diagonal: the attention unmasked, the later half of the
-    // queries against the arrived chunk (Transformer Engine's AttnFuncWithCPAndKVP2P).
+    // A causal ring's steps off the diagonal: the attention unmasked, all the queries
+    // against the first half of the arrived chunk (Transformer Engine's
+    // AttnFuncWithCPAndKVP2P; the ring's slowest rank's calls, op_cost).
     kRingForwardUnmasked,
     kRingBackwardUnmasked,
     kDgrad,
     kStepWgrad
   };
   sim::KernelListId kernels(const PlacedBlock& pb, size_t s, bool backward, Use use);
-  // Whether step s's ring attention is causal (its graph's op; false without kernel lists,
-  // which are all this decides).
-  bool cp_causal(const PlacedBlock& pb, size_t s, bool backward) const;
   // A blocking collective over each group of `gs` (TP, EP or CP) on the TP stream: it
   // waits for each member's last task, and the member's next task waits for it.
   void collective(CollectiveKind kind, Bytes bytes, sim::Label label, const GroupSet& gs);

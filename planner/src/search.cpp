@@ -1222,7 +1222,6 @@ class Searcher {
     if (l.pp > 1 && !even && l.pipeline_layout.empty() && (layers_ + 2) % l.pp == 0) {
       Layout a = l;
       a.first_stage_layers = a.last_stage_layers = 0;
-      a.pipeline_layout.clear();
       a.account_for_embedding = a.account_for_loss = true;
       for (int vpp : divisors((layers_ + 2) / l.pp)) {
         if (vpp < 2 || !fixed_ok(fx.vpp, vpp)) continue;

@@ -2028,6 +2028,21 @@ EpComm ep_comm(const LoweredPlan& lp, int64_t copies) {
   return out;
 }
 
+// `changed`, a MoE field set on the EP 4 plan `even` of tiny_moe(4, 16, 1, 8), is feasible;
+// it has the plain plan's number of token all-to-alls, each carrying `copies` routed copies,
+// and `even`'s model FLOPs (they count the routed tokens once). Returns its EP
+// communication for the caller's own checks.
+EpComm expect_routed_as(const Scenario& moe, const Plan& even, const Plan& changed,
+                        int64_t copies) {
+  EXPECT_EQ(infeasibility(moe, changed), "");
+  LoweredPlan lp = lowered(moe, changed, {.full_ranks = true});
+  const EpComm c = ep_comm(lp, copies);
+  EXPECT_EQ(c.token_all_to_alls, 2 * 4 * 2 * 2 * 2);
+  EXPECT_EQ(lp.model_flops_per_iteration,
+            lowered(moe, even, {.full_ranks = true}).model_flops_per_iteration);
+  return c;
+}
+
 // Token dropping padded to capacity (Layout::moe_capacity_factor): static split sizes, so
 // no expert counts are gathered and the host never waits; the all-to-alls move every
 // expert's capacity (2048 tokens x top 2 / 8 experts x 1.5 = 768 each, 6144 copies). Model
@@ -2038,14 +2053,9 @@ TEST(Lower, TokenDroppingMovesEveryExpertsCapacityWithoutAHostWait) {
   p.layout.ep = 4;
   Plan drop = p;
   drop.layout.moe_capacity_factor = 1.5;
-  ASSERT_EQ(infeasibility(moe, drop), "");
-  LoweredPlan lp = lowered(moe, drop, {.full_ranks = true});
-  const EpComm c = ep_comm(lp, 6144);
+  const EpComm c = expect_routed_as(moe, p, drop, 6144);
   EXPECT_FALSE(c.host_sync);
   EXPECT_EQ(c.others, 0) << "no counts' all-gather";
-  EXPECT_EQ(c.token_all_to_alls, 2 * 4 * 2 * 2 * 2);
-  EXPECT_EQ(lp.model_flops_per_iteration,
-            lowered(moe, p, {.full_ranks = true}).model_flops_per_iteration);
   EXPECT_NE(infeasibility(make(4, 16, 1), drop)
                 .find("moe_capacity_factor 1.5 needs a "
                       "mixture-of-experts llm"),
@@ -2063,11 +2073,7 @@ TEST(Lower, LoadImbalanceTimesEveryRankAtTheHottestRanksLoad) {
   p.layout.ep = 4;
   Plan hot = p;
   hot.layout.moe_load_imbalance = 1.5;
-  ASSERT_EQ(infeasibility(moe, hot), "");
-  LoweredPlan lp = lowered(moe, hot, {.full_ranks = true});
-  EXPECT_EQ(ep_comm(lp, 6144).token_all_to_alls, 2 * 4 * 2 * 2 * 2);
-  EXPECT_EQ(lp.model_flops_per_iteration,
-            lowered(moe, p, {.full_ranks = true}).model_flops_per_iteration);
+  expect_routed_as(moe, p, hot, 6144);
   auto with = evaluate(moe, hot), without = evaluate(moe, p);
   ASSERT_TRUE(with.is_ok() && without.is_ok());
   EXPECT_GT(with->iteration_time, without->iteration_time);
