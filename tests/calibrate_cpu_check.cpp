@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "hetpar/hardware/system_profile.h"
 
@@ -56,6 +57,12 @@ TEST(CalibratedCpuProfile, LoadsValidatesAndIsFullyAttributed) {
   EXPECT_EQ(p->gpus_per_node, c["world"].get<int>());
   EXPECT_FALSE(c["samples"]["gemm"].empty());
   EXPECT_FALSE(c["samples"]["collectives"].empty());
+  // Every length timed causal and unmasked gives a point of the unmasked factor. (The cpu
+  // backend computes the whole score matrix either way, about 2; not asserted, since a
+  // shared host's slow window can fall between the two timings.)
+  std::set<int64_t> lengths;
+  for (const auto& a : c["samples"]["attention"]) lengths.insert(a["seq"].get<int64_t>());
+  EXPECT_EQ(p->gpu.attention_noncausal_scale.size(), lengths.size());
 }
 
 TEST(CalibratedCpuProfile, GemmSamplesAgreeWithEigensMeasuredSpeed) {

@@ -585,6 +585,16 @@ TEST(ProfileJson, RejectsBadProfilesNamingTheField) {
          j["gpu"]["attention"]["bwd_seq_scale"] = {{512, 0.0}};
        },
        "gpu.attention.bwd_seq_scale[0]: factor 0 must be in (0, 1.5]"},
+      {"unmasked factor above 3",
+       [](nlohmann::json& j) {
+         j["gpu"]["attention"]["noncausal_scale"] = {{512, 1.6}, {1024, 4.0}};
+       },
+       "gpu.attention.noncausal_scale[1]: factor 4 must be in (0, 3]"},
+      {"an alternative's zero unmasked factor",
+       [](nlohmann::json& j) {
+         j["gpu"]["attention"]["alternatives"]["flash2"]["noncausal_scale"] = {{512, 0.0}};
+       },
+       "gpu.attention.alternatives.flash2.noncausal_scale[0]: factor 0 must be in (0, 3]"},
       {"fractional seq",
        [](nlohmann::json& j) {
          j["gpu"]["attention"]["fwd_seq_scale"] = {{512.5, 0.9}};

@@ -65,6 +65,11 @@ json fits_json(const Fits& f) {
             {"device_to_host_GBps", f.device_to_host_Bps / 1e9},
             {"collectives", colls},
             {"p2p_pairs", pairs}};
+  if (!f.attention_unmasked_by_seq.empty()) {
+    json unmasked = json::array();  // [seq, factor] rows, as the profile's noncausal_scale
+    for (const auto& [seq, factor] : f.attention_unmasked_by_seq) unmasked.push_back({seq, factor});
+    j["attention_unmasked_scale"] = unmasked;
+  }
   if (f.memory) j["memory_traffic"] = fit_json(*f.memory);
   if (f.memory_Bps > 0) j["memory_GBps"] = f.memory_Bps / 1e9;
   return j;

@@ -87,18 +87,35 @@ Result<Fits> fit_samples(const Samples& s) {
 
   // attention_time() adds the launch overhead to flops / rate, so the rate is fitted on the
   // time without it (at most 90% of a call is taken for overhead).
-  std::map<int64_t, std::pair<double, double>> by_seq[2];  // seq_kv -> (flops, seconds)
+  // [causal][backward]: seq_kv -> (flops, seconds)
+  std::map<int64_t, std::pair<double, double>> by_seq[2][2];
   for (const AttentionSample& a : s.attention) {
-    auto& [flops, secs] = by_seq[a.backward][a.desc.seq_kv];
+    auto& [flops, secs] = by_seq[a.desc.causal][a.backward][a.desc.seq_kv];
     flops += a.flops();
     secs += std::max(a.t.median_s - f.launch_s, 0.1 * a.t.median_s);
   }
   for (int backward = 0; backward < 2; ++backward) {
     auto& out = backward ? f.attention_bwd_by_seq : f.attention_fwd_by_seq;
-    for (const auto& [seq, fs] : by_seq[backward])
+    for (const auto& [seq, fs] : by_seq[true][backward])
       if (fs.second > 0) out.emplace_back(seq, fs.first / fs.second);
     if (!out.empty())
       (backward ? f.attention_bwd_flops_per_s : f.attention_fwd_flops_per_s) = out.back().second;
+  }
+  // The unmasked factor of a key length: the one that makes its unmasked forward + backward,
+  // timed at that length's causal rates, take their measured time (the profile applies one
+  // factor to both passes).
+  for (const auto& [seq, fwd] : by_seq[false][false]) {
+    const auto bwd = by_seq[false][true].find(seq);
+    const auto causal_fwd = by_seq[true][false].find(seq);
+    const auto causal_bwd = by_seq[true][true].find(seq);
+    if (bwd == by_seq[false][true].end() || causal_fwd == by_seq[true][false].end() ||
+        causal_bwd == by_seq[true][true].end())
+      continue;
+    const auto rate = [](const std::pair<double, double>& fs) { return fs.first / fs.second; };
+    const double at_causal_rates =
+        fwd.first / rate(causal_fwd->second) + bwd->second.first / rate(causal_bwd->second);
+    f.attention_unmasked_by_seq.emplace_back(seq,
+                                             at_causal_rates / (fwd.second + bwd->second.second));
   }
 
   std::vector<std::pair<int64_t, TimingStats>> copies;
@@ -353,6 +370,7 @@ class Builder {
 
     attention(p, f_.attention_fwd_flops_per_s, false);
     attention(p, f_.attention_bwd_flops_per_s, true);
+    unmasked_attention(p);
     for (const auto& [k, rates] : g.attention_alternatives)  // not measured: the base's
       mark(p, fmt::format("gpu.attention.alternatives.{}", hardware::to_string(k)),
            from_base(fmt::format("{} attention rates", hardware::to_string(k))));
@@ -489,6 +507,31 @@ class Builder {
     mark(p, backward ? "gpu.attention.bwd_seq_scale" : "gpu.attention.fwd_seq_scale",
          fmt::format("{}: {} GFLOP/s at seq {} (time - launch), divided by the last (at most 1)",
                      measured_, rates, seqs));
+  }
+
+  // gpu.attention.noncausal_scale from the lengths timed both ways; attention() dropped the
+  // base's (another kernel's) once attention was measured, and with no unmasked samples
+  // unmasked calls run at the measured causal rate.
+  void unmasked_attention(SystemProfile& p) {
+    std::vector<hardware::CurvePoint>& curve = p.gpu.attention_noncausal_scale;
+    if (f_.attention_unmasked_by_seq.empty() || f_.attention_fwd_by_seq.empty()) {
+      if (!curve.empty())
+        mark(p, "gpu.attention.noncausal_scale", from_base("unmasked attention's speed-up"));
+      return;
+    }
+    curve.clear();
+    std::string factors, seqs;
+    for (const auto& [seq, factor] : f_.attention_unmasked_by_seq) {
+      // Clamped to the validator's range: a factor outside it is a broken timing, not a kernel.
+      curve.push_back({seq, std::clamp(factor, 0.1, 3.0)});
+      factors += fmt::format("{}{:.3f}", factors.empty() ? "" : " / ", factor);
+      seqs += fmt::format("{}{}", seqs.empty() ? "" : " / ", seq);
+    }
+    mark(p, "gpu.attention.noncausal_scale",
+         fmt::format("{}: {} at seq {}: per length, (the unmasked forward and backward calls' "
+                     "FLOPs at the causal calls' rates) / (their time - launch), clamped to "
+                     "[0.1, 3]",
+                     measured_, factors, seqs));
   }
 
   // A run that measured fp32 GEMMs and no bf16 ones (the cpu backend computes every dtype

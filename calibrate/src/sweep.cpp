@@ -34,14 +34,14 @@ std::vector<int64_t> geometric(int64_t from, int64_t to, int64_t factor) {
 }
 
 runtime::AttentionDesc attention(int64_t batch, int64_t heads, int64_t seq, int64_t head_dim,
-                                 DType t) {
+                                 DType t, bool causal = true) {
   runtime::AttentionDesc d;
   d.batch = batch;
   d.heads = heads;
   d.kv_heads = heads;
   d.seq_q = d.seq_kv = seq;
   d.head_dim = head_dim;
-  d.causal = true;
+  d.causal = causal;
   d.dtype = t;
   return d;
 }
@@ -65,9 +65,12 @@ SweepPlan default_plan(std::string_view backend, bool quick) {
                  {8192, 8192, 8192},
                  {2048, 14336, 4096}};
     // Several key lengths: the shorter ones give the profile's seq-scale curve.
+    // Each length causal (a decoder's call) and unmasked (an encoder's, a CP ring's steps off
+    // the diagonal): their ratio is the profile's noncausal_scale.
     for (int64_t seq :
          cpu ? std::vector<int64_t>{32, 64, 128, 256} : std::vector<int64_t>{512, 1024, 2048, 4096})
-      p.attention.push_back(attention(1, cpu ? 4 : 16, seq, cpu ? 64 : 128, att));
+      for (bool causal : {true, false})
+        p.attention.push_back(attention(1, cpu ? 4 : 16, seq, cpu ? 64 : 128, att, causal));
     // Copies larger than the last-level cache (32 MiB on the CI machine's EPYC), so the
     // fit sees memory, not cache, bandwidth.
     p.copy_bytes = cpu ? std::vector<int64_t>{64 * kMiB, 128 * kMiB, 256 * kMiB}
@@ -83,7 +86,9 @@ SweepPlan default_plan(std::string_view backend, bool quick) {
     p.gemms = zoo_gemm_grid(cpu ? 1024 : 0);
     for (int64_t seq : cpu ? std::vector<int64_t>{32, 64, 128, 256, 512, 1024}
                            : std::vector<int64_t>{512, 1024, 2048, 4096, 8192})
-      for (int64_t d : {64, 128}) p.attention.push_back(attention(1, cpu ? 4 : 16, seq, d, att));
+      for (int64_t d : {64, 128})
+        for (bool causal : {true, false})
+          p.attention.push_back(attention(1, cpu ? 4 : 16, seq, d, att, causal));
     p.copy_bytes = cpu ? geometric(64 * kMiB, kGiB, 2) : geometric(64 * kMiB, 4 * kGiB, 2);
     p.host_copy_bytes = cpu ? 64 * kMiB : kGiB;
     p.p2p_bytes = geometric(kKiB, cpu ? 64 * kMiB : kGiB, 4);

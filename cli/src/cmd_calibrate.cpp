@@ -77,6 +77,12 @@ void print_fits(const calibrate::Fits& f, const calibrate::Samples& s, const std
         i < f.attention_bwd_by_seq.size()
             ? fmt::format(", backward {:.1f} GFLOP/s", f.attention_bwd_by_seq[i].second / 1e9)
             : std::string());
+  if (!f.attention_unmasked_by_seq.empty()) {
+    std::string factors;
+    for (const auto& [seq, factor] : f.attention_unmasked_by_seq)
+      factors += fmt::format("{}{:.2f}x at {}", factors.empty() ? "" : ", ", factor, seq);
+    fmt::print("              unmasked per FLOP (causal = 1): {}\n", factors);
+  }
   if (f.memory)
     fmt::print(
         "Memory        {:.1f} GB/s read+write (median traffic / time; alpha-beta fit {:.1f} GB/s, "

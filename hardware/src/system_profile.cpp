@@ -148,13 +148,13 @@ void check_busbw(Checker& c, const std::string& key,
   }
 }
 
-// An efficiency curve: factors in (0, 1.5], sizes strictly ascending (`what` names them).
+// An efficiency curve: factors in (0, max], sizes strictly ascending (`what` names them).
 void check_curve(Checker& c, const std::string& key, const std::vector<CurvePoint>& curve,
-                 std::string_view what) {
+                 std::string_view what, double max = 1.5) {
   for (size_t i = 0; i < curve.size(); ++i) {
     const std::string at = fmt::format("{}[{}]", key, i);
-    if (curve[i].factor <= 0 || curve[i].factor > 1.5)
-      c.fail(at, fmt::format("factor {} must be in (0, 1.5]", curve[i].factor));
+    if (curve[i].factor <= 0 || curve[i].factor > max)
+      c.fail(at, fmt::format("factor {} must be in (0, {}]", curve[i].factor, max));
     if (i > 0 && curve[i].at <= curve[i - 1].at)
       c.fail(at, fmt::format("{} must be strictly ascending", what));
   }
@@ -230,12 +230,19 @@ Status validate_profile(const SystemProfile& p) {
        {std::pair{"gpu.attention.fwd_seq_scale", &g.attention_fwd_seq_scale},
         std::pair{"gpu.attention.bwd_seq_scale", &g.attention_bwd_seq_scale}})
     check_curve(c, key, *curve, "sequence lengths");
+  // A causal kernel that computes the whole square and masks half of it is 2x slower per
+  // model FLOP than its unmasked call; 3 leaves room for a short length's noise.
+  constexpr double kMaxNoncausalScale = 3.0;
+  check_curve(c, "gpu.attention.noncausal_scale", g.attention_noncausal_scale, "sequence lengths",
+              kMaxNoncausalScale);
   for (const auto& [k, a] : g.attention_alternatives) {
     const std::string key = fmt::format("gpu.attention.alternatives.{}", to_string(k));
     c.fraction(key + ".fwd_efficiency", a.fwd_efficiency);
     c.fraction(key + ".bwd_efficiency", a.bwd_efficiency);
     check_curve(c, key + ".fwd_seq_scale", a.fwd_seq_scale, "sequence lengths");
     check_curve(c, key + ".bwd_seq_scale", a.bwd_seq_scale, "sequence lengths");
+    check_curve(c, key + ".noncausal_scale", a.noncausal_scale, "sequence lengths",
+                kMaxNoncausalScale);
   }
 
   const IntraNodeFabric& f = p.intra_node;
@@ -336,6 +343,7 @@ std::vector<std::string> missing_provenance(const SystemProfile& p) {
   if (p.inter_node.registered_collective_sms != RegisteredCollectiveSms{})
     fields.push_back("inter_node.registered_collective_sms");
   if (p.gpu.attention_sustain != 1.0) fields.push_back("gpu.attention.sustain");
+  if (!p.gpu.attention_noncausal_scale.empty()) fields.push_back("gpu.attention.noncausal_scale");
   if (p.gpu.gemm_accumulate_exposed != 0) fields.push_back("gpu.gemm.accumulate_exposed");
   if (p.shared_compute_units > 0) fields.push_back("shared_compute_units");
   if (p.host_op > Time::zero()) fields.push_back("host.op_us");

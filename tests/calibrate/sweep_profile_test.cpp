@@ -81,11 +81,19 @@ TEST(Sweep, SamplesAndFitsRecoverTheBackendsCosts) {
   // launch.
   EXPECT_NEAR(f->attention_fwd_flops_per_s / m.attention_rate, 1.0, 1e-6);
   EXPECT_NEAR(f->attention_bwd_flops_per_s / m.attention_rate, 1.0, 1e-6);
-  ASSERT_EQ(f->attention_fwd_by_seq.size(), plan.attention.size());
-  ASSERT_EQ(f->attention_bwd_by_seq.size(), plan.attention.size());
+  // The rates are the causal calls'; the plan times each length unmasked too, and the
+  // unmasked calls' speed-up over them is recovered per length.
+  std::set<int64_t> lengths;
+  for (const runtime::AttentionDesc& d : plan.attention) lengths.insert(d.seq_kv);
+  ASSERT_EQ(plan.attention.size(), 2 * lengths.size());
+  ASSERT_EQ(f->attention_fwd_by_seq.size(), lengths.size());
+  ASSERT_EQ(f->attention_bwd_by_seq.size(), lengths.size());
   for (const auto& [seq, rate] : f->attention_fwd_by_seq)
     EXPECT_NEAR(rate / m.attention_rate_at(seq), 1.0, 1e-6) << seq;
   EXPECT_LT(f->attention_fwd_by_seq.front().second, f->attention_fwd_by_seq.back().second);
+  ASSERT_EQ(f->attention_unmasked_by_seq.size(), lengths.size());
+  for (const auto& [seq, factor] : f->attention_unmasked_by_seq)
+    EXPECT_NEAR(factor / m.unmasked_speedup_at(seq), 1.0, 1e-6) << seq;
   ASSERT_TRUE(f->memory);
   EXPECT_NEAR(f->memory->beta_Bps / m.copy_Bps, 1.0, 1e-3);
   EXPECT_NEAR(f->host_to_device_Bps / m.host_Bps, 1.0, 1e-6);
@@ -244,14 +252,17 @@ TEST(CalibratedProfile, ValidRoundTripsAndReproducesTheMeasurements) {
                     g.t.median_s,
                 1.0, 1e-4);
   // Attention: the profile's attention_time (with its seq-scale curves) reproduces every
-  // measured call.
-  EXPECT_EQ(p->gpu.attention_fwd_seq_scale.size(), s.attention.size() / 2);
+  // measured call, causal or unmasked (the noncausal_scale curve).
+  EXPECT_EQ(p->gpu.attention_fwd_seq_scale.size(), s.attention.size() / 4);
+  EXPECT_EQ(p->gpu.attention_noncausal_scale.size(), s.attention.size() / 4);
   for (const AttentionSample& a : s.attention)
-    EXPECT_NEAR(p->gpu.attention_time(Flops(a.flops()), Precision::kBf16, a.backward, a.desc.seq_kv)
+    EXPECT_NEAR(p->gpu.attention_time(Flops(a.flops()), Precision::kBf16, a.backward, a.desc.seq_kv,
+                                      nullptr, a.desc.causal)
                         .to_seconds() /
                     a.t.median_s,
                 1.0, 1e-5)
-        << a.desc.seq_kv << (a.backward ? " backward" : " forward");
+        << a.desc.seq_kv << (a.backward ? " backward" : " forward")
+        << (a.desc.causal ? " causal" : " unmasked");
   // Memory: the fitted bandwidth with efficiency 1 (no datasheet).
   EXPECT_NEAR(p->gpu.effective_memory_bandwidth().bytes_per_s() / m.copy_Bps, 1.0, 1e-3);
   // Collectives: busbw of 2 ranks, alpha of the fit.
@@ -270,6 +281,8 @@ TEST(CalibratedProfile, ValidRoundTripsAndReproducesTheMeasurements) {
   EXPECT_EQ(j["$calibration"]["backend"], "fake");
   EXPECT_EQ(j["$calibration"]["samples"]["gemm"].size(), s.gemms.size());
   EXPECT_EQ(j["$calibration"]["fits"]["collectives"].size(), f.collectives.size());
+  EXPECT_EQ(j["$calibration"]["fits"]["attention_unmasked_scale"].size(),
+            f.attention_unmasked_by_seq.size());
 }
 
 TEST(CalibratedProfile, BaseProfileKeepsDatasheetPeaksAndUnmeasuredFigures) {
@@ -319,6 +332,54 @@ TEST(CalibratedProfile, BaseProfileKeepsDatasheetPeaksAndUnmeasuredFigures) {
   EXPECT_EQ(p->gpu.attention_sustain, 0.88);
   EXPECT_NE(p->provenance.at("gpu.attention.sustain").find("from the base profile"),
             std::string::npos);
+}
+
+// The H100 base's unmasked-call factor is cuDNN's. A run that times attention both ways
+// replaces it with its own kernel's; one that times causal calls only drops it (its kernel is
+// not cuDNN); one that times no attention keeps the base's rates and the factor with them.
+TEST(CalibratedProfile, UnmaskedAttentionFactorIsTheMeasuredKernelsOrNone) {
+  FakeModel m;
+  m.unmasked_speedup = 1.8;
+  FakeBackend b(1, m);
+  const Samples s = sweep(b, small_plan());
+  const ProfileOptions o = h100_based("2026-12-06T00:00:00Z");
+  ASSERT_FALSE(o.base->gpu.attention_noncausal_scale.empty());
+
+  Result<hardware::SystemProfile> both = build_profile(s, *fit_samples(s), o);
+  ASSERT_TRUE(both.is_ok()) << both.status().to_string();
+  const auto& curve = both->gpu.attention_noncausal_scale;
+  ASSERT_EQ(curve.size(), 4u);
+  for (const hardware::CurvePoint& pt : curve)
+    EXPECT_NEAR(pt.factor, m.unmasked_speedup_at(pt.at), 1e-6) << pt.at;
+  EXPECT_NE(both->provenance.at("gpu.attention.noncausal_scale").find("measured"),
+            std::string::npos);
+  EXPECT_TRUE(hardware::validate_profile(*both).is_ok());
+  EXPECT_EQ(hardware::missing_provenance(*both), std::vector<std::string>{});
+
+  Samples causal_only = s;
+  std::erase_if(causal_only.attention, [](const AttentionSample& a) { return !a.desc.causal; });
+  Result<hardware::SystemProfile> causal = build_profile(causal_only, *fit_samples(causal_only), o);
+  ASSERT_TRUE(causal.is_ok()) << causal.status().to_string();
+  EXPECT_TRUE(causal->gpu.attention_noncausal_scale.empty());
+  EXPECT_FALSE(causal->provenance.contains("gpu.attention.noncausal_scale"));
+  EXPECT_EQ(causal->gpu.attention_fwd_efficiency, both->gpu.attention_fwd_efficiency)
+      << "the rates are the causal calls' either way";
+
+  Samples none = s;
+  none.attention.clear();
+  Result<hardware::SystemProfile> kept = build_profile(none, *fit_samples(none), o);
+  ASSERT_TRUE(kept.is_ok()) << kept.status().to_string();
+  EXPECT_EQ(kept->gpu.attention_noncausal_scale, o.base->gpu.attention_noncausal_scale);
+  EXPECT_NE(kept->provenance.at("gpu.attention.noncausal_scale").find("from the base profile"),
+            std::string::npos);
+
+  // A broken timing outside the validator's range is clamped into it.
+  Fits wild = *fit_samples(s);
+  wild.attention_unmasked_by_seq.front().second = 40;
+  Result<hardware::SystemProfile> clamped = build_profile(s, wild, o);
+  ASSERT_TRUE(clamped.is_ok()) << clamped.status().to_string();
+  EXPECT_EQ(clamped->gpu.attention_noncausal_scale.front().factor, 3.0);
+  EXPECT_TRUE(hardware::validate_profile(*clamped).is_ok());
 }
 
 // A run with NCCL's NVLS switched off measures the ring: on a node with NVLS (eight ranks

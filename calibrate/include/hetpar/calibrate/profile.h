@@ -46,12 +46,16 @@ struct Fits {
   std::vector<GemmFit> gemm;             // plain GEMMs, per dtype
   std::vector<GemmFit> gemm_accumulate;  // GEMMs adding into an fp32 output, per input dtype
   double launch_s = 0;                   // median time of the smallest GEMM
-  /// Attention rates: model FLOPs / (time - launch_s), pooled over the shapes of one key
+  /// Causal attention rates: model FLOPs / (time - launch_s), pooled over the shapes of one key
   /// length, ascending in seq_kv. The *_flops_per_s figures are the longest length's (the
   /// profile's efficiency); the shorter ones become its seq-scale curve.
   std::vector<std::pair<int64_t, double>> attention_fwd_by_seq, attention_bwd_by_seq;
   double attention_fwd_flops_per_s = 0;
   double attention_bwd_flops_per_s = 0;
+  /// Of key lengths timed both causal and unmasked, ascending: the unmasked calls' speed per
+  /// model FLOP over the causal ones' (forward and backward together), the profile's
+  /// gpu.attention.noncausal_scale. The rates above are the causal calls'.
+  std::vector<std::pair<int64_t, double>> attention_unmasked_by_seq;
   std::optional<AlphaBetaFit> memory;  // on memory traffic (read + write = 2x copied)
   /// The profile's memory bandwidth: the median over copies of traffic / time. The
   /// simulator's memory kernel is launch_s + bytes / bandwidth (memory_kernel_time), its

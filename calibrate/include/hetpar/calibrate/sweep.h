@@ -52,7 +52,9 @@ struct SweepPlan {
   std::vector<GemmDims> gemms;  // each in every gemm_dtypes
   std::vector<runtime::DType> gemm_dtypes;
   std::vector<AccumulateGemm> accumulate_gemms;
-  std::vector<runtime::AttentionDesc> attention;  // each timed forward and backward
+  /// Each timed forward and backward. The causal ones give the profile's attention rates; an
+  /// unmasked one beside a causal one of its key length gives that length's noncausal_scale.
+  std::vector<runtime::AttentionDesc> attention;
   std::vector<int64_t> copy_bytes;
   int64_t host_copy_bytes = 0;  // 0 = no host link measurement
   std::vector<int64_t> p2p_bytes;
