@@ -316,6 +316,34 @@ TEST(Activations, RecomputeModuleMoeKeepsOnlyTheMoeLayersInput) {
   EXPECT_DOUBLE_EQ(recompute_flops(g, moe).count(), rerun_flops);
 }
 
+TEST(Activations, RecomputeModuleMlpKeepsOnlyTheDenseMlpsInput) {
+  const OpGraph g = build_op_graph(zoo_module("llama-3.1-8b"), input(1, 4096));
+  const RecomputePolicy mlp(Recompute::kSelective, kRecomputeCoreAttn | kRecomputeMlp);
+  const RecomputePolicy attn(Recompute::kSelective, kRecomputeCoreAttn);
+  double dropped = 0, rerun_flops = 0;
+  int mlp_ops = 0;
+  for (const Op& op : g.ops) {
+    const bool in_mlp = op.layer >= 0 && (op.name == "mlp_norm" || op.name == "mlp_fc1" ||
+                                          op.name == "mlp_act" || op.name == "mlp_fc2");
+    EXPECT_EQ(is_dense_mlp_op(op), in_mlp) << op.name;
+    EXPECT_DOUBLE_EQ(recompute_share(op, mlp), in_mlp ? 1 : recompute_share(op, attn)) << op.name;
+    const bool keeps = !in_mlp || op.name == "mlp_norm";  // the checkpoint's input
+    EXPECT_DOUBLE_EQ(kept_bytes(op, mlp, g.dtype_bytes),
+                     keeps ? kept_bytes(op, attn, g.dtype_bytes) : 0)
+        << op.name;
+    if (in_mlp) {
+      ++mlp_ops;
+      if (!keeps) dropped += op.saved.as_double();
+      if (op.kind == OpKind::kGemm) rerun_flops += op.forward.count();
+    }
+  }
+  EXPECT_EQ(mlp_ops, 4 * 32);
+  ASSERT_GT(dropped, 0);
+  EXPECT_EQ(activation_bytes(g, mlp).count(),
+            activation_bytes(g, attn).count() - static_cast<int64_t>(dropped));
+  EXPECT_DOUBLE_EQ(recompute_flops(g, mlp).count(), recompute_flops(g, attn).count() + rerun_flops);
+}
+
 // Every zoo module, through its op graph, with Megatron's layer code and torchtitan's
 // (separate projections, repeat_kv): parameters sum to the closed-form count, GEMM FLOPs
 // equal their shapes, GEMM backward splits into dgrad = wgrad = forward, attention backward

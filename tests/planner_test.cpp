@@ -133,24 +133,30 @@ TEST(PlanJson, RoundTripsEveryLayoutSwitch) {
   ASSERT_TRUE(back.is_ok());
   EXPECT_EQ(back->layout.recompute_modules, modules->layout.recompute_modules);
   EXPECT_FALSE(plan_to_json(p).contains("recompute_modules"));
-  auto layer = parse_plan(nlohmann::json::parse(R"({"micro_batch": 1, "recompute": "selective",
-                                                    "recompute_modules": ["moe", "layernorm"]})"),
-                          "plan");
-  ASSERT_TRUE(layer.is_ok()) << layer.status().to_string();
-  EXPECT_EQ(layer->layout.recompute_modules, models::kRecomputeLayernorm | models::kRecomputeMoe);
-  EXPECT_EQ(plan_to_json(*layer)["recompute_modules"],
-            nlohmann::json::parse(R"(["layernorm", "moe"])"));
-  bad = parse_plan(
-      nlohmann::json::parse(
-          R"({"micro_batch": 1, "recompute": "selective", "recompute_modules": ["mlp"]})"),
-      "plan");
+  // Names in any order; written back in the canonical order.
+  for (const auto& [names, bits, written] :
+       {std::tuple{R"(["moe", "layernorm"])", models::kRecomputeLayernorm | models::kRecomputeMoe,
+                   R"(["layernorm", "moe"])"},
+        std::tuple{R"(["mlp", "core_attn"])", models::kRecomputeCoreAttn | models::kRecomputeMlp,
+                   R"(["core_attn", "mlp"])"}}) {
+    auto named = parse_plan(
+        nlohmann::json::parse(fmt::format(
+            R"({{"micro_batch": 1, "recompute": "selective", "recompute_modules": {}}})", names)),
+        "plan");
+    ASSERT_TRUE(named.is_ok()) << named.status().to_string();
+    EXPECT_EQ(named->layout.recompute_modules, bits) << names;
+    EXPECT_EQ(plan_to_json(*named)["recompute_modules"], nlohmann::json::parse(written));
+  }
+  bad = parse_plan(nlohmann::json::parse(R"({"micro_batch": 1, "recompute": "selective",
+                                             "recompute_modules": ["shared_experts"]})"),
+                   "plan");
   ASSERT_FALSE(bad.is_ok());
-  EXPECT_NE(bad.status().to_string().find("is not one of core_attn, layernorm, moe_act, moe"),
+  EXPECT_NE(bad.status().to_string().find("is not one of core_attn, layernorm, moe_act, moe, mlp"),
             std::string::npos)
       << bad.status().to_string();
   for (const char* text :
        {R"({"micro_batch": 1, "recompute": "full", "recompute_modules": ["layernorm"]})",
-        R"({"micro_batch": 1, "recompute": "selective", "recompute_modules": ["mlp"]})",
+        R"({"micro_batch": 1, "recompute": "selective", "recompute_modules": ["shared_experts"]})",
         R"({"micro_batch": 1, "recompute": "selective", "recompute_modules": []})",
         R"({"micro_batch": 1, "recompute": "selective", "recompute_modules": "moe_act"})"}) {
     bad = parse_plan(nlohmann::json::parse(text), "plan");

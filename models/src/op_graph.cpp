@@ -73,6 +73,7 @@ double recompute_share(const Op& op, RecomputePolicy policy) {
       return 0;
     case Recompute::kSelective:
       if (policy.selects(kRecomputeMoe) && is_moe_block_op(op)) return 1;
+      if (policy.selects(kRecomputeMlp) && is_dense_mlp_op(op)) return 1;
       if (op.kind == OpKind::kAttention) return policy.selects(kRecomputeCoreAttn) ? 1 : 0;
       if (policy.selects(kRecomputeLayernorm) && op.layer >= 0 && op.name == "mlp_norm") return 1;
       return policy.selects(kRecomputeMoeAct) && op.name == "expert_act" ? 1 : 0;
@@ -89,6 +90,12 @@ bool is_moe_block_op(const Op& op) {
   const std::string_view n = op.name;
   return n == "router" || n.starts_with("moe_") || n.starts_with("expert_") ||
          n.starts_with("shared_expert_");
+}
+
+bool is_dense_mlp_op(const Op& op) {
+  if (op.layer < 0) return false;
+  const std::string_view n = op.name;
+  return n == "mlp_norm" || n == "mlp_fc1" || n == "mlp_act" || n == "mlp_fc2";
 }
 
 bool is_recomputed(const Op& op, RecomputePolicy policy) {
@@ -109,6 +116,9 @@ double kept_bytes(const Op& op, RecomputePolicy policy, int dtype_bytes) {
     if (policy.selects(kRecomputeMoe) && is_moe_block_op(op))
       return op.name == "router" ? op.saved.as_double() : 0;
     if (policy.selects(kRecomputeMoeAct) && op.name == "expert_fc2") return 0;
+    // A checkpointed dense MLP keeps its input alone, which the norm's saved input is.
+    if (policy.selects(kRecomputeMlp) && is_dense_mlp_op(op))
+      return op.name == "mlp_norm" ? op.saved.as_double() : 0;
     if (op.kind != OpKind::kAttention || !policy.selects(kRecomputeCoreAttn))
       return op.saved.as_double();
     const AttentionShape& a = *op.attention;  // Q, K, V stay

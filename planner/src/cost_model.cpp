@@ -390,6 +390,15 @@ bool reruns_ops(models::Recompute r) {
   return r == models::Recompute::kSelective || r == models::Recompute::kSelectiveOp;
 }
 
+// The "mlp" recompute module under TP: lower() replays the MLP block's steps from its TP
+// entry to its TP exit (the gather and the reduce-scatter re-run with the linears), so the
+// linears and the activation carry no per-step re-run of their own; the norm before the
+// entry (in the step with the attention's residual add) still does.
+bool replayed_in_block(const models::Op& op, const Layout& l) {
+  return l.recompute_policy().selects(models::kRecomputeMlp) && l.tp > 1 &&
+         models::is_dense_mlp_op(op) && op.name != "mlp_norm";
+}
+
 // selective_op re-running part of a fused GEMM (the k of qkv, the up of a gated fc1): the
 // output columns of one rank's re-run product (it re-casts the input under FP8 too); 0 when
 // the op is re-run whole or not at all. selective_op needs tp 1 (infeasibility), so the
@@ -635,7 +644,7 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
     }
   }
   add_moe_time(c, moe_kernels(op, g, l, cp, p), dev);  // none for other ops
-  if (reruns_ops(l.recompute)) {
+  if (reruns_ops(l.recompute) && !replayed_in_block(op, l)) {
     const double share = models::recompute_share(op, l.recompute_policy());
     if (share >= 1) c.recompute = c.forward;
     c.recompute_flops = c.forward_flops * share;
@@ -1005,7 +1014,8 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
   const MoeKernels moe = moe_kernels(op, g, l, cp, p);  // none for other ops
   k.forward.insert(k.forward.end(), moe.forward.begin(), moe.forward.end());
   k.dgrad.insert(k.dgrad.end(), moe.backward.begin(), moe.backward.end());
-  if (reruns_ops(l.recompute) && models::recompute_share(op, l.recompute_policy()) >= 1)
+  if (reruns_ops(l.recompute) && !replayed_in_block(op, l) &&
+      models::recompute_share(op, l.recompute_policy()) >= 1)
     k.recompute = k.forward;
   return k;
 }

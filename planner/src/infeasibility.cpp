@@ -360,6 +360,9 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
         "pre-MLP norm, Transformer Engine fuses a dense layer's; moe_act the experts' "
         "activation; moe the whole MoE layer)",
         recompute_modules_names(l.recompute_modules));
+  if (l.recompute_policy().selects(models::kRecomputeMlp) && llm.moe)
+    return "recompute_modules mlp needs a dense llm: Megatron-Core re-runs only dense MLPs "
+           "with it (a MoE layer's is the \"moe\" module)";
   // Megatron-Core's TransformerConfig refuses it: the MoE layer's re-run dispatches again,
   // which the overlap's split schedule of that layer cannot hold.
   if (l.recompute_policy().selects(models::kRecomputeMoe) && l.ep_comm_overlap)

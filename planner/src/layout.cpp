@@ -38,7 +38,8 @@ constexpr std::pair<models::RecomputeModule, std::string_view> kRecomputeModuleN
     {models::kRecomputeCoreAttn, "core_attn"},
     {models::kRecomputeLayernorm, "layernorm"},
     {models::kRecomputeMoeAct, "moe_act"},
-    {models::kRecomputeMoe, "moe"}};
+    {models::kRecomputeMoe, "moe"},
+    {models::kRecomputeMlp, "mlp"}};
 }  // namespace
 
 std::vector<std::string_view> recompute_module_names(uint8_t modules) {

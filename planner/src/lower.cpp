@@ -347,7 +347,7 @@ void Lowering::build_costs() {
       bwd.push_back(for_direction(mc, true, l_.sequence_parallel));
     }
   }
-  if (o_.kernels || host_) graphs_ = std::move(graphs);
+  graphs_ = std::move(graphs);
   group_of_rank_.clear();
   const auto& groups = s_.cluster.groups();
   for (size_t gi = 0; gi < groups.size(); ++gi)
@@ -921,6 +921,33 @@ Lowering::MoeReplay Lowering::moe_replay(const PlacedBlock& pb) const {
   return r;
 }
 
+Lowering::MlpReplay Lowering::mlp_replay(const PlacedBlock& pb) const {
+  MlpReplay r;
+  if (pb.part != Part::kLayer || l_.tp == 1 ||
+      !l_.recompute_policy().selects(models::kRecomputeMlp))
+    return r;
+  // The TP entry before the step with the first linear, through the first TP exit after it
+  // (cost_model.cpp: the norm, the entry, fc1, act, fc2, the exit, the residual add).
+  const models::OpGraph& g = graphs_[pb.module];
+  const std::vector<WorkStep>& forward = block(0, pb).steps;
+  auto holds_fc1 = [&](const WorkStep& step) {
+    for (int32_t i : step.ops)
+      if (g.ops[i].name == "mlp_fc1") return true;
+    return false;
+  };
+  for (size_t s = 1; s < forward.size(); ++s) {
+    if (!holds_fc1(forward[s]) || forward[s - 1].kind != StepKind::kTpEntry) continue;
+    for (size_t e = s + 1; e < forward.size(); ++e)
+      if (forward[e].kind == StepKind::kTpExit) {
+        for (size_t f = s - 1; f <= e; ++f) r.steps.push_back(f);
+        r.at = e;
+        return r;
+      }
+  }
+  HETPAR_CHECK(false, "a dense layer under TP without its MLP's TP entry and exit");
+  return r;
+}
+
 void Lowering::run_op(const PipelineOp& op, std::vector<OpSpan>& spans) {
   const size_t first_task = static_cast<size_t>(g_.num_tasks());
   op_pieces(op, [](bool, auto&& piece) { piece(); });
@@ -1079,11 +1106,19 @@ void Lowering::op_pieces(const PipelineOp& op, Emit&& emit) {
         // reaches the step after the combine; its compute re-runs as the selective modules'
         // does, before each step's backward (cost.recompute).
         const MoeReplay moe = moe_replay(*pb);
+        // The "mlp" module's checkpointed MLP re-runs its forward, its TP collectives
+        // included, as its output's gradient arrives.
+        const MlpReplay mlp = mlp_replay(*pb);
         for (size_t s = nsteps; s-- > 0;) {
           if (moe.at == s) {
             const Labels* replay = &labels(v, b, kR);
             for (size_t f : moe.all_to_alls)
               emit(true, [this, pb, f, replay, rl] { run_step(*pb, f, kR, *replay, rl); });
+          }
+          if (mlp.at == s) {
+            const Labels* replay = &labels(v, b, kR);
+            for (size_t f : mlp.steps)
+              emit(false, [this, pb, f, replay, rl] { run_step(*pb, f, kR, *replay, rl); });
           }
           emit(all_to_all(*pb, s, true), [this, pb, s, lb, rl, mb = op.micro_batch] {
             backward_mb_ = mb;

@@ -237,6 +237,14 @@ class Lowering {
     std::vector<size_t> all_to_alls;
   };
   MoeReplay moe_replay(const PlacedBlock& pb) const;
+  // The "mlp" recompute module under TP (models::kRecomputeMlp): the dense MLP's forward
+  // steps from its TP entry to its TP exit, replayed before the exit's backward (`at`);
+  // none (empty) without it.
+  struct MlpReplay {
+    size_t at = SIZE_MAX;
+    std::vector<size_t> steps;
+  };
+  MlpReplay mlp_replay(const PlacedBlock& pb) const;
   // FSDP (Layout::fsdp): an FSDP unit, the blocks whose parameters gather and reduce
   // together: one block, or with Layout::fsdp_root_unit the chunk's blocks outside the layers.
   struct FsdpUnit {
@@ -436,7 +444,7 @@ class Lowering {
   std::vector<std::vector<ModuleCost>> costs_[2];  // [backward][node group][module]
   std::vector<int> group_of_rank_;
   std::vector<std::string> module_names_;
-  std::vector<models::OpGraph> graphs_;  // per module (LowerOptions::kernels or host_)
+  std::vector<models::OpGraph> graphs_;  // per module, in build_costs()' order
   // The host (sim/task_graph.h "Host"), per node group its time per issued kernel or call
   // (SystemProfile::host_op); on when a group has one. It issues compute tasks and
   // collectives in the order they are emitted, which is each rank's program order (a

@@ -2,6 +2,8 @@
 // layout, and what Megatron-LM (or its MIMO example) cannot run is refused.
 #include <gtest/gtest.h>
 
+#include <sstream>
+
 #include "helpers.h"
 #include "hetpar/planner/lower.h"
 
@@ -43,6 +45,14 @@ Layout parse_layout(const std::map<std::string, std::string>& f, const std::stri
     if (g == "full") {
       EXPECT_EQ(f.at("--recompute-method"), "uniform");
       EXPECT_EQ(f.at("--recompute-num-layers"), "1");
+    }
+    if (auto it = f.find("--recompute-modules"); it != f.end()) {
+      l.recompute_modules = 0;
+      std::istringstream names(it->second);
+      for (std::string name; names >> name;) {
+        EXPECT_NE(planner::recompute_module(name), 0) << name;
+        l.recompute_modules |= planner::recompute_module(name);
+      }
     }
   }
   l.distributed_optimizer = f.count("--use-distributed-optimizer") > 0;
@@ -123,6 +133,11 @@ std::vector<Plan> llama_plans() {
   Plan g = b;
   g.layout.pipeline_layout = {3, 5, 4, 4, 3, 5, 4, 4};
   out.push_back(g);
+  // The dense MLP checkpointed beside the attention core (--recompute-modules core_attn mlp).
+  Plan h = b;
+  h.layout.sequence_parallel = true;
+  h.layout.recompute_modules = models::kRecomputeCoreAttn | models::kRecomputeMlp;
+  out.push_back(h);
   return out;
 }
 

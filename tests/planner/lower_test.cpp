@@ -2139,6 +2139,69 @@ TEST(Lower, MoeRecomputeSendsTheLayersAllToAllsAgainAndKeepsOnlyItsInput) {
   EXPECT_TRUE(dense_refuses(models::kRecomputeMoe));
 }
 
+// recompute_modules mlp (Megatron-Core's recompute_mlp): a dense layer's MLP keeps only its
+// input; under TP its forward re-runs before its backward with its TP collectives (the SP
+// all-gather and the reduce-scatter, userbuffers' ring linears too), at TP 1 as the ops'
+// own re-runs. A MoE llm refuses it.
+TEST(Lower, MlpRecomputeReplaysTheMlpWithItsTpCollectivesAndKeepsOnlyItsInput) {
+  const Scenario dense = make(4, 16, 1);
+  for (const bool userbuffers : {false, true}) {
+    SCOPED_TRACE(userbuffers ? "userbuffers" : "NCCL");
+    Plan attn = plan(2, 1, 4);
+    attn.layout.sequence_parallel = true;
+    attn.layout.tp_comm_overlap = userbuffers;
+    attn.layout.recompute = models::Recompute::kSelective;
+    Plan mlp = attn;
+    mlp.layout.recompute_modules = models::kRecomputeCoreAttn | models::kRecomputeMlp;
+    ASSERT_EQ(infeasibility(dense, mlp), "");
+    const LoweredPlan a = lowered(dense, attn, {.full_ranks = true});
+    const LoweredPlan b = lowered(dense, mlp, {.full_ranks = true});
+    // The layers' ("llm L3 fwd tp"), not the embedding's or the loss's.
+    auto tp_collectives = [](const LoweredPlan& lp, std::string_view label) {
+      int n = 0;
+      for (int t = 0; t < lp.graph.num_tasks(); ++t) {
+        const sim::Task& task = lp.graph.task(TaskId(t));
+        const std::string name(lp.graph.label_text(task.label.name));
+        if (task.kind == sim::TaskKind::kCollective && name.find(" L") != std::string::npos &&
+            name.ends_with(label))
+          ++n;
+      }
+      return n;
+    };
+    EXPECT_EQ(tp_collectives(a, "recompute tp"), 0);
+    // Each layer's forward: the attention's gather and reduce-scatter, then the MLP's; the
+    // replay re-runs the MLP's two.
+    ASSERT_GT(tp_collectives(a, "fwd tp"), 0);
+    EXPECT_EQ(tp_collectives(b, "fwd tp"), tp_collectives(a, "fwd tp"));
+    EXPECT_EQ(2 * tp_collectives(b, "recompute tp"), tp_collectives(a, "fwd tp"));
+    auto with = evaluate(dense, mlp), without = evaluate(dense, attn);
+    ASSERT_TRUE(with.is_ok() && without.is_ok());
+    EXPECT_GT(with->iteration_time, without->iteration_time);
+    EXPECT_LT(estimate_memory(dense, mlp).per_stage[0].activations,
+              estimate_memory(dense, attn).per_stage[0].activations);
+  }
+  // TP 1: no collectives to re-run; the MLP's ops re-run before their backward.
+  Plan attn = plan(1, 1, 8);
+  attn.layout.recompute = models::Recompute::kSelective;
+  Plan mlp = attn;
+  mlp.layout.recompute_modules = models::kRecomputeCoreAttn | models::kRecomputeMlp;
+  auto with = evaluate(dense, mlp), without = evaluate(dense, attn);
+  ASSERT_TRUE(with.is_ok() && without.is_ok());
+  EXPECT_GT(with->iteration_time, without->iteration_time);
+  EXPECT_LT(estimate_memory(dense, mlp).per_stage[0].activations,
+            estimate_memory(dense, attn).per_stage[0].activations);
+  EXPECT_NE(describe_in_words(mlp.layout, hardware::Precision::kBf16)
+                .find("recompute selective (core_attn, mlp)"),
+            std::string::npos);
+
+  Plan moe = plan(1, 1, 8);
+  moe.layout.ep = 4;
+  moe.layout.recompute = models::Recompute::kSelective;
+  moe.layout.recompute_modules = models::kRecomputeMlp;
+  EXPECT_NE(infeasibility(tiny_moe(4, 16, 1, 8), moe).find("recompute_modules mlp needs a dense"),
+            std::string::npos);
+}
+
 // Megatron-Core's combined 1F1B (Layout::ep_comm_overlap): the same tasks, the
 // all-to-alls on a stream of their own, a backward's tasks interleaved with the next
 // micro-batch's forward on the compute stream, and the exposed all-to-all time falls.

@@ -167,11 +167,21 @@ enum RecomputeModule : uint8_t {
   /// nothing with "layernorm", whose dropped output that input is), and the layer's forward,
   /// its all-to-alls included, re-runs before its backward (MoELayer.forward).
   kRecomputeMoe = 8,
+  /// "mlp": a dense layer's MLP under tensor_parallel.checkpoint (TransformerLayer's
+  /// recompute_mlp; MoE layers have "moe"): only its input is kept, the pre-MLP norm's (fused
+  /// into the first linear by Transformer Engine, so inside the checkpoint), and its forward,
+  /// the sequence-parallel all-gather and the exit's reduce-scatter (or all-reduce) included,
+  /// re-runs before its backward.
+  kRecomputeMlp = 16,
 };
 
 /// Whether op is part of a MoE layer's MLP block (router through combine, shared experts):
 /// what the "moe" recompute module re-runs.
 bool is_moe_block_op(const Op& op);
+/// Whether op is part of a dense layer's MLP block (its norm, first linear, activation and
+/// second linear): what the "mlp" recompute module re-runs. A MoE layer's pre-MLP norm has
+/// the same name; the planner keeps "mlp" to dense graphs.
+bool is_dense_mlp_op(const Op& op);
 
 /// A recompute policy: the kind, and under kSelective the modules it re-runs.
 struct RecomputePolicy {
