@@ -782,10 +782,16 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
   // FP8 current scaling with SP: tensors gathered in FP8 reduce their amax over TP first.
   const bool current_sp =
       tp && l.sequence_parallel && p == Precision::kFp8 && l.fp8_recipe == Fp8Recipe::kTensorwise;
+  // Megatron-Core's shared experts (moe/shared_experts.py, SharedExpertMLP: an MLP on the MoE
+  // layer's input) under SP: their first linear all-gathers the sequence slices (a TP entry
+  // before it) and their second reduce-scatters (the TP exit before the residual add).
+  const bool shared_sp = moe_sp && std::any_of(g.ops.begin(), g.ops.end(), [](const models::Op& o) {
+                           return o.name == "shared_expert_fc1";
+                         });
   // Whether the layer's TP exit comes right before `op` (the residual add after attention,
-  // and after a dense MLP), and so right after the op before it.
+  // and after a dense MLP or shared experts), and so right after the op before it.
   auto exit_before = [&](const models::Op& op) {
-    return op.name == "attn_residual" || (op.name == "mlp_residual" && !moe_sp);
+    return op.name == "attn_residual" || (op.name == "mlp_residual" && (!moe_sp || shared_sp));
   };
   auto exit_follows = [&](int32_t i) {
     return static_cast<size_t>(i) + 1 < g.ops.size() && exit_before(g.ops[i + 1]);
@@ -814,6 +820,13 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
         b.last().amax_reduce = true;
     }
     if (tp && op.name == "logits") b.comm(StepKind::kTpEntry, activation);
+    if (shared_sp && op.name == "shared_expert_fc1") {
+      b.comm(StepKind::kTpEntry, activation);
+      // FP8: Transformer Engine's Linear quantises its input before the SP all-gather, as
+      // LayerNormLinear does (below).
+      if (p == Precision::kFp8) b.gather_as(Bytes(tokens / cp * g.hidden));
+      if (current_sp) b.last().amax_reduce = true;
+    }
     if (gather_routed && op.name == "moe_combine")  // the permuted tokens of all TP ranks
       b.comm(StepKind::kTpExit, routed_bytes(op, false));
     if (l.ep > 1 && op.name == "moe_combine") b.comm(StepKind::kEpAllToAll, routed_bytes(op, true));

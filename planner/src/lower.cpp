@@ -910,14 +910,30 @@ Lowering::MoeReplay Lowering::moe_replay(const PlacedBlock& pb) const {
   MoeReplay r;
   if (pb.part != Part::kLayer || !l_.recompute_policy().selects(models::kRecomputeMoe)) return r;
   const std::vector<WorkStep>& forward = block(0, pb).steps;
-  for (size_t s = 0; s < forward.size(); ++s)
-    if (forward[s].kind == StepKind::kEpAllToAll) r.all_to_alls.push_back(s);
+  const models::OpGraph& g = graphs_[pb.module];
+  auto holds = [&](const WorkStep& step, std::string_view op) {
+    return std::any_of(step.ops.begin(), step.ops.end(),
+                       [&](int32_t i) { return g.ops[i].name == op; });
+  };
+  size_t shared_exit = SIZE_MAX;
+  for (size_t s = 0; s < forward.size(); ++s) {
+    // The shared experts' SP gather and reduce-scatter (cost_model.cpp) re-run with them;
+    // not userbuffers' ring collectives, which go with their linears' steps.
+    const bool entry = forward[s].kind == StepKind::kTpEntry && s + 1 < forward.size() &&
+                       holds(forward[s + 1], "shared_expert_fc1") && !forward[s + 1].ring_exchange;
+    const bool exit = forward[s].kind == StepKind::kTpExit && s > 0 &&
+                      holds(forward[s - 1], "shared_expert_fc2") && !forward[s - 1].ring_exchange;
+    if (forward[s].kind == StepKind::kEpAllToAll || entry || exit) r.steps.push_back(s);
+    if (exit) shared_exit = s;
+  }
   const std::vector<WorkStep>& backward = block(0, pb, true).steps;
-  for (size_t s = backward.size(); s-- > 0 && !r.all_to_alls.empty();)
+  for (size_t s = backward.size(); s-- > 0 && !r.steps.empty();)
     if (backward[s].kind == StepKind::kEpAllToAll) {
       r.at = std::min(s + 1, backward.size() - 1);
       break;
     }
+  // The layer's backward begins at its last step: the shared experts' exit where they have one.
+  if (shared_exit != SIZE_MAX) r.at = r.at == SIZE_MAX ? shared_exit : std::max(r.at, shared_exit);
   return r;
 }
 
@@ -1112,8 +1128,9 @@ void Lowering::op_pieces(const PipelineOp& op, Emit&& emit) {
         for (size_t s = nsteps; s-- > 0;) {
           if (moe.at == s) {
             const Labels* replay = &labels(v, b, kR);
-            for (size_t f : moe.all_to_alls)
-              emit(true, [this, pb, f, replay, rl] { run_step(*pb, f, kR, *replay, rl); });
+            for (size_t f : moe.steps)
+              emit(all_to_all(*pb, f, false),
+                   [this, pb, f, replay, rl] { run_step(*pb, f, kR, *replay, rl); });
           }
           if (mlp.at == s) {
             const Labels* replay = &labels(v, b, kR);

@@ -229,12 +229,14 @@ class Lowering {
   // compute step right before an EP all-to-all, runs only its dgrad, its wgrad beside the
   // all-to-all once that is issued (run_step's kEpAllToAll).
   bool delays_wgrad(const PlacedBlock& pb, size_t s);
-  // Layout::recompute_modules "moe": the forward steps of a layer block's all-to-alls,
-  // which its backward sends again before the backward step `at` (the one after its last
-  // all-to-all); none (at SIZE_MAX) without the module or expert parallelism.
+  // Layout::recompute_modules "moe": the forward steps of a layer block's all-to-alls (and
+  // of its shared experts' SP collectives), which its backward sends again before the
+  // backward step `at` (the one after its last all-to-all, or the shared experts' TP exit);
+  // none (at SIZE_MAX) without the module, or without expert parallelism and shared experts
+  // under SP.
   struct MoeReplay {
     size_t at = SIZE_MAX;
-    std::vector<size_t> all_to_alls;
+    std::vector<size_t> steps;
   };
   MoeReplay moe_replay(const PlacedBlock& pb) const;
   // The "mlp" recompute module under TP (models::kRecomputeMlp): the dense MLP's forward

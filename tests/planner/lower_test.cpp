@@ -2139,6 +2139,58 @@ TEST(Lower, MoeRecomputeSendsTheLayersAllToAllsAgainAndKeepsOnlyItsInput) {
   EXPECT_TRUE(dense_refuses(models::kRecomputeMoe));
 }
 
+// The layers' TP collectives of one pass ("llm L3 fwd tp"), not the embedding's or the loss's.
+int layer_tp(const LoweredPlan& lp, std::string_view pass = "fwd tp") {
+  int n = 0;
+  for (int t = 0; t < lp.graph.num_tasks(); ++t) {
+    const sim::Task& task = lp.graph.task(TaskId(t));
+    const std::string name(lp.graph.label_text(task.label.name));
+    n += task.kind == sim::TaskKind::kCollective && name.find(" L") != std::string::npos &&
+         name.ends_with(pass);
+  }
+  return n;
+}
+
+// Megatron-Core's shared experts are an MLP on the MoE layer's input: under SP their first
+// linear all-gathers the sequence slices and their second reduce-scatters, two TP collectives
+// a layer more in each direction (NCCL, and userbuffers' ring linears); without SP the
+// layer's TP entry and exit already hold them.
+TEST(Lower, SharedExpertsGatherAndReduceScatterUnderSequenceParallelism) {
+  const auto moe = [](int shared) {
+    return make(4, 16, 1, "dgx-h100", "",
+                fmt::format(R"(, "ffn_hidden": 0, "moe": {{"experts": 8, "top_k": 2, )"
+                            R"("expert_ffn_hidden": 2048, "shared_experts": {}}})",
+                            shared));
+  };
+  const Scenario routed = moe(0), shared = moe(1);
+  for (const bool sp : {false, true})
+    for (const bool userbuffers : {false, true}) {
+      if (userbuffers && !sp) continue;
+      SCOPED_TRACE(fmt::format("sp {} userbuffers {}", sp, userbuffers));
+      Plan p = plan(2, 1, 4);
+      // EP beside TP, and whole experts, need SP; without it the experts split over TP.
+      p.layout.ep = sp ? 4 : 1;
+      p.layout.etp = sp ? 1 : 0;
+      p.layout.sequence_parallel = sp;
+      p.layout.tp_comm_overlap = userbuffers;
+      ASSERT_EQ(infeasibility(shared, p), "");
+      const int without = layer_tp(lowered(routed, p, {.full_ranks = true}));
+      const int with = layer_tp(lowered(shared, p, {.full_ranks = true}));
+      ASSERT_GT(without, 0);
+      // Per layer and micro-batch: the attention's two and, with SP, the shared experts' two
+      // (forward; the backward mirrors them).
+      EXPECT_EQ(with, sp ? 2 * without : without);
+      if (!sp || userbuffers) continue;
+      // The checkpointed MoE layer ("moe") re-runs the shared experts' two with them.
+      p.layout.recompute = models::Recompute::kSelective;
+      p.layout.recompute_modules = models::kRecomputeLayernorm | models::kRecomputeMoe;
+      ASSERT_EQ(infeasibility(shared, p), "");
+      const LoweredPlan replayed = lowered(shared, p, {.full_ranks = true});
+      EXPECT_EQ(2 * layer_tp(replayed, "recompute tp"), layer_tp(replayed));
+      EXPECT_EQ(layer_tp(lowered(routed, p, {.full_ranks = true}), "recompute tp"), 0);
+    }
+}
+
 // recompute_modules mlp (Megatron-Core's recompute_mlp): a dense layer's MLP keeps only its
 // input; under TP its forward re-runs before its backward with its TP collectives (the SP
 // all-gather and the reduce-scatter, userbuffers' ring linears too), at TP 1 as the ops'
@@ -2156,24 +2208,12 @@ TEST(Lower, MlpRecomputeReplaysTheMlpWithItsTpCollectivesAndKeepsOnlyItsInput) {
     ASSERT_EQ(infeasibility(dense, mlp), "");
     const LoweredPlan a = lowered(dense, attn, {.full_ranks = true});
     const LoweredPlan b = lowered(dense, mlp, {.full_ranks = true});
-    // The layers' ("llm L3 fwd tp"), not the embedding's or the loss's.
-    auto tp_collectives = [](const LoweredPlan& lp, std::string_view label) {
-      int n = 0;
-      for (int t = 0; t < lp.graph.num_tasks(); ++t) {
-        const sim::Task& task = lp.graph.task(TaskId(t));
-        const std::string name(lp.graph.label_text(task.label.name));
-        if (task.kind == sim::TaskKind::kCollective && name.find(" L") != std::string::npos &&
-            name.ends_with(label))
-          ++n;
-      }
-      return n;
-    };
-    EXPECT_EQ(tp_collectives(a, "recompute tp"), 0);
+    EXPECT_EQ(layer_tp(a, "recompute tp"), 0);
     // Each layer's forward: the attention's gather and reduce-scatter, then the MLP's; the
     // replay re-runs the MLP's two.
-    ASSERT_GT(tp_collectives(a, "fwd tp"), 0);
-    EXPECT_EQ(tp_collectives(b, "fwd tp"), tp_collectives(a, "fwd tp"));
-    EXPECT_EQ(2 * tp_collectives(b, "recompute tp"), tp_collectives(a, "fwd tp"));
+    ASSERT_GT(layer_tp(a, "fwd tp"), 0);
+    EXPECT_EQ(layer_tp(b, "fwd tp"), layer_tp(a, "fwd tp"));
+    EXPECT_EQ(2 * layer_tp(b, "recompute tp"), layer_tp(a, "fwd tp"));
     auto with = evaluate(dense, mlp), without = evaluate(dense, attn);
     ASSERT_TRUE(with.is_ok() && without.is_ok());
     EXPECT_GT(with->iteration_time, without->iteration_time);
