@@ -344,6 +344,34 @@ TEST(Activations, RecomputeModuleMlpKeepsOnlyTheDenseMlpsInput) {
   EXPECT_DOUBLE_EQ(recompute_flops(g, mlp).count(), recompute_flops(g, attn).count() + rerun_flops);
 }
 
+TEST(Activations, RecomputeModuleSharedExpertsKeepsOnlyTheirInput) {
+  ModuleSpec spec = zoo_module("mixtral-8x7b");
+  std::get<LlmSpec>(spec).moe->shared_experts = 1;
+  const OpGraph g = build_op_graph(spec, input(1, 4096));
+  const RecomputePolicy shared(Recompute::kSelective, kRecomputeSharedExperts);
+  const RecomputePolicy with_norm(Recompute::kSelective,
+                                  kRecomputeLayernorm | kRecomputeSharedExperts);
+  const RecomputePolicy in_moe(Recompute::kSelective, kRecomputeMoe | kRecomputeSharedExperts);
+  int shared_ops = 0;
+  for (const Op& op : g.ops) {
+    const bool mine = op.layer >= 0 && op.name.starts_with("shared_expert_");
+    EXPECT_EQ(is_shared_expert_op(op), mine) << op.name;
+    EXPECT_DOUBLE_EQ(recompute_share(op, shared), mine ? 1 : 0) << op.name;
+    if (!mine) continue;
+    ++shared_ops;
+    // The checkpoint keeps its input, whatever "layernorm" drops; inside "moe", moe's rules.
+    const double input = op.name == "shared_expert_fc1" ? op.saved.as_double() : 0;
+    EXPECT_DOUBLE_EQ(kept_bytes(op, shared, g.dtype_bytes), input) << op.name;
+    EXPECT_DOUBLE_EQ(kept_bytes(op, with_norm, g.dtype_bytes), input) << op.name;
+    EXPECT_DOUBLE_EQ(
+        kept_bytes(op, in_moe, g.dtype_bytes),
+        kept_bytes(op, RecomputePolicy(Recompute::kSelective, kRecomputeMoe), g.dtype_bytes))
+        << op.name;
+  }
+  EXPECT_EQ(shared_ops, 3 * 32);
+  EXPECT_LT(activation_bytes(g, shared).count(), activation_bytes(g, Recompute::kNone).count());
+}
+
 // Every zoo module, through its op graph, with Megatron's layer code and torchtitan's
 // (separate projections, repeat_kv): parameters sum to the closed-form count, GEMM FLOPs
 // equal their shapes, GEMM backward splits into dgrad = wgrad = forward, attention backward

@@ -74,6 +74,7 @@ double recompute_share(const Op& op, RecomputePolicy policy) {
     case Recompute::kSelective:
       if (policy.selects(kRecomputeMoe) && is_moe_block_op(op)) return 1;
       if (policy.selects(kRecomputeMlp) && is_dense_mlp_op(op)) return 1;
+      if (policy.selects(kRecomputeSharedExperts) && is_shared_expert_op(op)) return 1;
       if (op.kind == OpKind::kAttention) return policy.selects(kRecomputeCoreAttn) ? 1 : 0;
       if (policy.selects(kRecomputeLayernorm) && op.layer >= 0 && op.name == "mlp_norm") return 1;
       return policy.selects(kRecomputeMoeAct) && op.name == "expert_act" ? 1 : 0;
@@ -98,6 +99,10 @@ bool is_dense_mlp_op(const Op& op) {
   return n == "mlp_norm" || n == "mlp_fc1" || n == "mlp_act" || n == "mlp_fc2";
 }
 
+bool is_shared_expert_op(const Op& op) {
+  return op.layer >= 0 && op.name.starts_with("shared_expert_");
+}
+
 bool is_recomputed(const Op& op, RecomputePolicy policy) {
   return recompute_share(op, policy) > 0;
 }
@@ -108,6 +113,11 @@ bool keeps_layer_input(Recompute policy) {
 
 double kept_bytes(const Op& op, RecomputePolicy policy, int dtype_bytes) {
   if (policy.kind == Recompute::kSelective) {
+    // Checkpointed shared experts keep their input (the checkpoint's, whatever "layernorm"
+    // drops) and nothing else; inside a checkpointed MoE layer, the rules below.
+    if (policy.selects(kRecomputeSharedExperts) && !policy.selects(kRecomputeMoe) &&
+        is_shared_expert_op(op))
+      return op.name == "shared_expert_fc1" ? op.saved.as_double() : 0;
     // The ops after a module re-run without its output keep no input (RecomputeModule).
     if (op.layer >= 0 && policy.selects(kRecomputeLayernorm) &&
         (op.name == "router" || op.name == "shared_expert_fc1"))

@@ -360,6 +360,10 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
         "pre-MLP norm, Transformer Engine fuses a dense layer's; moe_act the experts' "
         "activation; moe the whole MoE layer)",
         recompute_modules_names(l.recompute_modules));
+  if (l.recompute_policy().selects(models::kRecomputeSharedExperts) &&
+      (!llm.moe || llm.moe->shared_experts == 0))
+    return "recompute_modules shared_experts needs a mixture-of-experts llm with shared experts "
+           "(moe.shared_experts)";
   if (l.recompute_policy().selects(models::kRecomputeMlp) && llm.moe)
     return "recompute_modules mlp needs a dense llm: Megatron-Core re-runs only dense MLPs "
            "with it (a MoE layer's is the \"moe\" module)";

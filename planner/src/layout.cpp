@@ -39,7 +39,8 @@ constexpr std::pair<models::RecomputeModule, std::string_view> kRecomputeModuleN
     {models::kRecomputeLayernorm, "layernorm"},
     {models::kRecomputeMoeAct, "moe_act"},
     {models::kRecomputeMoe, "moe"},
-    {models::kRecomputeMlp, "mlp"}};
+    {models::kRecomputeMlp, "mlp"},
+    {models::kRecomputeSharedExperts, "shared_experts"}};
 }  // namespace
 
 std::vector<std::string_view> recompute_module_names(uint8_t modules) {

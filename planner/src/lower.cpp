@@ -939,16 +939,21 @@ Lowering::MoeReplay Lowering::moe_replay(const PlacedBlock& pb) const {
 
 Lowering::MlpReplay Lowering::mlp_replay(const PlacedBlock& pb) const {
   MlpReplay r;
-  if (pb.part != Part::kLayer || l_.tp == 1 ||
-      !l_.recompute_policy().selects(models::kRecomputeMlp))
-    return r;
+  const models::RecomputePolicy policy = l_.recompute_policy();
+  const char* first_linear = nullptr;
+  if (policy.selects(models::kRecomputeMlp) && l_.tp > 1)
+    first_linear = "mlp_fc1";
+  else if (policy.selects(models::kRecomputeSharedExperts) &&
+           !policy.selects(models::kRecomputeMoe) && l_.tp > 1 && l_.sequence_parallel)
+    first_linear = "shared_expert_fc1";
+  if (pb.part != Part::kLayer || first_linear == nullptr) return r;
   // The TP entry before the step with the first linear, through the first TP exit after it
   // (cost_model.cpp: the norm, the entry, fc1, act, fc2, the exit, the residual add).
   const models::OpGraph& g = graphs_[pb.module];
   const std::vector<WorkStep>& forward = block(0, pb).steps;
   auto holds_fc1 = [&](const WorkStep& step) {
     for (int32_t i : step.ops)
-      if (g.ops[i].name == "mlp_fc1") return true;
+      if (g.ops[i].name == first_linear) return true;
     return false;
   };
   for (size_t s = 1; s < forward.size(); ++s) {
@@ -960,7 +965,7 @@ Lowering::MlpReplay Lowering::mlp_replay(const PlacedBlock& pb) const {
         return r;
       }
   }
-  HETPAR_CHECK(false, "a dense layer under TP without its MLP's TP entry and exit");
+  HETPAR_CHECK(false, "a layer under TP without its {}'s TP entry and exit", first_linear);
   return r;
 }
 

@@ -239,9 +239,9 @@ class Lowering {
     std::vector<size_t> steps;
   };
   MoeReplay moe_replay(const PlacedBlock& pb) const;
-  // The "mlp" recompute module under TP (models::kRecomputeMlp): the dense MLP's forward
-  // steps from its TP entry to its TP exit, replayed before the exit's backward (`at`);
-  // none (empty) without it.
+  // The "mlp" recompute module under TP (models::kRecomputeMlp), and "shared_experts" under
+  // TP with SP: the dense MLP's (the shared experts') forward steps from its TP entry to its
+  // TP exit, replayed before the exit's backward (`at`); none (empty) without them.
   struct MlpReplay {
     size_t at = SIZE_MAX;
     std::vector<size_t> steps;

@@ -2180,6 +2180,24 @@ TEST(Lower, SharedExpertsGatherAndReduceScatterUnderSequenceParallelism) {
       // Per layer and micro-batch: the attention's two and, with SP, the shared experts' two
       // (forward; the backward mirrors them).
       EXPECT_EQ(with, sp ? 2 * without : without);
+      // Checkpointed shared experts ("shared_experts") re-run their two with them under SP
+      // (userbuffers' rings too); at TP without SP their ops re-run alone. Either way the
+      // iteration is longer and the activations fewer. A model without them refuses it.
+      Plan checkpointed = p;
+      checkpointed.layout.recompute = models::Recompute::kSelective;
+      checkpointed.layout.recompute_modules = models::kRecomputeSharedExperts;
+      ASSERT_EQ(infeasibility(shared, checkpointed), "");
+      EXPECT_NE(infeasibility(routed, checkpointed).find("needs a mixture-of-experts llm with"),
+                std::string::npos);
+      const LoweredPlan rerun = lowered(shared, checkpointed, {.full_ranks = true});
+      EXPECT_EQ(2 * layer_tp(rerun, "recompute tp"), sp ? layer_tp(rerun) : 0);
+      Plan plain = checkpointed;
+      plain.layout.recompute_modules = models::kRecomputeCoreAttn;
+      auto slower = evaluate(shared, checkpointed), faster = evaluate(shared, plain);
+      ASSERT_TRUE(slower.is_ok() && faster.is_ok());
+      EXPECT_GT(slower->iteration_time, faster->iteration_time);
+      EXPECT_LT(estimate_memory(shared, checkpointed).per_stage[0].activations,
+                estimate_memory(shared, plain).per_stage[0].activations);
       if (!sp || userbuffers) continue;
       // The checkpointed MoE layer ("moe") re-runs the shared experts' two with them.
       p.layout.recompute = models::Recompute::kSelective;

@@ -173,6 +173,11 @@ enum RecomputeModule : uint8_t {
   /// the sequence-parallel all-gather and the exit's reduce-scatter (or all-reduce) included,
   /// re-runs before its backward.
   kRecomputeMlp = 16,
+  /// "shared_experts": a MoE layer's shared experts under tensor_parallel.checkpoint
+  /// (MoELayer's shared_experts_recompute): their input is kept, and their forward, under SP
+  /// their all-gather and reduce-scatter included, re-runs before their backward. Inside a
+  /// checkpointed MoE layer ("moe") it changes nothing.
+  kRecomputeSharedExperts = 32,
 };
 
 /// Whether op is part of a MoE layer's MLP block (router through combine, shared experts):
@@ -182,6 +187,8 @@ bool is_moe_block_op(const Op& op);
 /// second linear): what the "mlp" recompute module re-runs. A MoE layer's pre-MLP norm has
 /// the same name; the planner keeps "mlp" to dense graphs.
 bool is_dense_mlp_op(const Op& op);
+/// Whether op is one of a MoE layer's shared experts' (the "shared_experts" module's).
+bool is_shared_expert_op(const Op& op);
 
 /// A recompute policy: the kind, and under kSelective the modules it re-runs.
 struct RecomputePolicy {
