@@ -390,17 +390,17 @@ bool reruns_ops(models::Recompute r) {
   return r == models::Recompute::kSelective || r == models::Recompute::kSelectiveOp;
 }
 
-// The "mlp" recompute module under TP, and "shared_experts" under TP with SP: lower()
-// replays the MLP's steps from its TP entry to its TP exit (the gather and the
-// reduce-scatter re-run with the linears), so the linears and the activation carry no
-// per-step re-run of their own; a dense MLP's norm before the entry (in the step with the
-// attention's residual add) still does.
+// The "mlp" and "shared_experts" recompute modules under TP with SP: lower() replays the
+// MLP's steps from its TP entry to its TP exit (the gather and the reduce-scatter re-run with
+// the linears), so the linears and the activation carry no per-step re-run of their own; a
+// dense MLP's norm before the entry (in the step with the attention's residual add) still
+// does. Without SP the ops re-run as their own (only the exit's all-reduce is replayed).
 bool replayed_in_block(const models::Op& op, const Layout& l) {
   const models::RecomputePolicy r = l.recompute_policy();
-  if (r.selects(models::kRecomputeMlp))
-    return l.tp > 1 && models::is_dense_mlp_op(op) && op.name != "mlp_norm";
+  if (l.tp == 1 || !l.sequence_parallel) return false;
+  if (r.selects(models::kRecomputeMlp)) return models::is_dense_mlp_op(op) && op.name != "mlp_norm";
   return r.selects(models::kRecomputeSharedExperts) && !r.selects(models::kRecomputeMoe) &&
-         l.tp > 1 && l.sequence_parallel && models::is_shared_expert_op(op);
+         models::is_shared_expert_op(op);
 }
 
 // selective_op re-running part of a fused GEMM (the k of qkv, the up of a gated fc1): the

@@ -956,11 +956,14 @@ Lowering::MlpReplay Lowering::mlp_replay(const PlacedBlock& pb) const {
       if (g.ops[i].name == first_linear) return true;
     return false;
   };
+  // Without SP the forward has no entry step (an identity; for_direction()): the ops re-run
+  // as their steps' own (cost_model.cpp), and the exit's all-reduce is sent again.
+  const bool sp = l_.sequence_parallel;
   for (size_t s = 1; s < forward.size(); ++s) {
-    if (!holds_fc1(forward[s]) || forward[s - 1].kind != StepKind::kTpEntry) continue;
+    if (!holds_fc1(forward[s]) || (sp && forward[s - 1].kind != StepKind::kTpEntry)) continue;
     for (size_t e = s + 1; e < forward.size(); ++e)
       if (forward[e].kind == StepKind::kTpExit) {
-        for (size_t f = s - 1; f <= e; ++f) r.steps.push_back(f);
+        for (size_t f = sp ? s - 1 : e; f <= e; ++f) r.steps.push_back(f);
         r.at = e;
         return r;
       }

@@ -2210,15 +2210,15 @@ TEST(Lower, SharedExpertsGatherAndReduceScatterUnderSequenceParallelism) {
 }
 
 // recompute_modules mlp (Megatron-Core's recompute_mlp): a dense layer's MLP keeps only its
-// input; under TP its forward re-runs before its backward with its TP collectives (the SP
-// all-gather and the reduce-scatter, userbuffers' ring linears too), at TP 1 as the ops'
-// own re-runs. A MoE llm refuses it.
+// input; under TP with SP its forward re-runs before its backward with its TP collectives
+// (the SP all-gather and the reduce-scatter, userbuffers' ring linears too), without SP with
+// its exit's all-reduce, at TP 1 as the ops' own re-runs. A MoE llm refuses it.
 TEST(Lower, MlpRecomputeReplaysTheMlpWithItsTpCollectivesAndKeepsOnlyItsInput) {
   const Scenario dense = make(4, 16, 1);
-  for (const bool userbuffers : {false, true}) {
-    SCOPED_TRACE(userbuffers ? "userbuffers" : "NCCL");
+  for (const auto& [sp, userbuffers] : {std::pair{true, false}, {true, true}, {false, false}}) {
+    SCOPED_TRACE(fmt::format("sp {} userbuffers {}", sp, userbuffers));
     Plan attn = plan(2, 1, 4);
-    attn.layout.sequence_parallel = true;
+    attn.layout.sequence_parallel = sp;
     attn.layout.tp_comm_overlap = userbuffers;
     attn.layout.recompute = models::Recompute::kSelective;
     Plan mlp = attn;
@@ -2227,8 +2227,9 @@ TEST(Lower, MlpRecomputeReplaysTheMlpWithItsTpCollectivesAndKeepsOnlyItsInput) {
     const LoweredPlan a = lowered(dense, attn, {.full_ranks = true});
     const LoweredPlan b = lowered(dense, mlp, {.full_ranks = true});
     EXPECT_EQ(layer_tp(a, "recompute tp"), 0);
-    // Each layer's forward: the attention's gather and reduce-scatter, then the MLP's; the
-    // replay re-runs the MLP's two.
+    // Each layer's forward: the attention's gather and reduce-scatter, then the MLP's, and
+    // the replay re-runs the MLP's two; without SP the two exits' all-reduces, the MLP's
+    // sent again.
     ASSERT_GT(layer_tp(a, "fwd tp"), 0);
     EXPECT_EQ(layer_tp(b, "fwd tp"), layer_tp(a, "fwd tp"));
     EXPECT_EQ(2 * layer_tp(b, "recompute tp"), layer_tp(a, "fwd tp"));
