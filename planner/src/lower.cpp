@@ -948,7 +948,8 @@ Lowering::MlpReplay Lowering::mlp_replay(const PlacedBlock& pb) const {
     first_linear = "shared_expert_fc1";
   if (pb.part != Part::kLayer || first_linear == nullptr) return r;
   // The TP entry before the step with the first linear, through the first TP exit after it
-  // (cost_model.cpp: the norm, the entry, fc1, act, fc2, the exit, the residual add).
+  // (cost_model.cpp: a dense MLP's norm, entry, fc1, act, fc2, exit and residual add; the
+  // shared experts' entry, fc1, act, fc2 and exit after the combine).
   const models::OpGraph& g = graphs_[pb.module];
   const std::vector<WorkStep>& forward = block(0, pb).steps;
   auto holds_fc1 = [&](const WorkStep& step) {
@@ -1130,8 +1131,8 @@ void Lowering::op_pieces(const PipelineOp& op, Emit&& emit) {
         // reaches the step after the combine; its compute re-runs as the selective modules'
         // does, before each step's backward (cost.recompute).
         const MoeReplay moe = moe_replay(*pb);
-        // The "mlp" module's checkpointed MLP re-runs its forward, its TP collectives
-        // included, as its output's gradient arrives.
+        // A checkpointed dense MLP ("mlp") or shared experts ("shared_experts") re-run their
+        // forward, TP collectives included, as their output's gradient arrives.
         const MlpReplay mlp = mlp_replay(*pb);
         for (size_t s = nsteps; s-- > 0;) {
           if (moe.at == s) {
