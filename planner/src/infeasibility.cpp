@@ -501,9 +501,11 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
           "ep_comm_overlap needs the interleaved schedule, or 1f1b with pp 1 (Megatron-Core "
           "merges forward and backward passes only there), not {} with pp {}",
           to_string(p.schedule), l.pp);
-    if (l.recompute == models::Recompute::kFull)
-      return "ep_comm_overlap with recompute full: Megatron-Core refuses full recomputation "
-             "with the all-to-all overlap";
+    // Megatron-Core recomputes a whole model chunk at its backward's start instead
+    // (TransformerModelChunkSchedulePlan's recompute_vpp_stage); earlier versions refused it.
+    if (l.recompute == models::Recompute::kFull && l.fsdp)
+      return "ep_comm_overlap with recompute full and fsdp is not modelled: the chunk's "
+             "re-run needs every layer's parameters gathered at once";
     if (p.placement == Placement::kColocated)
       return "ep_comm_overlap in a colocated placement is not modelled: the encoders' passes "
              "run between the LLM's on the same GPUs";

@@ -1063,6 +1063,21 @@ void Lowering::op_pieces(const PipelineOp& op, Emit&& emit) {
     });
   if (gathers && !backward && !root_unit.blocks.empty())
     emit(false, [gather, root_unit] { gather(root_unit); });
+  // Full recompute beside the EP overlap (Megatron-Core's recompute_vpp_stage): the chunk's
+  // whole forward re-runs as its backward starts, layer after layer, before the merged
+  // pair's first exchange: its all-to-alls exposed, as Megatron-Core says (pieces that end
+  // no exchange); the layers' activations are all held while the chunk's backward runs.
+  const bool chunk_replay =
+      backward && l_.recompute == models::Recompute::kFull && l_.ep_comm_overlap && !role_.frozen;
+  if (chunk_replay)
+    for (size_t b = 0; b < blocks.size(); ++b) {
+      const PlacedBlock* pb = &blocks[b];
+      if (pb->part != Part::kLayer) continue;
+      const Labels* replay = &labels(v, b, kR);
+      const sim::LabelId rl = replay->compute;
+      for (size_t s = 0; s < block(0, *pb).steps.size(); ++s)
+        emit(false, [this, pb, s, replay, rl] { run_step(*pb, s, kR, *replay, rl); });
+    }
   for (size_t bi = 0; bi < blocks.size(); ++bi) {
     const size_t b = op.kind == PassKind::kForward ? bi : blocks.size() - 1 - bi;
     const PlacedBlock* pb = &blocks[b];
@@ -1117,7 +1132,7 @@ void Lowering::op_pieces(const PipelineOp& op, Emit&& emit) {
       case PassKind::kBackward: {
         const bool recompute = l_.recompute != models::Recompute::kNone;
         const sim::LabelId rl = recompute ? labels(v, b, kR).compute : sim::LabelId();
-        if (l_.recompute == models::Recompute::kFull && pb->part == Part::kLayer) {
+        if (l_.recompute == models::Recompute::kFull && pb->part == Part::kLayer && !chunk_replay) {
           const Labels* replay = &labels(v, b, kR);
           for (size_t s = 0; s < block(0, *pb).steps.size(); ++s)
             emit(all_to_all(*pb, s, false),

@@ -126,19 +126,24 @@ double precision_share(const models::Op& op, hardware::Precision p, int dtype_by
   return p == hardware::Precision::kFp8 && is_fp8_linear(op) ? 1.0 / dtype_bytes : 1.0;
 }
 
-// Stage of each layer: pp * vpp chunks of consecutive layers, chunk c on stage c % pp, as
-// the layout splits them (layers_per_virtual_stage); when it cannot, the first chunks take
-// one more layer.
-std::vector<int> layer_stages(int64_t layers, const Layout& l) {
-  const int pp = l.pp;
-  const int64_t chunks = int64_t{pp} * l.vpp, q = layers / chunks, r = layers % chunks;
+// Model chunk of each layer: pp * vpp chunks of consecutive layers, as the layout splits
+// them (layers_per_virtual_stage); when it cannot, the first chunks take one more layer.
+std::vector<int> layer_chunks(int64_t layers, const Layout& l) {
+  const int64_t chunks = int64_t{l.pp} * l.vpp, q = layers / chunks, r = layers % chunks;
   std::vector<int64_t> split = layers_per_virtual_stage(l, layers, nullptr);
   if (split.empty())
     for (int64_t c = 0; c < chunks; ++c) split.push_back(q + (c < r ? 1 : 0));
   std::vector<int> out;
   out.reserve(static_cast<size_t>(layers));
   for (int64_t c = 0; c < chunks; ++c)
-    out.insert(out.end(), static_cast<size_t>(split[c]), static_cast<int>(c % pp));
+    out.insert(out.end(), static_cast<size_t>(split[c]), static_cast<int>(c));
+  return out;
+}
+
+// Stage of each layer: chunk c is on stage c % pp.
+std::vector<int> layer_stages(int64_t layers, const Layout& l) {
+  std::vector<int> out = layer_chunks(layers, l);
+  for (int& c : out) c %= l.pp;
   return out;
 }
 
@@ -261,11 +266,21 @@ class Estimator {
     const double layer_input =
         static_cast<double>(g.layer_tokens) * g.hidden * g.dtype_bytes / l_.cp;
     const double sp = l_.sequence_parallel ? l_.tp : 1;
+    // Full recompute beside the EP overlap re-runs a whole model chunk before its backward
+    // (lower.cpp): the working set is the chunk's layers together.
+    const bool chunk_replay =
+        l_.recompute == models::Recompute::kFull && l_.ep_comm_overlap && (llm || encoder);
+    const std::vector<int> chunk_of =
+        chunk_replay ? layer_chunks(g.layers, l_) : std::vector<int>();
+    std::vector<double> chunk_rework(static_cast<size_t>(l_.pp) * l_.vpp);
     for (int64_t layer = 0; layer < g.layers; ++layer) {
       Tally& t = stages_[stage_of[layer]];
       if (models::keeps_layer_input(l_.recompute) && !frozen_)
         t.activations += layer_input / sp * in_flight_[stage_of[layer]];
-      t.working_set = std::max(t.working_set, rework[layer]);
+      double& set =
+          chunk_replay ? chunk_rework[static_cast<size_t>(chunk_of[layer])] : rework[layer];
+      if (chunk_replay) set += rework[layer];
+      t.working_set = std::max(t.working_set, set);
       if (l_.sequence_parallel && l_.tp > 1) t.gathered = std::max(t.gathered, layer_input);
     }
     if ((llm || encoder) && l_.pp > 1)

@@ -2359,7 +2359,64 @@ TEST(Lower, EpCommOverlapNeedsWhatMegatronCoreNeeds) {
   EXPECT_NE(infeasibility(moe, gpipe).find("not gpipe"), std::string::npos);
   Plan full = p;
   full.layout.recompute = models::Recompute::kFull;
-  EXPECT_NE(infeasibility(moe, full).find("recompute full"), std::string::npos);
+  EXPECT_EQ(infeasibility(moe, full), "");  // the chunk's re-run (below)
+  full.layout.fsdp = true;
+  EXPECT_NE(infeasibility(moe, full).find("recompute full and fsdp"), std::string::npos);
+}
+
+// Full recompute beside the EP overlap (Megatron-Core's recompute_vpp_stage): each chunk's
+// forward re-runs as its backward starts, all-to-alls included and exposed; the chunk's
+// layers are held together (a larger working set than one layer's), and the overlap still
+// hides what the merged passes exchange.
+TEST(Lower, EpCommOverlapWithFullRecomputeReRunsTheWholeChunkFirst) {
+  Scenario moe = tiny_moe(8, 64, 2, 16);
+  Plan p = plan(1, 2, 8, Schedule::kInterleaved, 2);  // two layers per model chunk
+  p.layout.ep = 8;
+  p.layout.recompute = models::Recompute::kFull;
+  Plan o = p;
+  o.layout.ep_comm_overlap = true;
+  ASSERT_EQ(infeasibility(moe, o), "");
+  const LoweredPlan lp = lowered(moe, o, {.full_ranks = true});
+  ASSERT_TRUE(lp.graph.validate(lp.world).is_ok());
+  auto count = [&](std::string_view suffix) {
+    int n = 0;
+    for (int t = 0; t < lp.graph.num_tasks(); ++t) {
+      const sim::Task& task = lp.graph.task(TaskId(t));
+      n += task.collective == sim::CollectiveKind::kAllToAll &&
+           lp.graph.label_text(task.label.name).ends_with(suffix);
+    }
+    return n;
+  };
+  ASSERT_GT(count("fwd all-to-all"), 0);
+  EXPECT_EQ(count("recompute all-to-all"), count("fwd all-to-all"));
+  // Rank 0's first backward: its chunk's two layers re-run (L0 then L1 recompute tasks)
+  // before the first backward task of either.
+  std::vector<std::string> order;
+  for (int t = 0; t < lp.graph.num_tasks() && order.size() < 64; ++t) {
+    const sim::Task& task = lp.graph.task(TaskId(t));
+    if (task.kind != sim::TaskKind::kCompute || lp.graph.streams(TaskId(t))[0].rank.value() != 0)
+      continue;
+    const std::string name(lp.graph.label_text(task.label.name));
+    if (name.ends_with("recompute") || name.ends_with("bwd")) order.push_back(name);
+  }
+  ASSERT_FALSE(order.empty());
+  const auto first_bwd = std::find_if(order.begin(), order.end(),
+                                      [](const std::string& n) { return n.ends_with("bwd"); });
+  ASSERT_NE(first_bwd, order.end());
+  std::set<std::string> replayed_before;
+  for (auto it = order.begin(); it != first_bwd; ++it) replayed_before.insert(*it);
+  EXPECT_EQ(replayed_before.size(), 2u) << "both layers of the chunk re-run first";
+  EXPECT_GT(estimate_memory(moe, o).per_stage[0].workspace,
+            estimate_memory(moe, p).per_stage[0].workspace);
+  // Across both nodes (pp 1, EP 16 over InfiniBand) the overlap still pays.
+  Plan wide = plan(1, 1, 16);
+  wide.layout.ep = 16;
+  wide.layout.recompute = models::Recompute::kFull;
+  Plan wide_overlap = wide;
+  wide_overlap.layout.ep_comm_overlap = true;
+  auto with = evaluate(moe, wide_overlap), without = evaluate(moe, wide);
+  ASSERT_TRUE(with.is_ok() && without.is_ok());
+  EXPECT_LT(with->iteration_time, without->iteration_time);
 }
 
 // The all-to-all overlap beside userbuffers TP overlap (as the Megatron-Core MoE team's
