@@ -390,19 +390,6 @@ bool reruns_ops(models::Recompute r) {
   return r == models::Recompute::kSelective || r == models::Recompute::kSelectiveOp;
 }
 
-// The "mlp" and "shared_experts" recompute modules under TP with SP: lower() replays the
-// MLP's steps from its TP entry to its TP exit (the gather and the reduce-scatter re-run with
-// the linears), so the linears and the activation carry no per-step re-run of their own; a
-// dense MLP's norm before the entry (in the step with the attention's residual add) still
-// does. Without SP the ops re-run as their own (only the exit's all-reduce is replayed).
-bool replayed_in_block(const models::Op& op, const Layout& l) {
-  const models::RecomputePolicy r = l.recompute_policy();
-  if (l.tp == 1 || !l.sequence_parallel) return false;
-  if (r.selects(models::kRecomputeMlp)) return models::is_dense_mlp_op(op) && op.name != "mlp_norm";
-  return r.selects(models::kRecomputeSharedExperts) && !r.selects(models::kRecomputeMoe) &&
-         models::is_shared_expert_op(op);
-}
-
 // selective_op re-running part of a fused GEMM (the k of qkv, the up of a gated fc1): the
 // output columns of one rank's re-run product (it re-casts the input under FP8 too); 0 when
 // the op is re-run whole or not at all. selective_op needs tp 1 (infeasibility), so the
@@ -648,7 +635,7 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
     }
   }
   add_moe_time(c, moe_kernels(op, g, l, cp, p), dev);  // none for other ops
-  if (reruns_ops(l.recompute) && !replayed_in_block(op, l)) {
+  if (reruns_ops(l.recompute)) {
     const double share = models::recompute_share(op, l.recompute_policy());
     if (share >= 1) c.recompute = c.forward;
     c.recompute_flops = c.forward_flops * share;
@@ -1031,8 +1018,7 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
   const MoeKernels moe = moe_kernels(op, g, l, cp, p);  // none for other ops
   k.forward.insert(k.forward.end(), moe.forward.begin(), moe.forward.end());
   k.dgrad.insert(k.dgrad.end(), moe.backward.begin(), moe.backward.end());
-  if (reruns_ops(l.recompute) && !replayed_in_block(op, l) &&
-      models::recompute_share(op, l.recompute_policy()) >= 1)
+  if (reruns_ops(l.recompute) && models::recompute_share(op, l.recompute_policy()) >= 1)
     k.recompute = k.forward;
   return k;
 }

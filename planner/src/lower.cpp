@@ -765,7 +765,8 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
       // it. step.bytes is one rank's K,V chunk.
       if (gather)
         collective(CollectiveKind::kAllGather, step.bytes * l_.cp, {cat_cp_, lb.cp}, cp_groups_);
-      if (backward && step.cost.recompute > Time::zero()) {  // selective recompute
+      // Selective recompute, unless the step re-ran in its block's replay (mlp_replay()).
+      if (backward && step.cost.recompute > Time::zero() && !replayed_step_) {
         const sim::KernelListId k = kernels(pb, s, true, Use::kRecompute);
         for (int j : actives_) {
           const PassCost& c = block(j, pb, true).steps[s].cost;
@@ -906,6 +907,33 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
   }
 }
 
+// The index of the first TP exit after the step of `steps` that holds graph op `op`;
+// SIZE_MAX if none. Forward and backward step lists differ (for_direction() keeps a linear
+// after a TP entry a step of its own in backward only), so each is searched on its own.
+namespace {
+
+// The index of the step of `steps` that holds graph op `op`; SIZE_MAX if none.
+size_t holding(const std::vector<WorkStep>& steps, const models::OpGraph& g, std::string_view op) {
+  for (size_t s = 0; s < steps.size(); ++s)
+    if (std::any_of(steps[s].ops.begin(), steps[s].ops.end(),
+                    [&](int32_t i) { return g.ops[i].name == op; }))
+      return s;
+  return SIZE_MAX;
+}
+
+// The index of the first TP exit after the step of `steps` that holds graph op `op`;
+// SIZE_MAX if none. Forward and backward step lists differ (for_direction() keeps a linear
+// after a TP entry a step of its own in backward only, and drops the identity side of a TP
+// entry or exit without SP), so each is searched on its own.
+size_t exit_after(const std::vector<WorkStep>& steps, const models::OpGraph& g,
+                  std::string_view op) {
+  for (size_t s = holding(steps, g, op); s < steps.size(); ++s)
+    if (steps[s].kind == StepKind::kTpExit) return s;
+  return SIZE_MAX;
+}
+
+}  // namespace
+
 Lowering::MoeReplay Lowering::moe_replay(const PlacedBlock& pb) const {
   MoeReplay r;
   if (pb.part != Part::kLayer || !l_.recompute_policy().selects(models::kRecomputeMoe)) return r;
@@ -915,7 +943,7 @@ Lowering::MoeReplay Lowering::moe_replay(const PlacedBlock& pb) const {
     return std::any_of(step.ops.begin(), step.ops.end(),
                        [&](int32_t i) { return g.ops[i].name == op; });
   };
-  size_t shared_exit = SIZE_MAX;
+  bool shared = false;
   for (size_t s = 0; s < forward.size(); ++s) {
     // The shared experts' SP gather and reduce-scatter (cost_model.cpp) re-run with them;
     // not userbuffers' ring collectives, which go with their linears' steps.
@@ -924,7 +952,7 @@ Lowering::MoeReplay Lowering::moe_replay(const PlacedBlock& pb) const {
     const bool exit = forward[s].kind == StepKind::kTpExit && s > 0 &&
                       holds(forward[s - 1], "shared_expert_fc2") && !forward[s - 1].ring_exchange;
     if (forward[s].kind == StepKind::kEpAllToAll || entry || exit) r.steps.push_back(s);
-    if (exit) shared_exit = s;
+    shared = shared || exit;
   }
   const std::vector<WorkStep>& backward = block(0, pb, true).steps;
   for (size_t s = backward.size(); s-- > 0 && !r.steps.empty();)
@@ -933,43 +961,49 @@ Lowering::MoeReplay Lowering::moe_replay(const PlacedBlock& pb) const {
       break;
     }
   // The layer's backward begins at its last step: the shared experts' exit where they have one.
-  if (shared_exit != SIZE_MAX) r.at = r.at == SIZE_MAX ? shared_exit : std::max(r.at, shared_exit);
+  if (shared) {
+    const size_t exit = exit_after(backward, g, "shared_expert_fc2");
+    r.at = r.at == SIZE_MAX ? exit : std::max(r.at, exit);
+  }
   return r;
 }
 
 Lowering::MlpReplay Lowering::mlp_replay(const PlacedBlock& pb) const {
   MlpReplay r;
   const models::RecomputePolicy policy = l_.recompute_policy();
-  const char* first_linear = nullptr;
-  if (policy.selects(models::kRecomputeMlp) && l_.tp > 1)
+  const char *first_linear = nullptr, *last_linear = nullptr;
+  if (policy.selects(models::kRecomputeMlp) && l_.tp > 1) {
     first_linear = "mlp_fc1";
-  else if (policy.selects(models::kRecomputeSharedExperts) &&
-           !policy.selects(models::kRecomputeMoe) && l_.tp > 1 && l_.sequence_parallel)
+    last_linear = "mlp_fc2";
+  } else if (policy.selects(models::kRecomputeSharedExperts) &&
+             !policy.selects(models::kRecomputeMoe) && l_.tp > 1 && l_.sequence_parallel) {
     first_linear = "shared_expert_fc1";
+    last_linear = "shared_expert_fc2";
+  }
   if (pb.part != Part::kLayer || first_linear == nullptr) return r;
   // The TP entry before the step with the first linear, through the first TP exit after it
   // (cost_model.cpp: a dense MLP's norm, entry, fc1, act, fc2, exit and residual add; the
-  // shared experts' entry, fc1, act, fc2 and exit after the combine).
+  // shared experts' entry, fc1, act, fc2 and exit after the combine). Without SP the forward
+  // has no entry step (an identity; for_direction()): the ops re-run as their steps' own
+  // (cost_model.cpp), and the exit's all-reduce is sent again.
   const models::OpGraph& g = graphs_[pb.module];
   const std::vector<WorkStep>& forward = block(0, pb).steps;
-  auto holds_fc1 = [&](const WorkStep& step) {
-    for (int32_t i : step.ops)
-      if (g.ops[i].name == first_linear) return true;
-    return false;
-  };
-  // Without SP the forward has no entry step (an identity; for_direction()): the ops re-run
-  // as their steps' own (cost_model.cpp), and the exit's all-reduce is sent again.
-  const bool sp = l_.sequence_parallel;
-  for (size_t s = 1; s < forward.size(); ++s) {
-    if (!holds_fc1(forward[s]) || (sp && forward[s - 1].kind != StepKind::kTpEntry)) continue;
-    for (size_t e = s + 1; e < forward.size(); ++e)
-      if (forward[e].kind == StepKind::kTpExit) {
-        for (size_t f = sp ? s - 1 : e; f <= e; ++f) r.steps.push_back(f);
-        r.at = e;
-        return r;
-      }
+  const size_t exit = exit_after(forward, g, first_linear);
+  HETPAR_CHECK(exit != SIZE_MAX, "a layer under TP without its {}'s TP exit", first_linear);
+  size_t first = exit;
+  if (l_.sequence_parallel) {
+    while (first > 0 && forward[first].kind != StepKind::kTpEntry) --first;
+    HETPAR_CHECK(forward[first].kind == StepKind::kTpEntry, "no TP entry before {}", first_linear);
+    for (size_t f = first; f < exit; ++f)
+      r.ops.insert(r.ops.end(), forward[f].ops.begin(), forward[f].ops.end());
   }
-  HETPAR_CHECK(false, "a layer under TP without its {}'s TP entry and exit", first_linear);
+  for (size_t f = first; f <= exit; ++f) r.steps.push_back(f);
+  std::sort(r.ops.begin(), r.ops.end());
+  // The MLP's backward begins at its exit's (without SP, which drops that identity: at the
+  // step of its second linear).
+  const std::vector<WorkStep>& backward = block(0, pb, true).steps;
+  r.at = exit_after(backward, g, first_linear);
+  if (r.at == SIZE_MAX) r.at = holding(backward, g, last_linear);
   return r;
 }
 
@@ -1161,9 +1195,12 @@ void Lowering::op_pieces(const PipelineOp& op, Emit&& emit) {
             for (size_t f : mlp.steps)
               emit(false, [this, pb, f, replay, rl] { run_step(*pb, f, kR, *replay, rl); });
           }
-          emit(all_to_all(*pb, s, true), [this, pb, s, lb, rl, mb = op.micro_batch] {
+          const bool replayed = mlp.covers(block(0, *pb, true).steps[s]);
+          emit(all_to_all(*pb, s, true), [this, pb, s, lb, rl, mb = op.micro_batch, replayed] {
             backward_mb_ = mb;
+            replayed_step_ = replayed;
             run_step(*pb, s, kB, *lb, rl);
+            replayed_step_ = false;
           });
         }
         if (!split_w_) emit(false, [grads_done, b] { grads_done(b); });

@@ -241,10 +241,19 @@ class Lowering {
   MoeReplay moe_replay(const PlacedBlock& pb) const;
   // The "mlp" recompute module under TP (models::kRecomputeMlp), and "shared_experts" under
   // TP with SP: the dense MLP's (the shared experts') forward steps from its TP entry to its
-  // TP exit, replayed before the exit's backward (`at`); none (empty) without them.
+  // TP exit (without SP, the exit alone), replayed before the exit's backward (`at`, in the
+  // backward list, which splits steps the forward's merges); none (empty) without them.
   struct MlpReplay {
-    size_t at = SIZE_MAX;
-    std::vector<size_t> steps;
+    size_t at = SIZE_MAX;       // a backward step
+    std::vector<size_t> steps;  // forward steps
+    std::vector<int32_t> ops;   // the graph ops of the replayed compute, sorted
+    // Whether a backward step's work re-ran in the replay (its own cost.recompute is then not
+    // charged again).
+    bool covers(const WorkStep& step) const {
+      return !step.ops.empty() && std::all_of(step.ops.begin(), step.ops.end(), [&](int32_t i) {
+        return std::binary_search(ops.begin(), ops.end(), i);
+      });
+    }
   };
   MlpReplay mlp_replay(const PlacedBlock& pb) const;
   // FSDP (Layout::fsdp): an FSDP unit, the blocks whose parameters gather and reduce
@@ -491,6 +500,8 @@ class Lowering {
   // The micro-batch of the backward being emitted; the output-layer wgrads the stage's
   // backwards deferred (block, step, labels).
   int64_t backward_mb_ = 0;
+  // The backward step being emitted re-ran in its block's replay (MlpReplay::covers).
+  bool replayed_step_ = false;
   struct DeferredWgrad {
     const PlacedBlock* pb = nullptr;
     size_t s = 0;

@@ -39,6 +39,10 @@ constexpr uint8_t kMoeRecomputeModules[] = {
     models::kRecomputeLayernorm | models::kRecomputeMoeAct,
     models::kRecomputeCoreAttn | models::kRecomputeLayernorm | models::kRecomputeMoeAct,
     models::kRecomputeLayernorm | models::kRecomputeMoe};
+// A dense LLM's: the attention core with the whole MLP, between the attention core alone and
+// full recompute (tried where the core alone does not fit; full, which re-runs no less, is
+// then tried only where this does not).
+constexpr uint8_t kDenseRecomputeModules = models::kRecomputeCoreAttn | models::kRecomputeMlp;
 
 // The recompute policy as one key: its kind and, under selective, its modules.
 int recompute_key(const Layout& l) {
@@ -827,9 +831,9 @@ class Searcher {
     BaseInfo r;
     const size_t nmod = 1 + base.plan.modules.size();
     std::vector<std::vector<RecomputePolicy>> options(nmod);
-    options[0] = recompute_options(spec_.llm, moe_experts_ > 0);
+    options[0] = recompute_options(spec_.llm, true, moe_experts_ > 0);
     for (size_t k = 0; k < base.plan.modules.size(); ++k)
-      options[k + 1] = recompute_options(module_fix(base.plan.modules[k].module), false);
+      options[k + 1] = recompute_options(module_fix(base.plan.modules[k].module), false, false);
     int64_t combos = 1;
     for (const auto& o : options) combos *= static_cast<int64_t>(o.size());
     r.considered = combos * base.distopt_variants;
@@ -885,17 +889,21 @@ class Searcher {
     return kNone;
   }
 
-  // A module's recompute policies: the fixed kind (and modules) or every kind; for a MoE LLM
-  // selective also with the output-discarding modules (kMoeRecomputeModules).
-  static std::vector<RecomputePolicy> recompute_options(const LayoutFix& f, bool moe) {
+  // A module's recompute policies: the fixed kind (and modules) or every kind; for the LLM
+  // selective also with other modules (kMoeRecomputeModules, kDenseRecomputeModules).
+  static std::vector<RecomputePolicy> recompute_options(const LayoutFix& f, bool llm, bool moe) {
     if (f.recompute_modules) return {RecomputePolicy(Recompute::kSelective, *f.recompute_modules)};
     std::vector<RecomputePolicy> out;
     if (f.recompute)
       out.emplace_back(*f.recompute);
     else
       out.assign(std::begin(kRecomputes), std::end(kRecomputes));
-    if (moe && (!f.recompute || *f.recompute == Recompute::kSelective))
-      for (uint8_t m : kMoeRecomputeModules) out.emplace_back(Recompute::kSelective, m);
+    if (llm && (!f.recompute || *f.recompute == Recompute::kSelective)) {
+      if (moe)
+        for (uint8_t m : kMoeRecomputeModules) out.emplace_back(Recompute::kSelective, m);
+      else
+        out.emplace_back(Recompute::kSelective, kDenseRecomputeModules);
+    }
     return out;
   }
 

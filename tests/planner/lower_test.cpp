@@ -2139,6 +2139,13 @@ TEST(Lower, MoeRecomputeSendsTheLayersAllToAllsAgainAndKeepsOnlyItsInput) {
   EXPECT_TRUE(dense_refuses(models::kRecomputeMoe));
 }
 
+// The first task named `label` in emission order; -1 if none.
+int first_task(const LoweredPlan& lp, std::string_view label) {
+  for (int t = 0; t < lp.graph.num_tasks(); ++t)
+    if (lp.graph.label_text(lp.graph.task(TaskId(t)).label.name) == label) return t;
+  return -1;
+}
+
 // The layers' TP collectives of one pass ("llm L3 fwd tp"), not the embedding's or the loss's.
 int layer_tp(const LoweredPlan& lp, std::string_view pass = "fwd tp") {
   int n = 0;
@@ -2191,6 +2198,10 @@ TEST(Lower, SharedExpertsGatherAndReduceScatterUnderSequenceParallelism) {
                 std::string::npos);
       const LoweredPlan rerun = lowered(shared, checkpointed, {.full_ranks = true});
       EXPECT_EQ(2 * layer_tp(rerun, "recompute tp"), sp ? layer_tp(rerun) : 0);
+      if (sp) {  // before the shared experts' exit's backward, the layer's first
+        ASSERT_GE(first_task(rerun, "llm L3 bwd tp"), 0);
+        EXPECT_LT(first_task(rerun, "llm L3 recompute tp"), first_task(rerun, "llm L3 bwd tp"));
+      }
       Plan plain = checkpointed;
       plain.layout.recompute_modules = models::kRecomputeCoreAttn;
       auto slower = evaluate(shared, checkpointed), faster = evaluate(shared, plain);
@@ -2233,6 +2244,12 @@ TEST(Lower, MlpRecomputeReplaysTheMlpWithItsTpCollectivesAndKeepsOnlyItsInput) {
     ASSERT_GT(layer_tp(a, "fwd tp"), 0);
     EXPECT_EQ(layer_tp(b, "fwd tp"), layer_tp(a, "fwd tp"));
     EXPECT_EQ(2 * layer_tp(b, "recompute tp"), layer_tp(a, "fwd tp"));
+    // The replay runs as the MLP's backward begins: before its exit's backward collective
+    // (the first of the layer's backward; with SP, the output gradient's all-gather).
+    if (sp) {
+      ASSERT_GE(first_task(b, "llm L3 bwd tp"), 0);
+      EXPECT_LT(first_task(b, "llm L3 recompute tp"), first_task(b, "llm L3 bwd tp"));
+    }
     auto with = evaluate(dense, mlp), without = evaluate(dense, attn);
     ASSERT_TRUE(with.is_ok() && without.is_ok());
     EXPECT_GT(with->iteration_time, without->iteration_time);

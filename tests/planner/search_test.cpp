@@ -616,6 +616,37 @@ TEST(Search, TriesDeepEpWhereTheSectionAsks) {
 // with the MoE layer (which re-runs the activation too), recompute no less than the norm and
 // activation and are dominated once that fits. Full recompute keeps the attention core's
 // default.
+// A dense LLM's selective recompute is also tried with the whole MLP ("mlp"), where the
+// attention core alone does not fit: under a memory cap between the two, every plan found
+// re-runs the MLP; without the cap, the attention core alone.
+TEST(Search, TriesTheMlpRecomputeModuleWhereTheAttentionCoreAloneDoesNotFit) {
+  const std::string fixed =
+      R"("llm": {"tp": 1, "cp": 1, "pp": 1, "micro_batch": 4, "recompute": "selective",
+                 "distributed_optimizer": true},
+         "modules": {"vision": {"recompute": "none"}},
+         "forbid_placements": ["colocated", "non_colocated"])";
+  const SearchResult open = run(tiny("{" + fixed + "}", 32), threads(2));
+  ASSERT_FALSE(open.top.empty());
+  for (const RankedPlan& p : open.top)
+    EXPECT_EQ(p.plan.layout.recompute_modules, models::kRecomputeCoreAttn) << describe(p.plan);
+  // The cap: halfway between the best plan's peak and its peak with the MLP re-run.
+  Plan mlp = open.top.front().plan;
+  mlp.layout.recompute_modules = models::kRecomputeCoreAttn | models::kRecomputeMlp;
+  const Scenario bare = tiny("", 32);
+  const double attn_gib = estimate_memory(bare, open.top.front().plan).peak.to_GiB();
+  const double mlp_gib = estimate_memory(bare, mlp).peak.to_GiB();
+  ASSERT_LT(mlp_gib, attn_gib);
+  const SearchResult capped =
+      run(tiny(fmt::format("{{{}, \"max_memory_GiB\": {}}}", fixed, (attn_gib + mlp_gib) / 2), 32),
+          threads(2));
+  ASSERT_FALSE(capped.top.empty());
+  for (const RankedPlan& p : capped.top) {
+    EXPECT_EQ(p.plan.layout.recompute_modules, models::kRecomputeCoreAttn | models::kRecomputeMlp)
+        << describe(p.plan);
+    EXPECT_NE(describe(p.plan).find("selective(core_attn, mlp)"), std::string::npos);
+  }
+}
+
 TEST(Search, TriesTheMoeRecomputeModulesUnderSelective) {
   auto moe = [](const std::string& recompute) {
     return moe_search(
