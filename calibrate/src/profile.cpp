@@ -523,15 +523,15 @@ class Builder {
     std::string factors, seqs;
     for (const auto& [seq, factor] : f_.attention_unmasked_by_seq) {
       // Clamped to the validator's range: a factor outside it is a broken timing, not a kernel.
-      curve.push_back({seq, std::clamp(factor, 0.1, 3.0)});
+      curve.push_back({seq, std::clamp(factor, 0.1, hardware::kMaxNoncausalScale)});
       factors += fmt::format("{}{:.3f}", factors.empty() ? "" : " / ", factor);
       seqs += fmt::format("{}{}", seqs.empty() ? "" : " / ", seq);
     }
     mark(p, "gpu.attention.noncausal_scale",
          fmt::format("{}: {} at seq {}: per length, (the unmasked forward and backward calls' "
                      "FLOPs at the causal calls' rates) / (their time - launch), clamped to "
-                     "[0.1, 3]",
-                     measured_, factors, seqs));
+                     "[0.1, {}]",
+                     measured_, factors, seqs, hardware::kMaxNoncausalScale));
   }
 
   // A run that measured fp32 GEMMs and no bf16 ones (the cpu backend computes every dtype

@@ -230,9 +230,6 @@ Status validate_profile(const SystemProfile& p) {
        {std::pair{"gpu.attention.fwd_seq_scale", &g.attention_fwd_seq_scale},
         std::pair{"gpu.attention.bwd_seq_scale", &g.attention_bwd_seq_scale}})
     check_curve(c, key, *curve, "sequence lengths");
-  // A causal kernel that computes the whole square and masks half of it is 2x slower per
-  // model FLOP than its unmasked call; 3 leaves room for a short length's noise.
-  constexpr double kMaxNoncausalScale = 3.0;
   check_curve(c, "gpu.attention.noncausal_scale", g.attention_noncausal_scale, "sequence lengths",
               kMaxNoncausalScale);
   for (const auto& [k, a] : g.attention_alternatives) {

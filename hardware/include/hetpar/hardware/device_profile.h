@@ -40,6 +40,10 @@ struct GemmTile {
 /// Work of a flash-attention backward kernel per model-FLOP of backward (2.5x forward in
 /// the FlashAttention benchmark convention over the 2x forward model FLOPs).
 inline constexpr double kFlashBackwardWork = 2.5 / 2.0;
+/// The largest gpu.attention.noncausal_scale factor a profile may hold: a causal kernel that
+/// computes the whole square and masks half of it is 2x slower per model FLOP than its
+/// unmasked call; the rest is room for a short length's noise.
+inline constexpr double kMaxNoncausalScale = 3.0;
 
 /// One point of an efficiency curve (core/curve.h): at size `at` a kernel runs at `factor`
 /// times the profile's reference efficiency. Attention: `at` = key/value tokens per call,
