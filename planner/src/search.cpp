@@ -39,6 +39,10 @@ constexpr uint8_t kMoeRecomputeModules[] = {
     models::kRecomputeLayernorm | models::kRecomputeMoeAct,
     models::kRecomputeCoreAttn | models::kRecomputeLayernorm | models::kRecomputeMoeAct,
     models::kRecomputeLayernorm | models::kRecomputeMoe};
+// With shared experts, also the norm, the activation and the shared experts (between the
+// norm and activation alone and the whole MoE layer, which re-runs no less).
+constexpr uint8_t kSharedExpertsRecomputeModules =
+    models::kRecomputeLayernorm | models::kRecomputeMoeAct | models::kRecomputeSharedExperts;
 // A dense LLM's: the attention core with the whole MLP, between the attention core alone and
 // full recompute (tried where the core alone does not fit; full, which re-runs no less, is
 // then tried only where this does not).
@@ -734,10 +738,12 @@ struct BaseInfo {
 
 // Whether policy `a` recomputes no less than `b`: a heavier kind (none < selective < full),
 // or under selective a superset of b's modules, the whole MoE layer counting as its
-// activation too. Selective sets that neither contains are not ordered.
+// activation and shared experts too. Selective sets that neither contains are not ordered.
 bool recomputes_no_less(RecomputePolicy a, RecomputePolicy b) {
   const auto reruns = [](uint8_t m) -> uint8_t {
-    return (m & models::kRecomputeMoe) != 0 ? m | models::kRecomputeMoeAct : m;
+    return (m & models::kRecomputeMoe) != 0
+               ? m | models::kRecomputeMoeAct | models::kRecomputeSharedExperts
+               : m;
   };
   if (a.kind == b.kind)
     return a.kind != Recompute::kSelective || (reruns(a.modules) & b.modules) == b.modules;
@@ -782,6 +788,7 @@ class Searcher {
     const auto& llm = std::get<models::LlmSpec>(s.model.modules[s.model.llm_index()].spec);
     layers_ = static_cast<int>(llm.block.layers);
     moe_experts_ = llm.moe ? static_cast<int>(llm.moe->experts) : 0;
+    shared_experts_ = llm.moe && llm.moe->shared_experts > 0;
     top_k_ = o.top_k > 0 ? o.top_k : spec_.top_k;
     exhaustive_ = o.exhaustive;
   }
@@ -831,9 +838,10 @@ class Searcher {
     BaseInfo r;
     const size_t nmod = 1 + base.plan.modules.size();
     std::vector<std::vector<RecomputePolicy>> options(nmod);
-    options[0] = recompute_options(spec_.llm, true, moe_experts_ > 0);
+    options[0] = recompute_options(spec_.llm, true, moe_experts_ > 0, shared_experts_);
     for (size_t k = 0; k < base.plan.modules.size(); ++k)
-      options[k + 1] = recompute_options(module_fix(base.plan.modules[k].module), false, false);
+      options[k + 1] =
+          recompute_options(module_fix(base.plan.modules[k].module), false, false, false);
     int64_t combos = 1;
     for (const auto& o : options) combos *= static_cast<int64_t>(o.size());
     r.considered = combos * base.distopt_variants;
@@ -891,7 +899,8 @@ class Searcher {
 
   // A module's recompute policies: the fixed kind (and modules) or every kind; for the LLM
   // selective also with other modules (kMoeRecomputeModules, kDenseRecomputeModules).
-  static std::vector<RecomputePolicy> recompute_options(const LayoutFix& f, bool llm, bool moe) {
+  static std::vector<RecomputePolicy> recompute_options(const LayoutFix& f, bool llm, bool moe,
+                                                        bool shared_experts) {
     if (f.recompute_modules) return {RecomputePolicy(Recompute::kSelective, *f.recompute_modules)};
     std::vector<RecomputePolicy> out;
     if (f.recompute)
@@ -899,9 +908,14 @@ class Searcher {
     else
       out.assign(std::begin(kRecomputes), std::end(kRecomputes));
     if (llm && (!f.recompute || *f.recompute == Recompute::kSelective)) {
-      if (moe)
-        for (uint8_t m : kMoeRecomputeModules) out.emplace_back(Recompute::kSelective, m);
-      else
+      if (moe) {
+        // Lighter first: the shared experts' policy before the whole MoE layer's.
+        for (uint8_t m : kMoeRecomputeModules) {
+          if (shared_experts && (m & models::kRecomputeMoe) != 0)
+            out.emplace_back(Recompute::kSelective, kSharedExpertsRecomputeModules);
+          out.emplace_back(Recompute::kSelective, m);
+        }
+      } else
         out.emplace_back(Recompute::kSelective, kDenseRecomputeModules);
     }
     return out;
@@ -1368,6 +1382,7 @@ class Searcher {
   const SearchSpec& spec_;
   std::vector<EncoderInfo> encoders_;
   int gpn_ = 1, world_ = 1, layers_ = 1, moe_experts_ = 0, top_k_ = 5;
+  bool shared_experts_ = false;
   bool exhaustive_ = false;
   // Module times per node group for sized_to_work() (enumeration is single-threaded).
   mutable CostCache speed_;

@@ -569,19 +569,56 @@ TEST(Search, InterleavesWithTheSmallestMicroBatchGroupWherePpDoesNotDivide) {
 
 // A MoE LLM alone (hidden 1024, `experts` experts of top 2) on `nodes` DGX H100 nodes, its
 // search section's llm fields `llm` (JSON members).
-Scenario moe_search(int experts, int nodes, int global_batch, const std::string& llm) {
-  auto s = parse_scenario_text(fmt::format(R"({{"name": "moe", "model": {{"name": "tiny-moe",
+Scenario moe_search(int experts, int nodes, int global_batch, const std::string& llm,
+                    int shared_experts = 0, const std::string& search_extra = "") {
+  auto s = parse_scenario_text(
+      fmt::format(R"({{"name": "moe", "model": {{"name": "tiny-moe",
       "modules": [{{"name": "llm", "kind": "llm", "spec": {{"layers": 4, "hidden": 1024,
-        "ffn_hidden": 0, "moe": {{"experts": {}, "top_k": 2, "expert_ffn_hidden": 2048}},
+        "ffn_hidden": 0, "moe": {{"experts": {}, "top_k": 2, "expert_ffn_hidden": 2048,
+                                 "shared_experts": {}}},
         "heads": 16, "kv_heads": 8, "vocab": 128, "activation": "swiglu",
         "norm": "rmsnorm"}}}}]}},
       "workload": {{"seq_len": 2048, "global_batch": {}, "precision": "bf16"}},
       "cluster": {{"profile": "dgx-h100", "nodes": {}}},
-      "search": {{"llm": {{{}}}}}}})",
-                                           experts, global_batch, nodes, llm),
-                               "moe.json");
+      "search": {{"llm": {{{}}}{}}}}})",
+                  experts, shared_experts, global_batch, nodes, llm, search_extra),
+      "moe.json");
   EXPECT_TRUE(s.is_ok()) << s.status().to_string();
   return *s;
+}
+
+// With shared experts, selective recompute is also tried with the norm, the activation and
+// the shared experts (before the whole MoE layer): under a memory cap between it and the
+// norm and activation alone, every plan found re-runs the shared experts.
+TEST(Search, TriesTheSharedExpertsRecomputeModuleWithSharedExperts) {
+  const std::string llm =
+      R"("tp": 1, "cp": 1, "pp": 1, "ep": 8, "micro_batch": 2, "recompute": "selective",
+         "distributed_optimizer": true)";
+  const SearchResult open = run(moe_search(16, 1, 32, llm, 4), threads(2));
+  ASSERT_FALSE(open.top.empty());
+  const SearchResult full =
+      run(moe_search(16, 1, 32,
+                     R"("tp": 1, "cp": 1, "pp": 1, "ep": 8, "micro_batch": 2, "recompute": "full",
+                        "distributed_optimizer": true)",
+                     4),
+          threads(2));
+  EXPECT_EQ(open.counts.considered, 5 * full.counts.considered);
+  constexpr uint8_t kNormAct = models::kRecomputeLayernorm | models::kRecomputeMoeAct;
+  Plan norm_act = open.top.front().plan, shared = norm_act;
+  norm_act.layout.recompute_modules = kNormAct;
+  shared.layout.recompute_modules = kNormAct | models::kRecomputeSharedExperts;
+  const Scenario bare = moe_search(16, 1, 32, llm, 4);
+  const double norm_act_gib = estimate_memory(bare, norm_act).peak.to_GiB();
+  const double shared_gib = estimate_memory(bare, shared).peak.to_GiB();
+  ASSERT_LT(shared_gib, norm_act_gib);
+  const SearchResult capped =
+      run(moe_search(16, 1, 32, llm, 4,
+                     fmt::format(R"(, "max_memory_GiB": {})", (norm_act_gib + shared_gib) / 2)),
+          threads(2));
+  ASSERT_FALSE(capped.top.empty());
+  for (const RankedPlan& p : capped.top)
+    EXPECT_EQ(p.plan.layout.recompute_modules, kNormAct | models::kRecomputeSharedExperts)
+        << describe(p.plan);
 }
 
 // search.llm.moe_dispatcher: "any" tries DeepEP beside the all-to-all where it applies; over
