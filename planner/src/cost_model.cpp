@@ -776,9 +776,10 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
   // Megatron-Core's shared experts (moe/shared_experts.py, SharedExpertMLP: an MLP on the MoE
   // layer's input) under SP: their first linear all-gathers the sequence slices (a TP entry
   // before it) and their second reduce-scatters (the TP exit before the residual add).
-  const bool shared_sp = moe_sp && std::any_of(g.ops.begin(), g.ops.end(), [](const models::Op& o) {
-                           return o.name == "shared_expert_fc1";
-                         });
+  // Every layer is alike: layer 0's ops tell, without a look at the others.
+  bool shared_sp = false;
+  for (size_t i = 0; moe_sp && i < g.ops.size() && g.ops[i].layer <= 0; ++i)
+    shared_sp = shared_sp || g.ops[i].name == "shared_expert_fc1";
   // Whether the layer's TP exit comes right before `op` (the residual add after attention,
   // and after a dense MLP or shared experts), and so right after the op before it.
   auto exit_before = [&](const models::Op& op) {

@@ -766,7 +766,7 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
       if (gather)
         collective(CollectiveKind::kAllGather, step.bytes * l_.cp, {cat_cp_, lb.cp}, cp_groups_);
       // Selective recompute, unless the step re-ran in its block's replay (mlp_replay()).
-      if (backward && step.cost.recompute > Time::zero() && !replayed_step_) {
+      if (backward && step.cost.recompute > Time::zero() && !replays(pb).mlp.covers(step)) {
         const sim::KernelListId k = kernels(pb, s, true, Use::kRecompute);
         for (int j : actives_) {
           const PassCost& c = block(j, pb, true).steps[s].cost;
@@ -907,17 +907,18 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
   }
 }
 
-// The index of the first TP exit after the step of `steps` that holds graph op `op`;
-// SIZE_MAX if none. Forward and backward step lists differ (for_direction() keeps a linear
-// after a TP entry a step of its own in backward only), so each is searched on its own.
 namespace {
+
+// Whether `step` does graph op `op`'s work.
+bool holds(const WorkStep& step, const models::OpGraph& g, std::string_view op) {
+  return std::any_of(step.ops.begin(), step.ops.end(),
+                     [&](int32_t i) { return g.ops[i].name == op; });
+}
 
 // The index of the step of `steps` that holds graph op `op`; SIZE_MAX if none.
 size_t holding(const std::vector<WorkStep>& steps, const models::OpGraph& g, std::string_view op) {
   for (size_t s = 0; s < steps.size(); ++s)
-    if (std::any_of(steps[s].ops.begin(), steps[s].ops.end(),
-                    [&](int32_t i) { return g.ops[i].name == op; }))
-      return s;
+    if (holds(steps[s], g, op)) return s;
   return SIZE_MAX;
 }
 
@@ -934,23 +935,30 @@ size_t exit_after(const std::vector<WorkStep>& steps, const models::OpGraph& g,
 
 }  // namespace
 
+const Lowering::Replays& Lowering::replays(const PlacedBlock& pb) {
+  static const Replays kNone;  // the blocks outside the layers replay nothing
+  if (pb.part != Part::kLayer) return kNone;
+  if (replays_.size() <= pb.module) replays_.resize(pb.module + 1);
+  std::optional<Replays>& r = replays_[pb.module];
+  if (!r) r = Replays{moe_replay(pb), mlp_replay(pb)};
+  return *r;
+}
+
 Lowering::MoeReplay Lowering::moe_replay(const PlacedBlock& pb) const {
   MoeReplay r;
   if (pb.part != Part::kLayer || !l_.recompute_policy().selects(models::kRecomputeMoe)) return r;
   const std::vector<WorkStep>& forward = block(0, pb).steps;
   const models::OpGraph& g = graphs_[pb.module];
-  auto holds = [&](const WorkStep& step, std::string_view op) {
-    return std::any_of(step.ops.begin(), step.ops.end(),
-                       [&](int32_t i) { return g.ops[i].name == op; });
-  };
   bool shared = false;
   for (size_t s = 0; s < forward.size(); ++s) {
     // The shared experts' SP gather and reduce-scatter (cost_model.cpp) re-run with them;
     // not userbuffers' ring collectives, which go with their linears' steps.
     const bool entry = forward[s].kind == StepKind::kTpEntry && s + 1 < forward.size() &&
-                       holds(forward[s + 1], "shared_expert_fc1") && !forward[s + 1].ring_exchange;
+                       holds(forward[s + 1], g, "shared_expert_fc1") &&
+                       !forward[s + 1].ring_exchange;
     const bool exit = forward[s].kind == StepKind::kTpExit && s > 0 &&
-                      holds(forward[s - 1], "shared_expert_fc2") && !forward[s - 1].ring_exchange;
+                      holds(forward[s - 1], g, "shared_expert_fc2") &&
+                      !forward[s - 1].ring_exchange;
     if (forward[s].kind == StepKind::kEpAllToAll || entry || exit) r.steps.push_back(s);
     shared = shared || exit;
   }
@@ -1101,17 +1109,21 @@ void Lowering::op_pieces(const PipelineOp& op, Emit&& emit) {
   // whole forward re-runs as its backward starts, layer after layer, before the merged
   // pair's first exchange: its all-to-alls exposed, as Megatron-Core says (pieces that end
   // no exchange); the layers' activations are all held while the chunk's backward runs.
+  // Full recompute: block b's forward steps again, each piece ending where an all-to-all
+  // does unless `exposed`.
+  auto replay_layer = [&](size_t b, bool exposed) {
+    const PlacedBlock* pb = &blocks[b];
+    const Labels* replay = &labels(v, b, kR);
+    const sim::LabelId rl = replay->compute;
+    for (size_t s = 0; s < block(0, *pb).steps.size(); ++s)
+      emit(!exposed && all_to_all(*pb, s, false),
+           [this, pb, s, replay, rl] { run_step(*pb, s, kR, *replay, rl); });
+  };
   const bool chunk_replay =
       backward && l_.recompute == models::Recompute::kFull && l_.ep_comm_overlap && !role_.frozen;
   if (chunk_replay)
-    for (size_t b = 0; b < blocks.size(); ++b) {
-      const PlacedBlock* pb = &blocks[b];
-      if (pb->part != Part::kLayer) continue;
-      const Labels* replay = &labels(v, b, kR);
-      const sim::LabelId rl = replay->compute;
-      for (size_t s = 0; s < block(0, *pb).steps.size(); ++s)
-        emit(false, [this, pb, s, replay, rl] { run_step(*pb, s, kR, *replay, rl); });
-    }
+    for (size_t b = 0; b < blocks.size(); ++b)
+      if (blocks[b].part == Part::kLayer) replay_layer(b, true);
   for (size_t bi = 0; bi < blocks.size(); ++bi) {
     const size_t b = op.kind == PassKind::kForward ? bi : blocks.size() - 1 - bi;
     const PlacedBlock* pb = &blocks[b];
@@ -1166,12 +1178,8 @@ void Lowering::op_pieces(const PipelineOp& op, Emit&& emit) {
       case PassKind::kBackward: {
         const bool recompute = l_.recompute != models::Recompute::kNone;
         const sim::LabelId rl = recompute ? labels(v, b, kR).compute : sim::LabelId();
-        if (l_.recompute == models::Recompute::kFull && pb->part == Part::kLayer && !chunk_replay) {
-          const Labels* replay = &labels(v, b, kR);
-          for (size_t s = 0; s < block(0, *pb).steps.size(); ++s)
-            emit(all_to_all(*pb, s, false),
-                 [this, pb, s, replay, rl] { run_step(*pb, s, kR, *replay, rl); });
-        }
+        if (l_.recompute == models::Recompute::kFull && pb->part == Part::kLayer && !chunk_replay)
+          replay_layer(b, false);
         if (prefetch_next) emit(false, prefetch_next);
         const Labels* lb = &labels(v, b, kB);
         // The "moe" recompute module (a checkpointed MoE layer, MoELayer.forward under
@@ -1179,10 +1187,11 @@ void Lowering::op_pieces(const PipelineOp& op, Emit&& emit) {
         // all-to-alls (and the dispatch's split sizes) are sent again, here, as the backward
         // reaches the step after the combine; its compute re-runs as the selective modules'
         // does, before each step's backward (cost.recompute).
-        const MoeReplay moe = moe_replay(*pb);
         // A checkpointed dense MLP ("mlp") or shared experts ("shared_experts") re-run their
         // forward, TP collectives included, as their output's gradient arrives.
-        const MlpReplay mlp = mlp_replay(*pb);
+        const Replays& replay_at = replays(*pb);
+        const MoeReplay& moe = replay_at.moe;
+        const MlpReplay& mlp = replay_at.mlp;
         for (size_t s = nsteps; s-- > 0;) {
           if (moe.at == s) {
             const Labels* replay = &labels(v, b, kR);
@@ -1195,12 +1204,9 @@ void Lowering::op_pieces(const PipelineOp& op, Emit&& emit) {
             for (size_t f : mlp.steps)
               emit(false, [this, pb, f, replay, rl] { run_step(*pb, f, kR, *replay, rl); });
           }
-          const bool replayed = mlp.covers(block(0, *pb, true).steps[s]);
-          emit(all_to_all(*pb, s, true), [this, pb, s, lb, rl, mb = op.micro_batch, replayed] {
+          emit(all_to_all(*pb, s, true), [this, pb, s, lb, rl, mb = op.micro_batch] {
             backward_mb_ = mb;
-            replayed_step_ = replayed;
             run_step(*pb, s, kB, *lb, rl);
-            replayed_step_ = false;
           });
         }
         if (!split_w_) emit(false, [grads_done, b] { grads_done(b); });
@@ -1320,6 +1326,7 @@ void Lowering::build_stage() {
   group_.resize(n);
   for (int j = 0; j < n; ++j) group_[j] = group_of_rank_[rank_of(j, stage_).value()];
   st_.assign(n, {});
+  replays_.clear();  // of this stage's node group's steps
   ring_.assign(n, TaskId());
   fsdp_after_.assign(n, TaskId());
   fsdp_reduced_.assign(n, TaskId());

@@ -256,6 +256,13 @@ class Lowering {
     }
   };
   MlpReplay mlp_replay(const PlacedBlock& pb) const;
+  // Both replays of a block, a layer block's computed once per stage (replays_, by module);
+  // none for the blocks outside the layers.
+  struct Replays {
+    MoeReplay moe;
+    MlpReplay mlp;
+  };
+  const Replays& replays(const PlacedBlock& pb);
   // FSDP (Layout::fsdp): an FSDP unit, the blocks whose parameters gather and reduce
   // together: one block, or with Layout::fsdp_root_unit the chunk's blocks outside the layers.
   struct FsdpUnit {
@@ -455,7 +462,8 @@ class Lowering {
   std::vector<std::vector<ModuleCost>> costs_[2];  // [backward][node group][module]
   std::vector<int> group_of_rank_;
   std::vector<std::string> module_names_;
-  std::vector<models::OpGraph> graphs_;  // per module, in build_costs()' order
+  std::vector<models::OpGraph> graphs_;          // per module, in build_costs()' order
+  std::vector<std::optional<Replays>> replays_;  // per module, this stage's (replays())
   // The host (sim/task_graph.h "Host"), per node group its time per issued kernel or call
   // (SystemProfile::host_op); on when a group has one. It issues compute tasks and
   // collectives in the order they are emitted, which is each rank's program order (a
@@ -500,8 +508,6 @@ class Lowering {
   // The micro-batch of the backward being emitted; the output-layer wgrads the stage's
   // backwards deferred (block, step, labels).
   int64_t backward_mb_ = 0;
-  // The backward step being emitted re-ran in its block's replay (MlpReplay::covers).
-  bool replayed_step_ = false;
   struct DeferredWgrad {
     const PlacedBlock* pb = nullptr;
     size_t s = 0;

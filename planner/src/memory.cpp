@@ -272,14 +272,14 @@ class Estimator {
         l_.recompute == models::Recompute::kFull && l_.ep_comm_overlap && (llm || encoder);
     const std::vector<int> chunk_of =
         chunk_replay ? layer_chunks(g.layers, l_) : std::vector<int>();
-    std::vector<double> chunk_rework(static_cast<size_t>(l_.pp) * l_.vpp);
+    std::vector<double> chunk_rework(chunk_replay ? static_cast<size_t>(l_.pp) * l_.vpp : 0);
     for (int64_t layer = 0; layer < g.layers; ++layer) {
       Tally& t = stages_[stage_of[layer]];
       if (models::keeps_layer_input(l_.recompute) && !frozen_)
         t.activations += layer_input / sp * in_flight_[stage_of[layer]];
-      double& set =
-          chunk_replay ? chunk_rework[static_cast<size_t>(chunk_of[layer])] : rework[layer];
-      if (chunk_replay) set += rework[layer];
+      const double set = chunk_replay
+                             ? chunk_rework[static_cast<size_t>(chunk_of[layer])] += rework[layer]
+                             : rework[layer];
       t.working_set = std::max(t.working_set, set);
       if (l_.sequence_parallel && l_.tp > 1) t.gathered = std::max(t.gathered, layer_input);
     }

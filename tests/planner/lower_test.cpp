@@ -2101,6 +2101,16 @@ TEST(Lower, LoadImbalanceTimesEveryRankAtTheHottestRanksLoad) {
 // again, labelled as recompute; its compute re-runs (a longer iteration than re-running
 // the norm and activation alone) and only its input stays (fewer activations).
 // Megatron-Core refuses it beside the EP overlap; a dense model has no MoE layer.
+// A recompute policy that re-runs more: a longer iteration, fewer activations on stage 0.
+void expect_recompute_trades_time_for_memory(const Scenario& s, const Plan& more,
+                                             const Plan& less) {
+  auto slower = evaluate(s, more), faster = evaluate(s, less);
+  ASSERT_TRUE(slower.is_ok() && faster.is_ok());
+  EXPECT_GT(slower->iteration_time, faster->iteration_time);
+  EXPECT_LT(estimate_memory(s, more).per_stage[0].activations,
+            estimate_memory(s, less).per_stage[0].activations);
+}
+
 TEST(Lower, MoeRecomputeSendsTheLayersAllToAllsAgainAndKeepsOnlyItsInput) {
   Scenario moe = tiny_moe(4, 16, 1, 8);
   Plan p = plan(1, 1, 8);
@@ -2124,11 +2134,7 @@ TEST(Lower, MoeRecomputeSendsTheLayersAllToAllsAgainAndKeepsOnlyItsInput) {
       ++replayed;
   }
   EXPECT_EQ(replayed * 3, cb.token_all_to_alls + cb.token_all_to_alls / 2) << "a third of them";
-  auto with = evaluate(moe, layer), without = evaluate(moe, p);
-  ASSERT_TRUE(with.is_ok() && without.is_ok());
-  EXPECT_GT(with->iteration_time, without->iteration_time);
-  EXPECT_LT(estimate_memory(moe, layer).per_stage[0].activations,
-            estimate_memory(moe, p).per_stage[0].activations);
+  expect_recompute_trades_time_for_memory(moe, layer, p);
   EXPECT_NE(describe_in_words(layer.layout, hardware::Precision::kBf16)
                 .find("recompute selective (layernorm, moe)"),
             std::string::npos);
@@ -2204,11 +2210,7 @@ TEST(Lower, SharedExpertsGatherAndReduceScatterUnderSequenceParallelism) {
       }
       Plan plain = checkpointed;
       plain.layout.recompute_modules = models::kRecomputeCoreAttn;
-      auto slower = evaluate(shared, checkpointed), faster = evaluate(shared, plain);
-      ASSERT_TRUE(slower.is_ok() && faster.is_ok());
-      EXPECT_GT(slower->iteration_time, faster->iteration_time);
-      EXPECT_LT(estimate_memory(shared, checkpointed).per_stage[0].activations,
-                estimate_memory(shared, plain).per_stage[0].activations);
+      expect_recompute_trades_time_for_memory(shared, checkpointed, plain);
       if (!sp || userbuffers) continue;
       // The checkpointed MoE layer ("moe") re-runs the shared experts' two with them.
       p.layout.recompute = models::Recompute::kSelective;
@@ -2250,22 +2252,14 @@ TEST(Lower, MlpRecomputeReplaysTheMlpWithItsTpCollectivesAndKeepsOnlyItsInput) {
       ASSERT_GE(first_task(b, "llm L3 bwd tp"), 0);
       EXPECT_LT(first_task(b, "llm L3 recompute tp"), first_task(b, "llm L3 bwd tp"));
     }
-    auto with = evaluate(dense, mlp), without = evaluate(dense, attn);
-    ASSERT_TRUE(with.is_ok() && without.is_ok());
-    EXPECT_GT(with->iteration_time, without->iteration_time);
-    EXPECT_LT(estimate_memory(dense, mlp).per_stage[0].activations,
-              estimate_memory(dense, attn).per_stage[0].activations);
+    expect_recompute_trades_time_for_memory(dense, mlp, attn);
   }
   // TP 1: no collectives to re-run; the MLP's ops re-run before their backward.
   Plan attn = plan(1, 1, 8);
   attn.layout.recompute = models::Recompute::kSelective;
   Plan mlp = attn;
   mlp.layout.recompute_modules = models::kRecomputeCoreAttn | models::kRecomputeMlp;
-  auto with = evaluate(dense, mlp), without = evaluate(dense, attn);
-  ASSERT_TRUE(with.is_ok() && without.is_ok());
-  EXPECT_GT(with->iteration_time, without->iteration_time);
-  EXPECT_LT(estimate_memory(dense, mlp).per_stage[0].activations,
-            estimate_memory(dense, attn).per_stage[0].activations);
+  expect_recompute_trades_time_for_memory(dense, mlp, attn);
   EXPECT_NE(describe_in_words(mlp.layout, hardware::Precision::kBf16)
                 .find("recompute selective (core_attn, mlp)"),
             std::string::npos);
