@@ -70,6 +70,8 @@ TEST(Zoo, ParameterCountsMatchPublished) {
                                      {"llava-1.5-7b", 7.06e9},
                                      {"qwen3-30b-a3b", 30.5e9},
                                      {"qwen3-235b-a22b", 235e9},
+                                     // "14.3B parameters in total" (its model card)
+                                     {"qwen1.5-moe-a2.7b", 14.3e9},
                                      // Nemotron-4: 12.5B + 3.2B embedding (arXiv 2402.16819);
                                      // 340B (arXiv 2406.11704), 341.0B by its Table 1 shapes.
                                      {"nemotron-4-15b", 15.6e9},
@@ -84,6 +86,10 @@ TEST(Zoo, ParameterCountsMatchPublished) {
             0.02);
   EXPECT_LT(rel_err(static_cast<double>(count_params(zoo_model("mixtral-8x7b")).active), 12.9e9),
             0.005);
+  // Qwen1.5-MoE-A2.7B: "2.7B activated" (model card): 4 routed experts and the shared ones.
+  EXPECT_LT(
+      rel_err(static_cast<double>(count_params(zoo_model("qwen1.5-moe-a2.7b")).active), 2.7e9),
+      0.01);
 
   const std::vector<Case> encoders = {
       {"clip-vit-l-14-336", 304e6},

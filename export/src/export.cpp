@@ -215,6 +215,12 @@ void refuse_megatron_comm_overlaps(const Context& c, Refusals& r) {
         "ep_comm_overlap: {} has no merged forward/backward schedule that hides the "
         "expert-parallel all-to-alls (Megatron-Core's --overlap-moe-expert-parallel-comm)",
         c.target_name()));
+  if (c.layout().moe_shared_expert_overlap)
+    r.add(fmt::format(
+        "moe_shared_expert_overlap: {} does not run the shared experts on a stream of their "
+        "own beside the expert-parallel all-to-alls (Megatron-Core's "
+        "--moe-shared-expert-overlap)",
+        c.target_name()));
   if (c.layout().defer_embedding_wgrad)
     r.add(fmt::format(
         "defer_embedding_wgrad: {} does not put the output layer's weight gradient off to the "

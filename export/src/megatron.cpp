@@ -143,6 +143,7 @@ std::vector<Flag> training_flags(const Context& c) {
     f.push_back({"--overlap-moe-expert-parallel-comm", ""});
     f.push_back({"--delay-wgrad-compute", ""});
   }
+  if (l.moe_shared_expert_overlap) f.push_back({"--moe-shared-expert-overlap", ""});
   f.push_back({"--attention-backend", std::string(megatron_attention_backend(l))});
   return f;
 }

@@ -129,6 +129,10 @@ void add_training(std::vector<Setting>& s, const Context& c) {
     s.push_back({"comm_overlap.overlap_moe_expert_parallel_comm", "true"});
     s.push_back({"comm_overlap.delay_wgrad_compute", "true"});
   }
+  // Written either way: Megatron-Bridge's MoE model providers (DeepSeek, Qwen3-MoE, GLM)
+  // switch it on by default.
+  if (c.llm.moe && c.llm.moe->shared_experts > 0)
+    s.push_back({"model.moe_shared_expert_overlap", yaml_bool(l.moe_shared_expert_overlap)});
   s.push_back({"ddp.overlap_param_gather", yaml_bool(megatron_overlap_param_gather(l))});
   // The recipe also sets model.pipeline_dtype, which MCore needs with PP > 1.
   // A recipe of megatron.bridge.training.mixed_precision by name; FP8 keeps bf16 outside the

@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <span>
 #include <tuple>
+#include <utility>
 
 #include "hetpar/core/check.h"
 #include "hetpar/planner/kernels.h"
@@ -647,11 +649,18 @@ namespace {
 
 class BlockBuilder {
  public:
-  explicit BlockBuilder(Block& b) : b_(b) {}
+  // `beside`: the op's steps are WorkStep::beside_all_to_all ones; `fresh`: its compute
+  // starts a step of its own (where a run beside an all-to-all splits).
+  explicit BlockBuilder(Block& b, bool beside = false, bool fresh = false)
+      : b_(b), beside_(beside), fresh_(fresh) {}
   void compute(const PassCost& c, int32_t op) {
-    if (b_.steps.empty() || b_.steps.back().kind != StepKind::kCompute ||
-        b_.steps.back().overlaps_tp_entry || b_.steps.back().overlaps_tp_exit)
+    const bool fresh = std::exchange(fresh_, false);
+    if (fresh || b_.steps.empty() || b_.steps.back().kind != StepKind::kCompute ||
+        b_.steps.back().overlaps_tp_entry || b_.steps.back().overlaps_tp_exit ||
+        b_.steps.back().beside_all_to_all != beside_) {
       b_.steps.push_back({StepKind::kCompute, {}, {}, {}, {}});
+      b_.steps.back().beside_all_to_all = beside_;
+    }
     b_.steps.back().cost += c;
     b_.steps.back().ops.push_back(op);
   }
@@ -673,6 +682,7 @@ class BlockBuilder {
   }
   void comm(StepKind kind, Bytes bytes, const PassCost& cost = {}, int32_t op = -1) {
     b_.steps.push_back({kind, cost, bytes, bytes, {}});
+    b_.steps.back().beside_all_to_all = beside_;
     if (op >= 0) b_.steps.back().ops.push_back(op);
   }
   // The last step (a TP entry) gathers `bytes` instead of its own size.
@@ -688,7 +698,38 @@ class BlockBuilder {
 
  private:
   Block& b_;
+  bool beside_, fresh_;
 };
+
+// Layout::moe_shared_expert_overlap: the layer's shared-experts steps (WorkStep::
+// beside_all_to_all, in op order after the combine) moved to where Megatron-Core's
+// all-to-all dispatcher issues them on their own stream (token_dispatcher.py: the first
+// linear and activation after the dispatch's all-to-all, the second linear after the
+// combine's; shared_experts.py), each part right after its all-to-all.
+void place_beside_all_to_alls(const models::OpGraph& g, std::vector<WorkStep>& steps) {
+  std::vector<WorkStep> first, second, rest;
+  for (WorkStep& st : steps) {
+    if (!st.beside_all_to_all) {
+      rest.push_back(std::move(st));
+      continue;
+    }
+    const bool fc2 = std::any_of(st.ops.begin(), st.ops.end(),
+                                 [&](int32_t i) { return g.ops[i].name == "shared_expert_fc2"; });
+    (fc2 || !second.empty() ? second : first).push_back(std::move(st));
+  }
+  steps.clear();
+  int a2a = 0;
+  for (WorkStep& st : rest) {
+    const bool exchange = st.kind == StepKind::kEpAllToAll;
+    steps.push_back(std::move(st));
+    if (exchange) {
+      std::vector<WorkStep>& run = a2a++ == 0 ? first : second;
+      std::move(run.begin(), run.end(), std::back_inserter(steps));
+    }
+  }
+  HETPAR_CHECK(a2a == 2 && !first.empty() && !second.empty(),
+               "a MoE layer's shared experts beside {} all-to-alls (dispatch, combine)", a2a);
+}
 
 // The vocab-parallel loss's collectives over TP (forward only, each blocking the kernel after
 // it), on `rows` tokens' fp32 statistics. Megatron's unfused VocabParallelCrossEntropy
@@ -777,9 +818,15 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
   // layer's input) under SP: their first linear all-gathers the sequence slices (a TP entry
   // before it) and their second reduce-scatters (the TP exit before the residual add).
   // Every layer is alike: layer 0's ops tell, without a look at the others.
-  bool shared_sp = false;
-  for (size_t i = 0; moe_sp && i < g.ops.size() && g.ops[i].layer <= 0; ++i)
-    shared_sp = shared_sp || g.ops[i].name == "shared_expert_fc1";
+  bool shared = false;
+  for (size_t i = 0; i < g.ops.size() && g.ops[i].layer <= 0; ++i)
+    shared = shared || g.ops[i].name == "shared_expert_fc1";
+  const bool shared_sp = moe_sp && shared;
+  // Layout::moe_shared_expert_overlap (with all-to-alls to hide behind): the shared experts'
+  // steps beside the all-to-alls (place_beside_all_to_alls), their linears in Transformer
+  // Engine's Linear with parallel_mode None: no userbuffers, no overlap of their own; the SP
+  // all-gather and reduce-scatter are Megatron's mappings, in 16 bits.
+  const bool shared_beside = l.moe_shared_expert_overlap && l.ep > 1 && shared;
   // Whether the layer's TP exit comes right before `op` (the residual add after attention,
   // and after a dense MLP or shared experts), and so right after the op before it.
   auto exit_before = [&](const models::Op& op) {
@@ -794,7 +841,8 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
     if (op.layer > 0) continue;  // every layer is alike: build layer 0 only
     if (op.layer == 0) seen_layer = true;
     Block& block = op.layer == 0 ? m.layer : (seen_layer ? m.post : m.pre);
-    BlockBuilder b(block);
+    const bool beside = shared_beside && models::is_shared_expert_op(op);
+    BlockBuilder b(block, beside, beside && op.name == "shared_expert_fc2");
     const bool expert = op.kind == models::OpKind::kGemm && is_expert(op);
     const int64_t params = local_params(op, g, l);
     (expert ? block.expert : block.dense) += {params, is_fp8_linear(op) ? params : 0};
@@ -808,7 +856,10 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
       // in FP8: under current scaling, after an amax all-reduce.
       int32_t k = op_index - 1;
       while (k >= 0 && g.ops[k].kind != models::OpKind::kGemm) --k;
-      if (current_sp && k >= 0 && is_fp8_linear(g.ops[k]) && !is_expert(g.ops[k]))
+      const bool after_shared = k >= 0 && models::is_shared_expert_op(g.ops[k]);
+      if (shared_beside && after_shared)
+        b.last().beside_all_to_all = true;
+      else if (current_sp && k >= 0 && is_fp8_linear(g.ops[k]) && !is_expert(g.ops[k]))
         b.last().amax_reduce = true;
     }
     if (tp && op.name == "logits") b.comm(StepKind::kTpEntry, activation);
@@ -816,8 +867,8 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
       b.comm(StepKind::kTpEntry, activation);
       // FP8: Transformer Engine's Linear quantises its input before the SP all-gather, as
       // LayerNormLinear does (below).
-      if (p == Precision::kFp8) b.gather_as(Bytes(tokens / cp * g.hidden));
-      if (current_sp) b.last().amax_reduce = true;
+      if (p == Precision::kFp8 && !beside) b.gather_as(Bytes(tokens / cp * g.hidden));
+      if (current_sp && !beside) b.last().amax_reduce = true;
     }
     if (gather_routed && op.name == "moe_combine")  // the permuted tokens of all TP ranks
       b.comm(StepKind::kTpExit, routed_bytes(op, false));
@@ -829,13 +880,13 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
       const int64_t kv = 2 * (s.batch * s.seq_q / cp) * (s.kv_heads / l.tp) * s.head_dim;
       b.comm(StepKind::kCpAttention, Bytes(kv * e), c, op_index);
     } else if (tp && (l.tp_backward_overlap || userbuffers) && op.kind == models::OpKind::kGemm &&
-               gemm_split(op, g) == Split::kColumn && b.after_tp_entry() && !expert) {
+               gemm_split(op, g) == Split::kColumn && b.after_tp_entry() && !expert && !beside) {
       const bool ring = userbuffers && is_fp8_linear(op);  // a TE layer linear, not logits
       b.linear_after_tp_entry(ring ? op_cost(op, g, l, context_parallel, dev, p, {l.tp, 1}) : c,
                               op_index, ring);
       b.last().output_layer = op.name == "logits";
     } else if (userbuffers && is_fp8_linear(op) && !expert && gemm_split(op, g) == Split::kRow &&
-               exit_follows(op_index)) {
+               exit_follows(op_index) && !beside) {
       if (p == Precision::kFp8) {
         // FP8 (Megatron-Bridge's userbuffers_fp8_* configurations): a ring exchange, whose
         // reduce-scatter sums the tp partial chunks each rank receives (userbuffers' reduce
@@ -885,6 +936,7 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
       b.comm(StepKind::kTpEntry, routed_bytes(op, false));
   }
   HETPAR_CHECK(m.layers == 0 || seen_layer, "module graph without its layer 0");
+  if (shared_beside) place_beside_all_to_alls(g, m.layer.steps);
   return m;
 }
 

@@ -372,6 +372,19 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
   if (l.recompute_policy().selects(models::kRecomputeMoe) && l.ep_comm_overlap)
     return "recompute_modules moe with ep_comm_overlap: Megatron-Core refuses the MoE layer's "
            "recompute beside the EP all-to-all overlap";
+  if (l.moe_shared_expert_overlap) {  // Megatron-Core's TransformerConfig checks
+    if (!llm.moe || llm.moe->shared_experts == 0)
+      return "moe_shared_expert_overlap needs a mixture-of-experts llm with shared experts "
+             "(moe.shared_experts)";
+    if (l.ep_comm_overlap)
+      return "moe_shared_expert_overlap with ep_comm_overlap: Megatron-Core refuses the "
+             "shared-expert overlap beside the EP all-to-all overlap";
+    // MoELayer checkpoints the shared experts only where they are not overlapped.
+    if (l.recompute_policy().selects(models::kRecomputeSharedExperts) &&
+        !l.recompute_policy().selects(models::kRecomputeMoe))
+      return "recompute_modules shared_experts with moe_shared_expert_overlap: Megatron-Core "
+             "checkpoints the shared experts only when they are not overlapped";
+  }
   if (l.moe_capacity_factor > 0 && !llm.moe)
     return fmt::format("moe_capacity_factor {} needs a mixture-of-experts llm",
                        l.moe_capacity_factor);

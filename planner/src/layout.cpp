@@ -178,6 +178,7 @@ std::string describe_in_words(const Layout& l, hardware::Precision workload) {
   if (!l.gradient_accumulation_fusion) out += ", unfused gradient accumulation";
   if (l.tp_comm_overlap) out += ", userbuffers TP overlap";
   if (l.ep_comm_overlap) out += ", EP all-to-all overlap";
+  if (l.moe_shared_expert_overlap) out += ", shared experts beside the all-to-alls";
   if (l.moe_capacity_factor > 0)
     out += fmt::format(", token dropping (capacity factor {})", l.moe_capacity_factor);
   if (l.moe_load_imbalance > 1)

@@ -27,9 +27,11 @@ Block for_direction(const Block& b, bool backward, bool sp) {
     // Backward keeps a linear that overlaps its TP entry's collective a task of its own;
     // both directions a ring-exchange linear (userbuffers).
     const bool after_ring = !out.steps.empty() && out.steps.back().ring_exchange;
-    const bool apart = s.ring_exchange || after_ring ||
-                       (backward && (s.overlaps_tp_entry ||
-                                     (!out.steps.empty() && out.steps.back().overlaps_tp_entry)));
+    const bool apart =
+        s.ring_exchange || after_ring ||
+        (!out.steps.empty() && out.steps.back().beside_all_to_all != s.beside_all_to_all) ||
+        (backward &&
+         (s.overlaps_tp_entry || (!out.steps.empty() && out.steps.back().overlaps_tp_entry)));
     if (s.kind == StepKind::kCompute && !out.steps.empty() &&
         out.steps.back().kind == StepKind::kCompute && !apart) {
       out.steps.back().cost += s.cost;
@@ -37,6 +39,17 @@ Block for_direction(const Block& b, bool backward, bool sp) {
     } else
       out.steps.push_back(s);
   }
+  // Backward runs the list from its end: a run beside an all-to-all goes before it.
+  if (backward)
+    for (size_t i = 0; i + 1 < out.steps.size(); ++i)
+      if (out.steps[i].kind == StepKind::kEpAllToAll && out.steps[i + 1].beside_all_to_all) {
+        size_t end = i + 1;
+        while (end < out.steps.size() && out.steps[end].beside_all_to_all) ++end;
+        std::rotate(out.steps.begin() + static_cast<std::ptrdiff_t>(i),
+                    out.steps.begin() + static_cast<std::ptrdiff_t>(i + 1),
+                    out.steps.begin() + static_cast<std::ptrdiff_t>(end));
+        i = end - 1;
+      }
   return out;
 }
 
@@ -137,7 +150,9 @@ void Lowering::setup() {
   cat_opt_ = g_.label("optimizer");
   // What each comm stream carries, for the trace's track names.
   const std::pair<int32_t, std::string_view> streams[] = {
-      {kTpStream, l_.ep > 1 && !l_.ep_comm_overlap ? "tp / ep collectives" : "tp collectives"},
+      {kTpStream, l_.ep > 1 && !l_.ep_comm_overlap && !l_.moe_shared_expert_overlap
+                      ? "tp / ep collectives"
+                      : "tp collectives"},
       {kCpSend, "cp ring send"},
       {kCpRecv, "cp ring recv"},
       {kFwdSend, "pp activations send"},
@@ -524,7 +539,8 @@ void Lowering::compute(int j, Time d, Flops f, int pass, sim::LabelId name,
   if (rs.need.valid()) g_.add_dependency(rs.need, t);
   if (rs.gathered.valid()) g_.add_dependency(rs.gathered, t);
   if (rs.beside.valid()) g_.add_dependency(rs.beside, t);
-  rs.need = rs.gathered = rs.beside = TaskId();
+  if (rs.side.valid()) g_.add_dependency(rs.side, t);
+  rs.need = rs.gathered = rs.beside = rs.side = TaskId();
   rs.last = t;
 }
 
@@ -752,6 +768,36 @@ void Lowering::linear_wgrad(const PlacedBlock& pb, size_t s, sim::LabelId comput
 
 void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels& lb,
                         sim::LabelId recompute) {
+  const std::vector<WorkStep>& steps = block(0, pb, pass == kB).steps;
+  // A run of steps beside an all-to-all (WorkStep::beside_all_to_all; re-runs under
+  // recompute are not overlapped): it starts after the task before the exchange (the shared
+  // experts' stream waits for the compute stream as the exchange is issued), not waiting
+  // for the exchange, and the step after the run waits for the exchange and the run.
+  if (!steps[s].beside_all_to_all || pass == kR) return run_work(pb, s, pass, lb, recompute);
+  const bool backward = pass == kB;
+  const bool first = !steps[backward ? s + 1 : s - 1].beside_all_to_all;
+  const bool last = backward ? s == 0 || !steps[s - 1].beside_all_to_all
+                             : s + 1 == steps.size() || !steps[s + 1].beside_all_to_all;
+  if (first)
+    for (int j : actives_) {
+      RankState& rs = st_[j];
+      rs.held = {rs.need, rs.last, rs.beside};
+      rs.beside = TaskId();
+      rs.need = rs.last = rs.before_all_to_all;
+    }
+  run_work(pb, s, pass, lb, recompute);
+  if (last)
+    for (int j : actives_) {
+      RankState& rs = st_[j];
+      rs.side = rs.last;
+      rs.need = rs.held[0];
+      rs.last = rs.held[1];
+      rs.beside = rs.held[2];
+    }
+}
+
+void Lowering::run_work(const PlacedBlock& pb, size_t s, int pass, const Labels& lb,
+                        sim::LabelId recompute) {
   const bool sp = l_.sequence_parallel;
   const bool backward = pass == kB;
   const WorkStep& step = block(0, pb, backward).steps[s];
@@ -850,6 +896,7 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
       // backward reuses them: neither again. The all-gather is issued with the compute
       // (preprocess), not on the all-to-alls' stream of the EP overlap: it does not queue
       // behind a backward's all-to-all.
+      for (int j : actives_) st_[j].before_all_to_all = st_[j].last;
       if (!backward && step.expert_counts_bytes > Bytes(0)) {
         collective(CollectiveKind::kAllGather, step.expert_counts_bytes * l_.ep, {cat_ep_, lb.ep},
                    ep_groups_, kTpStream);
@@ -857,7 +904,10 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
           for (int j : actives_)
             if (st_[j].last.valid() && g_.host_issued(st_[j].last)) g_.set_host_sync(st_[j].last);
       }
-      const int32_t a2a_stream = l_.ep_comm_overlap ? kEpStream : kTpStream;
+      // Beside the shared experts' SP collectives too (Layout::moe_shared_expert_overlap):
+      // another communicator, another stream.
+      const int32_t a2a_stream =
+          l_.ep_comm_overlap || l_.moe_shared_expert_overlap ? kEpStream : kTpStream;
       if (!ep_rail_groups_.ids.empty()) {
         // DeepEP across nodes (Layout::moe_dispatcher): one kernel pipelines the transfers
         // across nodes (each token once to each other node holding one of its experts, with

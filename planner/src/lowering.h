@@ -176,6 +176,11 @@ class Lowering {
     // NVLink all-to-all), which the next compute waits for too. prefetched: Megatron-FSDP's
     // gather of the next block, issued early, which becomes `gathered` as that block starts.
     TaskId need, gathered, last, beside, prefetched;
+    // Layout::moe_shared_expert_overlap (run_step): the last task before the latest
+    // all-to-all; a run beside it: what it ended with (`side`, which the next compute waits
+    // for too) and, while it runs, the need, last and beside it put aside.
+    TaskId before_all_to_all, side;
+    std::array<TaskId, 3> held;
   };
   // Groups of local ranks of the stage being built, interned; with copies of the first one
   // (the group holding the representative) when reduced.
@@ -208,6 +213,9 @@ class Lowering {
   // spans[a]: the first task on active rank a among the tasks in `ranges`, and its st_.last.
   void record_spans(std::span<const std::pair<size_t, size_t>> ranges, std::vector<OpSpan>& spans);
   void run_step(const PlacedBlock& pb, size_t s, int pass, const Labels& lb,
+                sim::LabelId recompute);
+  // What run_step() does for one step, without a run beside an all-to-all's bookkeeping.
+  void run_work(const PlacedBlock& pb, size_t s, int pass, const Labels& lb,
                 sim::LabelId recompute);
   void compute(int j, Time d, Flops f, int pass, sim::LabelId name, sim::KernelListId kernels = {});
   // A kernel list for compute(): added to the graph with its host calls counted (compute()

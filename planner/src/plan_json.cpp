@@ -128,6 +128,7 @@ Layout parse_layout(JsonReader& r) {
   l.microbatch_group = static_cast<int>(r.optional_int("microbatch_group", 0, 0, kMaxDegree));
   l.tp_comm_overlap = r.optional_bool("tp_comm_overlap", false);
   l.ep_comm_overlap = r.optional_bool("ep_comm_overlap", false);
+  l.moe_shared_expert_overlap = r.optional_bool("moe_shared_expert_overlap", false);
   l.moe_capacity_factor = r.optional_double("moe_capacity_factor", 0, 0, 64);
   l.moe_load_imbalance = r.optional_double("moe_load_imbalance", 1, 1, 64);
   l.moe_dispatcher =
@@ -223,6 +224,7 @@ nlohmann::json layout_to_json(const Layout& l) {
   if (l.microbatch_group > 0) j["microbatch_group"] = l.microbatch_group;
   if (l.tp_comm_overlap) j["tp_comm_overlap"] = true;
   if (l.ep_comm_overlap) j["ep_comm_overlap"] = true;
+  if (l.moe_shared_expert_overlap) j["moe_shared_expert_overlap"] = true;
   if (l.moe_capacity_factor > 0) j["moe_capacity_factor"] = l.moe_capacity_factor;
   if (l.moe_load_imbalance > 1) j["moe_load_imbalance"] = l.moe_load_imbalance;
   if (l.moe_dispatcher != MoeDispatcher::kAllToAll)

@@ -141,6 +141,8 @@ LayoutFix parse_layout_fix(JsonReader& r) {
   }
   bool_or_any(r, "tp_comm_overlap", f.tp_comm_overlap, f.any_tp_comm_overlap);
   bool_or_any(r, "ep_comm_overlap", f.ep_comm_overlap, f.any_ep_comm_overlap);
+  bool_or_any(r, "moe_shared_expert_overlap", f.moe_shared_expert_overlap,
+              f.any_moe_shared_expert_overlap);
   if (r.has("grad_reduce_dtype"))
     f.grad_reduce_dtype = parse_grad_reduce_dtype(
         r.optional_enum("grad_reduce_dtype", "default", {"default", "fp32", "bf16", "fp16"}));

@@ -541,6 +541,7 @@ std::vector<int> layout_key(const Layout& l) {
                      l.pp_blocking_p2p,
                      l.tp_comm_overlap,
                      l.ep_comm_overlap,
+                     l.moe_shared_expert_overlap,
                      static_cast<int>(l.fp8_recipe),
                      static_cast<int>(l.cp_comm),
                      static_cast<int>(l.grad_reduce_dtype),
@@ -623,6 +624,7 @@ std::string describe_layout(const Layout& l, bool llm) {
   }
   if (l.tp_comm_overlap) out += " ub";
   if (l.ep_comm_overlap) out += " a2a-overlap";
+  if (l.moe_shared_expert_overlap) out += " shared-overlap";
   if (l.moe_capacity_factor > 0) out += fmt::format(" capacity:{}", l.moe_capacity_factor);
   if (l.moe_load_imbalance > 1) out += fmt::format(" imbalance:{}", l.moe_load_imbalance);
   if (l.moe_dispatcher != MoeDispatcher::kAllToAll)
@@ -766,6 +768,10 @@ Plan with_recompute(const Plan& base, const std::vector<RecomputePolicy>& levels
   Plan p = base;
   p.layout.recompute = levels[0].kind;
   p.layout.recompute_modules = levels[0].modules;
+  // Megatron-Core checkpoints the shared experts only where they are not overlapped.
+  if (p.layout.recompute_policy().selects(models::kRecomputeSharedExperts) &&
+      !p.layout.recompute_policy().selects(models::kRecomputeMoe))
+    p.layout.moe_shared_expert_overlap = false;
   for (size_t k = 0; k < p.modules.size(); ++k) {
     p.modules[k].layout.recompute = levels[k + 1].kind;
     p.modules[k].layout.recompute_modules = levels[k + 1].modules;
@@ -1192,12 +1198,24 @@ class Searcher {
       // search.llm.ep_comm_overlap: where Megatron-Core merges forward and backward passes
       // (beside userbuffers too); "any": with and without.
       const bool a2a = lay.ep > 1 && merges_passes(sch, lay.pp);
+      // search.llm.moe_shared_expert_overlap: on where it applies (shared experts beside
+      // all-to-alls the EP overlap does not take); "any": with and without.
+      auto shared_overlaps = [&](Base x) {
+        const bool applies = shared_experts_ && lay.ep > 1 && !x.plan.layout.ep_comm_overlap;
+        x.plan.layout.moe_shared_expert_overlap =
+            applies && fx.moe_shared_expert_overlap.value_or(true);
+        out.push_back(x);
+        if (applies && fx.any_moe_shared_expert_overlap) {
+          x.plan.layout.moe_shared_expert_overlap = !x.plan.layout.moe_shared_expert_overlap;
+          out.push_back(std::move(x));
+        }
+      };
       auto ep_overlaps = [&](Base x) {
         x.plan.layout.ep_comm_overlap = a2a && fx.ep_comm_overlap.value_or(false);
-        out.push_back(x);
+        shared_overlaps(x);
         if (a2a && fx.any_ep_comm_overlap && !x.plan.layout.ep_comm_overlap) {
           x.plan.layout.ep_comm_overlap = true;
-          out.push_back(std::move(x));
+          shared_overlaps(std::move(x));
         }
       };
       ep_overlaps(b);

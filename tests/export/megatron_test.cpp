@@ -425,6 +425,38 @@ TEST(ExportMegatron, EpAllToAllOverlap) {
             0u);
 }
 
+// The shared-expert overlap: Megatron-LM's --moe-shared-expert-overlap, Megatron-Bridge's
+// model key of the same name (written either way for a model with shared experts: its MoE
+// providers default it on); the other trainers have no such stream and refuse it.
+TEST(ExportMegatron, SharedExpertOverlap) {
+  planner::Scenario s = scenario("qwen1.5-moe-a2.7b", 2, 4096, 256);
+  Plan p;
+  p.layout = layout(1, 1, 16);
+  p.layout.ep = 4;
+  p.layout.moe_shared_expert_overlap = true;
+  ASSERT_EQ(planner::infeasibility(s, p), "");
+  EXPECT_EQ(all_flags(exported(s, p, Target::kMegatron).at("launch.sh"))
+                .count("--moe-shared-expert-overlap"),
+            1u);
+  auto yaml = yaml_settings(exported(s, p, Target::kMegatronBridge).at("megatron_bridge.yaml"));
+  EXPECT_EQ(yaml.at("model.moe_shared_expert_overlap"), "true");
+  for (Target t : {Target::kTorchtitan, Target::kDeepspeed, Target::kNanotron})
+    EXPECT_NE(refusal(s, p, t).find("moe_shared_expert_overlap: "), std::string::npos)
+        << to_string(t);
+  p.layout.moe_shared_expert_overlap = false;
+  EXPECT_EQ(all_flags(exported(s, p, Target::kMegatron).at("launch.sh"))
+                .count("--moe-shared-expert-overlap"),
+            0u);
+  yaml = yaml_settings(exported(s, p, Target::kMegatronBridge).at("megatron_bridge.yaml"));
+  EXPECT_EQ(yaml.at("model.moe_shared_expert_overlap"), "false");
+  // Without shared experts the key is left to the provider.
+  planner::Scenario routed = scenario("qwen3-30b-a3b", 2, 4096, 256);
+  p.layout.ep = 16;
+  EXPECT_EQ(yaml_settings(exported(routed, p, Target::kMegatronBridge).at("megatron_bridge.yaml"))
+                .count("model.moe_shared_expert_overlap"),
+            0u);
+}
+
 // A fused cross-entropy: Megatron-LM's --cross-entropy-loss-fusion with
 // --cross-entropy-fusion-impl; Megatron-Bridge's model keys of the same names, written
 // even when off (its GPTModelProvider fuses by default); the other trainers refuse it. The

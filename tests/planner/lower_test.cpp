@@ -2164,18 +2164,20 @@ int layer_tp(const LoweredPlan& lp, std::string_view pass = "fwd tp") {
   return n;
 }
 
+// A small MoE LLM (8 experts of ffn 2048, top 2) with `shared` shared experts.
+Scenario with_shared_experts(int shared) {
+  return make(4, 16, 1, "dgx-h100", "",
+              fmt::format(R"(, "ffn_hidden": 0, "moe": {{"experts": 8, "top_k": 2, )"
+                          R"("expert_ffn_hidden": 2048, "shared_experts": {}}})",
+                          shared));
+}
+
 // Megatron-Core's shared experts are an MLP on the MoE layer's input: under SP their first
 // linear all-gathers the sequence slices and their second reduce-scatters, two TP collectives
 // a layer more in each direction (NCCL, and userbuffers' ring linears); without SP the
 // layer's TP entry and exit already hold them.
 TEST(Lower, SharedExpertsGatherAndReduceScatterUnderSequenceParallelism) {
-  const auto moe = [](int shared) {
-    return make(4, 16, 1, "dgx-h100", "",
-                fmt::format(R"(, "ffn_hidden": 0, "moe": {{"experts": 8, "top_k": 2, )"
-                            R"("expert_ffn_hidden": 2048, "shared_experts": {}}})",
-                            shared));
-  };
-  const Scenario routed = moe(0), shared = moe(1);
+  const Scenario routed = with_shared_experts(0), shared = with_shared_experts(1);
   for (const bool sp : {false, true})
     for (const bool userbuffers : {false, true}) {
       if (userbuffers && !sp) continue;
@@ -2220,6 +2222,108 @@ TEST(Lower, SharedExpertsGatherAndReduceScatterUnderSequenceParallelism) {
       EXPECT_EQ(2 * layer_tp(replayed, "recompute tp"), layer_tp(replayed));
       EXPECT_EQ(layer_tp(lowered(routed, p, {.full_ranks = true}), "recompute tp"), 0);
     }
+}
+
+// Compute tasks of the layers on rank 0 that start while one of its EP exchanges (category
+// ep_comm) is in flight: {forward, backward}.
+std::pair<int, int> compute_beside_all_to_alls(const LoweredPlan& lp) {
+  struct Spans final : sim::TraceSink {
+    std::vector<std::pair<Time, Time>> exchanges;
+    std::vector<std::pair<Time, bool>> computes;  // start, backward
+    void task_started(const sim::TaskSpan&) override {}
+    void task_finished(const sim::TaskSpan& span) override {
+      if (span.stream.rank.value() != 0) return;
+      if (span.category == "ep_comm") exchanges.emplace_back(span.start, span.end);
+      const std::string name(span.name);
+      if (span.stream.kind == sim::StreamKind::kCompute && name.find(" L") != std::string::npos)
+        computes.emplace_back(span.start, name.ends_with("bwd"));
+    }
+  } spans;
+  auto r = sim::simulate(lp.graph, lp.network, {}, &spans);
+  EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+  std::pair<int, int> n;
+  for (const auto& [start, backward] : spans.computes)
+    for (const auto& [from, to] : spans.exchanges)
+      if (start >= from && start < to) {
+        (backward ? n.second : n.first) += 1;
+        break;
+      }
+  return n;
+}
+
+// Megatron-Core's shared-expert overlap (Layout::moe_shared_expert_overlap): the shared
+// experts' first linear (with its SP all-gather) runs while the dispatch's all-to-all moves,
+// their second (with its reduce-scatter) while the combine's does, and their backward beside
+// the same exchanges' backward; nothing else changes: the same compute, the same
+// collectives, a shorter iteration. At EP 1 there is nothing to hide behind. Megatron-Core
+// refuses it beside the EP all-to-all overlap, and checkpoints the shared experts only when
+// they are not overlapped; a model without shared experts has nothing to overlap.
+TEST(Lower, SharedExpertOverlapRunsTheSharedExpertsBesideTheAllToAlls) {
+  const Scenario routed = with_shared_experts(0), shared = with_shared_experts(2);
+  for (const auto& [sp, userbuffers] : {std::pair{false, false}, {true, false}, {true, true}}) {
+    SCOPED_TRACE(fmt::format("sp {} userbuffers {}", sp, userbuffers));
+    Plan off = plan(sp ? 2 : 1, 1, sp ? 4 : 8);
+    off.layout.ep = 4;
+    off.layout.etp = 1;
+    off.layout.sequence_parallel = sp;
+    off.layout.tp_comm_overlap = userbuffers;
+    Plan on = off;
+    on.layout.moe_shared_expert_overlap = true;
+    ASSERT_EQ(infeasibility(shared, on), "");
+    const LoweredPlan a = lowered(shared, off), b = lowered(shared, on);
+    EXPECT_TRUE(b.graph.validate(b.world).is_ok());
+    // The same work: compute by category, the layers' TP collectives. Under userbuffers the
+    // shared linears leave their rings (whole GEMMs, NCCL's collectives): less compute.
+    const std::map<std::string, Time> ca = compute_time(a, 0), cb = compute_time(b, 0);
+    if (!userbuffers) {
+      EXPECT_EQ(cb, ca);
+      EXPECT_EQ(layer_tp(b), layer_tp(a));
+    } else {
+      EXPECT_LT(cb.at("fwd"), ca.at("fwd"));
+      EXPECT_LT(cb.at("bwd"), ca.at("bwd"));
+    }
+    const auto [forward, backward] = compute_beside_all_to_alls(b);
+    EXPECT_GT(forward, 0);
+    EXPECT_GT(backward, 0);
+    EXPECT_EQ(compute_beside_all_to_alls(a), std::make_pair(0, 0));
+    const sim::SimResult ra = run(a, a.network), rb = run(b, b.network);
+    EXPECT_LT(rb.makespan, ra.makespan);
+    EXPECT_NE(describe_in_words(on.layout, hardware::Precision::kBf16)
+                  .find("shared experts beside the all-to-alls"),
+              std::string::npos);
+  }
+  // EP 1: no exchange; the same graph's time.
+  Plan off = plan(1, 1, 8), on = off;
+  on.layout.moe_shared_expert_overlap = true;
+  EXPECT_EQ(run(lowered(shared, on), lowered(shared, on).network).makespan,
+            run(lowered(shared, off), lowered(shared, off).network).makespan);
+  // The whole MoE layer checkpointed and full recompute re-run it, not overlapped.
+  on = plan(1, 1, 8);
+  on.layout.ep = 4;
+  on.layout.moe_shared_expert_overlap = true;
+  using Policy = std::pair<models::Recompute, uint8_t>;
+  for (const auto& [recompute, modules] :
+       {Policy{models::Recompute::kSelective, models::kRecomputeLayernorm | models::kRecomputeMoe},
+        Policy{models::Recompute::kFull, 0}}) {
+    Plan rc = on;
+    rc.layout.recompute = recompute;
+    rc.layout.recompute_modules = modules;
+    ASSERT_EQ(infeasibility(shared, rc), "");
+    const LoweredPlan lp = lowered(shared, rc);
+    EXPECT_TRUE(lp.graph.validate(lp.world).is_ok());
+    EXPECT_GT(run(lp, lp.network).makespan, Time::zero());
+  }
+  Plan bad = on;
+  bad.layout.ep_comm_overlap = true;
+  EXPECT_NE(infeasibility(shared, bad).find("moe_shared_expert_overlap with ep_comm_overlap"),
+            std::string::npos);
+  bad = on;
+  bad.layout.recompute = models::Recompute::kSelective;
+  bad.layout.recompute_modules = models::kRecomputeSharedExperts;
+  EXPECT_NE(infeasibility(shared, bad).find("recompute_modules shared_experts with moe_shared"),
+            std::string::npos);
+  EXPECT_NE(infeasibility(routed, on).find("needs a mixture-of-experts llm with shared experts"),
+            std::string::npos);
 }
 
 // recompute_modules mlp (Megatron-Core's recompute_mlp): a dense layer's MLP keeps only its

@@ -126,6 +126,7 @@ TEST_P(ScenarioMutationTest, SeveralLargeSizesAtOnceAreRefusedOrEvaluated) {
 INSTANTIATE_TEST_SUITE_P(Shipped, ScenarioMutationTest,
                          ::testing::Values("tests/data/executor/tiny-vlm-2.json",
                                            "tests/data/executor/tiny-moe-ep-overlap-2.json",
+                                           "tests/data/executor/tiny-moe-shared-overlap-2.json",
                                            "examples/llava-7b-8xh100-compare.json",
                                            "examples/long-context-16xh100-compare.json",
                                            "validation/runs/nemo-24.07-llama3-8b-8xh100-fp8.json"),

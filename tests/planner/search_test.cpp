@@ -621,6 +621,37 @@ TEST(Search, TriesTheSharedExpertsRecomputeModuleWithSharedExperts) {
         << describe(p.plan);
 }
 
+// search.llm.moe_shared_expert_overlap: on by default where it applies (shared experts,
+// ep > 1), off for the shared experts' recompute alone (which Megatron-Core skips when they
+// are overlapped) and without shared experts; "any" tries both, and the overlap wins; false
+// leaves it off everywhere.
+TEST(Search, OverlapsTheSharedExpertsWhereTheyAreNotCheckpointedAlone) {
+  const std::string llm =
+      R"("tp": 1, "cp": 1, "pp": 1, "ep": 8, "micro_batch": 2, "recompute": "selective",
+         "distributed_optimizer": true)";
+  const SearchResult on = run(moe_search(16, 1, 32, llm, 4), threads(2));
+  ASSERT_FALSE(on.top.empty());
+  for (const RankedPlan& p : on.top) {
+    const models::RecomputePolicy rc = p.plan.layout.recompute_policy();
+    EXPECT_EQ(p.plan.layout.moe_shared_expert_overlap,
+              !rc.selects(models::kRecomputeSharedExperts) || rc.selects(models::kRecomputeMoe))
+        << describe(p.plan);
+  }
+  EXPECT_NE(describe(on.top.front().plan).find(" shared-overlap"), std::string::npos);
+  for (const RankedPlan& p : run(moe_search(16, 1, 32, llm), threads(2)).top)
+    EXPECT_FALSE(p.plan.layout.moe_shared_expert_overlap) << describe(p.plan);
+  const SearchResult off =
+      run(moe_search(16, 1, 32, llm + R"(, "moe_shared_expert_overlap": false)", 4), threads(2));
+  ASSERT_FALSE(off.top.empty());
+  for (const RankedPlan& p : off.top) EXPECT_FALSE(p.plan.layout.moe_shared_expert_overlap);
+  const SearchResult any =
+      run(moe_search(16, 1, 32, llm + R"(, "moe_shared_expert_overlap": "any")", 4), threads(2));
+  EXPECT_GT(any.counts.considered, on.counts.considered);
+  ASSERT_FALSE(any.top.empty());
+  EXPECT_TRUE(any.top.front().plan.layout.moe_shared_expert_overlap);
+  EXPECT_LT(on.top.front().metrics.iteration_time, off.top.front().metrics.iteration_time);
+}
+
 // search.llm.moe_dispatcher: "any" tries DeepEP beside the all-to-all where it applies; over
 // two nodes with EP across them it moves fewer bytes over the network and wins; "deepep"
 // puts it in every layout (those it does not apply to are rejected with the reason).

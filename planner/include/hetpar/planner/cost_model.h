@@ -129,6 +129,14 @@ struct WorkStep {
   /// rank, so its amax is all-reduced over the TP group before the cast (TE's quantizer
   /// with_amax_reduction), a blocking 4-byte all-reduce before the gather.
   bool amax_reduce = false;
+  /// kCompute, kTpEntry, kTpExit: a step of the shared experts that
+  /// Layout::moe_shared_expert_overlap runs beside an EP all-to-all: a run of such steps
+  /// follows the all-to-all it hides in forward order (their entry, first linear and
+  /// activation the dispatch's; their second linear and exit the combine's) and, in the
+  /// backward direction's list (for_direction), precedes it, as the backward runs the list
+  /// from its end. The run starts from the task before the all-to-all, not waiting for it;
+  /// the step after the run waits for both.
+  bool beside_all_to_all = false;
 };
 
 /// A GEMM's rows split into chunks run one after another (userbuffers' ring exchange): its

@@ -257,6 +257,17 @@ struct Layout {
   /// encoders (not modelled together). With userbuffers (tp_comm_overlap) too: their ring
   /// collectives never span an all-to-all, so the merged ops interleave as without them.
   bool ep_comm_overlap = false;
+  /// Megatron-Core's shared-expert overlap (--moe-shared-expert-overlap; Megatron-Bridge
+  /// model.moe_shared_expert_overlap): a MoE layer's shared experts run on a stream of their
+  /// own beside the all-to-all dispatcher's exchanges: their SP all-gather, first linear and
+  /// activation beside the dispatch, their second linear and reduce-scatter beside the combine
+  /// (token_dispatcher.py, shared_experts.py); their backward likewise beside the same
+  /// exchanges' backward. Their linears then do no TP communication of their own (no
+  /// userbuffers). Needs a MoE LLM with shared experts; not with ep_comm_overlap or the
+  /// shared_experts recompute module (Megatron-Core refuses the one and skips the other);
+  /// with ep 1 there is no exchange to hide behind and nothing changes. The shared experts'
+  /// re-runs under recompute (moe, full) are not overlapped.
+  bool moe_shared_expert_overlap = false;
   /// MoE token dropping (Megatron --moe-expert-capacity-factor with
   /// --moe-pad-expert-input-to-capacity; Megatron-Bridge's token-drop presets): each expert
   /// takes at most ceil(factor x tokens x top_k / experts) of a rank's routed tokens and is

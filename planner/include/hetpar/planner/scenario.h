@@ -94,6 +94,12 @@ struct LayoutFix {
   /// userbuffers; default off; `any_ep_comm_overlap`: both.
   std::optional<bool> ep_comm_overlap;
   bool any_ep_comm_overlap = false;
+  /// The shared-expert overlap (Layout::moe_shared_expert_overlap) in every searched LLM
+  /// layout it applies to (shared experts, ep > 1, no EP all-to-all overlap, the shared
+  /// experts not checkpointed alone); default on, as Megatron-Bridge's MoE model providers
+  /// set it; `any_moe_shared_expert_overlap`: both.
+  std::optional<bool> moe_shared_expert_overlap;
+  bool any_moe_shared_expert_overlap = false;
   /// How CP exchanges K,V in layouts with cp > 1; unset: the ring (p2p) only, which the
   /// simulator rates at least as fast wherever the ring's steps hide their transfers;
   /// `any_cp_comm`: both (more plans to simulate: +50% search time on the 1024-GPU example).
