@@ -103,15 +103,18 @@ double local_params(const models::Op& op, bool stem, const Layout& l, double voc
 
 // Share of op's saved activations one rank keeps: CP splits every token; TP splits the
 // tensors inside its region (heads, MLP width, vocabulary), and with SP the rest too, except
-// encoder stems and the routed experts' first GEMM, whose input is the permuted tokens of
-// the whole TP group (cost_model.cpp: gathered after the EP all-to-all).
+// encoder stems, the routed experts' first GEMM, whose input is the permuted tokens of the
+// whole TP group (cost_model.cpp: gathered after the EP all-to-all), and the overlapped
+// shared experts' first (Layout::moe_shared_expert_overlap: a Linear without parallel mode
+// saves the input Megatron's mapping gathered).
 double activation_share(const models::Op& op, bool stem, const Layout& l) {
   const bool inside_tp = op.kind == models::OpKind::kAttention ||
                          op.kind == models::OpKind::kLoss || op.name == "attn_out" ||
                          op.name == "qk_norm" || op.name.ends_with("act") ||
                          op.name.ends_with("fc2");
   const bool gathered_experts =
-      is_routed_expert(op) && op.name.ends_with("fc1") && l.expert_tp() > 1;
+      (is_routed_expert(op) && op.name.ends_with("fc1") && l.expert_tp() > 1) ||
+      (l.moe_shared_expert_overlap && l.ep > 1 && op.name == "shared_expert_fc1" && op.layer >= 0);
   const int tp = !stem && !gathered_experts && (l.sequence_parallel || inside_tp) ? l.tp : 1;
   return 1.0 / (static_cast<double>(tp) * l.cp);
 }

@@ -2254,8 +2254,9 @@ std::pair<int, int> compute_beside_all_to_alls(const LoweredPlan& lp) {
 // Megatron-Core's shared-expert overlap (Layout::moe_shared_expert_overlap): the shared
 // experts' first linear (with its SP all-gather) runs while the dispatch's all-to-all moves,
 // their second (with its reduce-scatter) while the combine's does, and their backward beside
-// the same exchanges' backward; nothing else changes: the same compute, the same
-// collectives, a shorter iteration. At EP 1 there is nothing to hide behind. Megatron-Core
+// the same exchanges' backward; nothing else changes but where the shared experts' first
+// linear keeps its input: the same compute, the same collectives, a shorter iteration. At EP
+// 1 there is nothing to hide behind. Megatron-Core
 // refuses it beside the EP all-to-all overlap, and checkpoints the shared experts only when
 // they are not overlapped; a model without shared experts has nothing to overlap.
 TEST(Lower, SharedExpertOverlapRunsTheSharedExpertsBesideTheAllToAlls) {
@@ -2288,6 +2289,14 @@ TEST(Lower, SharedExpertOverlapRunsTheSharedExpertsBesideTheAllToAlls) {
     EXPECT_EQ(compute_beside_all_to_alls(a), std::make_pair(0, 0));
     const sim::SimResult ra = run(a, a.network), rb = run(b, b.network);
     EXPECT_LT(rb.makespan, ra.makespan);
+    // Under SP the first linear, a Linear without parallel mode, keeps the gathered input.
+    const double held = estimate_memory(shared, on).per_stage[0].activations.as_double();
+    const double apart = estimate_memory(shared, off).per_stage[0].activations.as_double();
+    if (sp) {
+      EXPECT_GT(held, apart);
+    } else {
+      EXPECT_EQ(held, apart);
+    }
     EXPECT_NE(describe_in_words(on.layout, hardware::Precision::kBf16)
                   .find("shared experts beside the all-to-alls"),
               std::string::npos);

@@ -172,6 +172,18 @@ std::vector<Case> cases() {
     out.push_back({"dgx-h100 tp2 sp dp8 ep16 etp1 tp_comm_overlap ep_comm_overlap",
                    make("dgx-h100", 2, 64, 4, moe), u});
   }
+  {
+    // Shared experts beside the all-to-alls, EP 16 across both nodes (under TP 2 with SP:
+    // their gather and reduce-scatter beside them too).
+    const std::string shared = moe.substr(0, moe.size() - 1) + R"(, "shared_experts": 2})";
+    Plan p = plan(2, 1, 1, 8);
+    p.layout.sequence_parallel = true;
+    p.layout.ep = 16;
+    p.layout.etp = 1;
+    p.layout.moe_shared_expert_overlap = true;
+    out.push_back({"dgx-h100 tp2 sp dp8 ep16 etp1 moe_shared_expert_overlap",
+                   make("dgx-h100", 2, 64, 4, shared), p});
+  }
   return out;
 }
 
