@@ -775,6 +775,8 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
   // for the exchange, and the step after the run waits for the exchange and the run.
   if (!steps[s].beside_all_to_all || pass == kR) return run_work(pb, s, pass, lb, recompute);
   const bool backward = pass == kB;
+  HETPAR_CHECK(backward ? s + 1 < steps.size() : s > 0,
+               "a step beside an all-to-all without the all-to-all before it");
   const bool first = !steps[backward ? s + 1 : s - 1].beside_all_to_all;
   const bool last = backward ? s == 0 || !steps[s - 1].beside_all_to_all
                              : s + 1 == steps.size() || !steps[s + 1].beside_all_to_all;
