@@ -423,6 +423,10 @@ const Lowering::Labels& Lowering::labels(int v, size_t block, int pass) {
   lb.tp = g_.label(base + " tp");
   lb.ep = g_.label(base + " all-to-all");
   lb.cp = g_.label(base + " kv ring");
+  if (l_.moe_shared_expert_overlap) {
+    lb.shared = g_.label(base + " shared experts");
+    lb.shared_tp = g_.label(base + " shared experts tp");
+  }
   lb.ready = true;
   return lb;
 }
@@ -787,7 +791,10 @@ void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels&
       rs.beside = TaskId();
       rs.need = rs.last = rs.before_all_to_all;
     }
-  run_work(pb, s, pass, lb, recompute);
+  Labels side = lb;
+  side.compute = lb.shared;
+  side.tp = lb.shared_tp;
+  run_work(pb, s, pass, side, recompute);
   if (last)
     for (int j : actives_) {
       RankState& rs = st_[j];

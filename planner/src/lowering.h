@@ -168,6 +168,9 @@ class Lowering {
   struct Labels {
     bool ready = false;
     sim::LabelId compute, tp, ep, cp;
+    // The shared experts' steps beside the all-to-alls (Layout::moe_shared_expert_overlap),
+    // named apart in the trace: their compute and their TP collectives.
+    sim::LabelId shared, shared_tp;
   };
   // Per local rank of the stage being built: what its next compute waits for (need: the
   // step's communication; gathered: FSDP's parameter all-gather), its last task.

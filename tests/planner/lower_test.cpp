@@ -2225,27 +2225,28 @@ TEST(Lower, SharedExpertsGatherAndReduceScatterUnderSequenceParallelism) {
 }
 
 // Compute tasks of the layers on rank 0 that start while one of its EP exchanges (category
-// ep_comm) is in flight: {forward, backward}.
+// ep_comm) is in flight: {forward, backward}; each must be the shared experts'.
 std::pair<int, int> compute_beside_all_to_alls(const LoweredPlan& lp) {
   struct Spans final : sim::TraceSink {
     std::vector<std::pair<Time, Time>> exchanges;
-    std::vector<std::pair<Time, bool>> computes;  // start, backward
+    std::vector<std::pair<Time, std::string>> computes;
     void task_started(const sim::TaskSpan&) override {}
     void task_finished(const sim::TaskSpan& span) override {
       if (span.stream.rank.value() != 0) return;
       if (span.category == "ep_comm") exchanges.emplace_back(span.start, span.end);
       const std::string name(span.name);
       if (span.stream.kind == sim::StreamKind::kCompute && name.find(" L") != std::string::npos)
-        computes.emplace_back(span.start, name.ends_with("bwd"));
+        computes.emplace_back(span.start, name);
     }
   } spans;
   auto r = sim::simulate(lp.graph, lp.network, {}, &spans);
   EXPECT_TRUE(r.is_ok()) << r.status().to_string();
   std::pair<int, int> n;
-  for (const auto& [start, backward] : spans.computes)
+  for (const auto& [start, name] : spans.computes)
     for (const auto& [from, to] : spans.exchanges)
       if (start >= from && start < to) {
-        (backward ? n.second : n.first) += 1;
+        EXPECT_TRUE(name.ends_with(" shared experts")) << name;
+        (name.find(" bwd") != std::string::npos ? n.second : n.first) += 1;
         break;
       }
   return n;
@@ -2278,7 +2279,8 @@ TEST(Lower, SharedExpertOverlapRunsTheSharedExpertsBesideTheAllToAlls) {
     const std::map<std::string, Time> ca = compute_time(a, 0), cb = compute_time(b, 0);
     if (!userbuffers) {
       EXPECT_EQ(cb, ca);
-      EXPECT_EQ(layer_tp(b), layer_tp(a));
+      EXPECT_EQ(layer_tp(b) + layer_tp(b, "fwd shared experts tp"), layer_tp(a));
+      EXPECT_EQ(layer_tp(b, "fwd shared experts tp"), sp ? layer_tp(a) / 2 : 0);
     } else {
       EXPECT_LT(cb.at("fwd"), ca.at("fwd"));
       EXPECT_LT(cb.at("bwd"), ca.at("bwd"));
