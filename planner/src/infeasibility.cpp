@@ -155,6 +155,10 @@ std::string heterogeneous_infeasibility(const Scenario& s, const Plan& p) {
     if (e.ep_comm_overlap)
       return fmt::format("module \"{}\": ep_comm_overlap needs ep > 1, and an encoder has ep 1",
                          mp.module);
+    if (e.moe_shared_expert_overlap)
+      return fmt::format(
+          "module \"{}\": moe_shared_expert_overlap needs shared experts, and an encoder has none",
+          mp.module);
     for (const hardware::NodeGroup& g : s.cluster.groups())
       if (g.profile.gpus_per_node % e.tp != 0)
         return fmt::format("module \"{}\": tp {} does not fit nodes of {} GPUs", mp.module, e.tp,

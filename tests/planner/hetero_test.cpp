@@ -1003,6 +1003,14 @@ TEST(Placement, NonPowerOfTwoEncoderTp) {
   EXPECT_NE(why2.find("module \"vision\": pipeline_layout places the llm's layers"),
             std::string::npos)
       << why2;
+  // An encoder has no experts to overlap.
+  Layout overlapped = module_layout(2, 1, 2);
+  overlapped.moe_shared_expert_overlap = true;
+  const std::string why3 =
+      infeasibility(*s, hetero(Placement::kNonColocated, module_layout(4, 3), 0, overlapped, 12));
+  EXPECT_NE(why3.find("module \"vision\": moe_shared_expert_overlap needs shared experts"),
+            std::string::npos)
+      << why3;
 }
 
 // An encoder micro-batch that is a multiple of the LLM's (the encoder micro-batch scale):
