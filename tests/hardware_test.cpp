@@ -455,6 +455,35 @@ TEST(DeviceProfile, AnUnmaskedCallRunsAtTheUnmaskedRate) {
             a100.attention_time(f, Precision::kBf16, false, 4096));
 }
 
+// The time per score element (gpu.attention.fwd_element_ps / bwd_element_ps, a calibrated
+// profile's): F / (4·d) elements forward, F / (8·d) of the backward's FLOPs, added for the
+// profile's own kernel at a known head dim only; smaller heads pay more per FLOP. It
+// round-trips through the profile JSON.
+TEST(DeviceProfile, ScoreElementsCostTheirOwnTime) {
+  SystemProfile p = builtin("dgx-h100");
+  DeviceProfile& h100 = p.gpu;
+  const Flops f(1e12);
+  const Time plain = h100.attention_time(f, Precision::kBf16, false, 4096);
+  h100.attention_fwd_element_ps = 0.5;
+  h100.attention_bwd_element_ps = 0.75;
+  EXPECT_EQ(h100.attention_time(f, Precision::kBf16, false, 4096), plain);  // no head dim
+  const double scale = h100.attention_sustain * h100.compute_scale;
+  const auto extra = [&](bool backward, int64_t d) {
+    return (h100.attention_time(f, Precision::kBf16, backward, 4096, nullptr, true, d) -
+            h100.attention_time(f, Precision::kBf16, backward, 4096))
+        .to_seconds();
+  };
+  EXPECT_NEAR(extra(false, 128) / (1e12 / (4 * 128) * 0.5e-12 / scale), 1.0, 1e-6);
+  EXPECT_NEAR(extra(true, 128) / (1e12 / (8 * 128) * 0.75e-12 / scale), 1.0, 1e-6);
+  EXPECT_NEAR(extra(false, 64) / extra(false, 128), 2.0, 1e-6);
+  const AttentionRates* fa2 = h100.attention_rates(AttentionKernel::kFlash2);
+  EXPECT_EQ(h100.attention_time(f, Precision::kBf16, false, 4096, fa2, true, 64),
+            h100.attention_time(f, Precision::kBf16, false, 4096, fa2));  // another kernel's
+  Result<SystemProfile> back = parse_profile(profile_to_json(p), "");
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+  EXPECT_EQ(*back, p);
+}
+
 // --- Profile JSON: round trip and the error corpus -------------------------------------
 
 TEST(ProfileJson, RoundTripsEveryBuiltin) {
@@ -575,6 +604,12 @@ TEST(ProfileJson, RejectsBadProfilesNamingTheField) {
        "gpu.attention.sustain: must be in (0, 1]"},
       {"zero sustain", [](nlohmann::json& j) { j["gpu"]["attention"]["sustain"] = 0; },
        "gpu.attention.sustain: must be in (0, 1]"},
+      {"negative element time",
+       [](nlohmann::json& j) { j["gpu"]["attention"]["fwd_element_ps"] = -1; },
+       "gpu.attention.fwd_element_ps: must be >= 0"},
+      {"absurd element time",
+       [](nlohmann::json& j) { j["gpu"]["attention"]["bwd_element_ps"] = 1e9; },
+       "gpu.attention.bwd_element_ps"},
       {"descending seq scale",
        [](nlohmann::json& j) {
          j["gpu"]["attention"]["fwd_seq_scale"] = {{1024, 0.8}, {512, 0.9}};

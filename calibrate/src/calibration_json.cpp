@@ -65,6 +65,9 @@ json fits_json(const Fits& f) {
             {"device_to_host_GBps", f.device_to_host_Bps / 1e9},
             {"collectives", colls},
             {"p2p_pairs", pairs}};
+  if (f.attention_elements_fitted)
+    j["attention_element_ps"] = {{"fwd", f.attention_fwd_element_s * 1e12},
+                                 {"bwd", f.attention_bwd_element_s * 1e12}};
   if (!f.attention_unmasked_by_seq.empty()) {
     json unmasked = json::array();  // [seq, factor] rows, as the profile's noncausal_scale
     for (const auto& [seq, factor] : f.attention_unmasked_by_seq) unmasked.push_back({seq, factor});

@@ -85,14 +85,42 @@ Result<Fits> fit_samples(const Samples& s) {
     (accumulate ? f.gemm_accumulate : f.gemm).push_back(gf);
   }
 
-  // attention_time() adds the launch overhead to flops / rate, so the rate is fitted on the
-  // time without it (at most 90% of a call is taken for overhead).
+  // The time per score element: at one key length, two head dims d1 > d2 of causal calls
+  // give u_i = (t_i - launch) / F_i = 1 / rate + e / (4·d_i) per forward FLOP (the
+  // backward's elements are F / (8·d): e / (8·d_i)), two equations for the rate and e; the
+  // median over the lengths is the profile's (at least 0: a smaller head measured faster
+  // per FLOP is noise).
+  for (int backward = 0; backward < 2; ++backward) {
+    std::map<int64_t, std::map<int64_t, double>> u;  // seq_kv -> head_dim -> (t - launch) / F
+    for (const AttentionSample& a : s.attention)
+      if (a.desc.causal && a.backward == (backward == 1) && a.flops() > 0)
+        u[a.desc.seq_kv][a.desc.head_dim] = (a.t.median_s - f.launch_s) / a.flops();
+    std::vector<double> per_length;
+    for (const auto& [seq, by_dim] : u) {
+      if (by_dim.size() < 2) continue;
+      const auto& [d2, u2] = *by_dim.begin();
+      const auto& [d1, u1] = *by_dim.rbegin();
+      const double per_dim = backward ? 8.0 : 4.0;
+      per_length.push_back(std::max((u2 - u1) / (1.0 / (per_dim * static_cast<double>(d2)) -
+                                                 1.0 / (per_dim * static_cast<double>(d1))),
+                                    0.0));
+    }
+    if (per_length.empty()) continue;
+    (backward ? f.attention_bwd_element_s : f.attention_fwd_element_s) = quantile(per_length, 0.5);
+    f.attention_elements_fitted = true;
+  }
+  // attention_time() adds the launch overhead and the score elements' time to flops / rate,
+  // so the rate is fitted on the time without them (at most 90% of a call is taken for
+  // overhead).
   // [causal][backward]: seq_kv -> (flops, seconds)
   std::map<int64_t, std::pair<double, double>> by_seq[2][2];
   for (const AttentionSample& a : s.attention) {
     auto& [flops, secs] = by_seq[a.desc.causal][a.backward][a.desc.seq_kv];
     flops += a.flops();
-    secs += std::max(a.t.median_s - f.launch_s, 0.1 * a.t.median_s);
+    const double elements = a.flops() / ((a.backward ? 8.0 : 4.0) * a.desc.head_dim);
+    const double softmax =
+        elements * (a.backward ? f.attention_bwd_element_s : f.attention_fwd_element_s);
+    secs += std::max(a.t.median_s - f.launch_s - softmax, 0.1 * a.t.median_s);
   }
   for (int backward = 0; backward < 2; ++backward) {
     auto& out = backward ? f.attention_bwd_by_seq : f.attention_fwd_by_seq;
@@ -371,6 +399,7 @@ class Builder {
     attention(p, f_.attention_fwd_flops_per_s, false);
     attention(p, f_.attention_bwd_flops_per_s, true);
     unmasked_attention(p);
+    attention_elements(p);
     for (const auto& [k, rates] : g.attention_alternatives)  // not measured: the base's
       mark(p, fmt::format("gpu.attention.alternatives.{}", hardware::to_string(k)),
            from_base(fmt::format("{} attention rates", hardware::to_string(k))));
@@ -507,6 +536,31 @@ class Builder {
     mark(p, backward ? "gpu.attention.bwd_seq_scale" : "gpu.attention.fwd_seq_scale",
          fmt::format("{}: {} GFLOP/s at seq {} (time - launch), divided by the last (at most 1)",
                      measured_, rates, seqs));
+  }
+
+  // gpu.attention.fwd_element_ps / bwd_element_ps: fitted from two head dims per length, the
+  // rates then without it; a run with one head dim leaves the measured kernel none (its rates
+  // hold the softmax at that head dim, the base's figure is another kernel's), one without
+  // attention keeps the base's.
+  void attention_elements(SystemProfile& p) {
+    if (s_.attention.empty()) {
+      if (p.gpu.attention_fwd_element_ps > 0 || p.gpu.attention_bwd_element_ps > 0)
+        mark(p, "gpu.attention.element_ps", from_base("attention's time per score element"));
+      return;
+    }
+    p.gpu.attention_fwd_element_ps = f_.attention_fwd_element_s * 1e12;
+    p.gpu.attention_bwd_element_ps = f_.attention_bwd_element_s * 1e12;
+    if (!f_.attention_elements_fitted) {
+      p.provenance.erase("gpu.attention.element_ps");
+      return;
+    }
+    mark(p, "gpu.attention.element_ps",
+         fmt::format("{}: {:.0f} / {:.0f} ps per score element forward / backward, from causal "
+                     "calls at two head dims per key length: their time less the launch per "
+                     "model FLOP falls with the head dim as 1 / rate + e / (4 d) (backward "
+                     "8 d); the median over lengths",
+                     measured_, f_.attention_fwd_element_s * 1e12,
+                     f_.attention_bwd_element_s * 1e12));
   }
 
   // gpu.attention.noncausal_scale from the lengths timed both ways; attention() dropped the

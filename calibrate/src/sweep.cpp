@@ -67,10 +67,15 @@ SweepPlan default_plan(std::string_view backend, bool quick) {
     // Several key lengths: the shorter ones give the profile's seq-scale curve.
     // Each length causal (a decoder's call) and unmasked (an encoder's, a CP ring's steps off
     // the diagonal): their ratio is the profile's noncausal_scale.
-    for (int64_t seq :
-         cpu ? std::vector<int64_t>{32, 64, 128, 256} : std::vector<int64_t>{512, 1024, 2048, 4096})
+    // And causal at half the head dim: the two give the time per score element (the
+    // softmax), which weighs more the smaller the head.
+    for (int64_t seq : cpu ? std::vector<int64_t>{32, 64, 128, 256}
+                           : std::vector<int64_t>{512, 1024, 2048, 4096}) {
+      const int64_t d = cpu ? 64 : 128;
       for (bool causal : {true, false})
-        p.attention.push_back(attention(1, cpu ? 4 : 16, seq, cpu ? 64 : 128, att, causal));
+        p.attention.push_back(attention(1, cpu ? 4 : 16, seq, d, att, causal));
+      p.attention.push_back(attention(1, cpu ? 4 : 16, seq, d / 2, att, true));
+    }
     // Copies larger than the last-level cache (32 MiB on the CI machine's EPYC), so the
     // fit sees memory, not cache, bandwidth.
     p.copy_bytes = cpu ? std::vector<int64_t>{64 * kMiB, 128 * kMiB, 256 * kMiB}

@@ -83,6 +83,9 @@ void print_fits(const calibrate::Fits& f, const calibrate::Samples& s, const std
       factors += fmt::format("{}{:.2f}x at {}", factors.empty() ? "" : ", ", factor, seq);
     fmt::print("              unmasked per FLOP (causal = 1): {}\n", factors);
   }
+  if (f.attention_elements_fitted)
+    fmt::print("              per score element (softmax): forward {:.0f} ps, backward {:.0f} ps\n",
+               f.attention_fwd_element_s * 1e12, f.attention_bwd_element_s * 1e12);
   if (f.memory)
     fmt::print(
         "Memory        {:.1f} GB/s read+write (median traffic / time; alpha-beta fit {:.1f} GB/s, "

@@ -160,7 +160,8 @@ const AttentionRates* DeviceProfile::attention_rates(AttentionKernel k) const {
 }
 
 Time DeviceProfile::attention_time(Flops flops, Precision p, bool backward, int64_t seq_kv,
-                                   const AttentionRates* rates, bool causal) const {
+                                   const AttentionRates* rates, bool causal,
+                                   int64_t head_dim) const {
   const double unmasked =
       causal ? 1.0
              : curve_factor(rates ? rates->noncausal_scale : attention_noncausal_scale, seq_kv);
@@ -169,13 +170,22 @@ Time DeviceProfile::attention_time(Flops flops, Precision p, bool backward, int6
   const std::vector<CurvePoint>& fwd_scale = rates ? rates->fwd_seq_scale : attention_fwd_seq_scale;
   const std::vector<CurvePoint>& bwd_scale = rates ? rates->bwd_seq_scale : attention_bwd_seq_scale;
   const FlopRate sustained = peak(p) * (attention_sustain * compute_scale);
+  // The score matrix's elements: F / (4·d) of a forward's model FLOPs, of the backward's
+  // (twice a forward's) F / (8·d); at the clock the tensor work runs at.
+  const double per_element =
+      (backward ? attention_bwd_element_ps : attention_fwd_element_ps) * 1e-12;
+  Time softmax;
+  if (rates == nullptr && head_dim > 0 && per_element > 0)
+    softmax = Time::seconds(flops.count() / (4.0 * (backward ? 2 : 1) * head_dim) * per_element /
+                            (attention_sustain * compute_scale));
   if (!backward)
-    return flops / (sustained * fwd_eff * curve_factor(fwd_scale, seq_kv)) + gemm_launch_overhead;
+    return flops / (sustained * fwd_eff * curve_factor(fwd_scale, seq_kv)) + softmax +
+           gemm_launch_overhead;
   // The backward efficiency is quoted as FlashAttention's benchmarks count it: 2.5x the
   // forward FLOPs (dQ, dK, dV plus the recomputed QK^T), not the model-FLOP 2x the caller
   // passes, so the kernel does 2.5 / 2 times the work `flops` names.
   return flops * kFlashBackwardWork / (sustained * bwd_eff * curve_factor(bwd_scale, seq_kv)) +
-         gemm_launch_overhead;
+         softmax + gemm_launch_overhead;
 }
 
 Time DeviceProfile::memory_time(Bytes bytes) const {

@@ -50,6 +50,9 @@ constexpr int64_t kMaxCount = int64_t{1} << 30;
 constexpr double kMaxLatencyUs = kMaxCallLatency.to_us();
 constexpr double kMaxQuantity = kMaxProfileQuantity;
 constexpr double kNoMin = -1e308;
+// The largest time per attention score element a profile may hold: a microsecond, far above
+// any kernel's (a CPU backend's softmax takes nanoseconds).
+constexpr double kMaxElementPs = 1e6;
 
 int read_count(JsonReader& r, std::string_view key) {
   return static_cast<int>(r.required_int(key, -kMaxCount, kMaxCount));
@@ -223,6 +226,8 @@ void read_gpu(JsonReader r, DeviceProfile& g, JsonReader& parent) {
   g.attention_bwd_seq_scale = std::move(own.bwd_seq_scale);
   g.attention_noncausal_scale = std::move(own.noncausal_scale);
   g.attention_sustain = att.optional_double("sustain", 1.0);
+  g.attention_fwd_element_ps = att.optional_double("fwd_element_ps", 0, kNoMin, kMaxElementPs);
+  g.attention_bwd_element_ps = att.optional_double("bwd_element_ps", 0, kNoMin, kMaxElementPs);
   if (att.has("kernel"))
     g.attention_kernel =
         *parse_attention_kernel(att.required_enum("kernel", {"cudnn", "flash2", "flash3"}));
@@ -428,6 +433,8 @@ nlohmann::json profile_to_json(const SystemProfile& p) {
   if (g.attention_kernel != AttentionKernel::kDefault)
     attention["kernel"] = to_string(g.attention_kernel);
   if (g.attention_sustain != 1.0) attention["sustain"] = g.attention_sustain;
+  if (g.attention_fwd_element_ps > 0) attention["fwd_element_ps"] = g.attention_fwd_element_ps;
+  if (g.attention_bwd_element_ps > 0) attention["bwd_element_ps"] = g.attention_bwd_element_ps;
   for (const auto& [k, a] : g.attention_alternatives)
     attention["alternatives"][std::string(to_string(k))] = rates_json(a);
 

@@ -226,6 +226,8 @@ Status validate_profile(const SystemProfile& p) {
   c.fraction("gpu.attention.fwd_efficiency", g.attention_fwd_efficiency);
   c.fraction("gpu.attention.bwd_efficiency", g.attention_bwd_efficiency);
   c.fraction("gpu.attention.sustain", g.attention_sustain);
+  c.non_negative("gpu.attention.fwd_element_ps", g.attention_fwd_element_ps);
+  c.non_negative("gpu.attention.bwd_element_ps", g.attention_bwd_element_ps);
   for (const auto& [key, curve] :
        {std::pair{"gpu.attention.fwd_seq_scale", &g.attention_fwd_seq_scale},
         std::pair{"gpu.attention.bwd_seq_scale", &g.attention_bwd_seq_scale}})
@@ -340,6 +342,8 @@ std::vector<std::string> missing_provenance(const SystemProfile& p) {
   if (p.inter_node.registered_collective_sms != RegisteredCollectiveSms{})
     fields.push_back("inter_node.registered_collective_sms");
   if (p.gpu.attention_sustain != 1.0) fields.push_back("gpu.attention.sustain");
+  if (p.gpu.attention_fwd_element_ps > 0 || p.gpu.attention_bwd_element_ps > 0)
+    fields.push_back("gpu.attention.element_ps");
   if (!p.gpu.attention_noncausal_scale.empty()) fields.push_back("gpu.attention.noncausal_scale");
   if (p.gpu.gemm_accumulate_exposed != 0) fields.push_back("gpu.gemm.accumulate_exposed");
   if (p.shared_compute_units > 0) fields.push_back("shared_compute_units");

@@ -558,10 +558,13 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
         const bool ring = !gather && cp > 1 && a.causal;
         auto time = [&](Flops f, bool backward, Time& diagonal_extra) {
           const Flops one = f / per_call;
-          if (!ring) return dev.attention_time(one, ap, backward, seq_kv, rates, a.causal) * calls;
-          const Time masked = dev.attention_time(one, ap, backward, seq_kv, rates);
+          if (!ring)
+            return dev.attention_time(one, ap, backward, seq_kv, rates, a.causal, a.head_dim) *
+                   calls;
+          const Time masked =
+              dev.attention_time(one, ap, backward, seq_kv, rates, true, a.head_dim);
           const Time unmasked =
-              dev.attention_time(one, ap, backward, ceil_div(seq_kv, 2), rates, false);
+              dev.attention_time(one, ap, backward, ceil_div(seq_kv, 2), rates, false, a.head_dim);
           diagonal_extra = masked - unmasked;
           return masked + unmasked * (calls - 1);
         };
@@ -1089,7 +1092,7 @@ Time kernel_time(const sim::Kernel& k, const hardware::DeviceProfile& dev, Preci
     case sim::KernelKind::kAttentionForward:
     case sim::KernelKind::kAttentionBackward:
       return dev.attention_time(Flops(k.flops()), kp, k.kind == sim::KernelKind::kAttentionBackward,
-                                k.seq_kv, dev.attention_rates(attention), k.causal);
+                                k.seq_kv, dev.attention_rates(attention), k.causal, k.head_dim);
     case sim::KernelKind::kMemory:
       return dev.memory_kernel_time(Bytes(k.bytes));
   }

@@ -48,9 +48,16 @@ struct FakeModel {
   double unmasked_speedup_at(int64_t seq_kv) const {
     return seq_kv < 256 ? unmasked_speedup * 1.1 : unmasked_speedup;
   }
-  double attention_s(double flops, int64_t seq_kv, bool causal = true) const {
+  // And each element of the score matrix (the softmax) costs this much beyond the FLOPs,
+  // forward; the backward the multiple below.
+  double element_s = 1e-10;
+  double backward_element_factor = 1.5;
+  double attention_s(double flops, int64_t seq_kv, bool causal = true, int64_t head_dim = 64,
+                     bool backward = false) const {
     const double rate = attention_rate_at(seq_kv) * (causal ? 1.0 : unmasked_speedup_at(seq_kv));
-    return gemm_s(8, 8, 8) + flops / rate;
+    const double elements = flops / ((backward ? 8.0 : 4.0) * static_cast<double>(head_dim));
+    return gemm_s(8, 8, 8) + flops / rate +
+           elements * element_s * (backward ? backward_element_factor : 1.0);
   }
   double coll_alpha_s(hardware::Collective op, int n) const {
     return coll_alpha * (1 + static_cast<int>(op)) * (n - 1);
@@ -104,14 +111,14 @@ class FakeBackend : public runtime::Backend {
   Status attention_forward(runtime::Stream, const runtime::AttentionDesc& d, const runtime::Buffer&,
                            const runtime::Buffer&, const runtime::Buffer&, runtime::Buffer&,
                            runtime::Buffer&) override {
-    advance(model_.attention_s(d.forward_flops(), d.seq_kv, d.causal));
+    advance(model_.attention_s(d.forward_flops(), d.seq_kv, d.causal, d.head_dim));
     return Status::ok();
   }
   Status attention_backward(runtime::Stream, const runtime::AttentionDesc& d,
                             const runtime::Buffer&, const runtime::Buffer&, const runtime::Buffer&,
                             const runtime::Buffer&, const runtime::Buffer&, const runtime::Buffer&,
                             runtime::Buffer&, runtime::Buffer&, runtime::Buffer&) override {
-    advance(model_.attention_s(2 * d.forward_flops(), d.seq_kv, d.causal));
+    advance(model_.attention_s(2 * d.forward_flops(), d.seq_kv, d.causal, d.head_dim, true));
     return Status::ok();
   }
   Status elementwise(runtime::Stream, const runtime::ElementwiseDesc& d,

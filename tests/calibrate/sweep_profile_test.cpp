@@ -82,10 +82,14 @@ TEST(Sweep, SamplesAndFitsRecoverTheBackendsCosts) {
   EXPECT_NEAR(f->attention_fwd_flops_per_s / m.attention_rate, 1.0, 1e-6);
   EXPECT_NEAR(f->attention_bwd_flops_per_s / m.attention_rate, 1.0, 1e-6);
   // The rates are the causal calls'; the plan times each length unmasked too, and the
-  // unmasked calls' speed-up over them is recovered per length.
+  // unmasked calls' speed-up over them is recovered per length; and causal at half the head
+  // dim, which gives the time per score element beside the rate.
   std::set<int64_t> lengths;
   for (const runtime::AttentionDesc& d : plan.attention) lengths.insert(d.seq_kv);
-  ASSERT_EQ(plan.attention.size(), 2 * lengths.size());
+  ASSERT_EQ(plan.attention.size(), 3 * lengths.size());
+  ASSERT_TRUE(f->attention_elements_fitted);
+  EXPECT_NEAR(f->attention_fwd_element_s / m.element_s, 1.0, 1e-4);
+  EXPECT_NEAR(f->attention_bwd_element_s / (m.element_s * m.backward_element_factor), 1.0, 1e-4);
   ASSERT_EQ(f->attention_fwd_by_seq.size(), lengths.size());
   ASSERT_EQ(f->attention_bwd_by_seq.size(), lengths.size());
   for (const auto& [seq, rate] : f->attention_fwd_by_seq)
@@ -253,11 +257,12 @@ TEST(CalibratedProfile, ValidRoundTripsAndReproducesTheMeasurements) {
                 1.0, 1e-4);
   // Attention: the profile's attention_time (with its seq-scale curves) reproduces every
   // measured call, causal or unmasked (the noncausal_scale curve).
-  EXPECT_EQ(p->gpu.attention_fwd_seq_scale.size(), s.attention.size() / 4);
-  EXPECT_EQ(p->gpu.attention_noncausal_scale.size(), s.attention.size() / 4);
+  EXPECT_EQ(p->gpu.attention_fwd_seq_scale.size(), s.attention.size() / 6);
+  EXPECT_EQ(p->gpu.attention_noncausal_scale.size(), s.attention.size() / 6);
+  EXPECT_GT(p->gpu.attention_fwd_element_ps, 0);
   for (const AttentionSample& a : s.attention)
     EXPECT_NEAR(p->gpu.attention_time(Flops(a.flops()), Precision::kBf16, a.backward, a.desc.seq_kv,
-                                      nullptr, a.desc.causal)
+                                      nullptr, a.desc.causal, a.desc.head_dim)
                         .to_seconds() /
                     a.t.median_s,
                 1.0, 1e-5)
@@ -283,6 +288,9 @@ TEST(CalibratedProfile, ValidRoundTripsAndReproducesTheMeasurements) {
   EXPECT_EQ(j["$calibration"]["fits"]["collectives"].size(), f.collectives.size());
   EXPECT_EQ(j["$calibration"]["fits"]["attention_unmasked_scale"].size(),
             f.attention_unmasked_by_seq.size());
+  EXPECT_NEAR(
+      j["$calibration"]["fits"]["attention_element_ps"]["fwd"].get<double>() / (m.element_s * 1e12),
+      1.0, 1e-4);
 }
 
 TEST(CalibratedProfile, BaseProfileKeepsDatasheetPeaksAndUnmeasuredFigures) {
@@ -380,6 +388,59 @@ TEST(CalibratedProfile, UnmaskedAttentionFactorIsTheMeasuredKernelsOrNone) {
   ASSERT_TRUE(clamped.is_ok()) << clamped.status().to_string();
   EXPECT_EQ(clamped->gpu.attention_noncausal_scale.front().factor, 3.0);
   EXPECT_TRUE(hardware::validate_profile(*clamped).is_ok());
+}
+
+// The time per score element (the softmax) comes from causal calls at two head dims of one
+// key length: the profile's attention_time then holds at other head dims too (here 16, which
+// no call was timed at). A run at one head dim leaves the measured kernel none (its rates
+// hold the softmax at that head dim) and predicts a smaller head too fast; one with no
+// attention keeps the base's.
+TEST(CalibratedProfile, ScoreElementTimeComesFromTwoHeadDims) {
+  FakeModel m;
+  m.element_s = 2e-9;  // a softmax that weighs: about the FLOPs' time per element at head dim 16
+  FakeBackend b(1, m);
+  const Samples s = sweep(b, small_plan());
+  ProfileOptions o;
+  o.date = "2026-12-06T00:00:00Z";
+  Result<hardware::SystemProfile> p = build_profile(s, *fit_samples(s), o);
+  ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+  EXPECT_NEAR(p->gpu.attention_fwd_element_ps / (m.element_s * 1e12), 1.0, 1e-4);
+  EXPECT_NE(p->provenance.at("gpu.attention.element_ps").find("two head dims"), std::string::npos);
+  EXPECT_TRUE(hardware::validate_profile(*p).is_ok());
+  EXPECT_EQ(hardware::missing_provenance(*p), std::vector<std::string>{});
+  runtime::AttentionDesc small;
+  small.heads = small.kv_heads = 4;
+  small.seq_q = small.seq_kv = 128;
+  small.head_dim = 16;
+  small.causal = true;
+  const double flops = small.forward_flops();
+  const auto predicted = [&](const hardware::SystemProfile& q) {
+    return q.gpu.attention_time(Flops(flops), Precision::kBf16, false, 128, nullptr, true, 16)
+        .to_seconds();
+  };
+  const double measured = m.attention_s(flops, 128, true, 16);
+  EXPECT_NEAR(predicted(*p) / measured, 1.0, 1e-4);
+
+  Samples one_dim = s;
+  std::erase_if(one_dim.attention, [](const AttentionSample& a) { return a.desc.head_dim != 64; });
+  Result<hardware::SystemProfile> single = build_profile(one_dim, *fit_samples(one_dim), o);
+  ASSERT_TRUE(single.is_ok()) << single.status().to_string();
+  EXPECT_EQ(single->gpu.attention_fwd_element_ps, 0);
+  EXPECT_FALSE(single->provenance.contains("gpu.attention.element_ps"));
+  EXPECT_LT(predicted(*single), 0.9 * measured);
+  EXPECT_TRUE(hardware::validate_profile(*single).is_ok());
+
+  Samples none = s;
+  none.attention.clear();
+  hardware::SystemProfile base = *p;
+  ProfileOptions on_base = o;
+  on_base.base = base;
+  on_base.base_ref = "the calibrated profile";
+  Result<hardware::SystemProfile> kept = build_profile(none, *fit_samples(none), on_base);
+  ASSERT_TRUE(kept.is_ok()) << kept.status().to_string();
+  EXPECT_EQ(kept->gpu.attention_fwd_element_ps, p->gpu.attention_fwd_element_ps);
+  EXPECT_NE(kept->provenance.at("gpu.attention.element_ps").find("from the base profile"),
+            std::string::npos);
 }
 
 // A run with NCCL's NVLS switched off measures the ring: on a node with NVLS (eight ranks

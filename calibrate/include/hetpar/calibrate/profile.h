@@ -46,10 +46,15 @@ struct Fits {
   std::vector<GemmFit> gemm;             // plain GEMMs, per dtype
   std::vector<GemmFit> gemm_accumulate;  // GEMMs adding into an fp32 output, per input dtype
   double launch_s = 0;                   // median time of the smallest GEMM
-  /// Causal attention rates: model FLOPs / (time - launch_s), pooled over the shapes of one key
-  /// length, ascending in seq_kv. The *_flops_per_s figures are the longest length's (the
-  /// profile's efficiency); the shorter ones become its seq-scale curve.
+  /// Causal attention rates: model FLOPs / (time - launch_s - the elements' time), pooled over
+  /// the shapes of one key length, ascending in seq_kv. The *_flops_per_s figures are the
+  /// longest length's (the profile's efficiency); the shorter ones become its seq-scale curve.
   std::vector<std::pair<int64_t, double>> attention_fwd_by_seq, attention_bwd_by_seq;
+  /// Time per score element (the softmax), from causal calls at two head dims of one key
+  /// length (the median over lengths; attention_elements_fitted: some length had two); the
+  /// rates above are fitted on each call's time less it.
+  double attention_fwd_element_s = 0, attention_bwd_element_s = 0;
+  bool attention_elements_fitted = false;
   double attention_fwd_flops_per_s = 0;
   double attention_bwd_flops_per_s = 0;
   /// Of key lengths timed both causal and unmasked, ascending: the unmasked calls' speed per

@@ -137,6 +137,14 @@ struct DeviceProfile {
   /// clock settles at the power limit, where a step keeps the GPU; the GEMM rates
   /// (compute.*.eta_max) are sustained measurements already.
   double attention_sustain = 1.0;
+  /// Time per element of the score matrix of the profile's own attention kernel, beyond its
+  /// FLOPs (gpu.attention.fwd_element_ps / bwd_element_ps; 0: none): the softmax's max,
+  /// exponential and sum per element, which the model FLOPs (4·b·h·s_q·s_kv·d) do not count
+  /// and which weigh more the smaller the head dim (FlashAttention-3, arXiv 2407.08608 §3:
+  /// exponentials run at a fraction of the matmul rate). Calibrate fits it from two head dims
+  /// per key length; the rates above then exclude it. A call of F model FLOPs at head dim
+  /// d has F / (4·d) elements forward (F / (8·d) of the backward's 2x FLOPs).
+  double attention_fwd_element_ps = 0, attention_bwd_element_ps = 0;
   /// Compute kernels take (1 + this) times as long while a collective of this GPU runs
   /// (NCCL's kernels occupy SMs and memory bandwidth); 0 = overlap is free.
   double collective_overlap_slowdown = 0;
@@ -182,10 +190,12 @@ struct DeviceProfile {
   /// flops · kFlashBackwardWork / (peak · bwd efficiency). `seq_kv` (> 0) is the key/value
   /// length of one kernel call and selects the point on the seq-scale curves; 0 means a
   /// long sequence (factor 1).
-  /// `rates`: another kernel's (attention_rates()); nullptr: the profile's own. `causal`
-  /// false: a call without a mask, at the noncausal_scale's faster rate.
+  /// `rates`: another kernel's (attention_rates()); nullptr: the profile's own, whose time
+  /// per score element is added for a `head_dim` > 0. `causal` false: a call without a
+  /// mask, at the noncausal_scale's faster rate.
   Time attention_time(Flops flops, Precision p, bool backward, int64_t seq_kv = 0,
-                      const AttentionRates* rates = nullptr, bool causal = true) const;
+                      const AttentionRates* rates = nullptr, bool causal = true,
+                      int64_t head_dim = 0) const;
   /// Whether the profile has rates for `k` (kDefault and its own kernel always).
   bool has_attention_kernel(AttentionKernel k) const;
   /// `k`'s rates for attention_time(): nullptr for the profile's own kernel.

@@ -37,8 +37,10 @@
 //                           "fwd_seq_scale": [[seq, factor], ...],  // optional, and
 //                           "bwd_seq_scale": [[seq, factor], ...],  // the rates against
 //                                           // the key/value length per call
-//                           "sustain": 0.88}},  // optional (1): the fraction of these
+//                           "sustain": 0.88,  // optional (1): the fraction of these
 //                                           // burst rates a step sustains at the power limit
+//                           "fwd_element_ps": 2.0, "bwd_element_ps": 3.0}},  // optional
+//                                           // (0): time per score element (the softmax)
 //     "intra_node": {"fabric": "nvswitch|pcie|none",
 //                    "GBps": 450,            // per GPU, one direction
 //                    "latency_us": 0.6,      // GPU to GPU through the fabric
