@@ -46,30 +46,35 @@ def timed_sustained(fn, reps=20):
 
 
 def attention_rows(backend, name, shapes):
+    """Shapes (batch, heads, kv heads, sequence, head dim[, causal]); causal unless a sixth
+    field says otherwise (an encoder's call is unmasked: its FLOPs are not halved)."""
     rows = []
-    for b, h, hkv, s, d in shapes:
+    for shape in shapes:
+        b, h, hkv, s, d = shape[:5]
+        causal = shape[5] if len(shape) > 5 else True
         q = torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         k = torch.randn(b, hkv, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         v = torch.randn(b, hkv, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         gqa = hkv != h
-        fwd_flops = 4.0 * b * h * s * s * d / 2
+        fwd_flops = 4.0 * b * h * s * s * d / (2 if causal else 1)
         with sdpa_kernel([backend]):
             try:
-                out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
                 out.backward(torch.randn_like(out))
             except RuntimeError as e:  # the backend refuses the shape
-                rows.append({"kernel": name, "shape": [b, h, hkv, s, d], "error": str(e)[:120]})
+                rows.append({"kernel": name, "shape": [b, h, hkv, s, d], "causal": causal,
+                             "error": str(e)[:120]})
                 continue
             grad = torch.randn_like(out)
 
             def fwd():
-                F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+                F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
 
             def fwd_bwd():
-                o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
                 o.backward(grad)
 
-            row = {"kernel": name, "shape": [b, h, hkv, s, d]}
+            row = {"kernel": name, "shape": [b, h, hkv, s, d], "causal": causal}
             for mode, timer in (("burst", timed_burst), ("sustained", timed_sustained)):
                 tf = timer(fwd)
                 tfb = timer(fwd_bwd)
@@ -165,6 +170,12 @@ def main():
     shapes = [(1, 32, 8, 8192, 128), (1, 16, 2, 8192, 128), (1, 32, 8, 4096, 128),
               (1, 16, 2, 4096, 128), (2, 48, 8, 4096, 128), (4, 32, 8, 2048, 128),
               (8, 16, 16, 1024, 128)]
+    # Head dim 64 against 128 (the third shape at half the head dim), and the encoders'
+    # unmasked calls at head dim 64 (CLIP ViT-L/14-336: 16 heads over 577 tokens, 32 images;
+    # Whisper large-v3's encoder: 20 heads over 1500 frames, 8 clips): the evidence a model
+    # of attention's cost against the head dim needs (docs/calibration.md, the score
+    # elements' time), which the fused kernels' rates at 128 alone cannot give.
+    shapes += [(1, 32, 8, 4096, 64), (32, 16, 16, 577, 64, False), (8, 20, 20, 1500, 64, False)]
     if args.only == "mix":
         rows = mix_rows()
         for r in rows:
@@ -188,7 +199,8 @@ def main():
                   f"{r['bwd_tflops']:.1f} TFLOP/s beside each other, {r['shape']}")
         elif "fwd_tflops" in r["burst"]:
             bu, su = r["burst"], r["sustained"]
-            print(f"{r['kernel']:<15} {str(r['shape']):<26} "
+            shape = str(r["shape"]) + ("" if r.get("causal", True) else " unmasked")
+            print(f"{r['kernel']:<15} {shape:<26} "
                   f"{bu['fwd_tflops']:8.1f} {bu['bwd_tflops']:8.1f}  "
                   f"{su['fwd_tflops']:9.1f} {su['bwd_tflops']:9.1f}  "
                   f"{su['fwd_tflops'] / bu['fwd_tflops']:5.3f} "
