@@ -455,6 +455,46 @@ TEST(DeviceProfile, AnUnmaskedCallRunsAtTheUnmaskedRate) {
             a100.attention_time(f, Precision::kBf16, false, 4096));
 }
 
+// A smaller head runs the fused kernels slower per FLOP: on an H100, cuDNN's unmasked forward
+// at 16K runs 413 TFLOP/s at head dim 64 against 595 at 128, FlashAttention-2 324 against
+// 370, FlashAttention-3 497 against 648 (FlashAttention-3 paper, Figure 5), taken for both
+// passes and masks; between 64 and 128 the factor follows log2(d), beyond them it holds; a
+// caller that names no head dim gets 128's rates. A profile without the figure (the A100's)
+// times every head dim alike.
+TEST(DeviceProfile, SmallerHeadsRunSlowerPerFlop) {
+  const DeviceProfile h100 = builtin("dgx-h100").gpu;
+  const Flops f(1e12);
+  const auto work = [&](bool backward, int64_t d, AttentionKernel k, bool causal = true) {
+    return (h100.attention_time(f, Precision::kBf16, backward, 16384, h100.attention_rates(k),
+                                causal, d) -
+            h100.gemm_launch_overhead)
+        .to_seconds();
+  };
+  for (bool backward : {false, true})
+    for (bool causal : {true, false}) {
+      EXPECT_NEAR(work(backward, 128, AttentionKernel::kCudnn, causal) /
+                      work(backward, 64, AttentionKernel::kCudnn, causal),
+                  413.0 / 595, 1e-3);
+      EXPECT_EQ(work(backward, 0, AttentionKernel::kCudnn, causal),
+                work(backward, 128, AttentionKernel::kCudnn, causal));
+    }
+  EXPECT_NEAR(
+      work(false, 128, AttentionKernel::kFlash2) / work(false, 64, AttentionKernel::kFlash2),
+      324.0 / 370, 1e-3);
+  EXPECT_NEAR(
+      work(false, 128, AttentionKernel::kFlash3) / work(false, 64, AttentionKernel::kFlash3),
+      497.0 / 648, 1e-3);
+  EXPECT_EQ(work(false, 32, AttentionKernel::kCudnn), work(false, 64, AttentionKernel::kCudnn));
+  EXPECT_EQ(work(false, 256, AttentionKernel::kCudnn), work(false, 128, AttentionKernel::kCudnn));
+  const double at96 =
+      work(false, 128, AttentionKernel::kCudnn) / work(false, 96, AttentionKernel::kCudnn);
+  EXPECT_GT(at96, 413.0 / 595);
+  EXPECT_LT(at96, 1.0);
+  const DeviceProfile a100 = builtin("dgx-a100-80gb").gpu;
+  EXPECT_EQ(a100.attention_time(f, Precision::kBf16, false, 4096, nullptr, true, 64),
+            a100.attention_time(f, Precision::kBf16, false, 4096, nullptr, true, 128));
+}
+
 // The time per score element (gpu.attention.fwd_element_ps / bwd_element_ps, a calibrated
 // profile's): F / (4·d) elements forward, F / (8·d) of the backward's FLOPs, added for the
 // profile's own kernel at a known head dim only; smaller heads pay more per FLOP. It
@@ -462,6 +502,7 @@ TEST(DeviceProfile, AnUnmaskedCallRunsAtTheUnmaskedRate) {
 TEST(DeviceProfile, ScoreElementsCostTheirOwnTime) {
   SystemProfile p = builtin("dgx-h100");
   DeviceProfile& h100 = p.gpu;
+  const DeviceProfile without = h100;
   const Flops f(1e12);
   const Time plain = h100.attention_time(f, Precision::kBf16, false, 4096);
   h100.attention_fwd_element_ps = 0.5;
@@ -470,7 +511,7 @@ TEST(DeviceProfile, ScoreElementsCostTheirOwnTime) {
   const double scale = h100.attention_sustain * h100.compute_scale;
   const auto extra = [&](bool backward, int64_t d) {
     return (h100.attention_time(f, Precision::kBf16, backward, 4096, nullptr, true, d) -
-            h100.attention_time(f, Precision::kBf16, backward, 4096))
+            without.attention_time(f, Precision::kBf16, backward, 4096, nullptr, true, d))
         .to_seconds();
   };
   EXPECT_NEAR(extra(false, 128) / (1e12 / (4 * 128) * 0.5e-12 / scale), 1.0, 1e-6);
@@ -478,7 +519,7 @@ TEST(DeviceProfile, ScoreElementsCostTheirOwnTime) {
   EXPECT_NEAR(extra(false, 64) / extra(false, 128), 2.0, 1e-6);
   const AttentionRates* fa2 = h100.attention_rates(AttentionKernel::kFlash2);
   EXPECT_EQ(h100.attention_time(f, Precision::kBf16, false, 4096, fa2, true, 64),
-            h100.attention_time(f, Precision::kBf16, false, 4096, fa2));  // another kernel's
+            without.attention_time(f, Precision::kBf16, false, 4096, fa2, true, 64));  // another's
   Result<SystemProfile> back = parse_profile(profile_to_json(p), "");
   ASSERT_TRUE(back.is_ok()) << back.status().to_string();
   EXPECT_EQ(*back, p);
@@ -604,6 +645,11 @@ TEST(ProfileJson, RejectsBadProfilesNamingTheField) {
        "gpu.attention.sustain: must be in (0, 1]"},
       {"zero sustain", [](nlohmann::json& j) { j["gpu"]["attention"]["sustain"] = 0; },
        "gpu.attention.sustain: must be in (0, 1]"},
+      {"descending head dims",
+       [](nlohmann::json& j) {
+         j["gpu"]["attention"]["head_dim_scale"] = {{128, 1.0}, {64, 0.7}};
+       },
+       "gpu.attention.head_dim_scale[1]: head dims must be strictly ascending"},
       {"negative element time",
        [](nlohmann::json& j) { j["gpu"]["attention"]["fwd_element_ps"] = -1; },
        "gpu.attention.fwd_element_ps: must be >= 0"},

@@ -494,6 +494,8 @@ class Builder {
       mark(p, field,
            o_.base ? from_base("attention efficiency")
                    : "[not measured] placeholder 0.5 (no attention samples)");
+      if (!p.gpu.attention_head_dim_scale.empty())
+        mark(p, "gpu.attention.head_dim_scale", from_base("attention rates against the head dim"));
       return;
     }
     // The backend's own attention kernel is what was measured, not the base's named one;
@@ -504,6 +506,9 @@ class Builder {
       p.gpu.attention_noncausal_scale.clear();
       p.provenance.erase("gpu.attention.noncausal_scale");
     }
+    // Likewise its head-dim curve: the measured kernel's is its time per score element.
+    p.gpu.attention_head_dim_scale.clear();
+    p.provenance.erase("gpu.attention.head_dim_scale");
     const Precision prec = precision_of(s_.attention.front().desc.dtype);
     Precision use = p.gpu.supports(prec) ? prec : Precision::kBf16;
     if (fp32_stands_for_bf16()) use = Precision::kBf16;

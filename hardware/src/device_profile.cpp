@@ -165,8 +165,14 @@ Time DeviceProfile::attention_time(Flops flops, Precision p, bool backward, int6
   const double unmasked =
       causal ? 1.0
              : curve_factor(rates ? rates->noncausal_scale : attention_noncausal_scale, seq_kv);
-  const double fwd_eff = (rates ? rates->fwd_efficiency : attention_fwd_efficiency) * unmasked;
-  const double bwd_eff = (rates ? rates->bwd_efficiency : attention_bwd_efficiency) * unmasked;
+  const double head =
+      head_dim > 0
+          ? curve_factor(rates ? rates->head_dim_scale : attention_head_dim_scale, head_dim)
+          : 1.0;
+  const double fwd_eff =
+      (rates ? rates->fwd_efficiency : attention_fwd_efficiency) * unmasked * head;
+  const double bwd_eff =
+      (rates ? rates->bwd_efficiency : attention_bwd_efficiency) * unmasked * head;
   const std::vector<CurvePoint>& fwd_scale = rates ? rates->fwd_seq_scale : attention_fwd_seq_scale;
   const std::vector<CurvePoint>& bwd_scale = rates ? rates->bwd_seq_scale : attention_bwd_seq_scale;
   const FlopRate sustained = peak(p) * (attention_sustain * compute_scale);

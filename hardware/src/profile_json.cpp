@@ -217,6 +217,8 @@ void read_gpu(JsonReader r, DeviceProfile& g, JsonReader& parent) {
                                      std::pair{"bwd_seq_scale", &out.bwd_seq_scale},
                                      std::pair{"noncausal_scale", &out.noncausal_scale}})
       if (a.has(key)) read_curve(a, key, "seq", "sequence lengths", *curve);
+    if (a.has("head_dim_scale"))
+      read_curve(a, "head_dim_scale", "head dim", "head dims", out.head_dim_scale);
   };
   AttentionRates own;
   read_rates(att, own);
@@ -225,6 +227,7 @@ void read_gpu(JsonReader r, DeviceProfile& g, JsonReader& parent) {
   g.attention_fwd_seq_scale = std::move(own.fwd_seq_scale);
   g.attention_bwd_seq_scale = std::move(own.bwd_seq_scale);
   g.attention_noncausal_scale = std::move(own.noncausal_scale);
+  g.attention_head_dim_scale = std::move(own.head_dim_scale);
   g.attention_sustain = att.optional_double("sustain", 1.0);
   g.attention_fwd_element_ps = att.optional_double("fwd_element_ps", 0, kNoMin, kMaxElementPs);
   g.attention_bwd_element_ps = att.optional_double("bwd_element_ps", 0, kNoMin, kMaxElementPs);
@@ -425,11 +428,12 @@ nlohmann::json profile_to_json(const SystemProfile& p) {
     if (!a.fwd_seq_scale.empty()) j["fwd_seq_scale"] = curve_json(a.fwd_seq_scale);
     if (!a.bwd_seq_scale.empty()) j["bwd_seq_scale"] = curve_json(a.bwd_seq_scale);
     if (!a.noncausal_scale.empty()) j["noncausal_scale"] = curve_json(a.noncausal_scale);
+    if (!a.head_dim_scale.empty()) j["head_dim_scale"] = curve_json(a.head_dim_scale);
     return j;
   };
-  nlohmann::json attention =
-      rates_json({g.attention_fwd_efficiency, g.attention_bwd_efficiency, g.attention_fwd_seq_scale,
-                  g.attention_bwd_seq_scale, g.attention_noncausal_scale});
+  nlohmann::json attention = rates_json({g.attention_fwd_efficiency, g.attention_bwd_efficiency,
+                                         g.attention_fwd_seq_scale, g.attention_bwd_seq_scale,
+                                         g.attention_noncausal_scale, g.attention_head_dim_scale});
   if (g.attention_kernel != AttentionKernel::kDefault)
     attention["kernel"] = to_string(g.attention_kernel);
   if (g.attention_sustain != 1.0) attention["sustain"] = g.attention_sustain;

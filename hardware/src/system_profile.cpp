@@ -234,6 +234,7 @@ Status validate_profile(const SystemProfile& p) {
     check_curve(c, key, *curve, "sequence lengths");
   check_curve(c, "gpu.attention.noncausal_scale", g.attention_noncausal_scale, "sequence lengths",
               kMaxNoncausalScale);
+  check_curve(c, "gpu.attention.head_dim_scale", g.attention_head_dim_scale, "head dims");
   for (const auto& [k, a] : g.attention_alternatives) {
     const std::string key = fmt::format("gpu.attention.alternatives.{}", to_string(k));
     c.fraction(key + ".fwd_efficiency", a.fwd_efficiency);
@@ -242,6 +243,7 @@ Status validate_profile(const SystemProfile& p) {
     check_curve(c, key + ".bwd_seq_scale", a.bwd_seq_scale, "sequence lengths");
     check_curve(c, key + ".noncausal_scale", a.noncausal_scale, "sequence lengths",
                 kMaxNoncausalScale);
+    check_curve(c, key + ".head_dim_scale", a.head_dim_scale, "head dims");
   }
 
   const IntraNodeFabric& f = p.intra_node;
@@ -345,6 +347,7 @@ std::vector<std::string> missing_provenance(const SystemProfile& p) {
   if (p.gpu.attention_fwd_element_ps > 0 || p.gpu.attention_bwd_element_ps > 0)
     fields.push_back("gpu.attention.element_ps");
   if (!p.gpu.attention_noncausal_scale.empty()) fields.push_back("gpu.attention.noncausal_scale");
+  if (!p.gpu.attention_head_dim_scale.empty()) fields.push_back("gpu.attention.head_dim_scale");
   if (p.gpu.gemm_accumulate_exposed != 0) fields.push_back("gpu.gemm.accumulate_exposed");
   if (p.shared_compute_units > 0) fields.push_back("shared_compute_units");
   if (p.host_op > Time::zero()) fields.push_back("host.op_us");

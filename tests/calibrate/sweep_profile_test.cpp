@@ -345,6 +345,7 @@ TEST(CalibratedProfile, BaseProfileKeepsDatasheetPeaksAndUnmeasuredFigures) {
 // The H100 base's unmasked-call factor is cuDNN's. A run that times attention both ways
 // replaces it with its own kernel's; one that times causal calls only drops it (its kernel is
 // not cuDNN); one that times no attention keeps the base's rates and the factor with them.
+// Likewise the base's head-dim curve: dropped once attention is measured, else kept.
 TEST(CalibratedProfile, UnmaskedAttentionFactorIsTheMeasuredKernelsOrNone) {
   FakeModel m;
   m.unmasked_speedup = 1.8;
@@ -361,6 +362,10 @@ TEST(CalibratedProfile, UnmaskedAttentionFactorIsTheMeasuredKernelsOrNone) {
     EXPECT_NEAR(pt.factor, m.unmasked_speedup_at(pt.at), 1e-6) << pt.at;
   EXPECT_NE(both->provenance.at("gpu.attention.noncausal_scale").find("measured"),
             std::string::npos);
+  // The base's head-dim curve is cuDNN's too; the measured kernel's is its time per element.
+  ASSERT_FALSE(o.base->gpu.attention_head_dim_scale.empty());
+  EXPECT_TRUE(both->gpu.attention_head_dim_scale.empty());
+  EXPECT_FALSE(both->provenance.contains("gpu.attention.head_dim_scale"));
   EXPECT_TRUE(hardware::validate_profile(*both).is_ok());
   EXPECT_EQ(hardware::missing_provenance(*both), std::vector<std::string>{});
 
@@ -379,6 +384,9 @@ TEST(CalibratedProfile, UnmaskedAttentionFactorIsTheMeasuredKernelsOrNone) {
   ASSERT_TRUE(kept.is_ok()) << kept.status().to_string();
   EXPECT_EQ(kept->gpu.attention_noncausal_scale, o.base->gpu.attention_noncausal_scale);
   EXPECT_NE(kept->provenance.at("gpu.attention.noncausal_scale").find("from the base profile"),
+            std::string::npos);
+  EXPECT_EQ(kept->gpu.attention_head_dim_scale, o.base->gpu.attention_head_dim_scale);
+  EXPECT_NE(kept->provenance.at("gpu.attention.head_dim_scale").find("from the base profile"),
             std::string::npos);
 
   // A broken timing outside the validator's range is clamped into it.

@@ -81,6 +81,7 @@ struct AttentionRates {
   std::vector<CurvePoint> fwd_seq_scale;
   std::vector<CurvePoint> bwd_seq_scale;
   std::vector<CurvePoint> noncausal_scale;  // as DeviceProfile::attention_noncausal_scale
+  std::vector<CurvePoint> head_dim_scale;   // as DeviceProfile::attention_head_dim_scale
   bool operator==(const AttentionRates&) const = default;
 };
 
@@ -127,6 +128,12 @@ struct DeviceProfile {
   /// its key/value length (gpu.attention.noncausal_scale; empty: 1), as the diagonal
   /// tiles' partial work and the triangle's uneven rows cost a causal kernel.
   std::vector<CurvePoint> attention_noncausal_scale;
+  /// The rates above are at head dim 128; a call of another head dim runs this factor of
+  /// them (gpu.attention.head_dim_scale; empty: 1), interpolated in log2(d) and clamped at
+  /// both ends: fused kernels run smaller heads slower per FLOP, as their exponentials
+  /// (one per score element) weigh more against the products (FlashAttention-3 §3). On both
+  /// passes and masks alike.
+  std::vector<CurvePoint> attention_head_dim_scale;
   /// The kernel the rates above are of (gpu.attention.kernel; kDefault: unnamed), and other
   /// kernels' rates (gpu.attention.alternatives), which a plan may ask for by name.
   AttentionKernel attention_kernel = AttentionKernel::kDefault;
@@ -192,7 +199,8 @@ struct DeviceProfile {
   /// long sequence (factor 1).
   /// `rates`: another kernel's (attention_rates()); nullptr: the profile's own, whose time
   /// per score element is added for a `head_dim` > 0. `causal` false: a call without a
-  /// mask, at the noncausal_scale's faster rate.
+  /// mask, at the noncausal_scale's faster rate. `head_dim` > 0 picks the point on the
+  /// head_dim_scale curve (0: head dim 128's rates).
   Time attention_time(Flops flops, Precision p, bool backward, int64_t seq_kv = 0,
                       const AttentionRates* rates = nullptr, bool causal = true,
                       int64_t head_dim = 0) const;
