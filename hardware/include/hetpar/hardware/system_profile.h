@@ -39,6 +39,8 @@
 //                                           // the key/value length per call
 //                           "sustain": 0.88,  // optional (1): the fraction of these
 //                                           // burst rates a step sustains at the power limit
+//                           "head_dim_scale": [[64, 0.694], [128, 1]],  // optional:
+//                                           // the rates against the head dim
 //                           "fwd_element_ps": 2.0, "bwd_element_ps": 3.0}},  // optional
 //                                           // (0): time per score element (the softmax)
 //     "intra_node": {"fabric": "nvswitch|pcie|none",
