@@ -86,10 +86,10 @@ Result<Fits> fit_samples(const Samples& s) {
   }
 
   // The time per score element: at one key length, two head dims d1 > d2 of causal calls
-  // give u_i = (t_i - launch) / F_i = 1 / rate + e / (4·d_i) per forward FLOP (the
-  // backward's elements are F / (8·d): e / (8·d_i)), two equations for the rate and e; the
-  // median over the lengths is the profile's (at least 0: a smaller head measured faster
-  // per FLOP is noise).
+  // give u_i = (t_i - launch) / F_i = 1 / rate + e · E_i / F_i per FLOP, E_i / F_i the
+  // elements per FLOP (hardware::attention_score_elements: 1 / (4·d_i) forward, 1 / (8·d_i)
+  // backward), two equations for the rate and e; the median over the lengths is the
+  // profile's (at least 0: a smaller head measured faster per FLOP is noise).
   for (int backward = 0; backward < 2; ++backward) {
     std::map<int64_t, std::map<int64_t, double>> u;  // seq_kv -> head_dim -> (t - launch) / F
     for (const AttentionSample& a : s.attention)
@@ -100,10 +100,10 @@ Result<Fits> fit_samples(const Samples& s) {
       if (by_dim.size() < 2) continue;
       const auto& [d2, u2] = *by_dim.begin();
       const auto& [d1, u1] = *by_dim.rbegin();
-      const double per_dim = backward ? 8.0 : 4.0;
-      per_length.push_back(std::max((u2 - u1) / (1.0 / (per_dim * static_cast<double>(d2)) -
-                                                 1.0 / (per_dim * static_cast<double>(d1))),
-                                    0.0));
+      const auto per_flop = [&](int64_t d) {
+        return hardware::attention_score_elements(1.0, backward == 1, d);
+      };
+      per_length.push_back(std::max((u2 - u1) / (per_flop(d2) - per_flop(d1)), 0.0));
     }
     if (per_length.empty()) continue;
     (backward ? f.attention_bwd_element_s : f.attention_fwd_element_s) = quantile(per_length, 0.5);
@@ -117,9 +117,9 @@ Result<Fits> fit_samples(const Samples& s) {
   for (const AttentionSample& a : s.attention) {
     auto& [flops, secs] = by_seq[a.desc.causal][a.backward][a.desc.seq_kv];
     flops += a.flops();
-    const double elements = a.flops() / ((a.backward ? 8.0 : 4.0) * a.desc.head_dim);
     const double softmax =
-        elements * (a.backward ? f.attention_bwd_element_s : f.attention_fwd_element_s);
+        hardware::attention_score_elements(a.flops(), a.backward, a.desc.head_dim) *
+        (a.backward ? f.attention_bwd_element_s : f.attention_fwd_element_s);
     secs += std::max(a.t.median_s - f.launch_s - softmax, 0.1 * a.t.median_s);
   }
   for (int backward = 0; backward < 2; ++backward) {

@@ -176,14 +176,13 @@ Time DeviceProfile::attention_time(Flops flops, Precision p, bool backward, int6
   const std::vector<CurvePoint>& fwd_scale = rates ? rates->fwd_seq_scale : attention_fwd_seq_scale;
   const std::vector<CurvePoint>& bwd_scale = rates ? rates->bwd_seq_scale : attention_bwd_seq_scale;
   const FlopRate sustained = peak(p) * (attention_sustain * compute_scale);
-  // The score matrix's elements: F / (4·d) of a forward's model FLOPs, of the backward's
-  // (twice a forward's) F / (8·d); at the clock the tensor work runs at.
+  // The score matrix's elements, at the clock the tensor work runs at.
   const double per_element =
       (backward ? attention_bwd_element_ps : attention_fwd_element_ps) * 1e-12;
   Time softmax;
   if (rates == nullptr && head_dim > 0 && per_element > 0)
-    softmax = Time::seconds(flops.count() / (4.0 * (backward ? 2 : 1) * head_dim) * per_element /
-                            (attention_sustain * compute_scale));
+    softmax = Time::seconds(attention_score_elements(flops.count(), backward, head_dim) *
+                            per_element / (attention_sustain * compute_scale));
   if (!backward)
     return flops / (sustained * fwd_eff * curve_factor(fwd_scale, seq_kv)) + softmax +
            gemm_launch_overhead;

@@ -115,8 +115,7 @@ double kept_bytes(const Op& op, RecomputePolicy policy, int dtype_bytes) {
   if (policy.kind == Recompute::kSelective) {
     // Checkpointed shared experts keep their input (the checkpoint's, whatever "layernorm"
     // drops) and nothing else; inside a checkpointed MoE layer, the rules below.
-    if (policy.selects(kRecomputeSharedExperts) && !policy.selects(kRecomputeMoe) &&
-        is_shared_expert_op(op))
+    if (policy.checkpoints_shared_experts() && is_shared_expert_op(op))
       return op.name == "shared_expert_fc1" ? op.saved.as_double() : 0;
     // The ops after a module re-run without its output keep no input (RecomputeModule).
     if (op.layer >= 0 && policy.selects(kRecomputeLayernorm) &&

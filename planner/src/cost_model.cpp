@@ -716,9 +716,7 @@ void place_beside_all_to_alls(const models::OpGraph& g, std::vector<WorkStep>& s
       rest.push_back(std::move(st));
       continue;
     }
-    const bool fc2 = std::any_of(st.ops.begin(), st.ops.end(),
-                                 [&](int32_t i) { return g.ops[i].name == "shared_expert_fc2"; });
-    (fc2 || !second.empty() ? second : first).push_back(std::move(st));
+    (st.holds(g, "shared_expert_fc2") || !second.empty() ? second : first).push_back(std::move(st));
   }
   steps.clear();
   int a2a = 0;
@@ -829,7 +827,7 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
   // steps beside the all-to-alls (place_beside_all_to_alls), their linears in Transformer
   // Engine's Linear with parallel_mode None: no userbuffers, no overlap of their own; the SP
   // all-gather and reduce-scatter are Megatron's mappings, in 16 bits.
-  const bool shared_beside = l.moe_shared_expert_overlap && l.ep > 1 && shared;
+  const bool shared_beside = l.overlaps_shared_experts() && shared;
   // Whether the layer's TP exit comes right before `op` (the residual add after attention,
   // and after a dense MLP or shared experts), and so right after the op before it.
   auto exit_before = [&](const models::Op& op) {

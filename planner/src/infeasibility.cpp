@@ -384,8 +384,7 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
       return "moe_shared_expert_overlap with ep_comm_overlap: Megatron-Core refuses the "
              "shared-expert overlap beside the EP all-to-all overlap";
     // MoELayer checkpoints the shared experts only where they are not overlapped.
-    if (l.recompute_policy().selects(models::kRecomputeSharedExperts) &&
-        !l.recompute_policy().selects(models::kRecomputeMoe))
+    if (l.recompute_policy().checkpoints_shared_experts())
       return "recompute_modules shared_experts with moe_shared_expert_overlap: Megatron-Core "
              "checkpoints the shared experts only when they are not overlapped";
   }

@@ -150,7 +150,7 @@ void Lowering::setup() {
   cat_opt_ = g_.label("optimizer");
   // What each comm stream carries, for the trace's track names.
   const std::pair<int32_t, std::string_view> streams[] = {
-      {kTpStream, l_.ep > 1 && !l_.ep_comm_overlap && !l_.moe_shared_expert_overlap
+      {kTpStream, l_.ep > 1 && !l_.ep_comm_overlap && !l_.overlaps_shared_experts()
                       ? "tp / ep collectives"
                       : "tp collectives"},
       {kCpSend, "cp ring send"},
@@ -423,7 +423,7 @@ const Lowering::Labels& Lowering::labels(int v, size_t block, int pass) {
   lb.tp = g_.label(base + " tp");
   lb.ep = g_.label(base + " all-to-all");
   lb.cp = g_.label(base + " kv ring");
-  if (l_.moe_shared_expert_overlap) {
+  if (l_.overlaps_shared_experts()) {
     lb.shared = g_.label(base + " shared experts");
     lb.shared_tp = g_.label(base + " shared experts tp");
   }
@@ -772,12 +772,13 @@ void Lowering::linear_wgrad(const PlacedBlock& pb, size_t s, sim::LabelId comput
 
 void Lowering::run_step(const PlacedBlock& pb, size_t s, int pass, const Labels& lb,
                         sim::LabelId recompute) {
-  const std::vector<WorkStep>& steps = block(0, pb, pass == kB).steps;
   // A run of steps beside an all-to-all (WorkStep::beside_all_to_all; re-runs under
   // recompute are not overlapped): it starts after the task before the exchange (the shared
   // experts' stream waits for the compute stream as the exchange is issued), not waiting
   // for the exchange, and the step after the run waits for the exchange and the run.
-  if (!steps[s].beside_all_to_all || pass == kR) return run_work(pb, s, pass, lb, recompute);
+  if (pass == kR || !l_.overlaps_shared_experts()) return run_work(pb, s, pass, lb, recompute);
+  const std::vector<WorkStep>& steps = block(0, pb, pass == kB).steps;
+  if (!steps[s].beside_all_to_all) return run_work(pb, s, pass, lb, recompute);
   const bool backward = pass == kB;
   HETPAR_CHECK(backward ? s + 1 < steps.size() : s > 0,
                "a step beside an all-to-all without the all-to-all before it");
@@ -905,7 +906,8 @@ void Lowering::run_work(const PlacedBlock& pb, size_t s, int pass, const Labels&
       // backward reuses them: neither again. The all-gather is issued with the compute
       // (preprocess), not on the all-to-alls' stream of the EP overlap: it does not queue
       // behind a backward's all-to-all.
-      for (int j : actives_) st_[j].before_all_to_all = st_[j].last;
+      if (l_.overlaps_shared_experts())  // where a run beside this exchange starts (run_step)
+        for (int j : actives_) st_[j].before_all_to_all = st_[j].last;
       if (!backward && step.expert_counts_bytes > Bytes(0)) {
         collective(CollectiveKind::kAllGather, step.expert_counts_bytes * l_.ep, {cat_ep_, lb.ep},
                    ep_groups_, kTpStream);
@@ -916,7 +918,7 @@ void Lowering::run_work(const PlacedBlock& pb, size_t s, int pass, const Labels&
       // Beside the shared experts' SP collectives too (Layout::moe_shared_expert_overlap):
       // another communicator, another stream.
       const int32_t a2a_stream =
-          l_.ep_comm_overlap || l_.moe_shared_expert_overlap ? kEpStream : kTpStream;
+          l_.ep_comm_overlap || l_.overlaps_shared_experts() ? kEpStream : kTpStream;
       if (!ep_rail_groups_.ids.empty()) {
         // DeepEP across nodes (Layout::moe_dispatcher): one kernel pipelines the transfers
         // across nodes (each token once to each other node holding one of its experts, with
@@ -968,16 +970,10 @@ void Lowering::run_work(const PlacedBlock& pb, size_t s, int pass, const Labels&
 
 namespace {
 
-// Whether `step` does graph op `op`'s work.
-bool holds(const WorkStep& step, const models::OpGraph& g, std::string_view op) {
-  return std::any_of(step.ops.begin(), step.ops.end(),
-                     [&](int32_t i) { return g.ops[i].name == op; });
-}
-
 // The index of the step of `steps` that holds graph op `op`; SIZE_MAX if none.
 size_t holding(const std::vector<WorkStep>& steps, const models::OpGraph& g, std::string_view op) {
   for (size_t s = 0; s < steps.size(); ++s)
-    if (holds(steps[s], g, op)) return s;
+    if (steps[s].holds(g, op)) return s;
   return SIZE_MAX;
 }
 
@@ -1013,11 +1009,10 @@ Lowering::MoeReplay Lowering::moe_replay(const PlacedBlock& pb) const {
     // The shared experts' SP gather and reduce-scatter (cost_model.cpp) re-run with them;
     // not userbuffers' ring collectives, which go with their linears' steps.
     const bool entry = forward[s].kind == StepKind::kTpEntry && s + 1 < forward.size() &&
-                       holds(forward[s + 1], g, "shared_expert_fc1") &&
+                       forward[s + 1].holds(g, "shared_expert_fc1") &&
                        !forward[s + 1].ring_exchange;
     const bool exit = forward[s].kind == StepKind::kTpExit && s > 0 &&
-                      holds(forward[s - 1], g, "shared_expert_fc2") &&
-                      !forward[s - 1].ring_exchange;
+                      forward[s - 1].holds(g, "shared_expert_fc2") && !forward[s - 1].ring_exchange;
     if (forward[s].kind == StepKind::kEpAllToAll || entry || exit) r.steps.push_back(s);
     shared = shared || exit;
   }
@@ -1042,8 +1037,7 @@ Lowering::MlpReplay Lowering::mlp_replay(const PlacedBlock& pb) const {
   if (policy.selects(models::kRecomputeMlp) && l_.tp > 1) {
     first_linear = "mlp_fc1";
     last_linear = "mlp_fc2";
-  } else if (policy.selects(models::kRecomputeSharedExperts) &&
-             !policy.selects(models::kRecomputeMoe) && l_.tp > 1 && l_.sequence_parallel) {
+  } else if (policy.checkpoints_shared_experts() && l_.tp > 1 && l_.sequence_parallel) {
     first_linear = "shared_expert_fc1";
     last_linear = "shared_expert_fc2";
   }

@@ -114,7 +114,7 @@ double activation_share(const models::Op& op, bool stem, const Layout& l) {
                          op.name.ends_with("fc2");
   const bool gathered_experts =
       (is_routed_expert(op) && op.name.ends_with("fc1") && l.expert_tp() > 1) ||
-      (l.moe_shared_expert_overlap && l.ep > 1 && op.name == "shared_expert_fc1" && op.layer >= 0);
+      (l.overlaps_shared_experts() && op.layer >= 0 && op.name == "shared_expert_fc1");
   const int tp = !stem && !gathered_experts && (l.sequence_parallel || inside_tp) ? l.tp : 1;
   return 1.0 / (static_cast<double>(tp) * l.cp);
 }

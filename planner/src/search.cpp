@@ -769,8 +769,7 @@ Plan with_recompute(const Plan& base, const std::vector<RecomputePolicy>& levels
   p.layout.recompute = levels[0].kind;
   p.layout.recompute_modules = levels[0].modules;
   // Megatron-Core checkpoints the shared experts only where they are not overlapped.
-  if (p.layout.recompute_policy().selects(models::kRecomputeSharedExperts) &&
-      !p.layout.recompute_policy().selects(models::kRecomputeMoe))
+  if (p.layout.recompute_policy().checkpoints_shared_experts())
     p.layout.moe_shared_expert_overlap = false;
   for (size_t k = 0; k < p.modules.size(); ++k) {
     p.modules[k].layout.recompute = levels[k + 1].kind;

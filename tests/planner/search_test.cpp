@@ -587,13 +587,16 @@ Scenario moe_search(int experts, int nodes, int global_batch, const std::string&
   return *s;
 }
 
+// search.llm fields: EP 8 on one node, selective recompute with its modules searched.
+const std::string kSelectiveEp8 =
+    R"("tp": 1, "cp": 1, "pp": 1, "ep": 8, "micro_batch": 2, "recompute": "selective",
+       "distributed_optimizer": true)";
+
 // With shared experts, selective recompute is also tried with the norm, the activation and
 // the shared experts (before the whole MoE layer): under a memory cap between it and the
 // norm and activation alone, every plan found re-runs the shared experts.
 TEST(Search, TriesTheSharedExpertsRecomputeModuleWithSharedExperts) {
-  const std::string llm =
-      R"("tp": 1, "cp": 1, "pp": 1, "ep": 8, "micro_batch": 2, "recompute": "selective",
-         "distributed_optimizer": true)";
+  const std::string llm = kSelectiveEp8;
   const SearchResult open = run(moe_search(16, 1, 32, llm, 4), threads(2));
   ASSERT_FALSE(open.top.empty());
   const SearchResult full =
@@ -626,9 +629,7 @@ TEST(Search, TriesTheSharedExpertsRecomputeModuleWithSharedExperts) {
 // are overlapped) and without shared experts; "any" tries both, and the overlap wins; false
 // leaves it off everywhere.
 TEST(Search, OverlapsTheSharedExpertsWhereTheyAreNotCheckpointedAlone) {
-  const std::string llm =
-      R"("tp": 1, "cp": 1, "pp": 1, "ep": 8, "micro_batch": 2, "recompute": "selective",
-         "distributed_optimizer": true)";
+  const std::string llm = kSelectiveEp8;
   const SearchResult on = run(moe_search(16, 1, 32, llm, 4), threads(2));
   ASSERT_FALSE(on.top.empty());
   for (const RankedPlan& p : on.top) {

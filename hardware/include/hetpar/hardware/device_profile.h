@@ -44,6 +44,12 @@ inline constexpr double kFlashBackwardWork = 2.5 / 2.0;
 /// computes the whole square and masks half of it is 2x slower per model FLOP than its
 /// unmasked call; the rest is room for a short length's noise.
 inline constexpr double kMaxNoncausalScale = 3.0;
+/// The score-matrix elements of an attention call of `flops` model FLOPs at head dim `d`:
+/// F / (4·d) of a forward's (4·b·h·s_q·s_kv·d, halved when causal), F / (8·d) of a
+/// backward's, which counts twice a forward's FLOPs.
+inline double attention_score_elements(double flops, bool backward, int64_t head_dim) {
+  return flops / ((backward ? 8.0 : 4.0) * static_cast<double>(head_dim));
+}
 
 /// One point of an efficiency curve (core/curve.h): at size `at` a kernel runs at `factor`
 /// times the profile's reference efficiency. Attention: `at` = key/value tokens per call,

@@ -202,6 +202,11 @@ struct RecomputePolicy {
   bool selects(RecomputeModule module) const {
     return kind == Recompute::kSelective && (modules & module) != 0;
   }
+  /// Whether the shared experts run under a checkpoint of their own ("shared_experts"
+  /// without "moe", whose checkpoint holds them already).
+  bool checkpoints_shared_experts() const {
+    return selects(kRecomputeSharedExperts) && !selects(kRecomputeMoe);
+  }
 };
 
 /// Whether the backward pass re-runs (some of) op's forward under `policy`.

@@ -137,6 +137,13 @@ struct WorkStep {
   /// from its end. The run starts from the task before the all-to-all, not waiting for it;
   /// the step after the run waits for both.
   bool beside_all_to_all = false;
+
+  /// Whether this step does graph op `op`'s work (its `ops`, in graph `g`).
+  bool holds(const models::OpGraph& g, std::string_view op) const {
+    for (int32_t i : ops)
+      if (g.ops[static_cast<size_t>(i)].name == op) return true;
+    return false;
+  }
 };
 
 /// A GEMM's rows split into chunks run one after another (userbuffers' ring exchange): its

@@ -268,6 +268,8 @@ struct Layout {
   /// with ep 1 there is no exchange to hide behind and nothing changes. The shared experts'
   /// re-runs under recompute (moe, full) are not overlapped.
   bool moe_shared_expert_overlap = false;
+  /// Whether the shared experts do run beside all-to-alls: the overlap, with EP.
+  bool overlaps_shared_experts() const { return moe_shared_expert_overlap && ep > 1; }
   /// MoE token dropping (Megatron --moe-expert-capacity-factor with
   /// --moe-pad-expert-input-to-capacity; Megatron-Bridge's token-drop presets): each expert
   /// takes at most ceil(factor x tokens x top_k / experts) of a rank's routed tokens and is
