@@ -86,6 +86,14 @@ TEST(Zoo, ParameterCountsMatchPublished) {
             0.02);
   EXPECT_LT(rel_err(static_cast<double>(count_params(zoo_model("mixtral-8x7b")).active), 12.9e9),
             0.005);
+  // GLM-4.5: "355B total parameters, 32B active" (model card; active without the
+  // embeddings): 3 dense layers, 89 MoE layers of 8 routed experts and the shared one. The
+  // zoo leaves out its multi-token-prediction layer (about 4B): 352.8B.
+  {
+    const ParamCounts glm = count_params(zoo_model("glm-4.5"));
+    EXPECT_LT(rel_err(static_cast<double>(glm.total), 355e9), 0.01);
+    EXPECT_LT(rel_err(static_cast<double>(glm.active - glm.embedding), 32e9), 0.01);
+  }
   // Qwen1.5-MoE-A2.7B: "2.7B activated" (model card): 4 routed experts and the shared ones.
   EXPECT_LT(
       rel_err(static_cast<double>(count_params(zoo_model("qwen1.5-moe-a2.7b")).active), 2.7e9),
@@ -415,7 +423,11 @@ TEST(OpGraph, InvariantsHoldForEveryZooModule) {
         }
       }
       EXPECT_EQ(params, count_params(spec).total) << e.name;
-      for (int n : ops_per_layer) EXPECT_EQ(n, ops_per_layer.front()) << e.name;
+      // Every layer alike, an MoE LLM's dense layers (first) among themselves.
+      for (size_t i = 0; i < ops_per_layer.size(); ++i)
+        EXPECT_EQ(ops_per_layer[i],
+                  ops_per_layer[static_cast<int64_t>(i) < g.dense_layers ? 0 : g.dense_layers])
+            << e.name << " layer " << i;
     }
   }
 }
@@ -444,6 +456,41 @@ TEST(OpGraph, MoeExpertShapes) {
     if (op.kind == OpKind::kGemm) gemm += op.forward.count();
   double active_matmul = static_cast<double>(p.active) - 32000.0 * 4096 - 65 * 4096;
   EXPECT_DOUBLE_EQ(gemm / 1001, 2 * active_matmul);
+}
+
+// MoeSpec::dense_layers: the first layers keep a dense MLP of the block's ffn_hidden, the
+// rest route to experts; FLOPs and parameters follow layer by layer.
+TEST(OpGraph, DenseLayersBeforeTheMoeLayers) {
+  const ModuleSpec spec = zoo_module("glm-4.5");
+  const OpGraph g = build_op_graph(spec, input(1, 256));
+  EXPECT_EQ(g.layers, 92);
+  EXPECT_EQ(g.dense_layers, 3);
+  auto find = [&](int layer, std::string_view name) -> const Op* {
+    for (const Op& op : g.ops)
+      if (op.layer == layer && op.name == name) return &op;
+    return nullptr;
+  };
+  for (int layer : {0, 2}) {
+    const Op* fc1 = find(layer, "mlp_fc1");
+    ASSERT_NE(fc1, nullptr) << layer;
+    EXPECT_EQ(fc1->output_width(), 2 * 12288);
+    EXPECT_EQ(find(layer, "router"), nullptr);
+  }
+  for (int layer : {3, 91}) {
+    EXPECT_EQ(find(layer, "mlp_fc1"), nullptr) << layer;
+    EXPECT_NE(find(layer, "router"), nullptr) << layer;
+    EXPECT_NE(find(layer, "shared_expert_fc1"), nullptr) << layer;
+  }
+  // Forward GEMM FLOPs per token are 2x the active matmul parameters, dense layers and all.
+  const ParamCounts p = count_params(spec);
+  double gemm = 0;
+  for (const Op& op : g.ops)
+    if (op.kind == OpKind::kGemm) gemm += op.forward.count();
+  // Active parameters outside the GEMMs: the input embedding, the norms (two per layer, the
+  // q/k norms, the final one) and the QKV biases.
+  const double h = 5120, qkv_bias = (96 + 2 * 8) * 128;
+  const double outside = 151552 * h + 92 * (2 * h + 2 * 128 + qkv_bias) + h;
+  EXPECT_DOUBLE_EQ(gemm / 256, 2 * (static_cast<double>(p.active) - outside));
 }
 
 // Token dropping (ModuleInput::moe_capacity_factor): every expert takes its capacity,
@@ -809,6 +856,16 @@ TEST(Json, BadInputsNameTheirPath) {
       {one(llm + R"(, "activation": "relu")"), "model.modules[0].spec.activation", "unknown value"},
       {one(R"("layers": 2, "hidden": 256, "heads": 4, "vocab": 10, "activation": "swiglu", "norm": "rmsnorm", "moe": {"experts": 4, "top_k": 5, "expert_ffn_hidden": 64})"),
        "model.modules[0].spec.moe.top_k", "must be <= experts (4), got 5"},
+      // Dense layers first: at least one MoE layer left, and their MLP width given.
+      {one(R"("layers": 2, "hidden": 256, "ffn_hidden": 512, "heads": 4, "vocab": 10, "activation": "swiglu", "norm": "rmsnorm", "moe": {"experts": 4, "top_k": 2, "expert_ffn_hidden": 64, "dense_layers": 2})"),
+       "model.modules[0].spec.moe.dense_layers",
+       "must be in [0, layers - 1] (at least one MoE layer; layers 2), got 2"},
+      {one(R"("layers": 2, "hidden": 256, "ffn_hidden": 512, "heads": 4, "vocab": 10, "activation": "swiglu", "norm": "rmsnorm", "moe": {"experts": 4, "top_k": 2, "expert_ffn_hidden": 64, "dense_layers": -1})"),
+       "model.modules[0].spec.moe.dense_layers", "got -1"},
+      {one(R"("layers": 2, "hidden": 256, "heads": 4, "vocab": 10, "activation": "swiglu", "norm": "rmsnorm", "moe": {"experts": 4, "top_k": 2, "expert_ffn_hidden": 64, "dense_layers": 1})"),
+       "model.modules[0].spec.ffn_hidden", "must be >= 1, got 0"},
+      {one(R"("layers": 2, "hidden": 256, "ffn_hidden": 512, "heads": 4, "vocab": 10, "activation": "swiglu", "norm": "rmsnorm", "moe": {"experts": 4, "top_k": 2, "expert_ffn_hidden": 64})"),
+       "model.modules[0].spec.ffn_hidden", "unused with moe and no moe.dense_layers"},
       {one(llm + R"(, "position_embedding": "learned")"), "model.modules[0].spec.max_positions",
        "must be >= 1"},
       {R"({"name": "m", "modules": [{"name": "v", "kind": "vision_encoder", "spec": {"layers": 1, "hidden": 64, "ffn_hidden": 64, "heads": 2, "patch_size": 14, "image_size": 330, "activation": "gelu", "norm": "layernorm"}}, {"name": "llm", "kind": "llm", "spec": {)" +

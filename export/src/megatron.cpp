@@ -242,7 +242,12 @@ std::vector<Flag> megatron_model_flags(const Context& c) {
     f.push_back({"--num-query-groups", num(b.kv_heads)});
   }
   if (llm.moe) {
-    f.push_back({"--ffn-hidden-size", num(llm.moe->expert_ffn_hidden)});
+    // With dense layers first, --ffn-hidden-size is theirs and --moe-layer-freq places them
+    // (a Python list expression Megatron evaluates, quoted for the shell).
+    const int64_t dense = llm.moe->dense_layers;
+    f.push_back({"--ffn-hidden-size", num(dense > 0 ? b.ffn_hidden : llm.moe->expert_ffn_hidden)});
+    if (dense > 0)
+      f.push_back({"--moe-layer-freq", fmt::format("'([0]*{}+[1]*{})'", dense, b.layers - dense)});
     f.push_back({"--num-experts", num(llm.moe->experts)});
     f.push_back({"--moe-router-topk", num(llm.moe->top_k)});
     f.push_back({"--moe-ffn-hidden-size", num(llm.moe->expert_ffn_hidden)});

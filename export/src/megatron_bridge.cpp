@@ -4,6 +4,11 @@
 // per-module parallelism (megatron_mimo_parallelism_config.module_parallelisms), whose
 // validation (finalize()) the refusals below mirror: research/trainer-formats.md section 3.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <string_view>
+#include <vector>
 
 #include "writer.h"
 
@@ -47,7 +52,16 @@ void add_model_shape(std::vector<Setting>& s, const Context& c) {
   s.push_back({"model.num_query_groups", num(b.kv_heads)});
   if (b.head_size > 0) s.push_back({"model.kv_channels", num(b.head_dim())});
   if (llm.moe) {
-    s.push_back({"model.ffn_hidden_size", num(llm.moe->expert_ffn_hidden)});
+    // With dense layers first, ffn_hidden_size is theirs and moe_layer_freq, one entry per
+    // layer (0 dense, 1 MoE), places them.
+    const int64_t dense = llm.moe->dense_layers;
+    s.push_back(
+        {"model.ffn_hidden_size", num(dense > 0 ? b.ffn_hidden : llm.moe->expert_ffn_hidden)});
+    if (dense > 0) {
+      std::vector<std::string_view> freq(static_cast<size_t>(b.layers), "1");
+      std::fill_n(freq.begin(), dense, "0");
+      s.push_back({"model.moe_layer_freq", fmt::format("[{}]", fmt::join(freq, ", "))});
+    }
     s.push_back({"model.num_moe_experts", num(llm.moe->experts)});
     s.push_back({"model.moe_router_topk", num(llm.moe->top_k)});
     s.push_back({"model.moe_ffn_hidden_size", num(llm.moe->expert_ffn_hidden)});

@@ -91,7 +91,7 @@ PositionEmbedding read_positions(JsonReader& r, std::string fallback) {
                           : PositionEmbedding::kSinusoidal;
 }
 
-// An MoE LLM has no dense MLP, so no ffn_hidden.
+// An MoE LLM's ffn_hidden is its dense layers' (moe.dense_layers), absent without them.
 TransformerSpec read_block(JsonReader& r) {
   TransformerSpec t;
   t.layers = r.required_int("layers");
@@ -121,7 +121,8 @@ ModuleSpec read_fields(std::string_view kind, JsonReader& r) {
     if (r.has("moe")) {
       JsonReader m = r.object("moe");
       s.moe = MoeSpec{m.required_int("experts"), m.required_int("top_k"),
-                      m.required_int("expert_ffn_hidden"), m.optional_int("shared_experts", 0)};
+                      m.required_int("expert_ffn_hidden"), m.optional_int("shared_experts", 0),
+                      m.optional_int("dense_layers", 0)};
       m.finish();
       r.merge(m.status());
     }

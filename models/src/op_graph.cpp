@@ -381,10 +381,12 @@ void add_layer(Builder& b, const TransformerSpec& t, const std::optional<MoeSpec
 void add_layers(Builder& b, OpGraph& g, const TransformerSpec& t, const std::optional<MoeSpec>& moe,
                 int64_t batch, int64_t seq, bool causal, bool rope, MoeRouting routing = {}) {
   g.layers = t.layers;
+  g.dense_layers = moe ? moe->dense_layers : 0;
   g.layer_tokens = batch * seq;
   g.hidden = t.hidden;
   for (int64_t l = 0; l < t.layers; ++l)
-    add_layer(b, t, moe, static_cast<int>(l), batch, seq, causal, rope, routing);
+    add_layer(b, t, l < g.dense_layers ? std::nullopt : moe, static_cast<int>(l), batch, seq,
+              causal, rope, routing);
   b.norm("final_norm", -1, t.norm, static_cast<double>(batch * seq), t.hidden);
 }
 

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "hetpar/core/check.h"
@@ -118,12 +119,14 @@ class Checker {
   Status status_;
 };
 
-void check_block(Checker& c, const TransformerSpec& t, bool moe = false) {
+// `moe`: an MoE LLM's block, whose ffn_hidden only its dense layers take (`dense`).
+void check_block(Checker& c, const TransformerSpec& t, bool moe = false, bool dense = false) {
   c.size("layers", t.layers, kMaxLayers);
   c.size("hidden", t.hidden, kMaxWidth);
-  if (!moe) c.size("ffn_hidden", t.ffn_hidden, kMaxWidth);
-  if (moe && t.ffn_hidden != 0)
-    c.fail("ffn_hidden", "unused with moe (experts take moe.expert_ffn_hidden)");
+  if (!moe || dense) c.size("ffn_hidden", t.ffn_hidden, kMaxWidth);
+  if (moe && !dense && t.ffn_hidden != 0)
+    c.fail("ffn_hidden",
+           "unused with moe and no moe.dense_layers (experts take moe.expert_ffn_hidden)");
   c.size("heads", t.heads, kMaxWidth);
   c.size("kv_heads", t.kv_heads, kMaxWidth);
   if (t.head_size == 0)
@@ -134,7 +137,7 @@ void check_block(Checker& c, const TransformerSpec& t, bool moe = false) {
 }
 
 void check(Checker& c, const LlmSpec& s) {
-  check_block(c, s.block, s.moe.has_value());
+  check_block(c, s.block, s.moe.has_value(), s.moe && s.moe->dense_layers != 0);
   c.size("vocab", s.vocab, kMaxWidth);
   if (s.positions == PositionEmbedding::kSinusoidal)
     c.fail("position_embedding", "an llm takes rope or learned positions");
@@ -147,6 +150,10 @@ void check(Checker& c, const LlmSpec& s) {
   if (s.moe->shared_experts < 0 || s.moe->shared_experts > kMaxExperts)
     c.fail("moe.shared_experts",
            fmt::format("must be in [0, {}], got {}", kMaxExperts, s.moe->shared_experts));
+  if (s.moe->dense_layers < 0 || s.moe->dense_layers >= std::max<int64_t>(s.block.layers, 1))
+    c.fail("moe.dense_layers",
+           fmt::format("must be in [0, layers - 1] (at least one MoE layer; layers {}), got {}",
+                       s.block.layers, s.moe->dense_layers));
   if (s.moe->top_k > s.moe->experts)
     c.fail("moe.top_k",
            fmt::format("must be <= experts ({}), got {}", s.moe->experts, s.moe->top_k));
@@ -212,7 +219,11 @@ double approx_params(const ModuleSpec& spec) {
           const double mlp = s.moe ? static_cast<double>(s.moe->experts + s.moe->shared_experts) *
                                          static_cast<double>(s.moe->expert_ffn_hidden)
                                    : static_cast<double>(s.block.ffn_hidden);
-          return block(s.block, mlp) +
+          const double dense = s.moe ? static_cast<double>(s.moe->dense_layers) * 3 *
+                                           static_cast<double>(s.block.hidden) *
+                                           static_cast<double>(s.block.ffn_hidden)
+                                     : 0;
+          return block(s.block, mlp) + dense +
                  2 * static_cast<double>(s.vocab) * static_cast<double>(s.block.hidden);
         } else {
           return block(s.block, static_cast<double>(s.block.ffn_hidden));

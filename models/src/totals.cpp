@@ -21,22 +21,24 @@ int64_t attention_params(const TransformerSpec& t) {
 // Layers plus the final norm; `active` as one token sees them.
 ParamCounts block_params(const TransformerSpec& t, const std::optional<MoeSpec>& moe) {
   const int64_t h = t.hidden;
-  int64_t layer = attention_params(t) + 2 * norm_params(t.norm, h) +
-                  (t.qk_norm ? 2 * norm_params(t.norm, t.head_dim()) : 0);
-  int64_t skipped = 0;
-  if (!moe) {
-    layer += mlp_params(h, t.ffn_hidden, h, t.activation, t.linear_bias);
-  } else {
-    int64_t expert = mlp_params(h, moe->expert_ffn_hidden, h, t.activation, t.linear_bias);
-    layer += h * moe->experts + moe->experts * expert +
-             (moe->shared_experts > 0 ? mlp_params(h, moe->shared_experts * moe->expert_ffn_hidden,
-                                                   h, t.activation, t.linear_bias)
-                                      : 0);
-    skipped = (moe->experts - moe->top_k) * expert;
-  }
+  const int64_t common = attention_params(t) + 2 * norm_params(t.norm, h) +
+                         (t.qk_norm ? 2 * norm_params(t.norm, t.head_dim()) : 0);
+  const int64_t dense = common + mlp_params(h, t.ffn_hidden, h, t.activation, t.linear_bias);
   ParamCounts c;
-  c.total = t.layers * layer + norm_params(t.norm, h);
-  c.active = c.total - t.layers * skipped;
+  if (!moe) {
+    c.total = t.layers * dense + norm_params(t.norm, h);
+    c.active = c.total;
+    return c;
+  }
+  const int64_t expert = mlp_params(h, moe->expert_ffn_hidden, h, t.activation, t.linear_bias);
+  const int64_t sparse =
+      common + h * moe->experts + moe->experts * expert +
+      (moe->shared_experts > 0 ? mlp_params(h, moe->shared_experts * moe->expert_ffn_hidden, h,
+                                            t.activation, t.linear_bias)
+                               : 0);
+  const int64_t sparse_layers = t.layers - moe->dense_layers;
+  c.total = moe->dense_layers * dense + sparse_layers * sparse + norm_params(t.norm, h);
+  c.active = c.total - sparse_layers * (moe->experts - moe->top_k) * expert;
   return c;
 }
 

@@ -772,6 +772,11 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
   const int64_t cp = context_parallel ? l.cp : 1;
   ModuleCost m;
   m.layers = g.layers;
+  m.dense_layers = g.dense_layers;
+  // The layers built: layer 0, and with dense layers first (an MoE LLM's) the first MoE
+  // layer too; every other layer is like one of them.
+  const int first_moe = static_cast<int>(g.dense_layers);
+  auto built = [&](int layer) { return layer == 0 || (first_moe > 0 && layer == first_moe); };
   // Tokens a module's activations span: layers see layer_tokens; a projector its output.
   int64_t tokens = g.layer_tokens;
   if (g.kind == models::ModuleKind::kProjector) {
@@ -799,6 +804,8 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
   const bool moe_sp = tp && l.sequence_parallel &&
                       std::any_of(g.ops.begin(), g.ops.end(),
                                   [](const models::Op& o) { return o.name == "moe_dispatch"; });
+  // Whether `op` is in a MoE layer under moe_sp (an MoE LLM's dense layers are not).
+  auto in_moe_sp = [&](const models::Op& op) { return moe_sp && op.layer >= first_moe; };
   const bool gather_routed = moe_sp && l.expert_tp() > 1;
   // A MoE permutation's routed token copies (top_k per token, or every expert's capacity
   // under token dropping) in bytes: of the CP rank's whole sequence, or with `slice` of its
@@ -818,9 +825,9 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
   // Megatron-Core's shared experts (moe/shared_experts.py, SharedExpertMLP: an MLP on the MoE
   // layer's input) under SP: their first linear all-gathers the sequence slices (a TP entry
   // before it) and their second reduce-scatters (the TP exit before the residual add).
-  // Every layer is alike: layer 0's ops tell, without a look at the others.
+  // Every MoE layer is alike: the first one's ops tell, without a look at the others.
   bool shared = false;
-  for (size_t i = 0; i < g.ops.size() && g.ops[i].layer <= 0; ++i)
+  for (size_t i = 0; i < g.ops.size() && g.ops[i].layer <= first_moe; ++i)
     shared = shared || g.ops[i].name == "shared_expert_fc1";
   const bool shared_sp = moe_sp && shared;
   // Layout::moe_shared_expert_overlap (with all-to-alls to hide behind): the shared experts'
@@ -831,7 +838,8 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
   // Whether the layer's TP exit comes right before `op` (the residual add after attention,
   // and after a dense MLP or shared experts), and so right after the op before it.
   auto exit_before = [&](const models::Op& op) {
-    return op.name == "attn_residual" || (op.name == "mlp_residual" && (!moe_sp || shared_sp));
+    return op.name == "attn_residual" ||
+           (op.name == "mlp_residual" && (!in_moe_sp(op) || shared_sp));
   };
   auto exit_follows = [&](int32_t i) {
     return static_cast<size_t>(i) + 1 < g.ops.size() && exit_before(g.ops[i + 1]);
@@ -839,9 +847,11 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
   bool seen_layer = false;
   for (const models::Op& op : g.ops) {
     const auto op_index = static_cast<int32_t>(&op - g.ops.data());
-    if (op.layer > 0) continue;  // every layer is alike: build layer 0 only
-    if (op.layer == 0) seen_layer = true;
-    Block& block = op.layer == 0 ? m.layer : (seen_layer ? m.post : m.pre);
+    if (op.layer >= 0 && !built(op.layer)) continue;
+    if (op.layer >= 0) seen_layer = true;
+    Block& block = op.layer < 0           ? (seen_layer ? m.post : m.pre)
+                   : op.layer < first_moe ? m.dense_layer
+                                          : m.layer;
     const bool beside = shared_beside && models::is_shared_expert_op(op);
     BlockBuilder b(block, beside, beside && op.name == "shared_expert_fc2");
     const bool expert = op.kind == models::OpKind::kGemm && is_expert(op);
@@ -914,7 +924,7 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
     if (tp && op.kind == models::OpKind::kLoss)
       loss_collectives(b, l.cross_entropy_fusion, tokens / cp, l.tp);
 
-    if (tp && (op.name == "attn_norm" || (op.name == "mlp_norm" && !moe_sp))) {
+    if (tp && (op.name == "attn_norm" || (op.name == "mlp_norm" && !in_moe_sp(op)))) {
       b.comm(StepKind::kTpEntry, activation);
       // FP8: the norm's output reaches qkv / fc1 (TE LayerNormLinear / LayerNormMLP) as FP8,
       // quantised before the SP all-gather (layernorm_linear.py, layernorm_mlp.py:

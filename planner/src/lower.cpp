@@ -57,6 +57,7 @@ ModuleCost for_direction(const ModuleCost& m, bool backward, bool sp) {
   ModuleCost out = m;
   out.pre = for_direction(m.pre, backward, sp);
   out.layer = for_direction(m.layer, backward, sp);
+  out.dense_layer = for_direction(m.dense_layer, backward, sp);
   out.post = for_direction(m.post, backward, sp);
   return out;
 }
@@ -375,11 +376,11 @@ void Lowering::place_blocks() {
   chunks_.assign(vstages_, {});
   const std::vector<ModuleCost>& mc = costs_[0][0];  // the block structure is GPU-independent
   const size_t llm = has_llm_ ? mc.size() - 1 : mc.size();
-  auto place = [&](int v, size_t module, Part part, std::string name) {
+  auto place = [&](int v, size_t module, Part part, std::string name, bool dense = false) {
     const Block& b = part == Part::kPre     ? mc[module].pre
-                     : part == Part::kLayer ? mc[module].layer
+                     : part == Part::kLayer ? (dense ? mc[module].dense_layer : mc[module].layer)
                                             : mc[module].post;
-    if (!b.empty()) chunks_[v].push_back({module, part, std::move(name)});
+    if (!b.empty()) chunks_[v].push_back({module, part, std::move(name), dense});
   };
   // The LLM's layers over the virtual stages (even or uneven split, schedule.h); other
   // modules whole on the first. An encoder's own pipeline (non-colocated, pp > 1): its
@@ -405,7 +406,7 @@ void Lowering::place_blocks() {
     int64_t end = split_here ? split[0] : mc[k].layers;
     for (int64_t i = 0; i < mc[k].layers; ++i) {
       while (split_here && i >= end && v + 1 < vstages_) end += split[++v];
-      place(v, k, Part::kLayer, fmt::format("{} L{}", name, i));
+      place(v, k, Part::kLayer, fmt::format("{} L{}", name, i), i < mc[k].dense_layers);
     }
     place(split_here ? vstages_ - 1 : home, k, Part::kPost, name + " post");
   }
@@ -993,8 +994,9 @@ size_t exit_after(const std::vector<WorkStep>& steps, const models::OpGraph& g,
 const Lowering::Replays& Lowering::replays(const PlacedBlock& pb) {
   static const Replays kNone;  // the blocks outside the layers replay nothing
   if (pb.part != Part::kLayer) return kNone;
-  if (replays_.size() <= pb.module) replays_.resize(pb.module + 1);
-  std::optional<Replays>& r = replays_[pb.module];
+  const size_t at = 2 * pb.module + (pb.dense ? 1 : 0);
+  if (replays_.size() <= at) replays_.resize(at + 1);
+  std::optional<Replays>& r = replays_[at];
   if (!r) r = Replays{moe_replay(pb), mlp_replay(pb)};
   return *r;
 }

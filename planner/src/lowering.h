@@ -56,7 +56,8 @@ enum class Part : uint8_t { kPre, kLayer, kPost };
 struct PlacedBlock {
   size_t module = 0;
   Part part = Part::kLayer;
-  std::string name;  // "llm L12", "vision pre"
+  std::string name;    // "llm L12", "vision pre"
+  bool dense = false;  // one of an MoE LLM's dense layers (ModuleCost::dense_layer)
 };
 
 // A block's steps as one direction runs them: without SP, "f" does nothing forward and
@@ -267,7 +268,8 @@ class Lowering {
     }
   };
   MlpReplay mlp_replay(const PlacedBlock& pb) const;
-  // Both replays of a block, a layer block's computed once per stage (replays_, by module);
+  // Both replays of a block, a layer block's computed once per stage (replays_, by module
+  // and, for an MoE LLM, dense or MoE layer);
   // none for the blocks outside the layers.
   struct Replays {
     MoeReplay moe;
@@ -444,7 +446,8 @@ class Lowering {
   // Local rank j's view of a block in one direction (backward for kB passes).
   const Block& block(int j, const PlacedBlock& pb, bool backward = false) const {
     const ModuleCost& mc = costs_[backward][group_[j]][pb.module];
-    return pb.part == Part::kPre ? mc.pre : pb.part == Part::kLayer ? mc.layer : mc.post;
+    if (pb.part == Part::kLayer) return pb.dense ? mc.dense_layer : mc.layer;
+    return pb.part == Part::kPre ? mc.pre : mc.post;
   }
   RankId rank(int tp_i, int cp_i, int dp_i, int pp_i) const {
     return RankId(role_.rank_offset + tp_i + l_.tp * (cp_i + l_.cp * (dp_i + l_.dp * pp_i)));
@@ -474,7 +477,7 @@ class Lowering {
   std::vector<int> group_of_rank_;
   std::vector<std::string> module_names_;
   std::vector<models::OpGraph> graphs_;          // per module, in build_costs()' order
-  std::vector<std::optional<Replays>> replays_;  // per module, this stage's (replays())
+  std::vector<std::optional<Replays>> replays_;  // per module x {MoE, dense}: replays()
   // The host (sim/task_graph.h "Host"), per node group its time per issued kernel or call
   // (SystemProfile::host_op); on when a group has one. It issues compute tasks and
   // collectives in the order they are emitted, which is each rank's program order (a

@@ -120,6 +120,22 @@ struct ModuleTime {
   int64_t layers = 0;
   int64_t pre_params = 0, layer_params = 0, post_params = 0;  // per rank, dense
   Bytes boundary;  // one micro-batch's activation between pipeline stages, per rank
+  // An MoE LLM's first dense_layers layers (ModuleCost::dense_layer).
+  BlockTime dense_layer;
+  int64_t dense_layers = 0, dense_layer_params = 0;
+  // Of layers [first, first + n), how many are dense.
+  int64_t dense_in(int64_t first, int64_t n) const {
+    return std::clamp<int64_t>(dense_layers - first, 0, n);
+  }
+  // Layers [first, first + n) together.
+  BlockTime layers_time(int64_t first, int64_t n) const {
+    const int64_t d = dense_in(first, n);
+    return BlockTime().add(dense_layer, d).add(layer, n - d);
+  }
+  int64_t layers_params(int64_t first, int64_t n) const {
+    const int64_t d = dense_in(first, n);
+    return dense_layer_params * d + layer_params * (n - d);
+  }
 };
 
 // A TP collective's bandwidth time on an idle link: a lower bound of what simulate() gives
@@ -249,16 +265,20 @@ class CostCache {
                      : TpRamp{&curves.inter_node_size_scale, nullptr};
       t.pre = block_time(mc.pre, l, link, frozen, ramp);
       t.layer = block_time(mc.layer, l, link, frozen, ramp);
+      t.dense_layer = block_time(mc.dense_layer, l, link, frozen, ramp);
       t.post = block_time(mc.post, l, link, frozen, ramp);
       t.layers = mc.layers;
+      t.dense_layers = mc.dense_layers;
       t.pre_params = mc.pre.dense.all;
       t.layer_params = mc.layer.dense.all;
+      t.dense_layer_params = mc.dense_layer.dense.all;
       t.post_params = mc.post.dense.all;
       t.boundary = mc.boundary_bytes;
-      if (l.recompute == Recompute::kFull && !frozen) {
-        t.layer.b += t.layer.f_compute;
-        t.layer.b_input += t.layer.f_compute;
-      }
+      if (l.recompute == Recompute::kFull && !frozen)
+        for (BlockTime* b : {&t.layer, &t.dense_layer}) {
+          b->b += b->f_compute;
+          b->b_input += b->f_compute;
+        }
     }
     return memo_.emplace(key, std::move(times)).first->second;
   }
@@ -269,7 +289,8 @@ class CostCache {
     const std::vector<ModuleTime>& times = per_group(module, l, context_parallel, frozen);
     if (groups.size() == 0) groups = {0, times.size()};
     auto total = [](const ModuleTime& m) {
-      return m.pre.f + m.pre.b + (m.layer.f + m.layer.b) * m.layers + m.post.f + m.post.b;
+      const BlockTime layers = m.layers_time(0, m.layers);
+      return m.pre.f + m.pre.b + layers.f + layers.b + m.post.f + m.post.b;
     };
     const ModuleTime* best = &times[groups.begin];
     for (size_t gi = groups.begin + 1; gi < groups.end; ++gi)
@@ -287,7 +308,7 @@ class CostCache {
 };
 
 BlockTime whole_module(const ModuleTime& m) {
-  return BlockTime().add(m.pre).add(m.layer, m.layers).add(m.post);
+  return BlockTime().add(m.pre).add(m.layers_time(0, m.layers)).add(m.post);
 }
 
 // An encoder and its projectors under `l`: one micro-batch of l.micro_batch samples, on the
@@ -328,11 +349,14 @@ Time llm_pipeline_bound(CostCache& cache, const Scenario& s, const Plan& p,
     const ModuleTime& mt = times[gi];
     const std::vector<int64_t> split = layers_per_virtual_stage(l, mt.layers, nullptr);
     BlockTime* g = &v[(gi - llm.begin) * vstages];
+    int64_t first_layer = 0;
     for (int i = 0; i < vstages; ++i) {
       const int64_t n = i < static_cast<int>(split.size()) ? split[i] : 0;
-      g[i].f = mt.layer.f * n;
-      g[i].b = backward(mt.layer) * n;
-      g[i].b_input = mt.layer.b_input * n;
+      const int64_t d = mt.dense_in(first_layer, n);
+      g[i].f = mt.dense_layer.f * d + mt.layer.f * (n - d);
+      g[i].b = backward(mt.dense_layer) * d + backward(mt.layer) * (n - d);
+      g[i].b_input = mt.dense_layer.b_input * d + mt.layer.b_input * (n - d);
+      first_layer += n;
     }
     add(g[0], mt.pre);
     add(g[0], stage0_extra);
@@ -396,12 +420,14 @@ Time dp_floor(CostCache& cache, const Scenario& s, const Plan& p) {
   const int k = stage_ranks / gpn;
   const ModuleTime& mt = cache.get(s.model.llm_index(), l, true, false);
   const std::vector<int64_t> split = layers_per_virtual_stage(l, mt.layers, nullptr);
+  std::vector<int64_t> first_layer(split.size() + 1);  // of each virtual stage
+  for (size_t v = 0; v < split.size(); ++v) first_layer[v + 1] = first_layer[v] + split[v];
   int64_t most = 0;  // the largest stage's parameters per rank
   for (int st = 0; st < l.pp; ++st) {
     int64_t params = (st == 0 ? mt.pre_params : 0) + (st == l.pp - 1 ? mt.post_params : 0);
     for (int ch = 0; ch < l.vpp; ++ch) {
       const size_t v = static_cast<size_t>(ch * l.pp + st);
-      params += mt.layer_params * (v < split.size() ? split[v] : 0);
+      if (v < split.size()) params += mt.layers_params(first_layer[v], split[v]);
     }
     most = std::max(most, params);
   }
@@ -1137,6 +1163,11 @@ class Searcher {
         per_layer[st] = std::max(per_layer[st], t.layer.f + t.layer.b);
         Time f;
         if (st == 0) f += t.pre.f + t.pre.b;
+        // An MoE LLM's dense layers come first: counted on stage 0 as what they take beyond
+        // (or short of) as many MoE layers.
+        if (st == 0 && t.dense_layers > 0)
+          f = std::max(Time::zero(), f + (t.dense_layer.f + t.dense_layer.b) * t.dense_layers -
+                                         (t.layer.f + t.layer.b) * t.dense_layers);
         if (st == l.pp - 1) f += t.post.f + t.post.b;
         if (st == 0 && encoders_first) {
           for (const EncoderInfo& e : encoders_) {

@@ -23,8 +23,8 @@ ModuleSummary summarize_module(const Scenario& s, size_t i) {
   out.forward_per_sample = models::forward_flops(g);
   out.backward_per_sample = models::backward_flops(g);
   out.activations_per_sample = models::activation_bytes(g, models::Recompute::kNone);
-  for (const models::Op& op : g.ops)
-    if (op.layer == 0) out.activations_per_layer += op.saved;
+  for (const models::Op& op : g.ops)  // the last layer: an MoE LLM's dense ones come first
+    if (op.layer == g.layers - 1) out.activations_per_layer += op.saved;
   if (out.kind == models::ModuleKind::kLlm) out.items_per_sample = 0;
   return out;
 }

@@ -57,6 +57,26 @@ TEST(ExportMegatronBridge, MixtureOfExpertsRunsTheModelledDispatcher) {
   EXPECT_EQ(y.count("model.moe_flex_dispatcher_backend"), 0u);
 }
 
+// Dense layers first (GLM-4.5: 3 of 92): ffn_hidden_size is theirs, moe_layer_freq one
+// entry per layer.
+TEST(ExportMegatronBridge, DenseLayersFirstSetTheLayerPattern) {
+  const planner::Scenario s = scenario("glm-4.5", 32, 4096, 1024);
+  Plan p = sp_plan(2, 4, 32);
+  p.layout.ep = 32;
+  p.layout.etp = 1;
+  p.layout.recompute = models::Recompute::kFull;
+  ASSERT_EQ(planner::infeasibility(s, p), "");
+  const auto y = bridge(s, p);
+  EXPECT_EQ(y.at("model.ffn_hidden_size"), "12288");
+  EXPECT_EQ(y.at("model.moe_ffn_hidden_size"), "1536");
+  std::string freq = "[0, 0, 0";
+  for (int i = 0; i < 89; ++i) freq += ", 1";
+  EXPECT_EQ(y.at("model.moe_layer_freq"), freq + "]");
+  EXPECT_EQ(bridge(scenario("mixtral-8x7b", 8, 4096, 256), mixtral_ep8_plan())
+                .count("model.moe_layer_freq"),
+            0u);
+}
+
 // Megatron-Core's gradient-reduction alignment (default: nothing written; off,
 // dist.align_grad_reduce false) and the deferred output-layer wgrad
 // (comm_overlap.defer_embedding_wgrad_compute with its limit).

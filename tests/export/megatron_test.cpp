@@ -1,7 +1,11 @@
 // The megatron and megatron-mimo targets: the emitted flags parse back into the plan's
 // layout, and what Megatron-LM (or its MIMO example) cannot run is refused.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include "helpers.h"
@@ -240,6 +244,36 @@ TEST(ExportMegatron, ActivationFlags) {
       exported(scenario("nemotron-4-15b", 2, 4096, 64), p, Target::kMegatron).at("launch.sh");
   EXPECT_EQ(all_flags(script).count("--no-bias-swiglu-fusion"), 0u);
   EXPECT_NE(script.find("(fused_activation true)"), std::string::npos) << script;
+}
+
+// An MoE LLM with dense layers first (GLM-4.5: 3 of 92): --ffn-hidden-size is the dense
+// layers' width and --moe-layer-freq places them, quoted for bash; the script parses.
+TEST(ExportMegatron, DenseLayersFirstSetTheLayerPattern) {
+  const planner::Scenario s = scenario("glm-4.5", 32, 4096, 1024);
+  Plan p;
+  p.layout = layout(2, 4, 32);
+  p.layout.sequence_parallel = true;
+  p.layout.ep = 32;
+  p.layout.etp = 1;
+  p.layout.recompute = models::Recompute::kFull;
+  p.layout.distributed_optimizer = true;
+  ASSERT_EQ(planner::infeasibility(s, p), "");
+  const std::string script = exported(s, p, Target::kMegatron).at("launch.sh");
+  const auto f = all_flags(script);
+  EXPECT_EQ(f.at("--ffn-hidden-size"), "12288");
+  EXPECT_EQ(f.at("--moe-ffn-hidden-size"), "1536");
+  EXPECT_EQ(f.at("--moe-layer-freq"), "'([0]*3+[1]*89)'");
+  EXPECT_EQ(f.at("--moe-shared-expert-intermediate-size"), "1536");
+  const std::string path =
+      ::testing::TempDir() + "/export_dense_first_" + std::to_string(getpid()) + ".sh";
+  std::ofstream(path) << script;
+  EXPECT_EQ(std::system(("bash -n " + path).c_str()), 0);
+  std::filesystem::remove(path);
+  // Without dense layers no pattern: every layer is a MoE layer, Megatron's default.
+  const auto m = all_flags(
+      exported(scenario("mixtral-8x7b", 8, 4096, 256), mixtral_ep8_plan(), Target::kMegatron)
+          .at("launch.sh"));
+  EXPECT_EQ(m.count("--moe-layer-freq"), 0u);
 }
 
 TEST(ExportMegatron, MixtureOfExpertsAndPrecisions) {

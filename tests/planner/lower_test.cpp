@@ -42,6 +42,15 @@ Scenario tiny_moe(int layers, int64_t global_batch, int nodes, int experts) {
                           experts));
 }
 
+// The same LLM with its first `dense` layers dense (ffn 16384) and the others MoE layers of
+// `experts` experts of ffn 2048, top 2 (MoeSpec::dense_layers).
+Scenario dense_first_moe(int layers, int dense, int64_t global_batch, int nodes, int experts) {
+  return make(layers, global_batch, nodes, "dgx-h100", "",
+              fmt::format(R"(, "ffn_hidden": 16384, "moe": {{"experts": {}, "top_k": 2, )"
+                          R"("expert_ffn_hidden": 2048, "dense_layers": {}}})",
+                          experts, dense));
+}
+
 Plan plan(int tp, int pp, int dp, Schedule sch = Schedule::k1F1B, int vpp = 1, int cp = 1) {
   Plan p;
   p.layout.tp = tp;
@@ -2582,6 +2591,65 @@ TEST(Lower, EpCommOverlapRunsBesideUserbuffersTpOverlap) {
     ASSERT_TRUE(eo->feasible) << eo->infeasible_reason;
     EXPECT_LT(eo->iteration_time, e->iteration_time);
   }
+}
+
+}  // namespace
+}  // namespace hetpar::planner
+
+namespace hetpar::planner {
+namespace {
+
+// An MoE LLM's dense layers (MoeSpec::dense_layers) run their own block: their forward
+// computes the dense MLP's FLOPs without a router or all-to-all, the MoE layers after them
+// theirs; over a pipeline the dense layers sit on the first stage.
+TEST(Lower, DenseLayersRunTheirOwnBlockBeforeTheMoeLayers) {
+  const Scenario s = dense_first_moe(4, 1, 8, 1, 8);
+  const auto& llm = std::get<models::LlmSpec>(s.model.modules[0].spec);
+  models::ModuleInput in;
+  in.seq_len = 2048;
+  const models::OpGraph g = models::build_op_graph(llm, in);
+  double per_layer[2] = {0, 0};  // forward model FLOPs of layer 0 (dense), layer 1 (MoE)
+  for (const models::Op& op : g.ops)
+    if ((op.layer == 0 || op.layer == 1) && models::is_matmul(op.kind))
+      per_layer[op.layer] += op.forward.count();
+  ASSERT_GT(per_layer[0], 0);
+  EXPECT_NE(per_layer[0], per_layer[1]);
+  Plan p = plan(1, 2, 4);
+  p.layout.ep = 4;
+  const LoweredPlan lp = lowered(s, p, {.full_ranks = true});
+  // Rank 0 (stage 0) holds L0 and L1, rank 4 (stage 1) L2 and L3.
+  std::map<std::string, double> fwd;  // forward FLOPs of rank 0's and 4's layers
+  std::set<std::string> exchanged;    // layers with an all-to-all
+  for (int t = 0; t < lp.graph.num_tasks(); ++t) {
+    const sim::Task& task = lp.graph.task(TaskId(t));
+    const std::string name(lp.graph.label_text(task.label.name));
+    if (name.find(" all-to-all") != std::string::npos) exchanged.insert(name.substr(0, 6));
+    if (task.kind != sim::TaskKind::kCompute || name.find(" fwd") == std::string::npos) continue;
+    const int rank = lp.graph.streams(TaskId(t)).front().rank.value();
+    if (rank != 0 && rank != 4) continue;
+    if (name.starts_with("llm L")) fwd[name.substr(0, 6)] += task.flops.count();
+  }
+  const double batches = static_cast<double>(num_micro_batches(p.layout, 8));
+  EXPECT_NEAR(fwd["llm L0"], per_layer[0] * batches, 1e-6 * per_layer[0] * batches);
+  for (const char* moe : {"llm L1", "llm L2", "llm L3"}) {
+    EXPECT_NEAR(fwd[moe], per_layer[1] * batches, 1e-6 * per_layer[1] * batches) << moe;
+    EXPECT_TRUE(exchanged.contains(moe)) << moe;
+  }
+  EXPECT_FALSE(exchanged.contains("llm L0"));
+  // Heavier than a MoE layer here (ffn 16384 against 2 routed experts of 2048): stage 0
+  // computes more per micro-batch.
+  std::map<int, Time> busy;
+  for (int t = 0; t < lp.graph.num_tasks(); ++t) {
+    const sim::Task& task = lp.graph.task(TaskId(t));
+    if (task.kind != sim::TaskKind::kCompute) continue;
+    const int rank = lp.graph.streams(TaskId(t)).front().rank.value();
+    if (rank == 0 || rank == 4) busy[rank] += task.duration;
+  }
+  EXPECT_GT(busy[0], busy[4]);
+  // The op graph's model FLOPs are what the plan reports.
+  EXPECT_NEAR(lp.model_flops_per_iteration.count(),
+              models::model_flops(g).count() * static_cast<double>(8),
+              1e-9 * lp.model_flops_per_iteration.count());
 }
 
 }  // namespace

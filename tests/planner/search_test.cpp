@@ -587,6 +587,40 @@ Scenario moe_search(int experts, int nodes, int global_batch, const std::string&
   return *s;
 }
 
+// An MoE LLM whose first layers are dense (MoeSpec::dense_layers), heavier than its MoE
+// layers: the pruned search finds what brute force finds, the bound (which counts each
+// virtual stage's dense and MoE layers apart) stays below every plan, and the stages sized
+// to their work (without virtual stages) give the first stage, which holds the dense
+// layers, fewer layers.
+TEST(Search, TheBoundHoldsWithDenseLayersFirst) {
+  auto s = parse_scenario_text(R"({"name": "dense-first", "model": {"name": "tiny-moe",
+      "modules": [{"name": "llm", "kind": "llm", "spec": {"layers": 8, "hidden": 1024,
+        "ffn_hidden": 16384, "moe": {"experts": 8, "top_k": 2, "expert_ffn_hidden": 1024,
+                                     "dense_layers": 2},
+        "heads": 16, "kv_heads": 8, "vocab": 128, "activation": "swiglu",
+        "norm": "rmsnorm"}}]},
+      "workload": {"seq_len": 2048, "global_batch": 16, "precision": "bf16"},
+      "cluster": {"profile": "dgx-h100", "nodes": 1},
+      "search": {"llm": {"tp": 1, "cp": 1, "micro_batch": 1}}})",
+                               "dense-first.json");
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  const SearchResult fast = run(*s, threads(2));
+  const SearchResult brute = run(*s, threads(2, true));
+  ASSERT_FALSE(brute.top.empty());
+  EXPECT_EQ(fast.top.front().metrics.iteration_time, brute.top.front().metrics.iteration_time)
+      << describe(fast.top.front().plan) << " vs " << describe(brute.top.front().plan);
+  bool sized = false;
+  for (const RankedPlan& p : brute.top) {
+    EXPECT_LE(lower_bound(*s, p.plan), p.metrics.iteration_time) << describe(p.plan);
+    const std::vector<int>& split = p.plan.layout.pipeline_layout;
+    if (!split.empty() && p.plan.layout.vpp == 1) {
+      sized = true;
+      EXPECT_LT(split.front(), split.back()) << describe(p.plan);
+    }
+  }
+  EXPECT_TRUE(sized) << "no plan with stages sized to their work among the best";
+}
+
 // search.llm fields: EP 8 on one node, selective recompute with its modules searched.
 const std::string kSelectiveEp8 =
     R"("tp": 1, "cp": 1, "pp": 1, "ep": 8, "micro_batch": 2, "recompute": "selective",

@@ -120,7 +120,10 @@ struct ModuleInput {
 
 struct OpGraph {
   ModuleKind kind = ModuleKind::kLlm;
-  int64_t layers = 0;        // transformer layers (0 for a projector)
+  int64_t layers = 0;  // transformer layers (0 for a projector)
+  /// Of an MoE LLM's layers, the first ones with a dense MLP (MoeSpec::dense_layers); the
+  /// rest are alike. Every layer of a dense module is alike.
+  int64_t dense_layers = 0;
   int64_t layer_tokens = 0;  // tokens per micro-batch inside a layer (0 for a projector)
   int64_t hidden = 0;        // width of the residual stream
   int dtype_bytes = 2;

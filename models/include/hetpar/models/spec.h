@@ -26,7 +26,7 @@ enum class PositionEmbedding { kRope, kLearned, kSinusoidal };
 struct TransformerSpec {
   int64_t layers = 0;
   int64_t hidden = 0;
-  int64_t ffn_hidden = 0;  // 0 for an MoE LLM (experts have their own width)
+  int64_t ffn_hidden = 0;  // MoE LLM: its dense layers' width (MoeSpec::dense_layers), or 0
   int64_t heads = 0;
   int64_t kv_heads = 0;  // == heads without grouped-query attention
   Activation activation = Activation::kGelu;
@@ -43,14 +43,18 @@ struct TransformerSpec {
   bool qk_norm = false;
 };
 
-/// Mixture of experts replacing every layer's MLP. Each token goes to `top_k` of `experts`
+/// Mixture of experts replacing the layers' MLP. Each token goes to `top_k` of `experts`
 /// routed experts; `shared_experts` experts (run as one MLP of width
-/// shared_experts * expert_ffn_hidden) see every token.
+/// shared_experts * expert_ffn_hidden) see every token. The first `dense_layers` layers
+/// keep a dense MLP of the block's ffn_hidden (DeepSeek-V3's and GLM-4.5's
+/// first_k_dense_replace, Megatron-LM's --moe-layer-freq [0]*k+[1]*(L-k)); at least one
+/// layer is a MoE layer.
 struct MoeSpec {
   int64_t experts = 0;
   int64_t top_k = 0;
   int64_t expert_ffn_hidden = 0;
   int64_t shared_experts = 0;
+  int64_t dense_layers = 0;
 };
 
 struct LlmSpec {

@@ -179,9 +179,15 @@ struct Block {
 
 struct ModuleCost {
   Block pre;    // before the first layer (embeddings; the whole of a projector)
-  Block layer;  // one transformer layer
+  Block layer;  // one transformer layer (of an MoE LLM: one of its MoE layers)
   Block post;   // after the last layer (final norm, logits, loss)
   int64_t layers = 0;
+  /// An MoE LLM's first `dense_layers` layers, each `dense_layer` (models::MoeSpec::
+  /// dense_layers); the other layers are `layer`. Empty with none.
+  Block dense_layer;
+  int64_t dense_layers = 0;
+  /// Layer i's block.
+  const Block& layer_block(int64_t i) const { return i < dense_layers ? dense_layer : layer; }
   /// Activation one rank sends to the next pipeline stage: s·b·h/cp, divided by tp under
   /// sequence parallelism (each rank sends its sequence slice) or with
   /// Layout::pp_scatter_gather (its 1/tp piece); otherwise every TP rank sends the full

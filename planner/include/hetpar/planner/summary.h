@@ -22,7 +22,7 @@ struct ModuleSummary {
   int64_t tokens_per_sample = 0;  // tokens one sample puts through the module's layers
   Flops forward_per_sample;       // model FLOPs (GEMMs + attention core)
   Flops backward_per_sample;
-  Bytes activations_per_layer;   // one sample, no recompute (Korthikanti et al.)
+  Bytes activations_per_layer;   // one sample, no recompute (Korthikanti et al.); the last layer
   Bytes activations_per_sample;  // whole module, one sample, no recompute
 };
 
