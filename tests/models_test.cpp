@@ -4,6 +4,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "hetpar/models/load.h"
@@ -87,12 +88,31 @@ TEST(Zoo, ParameterCountsMatchPublished) {
   EXPECT_LT(rel_err(static_cast<double>(count_params(zoo_model("mixtral-8x7b")).active), 12.9e9),
             0.005);
   // GLM-4.5: "355B total parameters, 32B active" (model card; active without the
-  // embeddings): 3 dense layers, 89 MoE layers of 8 routed experts and the shared one. The
-  // zoo leaves out its multi-token-prediction layer (about 4B): 352.8B.
-  {
-    const ParamCounts glm = count_params(zoo_model("glm-4.5"));
-    EXPECT_LT(rel_err(static_cast<double>(glm.total), 355e9), 0.01);
-    EXPECT_LT(rel_err(static_cast<double>(glm.active - glm.embedding), 32e9), 0.01);
+  // embeddings): 3 dense layers, 89 MoE layers of 8 routed experts and the shared one; the
+  // published counts leave out the multi-token-prediction depth (352.8B without it).
+  // GLM-4.5-Air: "106B total parameters, 12B active" (1 dense and 45 MoE layers: 106.8B,
+  // 12.2B). Each depth adds one MoE layer, its 2h x h projection and three norms.
+  auto without_mtp = [](const char* name) {
+    ModuleSpec spec = zoo_module(name);
+    std::get<LlmSpec>(spec).mtp_layers = 0;
+    return count_params(spec);
+  };
+  for (const auto& [name, total, active] :
+       {std::tuple{"glm-4.5", 355e9, 32e9}, std::tuple{"glm-4.5-air", 106e9, 12e9}}) {
+    const ParamCounts p = without_mtp(name);
+    EXPECT_LT(rel_err(static_cast<double>(p.total), total), 0.01) << name;
+    EXPECT_LT(rel_err(static_cast<double>(p.active - p.embedding), active), 0.02) << name;
+    const ModuleSpec spec = zoo_module(name);
+    const LlmSpec& llm = std::get<LlmSpec>(spec);
+    EXPECT_EQ(llm.mtp_layers, 1) << name;
+    const int64_t h = llm.block.hidden, expert = 3 * h * llm.moe->expert_ffn_hidden;
+    const int64_t layer = (count_params(spec).total - p.total) - (2 * h * h + 3 * h);
+    // The depth's layer: attention, two norms and the q/k norms, router, experts, shared.
+    const int64_t d = llm.block.head_dim(), qkv = (llm.block.heads + 2 * llm.block.kv_heads) * d;
+    EXPECT_EQ(layer, h * qkv + qkv + llm.block.heads * d * h + 2 * h +
+                         (llm.block.qk_norm ? 2 * d : 0) + h * llm.moe->experts +
+                         (llm.moe->experts + llm.moe->shared_experts) * expert)
+        << name;
   }
   // Qwen1.5-MoE-A2.7B: "2.7B activated" (model card): 4 routed experts and the shared ones.
   EXPECT_LT(
@@ -401,7 +421,7 @@ TEST(OpGraph, InvariantsHoldForEveryZooModule) {
       in.repeat_kv = torchtitan;
       OpGraph g = build_op_graph(spec, in);
       int64_t params = 0;
-      std::vector<int> ops_per_layer(g.layers);
+      std::vector<int> ops_per_layer(g.layers + g.mtp_layers);
       for (const Op& op : g.ops) {
         params += op.params;
         if (op.layer >= 0) ++ops_per_layer[op.layer];
@@ -423,8 +443,9 @@ TEST(OpGraph, InvariantsHoldForEveryZooModule) {
         }
       }
       EXPECT_EQ(params, count_params(spec).total) << e.name;
-      // Every layer alike, an MoE LLM's dense layers (first) among themselves.
-      for (size_t i = 0; i < ops_per_layer.size(); ++i)
+      // Every layer alike, an MoE LLM's dense layers (first) among themselves; a
+      // multi-token-prediction depth's layer has its norms and projection besides.
+      for (size_t i = 0; i < static_cast<size_t>(g.layers); ++i)
         EXPECT_EQ(ops_per_layer[i],
                   ops_per_layer[static_cast<int64_t>(i) < g.dense_layers ? 0 : g.dense_layers])
             << e.name << " layer " << i;
@@ -461,7 +482,8 @@ TEST(OpGraph, MoeExpertShapes) {
 // MoeSpec::dense_layers: the first layers keep a dense MLP of the block's ffn_hidden, the
 // rest route to experts; FLOPs and parameters follow layer by layer.
 TEST(OpGraph, DenseLayersBeforeTheMoeLayers) {
-  const ModuleSpec spec = zoo_module("glm-4.5");
+  ModuleSpec spec = zoo_module("glm-4.5");
+  std::get<LlmSpec>(spec).mtp_layers = 0;  // (its output head's FLOPs own no parameters)
   const OpGraph g = build_op_graph(spec, input(1, 256));
   EXPECT_EQ(g.layers, 92);
   EXPECT_EQ(g.dense_layers, 3);
@@ -491,6 +513,47 @@ TEST(OpGraph, DenseLayersBeforeTheMoeLayers) {
   const double h = 5120, qkv_bias = (96 + 2 * 8) * 128;
   const double outside = 151552 * h + 92 * (2 * h + 2 * 128 + qkv_bias) + h;
   EXPECT_DOUBLE_EQ(gemm / 256, 2 * (static_cast<double>(p.active) - outside));
+}
+
+// LlmSpec::mtp_layers: after the loss, each depth embeds the next token (the shared table:
+// no parameters), normalises it and the hidden states, projects the 2h concatenation to h,
+// runs one more (MoE) layer and a final norm, and the shared output head (no parameters)
+// with a loss of its own; the depth's layer ops carry index layers + depth.
+TEST(OpGraph, MultiTokenPredictionDepthsAfterTheLoss) {
+  const ModuleSpec spec = zoo_module("glm-4.5");
+  const OpGraph g = build_op_graph(spec, input(1, 256));
+  EXPECT_EQ(g.mtp_layers, 1);
+  size_t loss = g.ops.size();
+  for (size_t i = 0; i < g.ops.size(); ++i)
+    if (g.ops[i].name == "loss") loss = i;
+  ASSERT_LT(loss, g.ops.size());
+  for (size_t i = 0; i < g.ops.size(); ++i) EXPECT_EQ(g.ops[i].mtp, i > loss) << g.ops[i].name;
+  std::map<std::string, const Op*> mtp;
+  for (size_t i = loss + 1; i < g.ops.size(); ++i) mtp[g.ops[i].name] = &g.ops[i];
+  for (const char* name : {"mtp_embedding", "mtp_logits", "mtp_loss"}) {
+    ASSERT_TRUE(mtp.contains(name)) << name;
+    EXPECT_EQ(mtp[name]->layer, -1) << name;
+    EXPECT_EQ(mtp[name]->params, 0) << name;  // the shared table and output head
+  }
+  for (const char* name : {"mtp_enorm", "mtp_hnorm", "mtp_eh_proj", "router", "expert_fc1",
+                           "shared_expert_fc1", "mtp_final_norm"}) {
+    ASSERT_TRUE(mtp.contains(name)) << name;
+    EXPECT_EQ(mtp[name]->layer, 92) << name;
+  }
+  const GemmShape& proj = mtp["mtp_eh_proj"]->gemms.front();
+  EXPECT_EQ(proj.m, 256);
+  EXPECT_EQ(proj.n, 5120);
+  EXPECT_EQ(proj.k, 2 * 5120);
+  EXPECT_DOUBLE_EQ(mtp["mtp_logits"]->forward.count(), 2.0 * 256 * 5120 * 151552);
+  // Its model FLOPs: one more MoE layer, the projection and the head.
+  ModuleSpec plain = spec;
+  std::get<LlmSpec>(plain).mtp_layers = 0;
+  const OpGraph without = build_op_graph(plain, input(1, 256));
+  double layer = 0;
+  for (const Op& op : without.ops)
+    if (op.layer == 91 && is_matmul(op.kind)) layer += op.forward.count();
+  EXPECT_DOUBLE_EQ(forward_flops(g).count() - forward_flops(without).count(),
+                   layer + proj.flops() + mtp["mtp_logits"]->forward.count());
 }
 
 // Token dropping (ModuleInput::moe_capacity_factor): every expert takes its capacity,
@@ -866,6 +929,10 @@ TEST(Json, BadInputsNameTheirPath) {
        "model.modules[0].spec.ffn_hidden", "must be >= 1, got 0"},
       {one(R"("layers": 2, "hidden": 256, "ffn_hidden": 512, "heads": 4, "vocab": 10, "activation": "swiglu", "norm": "rmsnorm", "moe": {"experts": 4, "top_k": 2, "expert_ffn_hidden": 64})"),
        "model.modules[0].spec.ffn_hidden", "unused with moe and no moe.dense_layers"},
+      {one(llm + R"(, "mtp_layers": -1)"), "model.modules[0].spec.mtp_layers",
+       "must be in [0, 64], got -1"},
+      {one(llm + R"(, "mtp_layers": 65)"), "model.modules[0].spec.mtp_layers",
+       "must be in [0, 64], got 65"},
       {one(llm + R"(, "position_embedding": "learned")"), "model.modules[0].spec.max_positions",
        "must be >= 1"},
       {R"({"name": "m", "modules": [{"name": "v", "kind": "vision_encoder", "spec": {"layers": 1, "hidden": 64, "ffn_hidden": 64, "heads": 2, "patch_size": 14, "image_size": 330, "activation": "gelu", "norm": "layernorm"}}, {"name": "llm", "kind": "llm", "spec": {)" +

@@ -278,6 +278,14 @@ void refuse_deepep(const Context& c, Refusals& r) {
                     c.target_name()));
 }
 
+void refuse_mtp(const Context& c, Refusals& r) {
+  if (c.llm.mtp_layers > 0)
+    r.add(
+        fmt::format("mtp_layers {}: {} has no multi-token prediction modules (Megatron-Core's "
+                    "--mtp-num-layers)",
+                    c.llm.mtp_layers, c.target_name()));
+}
+
 void refuse_token_dropping(const Context& c, Refusals& r) {
   if (c.layout().moe_capacity_factor > 0)
     r.add(

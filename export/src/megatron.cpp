@@ -237,6 +237,8 @@ std::vector<Flag> megatron_model_flags(const Context& c) {
                          {"--num-attention-heads", num(b.heads)}};
   if (b.head_size > 0) f.push_back({"--kv-channels", num(b.head_dim())});
   if (b.qk_norm) f.push_back({"--qk-layernorm", ""});
+  // Multi-token prediction, its depths on the last pipeline stage (Megatron's default).
+  if (llm.mtp_layers > 0) f.push_back({"--mtp-num-layers", num(llm.mtp_layers)});
   if (b.kv_heads != b.heads) {
     f.push_back({"--group-query-attention", ""});
     f.push_back({"--num-query-groups", num(b.kv_heads)});

@@ -51,6 +51,7 @@ void add_model_shape(std::vector<Setting>& s, const Context& c) {
   s.push_back({"model.num_attention_heads", num(b.heads)});
   s.push_back({"model.num_query_groups", num(b.kv_heads)});
   if (b.head_size > 0) s.push_back({"model.kv_channels", num(b.head_dim())});
+  if (llm.mtp_layers > 0) s.push_back({"model.mtp_num_layers", num(llm.mtp_layers)});
   if (llm.moe) {
     // With dense layers first, ffn_hidden_size is theirs and moe_layer_freq, one entry per
     // layer (0 dense, 1 MoE), places them.

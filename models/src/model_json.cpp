@@ -118,6 +118,7 @@ ModuleSpec read_fields(std::string_view kind, JsonReader& r) {
     s.tied_embeddings = r.optional_bool("tied_embeddings", false);
     s.positions = read_positions(r, "rope");
     s.max_positions = r.optional_int("max_positions", 0);
+    s.mtp_layers = r.optional_int("mtp_layers", 0);
     if (r.has("moe")) {
       JsonReader m = r.object("moe");
       s.moe = MoeSpec{m.required_int("experts"), m.required_int("top_k"),

@@ -293,17 +293,22 @@ class Builder {
     g_.ops.push_back(std::move(op));
   }
 
+  /// Ops made while set belong to a multi-token-prediction depth (Op::mtp).
+  void set_mtp(bool mtp) { mtp_ = mtp; }
+
  private:
   Op make(std::string name, OpKind kind, int layer) const {
     Op op;
     op.name = std::move(name);
     op.kind = kind;
+    op.mtp = mtp_;
     op.layer = layer;
     return op;
   }
   OpGraph& g_;
   int e_;
   bool flash_, fused_, repeat_kv_;
+  bool mtp_ = false;
 };
 
 // How a MoE layer's tokens reach its experts (ModuleInput::moe_capacity_factor,
@@ -404,10 +409,35 @@ void build(Builder& b, OpGraph& g, const LlmSpec& s, const ModuleInput& in) {
   add_layers(b, g, t, s.moe, in.micro_batch, in.seq_len, true,
              s.positions == PositionEmbedding::kRope,
              {in.moe_capacity_factor, in.moe_load_imbalance});
-  b.gemm("logits", -1, {{tokens, s.vocab, h}}, false, T * h, !s.tied_embeddings);
-  Op& loss = b.pointwise("loss", OpKind::kLoss, -1, T * s.vocab, T, kLossFlops * s.vocab, 0);
-  loss.written = Bytes(tokens * 4);
-  loss.saved = Bytes(tokens * s.vocab * 4);  // fp32 logits (Korthikanti 4sbv)
+  auto head = [&](const std::string& prefix, bool owns_weights) {
+    b.gemm(prefix + "logits", -1, {{tokens, s.vocab, h}}, false, T * h, owns_weights);
+    Op& loss =
+        b.pointwise(prefix + "loss", OpKind::kLoss, -1, T * s.vocab, T, kLossFlops * s.vocab, 0);
+    loss.written = Bytes(tokens * 4);
+    loss.saved = Bytes(tokens * s.vocab * 4);  // fp32 logits (Korthikanti 4sbv)
+  };
+  head("", !s.tied_embeddings);
+  // Multi-token prediction (Megatron-Core's MultiTokenPredictionLayer): the next token's
+  // embedding (the shared table) and the hidden states, each normalised, concatenated and
+  // projected back to h (eh_proj), one more layer, a final norm, and the shared output
+  // head with its loss.
+  b.set_mtp(true);
+  for (int64_t d = 0; d < s.mtp_layers; ++d) {
+    const int layer = static_cast<int>(t.layers + d);
+    Op& next = b.pointwise("mtp_embedding", OpKind::kEmbedding, -1, T * h, T * h, 0, 0);
+    next.dgrad = Flops(0);
+    next.wgrad = Flops(T * h);  // scatter-add into the shared table
+    b.norm("mtp_enorm", layer, t.norm, T, h);
+    b.norm("mtp_hnorm", layer, t.norm, T, h);
+    b.gemm("mtp_eh_proj", layer, {{tokens, h, 2 * h}}, false, 2 * T * h);
+    add_layer(b, t, s.moe, layer, in.micro_batch, in.seq_len, true,
+              s.positions == PositionEmbedding::kRope,
+              {in.moe_capacity_factor, in.moe_load_imbalance});
+    b.norm("mtp_final_norm", layer, t.norm, T, h);
+    head("mtp_", false);
+  }
+  b.set_mtp(false);
+  g.mtp_layers = s.mtp_layers;
 }
 
 void build(Builder& b, OpGraph& g, const VisionEncoderSpec& s, const ModuleInput& in) {

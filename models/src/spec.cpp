@@ -143,6 +143,8 @@ void check(Checker& c, const LlmSpec& s) {
     c.fail("position_embedding", "an llm takes rope or learned positions");
   if (s.positions == PositionEmbedding::kLearned)
     c.size("max_positions", s.max_positions, int64_t{1} << 24);  // workload.seq_len's bound
+  if (s.mtp_layers < 0 || s.mtp_layers > kMaxMtpLayers)
+    c.fail("mtp_layers", fmt::format("must be in [0, {}], got {}", kMaxMtpLayers, s.mtp_layers));
   if (!s.moe) return;
   c.size("moe.experts", s.moe->experts, kMaxExperts);
   c.positive("moe.top_k", s.moe->top_k);
@@ -223,7 +225,11 @@ double approx_params(const ModuleSpec& spec) {
                                            static_cast<double>(s.block.hidden) *
                                            static_cast<double>(s.block.ffn_hidden)
                                      : 0;
-          return block(s.block, mlp) + dense +
+          const double mtp =
+              static_cast<double>(s.mtp_layers) *
+              (block(s.block, mlp) / static_cast<double>(s.block.layers) +
+               2 * static_cast<double>(s.block.hidden) * static_cast<double>(s.block.hidden));
+          return block(s.block, mlp) + dense + mtp +
                  2 * static_cast<double>(s.vocab) * static_cast<double>(s.block.hidden);
         } else {
           return block(s.block, static_cast<double>(s.block.ffn_hidden));

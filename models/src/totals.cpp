@@ -18,33 +18,50 @@ int64_t attention_params(const TransformerSpec& t) {
   return h * qkv + (t.qkv_bias ? qkv : 0) + t.heads * d * h + (t.linear_bias ? h : 0);
 }
 
-// Layers plus the final norm; `active` as one token sees them.
-ParamCounts block_params(const TransformerSpec& t, const std::optional<MoeSpec>& moe) {
+// One layer of `t`: a MoE layer when `moe` is set; `active` as one token sees it.
+ParamCounts layer_params(const TransformerSpec& t, const std::optional<MoeSpec>& moe) {
   const int64_t h = t.hidden;
   const int64_t common = attention_params(t) + 2 * norm_params(t.norm, h) +
                          (t.qk_norm ? 2 * norm_params(t.norm, t.head_dim()) : 0);
-  const int64_t dense = common + mlp_params(h, t.ffn_hidden, h, t.activation, t.linear_bias);
   ParamCounts c;
   if (!moe) {
-    c.total = t.layers * dense + norm_params(t.norm, h);
-    c.active = c.total;
+    c.total = c.active = common + mlp_params(h, t.ffn_hidden, h, t.activation, t.linear_bias);
     return c;
   }
   const int64_t expert = mlp_params(h, moe->expert_ffn_hidden, h, t.activation, t.linear_bias);
-  const int64_t sparse =
-      common + h * moe->experts + moe->experts * expert +
-      (moe->shared_experts > 0 ? mlp_params(h, moe->shared_experts * moe->expert_ffn_hidden, h,
-                                            t.activation, t.linear_bias)
-                               : 0);
-  const int64_t sparse_layers = t.layers - moe->dense_layers;
-  c.total = moe->dense_layers * dense + sparse_layers * sparse + norm_params(t.norm, h);
-  c.active = c.total - sparse_layers * (moe->experts - moe->top_k) * expert;
+  c.total = common + h * moe->experts + moe->experts * expert +
+            (moe->shared_experts > 0 ? mlp_params(h, moe->shared_experts * moe->expert_ffn_hidden,
+                                                  h, t.activation, t.linear_bias)
+                                     : 0);
+  c.active = c.total - (moe->experts - moe->top_k) * expert;
+  return c;
+}
+
+// Layers plus the final norm; `active` as one token sees them. An MoE block's first
+// moe->dense_layers layers are dense.
+ParamCounts block_params(const TransformerSpec& t, const std::optional<MoeSpec>& moe) {
+  const int64_t dense_layers = moe ? moe->dense_layers : t.layers;
+  const ParamCounts dense = layer_params(t, std::nullopt);
+  const ParamCounts sparse = moe ? layer_params(t, moe) : ParamCounts{};
+  ParamCounts c;
+  c.total = dense_layers * dense.total + (t.layers - dense_layers) * sparse.total +
+            norm_params(t.norm, t.hidden);
+  c.active = dense_layers * dense.active + (t.layers - dense_layers) * sparse.active +
+             norm_params(t.norm, t.hidden);
   return c;
 }
 
 ParamCounts params(const LlmSpec& s) {
   ParamCounts c = block_params(s.block, s.moe);
   const int64_t h = s.block.hidden;
+  // Each MTP depth: its layer, the 2h -> h projection and three norms (the embedding and
+  // the hidden states', and its final one); the embedding table and output head are shared.
+  if (s.mtp_layers > 0) {
+    const ParamCounts layer = layer_params(s.block, s.moe);
+    const int64_t own = 2 * h * h + 3 * norm_params(s.block.norm, h);
+    c.total += s.mtp_layers * (layer.total + own);
+    c.active += s.mtp_layers * (layer.active + own);
+  }
   c.embedding = s.vocab * h * (s.tied_embeddings ? 1 : 2) +
                 (s.positions == PositionEmbedding::kLearned ? s.max_positions * h : 0);
   c.total += c.embedding;

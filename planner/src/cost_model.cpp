@@ -41,6 +41,11 @@ bool is_expert(const models::Op& op) {
   return op.name.starts_with("expert_");
 }
 
+// The output layer: the LLM's, and each multi-token-prediction depth's pass through it.
+bool is_output_layer(const models::Op& op) {
+  return op.name == "logits" || op.name == "mtp_logits";
+}
+
 // How tensor parallelism splits a GEMM (see cost_model.h).
 Split gemm_split(const models::Op& op, const models::OpGraph& g) {
   if (g.kind == models::ModuleKind::kProjector) {
@@ -48,7 +53,10 @@ Split gemm_split(const models::Op& op, const models::OpGraph& g) {
                                         [](const models::Op& o) { return o.name == "fc2"; });
     if (!two_layers) return Split::kNone;
   }
-  if (op.name == "qkv" || op.name == "logits" || ends_with(op.name, "fc1")) return Split::kColumn;
+  // A multi-token-prediction depth's eh_proj: Megatron's ColumnParallelLinear.
+  if (op.name == "qkv" || is_output_layer(op) || op.name == "mtp_eh_proj" ||
+      ends_with(op.name, "fc1"))
+    return Split::kColumn;
   if (op.name == "attn_out" || ends_with(op.name, "fc2")) return Split::kRow;
   return Split::kNone;
 }
@@ -110,7 +118,7 @@ int activation_bytes(const models::OpGraph& g, Precision p) {
 // Megatron's output layer is its own ColumnParallelLinear, not a TE module, so FP8 autocast
 // does not reach it: the logits GEMM runs in bf16.
 Precision gemm_precision(const models::Op& op, Precision p) {
-  return p == Precision::kFp8 && op.name == "logits" ? Precision::kBf16 : p;
+  return p == Precision::kFp8 && is_output_layer(op) ? Precision::kBf16 : p;
 }
 
 // Megatron's unfused vocab-parallel cross-entropy (megatron/core/tensor_parallel/
@@ -774,9 +782,12 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
   m.layers = g.layers;
   m.dense_layers = g.dense_layers;
   // The layers built: layer 0, and with dense layers first (an MoE LLM's) the first MoE
-  // layer too; every other layer is like one of them.
+  // layer too; every other layer is like one of them. Multi-token-prediction depths (after
+  // the layers) each.
   const int first_moe = static_cast<int>(g.dense_layers);
-  auto built = [&](int layer) { return layer == 0 || (first_moe > 0 && layer == first_moe); };
+  auto built = [&](int layer) {
+    return layer == 0 || (first_moe > 0 && layer == first_moe) || layer >= g.layers;
+  };
   // Tokens a module's activations span: layers see layer_tokens; a projector its output.
   int64_t tokens = g.layer_tokens;
   if (g.kind == models::ModuleKind::kProjector) {
@@ -849,7 +860,8 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
     const auto op_index = static_cast<int32_t>(&op - g.ops.data());
     if (op.layer >= 0 && !built(op.layer)) continue;
     if (op.layer >= 0) seen_layer = true;
-    Block& block = op.layer < 0           ? (seen_layer ? m.post : m.pre)
+    Block& block = op.mtp                 ? m.mtp
+                   : op.layer < 0         ? (seen_layer ? m.post : m.pre)
                    : op.layer < first_moe ? m.dense_layer
                                           : m.layer;
     const bool beside = shared_beside && models::is_shared_expert_op(op);
@@ -873,7 +885,7 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
       else if (current_sp && k >= 0 && is_fp8_linear(g.ops[k]) && !is_expert(g.ops[k]))
         b.last().amax_reduce = true;
     }
-    if (tp && op.name == "logits") b.comm(StepKind::kTpEntry, activation);
+    if (tp && is_output_layer(op)) b.comm(StepKind::kTpEntry, activation);
     if (shared_sp && op.name == "shared_expert_fc1") {
       b.comm(StepKind::kTpEntry, activation);
       // FP8: Transformer Engine's Linear quantises its input before the SP all-gather, as
@@ -895,7 +907,7 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
       const bool ring = userbuffers && is_fp8_linear(op);  // a TE layer linear, not logits
       b.linear_after_tp_entry(ring ? op_cost(op, g, l, context_parallel, dev, p, {l.tp, 1}) : c,
                               op_index, ring);
-      b.last().output_layer = op.name == "logits";
+      b.last().output_layer = is_output_layer(op);
     } else if (userbuffers && is_fp8_linear(op) && !expert && gemm_split(op, g) == Split::kRow &&
                exit_follows(op_index) && !beside) {
       if (p == Precision::kFp8) {
@@ -934,6 +946,13 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
       if (current_sp) b.last().amax_reduce = true;  // one scale for the gathered input
     }
     if (tp && op.kind == models::OpKind::kEmbedding) b.comm(StepKind::kTpExit, activation);
+    // A multi-token-prediction depth's eh_proj (Megatron-Core's MultiTokenPredictionLayer):
+    // its input, the two normalised halves (2h), gathered over TP (under SP: all-gathered),
+    // its output gathered over TP and scattered back to SP slices: a TP exit's traffic under
+    // SP (without SP an all-gather forward and nothing backward, where the exit charges an
+    // all-reduce forward: over-counted).
+    if (tp && op.name == "mtp_hnorm") b.comm(StepKind::kTpEntry, activation * 2);
+    if (tp && op.name == "mtp_eh_proj") b.comm(StepKind::kTpExit, activation);
     if (tp && g.kind == models::ModuleKind::kProjector && op.name == "fc2")
       b.comm(StepKind::kTpExit, activation);
     if (l.ep > 1 && op.name == "moe_dispatch") {

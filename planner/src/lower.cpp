@@ -58,6 +58,7 @@ ModuleCost for_direction(const ModuleCost& m, bool backward, bool sp) {
   out.pre = for_direction(m.pre, backward, sp);
   out.layer = for_direction(m.layer, backward, sp);
   out.dense_layer = for_direction(m.dense_layer, backward, sp);
+  out.mtp = for_direction(m.mtp, backward, sp);
   out.post = for_direction(m.post, backward, sp);
   return out;
 }
@@ -379,7 +380,8 @@ void Lowering::place_blocks() {
   auto place = [&](int v, size_t module, Part part, std::string name, bool dense = false) {
     const Block& b = part == Part::kPre     ? mc[module].pre
                      : part == Part::kLayer ? (dense ? mc[module].dense_layer : mc[module].layer)
-                                            : mc[module].post;
+                     : part == Part::kPost  ? mc[module].post
+                                            : mc[module].mtp;
     if (!b.empty()) chunks_[v].push_back({module, part, std::move(name), dense});
   };
   // The LLM's layers over the virtual stages (even or uneven split, schedule.h); other
@@ -409,6 +411,7 @@ void Lowering::place_blocks() {
       place(v, k, Part::kLayer, fmt::format("{} L{}", name, i), i < mc[k].dense_layers);
     }
     place(split_here ? vstages_ - 1 : home, k, Part::kPost, name + " post");
+    place(split_here ? vstages_ - 1 : home, k, Part::kMtp, name + " mtp");  // empty: none
   }
   labels_.assign(vstages_, {});
   for (int v = 0; v < vstages_; ++v) labels_[v].resize(chunks_[v].size() * 4);
@@ -993,17 +996,38 @@ size_t exit_after(const std::vector<WorkStep>& steps, const models::OpGraph& g,
 
 const Lowering::Replays& Lowering::replays(const PlacedBlock& pb) {
   static const Replays kNone;  // the blocks outside the layers replay nothing
-  if (pb.part != Part::kLayer) return kNone;
-  const size_t at = 2 * pb.module + (pb.dense ? 1 : 0);
+  if (pb.part != Part::kLayer && pb.part != Part::kMtp) return kNone;
+  const size_t at = 3 * pb.module + (pb.dense ? 1 : pb.part == Part::kMtp ? 2 : 0);
   if (replays_.size() <= at) replays_.resize(at + 1);
   std::optional<Replays>& r = replays_[at];
   if (!r) r = Replays{moe_replay(pb), mlp_replay(pb)};
   return *r;
 }
 
+std::vector<std::pair<size_t, size_t>> Lowering::checkpointed(const PlacedBlock& pb) const {
+  const std::vector<WorkStep>& steps = block(0, pb).steps;
+  if (pb.part != Part::kMtp) return {{0, steps.size()}};
+  // Per depth, the steps from the first to the last that compute an op of its layer index
+  // (Op::mtp: its norms, eh_proj, layer and final norm), the collectives between them too.
+  const models::OpGraph& g = graphs_[pb.module];
+  std::vector<std::pair<size_t, size_t>> out;
+  int depth = -1;  // the layer index of out.back()
+  for (size_t s = 0; s < steps.size(); ++s)
+    for (int32_t op : steps[s].ops) {
+      const int layer = g.ops[static_cast<size_t>(op)].layer;
+      if (layer < 0) continue;
+      if (layer != depth) out.emplace_back(s, s + 1);
+      depth = layer;
+      out.back().second = s + 1;
+    }
+  return out;
+}
+
 Lowering::MoeReplay Lowering::moe_replay(const PlacedBlock& pb) const {
   MoeReplay r;
-  if (pb.part != Part::kLayer || !l_.recompute_policy().selects(models::kRecomputeMoe)) return r;
+  if ((pb.part != Part::kLayer && pb.part != Part::kMtp) ||
+      !l_.recompute_policy().selects(models::kRecomputeMoe))
+    return r;
   const std::vector<WorkStep>& forward = block(0, pb).steps;
   const models::OpGraph& g = graphs_[pb.module];
   bool shared = false;
@@ -1043,7 +1067,7 @@ Lowering::MlpReplay Lowering::mlp_replay(const PlacedBlock& pb) const {
     first_linear = "shared_expert_fc1";
     last_linear = "shared_expert_fc2";
   }
-  if (pb.part != Part::kLayer || first_linear == nullptr) return r;
+  if ((pb.part != Part::kLayer && pb.part != Part::kMtp) || first_linear == nullptr) return r;
   // The TP entry before the step with the first linear, through the first TP exit after it
   // (cost_model.cpp: a dense MLP's norm, entry, fc1, act, fc2, exit and residual add; the
   // shared experts' entry, fc1, act, fc2 and exit after the combine). Without SP the forward
@@ -1166,19 +1190,24 @@ void Lowering::op_pieces(const PipelineOp& op, Emit&& emit) {
   // no exchange); the layers' activations are all held while the chunk's backward runs.
   // Full recompute: block b's forward steps again, each piece ending where an all-to-all
   // does unless `exposed`.
+  // A multi-token-prediction block re-runs its checkpointed steps only (checkpointed()).
   auto replay_layer = [&](size_t b, bool exposed) {
     const PlacedBlock* pb = &blocks[b];
     const Labels* replay = &labels(v, b, kR);
     const sim::LabelId rl = replay->compute;
-    for (size_t s = 0; s < block(0, *pb).steps.size(); ++s)
-      emit(!exposed && all_to_all(*pb, s, false),
-           [this, pb, s, replay, rl] { run_step(*pb, s, kR, *replay, rl); });
+    for (const auto& [first, end] : checkpointed(*pb))
+      for (size_t s = first; s < end; ++s)
+        emit(!exposed && all_to_all(*pb, s, false),
+             [this, pb, s, replay, rl] { run_step(*pb, s, kR, *replay, rl); });
+  };
+  auto replays_whole = [](const PlacedBlock& pb) {
+    return pb.part == Part::kLayer || pb.part == Part::kMtp;
   };
   const bool chunk_replay =
       backward && l_.recompute == models::Recompute::kFull && l_.ep_comm_overlap && !role_.frozen;
   if (chunk_replay)
     for (size_t b = 0; b < blocks.size(); ++b)
-      if (blocks[b].part == Part::kLayer) replay_layer(b, true);
+      if (replays_whole(blocks[b])) replay_layer(b, true);
   for (size_t bi = 0; bi < blocks.size(); ++bi) {
     const size_t b = op.kind == PassKind::kForward ? bi : blocks.size() - 1 - bi;
     const PlacedBlock* pb = &blocks[b];
@@ -1233,7 +1262,7 @@ void Lowering::op_pieces(const PipelineOp& op, Emit&& emit) {
       case PassKind::kBackward: {
         const bool recompute = l_.recompute != models::Recompute::kNone;
         const sim::LabelId rl = recompute ? labels(v, b, kR).compute : sim::LabelId();
-        if (l_.recompute == models::Recompute::kFull && pb->part == Part::kLayer && !chunk_replay)
+        if (l_.recompute == models::Recompute::kFull && replays_whole(*pb) && !chunk_replay)
           replay_layer(b, false);
         if (prefetch_next) emit(false, prefetch_next);
         const Labels* lb = &labels(v, b, kB);
@@ -1287,7 +1316,7 @@ void Lowering::op_pieces(const PipelineOp& op, Emit&& emit) {
   // layer.
   if (!amax_groups_.ids.empty() && op.kind != PassKind::kWeight) {
     int64_t layers = 0;
-    for (const PlacedBlock& pb : blocks) layers += pb.part == Part::kLayer;
+    for (const PlacedBlock& pb : blocks) layers += pb.part == Part::kLayer || pb.part == Part::kMtp;
     const int64_t amaxes = 4 * layers * (op.kind == PassKind::kForward ? 3 : 2);
     if (amaxes > 0)
       emit(false, [this, amaxes, fwd = op.kind == PassKind::kForward] {

@@ -314,7 +314,9 @@ void Lowering::gradients_and_optimizer() {
 bool Lowering::ties_embedding() const {
   if (!has_llm_ || role_.frozen || l_.pp < 2 || l_.torch_fsdp2()) return false;
   const auto* llm = std::get_if<models::LlmSpec>(&s_.model.modules[s_.model.llm_index()].spec);
-  return llm && llm->tied_embeddings;
+  // Multi-token prediction embeds on the last stage too (finalize_model_grads all-reduces
+  // the word embeddings' gradients for it as for a tied output layer).
+  return llm && (llm->tied_embeddings || llm->mtp_layers > 0);
 }
 
 std::vector<TaskId> Lowering::tied_embedding_all_reduce(const std::vector<TaskId>& after) {

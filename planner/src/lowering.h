@@ -50,7 +50,8 @@ constexpr int32_t kCommStreams = 12;          // a role's comm streams (Role::st
 enum Pass : int { kF = 0, kB = 1, kW = 2, kR = 3 };  // forward, backward, weight, recompute
 constexpr std::string_view kPassName[] = {"fwd", "bwd", "wgrad", "recompute"};
 
-enum class Part : uint8_t { kPre, kLayer, kPost };
+// kMtp: an LLM's multi-token-prediction depths (ModuleCost::mtp), after kPost.
+enum class Part : uint8_t { kPre, kLayer, kPost, kMtp };
 
 // A block placed on a virtual stage.
 struct PlacedBlock {
@@ -268,8 +269,13 @@ class Lowering {
     }
   };
   MlpReplay mlp_replay(const PlacedBlock& pb) const;
+  // The steps full recompute re-runs before a block's backward, as [first, end) ranges: all
+  // of a layer's; of the multi-token-prediction block, each depth's checkpointed region
+  // (Megatron-Core's MultiTokenPredictionLayer._checkpointed_forward: the norms, eh_proj,
+  // the layer and the final norm, not the embedding lookup or the output head and loss).
+  std::vector<std::pair<size_t, size_t>> checkpointed(const PlacedBlock& pb) const;
   // Both replays of a block, a layer block's computed once per stage (replays_, by module
-  // and, for an MoE LLM, dense or MoE layer);
+  // and, for an MoE LLM, dense or MoE layer; the multi-token-prediction block's too);
   // none for the blocks outside the layers.
   struct Replays {
     MoeReplay moe;
@@ -447,7 +453,7 @@ class Lowering {
   const Block& block(int j, const PlacedBlock& pb, bool backward = false) const {
     const ModuleCost& mc = costs_[backward][group_[j]][pb.module];
     if (pb.part == Part::kLayer) return pb.dense ? mc.dense_layer : mc.layer;
-    return pb.part == Part::kPre ? mc.pre : mc.post;
+    return pb.part == Part::kPre ? mc.pre : pb.part == Part::kPost ? mc.post : mc.mtp;
   }
   RankId rank(int tp_i, int cp_i, int dp_i, int pp_i) const {
     return RankId(role_.rank_offset + tp_i + l_.tp * (cp_i + l_.cp * (dp_i + l_.dp * pp_i)));
@@ -477,7 +483,7 @@ class Lowering {
   std::vector<int> group_of_rank_;
   std::vector<std::string> module_names_;
   std::vector<models::OpGraph> graphs_;          // per module, in build_costs()' order
-  std::vector<std::optional<Replays>> replays_;  // per module x {MoE, dense}: replays()
+  std::vector<std::optional<Replays>> replays_;  // per module x {MoE, dense, MTP}: replays()
   // The host (sim/task_graph.h "Host"), per node group its time per issued kernel or call
   // (SystemProfile::host_op); on when a group has one. It issues compute tasks and
   // collectives in the order they are emitted, which is each rank's program order (a

@@ -96,7 +96,9 @@ bool is_routed_expert(const models::Op& op) {
 // embedding, audio convolutions), run on full tensors. `vocab_params`: the LLM's token table.
 double local_params(const models::Op& op, bool stem, const Layout& l, double vocab_params) {
   const double all = static_cast<double>(op.params);
-  if (op.kind == models::OpKind::kEmbedding) return all - vocab_params + vocab_params / l.tp;
+  // (A multi-token-prediction depth's lookup owns none: it shares the table.)
+  if (op.kind == models::OpKind::kEmbedding && op.params > 0)
+    return all - vocab_params + vocab_params / l.tp;
   if (op.kind != models::OpKind::kGemm || op.name == "router" || stem) return all;
   return all / (is_routed_expert(op) ? l.expert_tp() * l.ep : l.tp);
 }
@@ -200,15 +202,17 @@ class Estimator {
     // An encoder's own pipeline (non-colocated, pp > 1, lower.cpp): its layers split over
     // its stages, its last norm and its projectors on the last one.
     const bool encoder = models::is_encoder(kind) && !plan_layout_;
-    const std::vector<int> stage_of = llm || encoder
-                                          ? layer_stages(g.layers, l_)
-                                          : std::vector<int>(static_cast<size_t>(g.layers), 0);
     const int last = l_.pp - 1;
+    // The layers' stages; multi-token-prediction layers (after them) on the last.
+    const int64_t layers = g.layers + g.mtp_layers;
+    std::vector<int> stage_of = llm || encoder ? layer_stages(g.layers, l_)
+                                               : std::vector<int>(static_cast<size_t>(g.layers), 0);
+    stage_of.resize(static_cast<size_t>(layers), last);
     const int home = plan_layout_ ? 0 : last;  // an encoder's own projector: its last stage
 
-    std::vector<double> rework(static_cast<size_t>(g.layers));  // one micro-batch, per layer
+    std::vector<double> rework(static_cast<size_t>(layers));  // one micro-batch, per layer
     // FSDP units: each layer, the ops before the layers, the ops after them.
-    std::vector<double> unit(static_cast<size_t>(g.layers) + 2), unit_bytes(unit.size());
+    std::vector<double> unit(static_cast<size_t>(layers) + 2), unit_bytes(unit.size());
     bool before_layers = true;
     std::vector<bool> dispatches(stages_.size());  // stages holding a MoE layer's dispatch
     for (const models::Op& op : g.ops) {
@@ -253,7 +257,9 @@ class Estimator {
         stages_[st].activations += op.saved.as_double() * share * w_pending_[st];
       if (op.layer >= 0 && !frozen_) rework[op.layer] += op.saved.as_double() * share - kept;
     }
-    if (llm && llm->tied_embeddings && l_.pp > 1)
+    // The last stage's copy of the token table: for a tied output layer, or for the
+    // multi-token-prediction depths' embeddings (Megatron-Core builds the embedding there).
+    if (llm && (llm->tied_embeddings || llm->mtp_layers > 0) && l_.pp > 1)
       add_params(last, vocab_params / l_.tp, false, false);
     // Deferred output-layer wgrads (Layout::defer_embedding_wgrad): the last stage keeps each
     // deferred micro-batch's logits gradient (tokens x vocab / tp) and the output layer's
@@ -273,13 +279,16 @@ class Estimator {
     // (lower.cpp): the working set is the chunk's layers together.
     const bool chunk_replay =
         l_.recompute == models::Recompute::kFull && l_.ep_comm_overlap && (llm || encoder);
-    const std::vector<int> chunk_of =
-        chunk_replay ? layer_chunks(g.layers, l_) : std::vector<int>();
+    std::vector<int> chunk_of = chunk_replay ? layer_chunks(g.layers, l_) : std::vector<int>();
+    if (chunk_replay) chunk_of.resize(static_cast<size_t>(layers), l_.pp * l_.vpp - 1);
     std::vector<double> chunk_rework(chunk_replay ? static_cast<size_t>(l_.pp) * l_.vpp : 0);
-    for (int64_t layer = 0; layer < g.layers; ++layer) {
+    for (int64_t layer = 0; layer < layers; ++layer) {
       Tally& t = stages_[stage_of[layer]];
+      // A multi-token-prediction depth checkpoints its two inputs (hidden states and the
+      // next token's embedding).
+      const double inputs = layer < g.layers ? 1 : 2;
       if (models::keeps_layer_input(l_.recompute) && !frozen_)
-        t.activations += layer_input / sp * in_flight_[stage_of[layer]];
+        t.activations += inputs * layer_input / sp * in_flight_[stage_of[layer]];
       const double set = chunk_replay
                              ? chunk_rework[static_cast<size_t>(chunk_of[layer])] += rework[layer]
                              : rework[layer];

@@ -123,6 +123,9 @@ struct ModuleTime {
   // An MoE LLM's first dense_layers layers (ModuleCost::dense_layer).
   BlockTime dense_layer;
   int64_t dense_layers = 0, dense_layer_params = 0;
+  // An LLM's multi-token-prediction depths (ModuleCost::mtp), after `post`.
+  BlockTime mtp;
+  int64_t mtp_params = 0;
   // Of layers [first, first + n), how many are dense.
   int64_t dense_in(int64_t first, int64_t n) const {
     return std::clamp<int64_t>(dense_layers - first, 0, n);
@@ -267,6 +270,8 @@ class CostCache {
       t.layer = block_time(mc.layer, l, link, frozen, ramp);
       t.dense_layer = block_time(mc.dense_layer, l, link, frozen, ramp);
       t.post = block_time(mc.post, l, link, frozen, ramp);
+      t.mtp = block_time(mc.mtp, l, link, frozen, ramp);
+      t.mtp_params = mc.mtp.dense.all;
       t.layers = mc.layers;
       t.dense_layers = mc.dense_layers;
       t.pre_params = mc.pre.dense.all;
@@ -275,6 +280,8 @@ class CostCache {
       t.post_params = mc.post.dense.all;
       t.boundary = mc.boundary_bytes;
       if (l.recompute == Recompute::kFull && !frozen)
+        // (The multi-token-prediction block re-runs only part of its forward: left out, a
+        // bound.)
         for (BlockTime* b : {&t.layer, &t.dense_layer}) {
           b->b += b->f_compute;
           b->b_input += b->f_compute;
@@ -290,7 +297,7 @@ class CostCache {
     if (groups.size() == 0) groups = {0, times.size()};
     auto total = [](const ModuleTime& m) {
       const BlockTime layers = m.layers_time(0, m.layers);
-      return m.pre.f + m.pre.b + layers.f + layers.b + m.post.f + m.post.b;
+      return m.pre.f + m.pre.b + layers.f + layers.b + m.post.f + m.post.b + m.mtp.f + m.mtp.b;
     };
     const ModuleTime* best = &times[groups.begin];
     for (size_t gi = groups.begin + 1; gi < groups.end; ++gi)
@@ -308,7 +315,7 @@ class CostCache {
 };
 
 BlockTime whole_module(const ModuleTime& m) {
-  return BlockTime().add(m.pre).add(m.layers_time(0, m.layers)).add(m.post);
+  return BlockTime().add(m.pre).add(m.layers_time(0, m.layers)).add(m.post).add(m.mtp);
 }
 
 // An encoder and its projectors under `l`: one micro-batch of l.micro_batch samples, on the
@@ -361,6 +368,7 @@ Time llm_pipeline_bound(CostCache& cache, const Scenario& s, const Plan& p,
     add(g[0], mt.pre);
     add(g[0], stage0_extra);
     add(g[vstages - 1], mt.post);
+    add(g[vstages - 1], mt.mtp);
   }
   const int64_t m = num_micro_batches(l, s.workload.global_batch);
   Time best, fill;
@@ -424,7 +432,8 @@ Time dp_floor(CostCache& cache, const Scenario& s, const Plan& p) {
   for (size_t v = 0; v < split.size(); ++v) first_layer[v + 1] = first_layer[v] + split[v];
   int64_t most = 0;  // the largest stage's parameters per rank
   for (int st = 0; st < l.pp; ++st) {
-    int64_t params = (st == 0 ? mt.pre_params : 0) + (st == l.pp - 1 ? mt.post_params : 0);
+    int64_t params =
+        (st == 0 ? mt.pre_params : 0) + (st == l.pp - 1 ? mt.post_params + mt.mtp_params : 0);
     for (int ch = 0; ch < l.vpp; ++ch) {
       const size_t v = static_cast<size_t>(ch * l.pp + st);
       if (v < split.size()) params += mt.layers_params(first_layer[v], split[v]);
@@ -1168,7 +1177,7 @@ class Searcher {
         if (st == 0 && t.dense_layers > 0)
           f = std::max(Time::zero(), f + (t.dense_layer.f + t.dense_layer.b) * t.dense_layers -
                                          (t.layer.f + t.layer.b) * t.dense_layers);
-        if (st == l.pp - 1) f += t.post.f + t.post.b;
+        if (st == l.pp - 1) f += t.post.f + t.post.b + t.mtp.f + t.mtp.b;
         if (st == 0 && encoders_first) {
           for (const EncoderInfo& e : encoders_) {
             const BlockTime b = encoder_time(speed_, s_, e, l, Groups{gi, gi + 1});

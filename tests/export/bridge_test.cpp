@@ -58,13 +58,10 @@ TEST(ExportMegatronBridge, MixtureOfExpertsRunsTheModelledDispatcher) {
 }
 
 // Dense layers first (GLM-4.5: 3 of 92): ffn_hidden_size is theirs, moe_layer_freq one
-// entry per layer.
+// entry per layer; mtp_num_layers its multi-token-prediction depth.
 TEST(ExportMegatronBridge, DenseLayersFirstSetTheLayerPattern) {
   const planner::Scenario s = scenario("glm-4.5", 32, 4096, 1024);
-  Plan p = sp_plan(2, 4, 32);
-  p.layout.ep = 32;
-  p.layout.etp = 1;
-  p.layout.recompute = models::Recompute::kFull;
+  const Plan p = glm45_ep32_plan();
   ASSERT_EQ(planner::infeasibility(s, p), "");
   const auto y = bridge(s, p);
   EXPECT_EQ(y.at("model.ffn_hidden_size"), "12288");
@@ -72,6 +69,7 @@ TEST(ExportMegatronBridge, DenseLayersFirstSetTheLayerPattern) {
   std::string freq = "[0, 0, 0";
   for (int i = 0; i < 89; ++i) freq += ", 1";
   EXPECT_EQ(y.at("model.moe_layer_freq"), freq + "]");
+  EXPECT_EQ(y.at("model.mtp_num_layers"), "1");
   EXPECT_EQ(bridge(scenario("mixtral-8x7b", 8, 4096, 256), mixtral_ep8_plan())
                 .count("model.moe_layer_freq"),
             0u);

@@ -47,6 +47,16 @@ planner::Plan mixtral_ep8_plan() {
   return p;
 }
 
+planner::Plan glm45_ep32_plan() {
+  planner::Plan p;
+  p.layout = layout(2, 4, 32);
+  p.layout.sequence_parallel = true;
+  p.layout.ep = 32;
+  p.layout.etp = 1;
+  p.layout.recompute = models::Recompute::kFull;
+  return p;
+}
+
 std::string encoder_name(const planner::Scenario& s) {
   for (const models::Module& m : s.model.modules)
     if (models::is_encoder(models::kind_of(m.spec))) return m.name;

@@ -23,6 +23,9 @@ planner::Layout layout(int tp, int pp, int dp, int mb = 1);
 /// Mixtral 8x7B's plan on 8 nodes: TP2 PP4 DP8 with EP 8 (and SP, which Megatron-Core needs
 /// for EP with TP).
 planner::Plan mixtral_ep8_plan();
+/// GLM-4.5 on 32 DGX H100 (its 3 dense layers first, one MTP depth): TP 2 with SP, PP 4,
+/// DP 32, EP 32 with whole experts, full recompute.
+planner::Plan glm45_ep32_plan();
 /// `p` with the LLM's gradient buffer in `d`.
 planner::Plan with_grads(planner::Plan p, planner::GradReduceDtype d);
 /// The first encoder module's name.

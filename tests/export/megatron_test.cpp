@@ -246,17 +246,12 @@ TEST(ExportMegatron, ActivationFlags) {
   EXPECT_NE(script.find("(fused_activation true)"), std::string::npos) << script;
 }
 
-// An MoE LLM with dense layers first (GLM-4.5: 3 of 92): --ffn-hidden-size is the dense
-// layers' width and --moe-layer-freq places them, quoted for bash; the script parses.
+// An MoE LLM with dense layers first (GLM-4.5: 3 of 92, and one multi-token-prediction
+// depth): --ffn-hidden-size is the dense layers' width and --moe-layer-freq places them,
+// quoted for bash; --mtp-num-layers gives the depth; the script parses.
 TEST(ExportMegatron, DenseLayersFirstSetTheLayerPattern) {
   const planner::Scenario s = scenario("glm-4.5", 32, 4096, 1024);
-  Plan p;
-  p.layout = layout(2, 4, 32);
-  p.layout.sequence_parallel = true;
-  p.layout.ep = 32;
-  p.layout.etp = 1;
-  p.layout.recompute = models::Recompute::kFull;
-  p.layout.distributed_optimizer = true;
+  const Plan p = glm45_ep32_plan();
   ASSERT_EQ(planner::infeasibility(s, p), "");
   const std::string script = exported(s, p, Target::kMegatron).at("launch.sh");
   const auto f = all_flags(script);
@@ -264,6 +259,7 @@ TEST(ExportMegatron, DenseLayersFirstSetTheLayerPattern) {
   EXPECT_EQ(f.at("--moe-ffn-hidden-size"), "1536");
   EXPECT_EQ(f.at("--moe-layer-freq"), "'([0]*3+[1]*89)'");
   EXPECT_EQ(f.at("--moe-shared-expert-intermediate-size"), "1536");
+  EXPECT_EQ(f.at("--mtp-num-layers"), "1");  // its multi-token-prediction depth
   const std::string path =
       ::testing::TempDir() + "/export_dense_first_" + std::to_string(getpid()) + ".sh";
   std::ofstream(path) << script;
@@ -274,6 +270,7 @@ TEST(ExportMegatron, DenseLayersFirstSetTheLayerPattern) {
       exported(scenario("mixtral-8x7b", 8, 4096, 256), mixtral_ep8_plan(), Target::kMegatron)
           .at("launch.sh"));
   EXPECT_EQ(m.count("--moe-layer-freq"), 0u);
+  EXPECT_EQ(m.count("--mtp-num-layers"), 0u);
 }
 
 TEST(ExportMegatron, MixtureOfExpertsAndPrecisions) {

@@ -313,6 +313,15 @@ TEST(ExportOthers, RefuseDeepEp) {
         << static_cast<int>(t);
 }
 
+// Multi-token prediction is Megatron-Core's: the other trainers refuse it.
+TEST(ExportOthers, RefuseMultiTokenPrediction) {
+  const Plan p = glm45_ep32_plan();
+  const planner::Scenario s = scenario("glm-4.5", 32, 4096, 1024);
+  ASSERT_EQ(planner::infeasibility(s, p), "");
+  for (Target t : {Target::kTorchtitan, Target::kDeepspeed, Target::kNanotron})
+    EXPECT_NE(refusal(s, p, t).find("mtp_layers 1: "), std::string::npos) << static_cast<int>(t);
+}
+
 // Selective recompute is Megatron's: the other trainers refuse it, naming what it re-runs
 // (the attention core, or the plan's recompute_modules).
 TEST(ExportOthers, RefuseSelectiveRecomputeNamingItsModules) {

@@ -2654,3 +2654,55 @@ TEST(Lower, DenseLayersRunTheirOwnBlockBeforeTheMoeLayers) {
 
 }  // namespace
 }  // namespace hetpar::planner
+
+namespace hetpar::planner {
+namespace {
+
+// LlmSpec::mtp_layers: the multi-token-prediction depth runs after the output layer on the
+// last stage (block "llm mtp"): its forward computes the depth's layer, projection and
+// output head; full recompute re-runs all but the embedding lookup and the head; and the
+// first and last stages all-reduce the embedding's gradient, as for a tied table.
+TEST(Lower, MultiTokenPredictionRunsOnTheLastStage) {
+  const Scenario s = make(4, 8, 1, "dgx-h100", "", R"(, "mtp_layers": 1)");
+  const auto& llm = std::get<models::LlmSpec>(s.model.modules[0].spec);
+  models::ModuleInput in;
+  in.seq_len = 2048;
+  const models::OpGraph g = models::build_op_graph(llm, in);
+  double mtp = 0, head = 0;  // forward model FLOPs of the depth, of its output head
+  for (const models::Op& op : g.ops)
+    if (op.mtp && models::is_matmul(op.kind)) {
+      mtp += op.forward.count();
+      if (op.name == "mtp_logits") head += op.forward.count();
+    }
+  ASSERT_GT(head, 0);
+  Plan p = plan(2, 2, 2);
+  p.layout.sequence_parallel = true;
+  p.layout.recompute = models::Recompute::kFull;
+  const LoweredPlan lp = lowered(s, p, {.full_ranks = true});
+  const double batches = static_cast<double>(num_micro_batches(p.layout, 8));
+  std::map<std::string, double> flops;  // by the label's pass, rank 0 (stage 0) and 4 (last)
+  int tied = 0;
+  for (int t = 0; t < lp.graph.num_tasks(); ++t) {
+    const sim::Task& task = lp.graph.task(TaskId(t));
+    const std::string name(lp.graph.label_text(task.label.name));
+    if (name.find("tied embedding grads") != std::string::npos) ++tied;
+    if (task.kind != sim::TaskKind::kCompute || !name.starts_with("llm mtp ")) continue;
+    const int rank = lp.graph.streams(TaskId(t)).front().rank.value();
+    flops[fmt::format("{} {}", rank, name.substr(8, name.find(' ', 8) - 8))] += task.flops.count();
+  }
+  EXPECT_NEAR(flops["4 fwd"], mtp / 2 * batches, 1e-6 * mtp * batches);  // tp 2
+  EXPECT_NEAR(flops["4 recompute"], (mtp - head) / 2 * batches, 1e-6 * mtp * batches);
+  EXPECT_EQ(flops.count("0 fwd"), 0u);
+  EXPECT_GT(tied, 0);
+  // The last stage holds the depth's parameters and a copy of the table.
+  const Scenario plain = make(4, 8, 1);
+  auto last = [&](const Scenario& sc) {
+    auto m = evaluate(sc, p);
+    EXPECT_TRUE(m.is_ok()) << m.status().to_string();
+    return m->memory.per_stage.back().weights;
+  };
+  EXPECT_GT(last(s), last(plain));
+}
+
+}  // namespace
+}  // namespace hetpar::planner

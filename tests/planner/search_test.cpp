@@ -587,22 +587,21 @@ Scenario moe_search(int experts, int nodes, int global_batch, const std::string&
   return *s;
 }
 
-// An MoE LLM whose first layers are dense (MoeSpec::dense_layers), heavier than its MoE
-// layers: the pruned search finds what brute force finds, the bound (which counts each
-// virtual stage's dense and MoE layers apart) stays below every plan, and the stages sized
-// to their work (without virtual stages) give the first stage, which holds the dense
-// layers, fewer layers.
-TEST(Search, TheBoundHoldsWithDenseLayersFirst) {
-  auto s = parse_scenario_text(R"({"name": "dense-first", "model": {"name": "tiny-moe",
-      "modules": [{"name": "llm", "kind": "llm", "spec": {"layers": 8, "hidden": 1024,
-        "ffn_hidden": 16384, "moe": {"experts": 8, "top_k": 2, "expert_ffn_hidden": 1024,
-                                     "dense_layers": 2},
-        "heads": 16, "kv_heads": 8, "vocab": 128, "activation": "swiglu",
-        "norm": "rmsnorm"}}]},
+// A one-node search over `llm_spec` (a tiny LLM's spec members) with TP and CP 1 and
+// micro-batch 1: the pruned search finds what brute force finds, the bound stays below
+// every plan, and among the best some have stages sized to their work (without virtual
+// stages), where `lighter(split)` holds: the heavy end stage holds fewer layers.
+void expect_sized_stages_and_the_bound(const std::string& llm_spec,
+                                       bool (*lighter)(const std::vector<int>&)) {
+  auto s = parse_scenario_text(
+      R"({"name": "uneven", "model": {"name": "tiny", "modules": [{"name": "llm",
+        "kind": "llm", "spec": {"layers": 8, "hidden": 1024, "heads": 16, "kv_heads": 8,
+        "activation": "swiglu", "norm": "rmsnorm", )" +
+          llm_spec + R"(}}]},
       "workload": {"seq_len": 2048, "global_batch": 16, "precision": "bf16"},
       "cluster": {"profile": "dgx-h100", "nodes": 1},
       "search": {"llm": {"tp": 1, "cp": 1, "micro_batch": 1}}})",
-                               "dense-first.json");
+      "uneven.json");
   ASSERT_TRUE(s.is_ok()) << s.status().to_string();
   const SearchResult fast = run(*s, threads(2));
   const SearchResult brute = run(*s, threads(2, true));
@@ -615,10 +614,28 @@ TEST(Search, TheBoundHoldsWithDenseLayersFirst) {
     const std::vector<int>& split = p.plan.layout.pipeline_layout;
     if (!split.empty() && p.plan.layout.vpp == 1) {
       sized = true;
-      EXPECT_LT(split.front(), split.back()) << describe(p.plan);
+      EXPECT_TRUE(lighter(split)) << describe(p.plan);
     }
   }
   EXPECT_TRUE(sized) << "no plan with stages sized to their work among the best";
+}
+
+// An MoE LLM whose first layers are dense (MoeSpec::dense_layers), heavier than its MoE
+// layers: the bound counts each virtual stage's dense and MoE layers apart, and the first
+// stage, which holds the dense layers, gets fewer layers.
+TEST(Search, TheBoundHoldsWithDenseLayersFirst) {
+  expect_sized_stages_and_the_bound(
+      R"("ffn_hidden": 16384, "vocab": 128, "moe": {"experts": 8, "top_k": 2,
+         "expert_ffn_hidden": 1024, "dense_layers": 2})",
+      [](const std::vector<int>& split) { return split.front() < split.back(); });
+}
+
+// A multi-token-prediction depth (LlmSpec::mtp_layers) on the last stage: the bound counts
+// it there, and the last stage gets fewer layers.
+TEST(Search, TheBoundHoldsWithMultiTokenPrediction) {
+  expect_sized_stages_and_the_bound(
+      R"("ffn_hidden": 4096, "vocab": 32000, "mtp_layers": 1)",
+      [](const std::vector<int>& split) { return split.back() < split.front(); });
 }
 
 // search.llm fields: EP 8 on one node, selective recompute with its modules searched.

@@ -81,6 +81,11 @@ struct Op {
   std::optional<AttentionShape> attention;
   /// The MLP activation an activation op applies (mlp_act, expert_act); unset elsewhere.
   std::optional<Activation> activation;
+  /// Part of a multi-token-prediction depth (LlmSpec::mtp_layers), on the last pipeline
+  /// stage. Its layer's ops, with the norms and projection before it and the norm after it
+  /// (the region Megatron-Core checkpoints), carry layer index layers + depth; its embedding
+  /// lookup, output head and loss, layer -1.
+  bool mtp = false;
   Flops backward() const { return dgrad + wgrad; }
   /// The output width of the op's GEMM, its parts together (separate or fused).
   int64_t output_width() const;
@@ -124,6 +129,9 @@ struct OpGraph {
   /// Of an MoE LLM's layers, the first ones with a dense MLP (MoeSpec::dense_layers); the
   /// rest are alike. Every layer of a dense module is alike.
   int64_t dense_layers = 0;
+  /// An LLM's multi-token-prediction depths (LlmSpec::mtp_layers): their ops (Op::mtp) after
+  /// the loss, their layers indexed layers .. layers + mtp_layers - 1.
+  int64_t mtp_layers = 0;
   int64_t layer_tokens = 0;  // tokens per micro-batch inside a layer (0 for a projector)
   int64_t hidden = 0;        // width of the residual stream
   int dtype_bytes = 2;

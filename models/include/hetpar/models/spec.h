@@ -64,6 +64,12 @@ struct LlmSpec {
   PositionEmbedding positions = PositionEmbedding::kRope;  // rope or learned
   int64_t max_positions = 0;                               // learned positions only
   std::optional<MoeSpec> moe;
+  /// Multi-token prediction depths (DeepSeek-V3's MTP modules, Megatron-LM's
+  /// --mtp-num-layers), after the last layer: each embeds the next token (the shared table),
+  /// normalises it and the hidden states, projects their concatenation (2h -> h), runs one
+  /// more layer (an MoE layer in an MoE LLM), a final norm, and the shared output head with
+  /// a loss of its own.
+  int64_t mtp_layers = 0;
 };
 
 /// ViT: non-overlapping patches (a conv with stride = kernel = patch_size) plus an optional
@@ -150,6 +156,7 @@ inline constexpr int64_t kMaxLayers = 10'000;
 inline constexpr int64_t kMaxWidth = int64_t{1} << 20;      // hidden, ffn and head sizes, vocab
 inline constexpr int64_t kMaxExperts = int64_t{1} << 16;    // routed or shared, and top_k
 inline constexpr int64_t kMaxInputSide = int64_t{1} << 16;  // image side, mel bins, frames
+inline constexpr int64_t kMaxMtpLayers = 64;  // DeepSeek-V3 trains one; papers try up to 4
 /// Parameters of one module, as a whole (sizes each within bounds can still multiply past
 /// int64 in byte counts of gradients and optimizer state).
 inline constexpr int64_t kMaxParams = int64_t{1} << 50;

@@ -186,8 +186,9 @@ struct ModuleCost {
   /// dense_layers); the other layers are `layer`. Empty with none.
   Block dense_layer;
   int64_t dense_layers = 0;
-  /// Layer i's block.
-  const Block& layer_block(int64_t i) const { return i < dense_layers ? dense_layer : layer; }
+  /// An LLM's multi-token-prediction depths (models::LlmSpec::mtp_layers), after `post` on
+  /// the last virtual stage; empty without.
+  Block mtp;
   /// Activation one rank sends to the next pipeline stage: s·b·h/cp, divided by tp under
   /// sequence parallelism (each rank sends its sequence slice) or with
   /// Layout::pp_scatter_gather (its 1/tp piece); otherwise every TP rank sends the full
