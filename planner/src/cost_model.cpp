@@ -179,6 +179,12 @@ int gemm_tp(const models::Op& op, const Layout& l) {
 // sharing the tokens the ep group routes to them, of the TP group's whole sequence when the
 // experts are split over it (gathered, module_cost), of this rank's slice with whole
 // experts (expert_tp 1).
+// A GEMM every TP rank runs whole on its own tokens: the MoE router, on this rank's
+// sequence slice under SP (Megatron-Core's MoELayer routes its input, [s/tp, b, h]).
+bool runs_on_sequence_slice(const models::Op& op, const Layout& l) {
+  return op.name == "router" && l.sequence_parallel && l.tp > 1;
+}
+
 std::vector<models::GemmShape> rank_gemms(const models::Op& op, const models::OpGraph& g,
                                           const Layout& l, int64_t cp) {
   std::vector<models::GemmShape> shapes = op.gemms;
@@ -193,8 +199,9 @@ std::vector<models::GemmShape> rank_gemms(const models::Op& op, const models::Op
                experts / l.ep}};
   }
   const Split split = gemm_split(op, g);
+  const bool slice = runs_on_sequence_slice(op, l);
   for (models::GemmShape& s : shapes) {
-    s.m = ceil_div(s.m, cp);
+    s.m = ceil_div(s.m, cp * (slice ? l.tp : 1));
     if (split == Split::kColumn) s.n = ceil_div(s.n, gemm_tp(op, l));
     if (split == Split::kRow) s.k = ceil_div(s.k, gemm_tp(op, l));
   }
@@ -498,7 +505,7 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
     case models::OpKind::kGemm: {
       const Split split = gemm_split(op, g);
       const Precision gp = gemm_precision(op, p);
-      double shard = split == Split::kNone ? 1.0 : l.tp;
+      double shard = split == Split::kNone && !runs_on_sequence_slice(op, l) ? 1.0 : l.tp;
       // Experts: a rank runs E / ep experts on the tokens its ep group routes to them, as
       // many as its own micro-batch routes in all: the op's FLOPs, not 1 / ep of them.
       const int64_t rerun_n = partial_rerun_columns(op, l);

@@ -1075,6 +1075,8 @@ Lowering::MlpReplay Lowering::mlp_replay(const PlacedBlock& pb) const {
   // (cost_model.cpp), and the exit's all-reduce is sent again.
   const models::OpGraph& g = graphs_[pb.module];
   const std::vector<WorkStep>& forward = block(0, pb).steps;
+  // (An MoE LLM's dense layers have no shared experts.)
+  if (holding(forward, g, first_linear) == SIZE_MAX) return r;
   const size_t exit = exit_after(forward, g, first_linear);
   HETPAR_CHECK(exit != SIZE_MAX, "a layer under TP without its {}'s TP exit", first_linear);
   size_t first = exit;

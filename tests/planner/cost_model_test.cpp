@@ -560,6 +560,31 @@ TEST(CostModel, MoeLayersRunTheRoutersAndTheDispatchersSmallKernels) {
             1u);
 }
 
+// Under TP with SP the router runs on this rank's sequence slice (Megatron-Core's MoELayer
+// routes its [s/tp, b, h] input): its GEMM takes 1/tp of the tokens and of the FLOPs, as
+// its small kernels do; without SP every TP rank routes them all.
+TEST(CostModel, TheRouterRunsOnTheSequenceSlice) {
+  const models::OpGraph g = zoo_graph("mixtral-8x7b", 4096);
+  const hardware::DeviceProfile dev = hardware::load_profile("dgx-h100")->gpu;
+  const models::Op& router = op_named(g, "router");
+  for (bool sp : {false, true}) {
+    Layout l;
+    l.tp = 2;
+    l.sequence_parallel = sp;
+    l.ep = 2;
+    const PassCost c = op_cost(router, g, l, true, dev, hardware::Precision::kBf16);
+    EXPECT_DOUBLE_EQ(c.forward_flops.count(), router.forward.count() / (sp ? 2 : 1)) << sp;
+    const OpKernels k = op_kernels(router, g, l, true, hardware::Precision::kBf16);
+    double gemm = 0;
+    for (const sim::Kernel& kernel : k.forward)
+      if (kernel.kind == sim::KernelKind::kGemm) {
+        EXPECT_EQ(kernel.m, sp ? 2048 : 4096) << sp;
+        gemm += kernel.flops();
+      }
+    EXPECT_DOUBLE_EQ(gemm, c.forward_flops.count()) << sp;
+  }
+}
+
 // Megatron's all-to-all dispatcher reorders the tokens it receives by local expert and back
 // before the combine (sort_chunks_by_idxs): a copy of the routed tokens each way, forward and
 // backward, only under expert parallelism with several local experts. Mixtral 8x7B (top 2).

@@ -2646,6 +2646,26 @@ TEST(Lower, DenseLayersRunTheirOwnBlockBeforeTheMoeLayers) {
     if (rank == 0 || rank == 4) busy[rank] += task.duration;
   }
   EXPECT_GT(busy[0], busy[4]);
+  // With shared experts re-run as a module (recompute_modules shared_experts) under TP with
+  // SP, the MoE layers replay theirs, collectives and all; the dense layer has none to.
+  const Scenario shared =
+      make(4, 8, 1, "dgx-h100", "",
+           R"(, "ffn_hidden": 16384, "moe": {"experts": 8, "top_k": 2, )"
+           R"("expert_ffn_hidden": 2048, "shared_experts": 1, "dense_layers": 1})");
+  Plan q = plan(2, 2, 2);
+  q.layout.sequence_parallel = true;
+  q.layout.ep = 2;
+  q.layout.recompute = models::Recompute::kSelective;
+  q.layout.recompute_modules =
+      models::kRecomputeLayernorm | models::kRecomputeMoeAct | models::kRecomputeSharedExperts;
+  ASSERT_EQ(infeasibility(shared, q), "");
+  const LoweredPlan lq = lowered(shared, q, {.full_ranks = true});
+  std::set<std::string> replayed;  // layers whose shared experts' TP collectives re-run
+  for (int t = 0; t < lq.graph.num_tasks(); ++t) {
+    const std::string name(lq.graph.label_text(lq.graph.task(TaskId(t)).label.name));
+    if (name.ends_with("recompute tp")) replayed.insert(name.substr(0, 6));
+  }
+  EXPECT_EQ(replayed, (std::set<std::string>{"llm L1", "llm L2", "llm L3"}));
   // The op graph's model FLOPs are what the plan reports.
   EXPECT_NEAR(lp.model_flops_per_iteration.count(),
               models::model_flops(g).count() * static_cast<double>(8),
