@@ -97,6 +97,15 @@ TEST(Zoo, ParameterCountsMatchPublished) {
     std::get<LlmSpec>(spec).mtp_layers = 0;
     return count_params(spec);
   };
+  // DeepSeek-V3: "671B total parameters with 37B activated for each token" (arXiv
+  // 2412.19437; the MTP module's 14B apart): 670.9B, 37.5B (with the embeddings).
+  {
+    ModuleSpec spec = zoo_module("deepseek-v3");
+    std::get<LlmSpec>(spec).mtp_layers = 0;
+    const ParamCounts p = count_params(spec);
+    EXPECT_LT(rel_err(static_cast<double>(p.total), 671e9), 0.005);
+    EXPECT_LT(rel_err(static_cast<double>(p.active), 37e9), 0.02);
+  }
   for (const auto& [name, total, active] :
        {std::tuple{"glm-4.5", 355e9, 32e9}, std::tuple{"glm-4.5-air", 106e9, 12e9}}) {
     const ParamCounts p = without_mtp(name);
@@ -515,6 +524,48 @@ TEST(OpGraph, DenseLayersBeforeTheMoeLayers) {
   EXPECT_DOUBLE_EQ(gemm / 256, 2 * (static_cast<double>(p.active) - outside));
 }
 
+// MlaSpec: the query through its latent (or straight from the input without one), the keys
+// and values through theirs plus the shared rope key; heads of qk + rope for queries and
+// keys, v for values; the attention's FLOPs count both widths.
+TEST(OpGraph, LatentAttentionProjectsThroughItsLatents) {
+  const ModuleSpec spec = zoo_module("deepseek-v3");
+  const OpGraph g = build_op_graph(spec, input(1, 256));
+  std::map<std::string, const Op*> l0;
+  for (const Op& op : g.ops)
+    if (op.layer == 0) l0[op.name] = &op;
+  for (const char* name : {"qkv", "q_proj"}) EXPECT_FALSE(l0.contains(name)) << name;
+  auto shape = [&](const char* name) {
+    EXPECT_TRUE(l0.contains(name)) << name;
+    const GemmShape& s = l0.at(name)->gemms.front();
+    return std::tuple{s.m, s.n, s.k};
+  };
+  EXPECT_EQ(shape("q_down"), std::tuple(256, 1536, 7168));
+  EXPECT_EQ(shape("kv_down"), std::tuple(256, 512 + 64, 7168));
+  EXPECT_EQ(shape("q_up"), std::tuple(256, 128 * 192, 1536));
+  EXPECT_EQ(shape("kv_up"), std::tuple(256, 128 * (128 + 128), 512));
+  EXPECT_EQ(shape("attn_out"), std::tuple(256, 7168, 128 * 128));
+  EXPECT_EQ(l0.at("kv_down")->saved.count(), 0);  // its input is q_down's
+  const AttentionShape& a = *l0.at("attention")->attention;
+  EXPECT_EQ(a.head_dim, 192);
+  EXPECT_EQ(a.value_dim(), 128);
+  EXPECT_EQ(a.kv_heads, 128);
+  EXPECT_DOUBLE_EQ(l0.at("attention")->forward.count(), 2.0 * 128 * 256 * 256 * (192 + 128) / 2);
+  // Without a query latent the query comes straight from the input.
+  ModuleSpec lite = spec;
+  std::get<LlmSpec>(lite).block.mla->q_lora_rank = 0;
+  const OpGraph gl = build_op_graph(lite, input(1, 256));
+  int q_proj = 0, q_down = 0;
+  for (const Op& op : gl.ops) {
+    q_proj += op.layer == 0 && op.name == "q_proj";
+    q_down += op.layer == 0 && op.name == "q_down";
+  }
+  EXPECT_EQ(q_proj, 1);
+  EXPECT_EQ(q_down, 0);
+  int64_t params = 0;
+  for (const Op& op : gl.ops) params += op.params;
+  EXPECT_EQ(params, count_params(lite).total);
+}
+
 // LlmSpec::mtp_layers: after the loss, each depth embeds the next token (the shared table:
 // no parameters), normalises it and the hidden states, projects the 2h concatenation to h,
 // runs one more (MoE) layer and a final norm, and the shared output head (no parameters)
@@ -929,6 +980,20 @@ TEST(Json, BadInputsNameTheirPath) {
        "model.modules[0].spec.ffn_hidden", "must be >= 1, got 0"},
       {one(R"("layers": 2, "hidden": 256, "ffn_hidden": 512, "heads": 4, "vocab": 10, "activation": "swiglu", "norm": "rmsnorm", "moe": {"experts": 4, "top_k": 2, "expert_ffn_hidden": 64})"),
        "model.modules[0].spec.ffn_hidden", "unused with moe and no moe.dense_layers"},
+      {one(llm +
+           R"(, "mla": {"kv_lora_rank": 32, "qk_head_dim": 16, "rope_head_dim": 8, "v_head_dim": 16}, "kv_heads": 2)"),
+       "model.modules[0].spec.kv_heads", "with mla every head has its own key and value"},
+      {one(llm +
+           R"(, "mla": {"kv_lora_rank": 32, "qk_head_dim": 16, "rope_head_dim": 8, "v_head_dim": 16}, "qk_norm": true)"),
+       "model.modules[0].spec.qk_norm", "unused with mla"},
+      {one(llm +
+           R"(, "mla": {"kv_lora_rank": 0, "qk_head_dim": 16, "rope_head_dim": 8, "v_head_dim": 16})"),
+       "model.modules[0].spec.mla.kv_lora_rank", "must be >= 1, got 0"},
+      {one(llm + R"(, "mla": {"kv_lora_rank": 32, "qk_head_dim": 16, "rope_head_dim": 8})"),
+       "model.modules[0].spec.mla.v_head_dim", ""},
+      {R"({"name": "m", "modules": [{"name": "v", "kind": "vision_encoder", "spec": {"layers": 1, "hidden": 64, "ffn_hidden": 64, "heads": 2, "patch_size": 14, "image_size": 336, "activation": "gelu", "norm": "layernorm", "mla": {"kv_lora_rank": 32, "qk_head_dim": 16, "rope_head_dim": 8, "v_head_dim": 16}}}, {"name": "llm", "kind": "llm", "spec": {)" +
+           llm + "}}]}",
+       "model.modules[0].spec.mla", "an llm's only"},
       {one(llm + R"(, "mtp_layers": -1)"), "model.modules[0].spec.mtp_layers",
        "must be in [0, 64], got -1"},
       {one(llm + R"(, "mtp_layers": 65)"), "model.modules[0].spec.mtp_layers",

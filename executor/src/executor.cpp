@@ -47,6 +47,13 @@ std::vector<planner::PhaseTime> group_phases(const std::vector<planner::PhaseTim
 
 namespace {
 
+// The head width an attention kernel runs at: the runtime's kernels take one width for Q, K
+// and V, so latent attention's narrower values (sim::Kernel::v_head_dim) run padded to the
+// query's width, more work than the simulation counts.
+int64_t run_head_dim(const sim::Kernel& k) {
+  return std::max(k.head_dim, k.value_dim());
+}
+
 // Whether `k` does any work: a kernel with an empty shape (a shard of nothing) is skipped.
 bool runs(const Kernel& k) {
   switch (k.kind) {
@@ -205,8 +212,9 @@ Status Runner::prepare() {
             break;
           case KernelKind::kAttentionForward:
           case KernelKind::kAttentionBackward: {
-            const int64_t q = k.batch * k.seq_q * k.heads * k.head_dim * e;
-            const int64_t kv = k.batch * k.seq_kv * k.kv_heads * k.head_dim * e;
+            const int64_t d = run_head_dim(k);
+            const int64_t q = k.batch * k.seq_q * k.heads * d * e;
+            const int64_t kv = k.batch * k.seq_kv * k.kv_heads * d * e;
             need(kQ, q);
             need(kK, kv);
             need(kV, kv);
@@ -282,7 +290,7 @@ Status Runner::run_kernel(Stream s, const Kernel& k) {
       d.kv_heads = k.kv_heads;
       d.seq_q = k.seq_q;
       d.seq_kv = k.seq_kv;
-      d.head_dim = k.head_dim;
+      d.head_dim = run_head_dim(k);
       d.causal = k.causal;
       d.dtype = t;
       if (k.kind == KernelKind::kAttentionForward)

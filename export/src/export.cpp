@@ -278,6 +278,14 @@ void refuse_deepep(const Context& c, Refusals& r) {
                     c.target_name()));
 }
 
+void refuse_mla(const Context& c, Refusals& r) {
+  if (c.llm.block.mla)
+    r.add(fmt::format(
+        "mla: {} has no multi-head latent attention layout to write here (Megatron-LM's "
+        "--multi-latent-attention with its latent ranks and head widths)",
+        c.target_name()));
+}
+
 void refuse_mtp(const Context& c, Refusals& r) {
   if (c.llm.mtp_layers > 0)
     r.add(

@@ -237,6 +237,14 @@ std::vector<Flag> megatron_model_flags(const Context& c) {
                          {"--num-attention-heads", num(b.heads)}};
   if (b.head_size > 0) f.push_back({"--kv-channels", num(b.head_dim())});
   if (b.qk_norm) f.push_back({"--qk-layernorm", ""});
+  if (b.mla) {  // Megatron-Core's MLASelfAttention (MLATransformerConfig)
+    f.push_back({"--multi-latent-attention", ""});
+    if (b.mla->q_lora_rank > 0) f.push_back({"--q-lora-rank", num(b.mla->q_lora_rank)});
+    f.push_back({"--kv-lora-rank", num(b.mla->kv_lora_rank)});
+    f.push_back({"--qk-head-dim", num(b.mla->qk_head_dim)});
+    f.push_back({"--qk-pos-emb-head-dim", num(b.mla->rope_head_dim)});
+    f.push_back({"--v-head-dim", num(b.mla->v_head_dim)});
+  }
   // Multi-token prediction, its depths on the last pipeline stage (Megatron's default).
   if (llm.mtp_layers > 0) f.push_back({"--mtp-num-layers", num(llm.mtp_layers)});
   if (b.kv_heads != b.heads) {

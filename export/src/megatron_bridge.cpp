@@ -231,6 +231,7 @@ Result<std::vector<ExportFile>> write_megatron_bridge(const Context& c) {
   Refusals r;
   refuse_mixed_node_sizes(c, r);
   refuse_megatron_model(c, r);
+  refuse_mla(c, r);  // (model.multi_latent_attention alone does not give its widths)
   refuse_selective_op(c, r);
   refuse_megatron_cross_entropy(c, r);
   refuse_schedule(c, r);

@@ -101,6 +101,8 @@ void refuse_token_dropping(const Context& c, Refusals& r);
 void refuse_deepep(const Context& c, Refusals& r);
 /// Multi-token prediction depths (models::LlmSpec::mtp_layers), Megatron-Core's alone.
 void refuse_mtp(const Context& c, Refusals& r);
+/// Multi-head latent attention (models::MlaSpec): the Megatron-LM script's alone.
+void refuse_mla(const Context& c, Refusals& r);
 /// Refuses a Layout::cross_entropy_fusion other than those the target runs: Megatron's fused
 /// kernels (native, te) in Megatron-LM and Megatron-Bridge, the compiled loss in torchtitan.
 void refuse_cross_entropy_unless(const Context& c, Refusals& r,

@@ -107,6 +107,14 @@ TransformerSpec read_block(JsonReader& r) {
   t.linear_bias = r.optional_bool("linear_bias", false);
   t.dropout = r.optional_bool("dropout", false);
   t.qk_norm = r.optional_bool("qk_norm", false);
+  if (r.has("mla")) {
+    JsonReader m = r.object("mla");
+    t.mla = MlaSpec{m.optional_int("q_lora_rank", 0), m.required_int("kv_lora_rank"),
+                    m.required_int("qk_head_dim"), m.required_int("rope_head_dim"),
+                    m.required_int("v_head_dim")};
+    m.finish();
+    r.merge(m.status());
+  }
   return t;
 }
 

@@ -40,7 +40,8 @@ int64_t Op::output_width() const {
 }
 
 Flops attention_forward_flops(const AttentionShape& s) {
-  double full = 4.0 * s.batch * s.heads * s.seq_q * s.seq_kv * s.head_dim;
+  double full = 2.0 * s.batch * s.heads * s.seq_q * s.seq_kv *
+                static_cast<double>(s.head_dim + s.value_dim());
   return Flops(s.causal ? full / 2 : full);
 }
 
@@ -272,8 +273,8 @@ class Builder {
 
   void attention(int layer, const AttentionShape& s, bool dropout) {
     Op op = make("attention", OpKind::kAttention, layer);
-    double qkv = static_cast<double>(s.batch) * s.seq_q * (s.heads + 2 * s.kv_heads) * s.head_dim;
-    double o = static_cast<double>(s.batch) * s.seq_q * s.heads * s.head_dim;
+    double qkv = static_cast<double>(s.qkv_elements());
+    double o = static_cast<double>(s.batch) * s.seq_q * s.heads * s.value_dim();
     double scores = static_cast<double>(s.batch) * s.heads * s.seq_q * s.seq_kv;
     op.forward = attention_forward_flops(s);
     op.dgrad = op.forward * 2;
@@ -318,6 +319,35 @@ struct MoeRouting {
   double load_imbalance = 1;
 };
 
+// Multi-head latent attention after the input norm (Megatron-Core's MLASelfAttention with
+// Transformer Engine: q_down and kv_down duplicated Linears, their latents normalised, q_up
+// and kv_up column-parallel, RoPE on each query's and the shared key's rope part), through
+// the output projection. The query and latent projections read the same normalised input,
+// saved once.
+void add_latent_attention(Builder& b, const TransformerSpec& t, const MlaSpec& m, int layer,
+                          int64_t batch, int64_t seq, bool causal) {
+  const int64_t h = t.hidden, a = t.heads, tokens = batch * seq;
+  const double T = static_cast<double>(tokens);
+  const int64_t dq = m.qk_head_dim + m.rope_head_dim;
+  if (m.q_lora_rank > 0) {
+    b.gemm("q_down", layer, {{tokens, m.q_lora_rank, h}}, false, T * h);
+    b.norm("q_norm", layer, t.norm, T, m.q_lora_rank);
+  }
+  // (Its input is q_down's or q_proj's, saved there.)
+  b.gemm("kv_down", layer, {{tokens, m.kv_lora_rank + m.rope_head_dim, h}}, false, 0);
+  b.norm("kv_norm", layer, t.norm, T, m.kv_lora_rank);
+  if (m.q_lora_rank > 0)
+    b.gemm("q_up", layer, {{tokens, a * dq, m.q_lora_rank}}, false, T * m.q_lora_rank);
+  else
+    b.gemm("q_proj", layer, {{tokens, a * dq, h}}, false, T * h);
+  b.gemm("kv_up", layer, {{tokens, a * (m.qk_head_dim + m.v_head_dim), m.kv_lora_rank}}, false,
+         T * m.kv_lora_rank);
+  const double rope = T * (a + 1) * m.rope_head_dim;
+  b.pointwise("rope", OpKind::kElementwise, layer, rope, rope, kRopeFlops, 0);
+  b.attention(layer, {batch, a, a, seq, seq, dq, causal, m.v_head_dim}, t.dropout);
+  b.gemm("attn_out", layer, {{tokens, h, a * m.v_head_dim}}, t.linear_bias, T * a * m.v_head_dim);
+}
+
 // One pre-norm transformer layer over `batch` sequences of `seq` tokens.
 void add_layer(Builder& b, const TransformerSpec& t, const std::optional<MoeSpec>& moe, int layer,
                int64_t batch, int64_t seq, bool causal, bool rope, MoeRouting routing) {
@@ -325,22 +355,26 @@ void add_layer(Builder& b, const TransformerSpec& t, const std::optional<MoeSpec
   const int64_t tokens = batch * seq;
   const double T = static_cast<double>(tokens);
   b.norm("attn_norm", layer, t.norm, T, h);
-  Op& qkv = b.gemm("qkv", layer, {{tokens, (a + 2 * g) * d, h}}, t.qkv_bias, T * h);
-  qkv.parts = {a * d, g * d, g * d};
-  b.separate(qkv);
-  // Megatron's q_layernorm / k_layernorm: a norm over each head's width; saves its input.
-  if (t.qk_norm)
-    b.pointwise("qk_norm", OpKind::kElementwise, layer, T * (a + g) * d, T * (a + g) * d,
-                kNormFlops, T * (a + g) * d, 2 * norm_params(t.norm, d));
-  if (rope)
-    b.pointwise("rope", OpKind::kElementwise, layer, T * (a + g) * d, T * (a + g) * d, kRopeFlops,
-                0);
-  // repeat_kv (ModuleInput::repeat_kv): K and V written out at the query heads' width.
-  const bool expand = b.repeat_kv() && g < a;
-  if (expand)
-    b.pointwise("repeat_kv", OpKind::kElementwise, layer, T * 2 * g * d, T * 2 * a * d, 0, 0);
-  b.attention(layer, {batch, a, expand ? a : g, seq, seq, d, causal}, t.dropout);
-  b.gemm("attn_out", layer, {{tokens, h, a * d}}, t.linear_bias, T * a * d);
+  if (t.mla) {
+    add_latent_attention(b, t, *t.mla, layer, batch, seq, causal);
+  } else {
+    Op& qkv = b.gemm("qkv", layer, {{tokens, (a + 2 * g) * d, h}}, t.qkv_bias, T * h);
+    qkv.parts = {a * d, g * d, g * d};
+    b.separate(qkv);
+    // Megatron's q_layernorm / k_layernorm: a norm over each head's width; saves its input.
+    if (t.qk_norm)
+      b.pointwise("qk_norm", OpKind::kElementwise, layer, T * (a + g) * d, T * (a + g) * d,
+                  kNormFlops, T * (a + g) * d, 2 * norm_params(t.norm, d));
+    if (rope)
+      b.pointwise("rope", OpKind::kElementwise, layer, T * (a + g) * d, T * (a + g) * d, kRopeFlops,
+                  0);
+    // repeat_kv (ModuleInput::repeat_kv): K and V written out at the query heads' width.
+    const bool expand = b.repeat_kv() && g < a;
+    if (expand)
+      b.pointwise("repeat_kv", OpKind::kElementwise, layer, T * 2 * g * d, T * 2 * a * d, 0, 0);
+    b.attention(layer, {batch, a, expand ? a : g, seq, seq, d, causal}, t.dropout);
+    b.gemm("attn_out", layer, {{tokens, h, a * d}}, t.linear_bias, T * a * d);
+  }
   b.residual("attn_residual", layer, T, h, t.dropout);
   b.norm("mlp_norm", layer, t.norm, T, h);
   if (!moe) {

@@ -129,6 +129,16 @@ void check_block(Checker& c, const TransformerSpec& t, bool moe = false, bool de
            "unused with moe and no moe.dense_layers (experts take moe.expert_ffn_hidden)");
   c.size("heads", t.heads, kMaxWidth);
   c.size("kv_heads", t.kv_heads, kMaxWidth);
+  if (t.mla) {  // its own widths (check_mla)
+    if (t.head_size != 0) c.fail("head_dim", "unused with mla (mla.qk_head_dim, mla.v_head_dim)");
+    if (t.kv_heads != t.heads)
+      c.fail("kv_heads", fmt::format("with mla every head has its own key and value: must be "
+                                     "heads ({}), got {}",
+                                     t.heads, t.kv_heads));
+    if (t.qkv_bias) c.fail("qkv_bias", "unused with mla (its projections have no bias)");
+    if (t.qk_norm) c.fail("qk_norm", "unused with mla (it normalises its latents)");
+    return;
+  }
   if (t.head_size == 0)
     c.divides("heads", t.heads, "hidden", t.hidden);
   else
@@ -136,8 +146,17 @@ void check_block(Checker& c, const TransformerSpec& t, bool moe = false, bool de
   c.divides("kv_heads", t.kv_heads, "heads", t.heads);
 }
 
+void check_mla(Checker& c, const MlaSpec& m) {
+  if (m.q_lora_rank != 0) c.size("mla.q_lora_rank", m.q_lora_rank, kMaxWidth);
+  c.size("mla.kv_lora_rank", m.kv_lora_rank, kMaxWidth);
+  c.size("mla.qk_head_dim", m.qk_head_dim, kMaxWidth);
+  c.size("mla.rope_head_dim", m.rope_head_dim, kMaxWidth);
+  c.size("mla.v_head_dim", m.v_head_dim, kMaxWidth);
+}
+
 void check(Checker& c, const LlmSpec& s) {
   check_block(c, s.block, s.moe.has_value(), s.moe && s.moe->dense_layers != 0);
+  if (s.block.mla) check_mla(c, *s.block.mla);
   c.size("vocab", s.vocab, kMaxWidth);
   if (s.positions == PositionEmbedding::kSinusoidal)
     c.fail("position_embedding", "an llm takes rope or learned positions");
@@ -163,6 +182,7 @@ void check(Checker& c, const LlmSpec& s) {
 
 void check(Checker& c, const VisionEncoderSpec& s) {
   check_block(c, s.block);
+  if (s.block.mla) c.fail("mla", "multi-head latent attention is an llm's only");
   c.size("patch_size", s.patch_size, kMaxInputSide);
   c.size("image_size", s.image_size, kMaxInputSide);
   c.size("channels", s.channels, kMaxInputSide);
@@ -173,6 +193,7 @@ void check(Checker& c, const VisionEncoderSpec& s) {
 
 void check(Checker& c, const AudioEncoderSpec& s) {
   check_block(c, s.block);
+  if (s.block.mla) c.fail("mla", "multi-head latent attention is an llm's only");
   c.size("mel_bins", s.mel_bins, kMaxInputSide);
   c.size("frames", s.frames, kMaxInputSide);
   if (s.frames % 2 != 0)

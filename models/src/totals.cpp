@@ -14,7 +14,19 @@ int64_t mlp_params(int64_t in, int64_t f, int64_t out, Activation act, bool bias
 }
 
 int64_t attention_params(const TransformerSpec& t) {
-  const int64_t h = t.hidden, d = t.head_dim(), qkv = (t.heads + 2 * t.kv_heads) * d;
+  const int64_t h = t.hidden;
+  if (t.mla) {  // the projections through the latents, the latents' norms, the output
+    const MlaSpec& m = *t.mla;
+    const int64_t q = t.heads * (m.qk_head_dim + m.rope_head_dim);
+    const int64_t query =
+        m.q_lora_rank > 0
+            ? h * m.q_lora_rank + norm_params(t.norm, m.q_lora_rank) + m.q_lora_rank * q
+            : h * q;
+    return query + h * (m.kv_lora_rank + m.rope_head_dim) + norm_params(t.norm, m.kv_lora_rank) +
+           m.kv_lora_rank * t.heads * (m.qk_head_dim + m.v_head_dim) + t.heads * m.v_head_dim * h +
+           (t.linear_bias ? h : 0);
+  }
+  const int64_t d = t.head_dim(), qkv = (t.heads + 2 * t.kv_heads) * d;
   return h * qkv + (t.qkv_bias ? qkv : 0) + t.heads * d * h + (t.linear_bias ? h : 0);
 }
 

@@ -53,9 +53,10 @@ Split gemm_split(const models::Op& op, const models::OpGraph& g) {
                                         [](const models::Op& o) { return o.name == "fc2"; });
     if (!two_layers) return Split::kNone;
   }
-  // A multi-token-prediction depth's eh_proj: Megatron's ColumnParallelLinear.
-  if (op.name == "qkv" || is_output_layer(op) || op.name == "mtp_eh_proj" ||
-      ends_with(op.name, "fc1"))
+  // A multi-token-prediction depth's eh_proj: Megatron's ColumnParallelLinear; latent
+  // attention's up projections (and q_proj without a query latent) likewise.
+  if (op.name == "qkv" || is_output_layer(op) || op.name == "mtp_eh_proj" || op.name == "q_up" ||
+      op.name == "kv_up" || op.name == "q_proj" || ends_with(op.name, "fc1"))
     return Split::kColumn;
   if (op.name == "attn_out" || ends_with(op.name, "fc2")) return Split::kRow;
   return Split::kNone;
@@ -179,10 +180,17 @@ int gemm_tp(const models::Op& op, const Layout& l) {
 // sharing the tokens the ep group routes to them, of the TP group's whole sequence when the
 // experts are split over it (gathered, module_cost), of this rank's slice with whole
 // experts (expert_tp 1).
-// A GEMM every TP rank runs whole on its own tokens: the MoE router, on this rank's
-// sequence slice under SP (Megatron-Core's MoELayer routes its input, [s/tp, b, h]).
+// Latent attention's down projections (Transformer Engine Linears in "duplicated" mode):
+// every TP rank holds the whole weight and runs it on the tokens it holds.
+bool is_latent_down_projection(const models::Op& op) {
+  return op.name == "q_down" || op.name == "kv_down";
+}
+
+// A GEMM every TP rank runs whole on its own tokens: the MoE router and latent attention's
+// down projections, on this rank's sequence slice under SP (Megatron-Core's MoELayer and
+// MLASelfAttention take their input as [s/tp, b, h]).
 bool runs_on_sequence_slice(const models::Op& op, const Layout& l) {
-  return op.name == "router" && l.sequence_parallel && l.tp > 1;
+  return (op.name == "router" || is_latent_down_projection(op)) && l.sequence_parallel && l.tp > 1;
 }
 
 std::vector<models::GemmShape> rank_gemms(const models::Op& op, const models::OpGraph& g,
@@ -341,7 +349,9 @@ CpBytes cp_attention_bytes(const models::AttentionShape& a, const Layout& l, int
   const double cp = l.cp, later = cp - 1, ed = static_cast<double>(e);
   const double tokens = static_cast<double>(a.batch) * static_cast<double>(a.seq_q);
   const double q_width = static_cast<double>(ceil_div(a.heads, l.tp) * a.head_dim);
-  const double kv_width = static_cast<double>(ceil_div(a.kv_heads, l.tp) * a.head_dim);
+  // (A key and a value of different widths, latent attention's: their mean.)
+  const double kv_width =
+      static_cast<double>(ceil_div(a.kv_heads, l.tp) * (a.head_dim + a.value_dim())) / 2;
   auto out = [](double f, double b) {
     return CpBytes{static_cast<int64_t>(f), static_cast<int64_t>(b)};
   };
@@ -551,7 +561,7 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
       c.forward_flops = op.forward / per_rank;
       c.dgrad_flops = op.dgrad / per_rank;
       const models::AttentionShape& a = *op.attention;
-      const int64_t qkv = a.batch * a.seq_q * (a.heads + 2 * a.kv_heads) * a.head_dim;
+      const int64_t qkv = a.qkv_elements();
       if (op.read.count() <= qkv * g.dtype_bytes) {  // flash attention: one fused kernel
         // The kernel's rate depends on the key/value length of one call. Ring CP: each of
         // the cp ring steps is its own call, against this rank's s_kv / cp chunk. All-gather
@@ -604,9 +614,10 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
       // reads the gradient and the mask and writes a gradient; softmax reads the gradient
       // and its output and writes a gradient.
       const int64_t bh = a.batch * ceil_div(a.heads, l.tp);
-      const int64_t sq = ceil_div(a.seq_q, cp), skv = a.seq_kv, d = a.head_dim;
-      c.forward = dev.gemm_time(sq, skv, d, bh, ap) + dev.gemm_time(sq, d, skv, bh, ap);
-      c.dgrad = dev.gemm_time(sq, skv, d, bh, ap) + dev.gemm_time(skv, d, sq, bh, ap) +
+      const int64_t sq = ceil_div(a.seq_q, cp), skv = a.seq_kv, d = a.head_dim, dv = a.value_dim();
+      // QK^T (d wide) and PV (dv wide); backward dS, dQ, dK (d) and dP, dV (dv).
+      c.forward = dev.gemm_time(sq, skv, d, bh, ap) + dev.gemm_time(sq, dv, skv, bh, ap);
+      c.dgrad = dev.gemm_time(sq, skv, dv, bh, ap) + dev.gemm_time(skv, dv, sq, bh, ap) +
                 dev.gemm_time(sq, d, skv, bh, ap) + dev.gemm_time(skv, d, sq, bh, ap);
       const int64_t e = activation_bytes(g, p);
       const int64_t scores = a.batch * a.heads * a.seq_q * a.seq_kv;
@@ -822,6 +833,19 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
   const bool moe_sp = tp && l.sequence_parallel &&
                       std::any_of(g.ops.begin(), g.ops.end(),
                                   [](const models::Op& o) { return o.name == "moe_dispatch"; });
+  // Latent attention (models::MlaSpec): what its up projections gather over TP, per layer.
+  const bool latent = std::any_of(g.ops.begin(), g.ops.end(),
+                                  [](const models::Op& o) { return o.name == "kv_down"; });
+  auto latent_gather = [&](int layer) {
+    int64_t width = g.hidden;  // without a query latent q_proj reads the hidden states
+    int64_t kv = 0;
+    for (const models::Op& o : g.ops)
+      if (o.layer == layer && o.name == "q_down")
+        width = o.gemms.front().n;
+      else if (o.layer == layer && o.name == "kv_down")
+        kv = o.gemms.front().n;
+    return Bytes(tokens / cp * (width + kv) * e);
+  };
   // Whether `op` is in a MoE layer under moe_sp (an MoE LLM's dense layers are not).
   auto in_moe_sp = [&](const models::Op& op) { return moe_sp && op.layer >= first_moe; };
   const bool gather_routed = moe_sp && l.expert_tp() > 1;
@@ -876,7 +900,8 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
     const bool expert = op.kind == models::OpKind::kGemm && is_expert(op);
     const int64_t params = local_params(op, g, l);
     (expert ? block.expert : block.dense) += {params, is_fp8_linear(op) ? params : 0};
-    const bool sp_replicated = op.kind == models::OpKind::kNorm || op.name == "router";
+    const bool sp_replicated =
+        op.kind == models::OpKind::kNorm || op.name == "router" || is_latent_down_projection(op);
     if (tp && (op.name == "qk_norm" || (l.sequence_parallel && sp_replicated)))
       block.tp_synced += params;
 
@@ -907,7 +932,8 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
     const PassCost c = op_cost(op, g, l, context_parallel, dev, p);
     if (op.kind == models::OpKind::kAttention && cp > 1) {
       const auto& s = *op.attention;
-      const int64_t kv = 2 * (s.batch * s.seq_q / cp) * (s.kv_heads / l.tp) * s.head_dim;
+      const int64_t kv =
+          (s.batch * s.seq_q / cp) * (s.kv_heads / l.tp) * (s.head_dim + s.value_dim());
       b.comm(StepKind::kCpAttention, Bytes(kv * e), c, op_index);
     } else if (tp && (l.tp_backward_overlap || userbuffers) && op.kind == models::OpKind::kGemm &&
                gemm_split(op, g) == Split::kColumn && b.after_tp_entry() && !expert && !beside) {
@@ -943,7 +969,12 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
     if (tp && op.kind == models::OpKind::kLoss)
       loss_collectives(b, l.cross_entropy_fusion, tokens / cp, l.tp);
 
-    if (tp && (op.name == "attn_norm" || (op.name == "mlp_norm" && !in_moe_sp(op)))) {
+    // Latent attention (Megatron-Core's MLASelfAttention): the down projections run on this
+    // rank's tokens, and the up projections gather what they read over TP: the query's
+    // latent (or, without one, the hidden states), the key / value latent and the shared
+    // rope key (k_pos_emb, gathered on its own). In 16 bits.
+    if (tp && op.name == "kv_norm") b.comm(StepKind::kTpEntry, latent_gather(op.layer));
+    if (tp && ((op.name == "attn_norm" && !latent) || (op.name == "mlp_norm" && !in_moe_sp(op)))) {
       b.comm(StepKind::kTpEntry, activation);
       // FP8: the norm's output reaches qkv / fc1 (TE LayerNormLinear / LayerNormMLP) as FP8,
       // quantised before the SP all-gather (layernorm_linear.py, layernorm_mlp.py:
@@ -1027,7 +1058,7 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
     case models::OpKind::kAttention: {
       const Precision ap = attention_precision(p);
       const models::AttentionShape& a = *op.attention;
-      const int64_t qkv = a.batch * a.seq_q * (a.heads + 2 * a.kv_heads) * a.head_dim;
+      const int64_t qkv = a.qkv_elements();
       if (op.read.count() <= qkv * g.dtype_bytes) {  // flash attention: one fused kernel
         // Ring CP: one kernel of the rank's whole work (lower() splits it into the cp ring
         // steps). All-gather CP: two calls per rank, one per local chunk, a chunk's
@@ -1043,7 +1074,8 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
                       .seq_kv = gather ? ceil_div(a.seq_kv, 2) : a.seq_kv,
                       .head_dim = a.head_dim,
                       .causal = !gather && a.causal,
-                      .element_bytes = elem(ap)};
+                      .element_bytes = elem(ap),
+                      .v_head_dim = a.v_head_dim};
         k.forward.assign(gather ? 2 : 1, f);
         f.kind = sim::KernelKind::kAttentionBackward;
         k.dgrad.assign(gather ? 2 : 1, f);
@@ -1055,10 +1087,10 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
         break;
       }
       const int64_t bh = a.batch * ceil_div(a.heads, l.tp);
-      const int64_t sq = ceil_div(a.seq_q, cp), skv = a.seq_kv, d = a.head_dim;
+      const int64_t sq = ceil_div(a.seq_q, cp), skv = a.seq_kv, d = a.head_dim, dv = a.value_dim();
       const int e = elem(ap);
-      k.forward = {sim::gemm_kernel(sq, skv, d, bh, e), sim::gemm_kernel(sq, d, skv, bh, e)};
-      k.dgrad = {sim::gemm_kernel(sq, skv, d, bh, e), sim::gemm_kernel(skv, d, sq, bh, e),
+      k.forward = {sim::gemm_kernel(sq, skv, d, bh, e), sim::gemm_kernel(sq, dv, skv, bh, e)};
+      k.dgrad = {sim::gemm_kernel(sq, skv, dv, bh, e), sim::gemm_kernel(skv, dv, sq, bh, e),
                  sim::gemm_kernel(sq, d, skv, bh, e), sim::gemm_kernel(skv, d, sq, bh, e)};
       const int64_t ab = activation_bytes(g, p);
       const int64_t scores = a.batch * a.heads * a.seq_q * a.seq_kv;

@@ -437,8 +437,9 @@ const Lowering::Labels& Lowering::labels(int v, size_t block, int pass) {
 
 sim::KernelListId Lowering::kernels(const PlacedBlock& pb, size_t s, bool backward, Use use) {
   if (!o_.kernels && !host_) return {};
-  const auto key =
-      std::make_tuple(pb.module, static_cast<int>(pb.part), s, backward, static_cast<int>(use));
+  // (An MoE LLM's dense layers are a block of their own: PlacedBlock::dense.)
+  const auto key = std::make_tuple(pb.module, static_cast<int>(pb.part) * 2 + (pb.dense ? 1 : 0), s,
+                                   backward, static_cast<int>(use));
   if (auto it = kernel_ids_.find(key); it != kernel_ids_.end()) return it->second;
   const models::OpGraph& g = graphs_[pb.module];
   const bool cp_split = cp_split_[pb.module];

@@ -25,9 +25,9 @@ double Kernel::flops() const {
              static_cast<double>(batch);
     case KernelKind::kAttentionForward:
     case KernelKind::kAttentionBackward: {
-      double f = 4.0 * static_cast<double>(batch) * static_cast<double>(heads) *
+      double f = 2.0 * static_cast<double>(batch) * static_cast<double>(heads) *
                  static_cast<double>(seq_q) * static_cast<double>(seq_kv) *
-                 static_cast<double>(head_dim);
+                 static_cast<double>(head_dim + value_dim());
       if (causal) f /= 2;
       return kind == KernelKind::kAttentionBackward ? 2 * f : f;
     }

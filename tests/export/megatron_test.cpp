@@ -273,6 +273,31 @@ TEST(ExportMegatron, DenseLayersFirstSetTheLayerPattern) {
   EXPECT_EQ(m.count("--mtp-num-layers"), 0u);
 }
 
+// Multi-head latent attention (DeepSeek-V3): Megatron-Core's MLA flags with its latent ranks
+// and head widths, no GQA flags; the other trainers refuse it.
+TEST(ExportMegatron, LatentAttentionWritesItsWidths) {
+  const planner::Scenario s = scenario("deepseek-v3", 128, 4096, 8192);
+  Plan p;
+  p.layout = layout(2, 8, 64);
+  p.layout.sequence_parallel = true;
+  p.layout.ep = 64;
+  p.layout.etp = 1;
+  p.layout.recompute = models::Recompute::kFull;
+  p.layout.pipeline_layout = {8, 8, 8, 8, 8, 8, 8, 5};
+  ASSERT_EQ(planner::infeasibility(s, p), "");
+  const auto f = all_flags(exported(s, p, Target::kMegatron).at("launch.sh"));
+  EXPECT_EQ(f.count("--multi-latent-attention"), 1u);
+  EXPECT_EQ(f.at("--q-lora-rank"), "1536");
+  EXPECT_EQ(f.at("--kv-lora-rank"), "512");
+  EXPECT_EQ(f.at("--qk-head-dim"), "128");
+  EXPECT_EQ(f.at("--qk-pos-emb-head-dim"), "64");
+  EXPECT_EQ(f.at("--v-head-dim"), "128");
+  EXPECT_EQ(f.count("--group-query-attention"), 0u);
+  EXPECT_EQ(f.count("--kv-channels"), 0u);
+  for (Target t : {Target::kMegatronBridge, Target::kTorchtitan, Target::kDeepspeed})
+    EXPECT_NE(refusal(s, p, t).find("mla: "), std::string::npos) << static_cast<int>(t);
+}
+
 TEST(ExportMegatron, MixtureOfExpertsAndPrecisions) {
   planner::Scenario s = scenario("mixtral-8x7b", 8, 4096, 256, 0, "fp8");
   const Plan p = mixtral_ep8_plan();

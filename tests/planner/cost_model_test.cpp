@@ -560,6 +560,44 @@ TEST(CostModel, MoeLayersRunTheRoutersAndTheDispatchersSmallKernels) {
             1u);
 }
 
+// Latent attention under TP with SP (Megatron-Core's MLASelfAttention with Transformer
+// Engine): no gather after the input norm; the down projections run whole on this rank's
+// sequence slice and their weights' gradients are all-reduced over TP; one TP entry gathers
+// the latents (1536 + 512 + 64 wide for DeepSeek-V3) before the up projections, which TP
+// splits by columns.
+TEST(CostModel, LatentAttentionGathersItsLatents) {
+  const models::OpGraph g = zoo_graph("deepseek-v3", 4096);
+  const hardware::DeviceProfile dev = hardware::load_profile("dgx-h100")->gpu;
+  Layout l;
+  l.tp = 4;
+  l.sequence_parallel = true;
+  l.ep = 4;
+  l.dp = 1;
+  const ModuleCost m = module_cost(g, l, true, dev, hardware::Precision::kBf16);
+  const Block& dense = m.dense_layer;  // layer 0 (DeepSeek-V3's first 3 are dense)
+  std::vector<Bytes> entries;
+  for (const WorkStep& s : dense.steps)
+    if (s.kind == StepKind::kTpEntry) entries.push_back(s.bytes);
+  ASSERT_EQ(entries.size(), 2u);  // the latents' and the MLP's
+  EXPECT_EQ(entries[0], Bytes(4096 * (1536 + 512 + 64) * 2));
+  EXPECT_EQ(entries[1], Bytes(4096 * 7168 * 2));
+  const models::Op& down = op_named(g, "q_down");
+  const PassCost c = op_cost(down, g, l, true, dev, hardware::Precision::kBf16);
+  EXPECT_DOUBLE_EQ(c.forward_flops.count(), down.forward.count() / 4);
+  const models::Op& up = op_named(g, "q_up");
+  EXPECT_DOUBLE_EQ(op_cost(up, g, l, true, dev, hardware::Precision::kBf16).forward_flops.count(),
+                   up.forward.count() / 4);
+  int64_t synced = 0;  // the down projections' and the norms' parameters
+  for (const char* name : {"q_down", "kv_down", "attn_norm", "q_norm", "kv_norm", "mlp_norm"})
+    synced += op_named(g, name).params;
+  EXPECT_EQ(dense.tp_synced, synced);
+  EXPECT_EQ(
+      dense.dense.all - synced,
+      (op_named(g, "q_up").params + op_named(g, "kv_up").params + op_named(g, "attn_out").params +
+       op_named(g, "mlp_fc1").params + op_named(g, "mlp_fc2").params) /
+          4);
+}
+
 // Under TP with SP the router runs on this rank's sequence slice (Megatron-Core's MoELayer
 // routes its [s/tp, b, h] input): its GEMM takes 1/tp of the tokens and of the FLOPs, as
 // its small kernels do; without SP every TP rank routes them all.

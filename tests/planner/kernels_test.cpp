@@ -167,6 +167,33 @@ TEST(Kernels, ExpertParallelAndFsdpPlansMatchTaskFlops) {
   }
 }
 
+// Latent attention (its values narrower than its queries and keys), with its first layer
+// dense and a multi-token-prediction depth, under TP with and without SP, the CP ring and
+// full recompute: the same bookkeeping.
+TEST(Kernels, LatentAttentionPlansMatchTaskFlops) {
+  auto s = parse_scenario_text(R"({"model": {"name": "tiny-deepseek", "modules": [{"name": "llm",
+      "kind": "llm", "spec": {"layers": 4, "hidden": 256, "ffn_hidden": 512, "heads": 4,
+      "vocab": 512, "activation": "swiglu", "norm": "rmsnorm", "mtp_layers": 1,
+      "mla": {"q_lora_rank": 96, "kv_lora_rank": 64, "qk_head_dim": 32, "rope_head_dim": 16,
+              "v_head_dim": 32},
+      "moe": {"experts": 8, "top_k": 2, "expert_ffn_hidden": 128, "shared_experts": 1,
+              "dense_layers": 1}}}]},
+      "workload": {"seq_len": 256, "global_batch": 8},
+      "cluster": {"profile": "dgx-h100", "nodes": 1}})",
+                               "mla.json");
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  for (bool sp : {false, true}) {
+    Plan p;
+    p.layout = layout(2, 2, 2, 1);
+    p.layout.sequence_parallel = sp;
+    p.layout.ep = sp ? 2 : 1;
+    SCOPED_TRACE(fmt::format("sp {}", sp));
+    expect_kernels_match(*s, p);
+    p.layout.recompute = models::Recompute::kFull;
+    expect_kernels_match(*s, p);
+  }
+}
+
 TEST(Kernels, HeterogeneousPlansMatchTaskFlops) {
   const Scenario s = tiny(4);
   Plan co;

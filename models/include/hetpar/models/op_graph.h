@@ -54,10 +54,17 @@ struct AttentionShape {
   int64_t kv_heads = 0;
   int64_t seq_q = 0;
   int64_t seq_kv = 0;
-  int64_t head_dim = 0;
+  int64_t head_dim = 0;  // of a query and a key
   bool causal = false;
+  /// Of a value, where it differs from head_dim (multi-head latent attention); 0: head_dim.
+  int64_t v_head_dim = 0;
+  int64_t value_dim() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
+  /// Elements of Q, K and V together.
+  int64_t qkv_elements() const {
+    return batch * seq_q * (heads * head_dim + kv_heads * (head_dim + value_dim()));
+  }
 };
-/// QK^T and AV: 4*batch*heads*seq_q*seq_kv*head_dim, half that when causal.
+/// QK^T and AV: 2*batch*heads*seq_q*seq_kv*(head_dim + value_dim), half that when causal.
 Flops attention_forward_flops(const AttentionShape& s);
 
 struct Op {

@@ -22,6 +22,20 @@ enum class Activation { kGelu, kSwiglu, kSquaredRelu };
 enum class Norm { kLayerNorm, kRmsNorm };
 enum class PositionEmbedding { kRope, kLearned, kSinusoidal };
 
+/// Multi-head latent attention (DeepSeek-V2 / V3; Megatron-Core's MLASelfAttention, its
+/// --multi-latent-attention): each head's query from a q_lora_rank-wide latent of the input
+/// (0: from the input itself), its key and value from one kv_lora_rank-wide latent shared by
+/// the heads, plus a rope_head_dim-wide key part shared by the heads too. A query and a key
+/// are qk_head_dim + rope_head_dim wide, a value v_head_dim. Every head has its own key and
+/// value (no grouping).
+struct MlaSpec {
+  int64_t q_lora_rank = 0;
+  int64_t kv_lora_rank = 0;
+  int64_t qk_head_dim = 0;
+  int64_t rope_head_dim = 0;
+  int64_t v_head_dim = 0;
+};
+
 /// The transformer stack every encoder and the LLM share.
 struct TransformerSpec {
   int64_t layers = 0;
@@ -41,6 +55,8 @@ struct TransformerSpec {
   /// A norm (of `norm`'s kind, over head_dim, weights shared by the heads) on every head's
   /// query and key after the QKV projection (Qwen3, OLMo 2; Megatron-LM's --qk-layernorm).
   bool qk_norm = false;
+  /// Multi-head latent attention instead of the Q, K, V projections (an LLM's only).
+  std::optional<MlaSpec> mla;
 };
 
 /// Mixture of experts replacing the layers' MLP. Each token goes to `top_k` of `experts`

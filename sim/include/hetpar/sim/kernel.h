@@ -37,9 +37,13 @@ struct Kernel {
   // `batch`. A memory kernel of 0 bytes is a host call alone (an asynchronous copy to the
   // host, a memset) whose GPU time the model leaves out. The executor ignores it.
   int64_t launches = 1;
+  // attention: a value's width where it differs from head_dim (multi-head latent
+  // attention); 0: head_dim.
+  int64_t v_head_dim = 0;
+  int64_t value_dim() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
 
   /// The model-FLOP convention of models/op_graph.h: GEMM 2mnk·batch; attention forward
-  /// 4·b·h·sq·skv·d (half when causal), backward twice that; memory 0.
+  /// 2·b·h·sq·skv·(d + value_dim) (half when causal), backward twice that; memory 0.
   double flops() const;
   bool operator==(const Kernel&) const = default;
 };
