@@ -148,16 +148,16 @@ TEST(PlanJson, RoundTripsEveryLayoutSwitch) {
     EXPECT_EQ(plan_to_json(*named)["recompute_modules"], nlohmann::json::parse(written));
   }
   bad = parse_plan(nlohmann::json::parse(R"({"micro_batch": 1, "recompute": "selective",
-                                             "recompute_modules": ["mla_up_proj"]})"),
+                                             "recompute_modules": ["mhc"]})"),
                    "plan");
   ASSERT_FALSE(bad.is_ok());
-  EXPECT_NE(bad.status().to_string().find(
-                "is not one of core_attn, layernorm, moe_act, moe, mlp, shared_experts"),
+  EXPECT_NE(bad.status().to_string().find("is not one of core_attn, layernorm, moe_act, moe, mlp, "
+                                          "shared_experts, mla_up_proj"),
             std::string::npos)
       << bad.status().to_string();
   for (const char* text :
        {R"({"micro_batch": 1, "recompute": "full", "recompute_modules": ["layernorm"]})",
-        R"({"micro_batch": 1, "recompute": "selective", "recompute_modules": ["mla_up_proj"]})",
+        R"({"micro_batch": 1, "recompute": "selective", "recompute_modules": ["mhc"]})",
         R"({"micro_batch": 1, "recompute": "selective", "recompute_modules": []})",
         R"({"micro_batch": 1, "recompute": "selective", "recompute_modules": "moe_act"})"}) {
     bad = parse_plan(nlohmann::json::parse(text), "plan");

@@ -76,6 +76,7 @@ double recompute_share(const Op& op, RecomputePolicy policy) {
       if (policy.selects(kRecomputeMoe) && is_moe_block_op(op)) return 1;
       if (policy.selects(kRecomputeMlp) && is_dense_mlp_op(op)) return 1;
       if (policy.selects(kRecomputeSharedExperts) && is_shared_expert_op(op)) return 1;
+      if (policy.selects(kRecomputeMlaUpProj) && is_latent_up_op(op)) return 1;
       if (op.kind == OpKind::kAttention) return policy.selects(kRecomputeCoreAttn) ? 1 : 0;
       if (policy.selects(kRecomputeLayernorm) && op.layer >= 0 && op.name == "mlp_norm") return 1;
       return policy.selects(kRecomputeMoeAct) && op.name == "expert_act" ? 1 : 0;
@@ -98,6 +99,12 @@ bool is_dense_mlp_op(const Op& op) {
   if (op.layer < 0) return false;
   const std::string_view n = op.name;
   return n == "mlp_norm" || n == "mlp_fc1" || n == "mlp_act" || n == "mlp_fc2";
+}
+
+bool is_latent_up_op(const Op& op) {
+  if (op.layer < 0) return false;
+  const std::string_view n = op.name;
+  return n == "q_up" || n == "kv_up" || n == "q_proj" || n == "rope";
 }
 
 bool is_shared_expert_op(const Op& op) {
@@ -129,11 +136,12 @@ double kept_bytes(const Op& op, RecomputePolicy policy, int dtype_bytes) {
     // A checkpointed dense MLP keeps its input alone, which the norm's saved input is.
     if (policy.selects(kRecomputeMlp) && is_dense_mlp_op(op))
       return op.name == "mlp_norm" ? op.saved.as_double() : 0;
-    if (op.kind != OpKind::kAttention || !policy.selects(kRecomputeCoreAttn))
-      return op.saved.as_double();
-    const AttentionShape& a = *op.attention;  // Q, K, V stay
-    return static_cast<double>(a.batch) * a.seq_q * (a.heads + 2 * a.kv_heads) * a.head_dim *
-           dtype_bytes;
+    if (op.kind != OpKind::kAttention) return op.saved.as_double();
+    const double qkv = static_cast<double>(op.attention->qkv_elements()) * dtype_bytes;
+    // Without its re-run up projections' outputs (mla_up_proj) the attention keeps no Q, K,
+    // V; re-run itself (core_attn), nothing else.
+    const double kept = policy.selects(kRecomputeCoreAttn) ? qkv : op.saved.as_double();
+    return policy.selects(kRecomputeMlaUpProj) ? std::max(0.0, kept - qkv) : kept;
   }
   if (policy.kind == Recompute::kSelectiveOp && op.layer >= 0) {
     const double e = dtype_bytes;

@@ -368,9 +368,11 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
       (!llm.moe || llm.moe->shared_experts == 0))
     return "recompute_modules shared_experts needs a mixture-of-experts llm with shared experts "
            "(moe.shared_experts)";
-  if (l.recompute_policy().selects(models::kRecomputeMlp) && llm.moe)
-    return "recompute_modules mlp needs a dense llm: Megatron-Core re-runs only dense MLPs "
-           "with it (a MoE layer's is the \"moe\" module)";
+  if (l.recompute_policy().selects(models::kRecomputeMlp) && llm.moe && llm.moe->dense_layers == 0)
+    return "recompute_modules mlp needs dense MLP layers (a dense llm, or moe.dense_layers): "
+           "Megatron-Core re-runs only dense MLPs with it (a MoE layer's is the \"moe\" module)";
+  if (l.recompute_policy().selects(models::kRecomputeMlaUpProj) && !llm.block.mla)
+    return "recompute_modules mla_up_proj needs an llm with multi-head latent attention (mla)";
   // Megatron-Core's TransformerConfig refuses it: the MoE layer's re-run dispatches again,
   // which the overlap's split schedule of that layer cannot hold.
   if (l.recompute_policy().selects(models::kRecomputeMoe) && l.ep_comm_overlap)

@@ -40,7 +40,8 @@ constexpr std::pair<models::RecomputeModule, std::string_view> kRecomputeModuleN
     {models::kRecomputeMoeAct, "moe_act"},
     {models::kRecomputeMoe, "moe"},
     {models::kRecomputeMlp, "mlp"},
-    {models::kRecomputeSharedExperts, "shared_experts"}};
+    {models::kRecomputeSharedExperts, "shared_experts"},
+    {models::kRecomputeMlaUpProj, "mla_up_proj"}};
 }  // namespace
 
 std::vector<std::string_view> recompute_module_names(uint8_t modules) {

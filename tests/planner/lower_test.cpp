@@ -2346,6 +2346,19 @@ TEST(Lower, SharedExpertOverlapRunsTheSharedExpertsBesideTheAllToAlls) {
             std::string::npos);
 }
 
+// `p` (feasible on `s`) holds less activation memory on its first stage than without its
+// recompute, and takes longer.
+void expect_recompute_trades_time_for_activations(const Scenario& s, const Plan& p) {
+  ASSERT_EQ(infeasibility(s, p), "");
+  Plan none = p;
+  none.layout.recompute = models::Recompute::kNone;
+  auto with = evaluate(s, p);
+  auto without = evaluate(s, none);
+  ASSERT_TRUE(with.is_ok() && without.is_ok());
+  EXPECT_LT(with->memory.per_stage[0].activations, without->memory.per_stage[0].activations);
+  EXPECT_GT(with->iteration_time, without->iteration_time);
+}
+
 // recompute_modules mlp (Megatron-Core's recompute_mlp): a dense layer's MLP keeps only its
 // input; under TP with SP its forward re-runs before its backward with its TP collectives
 // (the SP all-gather and the reduce-scatter, userbuffers' ring linears too), without SP with
@@ -2392,7 +2405,26 @@ TEST(Lower, MlpRecomputeReplaysTheMlpWithItsTpCollectivesAndKeepsOnlyItsInput) {
   moe.layout.ep = 4;
   moe.layout.recompute = models::Recompute::kSelective;
   moe.layout.recompute_modules = models::kRecomputeMlp;
-  EXPECT_NE(infeasibility(tiny_moe(4, 16, 1, 8), moe).find("recompute_modules mlp needs a dense"),
+  EXPECT_NE(infeasibility(tiny_moe(4, 16, 1, 8), moe).find("recompute_modules mlp needs dense"),
+            std::string::npos);
+  // An MoE LLM with dense layers first: they re-run their MLPs; the MoE layers do not. (Two
+  // dense layers: one re-run at a time holds what one of them dropped.)
+  expect_recompute_trades_time_for_activations(dense_first_moe(4, 2, 16, 1, 8), moe);
+}
+
+// "mla_up_proj" (MLASelfAttention's qkv_up_checkpoint): the attention keeps no Q, K, V and
+// the up projections re-run before its backward: less memory, more time; it needs latent
+// attention.
+TEST(Lower, MlaUpProjRecomputeDropsTheAttentionsInputs) {
+  const Scenario s = make(4, 16, 1, "dgx-h100", "",
+                          R"(, "kv_heads": 16, "mla": {"q_lora_rank": 384, "kv_lora_rank": 256, )"
+                          R"("qk_head_dim": 64, "rope_head_dim": 32, "v_head_dim": 64})");
+  Plan p = plan(2, 1, 4);
+  p.layout.sequence_parallel = true;
+  p.layout.recompute = models::Recompute::kSelective;
+  p.layout.recompute_modules = models::kRecomputeMlaUpProj;
+  expect_recompute_trades_time_for_activations(s, p);
+  EXPECT_NE(infeasibility(make(4, 16, 1), p).find("recompute_modules mla_up_proj needs"),
             std::string::npos);
 }
 

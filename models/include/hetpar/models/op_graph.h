@@ -196,14 +196,23 @@ enum RecomputeModule : uint8_t {
   /// their all-gather and reduce-scatter included, re-runs before their backward. Inside a
   /// checkpointed MoE layer ("moe") it changes nothing.
   kRecomputeSharedExperts = 32,
+  /// "mla_up_proj": latent attention's up projections and RoPE (MLASelfAttention's
+  /// qkv_up_checkpoint, a CheckpointWithoutOutput): the attention keeps no Q, K or V (its
+  /// statistics alone), and q_up, kv_up (or q_proj) and RoPE re-run before its backward.
+  kRecomputeMlaUpProj = 64,
 };
 
+/// A latent attention layer's up projection (q_up, kv_up, q_proj) or its RoPE: what
+/// kRecomputeMlaUpProj re-runs.
+bool is_latent_up_op(const Op& op);
 /// Whether op is part of a MoE layer's MLP block (router through combine, shared experts):
 /// what the "moe" recompute module re-runs.
 bool is_moe_block_op(const Op& op);
 /// Whether op is part of a dense layer's MLP block (its norm, first linear, activation and
 /// second linear): what the "mlp" recompute module re-runs. A MoE layer's pre-MLP norm has
-/// the same name; the planner keeps "mlp" to dense graphs.
+/// the same name: in an MoE LLM with dense layers (the only MoE graphs the planner lets
+/// "mlp" run on) it re-runs too, one norm's memory pass a MoE layer that Megatron-Core does
+/// not spend.
 bool is_dense_mlp_op(const Op& op);
 /// Whether op is one of a MoE layer's shared experts' (the "shared_experts" module's).
 bool is_shared_expert_op(const Op& op);
