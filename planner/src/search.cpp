@@ -829,6 +829,7 @@ class Searcher {
     layers_ = static_cast<int>(llm.block.layers);
     moe_experts_ = llm.moe ? static_cast<int>(llm.moe->experts) : 0;
     shared_experts_ = llm.moe && llm.moe->shared_experts > 0;
+    latent_attention_ = llm.block.mla.has_value();
     top_k_ = o.top_k > 0 ? o.top_k : spec_.top_k;
     exhaustive_ = o.exhaustive;
   }
@@ -878,7 +879,8 @@ class Searcher {
     BaseInfo r;
     const size_t nmod = 1 + base.plan.modules.size();
     std::vector<std::vector<RecomputePolicy>> options(nmod);
-    options[0] = recompute_options(spec_.llm, true, moe_experts_ > 0, shared_experts_);
+    options[0] =
+        recompute_options(spec_.llm, true, moe_experts_ > 0, shared_experts_, latent_attention_);
     for (size_t k = 0; k < base.plan.modules.size(); ++k)
       options[k + 1] =
           recompute_options(module_fix(base.plan.modules[k].module), false, false, false);
@@ -938,9 +940,12 @@ class Searcher {
   }
 
   // A module's recompute policies: the fixed kind (and modules) or every kind; for the LLM
-  // selective also with other modules (kMoeRecomputeModules, kDenseRecomputeModules).
+  // selective also with other modules (kMoeRecomputeModules, kDenseRecomputeModules) and,
+  // with latent attention, each selective set also with mla_up_proj (heavier: tried where
+  // the set alone does not fit, dominated_by()).
   static std::vector<RecomputePolicy> recompute_options(const LayoutFix& f, bool llm, bool moe,
-                                                        bool shared_experts) {
+                                                        bool shared_experts,
+                                                        bool latent_attention = false) {
     if (f.recompute_modules) return {RecomputePolicy(Recompute::kSelective, *f.recompute_modules)};
     std::vector<RecomputePolicy> out;
     if (f.recompute)
@@ -957,6 +962,13 @@ class Searcher {
         }
       } else
         out.emplace_back(Recompute::kSelective, kDenseRecomputeModules);
+      if (latent_attention) {
+        const size_t n = out.size();
+        for (size_t i = 0; i < n; ++i)
+          if (out[i].kind == Recompute::kSelective)
+            out.emplace_back(Recompute::kSelective,
+                             static_cast<uint8_t>(out[i].modules | models::kRecomputeMlaUpProj));
+      }
     }
     return out;
   }
@@ -1440,6 +1452,7 @@ class Searcher {
   std::vector<EncoderInfo> encoders_;
   int gpn_ = 1, world_ = 1, layers_ = 1, moe_experts_ = 0, top_k_ = 5;
   bool shared_experts_ = false;
+  bool latent_attention_ = false;  // models::MlaSpec: the mla_up_proj module is tried too
   bool exhaustive_ = false;
   // Module times per node group for sized_to_work() (enumeration is single-threaded).
   mutable CostCache speed_;

@@ -675,6 +675,46 @@ TEST(Search, TriesTheSharedExpertsRecomputeModuleWithSharedExperts) {
         << describe(p.plan);
 }
 
+// With latent attention each selective set is also tried with mla_up_proj, a heavier
+// policy: under a memory cap that the attention core alone (and with the MLP) exceeds but
+// the core with the up projections' recompute meets, every plan found runs mla_up_proj. The
+// MLP is narrow here, so re-running it saves less than the attention's Q, K, V.
+TEST(Search, TriesMlaUpProjWhereTheLighterSetDoesNotFit) {
+  auto scenario = [](const std::string& extra) {
+    auto s = parse_scenario_text(
+        fmt::format(R"({{"name": "mla", "model": {{"name": "tiny-mla", "modules": [{{"name": "llm",
+          "kind": "llm", "spec": {{"layers": 4, "hidden": 1024, "ffn_hidden": 512, "heads": 16,
+          "vocab": 128, "activation": "swiglu", "norm": "rmsnorm",
+          "mla": {{"q_lora_rank": 256, "kv_lora_rank": 128, "qk_head_dim": 64,
+                   "rope_head_dim": 32, "v_head_dim": 64}}}}}}]}},
+          "workload": {{"seq_len": 4096, "global_batch": 16, "precision": "bf16"}},
+          "cluster": {{"profile": "dgx-h100", "nodes": 1}},
+          "search": {{"llm": {{"tp": 1, "cp": 1, "pp": 1, "micro_batch": 2,
+                               "recompute": "selective"}}{}}}}})",
+                    extra),
+        "mla.json");
+    EXPECT_TRUE(s.is_ok()) << s.status().to_string();
+    return *s;
+  };
+  const SearchResult open = run(scenario(""), threads(2));
+  ASSERT_FALSE(open.top.empty());
+  Plan core = open.top.front().plan, up = core, mlp = core;
+  core.layout.recompute_modules = models::kRecomputeCoreAttn;
+  up.layout.recompute_modules = models::kRecomputeCoreAttn | models::kRecomputeMlaUpProj;
+  mlp.layout.recompute_modules = models::kRecomputeCoreAttn | models::kRecomputeMlp;
+  const Scenario bare = scenario("");
+  const double up_gib = estimate_memory(bare, up).peak.to_GiB();
+  const double mlp_gib = estimate_memory(bare, mlp).peak.to_GiB();
+  ASSERT_LT(up_gib, mlp_gib);
+  ASSERT_LT(mlp_gib, estimate_memory(bare, core).peak.to_GiB());
+  const SearchResult capped =
+      run(scenario(fmt::format(R"(, "max_memory_GiB": {})", (up_gib + mlp_gib) / 2)), threads(2));
+  ASSERT_FALSE(capped.top.empty());
+  for (const RankedPlan& p : capped.top)
+    EXPECT_TRUE(p.plan.layout.recompute_policy().selects(models::kRecomputeMlaUpProj))
+        << describe(p.plan);
+}
+
 // search.llm.moe_shared_expert_overlap: on by default where it applies (shared experts,
 // ep > 1), off for the shared experts' recompute alone (which Megatron-Core skips when they
 // are overlapped) and without shared experts; "any" tries both, and the overlap wins; false
