@@ -175,11 +175,6 @@ int gemm_tp(const models::Op& op, const Layout& l) {
   return is_expert(op) ? l.expert_tp() : l.tp;
 }
 
-// One rank's shares of an op's GEMMs: rows split by CP, columns (rows of the weight) by
-// the op's TP width for column- (row-) parallel linears. Experts: E / ep local experts
-// sharing the tokens the ep group routes to them, of the TP group's whole sequence when the
-// experts are split over it (gathered, module_cost), of this rank's slice with whole
-// experts (expert_tp 1).
 // Latent attention's down projections (Transformer Engine Linears in "duplicated" mode):
 // every TP rank holds the whole weight and runs it on the tokens it holds.
 bool is_latent_down_projection(const models::Op& op) {
@@ -193,6 +188,12 @@ bool runs_on_sequence_slice(const models::Op& op, const Layout& l) {
   return (op.name == "router" || is_latent_down_projection(op)) && l.sequence_parallel && l.tp > 1;
 }
 
+// One rank's shares of an op's GEMMs: rows split by CP (and by TP for those that run on
+// the sequence slice), columns (rows of the weight) by the op's TP width for column- (row-)
+// parallel linears. Experts: E / ep local experts
+// sharing the tokens the ep group routes to them, of the TP group's whole sequence when the
+// experts are split over it (gathered, module_cost), of this rank's slice with whole
+// experts (expert_tp 1).
 std::vector<models::GemmShape> rank_gemms(const models::Op& op, const models::OpGraph& g,
                                           const Layout& l, int64_t cp) {
   std::vector<models::GemmShape> shapes = op.gemms;
