@@ -378,11 +378,8 @@ void Lowering::place_blocks() {
   const std::vector<ModuleCost>& mc = costs_[0][0];  // the block structure is GPU-independent
   const size_t llm = has_llm_ ? mc.size() - 1 : mc.size();
   auto place = [&](int v, size_t module, Part part, std::string name, bool dense = false) {
-    const Block& b = part == Part::kPre     ? mc[module].pre
-                     : part == Part::kLayer ? (dense ? mc[module].dense_layer : mc[module].layer)
-                     : part == Part::kPost  ? mc[module].post
-                                            : mc[module].mtp;
-    if (!b.empty()) chunks_[v].push_back({module, part, std::move(name), dense});
+    PlacedBlock pb{module, part, std::move(name), dense};
+    if (!cost_block(mc[module], pb).empty()) chunks_[v].push_back(std::move(pb));
   };
   // The LLM's layers over the virtual stages (even or uneven split, schedule.h); other
   // modules whole on the first. An encoder's own pipeline (non-colocated, pp > 1): its
@@ -437,9 +434,8 @@ const Lowering::Labels& Lowering::labels(int v, size_t block, int pass) {
 
 sim::KernelListId Lowering::kernels(const PlacedBlock& pb, size_t s, bool backward, Use use) {
   if (!o_.kernels && !host_) return {};
-  // (An MoE LLM's dense layers are a block of their own: PlacedBlock::dense.)
-  const auto key = std::make_tuple(pb.module, static_cast<int>(pb.part) * 2 + (pb.dense ? 1 : 0), s,
-                                   backward, static_cast<int>(use));
+  const auto key = std::make_tuple(pb.module, static_cast<int>(pb.cost_index()), s, backward,
+                                   static_cast<int>(use));
   if (auto it = kernel_ids_.find(key); it != kernel_ids_.end()) return it->second;
   const models::OpGraph& g = graphs_[pb.module];
   const bool cp_split = cp_split_[pb.module];
@@ -997,21 +993,21 @@ size_t exit_after(const std::vector<WorkStep>& steps, const models::OpGraph& g,
 
 const Lowering::Replays& Lowering::replays(const PlacedBlock& pb) {
   static const Replays kNone;  // the blocks outside the layers replay nothing
-  if (pb.part != Part::kLayer && pb.part != Part::kMtp) return kNone;
-  const size_t at = 3 * pb.module + (pb.dense ? 1 : pb.part == Part::kMtp ? 2 : 0);
+  if (!pb.has_layers()) return kNone;
+  const size_t at = kCostBlocks * pb.module + pb.cost_index();
   if (replays_.size() <= at) replays_.resize(at + 1);
   std::optional<Replays>& r = replays_[at];
-  if (!r) r = Replays{moe_replay(pb), mlp_replay(pb)};
+  if (!r) r = Replays{moe_replay(pb), mlp_replay(pb), checkpointed(pb)};
   return *r;
 }
 
-std::vector<std::pair<size_t, size_t>> Lowering::checkpointed(const PlacedBlock& pb) const {
+Lowering::StepRanges Lowering::checkpointed(const PlacedBlock& pb) const {
   const std::vector<WorkStep>& steps = block(0, pb).steps;
   if (pb.part != Part::kMtp) return {{0, steps.size()}};
   // Per depth, the steps from the first to the last that compute an op of its layer index
   // (Op::mtp: its norms, eh_proj, layer and final norm), the collectives between them too.
   const models::OpGraph& g = graphs_[pb.module];
-  std::vector<std::pair<size_t, size_t>> out;
+  StepRanges out;
   int depth = -1;  // the layer index of out.back()
   for (size_t s = 0; s < steps.size(); ++s)
     for (int32_t op : steps[s].ops) {
@@ -1026,9 +1022,7 @@ std::vector<std::pair<size_t, size_t>> Lowering::checkpointed(const PlacedBlock&
 
 Lowering::MoeReplay Lowering::moe_replay(const PlacedBlock& pb) const {
   MoeReplay r;
-  if ((pb.part != Part::kLayer && pb.part != Part::kMtp) ||
-      !l_.recompute_policy().selects(models::kRecomputeMoe))
-    return r;
+  if (!pb.has_layers() || !l_.recompute_policy().selects(models::kRecomputeMoe)) return r;
   const std::vector<WorkStep>& forward = block(0, pb).steps;
   const models::OpGraph& g = graphs_[pb.module];
   bool shared = false;
@@ -1068,7 +1062,7 @@ Lowering::MlpReplay Lowering::mlp_replay(const PlacedBlock& pb) const {
     first_linear = "shared_expert_fc1";
     last_linear = "shared_expert_fc2";
   }
-  if ((pb.part != Part::kLayer && pb.part != Part::kMtp) || first_linear == nullptr) return r;
+  if (!pb.has_layers() || first_linear == nullptr) return r;
   // The TP entry before the step with the first linear, through the first TP exit after it
   // (cost_model.cpp: a dense MLP's norm, entry, fc1, act, fc2, exit and residual add; the
   // shared experts' entry, fc1, act, fc2 and exit after the combine). Without SP the forward
@@ -1198,19 +1192,16 @@ void Lowering::op_pieces(const PipelineOp& op, Emit&& emit) {
     const PlacedBlock* pb = &blocks[b];
     const Labels* replay = &labels(v, b, kR);
     const sim::LabelId rl = replay->compute;
-    for (const auto& [first, end] : checkpointed(*pb))
+    for (const auto& [first, end] : replays(*pb).checkpointed)
       for (size_t s = first; s < end; ++s)
         emit(!exposed && all_to_all(*pb, s, false),
              [this, pb, s, replay, rl] { run_step(*pb, s, kR, *replay, rl); });
-  };
-  auto replays_whole = [](const PlacedBlock& pb) {
-    return pb.part == Part::kLayer || pb.part == Part::kMtp;
   };
   const bool chunk_replay =
       backward && l_.recompute == models::Recompute::kFull && l_.ep_comm_overlap && !role_.frozen;
   if (chunk_replay)
     for (size_t b = 0; b < blocks.size(); ++b)
-      if (replays_whole(blocks[b])) replay_layer(b, true);
+      if (blocks[b].has_layers()) replay_layer(b, true);
   for (size_t bi = 0; bi < blocks.size(); ++bi) {
     const size_t b = op.kind == PassKind::kForward ? bi : blocks.size() - 1 - bi;
     const PlacedBlock* pb = &blocks[b];
@@ -1265,7 +1256,7 @@ void Lowering::op_pieces(const PipelineOp& op, Emit&& emit) {
       case PassKind::kBackward: {
         const bool recompute = l_.recompute != models::Recompute::kNone;
         const sim::LabelId rl = recompute ? labels(v, b, kR).compute : sim::LabelId();
-        if (l_.recompute == models::Recompute::kFull && replays_whole(*pb) && !chunk_replay)
+        if (l_.recompute == models::Recompute::kFull && pb->has_layers() && !chunk_replay)
           replay_layer(b, false);
         if (prefetch_next) emit(false, prefetch_next);
         const Labels* lb = &labels(v, b, kB);
@@ -1319,7 +1310,7 @@ void Lowering::op_pieces(const PipelineOp& op, Emit&& emit) {
   // layer.
   if (!amax_groups_.ids.empty() && op.kind != PassKind::kWeight) {
     int64_t layers = 0;
-    for (const PlacedBlock& pb : blocks) layers += pb.part == Part::kLayer || pb.part == Part::kMtp;
+    for (const PlacedBlock& pb : blocks) layers += pb.has_layers();
     const int64_t amaxes = 4 * layers * (op.kind == PassKind::kForward ? 3 : 2);
     if (amaxes > 0)
       emit(false, [this, amaxes, fwd = op.kind == PassKind::kForward] {

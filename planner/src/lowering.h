@@ -59,7 +59,29 @@ struct PlacedBlock {
   Part part = Part::kLayer;
   std::string name;    // "llm L12", "vision pre"
   bool dense = false;  // one of an MoE LLM's dense layers (ModuleCost::dense_layer)
+  // Layers' work (a transformer layer, or the multi-token-prediction depths): what
+  // recompute replays.
+  bool has_layers() const { return part == Part::kLayer || part == Part::kMtp; }
+  // Which of its module's ModuleCost blocks it runs (cost_block()), one index per block,
+  // below kCostBlocks: the part's, or for a dense layer one of its own.
+  size_t cost_index() const { return dense ? 4 : static_cast<size_t>(part); }
 };
+inline constexpr size_t kCostBlocks = 5;
+
+// The ModuleCost block `pb` runs.
+inline const Block& cost_block(const ModuleCost& mc, const PlacedBlock& pb) {
+  switch (pb.part) {
+    case Part::kPre:
+      return mc.pre;
+    case Part::kLayer:
+      return pb.dense ? mc.dense_layer : mc.layer;
+    case Part::kPost:
+      return mc.post;
+    case Part::kMtp:
+      break;
+  }
+  return mc.mtp;
+}
 
 // A block's steps as one direction runs them: without SP, "f" does nothing forward and
 // "g" nothing backward; the compute steps they separated become one task.
@@ -273,13 +295,14 @@ class Lowering {
   // of a layer's; of the multi-token-prediction block, each depth's checkpointed region
   // (Megatron-Core's MultiTokenPredictionLayer._checkpointed_forward: the norms, eh_proj,
   // the layer and the final norm, not the embedding lookup or the output head and loss).
-  std::vector<std::pair<size_t, size_t>> checkpointed(const PlacedBlock& pb) const;
-  // Both replays of a block, a layer block's computed once per stage (replays_, by module
-  // and, for an MoE LLM, dense or MoE layer; the multi-token-prediction block's too);
-  // none for the blocks outside the layers.
+  using StepRanges = std::vector<std::pair<size_t, size_t>>;
+  StepRanges checkpointed(const PlacedBlock& pb) const;
+  // A layers' block's replays (PlacedBlock::has_layers()), computed once per stage
+  // (replays_, by module and cost block); none for the other blocks.
   struct Replays {
     MoeReplay moe;
     MlpReplay mlp;
+    StepRanges checkpointed;
   };
   const Replays& replays(const PlacedBlock& pb);
   // FSDP (Layout::fsdp): an FSDP unit, the blocks whose parameters gather and reduce
@@ -451,9 +474,7 @@ class Lowering {
 
   // Local rank j's view of a block in one direction (backward for kB passes).
   const Block& block(int j, const PlacedBlock& pb, bool backward = false) const {
-    const ModuleCost& mc = costs_[backward][group_[j]][pb.module];
-    if (pb.part == Part::kLayer) return pb.dense ? mc.dense_layer : mc.layer;
-    return pb.part == Part::kPre ? mc.pre : pb.part == Part::kPost ? mc.post : mc.mtp;
+    return cost_block(costs_[backward][group_[j]][pb.module], pb);
   }
   RankId rank(int tp_i, int cp_i, int dp_i, int pp_i) const {
     return RankId(role_.rank_offset + tp_i + l_.tp * (cp_i + l_.cp * (dp_i + l_.dp * pp_i)));
@@ -483,7 +504,7 @@ class Lowering {
   std::vector<int> group_of_rank_;
   std::vector<std::string> module_names_;
   std::vector<models::OpGraph> graphs_;          // per module, in build_costs()' order
-  std::vector<std::optional<Replays>> replays_;  // per module x {MoE, dense, MTP}: replays()
+  std::vector<std::optional<Replays>> replays_;  // per module x kCostBlocks: replays()
   // The host (sim/task_graph.h "Host"), per node group its time per issued kernel or call
   // (SystemProfile::host_op); on when a group has one. It issues compute tasks and
   // collectives in the order they are emitted, which is each rank's program order (a
