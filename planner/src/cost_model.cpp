@@ -585,12 +585,12 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
         auto time = [&](Flops f, bool backward, Time& diagonal_extra) {
           const Flops one = f / per_call;
           if (!ring)
-            return dev.attention_time(one, ap, backward, seq_kv, rates, a.causal, a.head_dim) *
+            return dev.attention_time(one, ap, backward, seq_kv, rates, a.causal, a.score_width()) *
                    calls;
           const Time masked =
-              dev.attention_time(one, ap, backward, seq_kv, rates, true, a.head_dim);
-          const Time unmasked =
-              dev.attention_time(one, ap, backward, ceil_div(seq_kv, 2), rates, false, a.head_dim);
+              dev.attention_time(one, ap, backward, seq_kv, rates, true, a.score_width());
+          const Time unmasked = dev.attention_time(one, ap, backward, ceil_div(seq_kv, 2), rates,
+                                                   false, a.score_width());
           diagonal_extra = masked - unmasked;
           return masked + unmasked * (calls - 1);
         };
@@ -1159,7 +1159,8 @@ Time kernel_time(const sim::Kernel& k, const hardware::DeviceProfile& dev, Preci
     case sim::KernelKind::kAttentionForward:
     case sim::KernelKind::kAttentionBackward:
       return dev.attention_time(Flops(k.flops()), kp, k.kind == sim::KernelKind::kAttentionBackward,
-                                k.seq_kv, dev.attention_rates(attention), k.causal, k.head_dim);
+                                k.seq_kv, dev.attention_rates(attention), k.causal,
+                                k.score_width());
     case sim::KernelKind::kMemory:
       return dev.memory_kernel_time(Bytes(k.bytes));
   }

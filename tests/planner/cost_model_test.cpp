@@ -598,6 +598,22 @@ TEST(CostModel, LatentAttentionGathersItsLatents) {
           4);
 }
 
+// A profile's time per score element (gpu.attention.fwd_element_ps) counts the score
+// matrix's elements, b·h·s_q·s_kv (half causal), also where keys and values differ in width
+// (latent attention: the FLOPs count their mean per element).
+TEST(CostModel, LatentAttentionsScoreElements) {
+  const models::OpGraph g = zoo_graph("deepseek-v3", 4096);
+  hardware::DeviceProfile dev = hardware::load_profile("dgx-h100")->gpu;
+  const models::Op& attention = op_named(g, "attention");
+  const Layout l;
+  const Time without = op_cost(attention, g, l, true, dev, hardware::Precision::kBf16).forward;
+  dev.attention_fwd_element_ps = 1000;
+  const Time with = op_cost(attention, g, l, true, dev, hardware::Precision::kBf16).forward;
+  const double elements = 128.0 * 4096 * 4096 / 2;
+  EXPECT_NEAR((with - without).to_seconds(),
+              elements * 1e-9 / (dev.attention_sustain * dev.compute_scale), 1e-9);
+}
+
 // Under TP with SP the router runs on this rank's sequence slice (Megatron-Core's MoELayer
 // routes its [s/tp, b, h] input): its GEMM takes 1/tp of the tokens and of the FLOPs, as
 // its small kernels do; without SP every TP rank routes them all.

@@ -46,7 +46,8 @@ inline constexpr double kFlashBackwardWork = 2.5 / 2.0;
 inline constexpr double kMaxNoncausalScale = 3.0;
 /// The score-matrix elements of an attention call of `flops` model FLOPs at head dim `d`:
 /// F / (4·d) of a forward's (4·b·h·s_q·s_kv·d, halved when causal), F / (8·d) of a
-/// backward's, which counts twice a forward's FLOPs.
+/// backward's, which counts twice a forward's FLOPs. With keys and values of different
+/// widths (latent attention) `d` is their mean, which F counts per element.
 inline double attention_score_elements(double flops, bool backward, int64_t head_dim) {
   return flops / ((backward ? 8.0 : 4.0) * static_cast<double>(head_dim));
 }
@@ -205,8 +206,9 @@ struct DeviceProfile {
   /// long sequence (factor 1).
   /// `rates`: another kernel's (attention_rates()); nullptr: the profile's own, whose time
   /// per score element is added for a `head_dim` > 0. `causal` false: a call without a
-  /// mask, at the noncausal_scale's faster rate. `head_dim` > 0 picks the point on the
-  /// head_dim_scale curve (0: head dim 128's rates).
+  /// mask, at the noncausal_scale's faster rate. `head_dim` > 0 (where keys and values differ
+  /// in width, their mean) picks the point on the head_dim_scale curve (0: head dim 128's
+  /// rates).
   Time attention_time(Flops flops, Precision p, bool backward, int64_t seq_kv = 0,
                       const AttentionRates* rates = nullptr, bool causal = true,
                       int64_t head_dim = 0) const;

@@ -59,6 +59,9 @@ struct AttentionShape {
   /// Of a value, where it differs from head_dim (multi-head latent attention); 0: head_dim.
   int64_t v_head_dim = 0;
   int64_t value_dim() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
+  /// The width the model FLOPs count per score element, 4·b·h·s_q·s_kv·width (half causal):
+  /// the mean of the query / key and value widths.
+  int64_t score_width() const { return (head_dim + value_dim()) / 2; }
   /// Elements of Q, K and V together.
   int64_t qkv_elements() const {
     return batch * seq_q * (heads * head_dim + kv_heads * (head_dim + value_dim()));

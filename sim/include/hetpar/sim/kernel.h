@@ -41,6 +41,8 @@ struct Kernel {
   // attention); 0: head_dim.
   int64_t v_head_dim = 0;
   int64_t value_dim() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
+  // As models::AttentionShape::score_width(): the mean of the two widths.
+  int64_t score_width() const { return (head_dim + value_dim()) / 2; }
 
   /// The model-FLOP convention of models/op_graph.h: GEMM 2mnk·batch; attention forward
   /// 2·b·h·sq·skv·(d + value_dim) (half when causal), backward twice that; memory 0.
