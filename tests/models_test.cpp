@@ -7,6 +7,7 @@
 #include <tuple>
 #include <vector>
 
+#include "hetpar/core/attention_mask.h"
 #include "hetpar/models/load.h"
 #include "hetpar/models/model_json.h"
 #include "hetpar/models/op_graph.h"
@@ -566,6 +567,42 @@ TEST(OpGraph, LatentAttentionProjectsThroughItsLatents) {
   EXPECT_EQ(params, count_params(lite).total);
 }
 
+// SlidingWindow: Megatron-Core's window_attn_skip_freq counts layers from 1, so with
+// full_every 2 the even 0-based layers are windowed (gpt-oss: layers 1, 3, ... of 36 in
+// 1-based numbers) and the odd ones attend fully; a windowed layer's attention scores the
+// band of seq·window − window²/2 pairs, not seq²/2, and nothing else in the layer changes.
+TEST(OpGraph, SlidingWindowLayersScoreTheirBand) {
+  const ModuleSpec spec = zoo_module("gpt-oss-120b");
+  const int64_t seq = 4096, w = 128;
+  const OpGraph g = build_op_graph(spec, input(2, seq));
+  ASSERT_TRUE(g.sliding_window.has_value());
+  std::map<int, const Op*> attention;
+  for (const Op& op : g.ops)
+    if (op.kind == OpKind::kAttention) attention[op.layer] = &op;
+  ASSERT_EQ(attention.size(), 36u);
+  const double per_pair = 2.0 * 2 * 64 * (64 + 64);
+  for (const auto& [layer, op] : attention) {
+    EXPECT_EQ(g.windowed(layer), layer % 2 == 0) << layer;
+    EXPECT_EQ(op->attention->window, g.windowed(layer) ? w : 0) << layer;
+    const double pairs = g.windowed(layer) ? seq * w - w * w / 2.0 : seq * seq / 2.0;
+    EXPECT_DOUBLE_EQ(op->forward.count(), per_pair * pairs) << layer;
+    EXPECT_DOUBLE_EQ(op->dgrad.count(), 2 * op->forward.count()) << layer;
+  }
+  EXPECT_EQ(attention[0]->saved, attention[1]->saved);  // flash: Q, K, V and the LSE alike
+  // A window as long as the sequence is causal attention; every layer windowed without
+  // full_every.
+  EXPECT_DOUBLE_EQ(causal_score_pairs(seq, seq), seq * seq / 2.0);
+  ModuleSpec all = spec;
+  std::get<LlmSpec>(all).block.sliding_window->full_every = 0;
+  const OpGraph ga = build_op_graph(all, input(2, seq));
+  for (int64_t layer = 0; layer < 36; ++layer) EXPECT_TRUE(ga.windowed(layer)) << layer;
+  // gpt-oss's published sizes: 116.8B and 20.9B (model card, arXiv 2508.10925; without the
+  // attention sinks and the router's bias, 4.9K and 4.6K parameters).
+  EXPECT_LT(rel_err(static_cast<double>(count_params(spec).total), 116.83e9), 0.001);
+  EXPECT_LT(rel_err(static_cast<double>(count_params(zoo_module("gpt-oss-20b")).total), 20.91e9),
+            0.001);
+}
+
 // LlmSpec::mtp_layers: after the loss, each depth embeds the next token (the shared table:
 // no parameters), normalises it and the hidden states, projects the 2h concatenation to h,
 // runs one more (MoE) layer and a final norm, and the shared output head (no parameters)
@@ -994,6 +1031,17 @@ TEST(Json, BadInputsNameTheirPath) {
       {R"({"name": "m", "modules": [{"name": "v", "kind": "vision_encoder", "spec": {"layers": 1, "hidden": 64, "ffn_hidden": 64, "heads": 2, "patch_size": 14, "image_size": 336, "activation": "gelu", "norm": "layernorm", "mla": {"kv_lora_rank": 32, "qk_head_dim": 16, "rope_head_dim": 8, "v_head_dim": 16}}}, {"name": "llm", "kind": "llm", "spec": {)" +
            llm + "}}]}",
        "model.modules[0].spec.mla", "an llm's only"},
+      {one(llm + R"(, "sliding_window": {"size": 0})"),
+       "model.modules[0].spec.sliding_window.size", "must be >= 1, got 0"},
+      {one(llm + R"(, "sliding_window": {"size": 64, "full_every": 3})"),
+       "model.modules[0].spec.sliding_window.full_every", "must be in [0, layers]"},
+      {one(llm + R"(, "sliding_window": {"size": 64, "full_every": 1})"),
+       "model.modules[0].spec.sliding_window.full_every", "leaves no layer windowed"},
+      {one(llm + R"(, "sliding_window": {"size": 64, "every": 2})"),
+       "model.modules[0].spec.sliding_window.every", "unknown field"},
+      {R"({"name": "m", "modules": [{"name": "v", "kind": "vision_encoder", "spec": {"layers": 1, "hidden": 64, "ffn_hidden": 64, "heads": 2, "patch_size": 14, "image_size": 336, "activation": "gelu", "norm": "layernorm", "sliding_window": {"size": 16}}}, {"name": "llm", "kind": "llm", "spec": {)" +
+           llm + "}}]}",
+       "model.modules[0].spec.sliding_window", "an llm's only"},
       {one(llm + R"(, "mtp_layers": -1)"), "model.modules[0].spec.mtp_layers",
        "must be in [0, 64], got -1"},
       {one(llm + R"(, "mtp_layers": 65)"), "model.modules[0].spec.mtp_layers",

@@ -1,5 +1,5 @@
 // The cuda backend against the cpu backend on the same inputs: fill_random bit for bit,
-// GEMMs in every dtype, attention forward/backward (GQA, causal), elementwise ops,
+// GEMMs in every dtype, attention forward/backward (GQA, causal, windowed), elementwise ops,
 // collectives on a world-sized group, events. Labelled `gpu` in ctest; every test skips
 // (GTEST_SKIP, with the reason) where make_backend("cuda") is unavailable: no GPU, or a
 // build without CUDA/NCCL.
@@ -103,14 +103,16 @@ TEST_F(Cuda, GemmsMatchTheCpuBackend) {
 }
 
 TEST_F(Cuda, AttentionMatchesTheCpuBackend) {
-  for (bool causal : {false, true}) {
+  // Unmasked, causal, and causal with a 16-key sliding window.
+  for (int mask : {0, 1, 2}) {
     AttentionDesc d{.batch = 2,
                     .heads = 4,
                     .kv_heads = 2,
                     .seq_q = 48,
                     .seq_kv = 64,
                     .head_dim = 32,
-                    .causal = causal,
+                    .causal = mask > 0,
+                    .window = mask == 2 ? 16 : 0,
                     .dtype = DType::kBf16};
     const int64_t nq = d.batch * d.seq_q * d.heads * d.head_dim;
     const int64_t nkv = d.batch * d.seq_kv * d.kv_heads * d.head_dim;

@@ -292,6 +292,7 @@ Status Runner::run_kernel(Stream s, const Kernel& k) {
       d.seq_kv = k.seq_kv;
       d.head_dim = run_head_dim(k);
       d.causal = k.causal;
+      d.window = k.window;
       d.dtype = t;
       if (k.kind == KernelKind::kAttentionForward)
         return b_.attention_forward(s, d, slots_[kQ], slots_[kK], slots_[kV], slots_[kO],

@@ -286,6 +286,14 @@ void refuse_mla(const Context& c, Refusals& r) {
         c.target_name()));
 }
 
+void refuse_sliding_window(const Context& c, Refusals& r) {
+  if (c.llm.block.sliding_window)
+    r.add(
+        fmt::format("sliding_window: {} has no sliding-window attention setting to write here "
+                    "(Megatron-Core's --window-size with --window-attn-skip-freq)",
+                    c.target_name()));
+}
+
 void refuse_mtp(const Context& c, Refusals& r) {
   if (c.llm.mtp_layers > 0)
     r.add(

@@ -245,6 +245,13 @@ std::vector<Flag> megatron_model_flags(const Context& c) {
     f.push_back({"--qk-pos-emb-head-dim", num(b.mla->rope_head_dim)});
     f.push_back({"--v-head-dim", num(b.mla->v_head_dim)});
   }
+  // Sliding windows: Transformer Engine's (left, right) window; every full_every-th layer
+  // (1-based numbers) skips it.
+  if (b.sliding_window) {
+    f.push_back({"--window-size", fmt::format("{},0", b.sliding_window->size)});
+    if (b.sliding_window->full_every > 0)
+      f.push_back({"--window-attn-skip-freq", num(b.sliding_window->full_every)});
+  }
   // Multi-token prediction, its depths on the last pipeline stage (Megatron's default).
   if (llm.mtp_layers > 0) f.push_back({"--mtp-num-layers", num(llm.mtp_layers)});
   if (b.kv_heads != b.heads) {

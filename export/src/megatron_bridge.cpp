@@ -52,6 +52,11 @@ void add_model_shape(std::vector<Setting>& s, const Context& c) {
   s.push_back({"model.num_query_groups", num(b.kv_heads)});
   if (b.head_size > 0) s.push_back({"model.kv_channels", num(b.head_dim())});
   if (llm.mtp_layers > 0) s.push_back({"model.mtp_num_layers", num(llm.mtp_layers)});
+  if (b.sliding_window) {  // TransformerConfig.window_size (left, right), as its providers set it
+    s.push_back({"model.window_size", fmt::format("[{}, 0]", b.sliding_window->size)});
+    if (b.sliding_window->full_every > 0)
+      s.push_back({"model.window_attn_skip_freq", num(b.sliding_window->full_every)});
+  }
   if (llm.moe) {
     // With dense layers first, ffn_hidden_size is theirs and moe_layer_freq, one entry per
     // layer (0 dense, 1 MoE), places them.

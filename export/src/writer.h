@@ -103,6 +103,8 @@ void refuse_deepep(const Context& c, Refusals& r);
 void refuse_mtp(const Context& c, Refusals& r);
 /// Multi-head latent attention (models::MlaSpec): the Megatron-LM script's alone.
 void refuse_mla(const Context& c, Refusals& r);
+/// Sliding-window attention (models::SlidingWindow): Megatron-LM's and Megatron-Bridge's.
+void refuse_sliding_window(const Context& c, Refusals& r);
 /// Refuses a Layout::cross_entropy_fusion other than those the target runs: Megatron's fused
 /// kernels (native, te) in Megatron-LM and Megatron-Bridge, the compiled loss in torchtitan.
 void refuse_cross_entropy_unless(const Context& c, Refusals& r,

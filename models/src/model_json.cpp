@@ -115,6 +115,12 @@ TransformerSpec read_block(JsonReader& r) {
     m.finish();
     r.merge(m.status());
   }
+  if (r.has("sliding_window")) {
+    JsonReader w = r.object("sliding_window");
+    t.sliding_window = SlidingWindow{w.required_int("size"), w.optional_int("full_every", 0)};
+    w.finish();
+    r.merge(w.status());
+  }
   return t;
 }
 

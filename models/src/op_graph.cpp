@@ -6,6 +6,7 @@
 #include <string_view>
 #include <utility>
 
+#include "hetpar/core/attention_mask.h"
 #include "hetpar/core/check.h"
 
 namespace hetpar::models {
@@ -40,8 +41,10 @@ int64_t Op::output_width() const {
 }
 
 Flops attention_forward_flops(const AttentionShape& s) {
-  double full = 2.0 * s.batch * s.heads * s.seq_q * s.seq_kv *
-                static_cast<double>(s.head_dim + s.value_dim());
+  const double per_pair = 2.0 * s.batch * s.heads * static_cast<double>(s.head_dim + s.value_dim());
+  if (s.windowed())  // (self-attention: seq_q == seq_kv)
+    return Flops(per_pair * causal_score_pairs(s.seq_q, s.window));
+  const double full = per_pair * static_cast<double>(s.seq_q) * static_cast<double>(s.seq_kv);
   return Flops(s.causal ? full / 2 : full);
 }
 
@@ -333,7 +336,7 @@ struct MoeRouting {
 // the output projection. The query and latent projections read the same normalised input,
 // saved once.
 void add_latent_attention(Builder& b, const TransformerSpec& t, const MlaSpec& m, int layer,
-                          int64_t batch, int64_t seq, bool causal) {
+                          int64_t batch, int64_t seq, bool causal, int64_t window) {
   const int64_t h = t.hidden, a = t.heads, tokens = batch * seq;
   const double T = static_cast<double>(tokens);
   const int64_t dq = m.qk_head_dim + m.rope_head_dim;
@@ -352,19 +355,21 @@ void add_latent_attention(Builder& b, const TransformerSpec& t, const MlaSpec& m
          T * m.kv_lora_rank);
   const double rope = T * (a + 1) * m.rope_head_dim;
   b.pointwise("rope", OpKind::kElementwise, layer, rope, rope, kRopeFlops, 0);
-  b.attention(layer, {batch, a, a, seq, seq, dq, causal, m.v_head_dim}, t.dropout);
+  b.attention(layer, {batch, a, a, seq, seq, dq, causal, m.v_head_dim, window}, t.dropout);
   b.gemm("attn_out", layer, {{tokens, h, a * m.v_head_dim}}, t.linear_bias, T * a * m.v_head_dim);
 }
 
-// One pre-norm transformer layer over `batch` sequences of `seq` tokens.
+// One pre-norm transformer layer over `batch` sequences of `seq` tokens; `window` > 0: its
+// attention's sliding window (AttentionShape::window).
 void add_layer(Builder& b, const TransformerSpec& t, const std::optional<MoeSpec>& moe, int layer,
-               int64_t batch, int64_t seq, bool causal, bool rope, MoeRouting routing) {
+               int64_t batch, int64_t seq, bool causal, bool rope, MoeRouting routing,
+               int64_t window = 0) {
   const int64_t h = t.hidden, a = t.heads, g = t.kv_heads, d = t.head_dim();
   const int64_t tokens = batch * seq;
   const double T = static_cast<double>(tokens);
   b.norm("attn_norm", layer, t.norm, T, h);
   if (t.mla) {
-    add_latent_attention(b, t, *t.mla, layer, batch, seq, causal);
+    add_latent_attention(b, t, *t.mla, layer, batch, seq, causal, window);
   } else {
     Op& qkv = b.gemm("qkv", layer, {{tokens, (a + 2 * g) * d, h}}, t.qkv_bias, T * h);
     qkv.parts = {a * d, g * d, g * d};
@@ -380,7 +385,7 @@ void add_layer(Builder& b, const TransformerSpec& t, const std::optional<MoeSpec
     const bool expand = b.repeat_kv() && g < a;
     if (expand)
       b.pointwise("repeat_kv", OpKind::kElementwise, layer, T * 2 * g * d, T * 2 * a * d, 0, 0);
-    b.attention(layer, {batch, a, expand ? a : g, seq, seq, d, causal}, t.dropout);
+    b.attention(layer, {batch, a, expand ? a : g, seq, seq, d, causal, 0, window}, t.dropout);
     b.gemm("attn_out", layer, {{tokens, h, a * d}}, t.linear_bias, T * a * d);
   }
   b.residual("attn_residual", layer, T, h, t.dropout);
@@ -429,11 +434,12 @@ void add_layers(Builder& b, OpGraph& g, const TransformerSpec& t, const std::opt
                 int64_t batch, int64_t seq, bool causal, bool rope, MoeRouting routing = {}) {
   g.layers = t.layers;
   g.dense_layers = moe ? moe->dense_layers : 0;
+  g.sliding_window = t.sliding_window;
   g.layer_tokens = batch * seq;
   g.hidden = t.hidden;
   for (int64_t l = 0; l < t.layers; ++l)
     add_layer(b, t, l < g.dense_layers ? std::nullopt : moe, static_cast<int>(l), batch, seq,
-              causal, rope, routing);
+              causal, rope, routing, g.windowed(l) ? t.sliding_window->size : 0);
   b.norm("final_norm", -1, t.norm, static_cast<double>(batch * seq), t.hidden);
 }
 

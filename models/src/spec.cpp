@@ -154,9 +154,21 @@ void check_mla(Checker& c, const MlaSpec& m) {
   c.size("mla.v_head_dim", m.v_head_dim, kMaxWidth);
 }
 
+void check_window(Checker& c, const SlidingWindow& w, int64_t layers) {
+  c.size("sliding_window.size", w.size, int64_t{1} << 24);  // workload.seq_len's bound
+  if (w.full_every < 0 || w.full_every > std::max<int64_t>(layers, 1))
+    c.fail("sliding_window.full_every",
+           fmt::format("must be in [0, layers] (0: every layer windowed; layers {}), got {}",
+                       layers, w.full_every));
+  if (w.full_every == 1)
+    c.fail("sliding_window.full_every",
+           "1 leaves no layer windowed: drop sliding_window for full attention everywhere");
+}
+
 void check(Checker& c, const LlmSpec& s) {
   check_block(c, s.block, s.moe.has_value(), s.moe && s.moe->dense_layers != 0);
   if (s.block.mla) check_mla(c, *s.block.mla);
+  if (s.block.sliding_window) check_window(c, *s.block.sliding_window, s.block.layers);
   c.size("vocab", s.vocab, kMaxWidth);
   if (s.positions == PositionEmbedding::kSinusoidal)
     c.fail("position_embedding", "an llm takes rope or learned positions");
@@ -183,6 +195,7 @@ void check(Checker& c, const LlmSpec& s) {
 void check(Checker& c, const VisionEncoderSpec& s) {
   check_block(c, s.block);
   if (s.block.mla) c.fail("mla", "multi-head latent attention is an llm's only");
+  if (s.block.sliding_window) c.fail("sliding_window", "sliding-window attention is an llm's only");
   c.size("patch_size", s.patch_size, kMaxInputSide);
   c.size("image_size", s.image_size, kMaxInputSide);
   c.size("channels", s.channels, kMaxInputSide);
@@ -194,6 +207,7 @@ void check(Checker& c, const VisionEncoderSpec& s) {
 void check(Checker& c, const AudioEncoderSpec& s) {
   check_block(c, s.block);
   if (s.block.mla) c.fail("mla", "multi-head latent attention is an llm's only");
+  if (s.block.sliding_window) c.fail("sliding_window", "sliding-window attention is an llm's only");
   c.size("mel_bins", s.mel_bins, kMaxInputSide);
   c.size("frames", s.frames, kMaxInputSide);
   if (s.frames % 2 != 0)

@@ -112,6 +112,16 @@ int64_t expert_reorder_elements(const models::Op& op, const models::OpGraph& g, 
 Precision attention_precision(Precision p) {
   return p == Precision::kFp8 ? Precision::kBf16 : p;
 }
+
+// The key length whose causal calls run at a windowed call's rate (the profile's attention
+// rates are measured on causal calls over their key length): a causal call of twice the
+// window, whose queries see as many keys on average as the band's do. FlashAttention and
+// cuDNN visit only the key tiles a query block's band touches, so a narrow band pays a
+// short call's prologue and diagonal tiles per query block, as that call does. Without a
+// window: `seq_kv`.
+int64_t rate_seq_kv(int64_t seq_kv, bool windowed, int64_t window) {
+  return windowed ? std::min(seq_kv, 2 * window) : seq_kv;
+}
 int activation_bytes(const models::OpGraph& g, Precision p) {
   return p == Precision::kFp8 ? std::max(2, g.dtype_bytes) : g.dtype_bytes;
 }
@@ -582,10 +592,13 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
         // call, the slowest; the ring, whose next layer waits for each rank's keys, runs at
         // its pace.
         const bool ring = !gather && cp > 1 && a.causal;
+        // (Sliding windows run without CP: infeasibility().)
+        const int64_t rate_kv = rate_seq_kv(seq_kv, a.windowed(), a.window);
         auto time = [&](Flops f, bool backward, Time& diagonal_extra) {
           const Flops one = f / per_call;
           if (!ring)
-            return dev.attention_time(one, ap, backward, seq_kv, rates, a.causal, a.score_width()) *
+            return dev.attention_time(one, ap, backward, rate_kv, rates, a.causal,
+                                      a.score_width()) *
                    calls;
           const Time masked =
               dev.attention_time(one, ap, backward, seq_kv, rates, true, a.score_width());
@@ -800,13 +813,15 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
   ModuleCost m;
   m.layers = g.layers;
   m.dense_layers = g.dense_layers;
-  // The layers built: layer 0, and with dense layers first (an MoE LLM's) the first MoE
-  // layer too; every other layer is like one of them. Multi-token-prediction depths (after
-  // the layers) each.
+  m.sliding_window = g.sliding_window;
+  // The layers built: the first of each kind (dense or MoE, windowed or not); every other
+  // layer is like one of them. Multi-token-prediction depths (after the layers) each.
   const int first_moe = static_cast<int>(g.dense_layers);
-  auto built = [&](int layer) {
-    return layer == 0 || (first_moe > 0 && layer == first_moe) || layer >= g.layers;
-  };
+  auto kind = [&](int layer) { return (layer < first_moe ? 1 : 0) + (g.windowed(layer) ? 2 : 0); };
+  std::array<int, 4> first_of_kind;
+  first_of_kind.fill(-1);
+  for (int i = static_cast<int>(g.layers) - 1; i >= 0; --i) first_of_kind[kind(i)] = i;
+  auto built = [&](int layer) { return layer >= g.layers || first_of_kind[kind(layer)] == layer; };
   // Tokens a module's activations span: layers see layer_tokens; a projector its output.
   int64_t tokens = g.layer_tokens;
   if (g.kind == models::ModuleKind::kProjector) {
@@ -892,10 +907,9 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
     const auto op_index = static_cast<int32_t>(&op - g.ops.data());
     if (op.layer >= 0 && !built(op.layer)) continue;
     if (op.layer >= 0) seen_layer = true;
-    Block& block = op.mtp                 ? m.mtp
-                   : op.layer < 0         ? (seen_layer ? m.post : m.pre)
-                   : op.layer < first_moe ? m.dense_layer
-                                          : m.layer;
+    Block& block = op.mtp         ? m.mtp
+                   : op.layer < 0 ? (seen_layer ? m.post : m.pre)
+                                  : m.layer_block(op.layer);
     const bool beside = shared_beside && models::is_shared_expert_op(op);
     BlockBuilder b(block, beside, beside && op.name == "shared_expert_fc2");
     const bool expert = op.kind == models::OpKind::kGemm && is_expert(op);
@@ -1005,7 +1019,9 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
       b.comm(StepKind::kTpEntry, routed_bytes(op, false));
   }
   HETPAR_CHECK(m.layers == 0 || seen_layer, "module graph without its layer 0");
-  if (shared_beside) place_beside_all_to_alls(g, m.layer.steps);
+  if (shared_beside)
+    for (Block* b : {&m.layer, &m.window_layer})
+      if (!b->steps.empty()) place_beside_all_to_alls(g, b->steps);
   return m;
 }
 
@@ -1076,7 +1092,8 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
                       .head_dim = a.head_dim,
                       .causal = !gather && a.causal,
                       .element_bytes = elem(ap),
-                      .v_head_dim = a.v_head_dim};
+                      .v_head_dim = a.v_head_dim,
+                      .window = a.window};
         k.forward.assign(gather ? 2 : 1, f);
         f.kind = sim::KernelKind::kAttentionBackward;
         k.dgrad.assign(gather ? 2 : 1, f);
@@ -1159,8 +1176,8 @@ Time kernel_time(const sim::Kernel& k, const hardware::DeviceProfile& dev, Preci
     case sim::KernelKind::kAttentionForward:
     case sim::KernelKind::kAttentionBackward:
       return dev.attention_time(Flops(k.flops()), kp, k.kind == sim::KernelKind::kAttentionBackward,
-                                k.seq_kv, dev.attention_rates(attention), k.causal,
-                                k.score_width());
+                                rate_seq_kv(k.seq_kv, k.windowed(), k.window),
+                                dev.attention_rates(attention), k.causal, k.score_width());
     case sim::KernelKind::kMemory:
       return dev.memory_kernel_time(Bytes(k.bytes));
   }

@@ -373,6 +373,13 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
            "Megatron-Core re-runs only dense MLPs with it (a MoE layer's is the \"moe\" module)";
   if (l.recompute_policy().selects(models::kRecomputeMlaUpProj) && !llm.block.mla)
     return "recompute_modules mla_up_proj needs an llm with multi-head latent attention (mla)";
+  // Transformer Engine's ring (AttnFuncWithCPAndKVP2P) refuses a window; its all_gather and
+  // a2a paths take one, which the cost model does not split into windowed chunk calls.
+  if (llm.block.sliding_window && l.cp > 1)
+    return fmt::format(
+        "cp {} with sliding_window: context parallelism with sliding-window "
+        "attention is not modelled (Transformer Engine's p2p ring refuses a window)",
+        l.cp);
   // Megatron-Core's TransformerConfig refuses it: the MoE layer's re-run dispatches again,
   // which the overlap's split schedule of that layer cannot hold.
   if (l.recompute_policy().selects(models::kRecomputeMoe) && l.ep_comm_overlap)

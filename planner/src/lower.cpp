@@ -58,6 +58,8 @@ ModuleCost for_direction(const ModuleCost& m, bool backward, bool sp) {
   out.pre = for_direction(m.pre, backward, sp);
   out.layer = for_direction(m.layer, backward, sp);
   out.dense_layer = for_direction(m.dense_layer, backward, sp);
+  out.window_layer = for_direction(m.window_layer, backward, sp);
+  out.window_dense_layer = for_direction(m.window_dense_layer, backward, sp);
   out.mtp = for_direction(m.mtp, backward, sp);
   out.post = for_direction(m.post, backward, sp);
   return out;
@@ -377,8 +379,8 @@ void Lowering::place_blocks() {
   chunks_.assign(vstages_, {});
   const std::vector<ModuleCost>& mc = costs_[0][0];  // the block structure is GPU-independent
   const size_t llm = has_llm_ ? mc.size() - 1 : mc.size();
-  auto place = [&](int v, size_t module, Part part, std::string name, bool dense = false) {
-    PlacedBlock pb{module, part, std::move(name), dense};
+  auto place = [&](int v, size_t module, Part part, std::string name, int kind = 0) {
+    PlacedBlock pb{module, part, std::move(name), kind};
     if (!cost_block(mc[module], pb).empty()) chunks_[v].push_back(std::move(pb));
   };
   // The LLM's layers over the virtual stages (even or uneven split, schedule.h); other
@@ -405,7 +407,7 @@ void Lowering::place_blocks() {
     int64_t end = split_here ? split[0] : mc[k].layers;
     for (int64_t i = 0; i < mc[k].layers; ++i) {
       while (split_here && i >= end && v + 1 < vstages_) end += split[++v];
-      place(v, k, Part::kLayer, fmt::format("{} L{}", name, i), i < mc[k].dense_layers);
+      place(v, k, Part::kLayer, fmt::format("{} L{}", name, i), mc[k].layer_kind(i));
     }
     place(split_here ? vstages_ - 1 : home, k, Part::kPost, name + " post");
     place(split_here ? vstages_ - 1 : home, k, Part::kMtp, name + " mtp");  // empty: none

@@ -57,16 +57,19 @@ enum class Part : uint8_t { kPre, kLayer, kPost, kMtp };
 struct PlacedBlock {
   size_t module = 0;
   Part part = Part::kLayer;
-  std::string name;    // "llm L12", "vision pre"
-  bool dense = false;  // one of an MoE LLM's dense layers (ModuleCost::dense_layer)
+  std::string name;  // "llm L12", "vision pre"
+  // A layer's kind (ModuleCost::layer_kind(): dense or not, windowed or not); 0 elsewhere.
+  int kind = 0;
   // Layers' work (a transformer layer, or the multi-token-prediction depths): what
   // recompute replays.
   bool has_layers() const { return part == Part::kLayer || part == Part::kMtp; }
   // Which of its module's ModuleCost blocks it runs (cost_block()), one index per block,
-  // below kCostBlocks: the part's, or for a dense layer one of its own.
-  size_t cost_index() const { return dense ? 4 : static_cast<size_t>(part); }
+  // below kCostBlocks: the part's, or for a layer of another kind than 0 one of its own.
+  size_t cost_index() const {
+    return kind > 0 ? 3 + static_cast<size_t>(kind) : static_cast<size_t>(part);
+  }
 };
-inline constexpr size_t kCostBlocks = 5;
+inline constexpr size_t kCostBlocks = 7;
 
 // The ModuleCost block `pb` runs.
 inline const Block& cost_block(const ModuleCost& mc, const PlacedBlock& pb) {
@@ -74,7 +77,7 @@ inline const Block& cost_block(const ModuleCost& mc, const PlacedBlock& pb) {
     case Part::kPre:
       return mc.pre;
     case Part::kLayer:
-      return pb.dense ? mc.dense_layer : mc.layer;
+      return mc.kind_block(pb.kind);
     case Part::kPost:
       return mc.post;
     case Part::kMtp:

@@ -116,28 +116,40 @@ struct BlockTime {
 };
 
 struct ModuleTime {
-  BlockTime pre, layer, post;
+  BlockTime pre, post;
   int64_t layers = 0;
-  int64_t pre_params = 0, layer_params = 0, post_params = 0;  // per rank, dense
+  int64_t pre_params = 0, post_params = 0;  // per rank, dense
   Bytes boundary;  // one micro-batch's activation between pipeline stages, per rank
-  // An MoE LLM's first dense_layers layers (ModuleCost::dense_layer).
-  BlockTime dense_layer;
-  int64_t dense_layers = 0, dense_layer_params = 0;
+  // A layer of each kind (ModuleCost::layer_kind()): the module's layer, an MoE LLM's first
+  // dense_layers layers, and either with a sliding window; their dense parameters per rank.
+  std::array<BlockTime, 4> kind;
+  std::array<int64_t, 4> kind_params{};
+  int64_t dense_layers = 0;
+  std::optional<models::SlidingWindow> sliding_window;
   // An LLM's multi-token-prediction depths (ModuleCost::mtp), after `post`.
   BlockTime mtp;
   int64_t mtp_params = 0;
-  // Of layers [first, first + n), how many are dense.
-  int64_t dense_in(int64_t first, int64_t n) const {
-    return std::clamp<int64_t>(dense_layers - first, 0, n);
+  // Of layers [first, first + n), how many of each kind.
+  std::array<int64_t, 4> kind_counts(int64_t first, int64_t n) const {
+    const int64_t d = std::clamp<int64_t>(dense_layers - first, 0, n);
+    if (!sliding_window) return {n - d, d, 0, 0};
+    std::array<int64_t, 4> c{};
+    for (int64_t i = first; i < first + n; ++i)
+      ++c[(i < dense_layers ? 1 : 0) + (i < layers && sliding_window->windowed(i) ? 2 : 0)];
+    return c;
   }
   // Layers [first, first + n) together.
   BlockTime layers_time(int64_t first, int64_t n) const {
-    const int64_t d = dense_in(first, n);
-    return BlockTime().add(dense_layer, d).add(layer, n - d);
+    const std::array<int64_t, 4> c = kind_counts(first, n);
+    BlockTime t;
+    for (size_t k = 0; k < kind.size(); ++k) t.add(kind[k], c[k]);
+    return t;
   }
   int64_t layers_params(int64_t first, int64_t n) const {
-    const int64_t d = dense_in(first, n);
-    return dense_layer_params * d + layer_params * (n - d);
+    const std::array<int64_t, 4> c = kind_counts(first, n);
+    int64_t p = 0;
+    for (size_t k = 0; k < kind.size(); ++k) p += kind_params[k] * c[k];
+    return p;
   }
 };
 
@@ -267,24 +279,25 @@ class CostCache {
           tp_in_node ? TpRamp{&curves.intra_node_size_scale, &curves.intra_node_group_scale}
                      : TpRamp{&curves.inter_node_size_scale, nullptr};
       t.pre = block_time(mc.pre, l, link, frozen, ramp);
-      t.layer = block_time(mc.layer, l, link, frozen, ramp);
-      t.dense_layer = block_time(mc.dense_layer, l, link, frozen, ramp);
+      for (int k = 0; k < 4; ++k) {
+        t.kind[k] = block_time(mc.kind_block(k), l, link, frozen, ramp);
+        t.kind_params[k] = mc.kind_block(k).dense.all;
+      }
+      t.sliding_window = mc.sliding_window;
       t.post = block_time(mc.post, l, link, frozen, ramp);
       t.mtp = block_time(mc.mtp, l, link, frozen, ramp);
       t.mtp_params = mc.mtp.dense.all;
       t.layers = mc.layers;
       t.dense_layers = mc.dense_layers;
       t.pre_params = mc.pre.dense.all;
-      t.layer_params = mc.layer.dense.all;
-      t.dense_layer_params = mc.dense_layer.dense.all;
       t.post_params = mc.post.dense.all;
       t.boundary = mc.boundary_bytes;
       if (l.recompute == Recompute::kFull && !frozen)
         // (The multi-token-prediction block re-runs only part of its forward: left out, a
         // bound.)
-        for (BlockTime* b : {&t.layer, &t.dense_layer}) {
-          b->b += b->f_compute;
-          b->b_input += b->f_compute;
+        for (BlockTime& b : t.kind) {
+          b.b += b.f_compute;
+          b.b_input += b.f_compute;
         }
     }
     return memo_.emplace(key, std::move(times)).first->second;
@@ -359,10 +372,12 @@ Time llm_pipeline_bound(CostCache& cache, const Scenario& s, const Plan& p,
     int64_t first_layer = 0;
     for (int i = 0; i < vstages; ++i) {
       const int64_t n = i < static_cast<int>(split.size()) ? split[i] : 0;
-      const int64_t d = mt.dense_in(first_layer, n);
-      g[i].f = mt.dense_layer.f * d + mt.layer.f * (n - d);
-      g[i].b = backward(mt.dense_layer) * d + backward(mt.layer) * (n - d);
-      g[i].b_input = mt.dense_layer.b_input * d + mt.layer.b_input * (n - d);
+      const std::array<int64_t, 4> c = mt.kind_counts(first_layer, n);
+      for (size_t k = 0; k < c.size(); ++k) {
+        g[i].f += mt.kind[k].f * c[k];
+        g[i].b += backward(mt.kind[k]) * c[k];
+        g[i].b_input += mt.kind[k].b_input * c[k];
+      }
       first_layer += n;
     }
     add(g[0], mt.pre);
@@ -1181,14 +1196,23 @@ class Searcher {
       const Groups on = s_.cluster.groups_of_gpus(first + st * stage_ranks, stage_ranks);
       for (size_t gi = on.begin; gi < on.end; ++gi) {
         const ModuleTime& t = times[gi];
-        per_layer[st] = std::max(per_layer[st], t.layer.f + t.layer.b);
+        // A layer at the mean of the layers after the dense ones (sliding windows make
+        // them differ, by their attention alone).
+        const int64_t rest = t.layers - t.dense_layers;
+        const BlockTime after = t.layers_time(t.dense_layers, rest);
+        const Time layer =
+            !t.sliding_window
+                ? t.kind[0].f + t.kind[0].b
+                : Time::seconds((after.f + after.b).to_seconds() / static_cast<double>(rest));
+        per_layer[st] = std::max(per_layer[st], layer);
         Time f;
         if (st == 0) f += t.pre.f + t.pre.b;
         // An MoE LLM's dense layers come first: counted on stage 0 as what they take beyond
         // (or short of) as many MoE layers.
-        if (st == 0 && t.dense_layers > 0)
-          f = std::max(Time::zero(), f + (t.dense_layer.f + t.dense_layer.b) * t.dense_layers -
-                                         (t.layer.f + t.layer.b) * t.dense_layers);
+        if (st == 0 && t.dense_layers > 0) {
+          const BlockTime dense = t.layers_time(0, t.dense_layers);
+          f = std::max(Time::zero(), f + dense.f + dense.b - layer * t.dense_layers);
+        }
         if (st == l.pp - 1) f += t.post.f + t.post.b + t.mtp.f + t.mtp.b;
         if (st == 0 && encoders_first) {
           for (const EncoderInfo& e : encoders_) {

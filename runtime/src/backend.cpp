@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "cpu/cpu_backend.h"
+#include "hetpar/core/attention_mask.h"
 #include "hetpar/core/check.h"
 #ifdef HETPAR_HAVE_CUDA
 #include "cuda/cuda_backend.h"
@@ -48,6 +49,8 @@ Result<DType> parse_dtype(std::string_view s) {
 }
 
 double AttentionDesc::forward_flops() const {
+  if (causal && window > 0 && window < seq_kv)
+    return 4.0 * static_cast<double>(batch) * heads * head_dim * causal_score_pairs(seq_q, window);
   double f = 4.0 * static_cast<double>(batch) * heads * seq_q * seq_kv * head_dim;
   return causal ? f / 2 : f;
 }

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "hetpar/core/attention_mask.h"
+
 namespace hetpar::sim {
 
 std::string_view to_string(KernelKind k) {
@@ -25,10 +27,11 @@ double Kernel::flops() const {
              static_cast<double>(batch);
     case KernelKind::kAttentionForward:
     case KernelKind::kAttentionBackward: {
-      double f = 2.0 * static_cast<double>(batch) * static_cast<double>(heads) *
-                 static_cast<double>(seq_q) * static_cast<double>(seq_kv) *
-                 static_cast<double>(head_dim + value_dim());
-      if (causal) f /= 2;
+      const double per_pair = 2.0 * static_cast<double>(batch) * static_cast<double>(heads) *
+                              static_cast<double>(head_dim + value_dim());
+      double f = windowed() ? per_pair * causal_score_pairs(seq_q, window)
+                            : per_pair * static_cast<double>(seq_q) * static_cast<double>(seq_kv);
+      if (causal && !windowed()) f /= 2;
       return kind == KernelKind::kAttentionBackward ? 2 * f : f;
     }
     case KernelKind::kMemory:
@@ -51,8 +54,9 @@ std::string describe(const Kernel& k) {
                          k.launches > 1 ? fmt::format(" in {} launches", k.launches) : "");
     case KernelKind::kAttentionForward:
     case KernelKind::kAttentionBackward:
-      return fmt::format("{} b{} h{}/{} {}x{} d{}{}", to_string(k.kind), k.batch, k.heads,
-                         k.kv_heads, k.seq_q, k.seq_kv, k.head_dim, k.causal ? " causal" : "");
+      return fmt::format("{} b{} h{}/{} {}x{} d{}{}{}", to_string(k.kind), k.batch, k.heads,
+                         k.kv_heads, k.seq_q, k.seq_kv, k.head_dim, k.causal ? " causal" : "",
+                         k.windowed() ? fmt::format(" window {}", k.window) : "");
     case KernelKind::kMemory:
       return k.bytes > 0 ? fmt::format("mem {} B", k.bytes) : std::string("host call");
   }

@@ -75,6 +75,20 @@ TEST(ExportMegatronBridge, DenseLayersFirstSetTheLayerPattern) {
             0u);
 }
 
+// Sliding windows: TransformerConfig's window_size and window_attn_skip_freq, as the
+// gpt-oss providers set them.
+TEST(ExportMegatronBridge, SlidingWindowsWriteTheirWindow) {
+  const planner::Scenario s = scenario("gpt-oss-120b", 8, 4096, 1280);
+  const Plan p = gpt_oss_ep8_plan();
+  ASSERT_EQ(planner::infeasibility(s, p), "");
+  const auto y = bridge(s, p);
+  EXPECT_EQ(y.at("model.window_size"), "[128, 0]");
+  EXPECT_EQ(y.at("model.window_attn_skip_freq"), "2");
+  EXPECT_EQ(
+      bridge(scenario("mixtral-8x7b", 8, 4096, 256), mixtral_ep8_plan()).count("model.window_size"),
+      0u);
+}
+
 // Megatron-Core's gradient-reduction alignment (default: nothing written; off,
 // dist.align_grad_reduce false) and the deferred output-layer wgrad
 // (comm_overlap.defer_embedding_wgrad_compute with its limit).

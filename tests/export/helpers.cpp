@@ -57,6 +57,13 @@ planner::Plan glm45_ep32_plan() {
   return p;
 }
 
+planner::Plan gpt_oss_ep8_plan() {
+  planner::Plan p;
+  p.layout = layout(1, 4, 16);
+  p.layout.ep = 8;
+  return p;
+}
+
 std::string encoder_name(const planner::Scenario& s) {
   for (const models::Module& m : s.model.modules)
     if (models::is_encoder(models::kind_of(m.spec))) return m.name;

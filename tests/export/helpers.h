@@ -26,6 +26,8 @@ planner::Plan mixtral_ep8_plan();
 /// GLM-4.5 on 32 DGX H100 (its 3 dense layers first, one MTP depth): TP 2 with SP, PP 4,
 /// DP 32, EP 32 with whole experts, full recompute.
 planner::Plan glm45_ep32_plan();
+/// gpt-oss-120b on 64 GPUs as Megatron-Bridge's H100 recipe lays it out: PP 4, EP 8.
+planner::Plan gpt_oss_ep8_plan();
 /// `p` with the LLM's gradient buffer in `d`.
 planner::Plan with_grads(planner::Plan p, planner::GradReduceDtype d);
 /// The first encoder module's name.

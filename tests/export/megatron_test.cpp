@@ -298,6 +298,25 @@ TEST(ExportMegatron, LatentAttentionWritesItsWidths) {
     EXPECT_NE(refusal(s, p, t).find("mla: "), std::string::npos) << static_cast<int>(t);
 }
 
+// Sliding windows (gpt-oss-120b: 128 keys, every second layer full): Transformer Engine's
+// (left, right) window and the skip frequency; torchtitan, DeepSpeed and nanotron refuse it.
+TEST(ExportMegatron, SlidingWindowsWriteTheirWindow) {
+  const planner::Scenario s = scenario("gpt-oss-120b", 8, 4096, 1280);
+  const Plan p = gpt_oss_ep8_plan();
+  ASSERT_EQ(planner::infeasibility(s, p), "");
+  const auto f = all_flags(exported(s, p, Target::kMegatron).at("launch.sh"));
+  EXPECT_EQ(f.at("--window-size"), "128,0");
+  EXPECT_EQ(f.at("--window-attn-skip-freq"), "2");
+  EXPECT_EQ(f.at("--kv-channels"), "64");
+  EXPECT_EQ(all_flags(exported(scenario("mixtral-8x7b", 8, 4096, 256), mixtral_ep8_plan(),
+                               Target::kMegatron)
+                          .at("launch.sh"))
+                .count("--window-size"),
+            0u);
+  for (Target t : {Target::kTorchtitan, Target::kDeepspeed, Target::kNanotron})
+    EXPECT_NE(refusal(s, p, t).find("sliding_window: "), std::string::npos) << static_cast<int>(t);
+}
+
 TEST(ExportMegatron, MixtureOfExpertsAndPrecisions) {
   planner::Scenario s = scenario("mixtral-8x7b", 8, 4096, 256, 0, "fp8");
   const Plan p = mixtral_ep8_plan();

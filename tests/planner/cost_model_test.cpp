@@ -614,6 +614,56 @@ TEST(CostModel, LatentAttentionsScoreElements) {
               elements * 1e-9 / (dev.attention_sustain * dev.compute_scale), 1e-9);
 }
 
+// A sliding window's attention (gpt-oss: 128 keys, odd 1-based layers): its FLOPs are the
+// band's, at the rate of a causal call of twice the window (a short call's, lower than a
+// 4096-token one's), its kernels carry the window; the cost model builds a windowed and a
+// full layer, which differ only in their attention, and layer_block() hands each layer its
+// own.
+TEST(CostModel, SlidingWindowLayersRunTheirBand) {
+  const models::OpGraph g = zoo_graph("gpt-oss-120b", 4096);
+  const hardware::DeviceProfile dev = hardware::load_profile("dgx-h100")->gpu;
+  const Layout l;
+  const models::Op* windowed = nullptr;
+  const models::Op* full = nullptr;
+  for (const models::Op& op : g.ops)
+    if (op.kind == models::OpKind::kAttention) (op.layer == 0 ? windowed : full) = &op;
+  // (full: the last layer's)
+  ASSERT_TRUE(windowed && full);
+  ASSERT_EQ(windowed->attention->window, 128);
+  ASSERT_EQ(full->attention->window, 0);
+  const PassCost w = op_cost(*windowed, g, l, true, dev, hardware::Precision::kBf16);
+  const PassCost f = op_cost(*full, g, l, true, dev, hardware::Precision::kBf16);
+  const double band = 4096.0 * 128 - 128.0 * 128 / 2, causal = 4096.0 * 4096 / 2;
+  EXPECT_DOUBLE_EQ(w.forward_flops.count() / f.forward_flops.count(), band / causal);
+  // Per FLOP slower than the long causal call, and still far faster in all.
+  EXPECT_GT(w.forward.to_seconds() / w.forward_flops.count(),
+            f.forward.to_seconds() / f.forward_flops.count());
+  EXPECT_LT(w.forward.to_seconds(), 0.2 * f.forward.to_seconds());
+  const Time at_256 = dev.attention_time(w.forward_flops, hardware::Precision::kBf16, false, 256,
+                                         nullptr, true, 64);
+  EXPECT_EQ(w.forward, at_256);
+  const OpKernels k = op_kernels(*windowed, g, l, true, hardware::Precision::kBf16);
+  ASSERT_EQ(k.forward.size(), 1u);
+  EXPECT_EQ(k.forward[0].window, 128);
+  EXPECT_DOUBLE_EQ(k.forward[0].flops(), w.forward_flops.count());
+  EXPECT_EQ(kernel_time(k.forward[0], dev, hardware::Precision::kBf16), w.forward);
+
+  const ModuleCost m = module_cost(g, l, true, dev, hardware::Precision::kBf16);
+  ASSERT_FALSE(m.window_layer.empty());
+  EXPECT_TRUE(m.window_dense_layer.empty());
+  EXPECT_TRUE(m.dense_layer.empty());
+  for (int64_t i = 0; i < 36; ++i)
+    EXPECT_EQ(&m.layer_block(i), i % 2 == 0 ? &m.window_layer : &m.layer) << i;
+  auto total = [](const Block& b) {
+    Time t;
+    for (const WorkStep& s : b.steps) t += s.cost.forward;
+    return t;
+  };
+  EXPECT_EQ(total(m.layer) - total(m.window_layer), f.forward - w.forward);
+  EXPECT_EQ(m.layer.dense.all, m.window_layer.dense.all);
+  EXPECT_EQ(m.layer.expert.all, m.window_layer.expert.all);
+}
+
 // Under TP with SP the router runs on this rank's sequence slice (Megatron-Core's MoELayer
 // routes its [s/tp, b, h] input): its GEMM takes 1/tp of the tokens and of the FLOPs, as
 // its small kernels do; without SP every TP rank routes them all.

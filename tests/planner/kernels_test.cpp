@@ -194,6 +194,47 @@ TEST(Kernels, LatentAttentionPlansMatchTaskFlops) {
   }
 }
 
+// Sliding windows on every other layer, with a dense first layer (all four layer kinds),
+// over two pipeline stages under TP with SP and selective recompute: each layer's tasks run
+// its own kind's kernels (a windowed kernel's FLOPs and time are its band's, as its task's),
+// and a windowed layer's tasks do less than a full one's.
+TEST(Kernels, SlidingWindowPlansMatchTaskFlops) {
+  auto s = parse_scenario_text(R"({"model": {"name": "tiny-oss", "modules": [{"name": "llm",
+      "kind": "llm", "spec": {"layers": 4, "hidden": 256, "ffn_hidden": 512, "heads": 4,
+      "kv_heads": 2, "vocab": 512, "activation": "swiglu", "norm": "rmsnorm",
+      "qkv_bias": true, "linear_bias": true, "sliding_window": {"size": 32, "full_every": 2},
+      "moe": {"experts": 8, "top_k": 2, "expert_ffn_hidden": 128, "dense_layers": 1}}}]},
+      "workload": {"seq_len": 256, "global_batch": 8},
+      "cluster": {"profile": "dgx-h100", "nodes": 1}})",
+                               "oss.json");
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  Plan p;
+  p.layout = layout(2, 1, 2, 2);
+  p.layout.sequence_parallel = true;
+  p.layout.ep = 2;
+  expect_kernels_match(*s, p);
+  p.layout.recompute = models::Recompute::kSelective;
+  expect_kernels_match(*s, p);
+  // A windowed layer's forward does less than a full one's: the trace tells them apart.
+  LowerOptions o;
+  o.full_ranks = true;
+  auto lp = lower(*s, p, o);
+  ASSERT_TRUE(lp.is_ok()) << lp.status().to_string();
+  std::map<std::string, double> flops;
+  for (int t = 0; t < lp->graph.num_tasks(); ++t) {
+    const sim::Task& task = lp->graph.task(TaskId(t));
+    if (task.kind == sim::TaskKind::kCompute)
+      flops[std::string(lp->graph.label_text(task.label.name))] += task.flops.count();
+  }
+  double l2 = 0, l3 = 0;  // layer 2 (0-based) windowed, layer 3 full; both MoE
+  for (const auto& [name, f] : flops) {
+    if (name.find("L2") != std::string::npos) l2 += f;
+    if (name.find("L3") != std::string::npos) l3 += f;
+  }
+  EXPECT_GT(l3, l2);
+  EXPECT_GT(l2, 0);
+}
+
 TEST(Kernels, HeterogeneousPlansMatchTaskFlops) {
   const Scenario s = tiny(4);
   Plan co;

@@ -2428,6 +2428,24 @@ TEST(Lower, MlaUpProjRecomputeDropsTheAttentionsInputs) {
             std::string::npos);
 }
 
+// Sliding windows (every other layer over 256 of the 2048 tokens) shorten the iteration by
+// what the windowed layers' attention saves, and nothing else moves; context parallelism
+// with them is refused (Transformer Engine's ring refuses a window).
+TEST(Lower, SlidingWindowsShortenTheIterationAndRefuseContextParallelism) {
+  const Scenario full = make(4, 16, 1);
+  const Scenario windowed =
+      make(4, 16, 1, "dgx-h100", "", R"(, "sliding_window": {"size": 256, "full_every": 2})");
+  const Plan p = plan(2, 2, 2);
+  auto a = evaluate(full, p), b = evaluate(windowed, p);
+  ASSERT_TRUE(a.is_ok() && a->feasible && b.is_ok() && b->feasible);
+  EXPECT_LT(b->iteration_time, a->iteration_time);
+  EXPECT_LT(b->model_flops_per_iteration, a->model_flops_per_iteration);
+  EXPECT_EQ(b->memory.peak, a->memory.peak);  // flash attention keeps the same either way
+  const Plan cp = plan(2, 2, 1, Schedule::k1F1B, 1, 2);
+  EXPECT_TRUE(infeasibility(full, cp).empty());
+  EXPECT_NE(infeasibility(windowed, cp).find("cp 2 with sliding_window"), std::string::npos);
+}
+
 // Megatron-Core's combined 1F1B (Layout::ep_comm_overlap): the same tasks, the
 // all-to-alls on a stream of their own, a backward's tasks interleaved with the next
 // micro-batch's forward on the compute stream, and the exposed all-to-all time falls.

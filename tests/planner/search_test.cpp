@@ -630,6 +630,16 @@ TEST(Search, TheBoundHoldsWithDenseLayersFirst) {
       [](const std::vector<int>& split) { return split.front() < split.back(); });
 }
 
+// Sliding windows on every other layer beside dense first layers (all four layer kinds):
+// the bound counts each virtual stage's layers by kind, and the sized stages still give
+// the first stage fewer layers.
+TEST(Search, TheBoundHoldsWithSlidingWindows) {
+  expect_sized_stages_and_the_bound(
+      R"("ffn_hidden": 16384, "vocab": 128, "sliding_window": {"size": 128, "full_every": 2},
+         "moe": {"experts": 8, "top_k": 2, "expert_ffn_hidden": 1024, "dense_layers": 2})",
+      [](const std::vector<int>& split) { return split.front() < split.back(); });
+}
+
 // A multi-token-prediction depth (LlmSpec::mtp_layers) on the last stage: the bound counts
 // it there, and the last stage gets fewer layers.
 TEST(Search, TheBoundHoldsWithMultiTokenPrediction) {

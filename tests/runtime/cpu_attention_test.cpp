@@ -1,5 +1,6 @@
 // The cpu backend's attention against a naive reference (forward) and against finite
-// differences of the forward (backward), with GQA, causal masks and seq_q != seq_kv.
+// differences of the forward (backward), with GQA, causal masks, sliding windows and seq_q !=
+// seq_kv.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -26,8 +27,11 @@ void naive_attention(const AttentionDesc& d, const std::vector<float>& q,
     for (int64_t h = 0; h < H; ++h) {
       for (int64_t i = 0; i < d.seq_q; ++i) {
         std::vector<double> s;
+        std::vector<int64_t> keys;
         for (int64_t j = 0; j < d.seq_kv; ++j) {
           if (d.causal && j > i + d.seq_kv - d.seq_q) break;
+          if (d.causal && d.window > 0 && j < i + d.seq_kv - d.seq_q - d.window) continue;
+          keys.push_back(j);
           double dot = 0;
           for (int64_t x = 0; x < D; ++x) {
             dot += static_cast<double>(q[((b * d.seq_q + i) * H + h) * D + x]) *
@@ -47,7 +51,7 @@ void naive_attention(const AttentionDesc& d, const std::vector<float>& q,
           double p = std::exp(s[j] - l);
           for (int64_t x = 0; x < D; ++x) {
             out[((b * d.seq_q + i) * H + h) * D + x] +=
-                p * v[((b * d.seq_kv + static_cast<int64_t>(j)) * KH + h / g) * D + x];
+                p * v[((b * d.seq_kv + keys[j]) * KH + h / g) * D + x];
           }
         }
       }
@@ -58,6 +62,7 @@ void naive_attention(const AttentionDesc& d, const std::vector<float>& q,
 struct AttnCase {
   int64_t batch, heads, kv_heads, seq_q, seq_kv, head_dim;
   bool causal;
+  int64_t window = 0;
 };
 
 class CpuAttention : public ::testing::TestWithParam<AttnCase> {
@@ -71,6 +76,7 @@ class CpuAttention : public ::testing::TestWithParam<AttnCase> {
             .seq_kv = p.seq_kv,
             .head_dim = p.head_dim,
             .causal = p.causal,
+            .window = p.window,
             .dtype = t};
   }
 };
@@ -150,9 +156,13 @@ TEST_P(CpuAttention, BackwardMatchesFiniteDifferences) {
 INSTANTIATE_TEST_SUITE_P(Shapes, CpuAttention,
                          ::testing::Values(AttnCase{1, 1, 1, 3, 3, 4, false},
                                            AttnCase{2, 2, 2, 3, 4, 2, false},
-                                           AttnCase{1, 4, 2, 4, 4, 3, true},    // GQA, causal
-                                           AttnCase{1, 2, 1, 3, 5, 2, true},    // seq_q < seq_kv
-                                           AttnCase{2, 2, 1, 4, 2, 2, true}));  // rows see none
+                                           AttnCase{1, 4, 2, 4, 4, 3, true},  // GQA, causal
+                                           AttnCase{1, 2, 1, 3, 5, 2, true},  // seq_q < seq_kv
+                                           AttnCase{2, 2, 1, 4, 2, 2, true},  // rows see none
+                                           // sliding windows: 2 keys before each query; one
+                                           // with seq_q < seq_kv
+                                           AttnCase{1, 2, 1, 6, 6, 2, true, 2},
+                                           AttnCase{1, 2, 2, 3, 5, 2, true, 1}));
 
 }  // namespace
 }  // namespace hetpar::runtime

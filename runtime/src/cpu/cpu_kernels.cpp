@@ -38,6 +38,11 @@ struct Slices {
     if (!d.causal) return d.seq_kv;
     return std::clamp<int64_t>(i + d.seq_kv - d.seq_q + 1, 0, d.seq_kv);
   }
+  // The first of them under a sliding window (0 without): keys [first(i), visible(i)).
+  int64_t first(int64_t i) const {
+    if (!d.causal || d.window <= 0) return 0;
+    return std::clamp<int64_t>(i + d.seq_kv - d.seq_q - d.window, 0, visible(i));
+  }
   float scale() const { return 1.0f / std::sqrt(static_cast<float>(d.head_dim)); }
 };
 
@@ -68,14 +73,15 @@ void attention_forward(const AttentionDesc& d, const float* q, const float* k, c
       s.noalias() = sl.scale() * Q * K.transpose();
       float* stats = lse + (b * d.heads + h) * d.seq_q;
       for (int64_t i = 0; i < d.seq_q; ++i) {
-        const int64_t n = sl.visible(i);
+        const int64_t n = sl.visible(i), lo = sl.first(i);
         auto row = s.row(i);
         row.tail(d.seq_kv - n).setZero();
-        if (n == 0) {
+        row.head(lo).setZero();
+        if (n == lo) {
           stats[i] = -std::numeric_limits<float>::infinity();
           continue;
         }
-        auto seen = row.head(n);
+        auto seen = row.segment(lo, n - lo);
         const float mx = seen.maxCoeff();
         seen = (seen.array() - mx).exp().matrix();
         const float sum = seen.sum();
@@ -106,10 +112,12 @@ void attention_backward(const AttentionDesc& d, const float* q, const float* k, 
       p.noalias() = sl.scale() * Q * K.transpose();
       const float* stats = lse + (b * d.heads + h) * d.seq_q;
       for (int64_t i = 0; i < d.seq_q; ++i) {
-        const int64_t n = sl.visible(i);
+        const int64_t n = sl.visible(i), lo = sl.first(i);
         auto row = p.row(i);
         row.tail(d.seq_kv - n).setZero();
-        if (n > 0) row.head(n) = (row.head(n).array() - stats[i]).exp().matrix();
+        row.head(lo).setZero();
+        if (n > lo)
+          row.segment(lo, n - lo) = (row.segment(lo, n - lo).array() - stats[i]).exp().matrix();
       }
       // dS = P o (dP - rowsum(dO o O)), dP = dO V^T.
       ds.noalias() = dO * V.transpose();

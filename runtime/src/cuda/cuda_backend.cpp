@@ -295,7 +295,7 @@ class CudaBackend final : public Backend {
                    L.q_ld, mut(ptrs(4)), CUDA_R_32F, d.seq_kv}));
       HP_CUDA(cuda::launch_softmax_forward(st, reinterpret_cast<const float*>(scores), probs,
                                            lse + first * d.seq_q, code(d.dtype), n * d.seq_q,
-                                           d.seq_q, d.seq_kv, d.causal));
+                                           d.seq_q, d.seq_kv, d.causal, d.window));
       // O^T (d x seq_q) = V^T P^T, i.e. O = P V.
       HETPAR_RETURN_IF_ERROR(
           batched(st, d.dtype, n,
@@ -363,7 +363,7 @@ class CudaBackend final : public Backend {
       HP_CUDA(cuda::launch_softmax_backward(
           st, reinterpret_cast<const float*>(scores), reinterpret_cast<const float*>(d_probs),
           lse + first * d.seq_q, delta + first * d.seq_q, probs, d_scores, code(d.dtype),
-          n * d.seq_q, d.seq_q, d.seq_kv, d.causal));
+          n * d.seq_q, d.seq_q, d.seq_kv, d.causal, d.window));
       // dQ^T (d x seq_q) = scale * K^T dS^T, i.e. dQ = scale * dS K.
       HETPAR_RETURN_IF_ERROR(
           batched(st, d.dtype, n,

@@ -184,22 +184,33 @@ __device__ __forceinline__ int64_t visible_keys(int64_t i, int64_t seq_q, int64_
   return v < 0 ? 0 : (v > seq_kv ? seq_kv : v);
 }
 
+// The first key query i sees under a sliding window of `window` keys (0: none): keys
+// [first_key, visible_keys).
+__device__ __forceinline__ int64_t first_key(int64_t i, int64_t seq_q, int64_t seq_kv, bool causal,
+                                             int64_t window) {
+  if (!causal || window <= 0) return 0;
+  const int64_t f = i + seq_kv - seq_q - window;
+  const int64_t n = visible_keys(i, seq_q, seq_kv, causal);
+  return f < 0 ? 0 : (f > n ? n : f);
+}
+
 template <class T>
 __global__ void softmax_forward_kernel(const float* scores, T* probs, float* lse, int64_t seq_q,
-                                       int64_t seq_kv, bool causal) {
+                                       int64_t seq_kv, bool causal, int64_t window) {
   const int64_t row = blockIdx.x;
   const int64_t n = visible_keys(row % seq_q, seq_q, seq_kv, causal);
+  const int64_t lo = first_key(row % seq_q, seq_q, seq_kv, causal, window);
   const float* s = scores + row * seq_kv;
   T* p = probs + row * seq_kv;
   float mx = -INFINITY;
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) mx = fmaxf(mx, s[j]);
+  for (int64_t j = lo + threadIdx.x; j < n; j += blockDim.x) mx = fmaxf(mx, s[j]);
   mx = block_reduce(mx, true);
   float sum = 0;
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) sum += expf(s[j] - mx);
+  for (int64_t j = lo + threadIdx.x; j < n; j += blockDim.x) sum += expf(s[j] - mx);
   sum = block_reduce(sum, false);
-  const float l = n > 0 ? mx + logf(sum) : -INFINITY;
+  const float l = n > lo ? mx + logf(sum) : -INFINITY;
   for (int64_t j = threadIdx.x; j < seq_kv; j += blockDim.x) {
-    store(p + j, j < n ? expf(s[j] - l) : 0.0f);
+    store(p + j, j >= lo && j < n ? expf(s[j] - l) : 0.0f);
   }
   if (threadIdx.x == 0) lse[row] = l;
 }
@@ -207,13 +218,14 @@ __global__ void softmax_forward_kernel(const float* scores, T* probs, float* lse
 template <class T>
 __global__ void softmax_backward_kernel(const float* scores, const float* d_probs, const float* lse,
                                         const float* delta, T* probs, T* d_scores, int64_t seq_q,
-                                        int64_t seq_kv, bool causal) {
+                                        int64_t seq_kv, bool causal, int64_t window) {
   const int64_t row = blockIdx.x;
   const int64_t n = visible_keys(row % seq_q, seq_q, seq_kv, causal);
+  const int64_t lo = first_key(row % seq_q, seq_q, seq_kv, causal, window);
   const float l = lse[row], dl = delta[row];
   for (int64_t j = threadIdx.x; j < seq_kv; j += blockDim.x) {
     const int64_t at = row * seq_kv + j;
-    const float p = j < n ? expf(scores[at] - l) : 0.0f;
+    const float p = j >= lo && j < n ? expf(scores[at] - l) : 0.0f;
     store(probs + at, p);
     store(d_scores + at, p * (d_probs[at] - dl));
   }
@@ -283,23 +295,23 @@ cudaError_t launch_pair_pointers(cudaStream_t s, const void** out, const void* b
 
 cudaError_t launch_softmax_forward(cudaStream_t s, const float* scores, void* probs, float* lse,
                                    int dtype, int64_t rows, int64_t seq_q, int64_t seq_kv,
-                                   bool causal) {
+                                   bool causal, int64_t window) {
   return dispatch(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     softmax_forward_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(
-        scores, static_cast<T*>(probs), lse, seq_q, seq_kv, causal);
+        scores, static_cast<T*>(probs), lse, seq_q, seq_kv, causal, window);
   });
 }
 
 cudaError_t launch_softmax_backward(cudaStream_t s, const float* scores, const float* d_probs,
                                     const float* lse, const float* delta, void* probs,
                                     void* d_scores, int dtype, int64_t rows, int64_t seq_q,
-                                    int64_t seq_kv, bool causal) {
+                                    int64_t seq_kv, bool causal, int64_t window) {
   return dispatch(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     softmax_backward_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(
         scores, d_probs, lse, delta, static_cast<T*>(probs), static_cast<T*>(d_scores), seq_q,
-        seq_kv, causal);
+        seq_kv, causal, window);
   });
 }
 

@@ -27,18 +27,19 @@ cudaError_t launch_pair_pointers(cudaStream_t s, const void** out, const void* b
                                  int64_t h_stride);
 
 /// Row-wise softmax of scaled scores `scores` (rows x seq_kv fp32, row r is query
-/// r % seq_q), causal bottom-right mask: probabilities to `probs` (dtype), log-sum-exps to
-/// `lse` (rows floats, -inf where a query sees no key).
+/// r % seq_q), causal bottom-right mask (with `window` > 0 also hiding the keys more than
+/// `window` before a query): probabilities to `probs` (dtype), log-sum-exps to `lse` (rows
+/// floats, -inf where a query sees no key).
 cudaError_t launch_softmax_forward(cudaStream_t s, const float* scores, void* probs, float* lse,
                                    int dtype, int64_t rows, int64_t seq_q, int64_t seq_kv,
-                                   bool causal);
+                                   bool causal, int64_t window);
 
 /// From the scores again: probs = exp(scores - lse) (masked; dtype) and
 /// d_scores = probs * (d_probs - delta[row]) (dtype).
 cudaError_t launch_softmax_backward(cudaStream_t s, const float* scores, const float* d_probs,
                                     const float* lse, const float* delta, void* probs,
                                     void* d_scores, int dtype, int64_t rows, int64_t seq_q,
-                                    int64_t seq_kv, bool causal);
+                                    int64_t seq_kv, bool causal, int64_t window);
 
 /// delta[(b * heads + h) * seq_q + i] = sum_x d_out[b, i, h, x] * out[b, i, h, x] (BSHD).
 cudaError_t launch_attention_delta(cudaStream_t s, const void* out, const void* d_out, float* delta,

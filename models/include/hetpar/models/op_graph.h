@@ -58,6 +58,11 @@ struct AttentionShape {
   bool causal = false;
   /// Of a value, where it differs from head_dim (multi-head latent attention); 0: head_dim.
   int64_t v_head_dim = 0;
+  /// Causal sliding-window attention (SlidingWindow): each query sees itself and the
+  /// `window` keys before it; 0: the whole causal prefix.
+  int64_t window = 0;
+  /// Whether the window leaves out keys a causal call would see.
+  bool windowed() const { return causal && window > 0 && window < seq_kv; }
   int64_t value_dim() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
   /// The width the model FLOPs count per score element, 4·b·h·s_q·s_kv·width (half causal):
   /// the mean of the query / key and value widths.
@@ -67,7 +72,8 @@ struct AttentionShape {
     return batch * seq_q * (heads * head_dim + kv_heads * (head_dim + value_dim()));
   }
 };
-/// QK^T and AV: 2*batch*heads*seq_q*seq_kv*(head_dim + value_dim), half that when causal.
+/// QK^T and AV: 2*batch*heads*seq_q*seq_kv*(head_dim + value_dim), half that when causal;
+/// under a sliding window, over its causal_score_pairs() (core/attention_mask.h) instead.
 Flops attention_forward_flops(const AttentionShape& s);
 
 struct Op {
@@ -136,8 +142,15 @@ struct ModuleInput {
 struct OpGraph {
   ModuleKind kind = ModuleKind::kLlm;
   int64_t layers = 0;  // transformer layers (0 for a projector)
+  /// Which layers attend through a sliding window (TransformerSpec::sliding_window); unset:
+  /// none. Multi-token-prediction depths attend fully.
+  std::optional<SlidingWindow> sliding_window;
+  bool windowed(int64_t layer) const {
+    return sliding_window && layer < layers && sliding_window->windowed(layer);
+  }
   /// Of an MoE LLM's layers, the first ones with a dense MLP (MoeSpec::dense_layers); the
-  /// rest are alike. Every layer of a dense module is alike.
+  /// rest are alike. Every layer of a dense module is alike. (Either, but for its window:
+  /// windowed().)
   int64_t dense_layers = 0;
   /// An LLM's multi-token-prediction depths (LlmSpec::mtp_layers): their ops (Op::mtp) after
   /// the loss, their layers indexed layers .. layers + mtp_layers - 1.

@@ -36,6 +36,18 @@ struct MlaSpec {
   int64_t v_head_dim = 0;
 };
 
+/// Sliding-window attention (Mistral, Gemma 2 / 3, GPT-OSS; Megatron-Core's window_size
+/// (size, 0) with window_attn_skip_freq full_every): in a windowed layer each query sees
+/// itself and the `size` tokens before it. With full_every N > 0 every N-th layer (the
+/// 1-based layer numbers N, 2N, ...) attends to its whole causal prefix instead; with 0
+/// every layer is windowed.
+struct SlidingWindow {
+  int64_t size = 0;
+  int64_t full_every = 0;
+  /// Whether 0-based layer `layer` is windowed.
+  bool windowed(int64_t layer) const { return full_every == 0 || (layer + 1) % full_every != 0; }
+};
+
 /// The transformer stack every encoder and the LLM share.
 struct TransformerSpec {
   int64_t layers = 0;
@@ -57,6 +69,8 @@ struct TransformerSpec {
   bool qk_norm = false;
   /// Multi-head latent attention instead of the Q, K, V projections (an LLM's only).
   std::optional<MlaSpec> mla;
+  /// Sliding-window attention in some or all layers (an LLM's only).
+  std::optional<SlidingWindow> sliding_window;
 };
 
 /// Mixture of experts replacing the layers' MLP. Each token goes to `top_k` of `experts`

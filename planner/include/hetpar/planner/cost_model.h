@@ -43,8 +43,10 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "hetpar/core/units.h"
@@ -186,6 +188,32 @@ struct ModuleCost {
   /// dense_layers); the other layers are `layer`. Empty with none.
   Block dense_layer;
   int64_t dense_layers = 0;
+  /// The layers with sliding-window attention (models::SlidingWindow; windowed()), each
+  /// `window_layer`, or of an MoE LLM's dense layers `window_dense_layer`, in place of
+  /// `layer` / `dense_layer`. Empty without.
+  Block window_layer;
+  Block window_dense_layer;
+  std::optional<models::SlidingWindow> sliding_window;
+  bool windowed(int64_t i) const {
+    return sliding_window && i < layers && sliding_window->windowed(i);
+  }
+  /// Which block layer `i` (0-based, below `layers`) runs, one number per kind: 0 `layer`,
+  /// 1 `dense_layer`, 2 `window_layer`, 3 `window_dense_layer`.
+  int layer_kind(int64_t i) const { return (i < dense_layers ? 1 : 0) + (windowed(i) ? 2 : 0); }
+  const Block& kind_block(int kind) const {
+    switch (kind) {
+      case 1:
+        return dense_layer;
+      case 2:
+        return window_layer;
+      case 3:
+        return window_dense_layer;
+    }
+    return layer;
+  }
+  Block& kind_block(int kind) { return const_cast<Block&>(std::as_const(*this).kind_block(kind)); }
+  const Block& layer_block(int64_t i) const { return kind_block(layer_kind(i)); }
+  Block& layer_block(int64_t i) { return kind_block(layer_kind(i)); }
   /// An LLM's multi-token-prediction depths (models::LlmSpec::mtp_layers), after `post` on
   /// the last virtual stage; empty without.
   Block mtp;

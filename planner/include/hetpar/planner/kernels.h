@@ -28,7 +28,8 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
                      bool context_parallel, hardware::Precision p);
 
 /// The time op_cost() gives one kernel on `dev`: gemm_time, attention_time (at the kernel's
-/// own key/value length) or memory_time. `p` is the workload precision, which settles what
+/// own key/value length; under a sliding window at a causal call of twice the window's) or
+/// memory_time. `p` is the workload precision, which settles what
 /// a kernel's element size means (2 bytes: bf16 unless p is fp16; 4 bytes: fp32 unless p
 /// is tf32). A compute task's kernels add up to its duration (kernels_test pins it), so an
 /// executor can compare kernel by kernel what the simulator assumed. `attention`: the

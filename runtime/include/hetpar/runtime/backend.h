@@ -127,8 +127,13 @@ struct GemmDesc {
 struct AttentionDesc {
   int64_t batch = 1, heads = 1, kv_heads = 1, seq_q = 0, seq_kv = 0, head_dim = 0;
   bool causal = false;
+  /// Causal only, > 0: a sliding window, query i seeing keys i + seq_kv - seq_q - window
+  /// through i + seq_kv - seq_q (itself and the `window` keys before it); 0: none.
+  int64_t window = 0;
   DType dtype = DType::kBf16;
-  double forward_flops() const;  // 4*b*h*sq*skv*d, half when causal
+  /// 4*b*h*sq*skv*d, half when causal; under a window over causal_score_pairs()
+  /// (core/attention_mask.h).
+  double forward_flops() const;
 };
 
 /// Memory-bound kernels of the sizes a layer has (norms, activations, residual adds).

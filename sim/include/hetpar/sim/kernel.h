@@ -41,11 +41,16 @@ struct Kernel {
   // attention); 0: head_dim.
   int64_t v_head_dim = 0;
   int64_t value_dim() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
+  // attention: causal with a sliding window, each query seeing itself and the `window` keys
+  // before it (models::AttentionShape::window); 0: none.
+  int64_t window = 0;
+  bool windowed() const { return causal && window > 0 && window < seq_kv; }
   // As models::AttentionShape::score_width(): the mean of the two widths.
   int64_t score_width() const { return (head_dim + value_dim()) / 2; }
 
   /// The model-FLOP convention of models/op_graph.h: GEMM 2mnk·batch; attention forward
-  /// 2·b·h·sq·skv·(d + value_dim) (half when causal), backward twice that; memory 0.
+  /// 2·b·h·sq·skv·(d + value_dim) (half when causal; under a window over its
+  /// causal_score_pairs(), core/attention_mask.h), backward twice that; memory 0.
   double flops() const;
   bool operator==(const Kernel&) const = default;
 };
