@@ -638,6 +638,8 @@ TEST(Search, TheBoundHoldsWithSlidingWindows) {
       R"("ffn_hidden": 16384, "vocab": 128, "sliding_window": {"size": 128, "full_every": 2},
          "moe": {"experts": 8, "top_k": 2, "expert_ffn_hidden": 1024, "dense_layers": 2})",
       [](const std::vector<int>& split) { return split.front() < split.back(); });
+  // And gpt-oss-120b's plans (even, sized, PP 2, EP across two nodes).
+  expect_bound_below_plans("gpt-oss-120b-64xh100-compare.json");
 }
 
 // A multi-token-prediction depth (LlmSpec::mtp_layers) on the last stage: the bound counts
