@@ -89,6 +89,51 @@ def attention_rows(backend, name, shapes):
     return rows
 
 
+def window_rows(b=1, h=64, hkv=8, s=4096, d=64, window=128):
+    """The sliding-window rule of the cost model (docs/validation.md round 39): a call whose
+    queries each see themselves and `window` keys before them runs at the rate of a causal
+    call of 2*window keys. Measured with PyTorch's FlexAttention (a block-sparse kernel that
+    skips the tiles outside its mask, as cuDNN's and FlashAttention's windowed kernels do):
+    gpt-oss-120b's per-rank shape windowed, the same causal at 2*window, and causal at s.
+    FLOPs in hetpar's convention: the band's s*w - w^2/2 pairs. Burst rates only. A missing
+    FlexAttention (older PyTorch) is reported, not fatal."""
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        flex = torch.compile(flex_attention)
+    except Exception as e:  # noqa: BLE001 (any import or compile failure is reported)
+        return [{"kernel": "flex window", "shape": [b, h, hkv, s, d, window],
+                 "error": f"no FlexAttention: {str(e)[:100]}"}]
+    rows = []
+    for name, seq, w in (("flex window", s, window), ("flex causal", 2 * window, 0),
+                         ("flex causal", s, 0)):
+        def mask(bi, hi, qi, ki, w=w):
+            return (qi >= ki) & ((qi - ki <= w) if w > 0 else (qi >= ki))
+        try:
+            block = create_block_mask(mask, None, None, seq, seq, device="cuda")
+            q = torch.randn(b, h, seq, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            k = torch.randn(b, hkv, seq, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            v = torch.randn(b, hkv, seq, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            out = flex(q, k, v, block_mask=block, enable_gqa=hkv != h)
+            grad = torch.randn_like(out)
+            out.backward(grad)
+            pairs = seq * w - w * w / 2 if w > 0 else seq * seq / 2
+            fwd_flops = 4.0 * b * h * pairs * d
+            tf = timed_burst(lambda: flex(q, k, v, block_mask=block, enable_gqa=hkv != h))
+
+            def fwd_bwd():
+                flex(q, k, v, block_mask=block, enable_gqa=hkv != h).backward(grad)
+
+            tb = max(timed_burst(fwd_bwd) - tf, 1e-9)
+            rows.append({"kernel": name, "shape": [b, h, hkv, seq, d, w], "causal": True,
+                         "burst": {"fwd_s": tf, "bwd_s": tb,
+                                   "fwd_tflops": fwd_flops / tf / 1e12,
+                                   "bwd_tflops": 2.5 * fwd_flops / tb / 1e12}})
+        except Exception as e:  # noqa: BLE001
+            rows.append({"kernel": name, "shape": [b, h, hkv, seq, d, w],
+                         "error": str(e)[:120]})
+    return rows
+
+
 def gemm_rows(shapes):
     rows = []
     for m, n, k in shapes:
@@ -188,6 +233,7 @@ def main():
     rows = attention_rows(SDPBackend.CUDNN_ATTENTION, "cudnn", shapes)
     rows += attention_rows(SDPBackend.FLASH_ATTENTION, "flash2", shapes[:3])
     rows += mix_rows()
+    rows += window_rows()
     rows += gemm_rows([(8192, 8192, 8192), (4096, 4096, 4096), (8192, 28672, 4096)])
     print(f"{'kernel':<15} {'shape':<26} {'burst fwd/bwd':>18} {'sustained fwd/bwd':>20} "
           f"{'ratio':>12}")
@@ -197,6 +243,10 @@ def main():
         elif r["kernel"] == "mix":
             print(f"mix: gemm {r['gemm_tflops']:.1f}, cudnn fwd {r['fwd_tflops']:.1f} bwd "
                   f"{r['bwd_tflops']:.1f} TFLOP/s beside each other, {r['shape']}")
+        elif r["kernel"].startswith("flex"):
+            bu = r["burst"]
+            print(f"{r['kernel']:<15} {str(r['shape']):<26} "
+                  f"{bu['fwd_tflops']:8.1f} {bu['bwd_tflops']:8.1f}  (burst only)")
         elif "fwd_tflops" in r["burst"]:
             bu, su = r["burst"], r["sustained"]
             shape = str(r["shape"]) + ("" if r.get("causal", True) else " unmasked")
