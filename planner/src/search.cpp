@@ -845,6 +845,7 @@ class Searcher {
     moe_experts_ = llm.moe ? static_cast<int>(llm.moe->experts) : 0;
     shared_experts_ = llm.moe && llm.moe->shared_experts > 0;
     latent_attention_ = llm.block.mla.has_value();
+    sliding_window_ = llm.block.sliding_window.has_value();
     top_k_ = o.top_k > 0 ? o.top_k : spec_.top_k;
     exhaustive_ = o.exhaustive;
   }
@@ -1095,6 +1096,8 @@ class Searcher {
       for (int cp = 1; tp * cp <= world; cp *= 2) {
         if (!fixed_ok(fx.cp, cp)) continue;
         if (cp > 1 && (!allow_cp || seq % (2 * cp) != 0 || seq / cp < 1024)) continue;
+        // Sliding windows run without CP (infeasibility()); a fixed cp still gets the reason.
+        if (cp > 1 && sliding_window_ && !fx.cp) continue;
         if (world % (tp * cp) != 0) continue;
         for (int pp : divisors(world / (tp * cp))) {
           if (!fixed_ok(fx.pp, pp) || pp > layers_) continue;
@@ -1477,6 +1480,7 @@ class Searcher {
   int gpn_ = 1, world_ = 1, layers_ = 1, moe_experts_ = 0, top_k_ = 5;
   bool shared_experts_ = false;
   bool latent_attention_ = false;  // models::MlaSpec: the mla_up_proj module is tried too
+  bool sliding_window_ = false;    // models::SlidingWindow: no CP layouts unless cp is fixed
   bool exhaustive_ = false;
   // Module times per node group for sized_to_work() (enumeration is single-threaded).
   mutable CostCache speed_;

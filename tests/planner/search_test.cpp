@@ -642,6 +642,33 @@ TEST(Search, TheBoundHoldsWithSlidingWindows) {
   expect_bound_below_plans("gpt-oss-120b-64xh100-compare.json");
 }
 
+// With sliding windows the search builds no CP layout (infeasibility() refuses them): none
+// is considered, none rejected for it; a fixed cp is still tried and refused with the reason.
+TEST(Search, LeavesContextParallelismOutWithSlidingWindows) {
+  auto scenario = [](const std::string& llm) {
+    auto s = parse_scenario_text(
+        R"({"model": {"name": "tiny", "modules": [{"name": "llm", "kind": "llm", "spec": {
+          "layers": 4, "hidden": 1024, "ffn_hidden": 4096, "heads": 16, "kv_heads": 8,
+          "vocab": 128, "activation": "swiglu", "norm": "rmsnorm",
+          "sliding_window": {"size": 256, "full_every": 2}}}]},
+        "workload": {"seq_len": 4096, "global_batch": 16},
+        "cluster": {"profile": "dgx-h100", "nodes": 1},
+        "search": {"llm": {"tp": 1, "micro_batch": 1)" + llm + "}}}",
+        "window.json");
+    EXPECT_TRUE(s.is_ok()) << s.status().to_string();
+    return *s;
+  };
+  const SearchResult open = run(scenario(""), threads(2));
+  ASSERT_FALSE(open.top.empty());
+  for (const RankedPlan& p : open.top) EXPECT_EQ(p.plan.layout.cp, 1) << describe(p.plan);
+  for (const RejectionReason& r : open.rejections)
+    EXPECT_EQ(r.reason.find("sliding_window"), std::string::npos) << r.reason;
+  const SearchResult fixed = run(scenario(R"(, "cp": 2)"), threads(2));
+  EXPECT_TRUE(fixed.top.empty());
+  ASSERT_FALSE(fixed.rejections.empty());
+  EXPECT_NE(fixed.rejections.front().example.find("cp 2 with sliding_window"), std::string::npos);
+}
+
 // A multi-token-prediction depth (LlmSpec::mtp_layers) on the last stage: the bound counts
 // it there, and the last stage gets fewer layers.
 TEST(Search, TheBoundHoldsWithMultiTokenPrediction) {
