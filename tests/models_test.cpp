@@ -597,7 +597,8 @@ TEST(OpGraph, SlidingWindowLayersScoreTheirBand) {
   const OpGraph ga = build_op_graph(all, input(2, seq));
   for (int64_t layer = 0; layer < 36; ++layer) EXPECT_TRUE(ga.windowed(layer)) << layer;
   // gpt-oss's published sizes: 116.8B and 20.9B (model card, arXiv 2508.10925; without the
-  // attention sinks and the router's bias, 4.9K and 4.6K parameters).
+  // router's bias, 4.6K and 768 parameters). Its attention sinks: a parameter per head.
+  EXPECT_EQ(attention[0]->params, 64);
   EXPECT_LT(rel_err(static_cast<double>(count_params(spec).total), 116.83e9), 0.001);
   EXPECT_LT(rel_err(static_cast<double>(count_params(zoo_module("gpt-oss-20b")).total), 20.91e9),
             0.001);
@@ -1042,6 +1043,9 @@ TEST(Json, BadInputsNameTheirPath) {
       {R"({"name": "m", "modules": [{"name": "v", "kind": "vision_encoder", "spec": {"layers": 1, "hidden": 64, "ffn_hidden": 64, "heads": 2, "patch_size": 14, "image_size": 336, "activation": "gelu", "norm": "layernorm", "sliding_window": {"size": 16}}}, {"name": "llm", "kind": "llm", "spec": {)" +
            llm + "}}]}",
        "model.modules[0].spec.sliding_window", "an llm's only"},
+      {R"({"name": "m", "modules": [{"name": "v", "kind": "vision_encoder", "spec": {"layers": 1, "hidden": 64, "ffn_hidden": 64, "heads": 2, "patch_size": 14, "image_size": 336, "activation": "gelu", "norm": "layernorm", "attention_sinks": true}}, {"name": "llm", "kind": "llm", "spec": {)" +
+           llm + "}}]}",
+       "model.modules[0].spec.attention_sinks", "an llm's only"},
       {one(llm + R"(, "mtp_layers": -1)"), "model.modules[0].spec.mtp_layers",
        "must be in [0, 64], got -1"},
       {one(llm + R"(, "mtp_layers": 65)"), "model.modules[0].spec.mtp_layers",

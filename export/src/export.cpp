@@ -294,6 +294,14 @@ void refuse_sliding_window(const Context& c, Refusals& r) {
                     c.target_name()));
 }
 
+void refuse_attention_sinks(const Context& c, Refusals& r) {
+  if (c.llm.block.attention_sinks)
+    r.add(
+        fmt::format("attention_sinks: {} has no learnable softmax offset to write here "
+                    "(Megatron-Core's --softmax-type learnable)",
+                    c.target_name()));
+}
+
 void refuse_mtp(const Context& c, Refusals& r) {
   if (c.llm.mtp_layers > 0)
     r.add(

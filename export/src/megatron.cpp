@@ -252,6 +252,7 @@ std::vector<Flag> megatron_model_flags(const Context& c) {
     if (b.sliding_window->full_every > 0)
       f.push_back({"--window-attn-skip-freq", num(b.sliding_window->full_every)});
   }
+  if (b.attention_sinks) f.push_back({"--softmax-type", "learnable"});
   // Multi-token prediction, its depths on the last pipeline stage (Megatron's default).
   if (llm.mtp_layers > 0) f.push_back({"--mtp-num-layers", num(llm.mtp_layers)});
   if (b.kv_heads != b.heads) {

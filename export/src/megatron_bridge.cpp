@@ -57,6 +57,7 @@ void add_model_shape(std::vector<Setting>& s, const Context& c) {
     if (b.sliding_window->full_every > 0)
       s.push_back({"model.window_attn_skip_freq", num(b.sliding_window->full_every)});
   }
+  if (b.attention_sinks) s.push_back({"model.softmax_type", yaml_string("learnable")});
   if (llm.moe) {
     // With dense layers first, ffn_hidden_size is theirs and moe_layer_freq, one entry per
     // layer (0 dense, 1 MoE), places them.

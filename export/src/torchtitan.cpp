@@ -62,6 +62,7 @@ Result<std::vector<ExportFile>> write_torchtitan(const Context& c) {
   refuse_mtp(c, r);
   refuse_mla(c, r);
   refuse_sliding_window(c, r);
+  refuse_attention_sinks(c, r);
   // The eager loss times as Megatron's unfused one; the compiled loss is torch.compile's.
   refuse_cross_entropy_unless(c, r,
                               {planner::CrossEntropy::kUnfused, planner::CrossEntropy::kCompiled});

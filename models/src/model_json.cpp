@@ -107,6 +107,7 @@ TransformerSpec read_block(JsonReader& r) {
   t.linear_bias = r.optional_bool("linear_bias", false);
   t.dropout = r.optional_bool("dropout", false);
   t.qk_norm = r.optional_bool("qk_norm", false);
+  t.attention_sinks = r.optional_bool("attention_sinks", false);
   if (r.has("mla")) {
     JsonReader m = r.object("mla");
     t.mla = MlaSpec{m.optional_int("q_lora_rank", 0), m.required_int("kv_lora_rank"),

@@ -282,7 +282,7 @@ class Builder {
     gemm(prefix + "fc2", layer, std::move(fc2), bias, tokens * f);
   }
 
-  void attention(int layer, const AttentionShape& s, bool dropout) {
+  Op& attention(int layer, const AttentionShape& s, bool dropout) {
     Op op = make("attention", OpKind::kAttention, layer);
     double qkv = static_cast<double>(s.qkv_elements());
     double o = static_cast<double>(s.batch) * s.seq_q * s.heads * s.value_dim();
@@ -303,6 +303,7 @@ class Builder {
     }
     op.attention = s;
     g_.ops.push_back(std::move(op));
+    return g_.ops.back();
   }
 
   /// Ops made while set belong to a multi-token-prediction depth (Op::mtp).
@@ -355,7 +356,8 @@ void add_latent_attention(Builder& b, const TransformerSpec& t, const MlaSpec& m
          T * m.kv_lora_rank);
   const double rope = T * (a + 1) * m.rope_head_dim;
   b.pointwise("rope", OpKind::kElementwise, layer, rope, rope, kRopeFlops, 0);
-  b.attention(layer, {batch, a, a, seq, seq, dq, causal, m.v_head_dim, window}, t.dropout);
+  b.attention(layer, {batch, a, a, seq, seq, dq, causal, m.v_head_dim, window}, t.dropout).params =
+      t.attention_sinks ? a : 0;  // a sink logit per head
   b.gemm("attn_out", layer, {{tokens, h, a * m.v_head_dim}}, t.linear_bias, T * a * m.v_head_dim);
 }
 
@@ -385,7 +387,8 @@ void add_layer(Builder& b, const TransformerSpec& t, const std::optional<MoeSpec
     const bool expand = b.repeat_kv() && g < a;
     if (expand)
       b.pointwise("repeat_kv", OpKind::kElementwise, layer, T * 2 * g * d, T * 2 * a * d, 0, 0);
-    b.attention(layer, {batch, a, expand ? a : g, seq, seq, d, causal, 0, window}, t.dropout);
+    b.attention(layer, {batch, a, expand ? a : g, seq, seq, d, causal, 0, window}, t.dropout)
+        .params = t.attention_sinks ? a : 0;  // a sink logit per head
     b.gemm("attn_out", layer, {{tokens, h, a * d}}, t.linear_bias, T * a * d);
   }
   b.residual("attn_residual", layer, T, h, t.dropout);

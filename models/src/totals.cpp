@@ -24,10 +24,11 @@ int64_t attention_params(const TransformerSpec& t) {
             : h * q;
     return query + h * (m.kv_lora_rank + m.rope_head_dim) + norm_params(t.norm, m.kv_lora_rank) +
            m.kv_lora_rank * t.heads * (m.qk_head_dim + m.v_head_dim) + t.heads * m.v_head_dim * h +
-           (t.linear_bias ? h : 0);
+           (t.linear_bias ? h : 0) + (t.attention_sinks ? t.heads : 0);
   }
   const int64_t d = t.head_dim(), qkv = (t.heads + 2 * t.kv_heads) * d;
-  return h * qkv + (t.qkv_bias ? qkv : 0) + t.heads * d * h + (t.linear_bias ? h : 0);
+  return h * qkv + (t.qkv_bias ? qkv : 0) + t.heads * d * h + (t.linear_bias ? h : 0) +
+         (t.attention_sinks ? t.heads : 0);
 }
 
 // One layer of `t`: a MoE layer when `moe` is set; `active` as one token sees it.

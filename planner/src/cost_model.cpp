@@ -801,6 +801,7 @@ void loss_collectives(BlockBuilder& b, CrossEntropy c, int64_t rows, int tp) {
 
 int64_t local_params(const models::Op& op, const models::OpGraph& g, const Layout& l) {
   if (op.kind == models::OpKind::kEmbedding) return op.params / l.tp;  // vocab-parallel
+  if (op.kind == models::OpKind::kAttention) return op.params / l.tp;  // sinks: per local head
   if (op.kind != models::OpKind::kGemm || gemm_split(op, g) == Split::kNone) return op.params;
   return op.params / gemm_tp(op, l) / (is_expert(op) ? l.ep : 1);
 }

@@ -373,6 +373,19 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
            "Megatron-Core re-runs only dense MLPs with it (a MoE layer's is the \"moe\" module)";
   if (l.recompute_policy().selects(models::kRecomputeMlaUpProj) && !llm.block.mla)
     return "recompute_modules mla_up_proj needs an llm with multi-head latent attention (mla)";
+  // Transformer Engine takes a learnable softmax offset in cuDNN's fused attention (or its
+  // unfused one), never in FlashAttention, and under CP only with its a2a communication.
+  if (llm.block.attention_sinks && (l.attention_kernel == hardware::AttentionKernel::kFlash2 ||
+                                    l.attention_kernel == hardware::AttentionKernel::kFlash3))
+    return fmt::format(
+        "attention_kernel {} with attention_sinks: FlashAttention has no learnable "
+        "softmax offset (Transformer Engine runs it in cuDNN's fused attention)",
+        hardware::to_string(l.attention_kernel));
+  if (llm.block.attention_sinks && l.cp > 1)
+    return fmt::format(
+        "cp {} with attention_sinks: Transformer Engine takes a learnable softmax "
+        "offset under CP only with a2a communication, which is not modelled",
+        l.cp);
   // Transformer Engine's ring (AttnFuncWithCPAndKVP2P) refuses a window; its all_gather and
   // a2a paths take one, which the cost model does not split into windowed chunk calls.
   if (llm.block.sliding_window && l.cp > 1)

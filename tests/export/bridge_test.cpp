@@ -84,6 +84,7 @@ TEST(ExportMegatronBridge, SlidingWindowsWriteTheirWindow) {
   const auto y = bridge(s, p);
   EXPECT_EQ(y.at("model.window_size"), "[128, 0]");
   EXPECT_EQ(y.at("model.window_attn_skip_freq"), "2");
+  EXPECT_EQ(y.at("model.softmax_type"), "\"learnable\"");
   EXPECT_EQ(
       bridge(scenario("mixtral-8x7b", 8, 4096, 256), mixtral_ep8_plan()).count("model.window_size"),
       0u);

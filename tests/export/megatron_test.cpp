@@ -307,14 +307,17 @@ TEST(ExportMegatron, SlidingWindowsWriteTheirWindow) {
   const auto f = all_flags(exported(s, p, Target::kMegatron).at("launch.sh"));
   EXPECT_EQ(f.at("--window-size"), "128,0");
   EXPECT_EQ(f.at("--window-attn-skip-freq"), "2");
+  EXPECT_EQ(f.at("--softmax-type"), "learnable");  // its attention sinks
   EXPECT_EQ(f.at("--kv-channels"), "64");
   EXPECT_EQ(all_flags(exported(scenario("mixtral-8x7b", 8, 4096, 256), mixtral_ep8_plan(),
                                Target::kMegatron)
                           .at("launch.sh"))
                 .count("--window-size"),
             0u);
-  for (Target t : {Target::kTorchtitan, Target::kDeepspeed, Target::kNanotron})
+  for (Target t : {Target::kTorchtitan, Target::kDeepspeed, Target::kNanotron}) {
     EXPECT_NE(refusal(s, p, t).find("sliding_window: "), std::string::npos) << static_cast<int>(t);
+    EXPECT_NE(refusal(s, p, t).find("attention_sinks: "), std::string::npos) << static_cast<int>(t);
+  }
 }
 
 TEST(ExportMegatron, MixtureOfExpertsAndPrecisions) {

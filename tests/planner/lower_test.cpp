@@ -2444,6 +2444,20 @@ TEST(Lower, SlidingWindowsShortenTheIterationAndRefuseContextParallelism) {
   const Plan cp = plan(2, 2, 1, Schedule::k1F1B, 1, 2);
   EXPECT_TRUE(infeasibility(full, cp).empty());
   EXPECT_NE(infeasibility(windowed, cp).find("cp 2 with sliding_window"), std::string::npos);
+  // Attention sinks: their parameter per head, split over TP as the heads are, and a kernel
+  // that takes them (not FlashAttention), without CP.
+  const Scenario sinks = make(4, 16, 1, "dgx-h100", "", R"(, "attention_sinks": true)");
+  auto c = evaluate(sinks, p);
+  ASSERT_TRUE(c.is_ok() && c->feasible);
+  // (The sinks' 32 parameters a rank add nanoseconds to the gradient sync and the step.)
+  EXPECT_NEAR(c->iteration_time.to_seconds(), a->iteration_time.to_seconds(),
+              1e-6 * a->iteration_time.to_seconds());
+  EXPECT_GT(c->memory.peak, a->memory.peak);
+  EXPECT_NE(infeasibility(sinks, cp).find("cp 2 with attention_sinks"), std::string::npos);
+  Plan flash = p;
+  flash.layout.attention_kernel = hardware::AttentionKernel::kFlash2;
+  EXPECT_NE(infeasibility(sinks, flash).find("attention_kernel flash2 with attention_sinks"),
+            std::string::npos);
 }
 
 // Megatron-Core's combined 1F1B (Layout::ep_comm_overlap): the same tasks, the

@@ -71,6 +71,11 @@ struct TransformerSpec {
   std::optional<MlaSpec> mla;
   /// Sliding-window attention in some or all layers (an LLM's only).
   std::optional<SlidingWindow> sliding_window;
+  /// Attention sinks (gpt-oss; Megatron-Core's softmax_type "learnable"): a learned logit
+  /// per head that joins each query's softmax: one parameter per head and layer, no work to
+  /// speak of, and a kernel that takes it (Transformer Engine runs it in cuDNN's fused
+  /// attention, not FlashAttention). An LLM's only.
+  bool attention_sinks = false;
 };
 
 /// Mixture of experts replacing the layers' MLP. Each token goes to `top_k` of `experts`
