@@ -818,11 +818,12 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
   // The layers built: the first of each kind (dense or MoE, windowed or not); every other
   // layer is like one of them. Multi-token-prediction depths (after the layers) each.
   const int first_moe = static_cast<int>(g.dense_layers);
-  auto kind = [&](int layer) { return (layer < first_moe ? 1 : 0) + (g.windowed(layer) ? 2 : 0); };
   std::array<int, 4> first_of_kind;
   first_of_kind.fill(-1);
-  for (int i = static_cast<int>(g.layers) - 1; i >= 0; --i) first_of_kind[kind(i)] = i;
-  auto built = [&](int layer) { return layer >= g.layers || first_of_kind[kind(layer)] == layer; };
+  for (int i = static_cast<int>(g.layers) - 1; i >= 0; --i) first_of_kind[m.layer_kind(i)] = i;
+  auto built = [&](int layer) {
+    return layer >= g.layers || first_of_kind[m.layer_kind(layer)] == layer;
+  };
   // Tokens a module's activations span: layers see layer_tokens; a projector its output.
   int64_t tokens = g.layer_tokens;
   if (g.kind == models::ModuleKind::kProjector) {

@@ -135,7 +135,7 @@ struct ModuleTime {
     if (!sliding_window) return {n - d, d, 0, 0};
     std::array<int64_t, 4> c{};
     for (int64_t i = first; i < first + n; ++i)
-      ++c[(i < dense_layers ? 1 : 0) + (i < layers && sliding_window->windowed(i) ? 2 : 0)];
+      ++c[layer_kind(i, layers, dense_layers, sliding_window)];
     return c;
   }
   // Layers [first, first + n) together.

@@ -179,6 +179,14 @@ struct Block {
   bool empty() const { return steps.empty() && dense.all == 0 && expert.all == 0; }
 };
 
+/// A layer's kind, one number per Block a module's layers run (ModuleCost::layer_kind()):
+/// 0 the module's layer, 1 an MoE LLM's dense first layers (`dense_layers` of them), 2 and 3
+/// the same with sliding-window attention; `i` 0-based among `layers`.
+inline int layer_kind(int64_t i, int64_t layers, int64_t dense_layers,
+                      const std::optional<models::SlidingWindow>& window) {
+  return (i < dense_layers ? 1 : 0) + (window && i < layers && window->windowed(i) ? 2 : 0);
+}
+
 struct ModuleCost {
   Block pre;    // before the first layer (embeddings; the whole of a projector)
   Block layer;  // one transformer layer (of an MoE LLM: one of its MoE layers)
@@ -188,18 +196,17 @@ struct ModuleCost {
   /// dense_layers); the other layers are `layer`. Empty with none.
   Block dense_layer;
   int64_t dense_layers = 0;
-  /// The layers with sliding-window attention (models::SlidingWindow; windowed()), each
+  /// The layers with sliding-window attention (models::SlidingWindow; layer_kind()), each
   /// `window_layer`, or of an MoE LLM's dense layers `window_dense_layer`, in place of
   /// `layer` / `dense_layer`. Empty without.
   Block window_layer;
   Block window_dense_layer;
   std::optional<models::SlidingWindow> sliding_window;
-  bool windowed(int64_t i) const {
-    return sliding_window && i < layers && sliding_window->windowed(i);
+  /// Which block layer `i` (0-based, below `layers`) runs: 0 `layer`, 1 `dense_layer`,
+  /// 2 `window_layer`, 3 `window_dense_layer`.
+  int layer_kind(int64_t i) const {
+    return planner::layer_kind(i, layers, dense_layers, sliding_window);
   }
-  /// Which block layer `i` (0-based, below `layers`) runs, one number per kind: 0 `layer`,
-  /// 1 `dense_layer`, 2 `window_layer`, 3 `window_dense_layer`.
-  int layer_kind(int64_t i) const { return (i < dense_layers ? 1 : 0) + (windowed(i) ? 2 : 0); }
   const Block& kind_block(int kind) const {
     switch (kind) {
       case 1:
