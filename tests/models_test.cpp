@@ -453,12 +453,15 @@ TEST(OpGraph, InvariantsHoldForEveryZooModule) {
         }
       }
       EXPECT_EQ(params, count_params(spec).total) << e.name;
-      // Every layer alike, an MoE LLM's dense layers (first) among themselves; a
-      // multi-token-prediction depth's layer has its norms and projection besides.
-      for (size_t i = 0; i < static_cast<size_t>(g.layers); ++i)
-        EXPECT_EQ(ops_per_layer[i],
-                  ops_per_layer[static_cast<int64_t>(i) < g.dense_layers ? 0 : g.dense_layers])
-            << e.name << " layer " << i;
+      // Every layer alike, an MoE LLM's dense layers (first, or by its layer pattern) among
+      // themselves; a multi-token-prediction depth's layer has its norms and projection
+      // besides.
+      std::map<bool, int> first;  // dense or not: the first such layer's op count
+      for (size_t i = 0; i < static_cast<size_t>(g.layers); ++i) {
+        const bool dense = g.dense(static_cast<int64_t>(i));
+        first.try_emplace(dense, ops_per_layer[i]);
+        EXPECT_EQ(ops_per_layer[i], first[dense]) << e.name << " layer " << i;
+      }
     }
   }
 }
@@ -491,6 +494,31 @@ TEST(OpGraph, MoeExpertShapes) {
 
 // MoeSpec::dense_layers: the first layers keep a dense MLP of the block's ffn_hidden, the
 // rest route to experts; FLOPs and parameters follow layer by layer.
+// MoeSpec::layer_pattern (Llama 4 Maverick's [0, 1], interleave_moe_layer_step 2): the
+// even 0-based layers keep a dense MLP of ffn_hidden, the odd ones are MoE layers with the
+// shared expert; 400B and 17B active as published (Meta's model card).
+TEST(OpGraph, LayerPatternAlternatesDenseAndMoeLayers) {
+  const ModuleSpec spec = zoo_module("llama-4-maverick");
+  const OpGraph g = build_op_graph(spec, input(1, 256));
+  auto has = [&](int layer, std::string_view name) {
+    for (const Op& op : g.ops)
+      if (op.layer == layer && op.name == name) return true;
+    return false;
+  };
+  for (int layer = 0; layer < 48; ++layer) {
+    EXPECT_EQ(g.dense(layer), layer % 2 == 0) << layer;
+    EXPECT_EQ(has(layer, "mlp_fc1"), layer % 2 == 0) << layer;
+    EXPECT_EQ(has(layer, "router"), layer % 2 == 1) << layer;
+    EXPECT_EQ(has(layer, "shared_expert_fc1"), layer % 2 == 1) << layer;
+  }
+  const ParamCounts p = count_params(spec);
+  EXPECT_LT(rel_err(static_cast<double>(p.total), 400e9), 0.005);
+  EXPECT_LT(rel_err(static_cast<double>(p.active), 17e9), 0.02);
+  const MoeSpec& moe = *std::get<LlmSpec>(spec).moe;
+  EXPECT_EQ(moe.dense_layer_count(48), 24);
+  EXPECT_FALSE(moe.dense_layer(48, 48));  // a multi-token-prediction depth: MoE
+}
+
 TEST(OpGraph, DenseLayersBeforeTheMoeLayers) {
   ModuleSpec spec = zoo_module("glm-4.5");
   std::get<LlmSpec>(spec).mtp_layers = 0;  // (its output head's FLOPs own no parameters)
@@ -1046,6 +1074,16 @@ TEST(Json, BadInputsNameTheirPath) {
       {R"({"name": "m", "modules": [{"name": "v", "kind": "vision_encoder", "spec": {"layers": 1, "hidden": 64, "ffn_hidden": 64, "heads": 2, "patch_size": 14, "image_size": 336, "activation": "gelu", "norm": "layernorm", "attention_sinks": true}}, {"name": "llm", "kind": "llm", "spec": {)" +
            llm + "}}]}",
        "model.modules[0].spec.attention_sinks", "an llm's only"},
+      {one(llm + R"(, "moe": {"experts": 4, "top_k": 1, "expert_ffn_hidden": 64, "layer_pattern": [0, 2]})"),
+       "model.modules[0].spec.moe.layer_pattern", "entry 1 must be 0 (a dense layer) or 1"},
+      {one(llm + R"(, "moe": {"experts": 4, "top_k": 1, "expert_ffn_hidden": 64, "layer_pattern": [0, 0]})"),
+       "model.modules[0].spec.moe.layer_pattern", "at least one MoE layer"},
+      {one(llm + R"(, "moe": {"experts": 4, "top_k": 1, "expert_ffn_hidden": 64, "layer_pattern": [0, 1, 1]})"),
+       "model.modules[0].spec.moe.layer_pattern", "must divide layers (2), got 3"},
+      {one(llm + R"(, "moe": {"experts": 4, "top_k": 1, "expert_ffn_hidden": 64, "dense_layers": 1, "layer_pattern": [0, 1]})"),
+       "model.modules[0].spec.moe.layer_pattern", "not both"},
+      {one(R"("layers": 2, "hidden": 256, "heads": 4, "vocab": 1000, "activation": "swiglu", "norm": "rmsnorm", "moe": {"experts": 4, "top_k": 1, "expert_ffn_hidden": 64, "layer_pattern": [0, 1]})"),
+       "model.modules[0].spec.ffn_hidden", ""},
       {one(llm + R"(, "mtp_layers": -1)"), "model.modules[0].spec.mtp_layers",
        "must be in [0, 64], got -1"},
       {one(llm + R"(, "mtp_layers": 65)"), "model.modules[0].spec.mtp_layers",

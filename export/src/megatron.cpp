@@ -260,12 +260,19 @@ std::vector<Flag> megatron_model_flags(const Context& c) {
     f.push_back({"--num-query-groups", num(b.kv_heads)});
   }
   if (llm.moe) {
-    // With dense layers first, --ffn-hidden-size is theirs and --moe-layer-freq places them
-    // (a Python list expression Megatron evaluates, quoted for the shell).
+    // With dense layers, --ffn-hidden-size is theirs and --moe-layer-freq places them (a
+    // Python list expression Megatron evaluates, quoted for the shell): dense ones first, or
+    // the layer pattern repeated.
     const int64_t dense = llm.moe->dense_layers;
-    f.push_back({"--ffn-hidden-size", num(dense > 0 ? b.ffn_hidden : llm.moe->expert_ffn_hidden)});
+    const std::vector<int64_t>& pattern = llm.moe->layer_pattern;
+    const bool dense_mlps = llm.moe->dense_layer_count(b.layers) > 0;
+    f.push_back({"--ffn-hidden-size", num(dense_mlps ? b.ffn_hidden : llm.moe->expert_ffn_hidden)});
     if (dense > 0)
       f.push_back({"--moe-layer-freq", fmt::format("'([0]*{}+[1]*{})'", dense, b.layers - dense)});
+    else if (dense_mlps)
+      f.push_back(
+          {"--moe-layer-freq", fmt::format("'([{}]*{})'", fmt::join(pattern, ","),
+                                           b.layers / static_cast<int64_t>(pattern.size()))});
     f.push_back({"--num-experts", num(llm.moe->experts)});
     f.push_back({"--moe-router-topk", num(llm.moe->top_k)});
     f.push_back({"--moe-ffn-hidden-size", num(llm.moe->expert_ffn_hidden)});

@@ -59,14 +59,15 @@ void add_model_shape(std::vector<Setting>& s, const Context& c) {
   }
   if (b.attention_sinks) s.push_back({"model.softmax_type", yaml_string("learnable")});
   if (llm.moe) {
-    // With dense layers first, ffn_hidden_size is theirs and moe_layer_freq, one entry per
-    // layer (0 dense, 1 MoE), places them.
-    const int64_t dense = llm.moe->dense_layers;
+    // With dense layers (first, or by the layer pattern), ffn_hidden_size is theirs and
+    // moe_layer_freq, one entry per layer (0 dense, 1 MoE), places them.
+    const bool dense_mlps = llm.moe->dense_layer_count(b.layers) > 0;
     s.push_back(
-        {"model.ffn_hidden_size", num(dense > 0 ? b.ffn_hidden : llm.moe->expert_ffn_hidden)});
-    if (dense > 0) {
-      std::vector<std::string_view> freq(static_cast<size_t>(b.layers), "1");
-      std::fill_n(freq.begin(), dense, "0");
+        {"model.ffn_hidden_size", num(dense_mlps ? b.ffn_hidden : llm.moe->expert_ffn_hidden)});
+    if (dense_mlps) {
+      std::vector<std::string_view> freq;
+      for (int64_t i = 0; i < b.layers; ++i)
+        freq.push_back(llm.moe->dense_layer(i, b.layers) ? "0" : "1");
       s.push_back({"model.moe_layer_freq", fmt::format("[{}]", fmt::join(freq, ", "))});
     }
     s.push_back({"model.num_moe_experts", num(llm.moe->experts)});

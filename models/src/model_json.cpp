@@ -136,9 +136,20 @@ ModuleSpec read_fields(std::string_view kind, JsonReader& r) {
     s.mtp_layers = r.optional_int("mtp_layers", 0);
     if (r.has("moe")) {
       JsonReader m = r.object("moe");
-      s.moe = MoeSpec{m.required_int("experts"), m.required_int("top_k"),
+      s.moe = MoeSpec{m.required_int("experts"),           m.required_int("top_k"),
                       m.required_int("expert_ffn_hidden"), m.optional_int("shared_experts", 0),
-                      m.optional_int("dense_layers", 0)};
+                      m.optional_int("dense_layers", 0),   {}};
+      const json& pattern = m.array("layer_pattern", false);
+      for (size_t i = 0; i < pattern.size(); ++i) {
+        if (!pattern[i].is_number_integer() ||
+            (pattern[i].get<int64_t>() != 0 && pattern[i].get<int64_t>() != 1)) {
+          m.fail("layer_pattern", fmt::format("entry {} must be 0 (a dense layer) or 1 (a MoE "
+                                              "layer)",
+                                              i));
+          break;
+        }
+        s.moe->layer_pattern.push_back(pattern[i].get<int64_t>());
+      }
       m.finish();
       r.merge(m.status());
     }

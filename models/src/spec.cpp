@@ -166,7 +166,11 @@ void check_window(Checker& c, const SlidingWindow& w, int64_t layers) {
 }
 
 void check(Checker& c, const LlmSpec& s) {
-  check_block(c, s.block, s.moe.has_value(), s.moe && s.moe->dense_layers != 0);
+  const bool dense_mlps =
+      s.moe && (s.moe->dense_layers != 0 ||
+                std::find(s.moe->layer_pattern.begin(), s.moe->layer_pattern.end(), 0) !=
+                    s.moe->layer_pattern.end());
+  check_block(c, s.block, s.moe.has_value(), dense_mlps);
   if (s.block.mla) check_mla(c, *s.block.mla);
   if (s.block.sliding_window) check_window(c, *s.block.sliding_window, s.block.layers);
   c.size("vocab", s.vocab, kMaxWidth);
@@ -187,6 +191,16 @@ void check(Checker& c, const LlmSpec& s) {
     c.fail("moe.dense_layers",
            fmt::format("must be in [0, layers - 1] (at least one MoE layer; layers {}), got {}",
                        s.block.layers, s.moe->dense_layers));
+  const std::vector<int64_t>& pattern = s.moe->layer_pattern;
+  if (!pattern.empty()) {
+    if (s.moe->dense_layers != 0)
+      c.fail("moe.layer_pattern", "give moe.dense_layers or moe.layer_pattern, not both");
+    else if (s.block.layers % static_cast<int64_t>(pattern.size()) != 0)
+      c.fail("moe.layer_pattern", fmt::format("its length must divide layers ({}), got {}",
+                                              s.block.layers, pattern.size()));
+    else if (std::find(pattern.begin(), pattern.end(), 1) == pattern.end())
+      c.fail("moe.layer_pattern", "must hold at least one MoE layer (1)");
+  }
   if (s.moe->top_k > s.moe->experts)
     c.fail("moe.top_k",
            fmt::format("must be <= experts ({}), got {}", s.moe->experts, s.moe->top_k));
@@ -258,8 +272,15 @@ double approx_params(const ModuleSpec& spec) {
           const double mlp = s.moe ? static_cast<double>(s.moe->experts + s.moe->shared_experts) *
                                          static_cast<double>(s.moe->expert_ffn_hidden)
                                    : static_cast<double>(s.block.ffn_hidden);
-          const double dense = s.moe ? static_cast<double>(s.moe->dense_layers) * 3 *
-                                           static_cast<double>(s.block.hidden) *
+          // (The pattern's dense layers in closed form: no loop over unchecked sizes.)
+          const std::vector<int64_t>& p = s.moe ? s.moe->layer_pattern : std::vector<int64_t>();
+          const double pattern_dense =
+              p.empty() ? 0
+                        : static_cast<double>(s.block.layers) *
+                              static_cast<double>(std::count(p.begin(), p.end(), 0)) /
+                              static_cast<double>(p.size());
+          const double dense = s.moe ? (static_cast<double>(s.moe->dense_layers) + pattern_dense) *
+                                           3 * static_cast<double>(s.block.hidden) *
                                            static_cast<double>(s.block.ffn_hidden)
                                      : 0;
           const double mtp =

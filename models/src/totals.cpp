@@ -50,10 +50,10 @@ ParamCounts layer_params(const TransformerSpec& t, const std::optional<MoeSpec>&
   return c;
 }
 
-// Layers plus the final norm; `active` as one token sees them. An MoE block's first
-// moe->dense_layers layers are dense.
+// Layers plus the final norm; `active` as one token sees them. An MoE block's dense layers
+// (MoeSpec::dense_layer) have a dense MLP.
 ParamCounts block_params(const TransformerSpec& t, const std::optional<MoeSpec>& moe) {
-  const int64_t dense_layers = moe ? moe->dense_layers : t.layers;
+  const int64_t dense_layers = moe ? moe->dense_layer_count(t.layers) : t.layers;
   const ParamCounts dense = layer_params(t, std::nullopt);
   const ParamCounts sparse = moe ? layer_params(t, moe) : ParamCounts{};
   ParamCounts c;

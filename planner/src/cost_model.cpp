@@ -814,10 +814,12 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
   ModuleCost m;
   m.layers = g.layers;
   m.dense_layers = g.dense_layers;
+  m.moe_pattern = g.moe_pattern;
   m.sliding_window = g.sliding_window;
   // The layers built: the first of each kind (dense or MoE, windowed or not); every other
   // layer is like one of them. Multi-token-prediction depths (after the layers) each.
-  const int first_moe = static_cast<int>(g.dense_layers);
+  int first_moe = 0;  // the first MoE layer (of an MoE LLM; 0 otherwise)
+  while (first_moe < g.layers && g.dense(first_moe)) ++first_moe;
   std::array<int, 4> first_of_kind;
   first_of_kind.fill(-1);
   for (int i = static_cast<int>(g.layers) - 1; i >= 0; --i) first_of_kind[m.layer_kind(i)] = i;
@@ -865,7 +867,7 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
     return Bytes(tokens / cp * (width + kv) * e);
   };
   // Whether `op` is in a MoE layer under moe_sp (an MoE LLM's dense layers are not).
-  auto in_moe_sp = [&](const models::Op& op) { return moe_sp && op.layer >= first_moe; };
+  auto in_moe_sp = [&](const models::Op& op) { return moe_sp && !g.dense(op.layer); };
   const bool gather_routed = moe_sp && l.expert_tp() > 1;
   // A MoE permutation's routed token copies (top_k per token, or every expert's capacity
   // under token dropping) in bytes: of the CP rank's whole sequence, or with `slice` of its
@@ -887,8 +889,8 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
   // before it) and their second reduce-scatters (the TP exit before the residual add).
   // Every MoE layer is alike: the first one's ops tell, without a look at the others.
   bool shared = false;
-  for (size_t i = 0; i < g.ops.size() && g.ops[i].layer <= first_moe; ++i)
-    shared = shared || g.ops[i].name == "shared_expert_fc1";
+  for (const models::Op& op : g.ops)
+    if (op.layer == first_moe) shared = shared || op.name == "shared_expert_fc1";
   const bool shared_sp = moe_sp && shared;
   // Layout::moe_shared_expert_overlap (with all-to-alls to hide behind): the shared experts'
   // steps beside the all-to-alls (place_beside_all_to_alls), their linears in Transformer

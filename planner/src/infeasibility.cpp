@@ -368,8 +368,10 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
       (!llm.moe || llm.moe->shared_experts == 0))
     return "recompute_modules shared_experts needs a mixture-of-experts llm with shared experts "
            "(moe.shared_experts)";
-  if (l.recompute_policy().selects(models::kRecomputeMlp) && llm.moe && llm.moe->dense_layers == 0)
-    return "recompute_modules mlp needs dense MLP layers (a dense llm, or moe.dense_layers): "
+  if (l.recompute_policy().selects(models::kRecomputeMlp) && llm.moe &&
+      llm.moe->dense_layer_count(llm.block.layers) == 0)
+    return "recompute_modules mlp needs dense MLP layers (a dense llm, or moe.dense_layers or a "
+           "0 in moe.layer_pattern): "
            "Megatron-Core re-runs only dense MLPs with it (a MoE layer's is the \"moe\" module)";
   if (l.recompute_policy().selects(models::kRecomputeMlaUpProj) && !llm.block.mla)
     return "recompute_modules mla_up_proj needs an llm with multi-head latent attention (mla)";

@@ -120,11 +120,13 @@ struct ModuleTime {
   int64_t layers = 0;
   int64_t pre_params = 0, post_params = 0;  // per rank, dense
   Bytes boundary;  // one micro-batch's activation between pipeline stages, per rank
-  // A layer of each kind (ModuleCost::layer_kind()): the module's layer, an MoE LLM's first
-  // dense_layers layers, and either with a sliding window; their dense parameters per rank.
+  // A layer of each kind (ModuleCost::layer_kind()): the module's layer, an MoE LLM's dense
+  // layers (its first dense_layers, or by its layer pattern), and either with a sliding
+  // window; their dense parameters per rank.
   std::array<BlockTime, 4> kind;
   std::array<int64_t, 4> kind_params{};
   int64_t dense_layers = 0;
+  std::vector<int64_t> moe_pattern;
   std::optional<models::SlidingWindow> sliding_window;
   // An LLM's multi-token-prediction depths (ModuleCost::mtp), after `post`.
   BlockTime mtp;
@@ -132,10 +134,10 @@ struct ModuleTime {
   // Of layers [first, first + n), how many of each kind.
   std::array<int64_t, 4> kind_counts(int64_t first, int64_t n) const {
     const int64_t d = std::clamp<int64_t>(dense_layers - first, 0, n);
-    if (!sliding_window) return {n - d, d, 0, 0};
+    if (!sliding_window && moe_pattern.empty()) return {n - d, d, 0, 0};
     std::array<int64_t, 4> c{};
     for (int64_t i = first; i < first + n; ++i)
-      ++c[layer_kind(i, layers, dense_layers, sliding_window)];
+      ++c[layer_kind(i, layers, dense_layers, moe_pattern, sliding_window)];
     return c;
   }
   // Layers [first, first + n) together.
@@ -289,6 +291,7 @@ class CostCache {
       t.mtp_params = mc.mtp.dense.all;
       t.layers = mc.layers;
       t.dense_layers = mc.dense_layers;
+      t.moe_pattern = mc.moe_pattern;
       t.pre_params = mc.pre.dense.all;
       t.post_params = mc.post.dense.all;
       t.boundary = mc.boundary_bytes;
@@ -1199,12 +1202,12 @@ class Searcher {
       const Groups on = s_.cluster.groups_of_gpus(first + st * stage_ranks, stage_ranks);
       for (size_t gi = on.begin; gi < on.end; ++gi) {
         const ModuleTime& t = times[gi];
-        // A layer at the mean of the layers after the dense ones (sliding windows make
-        // them differ, by their attention alone).
+        // A layer at the mean of the layers after the dense first ones (sliding windows,
+        // by their attention, and a layer pattern's dense layers make them differ).
         const int64_t rest = t.layers - t.dense_layers;
         const BlockTime after = t.layers_time(t.dense_layers, rest);
         const Time layer =
-            !t.sliding_window
+            !t.sliding_window && t.moe_pattern.empty()
                 ? t.kind[0].f + t.kind[0].b
                 : Time::seconds((after.f + after.b).to_seconds() / static_cast<double>(rest));
         per_layer[st] = std::max(per_layer[st], layer);

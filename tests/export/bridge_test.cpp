@@ -75,6 +75,18 @@ TEST(ExportMegatronBridge, DenseLayersFirstSetTheLayerPattern) {
             0u);
 }
 
+// A layer pattern (Llama 4 Maverick's): moe_layer_freq lists every layer.
+TEST(ExportMegatronBridge, LayerPatternListsEveryLayer) {
+  const planner::Scenario s = scenario("llama-4-maverick", 16, 8192, 512);
+  const Plan p = maverick_plan();
+  ASSERT_EQ(planner::infeasibility(s, p), "");
+  const auto y = bridge(s, p);
+  std::string freq = "[0, 1";
+  for (int i = 1; i < 24; ++i) freq += ", 0, 1";
+  EXPECT_EQ(y.at("model.moe_layer_freq"), freq + "]");
+  EXPECT_EQ(y.at("model.ffn_hidden_size"), "16384");
+}
+
 // Sliding windows: TransformerConfig's window_size and window_attn_skip_freq, as the
 // gpt-oss providers set them.
 TEST(ExportMegatronBridge, SlidingWindowsWriteTheirWindow) {

@@ -64,6 +64,16 @@ planner::Plan gpt_oss_ep8_plan() {
   return p;
 }
 
+planner::Plan maverick_plan() {
+  planner::Plan p;
+  p.layout = layout(4, 4, 8);
+  p.layout.sequence_parallel = true;
+  p.layout.ep = 32;
+  p.layout.etp = 1;
+  p.layout.recompute = models::Recompute::kFull;
+  return p;
+}
+
 std::string encoder_name(const planner::Scenario& s) {
   for (const models::Module& m : s.model.modules)
     if (models::is_encoder(models::kind_of(m.spec))) return m.name;

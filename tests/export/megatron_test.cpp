@@ -320,6 +320,18 @@ TEST(ExportMegatron, SlidingWindowsWriteTheirWindow) {
   }
 }
 
+// Dense and MoE layers alternating (Llama 4 Maverick's layer pattern): --moe-layer-freq
+// repeats the pattern, --ffn-hidden-size is the dense layers' width.
+TEST(ExportMegatron, LayerPatternSetsTheMoeLayerFrequency) {
+  const planner::Scenario s = scenario("llama-4-maverick", 16, 8192, 512);
+  const Plan p = maverick_plan();
+  ASSERT_EQ(planner::infeasibility(s, p), "");
+  const auto f = all_flags(exported(s, p, Target::kMegatron).at("launch.sh"));
+  EXPECT_EQ(f.at("--moe-layer-freq"), "'([0,1]*24)'");
+  EXPECT_EQ(f.at("--ffn-hidden-size"), "16384");
+  EXPECT_EQ(f.at("--moe-ffn-hidden-size"), "8192");
+}
+
 TEST(ExportMegatron, MixtureOfExpertsAndPrecisions) {
   planner::Scenario s = scenario("mixtral-8x7b", 8, 4096, 256, 0, "fp8");
   const Plan p = mixtral_ep8_plan();

@@ -226,6 +226,20 @@ TEST(Kernels, SlidingWindowPlansMatchTaskFlops) {
     if (task.kind == sim::TaskKind::kCompute)
       flops[std::string(lp->graph.label_text(task.label.name))] += task.flops.count();
   }
+  {
+    // The dense layers by a layer pattern (every other one) instead of first.
+    auto alt = parse_scenario_text(R"({"model": {"name": "tiny-alt", "modules": [{"name": "llm",
+        "kind": "llm", "spec": {"layers": 4, "hidden": 256, "ffn_hidden": 512, "heads": 4,
+        "kv_heads": 2, "vocab": 512, "activation": "swiglu", "norm": "rmsnorm",
+        "sliding_window": {"size": 32, "full_every": 2},
+        "moe": {"experts": 8, "top_k": 1, "expert_ffn_hidden": 128, "shared_experts": 1,
+                "layer_pattern": [0, 1]}}}]},
+        "workload": {"seq_len": 256, "global_batch": 8},
+        "cluster": {"profile": "dgx-h100", "nodes": 1}})",
+                                   "alt.json");
+    ASSERT_TRUE(alt.is_ok()) << alt.status().to_string();
+    expect_kernels_match(*alt, p);
+  }
   double l2 = 0, l3 = 0;  // layer 2 (0-based) windowed, layer 3 full; both MoE
   for (const auto& [name, f] : flops) {
     if (name.find("L2") != std::string::npos) l2 += f;

@@ -642,6 +642,29 @@ TEST(Search, TheBoundHoldsWithSlidingWindows) {
   expect_bound_below_plans("gpt-oss-120b-64xh100-compare.json");
 }
 
+// Dense and MoE layers alternating (MoeSpec::layer_pattern, Llama 4 Maverick's): the bound
+// counts each virtual stage's layers by kind and stays below every plan the search keeps,
+// the fast search finding what the exhaustive one does.
+TEST(Search, TheBoundHoldsWithALayerPattern) {
+  auto s = parse_scenario_text(
+      R"({"model": {"name": "tiny", "modules": [{"name": "llm", "kind": "llm", "spec": {
+        "layers": 8, "hidden": 1024, "ffn_hidden": 8192, "heads": 16, "kv_heads": 8,
+        "vocab": 128, "activation": "swiglu", "norm": "rmsnorm",
+        "moe": {"experts": 8, "top_k": 1, "expert_ffn_hidden": 1024, "shared_experts": 1,
+                "layer_pattern": [0, 1]}}}]},
+      "workload": {"seq_len": 2048, "global_batch": 16},
+      "cluster": {"profile": "dgx-h100", "nodes": 1},
+      "search": {"llm": {"tp": 1, "cp": 1, "micro_batch": 1}}})",
+      "pattern.json");
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  const SearchResult fast = run(*s, threads(2));
+  const SearchResult brute = run(*s, threads(2, true));
+  ASSERT_FALSE(brute.top.empty());
+  EXPECT_EQ(fast.top.front().metrics.iteration_time, brute.top.front().metrics.iteration_time);
+  for (const RankedPlan& p : brute.top)
+    EXPECT_LE(lower_bound(*s, p.plan), p.metrics.iteration_time) << describe(p.plan);
+}
+
 // With sliding windows the search builds no CP layout (infeasibility() refuses them): none
 // is considered, none rejected for it; a fixed cp is still tried and refused with the reason.
 TEST(Search, LeavesContextParallelismOutWithSlidingWindows) {
@@ -653,7 +676,8 @@ TEST(Search, LeavesContextParallelismOutWithSlidingWindows) {
           "sliding_window": {"size": 256, "full_every": 2}}}]},
         "workload": {"seq_len": 4096, "global_batch": 16},
         "cluster": {"profile": "dgx-h100", "nodes": 1},
-        "search": {"llm": {"tp": 1, "micro_batch": 1)" + llm + "}}}",
+        "search": {"llm": {"tp": 1, "micro_batch": 1)" +
+            llm + "}}}",
         "window.json");
     EXPECT_TRUE(s.is_ok()) << s.status().to_string();
     return *s;

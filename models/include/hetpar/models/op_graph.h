@@ -148,10 +148,15 @@ struct OpGraph {
   bool windowed(int64_t layer) const {
     return sliding_window && layer < layers && sliding_window->windowed(layer);
   }
-  /// Of an MoE LLM's layers, the first ones with a dense MLP (MoeSpec::dense_layers); the
-  /// rest are alike. Every layer of a dense module is alike. (Either, but for its window:
-  /// windowed().)
+  /// Of an MoE LLM's layers, the first ones with a dense MLP (MoeSpec::dense_layers), or
+  /// those its layer pattern makes dense (MoeSpec::layer_pattern); the rest are alike.
+  /// Every layer of a dense module is alike. (Either, but for its window: windowed().)
   int64_t dense_layers = 0;
+  std::vector<int64_t> moe_pattern;
+  /// Whether layer `layer` of an MoE LLM keeps a dense MLP (MoeSpec::dense_layer).
+  bool dense(int64_t layer) const {
+    return is_dense_layer(layer, layers, dense_layers, moe_pattern);
+  }
   /// An LLM's multi-token-prediction depths (LlmSpec::mtp_layers): their ops (Op::mtp) after
   /// the loss, their layers indexed layers .. layers + mtp_layers - 1.
   int64_t mtp_layers = 0;

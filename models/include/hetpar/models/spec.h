@@ -78,18 +78,41 @@ struct TransformerSpec {
   bool attention_sinks = false;
 };
 
+/// Whether layer `i` (0-based) of `layers` keeps a dense MLP in an MoE stack whose first
+/// `dense_layers` are dense and whose `pattern` (repeated; 0 dense, 1 MoE; empty: all MoE)
+/// says which of the others are. Layers past `layers` (multi-token prediction) are MoE.
+inline bool is_dense_layer(int64_t i, int64_t layers, int64_t dense_layers,
+                           const std::vector<int64_t>& pattern) {
+  if (i >= layers) return false;
+  if (i < dense_layers) return true;
+  return !pattern.empty() && pattern[static_cast<size_t>(i) % pattern.size()] == 0;
+}
+
 /// Mixture of experts replacing the layers' MLP. Each token goes to `top_k` of `experts`
 /// routed experts; `shared_experts` experts (run as one MLP of width
 /// shared_experts * expert_ffn_hidden) see every token. The first `dense_layers` layers
 /// keep a dense MLP of the block's ffn_hidden (DeepSeek-V3's and GLM-4.5's
-/// first_k_dense_replace, Megatron-LM's --moe-layer-freq [0]*k+[1]*(L-k)); at least one
-/// layer is a MoE layer.
+/// first_k_dense_replace, Megatron-LM's --moe-layer-freq [0]*k+[1]*(L-k)). Or
+/// `layer_pattern`, repeated over the layers, says which are MoE layers (1) and which dense
+/// (0): Llama 4 Maverick's [0, 1] (Megatron-LM's --moe-layer-freq ([0,1]*24)). At least one
+/// layer is a MoE layer. Multi-token-prediction depths are MoE layers.
 struct MoeSpec {
   int64_t experts = 0;
   int64_t top_k = 0;
   int64_t expert_ffn_hidden = 0;
   int64_t shared_experts = 0;
   int64_t dense_layers = 0;
+  std::vector<int64_t> layer_pattern;
+  /// Whether layer `i` (0-based) of `layers` keeps a dense MLP.
+  bool dense_layer(int64_t i, int64_t layers) const {
+    return is_dense_layer(i, layers, dense_layers, layer_pattern);
+  }
+  /// How many of `layers` keep a dense MLP.
+  int64_t dense_layer_count(int64_t layers) const {
+    int64_t n = 0;
+    for (int64_t i = 0; i < layers; ++i) n += dense_layer(i, layers) ? 1 : 0;
+    return n;
+  }
 };
 
 struct LlmSpec {
