@@ -849,6 +849,7 @@ class Searcher {
     shared_experts_ = llm.moe && llm.moe->shared_experts > 0;
     latent_attention_ = llm.block.mla.has_value();
     sliding_window_ = llm.block.sliding_window.has_value();
+    dense_mlps_ = llm.moe && llm.moe->dense_layer_count(llm.block.layers) > 0;
     top_k_ = o.top_k > 0 ? o.top_k : spec_.top_k;
     exhaustive_ = o.exhaustive;
   }
@@ -898,8 +899,8 @@ class Searcher {
     BaseInfo r;
     const size_t nmod = 1 + base.plan.modules.size();
     std::vector<std::vector<RecomputePolicy>> options(nmod);
-    options[0] =
-        recompute_options(spec_.llm, true, moe_experts_ > 0, shared_experts_, latent_attention_);
+    options[0] = recompute_options(spec_.llm, true, moe_experts_ > 0, shared_experts_,
+                                   latent_attention_, dense_mlps_);
     for (size_t k = 0; k < base.plan.modules.size(); ++k)
       options[k + 1] =
           recompute_options(module_fix(base.plan.modules[k].module), false, false, false);
@@ -960,11 +961,13 @@ class Searcher {
 
   // A module's recompute policies: the fixed kind (and modules) or every kind; for the LLM
   // selective also with other modules (kMoeRecomputeModules, kDenseRecomputeModules) and,
-  // with latent attention, each selective set also with mla_up_proj (heavier: tried where
-  // the set alone does not fit, dominated_by()).
+  // with latent attention, each selective set also with mla_up_proj, and in an MoE LLM with
+  // dense MLP layers (moe.dense_layers, moe.layer_pattern) each also with mlp (heavier: tried
+  // where the set alone does not fit, dominated_by()).
   static std::vector<RecomputePolicy> recompute_options(const LayoutFix& f, bool llm, bool moe,
                                                         bool shared_experts,
-                                                        bool latent_attention = false) {
+                                                        bool latent_attention = false,
+                                                        bool dense_mlps = false) {
     if (f.recompute_modules) return {RecomputePolicy(Recompute::kSelective, *f.recompute_modules)};
     std::vector<RecomputePolicy> out;
     if (f.recompute)
@@ -981,6 +984,13 @@ class Searcher {
         }
       } else
         out.emplace_back(Recompute::kSelective, kDenseRecomputeModules);
+      if (moe && dense_mlps) {
+        const size_t n = out.size();
+        for (size_t i = 0; i < n; ++i)
+          if (out[i].kind == Recompute::kSelective)
+            out.emplace_back(Recompute::kSelective,
+                             static_cast<uint8_t>(out[i].modules | models::kRecomputeMlp));
+      }
       if (latent_attention) {
         const size_t n = out.size();
         for (size_t i = 0; i < n; ++i)
@@ -1484,6 +1494,7 @@ class Searcher {
   bool shared_experts_ = false;
   bool latent_attention_ = false;  // models::MlaSpec: the mla_up_proj module is tried too
   bool sliding_window_ = false;    // models::SlidingWindow: no CP layouts unless cp is fixed
+  bool dense_mlps_ = false;        // an MoE LLM's dense MLP layers: the mlp module is tried too
   bool exhaustive_ = false;
   // Module times per node group for sized_to_work() (enumeration is single-threaded).
   mutable CostCache speed_;

@@ -778,6 +778,51 @@ TEST(Search, TriesMlaUpProjWhereTheLighterSetDoesNotFit) {
         << describe(p.plan);
 }
 
+// An MoE LLM with dense MLP layers (here every other one, moe.layer_pattern): each selective
+// set is also tried with mlp, which re-runs the dense layers' MLPs; more candidates than
+// for the same model without dense layers, and under a memory cap between the norm and
+// activation set and that set with mlp, the set alone is never taken and mlp is.
+TEST(Search, TriesTheMlpModuleOnAnMoeLlmsDenseLayers) {
+  auto scenario = [](const std::string& pattern, const std::string& extra) {
+    auto s = parse_scenario_text(
+        fmt::format(R"({{"name": "alt", "model": {{"name": "tiny-alt", "modules": [{{"name": "llm",
+          "kind": "llm", "spec": {{"layers": 4, "hidden": 1024, {}"heads": 16,
+          "vocab": 128, "activation": "swiglu", "norm": "rmsnorm",
+          "moe": {{"experts": 8, "top_k": 2, "expert_ffn_hidden": 512{}}}}}}}]}},
+          "workload": {{"seq_len": 4096, "global_batch": 16, "precision": "bf16"}},
+          "cluster": {{"profile": "dgx-h100", "nodes": 1}},
+          "search": {{"llm": {{"tp": 1, "cp": 1, "pp": 1, "ep": 8, "micro_batch": 2,
+                               "recompute": "selective"}}{}}}}})",
+                    pattern.empty() ? "" : R"("ffn_hidden": 8192, )", pattern, extra),
+        "alt.json");
+    EXPECT_TRUE(s.is_ok()) << s.status().to_string();
+    return *s;
+  };
+  const std::string alternating = R"(, "layer_pattern": [0, 1])";
+  const SearchResult open = run(scenario(alternating, ""), threads(2));
+  const SearchResult all_moe = run(scenario("", ""), threads(2));
+  ASSERT_FALSE(open.top.empty());
+  EXPECT_GT(open.counts.considered, all_moe.counts.considered);
+  Plan norm_act = open.top.front().plan, with_mlp = norm_act;
+  norm_act.layout.recompute_modules = models::kRecomputeLayernorm | models::kRecomputeMoeAct;
+  with_mlp.layout.recompute_modules = norm_act.layout.recompute_modules | models::kRecomputeMlp;
+  const Scenario bare = scenario(alternating, "");
+  const double mlp_gib = estimate_memory(bare, with_mlp).peak.to_GiB();
+  const double norm_act_gib = estimate_memory(bare, norm_act).peak.to_GiB();
+  ASSERT_LT(mlp_gib, norm_act_gib);
+  const SearchResult capped = run(
+      scenario(alternating, fmt::format(R"(, "max_memory_GiB": {})", (mlp_gib + norm_act_gib) / 2)),
+      threads(2));
+  ASSERT_FALSE(capped.top.empty());
+  bool mlp = false;
+  for (const RankedPlan& p : capped.top) {
+    EXPECT_NE(p.plan.layout.recompute_modules, norm_act.layout.recompute_modules)
+        << describe(p.plan);
+    mlp = mlp || p.plan.layout.recompute_policy().selects(models::kRecomputeMlp);
+  }
+  EXPECT_TRUE(mlp);
+}
+
 // search.llm.moe_shared_expert_overlap: on by default where it applies (shared experts,
 // ep > 1), off for the shared experts' recompute alone (which Megatron-Core skips when they
 // are overlapped) and without shared experts; "any" tries both, and the overlap wins; false
