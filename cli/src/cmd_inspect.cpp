@@ -14,8 +14,9 @@ namespace {
 void print_text(const planner::ScenarioSummary& s) {
   const planner::Workload& w = s.workload;
   fmt::print("Scenario  {}\n", s.name);
-  fmt::print("Model     {} ({} parameters, {} modules)\n", s.model_name,
-             format_count(static_cast<double>(s.total_params.total)), s.modules.size());
+  fmt::print("Model     {} ({} parameters, {} module{})\n", s.model_name,
+             format_count(static_cast<double>(s.total_params.total)), s.modules.size(),
+             s.modules.size() == 1 ? "" : "s");
   fmt::print(
       "Workload  seq_len {}, global batch {}, images/sample {}, audio clips/sample {}, {}\n\n",
       w.seq_len, w.global_batch, w.images_per_sample, w.audio_clips_per_sample,
