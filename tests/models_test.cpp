@@ -458,7 +458,7 @@ TEST(OpGraph, InvariantsHoldForEveryZooModule) {
       // besides.
       std::map<bool, int> first;  // dense or not: the first such layer's op count
       for (size_t i = 0; i < static_cast<size_t>(g.layers); ++i) {
-        const bool dense = g.dense(static_cast<int64_t>(i));
+        const bool dense = g.kinds.dense(static_cast<int64_t>(i));
         first.try_emplace(dense, ops_per_layer[i]);
         EXPECT_EQ(ops_per_layer[i], first[dense]) << e.name << " layer " << i;
       }
@@ -506,7 +506,7 @@ TEST(OpGraph, LayerPatternAlternatesDenseAndMoeLayers) {
     return false;
   };
   for (int layer = 0; layer < 48; ++layer) {
-    EXPECT_EQ(g.dense(layer), layer % 2 == 0) << layer;
+    EXPECT_EQ(g.kinds.dense(layer), layer % 2 == 0) << layer;
     EXPECT_EQ(has(layer, "mlp_fc1"), layer % 2 == 0) << layer;
     EXPECT_EQ(has(layer, "router"), layer % 2 == 1) << layer;
     EXPECT_EQ(has(layer, "shared_expert_fc1"), layer % 2 == 1) << layer;
@@ -524,7 +524,7 @@ TEST(OpGraph, DenseLayersBeforeTheMoeLayers) {
   std::get<LlmSpec>(spec).mtp_layers = 0;  // (its output head's FLOPs own no parameters)
   const OpGraph g = build_op_graph(spec, input(1, 256));
   EXPECT_EQ(g.layers, 92);
-  EXPECT_EQ(g.dense_layers, 3);
+  EXPECT_EQ(g.kinds.dense_layers, 3);
   auto find = [&](int layer, std::string_view name) -> const Op* {
     for (const Op& op : g.ops)
       if (op.layer == layer && op.name == name) return &op;
@@ -603,16 +603,16 @@ TEST(OpGraph, SlidingWindowLayersScoreTheirBand) {
   const ModuleSpec spec = zoo_module("gpt-oss-120b");
   const int64_t seq = 4096, w = 128;
   const OpGraph g = build_op_graph(spec, input(2, seq));
-  ASSERT_TRUE(g.sliding_window.has_value());
+  ASSERT_TRUE(g.kinds.window.has_value());
   std::map<int, const Op*> attention;
   for (const Op& op : g.ops)
     if (op.kind == OpKind::kAttention) attention[op.layer] = &op;
   ASSERT_EQ(attention.size(), 36u);
   const double per_pair = 2.0 * 2 * 64 * (64 + 64);
   for (const auto& [layer, op] : attention) {
-    EXPECT_EQ(g.windowed(layer), layer % 2 == 0) << layer;
-    EXPECT_EQ(op->attention->window, g.windowed(layer) ? w : 0) << layer;
-    const double pairs = g.windowed(layer) ? seq * w - w * w / 2.0 : seq * seq / 2.0;
+    EXPECT_EQ(g.kinds.windowed(layer), layer % 2 == 0) << layer;
+    EXPECT_EQ(op->attention->window, g.kinds.windowed(layer) ? w : 0) << layer;
+    const double pairs = g.kinds.windowed(layer) ? seq * w - w * w / 2.0 : seq * seq / 2.0;
     EXPECT_DOUBLE_EQ(op->forward.count(), per_pair * pairs) << layer;
     EXPECT_DOUBLE_EQ(op->dgrad.count(), 2 * op->forward.count()) << layer;
   }
@@ -623,7 +623,7 @@ TEST(OpGraph, SlidingWindowLayersScoreTheirBand) {
   ModuleSpec all = spec;
   std::get<LlmSpec>(all).block.sliding_window->full_every = 0;
   const OpGraph ga = build_op_graph(all, input(2, seq));
-  for (int64_t layer = 0; layer < 36; ++layer) EXPECT_TRUE(ga.windowed(layer)) << layer;
+  for (int64_t layer = 0; layer < 36; ++layer) EXPECT_TRUE(ga.kinds.windowed(layer)) << layer;
   // gpt-oss's published sizes: 116.8B and 20.9B (model card, arXiv 2508.10925; without the
   // router's bias, 4.6K and 768 parameters). Its attention sinks: a parameter per head.
   EXPECT_EQ(attention[0]->params, 64);

@@ -436,14 +436,13 @@ void add_layer(Builder& b, const TransformerSpec& t, const std::optional<MoeSpec
 void add_layers(Builder& b, OpGraph& g, const TransformerSpec& t, const std::optional<MoeSpec>& moe,
                 int64_t batch, int64_t seq, bool causal, bool rope, MoeRouting routing = {}) {
   g.layers = t.layers;
-  g.dense_layers = moe ? moe->dense_layers : 0;
-  if (moe) g.moe_pattern = moe->layer_pattern;
-  g.sliding_window = t.sliding_window;
+  g.kinds = {t.layers, moe ? moe->dense_layers : 0,
+             moe ? moe->layer_pattern : std::vector<int64_t>(), t.sliding_window};
   g.layer_tokens = batch * seq;
   g.hidden = t.hidden;
   for (int64_t l = 0; l < t.layers; ++l)
-    add_layer(b, t, g.dense(l) ? std::nullopt : moe, static_cast<int>(l), batch, seq, causal, rope,
-              routing, g.windowed(l) ? t.sliding_window->size : 0);
+    add_layer(b, t, g.kinds.dense(l) ? std::nullopt : moe, static_cast<int>(l), batch, seq, causal,
+              rope, routing, g.kinds.windowed(l) ? t.sliding_window->size : 0);
   b.norm("final_norm", -1, t.norm, static_cast<double>(batch * seq), t.hidden);
 }
 

@@ -813,13 +813,11 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
   const int64_t cp = context_parallel ? l.cp : 1;
   ModuleCost m;
   m.layers = g.layers;
-  m.dense_layers = g.dense_layers;
-  m.moe_pattern = g.moe_pattern;
-  m.sliding_window = g.sliding_window;
+  m.kinds = g.kinds;
   // The layers built: the first of each kind (dense or MoE, windowed or not); every other
   // layer is like one of them. Multi-token-prediction depths (after the layers) each.
   int first_moe = 0;  // the first MoE layer (of an MoE LLM; 0 otherwise)
-  while (first_moe < g.layers && g.dense(first_moe)) ++first_moe;
+  while (first_moe < g.layers && g.kinds.dense(first_moe)) ++first_moe;
   std::array<int, 4> first_of_kind;
   first_of_kind.fill(-1);
   for (int i = static_cast<int>(g.layers) - 1; i >= 0; --i) first_of_kind[m.layer_kind(i)] = i;
@@ -867,7 +865,7 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
     return Bytes(tokens / cp * (width + kv) * e);
   };
   // Whether `op` is in a MoE layer under moe_sp (an MoE LLM's dense layers are not).
-  auto in_moe_sp = [&](const models::Op& op) { return moe_sp && !g.dense(op.layer); };
+  auto in_moe_sp = [&](const models::Op& op) { return moe_sp && !g.kinds.dense(op.layer); };
   const bool gather_routed = moe_sp && l.expert_tp() > 1;
   // A MoE permutation's routed token copies (top_k per token, or every expert's capacity
   // under token dropping) in bytes: of the CP rank's whole sequence, or with `slice` of its

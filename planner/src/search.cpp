@@ -120,24 +120,22 @@ struct ModuleTime {
   int64_t layers = 0;
   int64_t pre_params = 0, post_params = 0;  // per rank, dense
   Bytes boundary;  // one micro-batch's activation between pipeline stages, per rank
-  // A layer of each kind (ModuleCost::layer_kind()): the module's layer, an MoE LLM's dense
-  // layers (its first dense_layers, or by its layer pattern), and either with a sliding
-  // window; their dense parameters per rank.
+  // A layer of each kind (models::LayerKinds::kind()): the module's layer, an MoE LLM's
+  // dense layers, and either with a sliding window; their dense parameters per rank.
   std::array<BlockTime, 4> kind;
   std::array<int64_t, 4> kind_params{};
-  int64_t dense_layers = 0;
-  std::vector<int64_t> moe_pattern;
-  std::optional<models::SlidingWindow> sliding_window;
+  models::LayerKinds kinds;
   // An LLM's multi-token-prediction depths (ModuleCost::mtp), after `post`.
   BlockTime mtp;
   int64_t mtp_params = 0;
   // Of layers [first, first + n), how many of each kind.
   std::array<int64_t, 4> kind_counts(int64_t first, int64_t n) const {
-    const int64_t d = std::clamp<int64_t>(dense_layers - first, 0, n);
-    if (!sliding_window && moe_pattern.empty()) return {n - d, d, 0, 0};
+    if (kinds.prefix_only()) {
+      const int64_t d = std::clamp<int64_t>(kinds.dense_layers - first, 0, n);
+      return {n - d, d, 0, 0};
+    }
     std::array<int64_t, 4> c{};
-    for (int64_t i = first; i < first + n; ++i)
-      ++c[layer_kind(i, layers, dense_layers, moe_pattern, sliding_window)];
+    for (int64_t i = first; i < first + n; ++i) ++c[kinds.kind(i)];
     return c;
   }
   // Layers [first, first + n) together.
@@ -285,13 +283,12 @@ class CostCache {
         t.kind[k] = block_time(mc.kind_block(k), l, link, frozen, ramp);
         t.kind_params[k] = mc.kind_block(k).dense.all;
       }
-      t.sliding_window = mc.sliding_window;
+      t.kinds = mc.kinds;
       t.post = block_time(mc.post, l, link, frozen, ramp);
       t.mtp = block_time(mc.mtp, l, link, frozen, ramp);
       t.mtp_params = mc.mtp.dense.all;
       t.layers = mc.layers;
-      t.dense_layers = mc.dense_layers;
-      t.moe_pattern = mc.moe_pattern;
+
       t.pre_params = mc.pre.dense.all;
       t.post_params = mc.post.dense.all;
       t.boundary = mc.boundary_bytes;
@@ -1214,20 +1211,21 @@ class Searcher {
         const ModuleTime& t = times[gi];
         // A layer at the mean of the layers after the dense first ones (sliding windows,
         // by their attention, and a layer pattern's dense layers make them differ).
-        const int64_t rest = t.layers - t.dense_layers;
-        const BlockTime after = t.layers_time(t.dense_layers, rest);
-        const Time layer =
-            !t.sliding_window && t.moe_pattern.empty()
-                ? t.kind[0].f + t.kind[0].b
-                : Time::seconds((after.f + after.b).to_seconds() / static_cast<double>(rest));
+        const int64_t first_dense = t.kinds.dense_layers;
+        Time layer = t.kind[0].f + t.kind[0].b;
+        if (!t.kinds.prefix_only()) {
+          const int64_t rest = t.layers - first_dense;
+          const BlockTime after = t.layers_time(first_dense, rest);
+          layer = Time::seconds((after.f + after.b).to_seconds() / static_cast<double>(rest));
+        }
         per_layer[st] = std::max(per_layer[st], layer);
         Time f;
         if (st == 0) f += t.pre.f + t.pre.b;
-        // An MoE LLM's dense layers come first: counted on stage 0 as what they take beyond
-        // (or short of) as many MoE layers.
-        if (st == 0 && t.dense_layers > 0) {
-          const BlockTime dense = t.layers_time(0, t.dense_layers);
-          f = std::max(Time::zero(), f + dense.f + dense.b - layer * t.dense_layers);
+        // An MoE LLM's dense first layers: counted on stage 0 as what they take beyond (or
+        // short of) as many of the others.
+        if (st == 0 && first_dense > 0) {
+          const BlockTime dense = t.layers_time(0, first_dense);
+          f = std::max(Time::zero(), f + dense.f + dense.b - layer * first_dense);
         }
         if (st == l.pp - 1) f += t.post.f + t.post.b + t.mtp.f + t.mtp.b;
         if (st == 0 && encoders_first) {

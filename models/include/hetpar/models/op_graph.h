@@ -139,24 +139,30 @@ struct ModuleInput {
   bool repeat_kv = false;
 };
 
+/// Which of a transformer stack's layers differ from the rest, and how: an MoE LLM's dense
+/// layers (its first `dense_layers`, or the 0s of its repeated `moe_pattern`;
+/// MoeSpec::dense_layer) and the layers a sliding window covers. One copy serves the op
+/// graph, the cost model's blocks (planner::ModuleCost) and the search's per-stage counts.
+/// Indices past `layers` (multi-token-prediction depths) are MoE layers with full attention.
+struct LayerKinds {
+  int64_t layers = 0;
+  int64_t dense_layers = 0;
+  std::vector<int64_t> moe_pattern;
+  std::optional<SlidingWindow> window;
+  bool dense(int64_t i) const { return is_dense_layer(i, layers, dense_layers, moe_pattern); }
+  bool windowed(int64_t i) const { return window && i < layers && window->windowed(i); }
+  /// One number per kind of layer: 0 the stack's layer, 1 dense, 2 windowed, 3 both.
+  int kind(int64_t i) const { return (dense(i) ? 1 : 0) + (windowed(i) ? 2 : 0); }
+  /// Whether the layers are alike but for dense ones first: kinds 0 and 1 in two runs.
+  bool prefix_only() const { return moe_pattern.empty() && !window; }
+};
+
 struct OpGraph {
   ModuleKind kind = ModuleKind::kLlm;
   int64_t layers = 0;  // transformer layers (0 for a projector)
-  /// Which layers attend through a sliding window (TransformerSpec::sliding_window); unset:
-  /// none. Multi-token-prediction depths attend fully.
-  std::optional<SlidingWindow> sliding_window;
-  bool windowed(int64_t layer) const {
-    return sliding_window && layer < layers && sliding_window->windowed(layer);
-  }
-  /// Of an MoE LLM's layers, the first ones with a dense MLP (MoeSpec::dense_layers), or
-  /// those its layer pattern makes dense (MoeSpec::layer_pattern); the rest are alike.
-  /// Every layer of a dense module is alike. (Either, but for its window: windowed().)
-  int64_t dense_layers = 0;
-  std::vector<int64_t> moe_pattern;
-  /// Whether layer `layer` of an MoE LLM keeps a dense MLP (MoeSpec::dense_layer).
-  bool dense(int64_t layer) const {
-    return is_dense_layer(layer, layers, dense_layers, moe_pattern);
-  }
+  /// Which layers are dense (of an MoE LLM) and which windowed (kinds.layers == layers);
+  /// layers of one kind are alike. Every layer of a dense module without a window is alike.
+  LayerKinds kinds;
   /// An LLM's multi-token-prediction depths (LlmSpec::mtp_layers): their ops (Op::mtp) after
   /// the loss, their layers indexed layers .. layers + mtp_layers - 1.
   int64_t mtp_layers = 0;

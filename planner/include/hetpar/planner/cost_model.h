@@ -179,38 +179,24 @@ struct Block {
   bool empty() const { return steps.empty() && dense.all == 0 && expert.all == 0; }
 };
 
-/// A layer's kind, one number per Block a module's layers run (ModuleCost::layer_kind()):
-/// 0 the module's layer, 1 an MoE LLM's dense layers (models::is_dense_layer), 2 and 3 the
-/// same with sliding-window attention; `i` 0-based among `layers`.
-inline int layer_kind(int64_t i, int64_t layers, int64_t dense_layers,
-                      const std::vector<int64_t>& moe_pattern,
-                      const std::optional<models::SlidingWindow>& window) {
-  return (models::is_dense_layer(i, layers, dense_layers, moe_pattern) ? 1 : 0) +
-         (window && i < layers && window->windowed(i) ? 2 : 0);
-}
-
 struct ModuleCost {
   Block pre;    // before the first layer (embeddings; the whole of a projector)
   Block layer;  // one transformer layer (of an MoE LLM: one of its MoE layers)
   Block post;   // after the last layer (final norm, logits, loss)
   int64_t layers = 0;
-  /// An MoE LLM's dense layers, each `dense_layer`: its first `dense_layers`
-  /// (models::MoeSpec::dense_layers) or those `moe_pattern` makes dense
-  /// (models::MoeSpec::layer_pattern); the other layers are `layer`. Empty with none.
+  /// An MoE LLM's dense layers (models::LayerKinds::dense), each `dense_layer`; the other
+  /// layers are `layer`. Empty with none.
   Block dense_layer;
-  int64_t dense_layers = 0;
-  std::vector<int64_t> moe_pattern;
-  /// The layers with sliding-window attention (models::SlidingWindow; layer_kind()), each
+  /// The layers with sliding-window attention (models::LayerKinds::windowed), each
   /// `window_layer`, or of an MoE LLM's dense layers `window_dense_layer`, in place of
   /// `layer` / `dense_layer`. Empty without.
   Block window_layer;
   Block window_dense_layer;
-  std::optional<models::SlidingWindow> sliding_window;
+  /// Which layers are which (the op graph's).
+  models::LayerKinds kinds;
   /// Which block layer `i` (0-based, below `layers`) runs: 0 `layer`, 1 `dense_layer`,
   /// 2 `window_layer`, 3 `window_dense_layer`.
-  int layer_kind(int64_t i) const {
-    return planner::layer_kind(i, layers, dense_layers, moe_pattern, sliding_window);
-  }
+  int layer_kind(int64_t i) const { return kinds.kind(i); }
   const Block& kind_block(int kind) const {
     switch (kind) {
       case 1:
