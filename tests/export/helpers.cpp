@@ -47,14 +47,21 @@ planner::Plan mixtral_ep8_plan() {
   return p;
 }
 
-planner::Plan glm45_ep32_plan() {
+namespace {
+// TP with SP, EP 32 folded over TP x DP (whole experts), full recompute.
+planner::Plan folded_ep32_plan(int tp, int pp, int dp) {
   planner::Plan p;
-  p.layout = layout(2, 4, 32);
+  p.layout = layout(tp, pp, dp);
   p.layout.sequence_parallel = true;
   p.layout.ep = 32;
   p.layout.etp = 1;
   p.layout.recompute = models::Recompute::kFull;
   return p;
+}
+}  // namespace
+
+planner::Plan glm45_ep32_plan() {
+  return folded_ep32_plan(2, 4, 32);
 }
 
 planner::Plan gpt_oss_ep8_plan() {
@@ -65,13 +72,7 @@ planner::Plan gpt_oss_ep8_plan() {
 }
 
 planner::Plan maverick_plan() {
-  planner::Plan p;
-  p.layout = layout(4, 4, 8);
-  p.layout.sequence_parallel = true;
-  p.layout.ep = 32;
-  p.layout.etp = 1;
-  p.layout.recompute = models::Recompute::kFull;
-  return p;
+  return folded_ep32_plan(4, 4, 8);
 }
 
 std::string encoder_name(const planner::Scenario& s) {
