@@ -51,11 +51,11 @@ Result<std::vector<ExportFile>> write_deepspeed(const Context& c) {
   if (l.expert_tp() != l.tp)
     r.add(fmt::format("experts of their own TP width (etp {}): AutoEP follows AutoTP's sharding",
                       l.expert_tp()));
-  if (l.cp > 1)
+  if (l.cp > 1 && l.cp_comm != planner::CpComm::kA2A)
     r.add(fmt::format(
-        "context parallelism (cp {}): DeepSpeed's sequence parallelism (Ulysses) splits "
-        "attention heads with all-to-alls, not the sequence with ring attention",
-        l.cp));
+        "context parallelism (cp {}, cp_comm {}): DeepSpeed's sequence parallelism (Ulysses) "
+        "splits attention heads with all-to-alls (plan cp_comm a2a)",
+        l.cp, planner::to_string(l.cp_comm)));
   if (l.sequence_parallel)
     r.add(
         "Megatron-style sequence parallelism: DeepSpeed AutoTP keeps activations between "
@@ -95,6 +95,7 @@ Result<std::vector<ExportFile>> write_deepspeed(const Context& c) {
   j["data_types"] = {{"grad_accum_dtype", grads}};
   j["zero_optimization"] = {{"stage", l.fsdp ? 3 : l.distributed_optimizer ? 1 : 0}};
   if (l.tp > 1) j["tensor_parallel"] = {{"autotp_size", l.tp}};
+  if (l.cp > 1) j["sequence_parallel_size"] = l.cp;
   if (l.ep > 1) j["expert_parallel"] = {{"enabled", true}, {"autoep_size", l.ep}};
   j["pipeline"] = {
       {"activation_checkpoint_interval", l.recompute == models::Recompute::kFull ? 1 : 0}};
@@ -105,9 +106,17 @@ Result<std::vector<ExportFile>> write_deepspeed(const Context& c) {
       "#   PipelineModule(layers=..., num_stages={}, partition_method=\"uniform\",\n"
       "#                  activation_checkpoint_interval={})\n"
       "# (also for one stage) and passes ds_config.json to deepspeed.initialize. DP {} = world\n"
-      "# / (tp x pp) is implied. Attention: {}.\n",
+      "# / (tp x pp{}) is implied. Attention: {}.\n",
       l.pp, l.recompute == models::Recompute::kFull ? 1 : 0, l.dp,
+      l.cp > 1 ? " x sequence_parallel_size" : "",
       l.flash_attention ? "flash" : "without flash attention");
+  if (l.cp > 1)
+    script += fmt::format(
+        "# Ulysses over {} ranks: the training script wraps each attention in DeepSpeed's\n"
+        "# DistributedAttention (deepspeed.sequence.layer) over the sequence-parallel group, or\n"
+        "# registers UlyssesSPAttentionHF for a Hugging Face model, and feeds each rank its\n"
+        "# 1/{} slice of every sequence.\n",
+        l.cp, l.cp);
   if (l.tp > 1 && l.pp > 1)
     script +=
         "# Not verified: that AutoTP training composes with PipelineModule in this DeepSpeed.\n";

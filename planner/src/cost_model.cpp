@@ -344,6 +344,12 @@ MoeKernels moe_kernels(const models::Op& op, const models::OpGraph& g, const Lay
 // Backward: K,V copied into the ring buffer (4 Nkv); the second-half LSE made contiguous
 // (L); dq copied or accumulated per step (2 Nq, then 2.25 Nq on average per later step);
 // dK,dV the same (4 Nkv, then 4.5 Nkv). In bf16 nothing is accumulated in fp32.
+// The memory-bound work of Transformer Engine's a2a CP (AttnFuncWithCPAndQKVOA2A, same
+// file), per rank and micro-batch: each tensor that crosses an all-to-all is laid out for
+// it before (a contiguous movedim, 2 N) and put back in sequence or head order after (one
+// compiled reorder, 2 N); N = b·(s/cp)·width, the same before and after. Forward: Q, K, V
+// and the output; backward: the output and its gradient (the output is saved in sequence
+// order), then dQ, dK, dV.
 // The memory-bound work of Transformer Engine's all-gather CP (AttnFuncWithCPAndKVAllGather,
 // same file), per rank and micro-batch, in element reads + writes. Nkv = b·s·h_kv·d, one
 // gathered K (or V), Nq = b·(s/cp)·h_q·d local queries. Forward: the gathered K and V put
@@ -369,6 +375,12 @@ CpBytes cp_attention_bytes(const models::AttentionShape& a, const Layout& l, int
   if (l.cp_comm == CpComm::kAllGather) {
     const double nkv = tokens * kv_width, nq = tokens / cp * q_width;  // nkv: gathered
     return out(ed * (4 * nkv + 2 * nq), ed * ((14 + 2 / cp) * nkv + 2 * nq));
+  }
+  if (l.cp_comm == CpComm::kA2A) {
+    const double local = tokens / cp;
+    const double qkv = local * (q_width + 2 * kv_width);
+    const double o = local * static_cast<double>(ceil_div(a.heads, l.tp) * a.value_dim());
+    return out(ed * 4 * (qkv + o), ed * 4 * (2 * o + qkv));
   }
   const double local = tokens / cp;
   const double nq = local * q_width, nkv = local * kv_width;
@@ -578,9 +590,11 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
         // the cp ring steps is its own call, against this rank's s_kv / cp chunk. All-gather
         // CP: one call per local chunk (two, load-balanced), its queries against the keys up
         // to it, half the sequence on average (op_kernels).
+        // A2A CP: one call over the whole sequence with heads / cp.
         const bool gather = cp > 1 && l.cp_comm == CpComm::kAllGather;
-        const int64_t calls = gather ? 2 : cp;
-        const int64_t seq_kv = ceil_div(a.seq_kv, gather ? 2 : cp);
+        const bool a2a = cp > 1 && l.cp_comm == CpComm::kA2A;
+        const int64_t calls = gather ? 2 : a2a ? 1 : cp;
+        const int64_t seq_kv = a2a ? a.seq_kv : ceil_div(a.seq_kv, gather ? 2 : cp);
         const double per_call = static_cast<double>(calls);
         const hardware::AttentionRates* rates = dev.attention_rates(l.attention_kernel);
         // A call's mask sets its rate. All-gather CP's calls hold a causal block each. The
@@ -591,8 +605,8 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
         // (from a rank after). The last rank's are all of the first kind, half the keys per
         // call, the slowest; the ring, whose next layer waits for each rank's keys, runs at
         // its pace.
-        const bool ring = !gather && cp > 1 && a.causal;
-        // (Sliding windows run without CP: infeasibility().)
+        const bool ring = !gather && !a2a && cp > 1 && a.causal;
+        // (Sliding windows run under CP only with a2a, whose call sees the whole window.)
         const int64_t rate_kv = rate_seq_kv(seq_kv, a.windowed(), a.window);
         auto time = [&](Flops f, bool backward, Time& diagonal_extra) {
           const Flops one = f / per_call;
@@ -611,9 +625,9 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
         c.dgrad = time(c.dgrad_flops, true, c.ring_diagonal_dgrad);
         if (cp > 1) {
           // The ring runs its memory passes once per step (lower() splits them cp ways,
-          // each a kernel of its own); all-gather CP once.
+          // each a kernel of its own); all-gather and a2a CP once.
           const CpBytes x = cp_attention_bytes(a, l, activation_bytes(g, p));
-          const int64_t passes = gather ? 1 : cp;
+          const int64_t passes = gather || a2a ? 1 : cp;
           c.forward += dev.memory_kernel_time(Bytes(x.forward / passes)) * passes;
           c.dgrad += dev.memory_kernel_time(Bytes(x.backward / passes)) * passes;
         }
@@ -949,9 +963,15 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
     const PassCost c = op_cost(op, g, l, context_parallel, dev, p);
     if (op.kind == models::OpKind::kAttention && cp > 1) {
       const auto& s = *op.attention;
-      const int64_t kv =
-          (s.batch * s.seq_q / cp) * (s.kv_heads / l.tp) * (s.head_dim + s.value_dim());
-      b.comm(StepKind::kCpAttention, Bytes(kv * e), c, op_index);
+      const int64_t local = s.batch * s.seq_q / cp;
+      const int64_t kv = local * (s.kv_heads / l.tp) * (s.head_dim + s.value_dim());
+      if (l.cp_comm == CpComm::kA2A) {  // Q, K, V before the attention; its output after
+        b.comm(StepKind::kCpAttention, Bytes((local * (s.heads / l.tp) * s.head_dim + kv) * e), c,
+               op_index);
+        b.last().out_bytes = Bytes(local * (s.heads / l.tp) * s.value_dim() * e);
+      } else {
+        b.comm(StepKind::kCpAttention, Bytes(kv * e), c, op_index);
+      }
     } else if (tp && (l.tp_backward_overlap || userbuffers) && op.kind == models::OpKind::kGemm &&
                gemm_split(op, g) == Split::kColumn && b.after_tp_entry() && !expert && !beside) {
       const bool ring = userbuffers && is_fp8_linear(op);  // a TE layer linear, not logits
@@ -1084,12 +1104,15 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
         // s / (2 cp) queries against the keys before it; causal within its own block only,
         // so as FLOPs a non-causal product against s / 2 keys, the mean over the ranks and
         // both chunks.
+        // A2A CP: one call over the whole sequence with the rank's heads / cp.
         const bool gather = cp > 1 && l.cp_comm == CpComm::kAllGather;
+        const int64_t heads_over = cp > 1 && l.cp_comm == CpComm::kA2A ? l.tp * cp : l.tp;
+        const int64_t q_split = heads_over == l.tp ? (gather ? 2 * cp : cp) : 1;
         sim::Kernel f{.kind = sim::KernelKind::kAttentionForward,
                       .batch = a.batch,
-                      .heads = ceil_div(a.heads, l.tp),
-                      .kv_heads = ceil_div(a.kv_heads, l.tp),
-                      .seq_q = ceil_div(a.seq_q, gather ? 2 * cp : cp),
+                      .heads = ceil_div(a.heads, heads_over),
+                      .kv_heads = ceil_div(a.kv_heads, heads_over),
+                      .seq_q = ceil_div(a.seq_q, q_split),
                       .seq_kv = gather ? ceil_div(a.seq_kv, 2) : a.seq_kv,
                       .head_dim = a.head_dim,
                       .causal = !gather && a.causal,

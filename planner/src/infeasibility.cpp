@@ -383,18 +383,19 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
         "attention_kernel {} with attention_sinks: FlashAttention has no learnable "
         "softmax offset (Transformer Engine runs it in cuDNN's fused attention)",
         hardware::to_string(l.attention_kernel));
-  if (llm.block.attention_sinks && l.cp > 1)
+  if (llm.block.attention_sinks && l.cp > 1 && l.cp_comm != CpComm::kA2A)
     return fmt::format(
-        "cp {} with attention_sinks: Transformer Engine takes a learnable softmax "
-        "offset under CP only with a2a communication, which is not modelled",
-        l.cp);
-  // Transformer Engine's ring (AttnFuncWithCPAndKVP2P) refuses a window; its all_gather and
-  // a2a paths take one, which the cost model does not split into windowed chunk calls.
-  if (llm.block.sliding_window && l.cp > 1)
+        "cp {} with attention_sinks needs cp_comm a2a, not {}: Transformer Engine takes a "
+        "learnable softmax offset under CP only with its a2a communication",
+        l.cp, to_string(l.cp_comm));
+  // Transformer Engine's ring (AttnFuncWithCPAndKVP2P) refuses a window; its all_gather
+  // path takes one, which the cost model does not split into windowed chunk calls; a2a
+  // runs each head's attention over the whole sequence, the window as without CP.
+  if (llm.block.sliding_window && l.cp > 1 && l.cp_comm != CpComm::kA2A)
     return fmt::format(
-        "cp {} with sliding_window: context parallelism with sliding-window "
-        "attention is not modelled (Transformer Engine's p2p ring refuses a window)",
-        l.cp);
+        "cp {} with sliding_window needs cp_comm a2a, not {}: Transformer Engine's p2p ring "
+        "refuses a window, and all_gather's windowed chunks are not modelled",
+        l.cp, to_string(l.cp_comm));
   // Megatron-Core's TransformerConfig refuses it: the MoE layer's re-run dispatches again,
   // which the overlap's split schedule of that layer cannot hold.
   if (l.recompute_policy().selects(models::kRecomputeMoe) && l.ep_comm_overlap)
@@ -515,6 +516,20 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
            "torch FSDP2 (fsdp_implementation torch_fsdp2) has none";
   if (l.cp_comm != CpComm::kP2P && l.cp == 1)
     return fmt::format("cp_comm {} needs cp > 1", to_string(l.cp_comm));
+  if (l.cp > 1 && l.cp_comm == CpComm::kA2A) {
+    // Transformer Engine's AttnFuncWithCPAndQKVOA2A splits each TP rank's query and key /
+    // value heads over the cp ranks, in its fused or flash attention only.
+    const int64_t heads = llm.block.heads / l.tp;
+    const int64_t kv_heads = (llm.block.mla ? llm.block.heads : llm.block.kv_heads) / l.tp;
+    if (heads % l.cp != 0 || kv_heads % l.cp != 0)
+      return fmt::format(
+          "cp_comm a2a: the {} query and {} key/value heads per tp rank (tp {}) must each "
+          "divide by cp {}",
+          heads, kv_heads, l.tp, l.cp);
+    if (!l.flash_attention)
+      return "cp_comm a2a needs flash_attention (Transformer Engine runs context parallelism "
+             "in its fused or flash attention only)";
+  }
   const int64_t seq = s.workload.seq_len;
   if (l.cp > 1 && seq % (2 * l.cp) != 0)
     return fmt::format("seq_len {} not divisible by 2 x cp {}", seq, l.cp);

@@ -125,6 +125,8 @@ std::string_view to_string(CpComm c) {
       return "p2p";
     case CpComm::kAllGather:
       return "all_gather";
+    case CpComm::kA2A:
+      return "a2a";
   }
   return "?";
 }

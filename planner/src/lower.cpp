@@ -817,22 +817,34 @@ void Lowering::run_work(const PlacedBlock& pb, size_t s, int pass, const Labels&
   switch (step.kind) {
     case StepKind::kCompute:
     case StepKind::kCpAttention: {
-      const bool gather = step.kind == StepKind::kCpAttention && l_.cp_comm == CpComm::kAllGather;
+      const bool cp_step = step.kind == StepKind::kCpAttention;
+      const bool gather = cp_step && l_.cp_comm == CpComm::kAllGather;
       // All-gather CP (Megatron's --cp-comm-type all_gather): K,V gathered over the cp group
       // before the attention, forward and again before its backward (only the local chunk
       // is kept), which waits for them; dK,dV reduce-scattered back to their owners after
       // it. step.bytes is one rank's K,V chunk.
       if (gather)
         collective(CollectiveKind::kAllGather, step.bytes * l_.cp, {cat_cp_, lb.cp}, cp_groups_);
+      // A2A CP (--cp-comm-type a2a): forward, Q, K, V all-to-all'd before the attention and
+      // its output after; backward, the output and its gradient before and dQ, dK, dV after;
+      // each blocking the compute after it (Transformer Engine waits for them).
+      const bool a2a = cp_step && l_.cp_comm == CpComm::kA2A;
+      auto cp_all_to_all = [&](Bytes bytes) {
+        collective(CollectiveKind::kAllToAll, bytes, {cat_cp_, lb.cp}, cp_groups_);
+      };
       // Selective recompute, unless the step re-ran in its block's replay (mlp_replay()).
+      // Under a2a CP the re-run attention exchanges Q, K, V and its output again.
       if (backward && step.cost.recompute > Time::zero() && !replays(pb).mlp.covers(step)) {
+        if (a2a) cp_all_to_all(step.bytes);
         const sim::KernelListId k = kernels(pb, s, true, Use::kRecompute);
         for (int j : actives_) {
           const PassCost& c = block(j, pb, true).steps[s].cost;
           compute(j, c.recompute, c.recompute_flops, kR, recompute, k);
         }
+        if (a2a) cp_all_to_all(step.out_bytes);
       }
-      if (step.kind == StepKind::kCpAttention && !gather) return cp_ring(pb, s, pass, lb);
+      if (a2a) cp_all_to_all(backward ? step.out_bytes * 2 : step.bytes);
+      if (cp_step && !gather && !a2a) return cp_ring(pb, s, pass, lb);
       if (step.ring_exchange && (step.overlaps_tp_exit || !backward))
         return ring_linear(pb, s, pass, lb);
       if (backward && step.overlaps_tp_entry && !split_w_) return linear_backward(pb, s, lb);
@@ -857,6 +869,7 @@ void Lowering::run_work(const PlacedBlock& pb, size_t s, int pass, const Labels&
       if (gather && backward)
         collective(CollectiveKind::kReduceScatter, step.bytes * l_.cp, {cat_cp_, lb.cp},
                    cp_groups_);
+      if (a2a) cp_all_to_all(backward ? step.bytes : step.out_bytes);
       return;
     }
     case StepKind::kTpEntry: {
@@ -1474,9 +1487,9 @@ void Lowering::build_stage() {
   }
   make_groups(ep_node_groups_, node_locals);
   make_groups(ep_rail_groups_, rail_locals);
-  // CP groups (all-gather CP): the cp ranks of one dp replica with the same tp rank.
+  // CP groups (all-gather and a2a CP): the cp ranks of one dp replica with one tp rank.
   locals.clear();
-  if (l_.cp > 1 && l_.cp_comm == CpComm::kAllGather)
+  if (l_.cp > 1 && l_.cp_comm != CpComm::kP2P)
     for (int d = 0; d < l_.dp; ++d)
       for (int t = 0; t < l_.tp; ++t) {
         locals.emplace_back();

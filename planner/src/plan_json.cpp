@@ -33,7 +33,7 @@ std::optional<Fp8Recipe> parse_fp8_recipe(std::string_view s) {
 }
 
 std::optional<CpComm> parse_cp_comm(std::string_view s) {
-  for (CpComm c : {CpComm::kP2P, CpComm::kAllGather})
+  for (CpComm c : {CpComm::kP2P, CpComm::kAllGather, CpComm::kA2A})
     if (to_string(c) == s) return c;
   return std::nullopt;
 }
@@ -96,7 +96,7 @@ Layout parse_layout(JsonReader& r) {
   l.tp = static_cast<int>(r.optional_int("tp", 1, 1, kMaxDegree));
   l.sequence_parallel = r.optional_bool("sp", false);
   l.cp = static_cast<int>(r.optional_int("cp", 1, 1, kMaxDegree));
-  l.cp_comm = *parse_cp_comm(r.optional_enum("cp_comm", "p2p", {"p2p", "all_gather"}));
+  l.cp_comm = *parse_cp_comm(r.optional_enum("cp_comm", "p2p", {"p2p", "all_gather", "a2a"}));
   l.pp = static_cast<int>(r.optional_int("pp", 1, 1, kMaxDegree));
   l.vpp = static_cast<int>(r.optional_int("vpp", 1, 1, kMaxDegree));
   l.dp = static_cast<int>(r.optional_int("dp", 1, 1, kMaxDegree));

@@ -110,7 +110,7 @@ LayoutFix parse_layout_fix(JsonReader& r) {
     f.attention_kernel = hardware::parse_attention_kernel(
         r.optional_enum("attention_kernel", "default", {"default", "cudnn", "flash2", "flash3"}));
   if (r.has("cp_comm")) {
-    const std::string c = r.optional_enum("cp_comm", "p2p", {"p2p", "all_gather", "any"});
+    const std::string c = r.optional_enum("cp_comm", "p2p", {"p2p", "all_gather", "a2a", "any"});
     f.any_cp_comm = c == "any";
     if (!f.any_cp_comm) f.cp_comm = parse_cp_comm(c);
   }

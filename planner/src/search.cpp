@@ -655,7 +655,11 @@ std::string fixed_degrees(const LayoutFix& f) {
 std::string describe_layout(const Layout& l, bool llm) {
   std::string out = fmt::format("tp{}", l.tp);
   if (l.sequence_parallel) out += " sp";
-  if (l.cp > 1) out += fmt::format(" cp{}{}", l.cp, l.cp_comm == CpComm::kAllGather ? " ag" : "");
+  if (l.cp > 1)
+    out += fmt::format(" cp{}{}", l.cp,
+                       l.cp_comm == CpComm::kAllGather ? " ag"
+                       : l.cp_comm == CpComm::kA2A     ? " a2a"
+                                                       : "");
   if (l.pp > 1) out += fmt::format(" pp{}", l.pp);
   if (l.vpp > 1) out += fmt::format(" vpp{}", l.vpp);
   if (l.microbatch_group > 0) out += fmt::format(" group{}", l.microbatch_group);
@@ -845,7 +849,9 @@ class Searcher {
     moe_experts_ = llm.moe ? static_cast<int>(llm.moe->experts) : 0;
     shared_experts_ = llm.moe && llm.moe->shared_experts > 0;
     latent_attention_ = llm.block.mla.has_value();
-    sliding_window_ = llm.block.sliding_window.has_value();
+    a2a_cp_only_ = llm.block.sliding_window.has_value() || llm.block.attention_sinks;
+    heads_ = llm.block.heads;
+    kv_heads_ = llm.block.mla ? llm.block.heads : llm.block.kv_heads;
     dense_mlps_ = llm.moe && llm.moe->dense_layer_count(llm.block.layers) > 0;
     top_k_ = o.top_k > 0 ? o.top_k : spec_.top_k;
     exhaustive_ = o.exhaustive;
@@ -1106,8 +1112,9 @@ class Searcher {
       for (int cp = 1; tp * cp <= world; cp *= 2) {
         if (!fixed_ok(fx.cp, cp)) continue;
         if (cp > 1 && (!allow_cp || seq % (2 * cp) != 0 || seq / cp < 1024)) continue;
-        // Sliding windows run without CP (infeasibility()); a fixed cp still gets the reason.
-        if (cp > 1 && sliding_window_ && !fx.cp) continue;
+        // Sliding windows and sinks run under CP with a2a only, whose heads must split over
+        // cp (infeasibility()); a fixed cp still gets the reason.
+        if (cp > 1 && a2a_cp_only_ && !a2a_splits(tp, cp) && !fx.cp) continue;
         if (world % (tp * cp) != 0) continue;
         for (int pp : divisors(world / (tp * cp))) {
           if (!fixed_ok(fx.pp, pp) || pp > layers_) continue;
@@ -1145,8 +1152,11 @@ class Searcher {
                 ep_ranks % *fx.ep == 0)
               eps.push_back(*fx.ep);  // a fixed non-power-of-two: infeasibility() judges it
           }
-          std::vector<CpComm> comms{CpComm::kP2P};
-          if (cp > 1 && fx.any_cp_comm) comms.push_back(CpComm::kAllGather);
+          std::vector<CpComm> comms{a2a_cp_only_ && cp > 1 ? CpComm::kA2A : CpComm::kP2P};
+          if (cp > 1 && fx.any_cp_comm && !a2a_cp_only_) {
+            comms.push_back(CpComm::kAllGather);
+            if (a2a_splits(tp, cp)) comms.push_back(CpComm::kA2A);
+          }
           if (cp > 1 && fx.cp_comm) comms = {*fx.cp_comm};
           for (CpComm comm : comms) {
             l.cp_comm = comm;
@@ -1485,14 +1495,22 @@ class Searcher {
     }
   }
 
+  // Whether a2a CP can split each TP rank's query and key/value heads over cp.
+  bool a2a_splits(int tp, int cp) const {
+    const int64_t ranks = int64_t{tp} * cp;
+    return heads_ % ranks == 0 && kv_heads_ % ranks == 0;
+  }
+
   const Scenario& s_;
   const SearchSpec& spec_;
   std::vector<EncoderInfo> encoders_;
   int gpn_ = 1, world_ = 1, layers_ = 1, moe_experts_ = 0, top_k_ = 5;
   bool shared_experts_ = false;
   bool latent_attention_ = false;  // models::MlaSpec: the mla_up_proj module is tried too
-  bool sliding_window_ = false;    // models::SlidingWindow: no CP layouts unless cp is fixed
-  bool dense_mlps_ = false;        // an MoE LLM's dense MLP layers: the mlp module is tried too
+  // Sliding windows or attention sinks: CP layouts run a2a only (infeasibility()).
+  bool a2a_cp_only_ = false;
+  int64_t heads_ = 1, kv_heads_ = 1;  // the LLM's query and key/value heads
+  bool dense_mlps_ = false;           // an MoE LLM's dense MLP layers: the mlp module is tried too
   bool exhaustive_ = false;
   // Module times per node group for sized_to_work() (enumeration is single-threaded).
   mutable CostCache speed_;

@@ -407,6 +407,10 @@ TEST(ExportMegatron, MixtureOfExpertsAndPrecisions) {
   gather.layout.cp_comm = planner::CpComm::kAllGather;
   EXPECT_EQ(all_flags(exported(s, gather, Target::kMegatron).at("launch.sh")).at("--cp-comm-type"),
             "all_gather");
+  Plan a2a = gather;
+  a2a.layout.cp_comm = planner::CpComm::kA2A;
+  EXPECT_EQ(all_flags(exported(s, a2a, Target::kMegatron).at("launch.sh")).at("--cp-comm-type"),
+            "a2a");
   Plan current = p;
   current.layout.fp8_recipe = planner::Fp8Recipe::kTensorwise;
   EXPECT_EQ(all_flags(exported(s, current, Target::kMegatron).at("launch.sh")).at("--fp8-recipe"),

@@ -175,7 +175,31 @@ TEST(ExportDeepspeed, RefusesInterleavingSequenceParallelismAndOverlap) {
   p.layout.cp = 2;
   p.schedule = Schedule::k1F1B;
   p.layout.overlap_grad_reduce = false;
-  EXPECT_NE(refusal(s, p, Target::kDeepspeed).find("(Ulysses)"), std::string::npos);
+  EXPECT_NE(refusal(s, p, Target::kDeepspeed).find("(Ulysses) splits attention heads"),
+            std::string::npos);
+}
+
+// Context parallelism by all-to-alls over the heads (cp_comm a2a) is DeepSpeed's Ulysses:
+// its sequence-parallel size in the config, the attention wrapper named in the script.
+// torchtitan and nanotron have none and refuse it.
+TEST(ExportDeepspeed, WritesA2AContextParallelismAsUlysses) {
+  planner::Scenario s = llama();
+  Plan p;
+  p.layout = layout(4, 2, 2);
+  p.layout.cp = 2;
+  p.layout.cp_comm = planner::CpComm::kA2A;
+  p.layout.overlap_grad_reduce = false;
+  auto files = exported(s, p, Target::kDeepspeed);
+  const auto j = nlohmann::json::parse(files.at("ds_config.json"));
+  EXPECT_EQ(j.at("sequence_parallel_size"), 2);
+  EXPECT_NE(files.at("launch.sh").find("DistributedAttention"), std::string::npos);
+  EXPECT_NE(files.at("launch.sh").find("x sequence_parallel_size) is implied"), std::string::npos);
+  p.layout.fsdp = true;
+  p.layout.pp = 1;
+  p.layout.dp = 4;
+  EXPECT_NE(refusal(s, p, Target::kTorchtitan).find("cp_comm a2a (cp 2): torchtitan has no"),
+            std::string::npos);
+  EXPECT_NE(refusal(s, p, Target::kNanotron).find("cp_comm a2a (cp 2)"), std::string::npos);
 }
 
 TEST(ExportNanotron, SectionsMatchThePlan) {

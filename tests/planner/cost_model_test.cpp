@@ -786,6 +786,42 @@ TEST(CostModel, AllGatherContextParallelAttentionIsTwoCallsPerRank) {
   EXPECT_EQ(k.dgrad[2].bytes, bwd.count());
 }
 
+// A2A CP (cp_comm a2a, TE's AttnFuncWithCPAndQKVOA2A): one call over the whole sequence
+// with the rank's heads / cp, the attention of tp 16 without CP, plus the layout copies
+// around each tensor's all-to-all (4 N: Q, K, V and the output forward, the output, its
+// gradient and dQ, dK, dV backward); the same FLOPs as the ring.
+TEST(CostModel, A2AContextParallelAttentionRunsTheWholeSequenceOnFewerHeads) {
+  Fixture f = gpt();
+  Layout l;
+  l.tp = 8;
+  l.cp = 2;
+  l.cp_comm = CpComm::kA2A;
+  const models::Op& attn = op_named(f.g, "attention");
+  const PassCost c = op_cost(attn, f.g, l, true, f.dev, hardware::Precision::kBf16);
+  Layout ring = l;
+  ring.cp_comm = CpComm::kP2P;
+  EXPECT_EQ(c.forward_flops,
+            op_cost(attn, f.g, ring, true, f.dev, hardware::Precision::kBf16).forward_flops);
+  Layout wide;
+  wide.tp = 16;
+  const PassCost w = op_cost(attn, f.g, wide, true, f.dev, hardware::Precision::kBf16);
+  const double n = 1024.0 * 12 * 128;  // one tensor's local elements (Q, K, V, output alike)
+  const Bytes fwd(static_cast<int64_t>(2 * 4 * (3 * n + n)));
+  const Bytes bwd(static_cast<int64_t>(2 * 4 * (2 * n + 3 * n)));
+  EXPECT_EQ(c.forward, w.forward + f.dev.memory_kernel_time(fwd));
+  EXPECT_EQ(c.dgrad, w.dgrad + f.dev.memory_kernel_time(bwd));
+  EXPECT_EQ(c.ring_diagonal_forward, Time::zero());
+  const OpKernels k = op_kernels(attn, f.g, l, true, hardware::Precision::kBf16);
+  ASSERT_EQ(k.forward.size(), 2u);
+  EXPECT_EQ(k.forward[0].heads, 6);
+  EXPECT_EQ(k.forward[0].seq_q, 2048);
+  EXPECT_EQ(k.forward[0].seq_kv, 2048);
+  EXPECT_DOUBLE_EQ(k.forward[0].flops(), c.forward_flops.count());
+  EXPECT_EQ(k.forward[1].bytes, fwd.count());
+  ASSERT_EQ(k.dgrad.size(), 2u);
+  EXPECT_EQ(k.dgrad[1].bytes, bwd.count());
+}
+
 TEST(CostModel, SelectiveRecomputeRerunsTheAttentionCore) {
   Fixture f = gpt();
   Layout l;

@@ -96,6 +96,15 @@ std::map<std::string, Time> compute_time(const LoweredPlan& lp, int rank) {
   return out;
 }
 
+// The graph's tasks of one category ("cp_comm", "tp_comm", ...).
+std::vector<const sim::Task*> tasks_in(const LoweredPlan& lp, std::string_view category) {
+  std::vector<const sim::Task*> out;
+  for (int t = 0; t < lp.graph.num_tasks(); ++t)
+    if (lp.graph.label_text(lp.graph.task(TaskId(t)).label.category) == category)
+      out.push_back(&lp.graph.task(TaskId(t)));
+  return out;
+}
+
 Time pipeline_work(const LoweredPlan& lp, int rank) {
   Time t;
   for (auto& [cat, d] : compute_time(lp, rank))
@@ -816,37 +825,59 @@ TEST(Lower, AllGatherContextParallelGathersAndReduceScatters) {
   p.layout.cp_comm = CpComm::kAllGather;
   LoweredPlan lp = lowered(s, p, {.full_ranks = true});
   std::map<sim::CollectiveKind, int> count;
-  int p2p = 0;
-  for (int t = 0; t < lp.graph.num_tasks(); ++t) {
-    const sim::Task& task = lp.graph.task(TaskId(t));
-    if (lp.graph.label_text(task.label.category) != "cp_comm") continue;
-    if (task.kind == sim::TaskKind::kP2P) {
-      ++p2p;
-      continue;
-    }
-    ++count[task.collective];
-    EXPECT_EQ(task.bytes, Bytes(2 * 2 * 1024 * 4 * 64 * 2));
-    EXPECT_EQ(lp.graph.group(task.group).size(), 2u);
+  for (const sim::Task* task : tasks_in(lp, "cp_comm")) {
+    ASSERT_EQ(task->kind, sim::TaskKind::kCollective);  // no ring P2P
+    ++count[task->collective];
+    EXPECT_EQ(task->bytes, Bytes(2 * 2 * 1024 * 4 * 64 * 2));
+    EXPECT_EQ(lp.graph.group(task->group).size(), 2u);
   }
-  EXPECT_EQ(p2p, 0);
   const int groups = 2 * 4, layers_mbs = 4 * 1;  // tp x dp groups; 4 layers x 1 micro-batch
   EXPECT_EQ(count[sim::CollectiveKind::kAllGather], 2 * groups * layers_mbs);
   EXPECT_EQ(count[sim::CollectiveKind::kReduceScatter], groups * layers_mbs);
   // The ring instead: cp_comm P2P, no collectives.
   p.layout.cp_comm = CpComm::kP2P;
   LoweredPlan ring = lowered(s, p, {.full_ranks = true});
-  int ring_collectives = 0;
-  for (int t = 0; t < ring.graph.num_tasks(); ++t) {
-    const sim::Task& task = ring.graph.task(TaskId(t));
-    if (ring.graph.label_text(task.label.category) == "cp_comm" &&
-        task.kind == sim::TaskKind::kCollective)
-      ++ring_collectives;
-  }
-  EXPECT_EQ(ring_collectives, 0);
+  EXPECT_FALSE(tasks_in(ring, "cp_comm").empty());  // its P2P steps
+  for (const sim::Task* task : tasks_in(ring, "cp_comm"))
+    EXPECT_NE(task->kind, sim::TaskKind::kCollective);
   // cp_comm without cp is a plan error.
   Plan one = plan(2, 2, 4);
   one.layout.cp_comm = CpComm::kAllGather;
   EXPECT_EQ(infeasibility(s, one), "cp_comm all_gather needs cp > 1");
+}
+
+// A2A CP: per layer and micro-batch each CP group all-to-alls Q, K, V before the forward
+// attention and its output after, the output and its gradient before the backward and
+// dQ, dK, dV after; no ring P2P. tiny: 8 query and 4 key/value heads of 64 per tp rank
+// (tp 2), 1024 local tokens: Q, K, V 1024 x (8 + 2 x 4) x 64 x 2 bytes, the output half that.
+TEST(Lower, A2AContextParallelExchangesHeadsForTheSequence) {
+  Scenario s = make(4, 4, 2);
+  Plan p = plan(2, 1, 4, Schedule::k1F1B, 1, 2);
+  p.layout.cp_comm = CpComm::kA2A;
+  ASSERT_EQ(infeasibility(s, p), "");
+  LoweredPlan lp = lowered(s, p, {.full_ranks = true});
+  std::map<int64_t, int> by_bytes;
+  for (const sim::Task* task : tasks_in(lp, "cp_comm")) {
+    ASSERT_EQ(task->kind, sim::TaskKind::kCollective);  // no ring P2P
+    EXPECT_EQ(task->collective, sim::CollectiveKind::kAllToAll);
+    EXPECT_EQ(lp.graph.group(task->group).size(), 2u);
+    ++by_bytes[task->bytes.count()];
+  }
+  const int64_t qkv = 1024 * 16 * 64 * 2;
+  const int groups = 2 * 4, layers_mbs = 4 * 1;       // tp x dp groups; 4 layers x 1 micro-batch
+  EXPECT_EQ(by_bytes[qkv], 3 * groups * layers_mbs);  // Q,K,V; output + gradient; dQ,dK,dV
+  EXPECT_EQ(by_bytes[qkv / 2], groups * layers_mbs);  // the output
+  EXPECT_EQ(by_bytes.size(), 2u);
+  auto r = evaluate(s, p);
+  ASSERT_TRUE(r.is_ok() && r->feasible);
+  // Each TP rank's heads must split over cp: 4 key/value heads do not over cp 8.
+  Plan wide = plan(2, 1, 1, Schedule::k1F1B, 1, 8);
+  wide.layout.cp_comm = CpComm::kA2A;
+  EXPECT_EQ(infeasibility(s, wide),
+            "cp_comm a2a: the 8 query and 4 key/value heads per tp rank (tp 2) must each divide "
+            "by cp 8");
+  p.layout.flash_attention = false;
+  EXPECT_NE(infeasibility(s, p).find("cp_comm a2a needs flash_attention"), std::string::npos);
 }
 
 // One reduction per bucket per iteration, carrying every local gradient once: 4 bytes
@@ -2430,8 +2461,8 @@ TEST(Lower, MlaUpProjRecomputeDropsTheAttentionsInputs) {
 
 // Sliding windows (every other layer over 256 of the 2048 tokens) shorten the iteration by
 // what the windowed layers' attention saves, and nothing else moves; context parallelism
-// with them is refused (Transformer Engine's ring refuses a window).
-TEST(Lower, SlidingWindowsShortenTheIterationAndRefuseContextParallelism) {
+// with them runs a2a only (Transformer Engine's ring refuses a window), and saves there too.
+TEST(Lower, SlidingWindowsShortenTheIterationAndRunContextParallelismA2AOnly) {
   const Scenario full = make(4, 16, 1);
   const Scenario windowed =
       make(4, 16, 1, "dgx-h100", "", R"(, "sliding_window": {"size": 256, "full_every": 2})");
@@ -2443,7 +2474,13 @@ TEST(Lower, SlidingWindowsShortenTheIterationAndRefuseContextParallelism) {
   EXPECT_EQ(b->memory.peak, a->memory.peak);  // flash attention keeps the same either way
   const Plan cp = plan(2, 2, 1, Schedule::k1F1B, 1, 2);
   EXPECT_TRUE(infeasibility(full, cp).empty());
-  EXPECT_NE(infeasibility(windowed, cp).find("cp 2 with sliding_window"), std::string::npos);
+  EXPECT_NE(infeasibility(windowed, cp).find("cp 2 with sliding_window needs cp_comm a2a"),
+            std::string::npos);
+  Plan a2a = cp;
+  a2a.layout.cp_comm = CpComm::kA2A;
+  auto wa = evaluate(windowed, a2a), fa = evaluate(full, a2a);
+  ASSERT_TRUE(wa.is_ok() && wa->feasible && fa.is_ok() && fa->feasible);
+  EXPECT_LT(wa->iteration_time, fa->iteration_time);
   // Attention sinks: their parameter per head, split over TP as the heads are, and a kernel
   // that takes them (not FlashAttention), without CP.
   const Scenario sinks = make(4, 16, 1, "dgx-h100", "", R"(, "attention_sinks": true)");
@@ -2453,7 +2490,9 @@ TEST(Lower, SlidingWindowsShortenTheIterationAndRefuseContextParallelism) {
   EXPECT_NEAR(c->iteration_time.to_seconds(), a->iteration_time.to_seconds(),
               1e-6 * a->iteration_time.to_seconds());
   EXPECT_GT(c->memory.peak, a->memory.peak);
-  EXPECT_NE(infeasibility(sinks, cp).find("cp 2 with attention_sinks"), std::string::npos);
+  EXPECT_NE(infeasibility(sinks, cp).find("cp 2 with attention_sinks needs cp_comm a2a"),
+            std::string::npos);
+  EXPECT_EQ(infeasibility(sinks, a2a), "");
   Plan flash = p;
   flash.layout.attention_kernel = hardware::AttentionKernel::kFlash2;
   EXPECT_NE(infeasibility(sinks, flash).find("attention_kernel flash2 with attention_sinks"),

@@ -665,9 +665,10 @@ TEST(Search, TheBoundHoldsWithALayerPattern) {
     EXPECT_LE(lower_bound(*s, p.plan), p.metrics.iteration_time) << describe(p.plan);
 }
 
-// With sliding windows the search builds no CP layout (infeasibility() refuses them): none
-// is considered, none rejected for it; a fixed cp is still tried and refused with the reason.
-TEST(Search, LeavesContextParallelismOutWithSlidingWindows) {
+// With sliding windows the search's CP layouts run a2a (infeasibility() refuses the
+// others): none is rejected for the window; a fixed p2p is still tried and refused with the
+// reason.
+TEST(Search, RunsContextParallelismA2AWithSlidingWindows) {
   auto scenario = [](const std::string& llm) {
     auto s = parse_scenario_text(
         R"({"model": {"name": "tiny", "modules": [{"name": "llm", "kind": "llm", "spec": {
@@ -684,13 +685,21 @@ TEST(Search, LeavesContextParallelismOutWithSlidingWindows) {
   };
   const SearchResult open = run(scenario(""), threads(2));
   ASSERT_FALSE(open.top.empty());
-  for (const RankedPlan& p : open.top) EXPECT_EQ(p.plan.layout.cp, 1) << describe(p.plan);
+  for (const RankedPlan& p : open.top) {
+    if (p.plan.layout.cp > 1) {
+      EXPECT_EQ(p.plan.layout.cp_comm, CpComm::kA2A) << describe(p.plan);
+    }
+  }
   for (const RejectionReason& r : open.rejections)
     EXPECT_EQ(r.reason.find("sliding_window"), std::string::npos) << r.reason;
-  const SearchResult fixed = run(scenario(R"(, "cp": 2)"), threads(2));
+  const SearchResult cp2 = run(scenario(R"(, "cp": 2)"), threads(2));
+  ASSERT_FALSE(cp2.top.empty());
+  for (const RankedPlan& p : cp2.top) EXPECT_EQ(p.plan.layout.cp_comm, CpComm::kA2A);
+  const SearchResult fixed = run(scenario(R"(, "cp": 2, "cp_comm": "p2p")"), threads(2));
   EXPECT_TRUE(fixed.top.empty());
   ASSERT_FALSE(fixed.rejections.empty());
-  EXPECT_NE(fixed.rejections.front().example.find("cp 2 with sliding_window"), std::string::npos);
+  EXPECT_NE(fixed.rejections.front().example.find("cp 2 with sliding_window needs cp_comm a2a"),
+            std::string::npos);
 }
 
 // A multi-token-prediction depth (LlmSpec::mtp_layers) on the last stage: the bound counts
@@ -1152,14 +1161,18 @@ TEST(Search, SearchesTheCpExchangeTheSectionAsksFor) {
   };
   const SearchResult ring = run(tiny(R"({"llm": {"cp": 2, "tp": 2}})"), threads(2));
   const SearchResult gather = with("all_gather");
+  const SearchResult a2a = with("a2a");
   const SearchResult any = with("any");
-  ASSERT_FALSE(ring.top.empty() || gather.top.empty() || any.top.empty());
+  ASSERT_FALSE(ring.top.empty() || gather.top.empty() || a2a.top.empty() || any.top.empty());
   for (const RankedPlan& p : ring.top) EXPECT_EQ(p.plan.layout.cp_comm, CpComm::kP2P);
   for (const RankedPlan& p : gather.top) EXPECT_EQ(p.plan.layout.cp_comm, CpComm::kAllGather);
+  for (const RankedPlan& p : a2a.top) EXPECT_EQ(p.plan.layout.cp_comm, CpComm::kA2A);
   EXPECT_NE(describe(gather.top[0].plan).find("cp2 ag"), std::string::npos);
-  EXPECT_GT(any.counts.considered, ring.counts.considered);
+  EXPECT_NE(describe(a2a.top[0].plan).find("cp2 a2a"), std::string::npos);
+  EXPECT_GT(any.counts.considered, gather.counts.considered + a2a.counts.considered);
   EXPECT_EQ(any.top[0].metrics.iteration_time,
-            std::min(ring.top[0].metrics.iteration_time, gather.top[0].metrics.iteration_time));
+            std::min({ring.top[0].metrics.iteration_time, gather.top[0].metrics.iteration_time,
+                      a2a.top[0].metrics.iteration_time}));
 }
 
 TEST(Search, PipelinesANonColocatedEncoder) {

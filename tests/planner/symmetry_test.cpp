@@ -98,6 +98,10 @@ std::vector<Case> cases() {
     q.layout.recompute = models::Recompute::kSelective;
     out.push_back({"dgx-h100 tp2 cp2 pp2 dp4 all-gather CP, selective recompute",
                    make("dgx-h100", 4, 32, 8), q});
+    Plan a = q;
+    a.layout.cp_comm = CpComm::kA2A;
+    out.push_back(
+        {"dgx-h100 tp2 cp2 pp2 dp4 a2a CP, selective recompute", make("dgx-h100", 4, 32, 8), a});
   }
   {
     Plan p = plan(4, 1, 2, 2, Schedule::kGpipe);

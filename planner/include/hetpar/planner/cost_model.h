@@ -39,7 +39,9 @@
 // directions. CP > 1: the attention core is a ring-attention step exchanging K,V chunks
 // (with the memory-bound output / LSE corrections and gradient accumulation Transformer
 // Engine's ring runs around its attention calls); with cp_comm all_gather, two calls per
-// rank (one per local chunk) against the gathered keys, and TE's reorder copies.
+// rank (one per local chunk) against the gathered keys, and TE's reorder copies; with a2a,
+// all-to-alls of Q, K, V and of the output around one call over the whole sequence with
+// heads / cp, and TE's layout copies around each.
 #pragma once
 
 #include <cstdint>
@@ -85,7 +87,8 @@ struct WorkStep {
   PassCost cost;  // kCompute, kCpAttention
   /// Communication size: TP: the full activation (nccl-tests all-reduce buffer /
   /// all-gather total); all-to-all: one rank's send buffer; CP: the K,V chunk one ring
-  /// step sends forward (backward sends K,V and their gradients: twice that).
+  /// step sends forward (backward sends K,V and their gradients: twice that); a2a CP: one
+  /// rank's Q, K, V (forward, before the attention; their gradients after its backward).
   Bytes bytes;
   /// kTpEntry: what its SP all-gathers (forward, and the backward re-gather of
   /// overlaps_tp_entry) move: `bytes`, or half of it where the linear after the entry is a
@@ -94,6 +97,9 @@ struct WorkStep {
   /// kCompute, kCpAttention: the graph's ops (indices into OpGraph::ops, forward order)
   /// whose work this step is, for their kernels (kernels.h).
   std::vector<int32_t> ops;
+  /// kCpAttention under a2a CP: one rank's attention output, all-to-all'd after the
+  /// forward; before the backward the output and its gradient go back (twice this).
+  Bytes out_bytes = Bytes(0);
   /// kCompute: this step is one column-parallel linear (qkv, fc1, logits) right after a
   /// TP entry, alone in its step. Its backward runs as Megatron's
   /// LinearWithGradAccumulationAndAsyncCommunication (and Transformer Engine's Linear /

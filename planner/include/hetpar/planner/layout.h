@@ -50,8 +50,11 @@ enum class CpComm {
   kP2P,        // a ring: cp attention steps, each overlapping the next chunk's transfer
   kAllGather,  // K,V all-gathered before one attention over every key (exposed), dK,dV
                // reduce-scattered after the backward (Meta's Llama 3 CP)
+  kA2A,        // DeepSpeed Ulysses: all-to-alls trade the sequence split for a split of the
+               // heads, one attention over the whole sequence with heads / cp each, and
+               // back (exposed; Transformer Engine's AttnFuncWithCPAndQKVOA2A)
 };
-std::string_view to_string(CpComm c);  // "p2p", "all_gather"
+std::string_view to_string(CpComm c);  // "p2p", "all_gather", "a2a"
 
 /// The dtype of the gradient buffer the backward accumulates into and the data-parallel
 /// reduction runs in (Megatron's main_grad buffer). The trainers' default keeps fp32 for

@@ -17,6 +17,9 @@
 //   streams 1/2), overlapping the rest ("cp_comm"; backward sends K,V and dK,dV).
 //   cp_comm all_gather: K,V all-gathered over the cp group before the attention and again
 //   before its backward, dK,dV reduce-scattered after it, all blocking (comm stream 0).
+//   cp_comm a2a: all-to-alls over the cp group of Q, K, V before the attention and of its
+//   output after; backward, of the output and its gradient before and of dQ, dK, dV after;
+//   all blocking (comm stream 0).
 //   EP with Layout::moe_dispatcher deepep over nodes: each all-to-all is one over the EP
 //   group's GPUs of each node, beside one between its GPUs of one local index across the
 //   nodes (each token once per other node holding one of its experts; comm stream 11), the
