@@ -304,11 +304,11 @@ void refuse_attention_sinks(const Context& c, Refusals& r) {
 
 void refuse_a2a_context_parallel(const Context& c, Refusals& r) {
   const planner::Layout& l = c.layout();
-  if (l.cp > 1 && l.cp_comm == planner::CpComm::kA2A)
+  if (l.cp > 1 && l.cp_heads_split() > 1)
     r.add(fmt::format(
-        "cp_comm a2a (cp {}): {} has no head-splitting all-to-all context parallelism to write "
-        "here (Megatron-Core's --cp-comm-type a2a, DeepSpeed's Ulysses)",
-        l.cp, c.target_name()));
+        "cp_comm {} (cp {}): {} has no head-splitting all-to-all context parallelism to write "
+        "here (Megatron-Core's --cp-comm-type a2a and a2a+p2p, DeepSpeed's Ulysses)",
+        planner::to_string(l.cp_comm), l.cp, c.target_name()));
 }
 
 void refuse_mtp(const Context& c, Refusals& r) {

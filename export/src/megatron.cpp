@@ -343,6 +343,9 @@ Result<std::vector<ExportFile>> write_megatron(const Context& c) {
                                 {"--pipeline-model-parallel-size", num(l.pp)},
                                 {"--context-parallel-size", num(l.cp)}};
   if (l.cp > 1) parallel.push_back({"--cp-comm-type", std::string(planner::to_string(l.cp_comm))});
+  if (l.cp > 1 && l.cp_comm == planner::CpComm::kA2AP2P)  // the a2a level first, then the ring
+    parallel.push_back(
+        {"--hierarchical-context-parallel-sizes", fmt::format("{} {}", l.cp_a2a, l.cp_ring())});
   if (c.llm.moe) {
     parallel.push_back({"--expert-model-parallel-size", num(l.ep)});
     // The experts' TP width (Layout::etp; the LLM's TP, Megatron's default, made explicit).

@@ -306,6 +306,9 @@ Result<std::vector<ExportFile>> write_megatron_bridge(const Context& c) {
       s.push_back({"model.microbatch_group_size_per_vp_stage", num(l.microbatch_group)});
     s.push_back({"model.context_parallel_size", num(l.cp)});
     if (l.cp > 1) s.push_back({"model.cp_comm_type", yaml_string(planner::to_string(l.cp_comm))});
+    if (l.cp > 1 && l.cp_comm == planner::CpComm::kA2AP2P)
+      s.push_back({"model.hierarchical_context_parallel_sizes",
+                   fmt::format("[{}, {}]", l.cp_a2a, l.cp_ring())});
     if (c.llm.moe) {
       s.push_back({"model.expert_model_parallel_size", num(l.ep)});
       s.push_back({"model.expert_tensor_parallel_size", num(l.expert_tp())});

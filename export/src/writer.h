@@ -108,7 +108,7 @@ void refuse_sliding_window(const Context& c, Refusals& r);
 /// Attention sinks (models::TransformerSpec::attention_sinks): Megatron-LM's and
 /// Megatron-Bridge's.
 void refuse_attention_sinks(const Context& c, Refusals& r);
-/// Context parallelism by all-to-alls over the heads (Layout cp_comm a2a).
+/// Context parallelism by all-to-alls over the heads (Layout cp_comm a2a, a2a+p2p).
 void refuse_a2a_context_parallel(const Context& c, Refusals& r);
 /// Refuses a Layout::cross_entropy_fusion other than those the target runs: Megatron's fused
 /// kernels (native, te) in Megatron-LM and Megatron-Bridge, the compiled loss in torchtitan.

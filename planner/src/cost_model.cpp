@@ -363,7 +363,7 @@ struct CpBytes {
 };
 // The above for the layout's cp_comm (l.cp > 1), e bytes per activation element.
 CpBytes cp_attention_bytes(const models::AttentionShape& a, const Layout& l, int64_t e) {
-  const double cp = l.cp, later = cp - 1, ed = static_cast<double>(e);
+  const double cp = l.cp, later = l.cp_ring() - 1, ed = static_cast<double>(e);
   const double tokens = static_cast<double>(a.batch) * static_cast<double>(a.seq_q);
   const double q_width = static_cast<double>(ceil_div(a.heads, l.tp) * a.head_dim);
   // (A key and a value of different widths, latent attention's: their mean.)
@@ -376,17 +376,21 @@ CpBytes cp_attention_bytes(const models::AttentionShape& a, const Layout& l, int
     const double nkv = tokens * kv_width, nq = tokens / cp * q_width;  // nkv: gathered
     return out(ed * (4 * nkv + 2 * nq), ed * ((14 + 2 / cp) * nkv + 2 * nq));
   }
-  if (l.cp_comm == CpComm::kA2A) {
-    const double local = tokens / cp;
+  // Per rank the same element counts before and after an all-to-all over the heads, so the
+  // ring's below take the rank's b·(s/cp) tokens at the TP rank's widths either way.
+  const double local = tokens / cp;
+  CpBytes x;
+  if (l.cp_heads_split() > 1) {
     const double qkv = local * (q_width + 2 * kv_width);
     const double o = local * static_cast<double>(ceil_div(a.heads, l.tp) * a.value_dim());
-    return out(ed * 4 * (qkv + o), ed * 4 * (2 * o + qkv));
+    x = out(ed * 4 * (qkv + o), ed * 4 * (2 * o + qkv));
   }
-  const double local = tokens / cp;
+  if (l.cp_ring() == 1) return x;
   const double nq = local * q_width, nkv = local * kv_width;
   const double lse = local * static_cast<double>(ceil_div(a.heads, l.tp)) * 4;
-  return out(ed * (4 * nkv + (2 + 2.25 * later) * nq) + lse * (4 + 3.75 * later),
-             ed * ((8 + 4.5 * later) * nkv + (2 + 2.25 * later) * nq) + lse);
+  const CpBytes r = out(ed * (4 * nkv + (2 + 2.25 * later) * nq) + lse * (4 + 3.75 * later),
+                        ed * ((8 + 4.5 * later) * nkv + (2 + 2.25 * later) * nq) + lse);
+  return {x.forward + r.forward, x.backward + r.backward};
 }
 
 // moe_kernels' time on `dev`, added to the forward and the dgrad of `c`.
@@ -590,11 +594,12 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
         // the cp ring steps is its own call, against this rank's s_kv / cp chunk. All-gather
         // CP: one call per local chunk (two, load-balanced), its queries against the keys up
         // to it, half the sequence on average (op_kernels).
-        // A2A CP: one call over the whole sequence with heads / cp.
+        // A2A CP: one call over the whole sequence with heads / cp. A2A+P2P: the ring's
+        // steps over cp / cp_a2a ranks, each with heads / cp_a2a.
         const bool gather = cp > 1 && l.cp_comm == CpComm::kAllGather;
-        const bool a2a = cp > 1 && l.cp_comm == CpComm::kA2A;
-        const int64_t calls = gather ? 2 : a2a ? 1 : cp;
-        const int64_t seq_kv = a2a ? a.seq_kv : ceil_div(a.seq_kv, gather ? 2 : cp);
+        const int64_t ring_steps = cp > 1 ? l.cp_ring() : 1;
+        const int64_t calls = gather ? 2 : ring_steps;
+        const int64_t seq_kv = ceil_div(a.seq_kv, gather ? 2 : ring_steps);
         const double per_call = static_cast<double>(calls);
         const hardware::AttentionRates* rates = dev.attention_rates(l.attention_kernel);
         // A call's mask sets its rate. All-gather CP's calls hold a causal block each. The
@@ -605,7 +610,7 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
         // (from a rank after). The last rank's are all of the first kind, half the keys per
         // call, the slowest; the ring, whose next layer waits for each rank's keys, runs at
         // its pace.
-        const bool ring = !gather && !a2a && cp > 1 && a.causal;
+        const bool ring = ring_steps > 1 && a.causal;
         // (Sliding windows run under CP only with a2a, whose call sees the whole window.)
         const int64_t rate_kv = rate_seq_kv(seq_kv, a.windowed(), a.window);
         auto time = [&](Flops f, bool backward, Time& diagonal_extra) {
@@ -624,10 +629,10 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
         c.forward = time(c.forward_flops, false, c.ring_diagonal_forward);
         c.dgrad = time(c.dgrad_flops, true, c.ring_diagonal_dgrad);
         if (cp > 1) {
-          // The ring runs its memory passes once per step (lower() splits them cp ways,
-          // each a kernel of its own); all-gather and a2a CP once.
+          // The ring runs its memory passes once per step (lower() splits them into its
+          // steps, each a kernel of its own); all-gather and a2a CP once.
           const CpBytes x = cp_attention_bytes(a, l, activation_bytes(g, p));
-          const int64_t passes = gather || a2a ? 1 : cp;
+          const int64_t passes = gather ? 1 : ring_steps;
           c.forward += dev.memory_kernel_time(Bytes(x.forward / passes)) * passes;
           c.dgrad += dev.memory_kernel_time(Bytes(x.backward / passes)) * passes;
         }
@@ -965,12 +970,10 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
       const auto& s = *op.attention;
       const int64_t local = s.batch * s.seq_q / cp;
       const int64_t kv = local * (s.kv_heads / l.tp) * (s.head_dim + s.value_dim());
-      if (l.cp_comm == CpComm::kA2A) {  // Q, K, V before the attention; its output after
-        b.comm(StepKind::kCpAttention, Bytes((local * (s.heads / l.tp) * s.head_dim + kv) * e), c,
-               op_index);
+      b.comm(StepKind::kCpAttention, Bytes(kv * e), c, op_index);
+      if (l.cp_heads_split() > 1) {  // all-to-alls of Q, K, V before the attention, O after
+        b.last().query_bytes = Bytes(local * (s.heads / l.tp) * s.head_dim * e);
         b.last().out_bytes = Bytes(local * (s.heads / l.tp) * s.value_dim() * e);
-      } else {
-        b.comm(StepKind::kCpAttention, Bytes(kv * e), c, op_index);
       }
     } else if (tp && (l.tp_backward_overlap || userbuffers) && op.kind == models::OpKind::kGemm &&
                gemm_split(op, g) == Split::kColumn && b.after_tp_entry() && !expert && !beside) {
@@ -1104,10 +1107,11 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
         // s / (2 cp) queries against the keys before it; causal within its own block only,
         // so as FLOPs a non-causal product against s / 2 keys, the mean over the ranks and
         // both chunks.
-        // A2A CP: one call over the whole sequence with the rank's heads / cp.
+        // A2A CP: one call over the whole sequence with the rank's heads / cp; A2A+P2P: the
+        // ring's kernel over cp / cp_a2a ranks with heads / cp_a2a.
         const bool gather = cp > 1 && l.cp_comm == CpComm::kAllGather;
-        const int64_t heads_over = cp > 1 && l.cp_comm == CpComm::kA2A ? l.tp * cp : l.tp;
-        const int64_t q_split = heads_over == l.tp ? (gather ? 2 * cp : cp) : 1;
+        const int64_t heads_over = l.tp * (cp > 1 ? l.cp_heads_split() : 1);
+        const int64_t q_split = gather ? 2 * cp : cp > 1 ? l.cp_ring() : 1;
         sim::Kernel f{.kind = sim::KernelKind::kAttentionForward,
                       .batch = a.batch,
                       .heads = ceil_div(a.heads, heads_over),

@@ -516,19 +516,33 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
            "torch FSDP2 (fsdp_implementation torch_fsdp2) has none";
   if (l.cp_comm != CpComm::kP2P && l.cp == 1)
     return fmt::format("cp_comm {} needs cp > 1", to_string(l.cp_comm));
-  if (l.cp > 1 && l.cp_comm == CpComm::kA2A) {
-    // Transformer Engine's AttnFuncWithCPAndQKVOA2A splits each TP rank's query and key /
-    // value heads over the cp ranks, in its fused or flash attention only.
+  if (l.cp_a2a != 0 && l.cp_comm != CpComm::kA2AP2P)
+    return fmt::format("cp_a2a {} needs cp_comm a2a+p2p, not {}", l.cp_a2a, to_string(l.cp_comm));
+  if (l.cp > 1 && l.cp_comm == CpComm::kA2AP2P &&
+      (l.cp_a2a < 2 || l.cp_a2a >= l.cp || l.cp % l.cp_a2a != 0))
+    return fmt::format(
+        "cp_comm a2a+p2p needs cp_a2a, the ranks of its a2a level: a divisor of cp {} "
+        "between 2 and cp / 2 (Megatron's --hierarchical-context-parallel-sizes cp_a2a "
+        "cp/cp_a2a), not {}",
+        l.cp, l.cp_a2a);
+  if (l.cp > 1 && l.cp_heads_split() > 1) {
+    // Transformer Engine's all-to-alls split each TP rank's query and key / value heads over
+    // the ranks of the a2a level, in its fused or flash attention only.
+    const int split = l.cp_heads_split();
     const int64_t heads = llm.block.heads / l.tp;
     const int64_t kv_heads = (llm.block.mla ? llm.block.heads : llm.block.kv_heads) / l.tp;
-    if (heads % l.cp != 0 || kv_heads % l.cp != 0)
+    const std::string level =
+        l.cp_comm == CpComm::kA2A ? fmt::format("cp {}", l.cp) : fmt::format("cp_a2a {}", split);
+    if (heads % split != 0 || kv_heads % split != 0)
       return fmt::format(
-          "cp_comm a2a: the {} query and {} key/value heads per tp rank (tp {}) must each "
-          "divide by cp {}",
-          heads, kv_heads, l.tp, l.cp);
+          "cp_comm {}: the {} query and {} key/value heads per tp rank (tp {}) must each "
+          "divide by {}",
+          to_string(l.cp_comm), heads, kv_heads, l.tp, level);
     if (!l.flash_attention)
-      return "cp_comm a2a needs flash_attention (Transformer Engine runs context parallelism "
-             "in its fused or flash attention only)";
+      return fmt::format(
+          "cp_comm {} needs flash_attention (Transformer Engine runs context parallelism in "
+          "its fused or flash attention only)",
+          to_string(l.cp_comm));
   }
   const int64_t seq = s.workload.seq_len;
   if (l.cp > 1 && seq % (2 * l.cp) != 0)

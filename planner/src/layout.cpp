@@ -127,6 +127,8 @@ std::string_view to_string(CpComm c) {
       return "all_gather";
     case CpComm::kA2A:
       return "a2a";
+    case CpComm::kA2AP2P:
+      return "a2a+p2p";
   }
   return "?";
 }
@@ -156,7 +158,10 @@ std::string pipeline_layout_text(const Layout& l) {
 
 std::string describe_in_words(const Layout& l, hardware::Precision workload) {
   std::string out = fmt::format("tp {}{} cp {}", l.tp, l.sequence_parallel ? " (sp)" : "", l.cp);
-  if (l.cp > 1) out += fmt::format(" ({})", to_string(l.cp_comm));
+  if (l.cp > 1 && l.cp_comm == CpComm::kA2AP2P)
+    out += fmt::format(" (a2a {} x p2p {})", l.cp_a2a, l.cp_ring());
+  else if (l.cp > 1)
+    out += fmt::format(" ({})", to_string(l.cp_comm));
   out += fmt::format(" pp {} vpp {} dp {}", l.pp, l.vpp, l.dp);
   if (l.microbatch_group > 0) out += fmt::format(" (micro-batch groups of {})", l.microbatch_group);
   if (l.ep > 1) out += fmt::format(" ep {}", l.ep);

@@ -445,12 +445,13 @@ sim::KernelListId Lowering::kernels(const PlacedBlock& pb, size_t s, bool backwa
   // One ring step's share of an attention kernel (the local queries against one rank's K,V
   // chunk, 1/cp of the keys) or of a memory pass (1/cp of its bytes); false for a GEMM,
   // which each use below sizes itself.
+  const int ring_steps = l_.cp_ring();
   auto ring_share = [&](sim::Kernel& k) {
     if (k.kind == sim::KernelKind::kGemm) return false;
     if (k.kind == sim::KernelKind::kMemory)
-      k.bytes /= l_.cp;
+      k.bytes /= ring_steps;
     else
-      k.seq_kv /= l_.cp;
+      k.seq_kv /= ring_steps;
     return true;
   };
   // A causal ring's step off the diagonal (op_cost): as many FLOPs as the diagonal's masked
@@ -464,7 +465,7 @@ sim::KernelListId Lowering::kernels(const PlacedBlock& pb, size_t s, bool backwa
     k.seq_kv = (k.seq_kv + 1) / 2;
     return true;
   };
-  const bool ring = cp_split && l_.cp > 1 && l_.cp_comm == CpComm::kP2P;
+  const bool ring = cp_split && l_.cp > 1 && ring_steps > 1;
   auto add = [&](const WorkStep& step) {
     for (int32_t i : step.ops) {
       const OpKernels k = op_kernels(g.ops[i], g, l_, cp_split, s_.workload.precision);
@@ -479,7 +480,7 @@ sim::KernelListId Lowering::kernels(const PlacedBlock& pb, size_t s, bool backwa
           }
           list.push_back(chunk);  // the diagonal step's; the others' unmasked
           unmask(chunk);
-          list.insert(list.end(), static_cast<size_t>(l_.cp - 1), chunk);
+          list.insert(list.end(), static_cast<size_t>(ring_steps - 1), chunk);
         }
         continue;
       }
@@ -516,7 +517,7 @@ sim::KernelListId Lowering::kernels(const PlacedBlock& pb, size_t s, bool backwa
   const bool unmasked = use == Use::kRingForwardUnmasked || use == Use::kRingBackwardUnmasked;
   if (use == Use::kRingForward || use == Use::kRingBackward || unmasked) {
     for (sim::Kernel& k : list) {
-      if (!ring_share(k)) k.batch = std::max<int64_t>(1, k.batch / l_.cp);
+      if (!ring_share(k)) k.batch = std::max<int64_t>(1, k.batch / ring_steps);
       if (unmasked) unmask(k);
     }
   }
@@ -638,8 +639,11 @@ void Lowering::ring_linear(const PlacedBlock& pb, size_t s, int pass, const Labe
 
 // Ring attention over each cp group: attention part i runs once the K,V chunk of ring step
 // i-1 has arrived; step i forwards the chunk received at step i-1 to the next cp rank.
+// The ring runs over cp_ring() ranks: the whole cp group (p2p), or under a2a+p2p the cp
+// ranks cp_a2a apart (Megatron's second hierarchical level), each rank sending to the
+// one `stride` cp positions after it.
 void Lowering::cp_ring(const PlacedBlock& pb, size_t s, int pass, const Labels& lb) {
-  const int cp = l_.cp;
+  const int cp = l_.cp, steps = l_.cp_ring(), stride = l_.cp_heads_split();
   const bool backward = pass == kB;
   const Bytes bytes = block(0, pb, backward).steps[s].bytes * (backward ? 2 : 1);
   const sim::KernelListId diagonal =
@@ -651,7 +655,7 @@ void Lowering::cp_ring(const PlacedBlock& pb, size_t s, int pass, const Labels& 
   // The diagonal step is the masked call, longer than the others by the cost model's extra.
   auto step_time = [&](const PassCost& c, int i) {
     const Time extra = backward ? c.ring_diagonal_dgrad : c.ring_diagonal_forward;
-    const Time base = Time::ps(((backward ? c.dgrad : c.forward) - extra).count_ps() / cp);
+    const Time base = Time::ps(((backward ? c.dgrad : c.forward) - extra).count_ps() / steps);
     return i == 0 ? base + extra : base;
   };
   std::vector<TaskId> arrived(cp), next(cp);
@@ -664,12 +668,12 @@ void Lowering::cp_ring(const PlacedBlock& pb, size_t s, int pass, const Labels& 
     for (size_t a = 0; a < actives_.size(); ++a) {
       const int j = actives_[a];
       TaskId in;
-      for (int i = 0; i < cp; ++i) {
+      for (int i = 0; i < steps; ++i) {
         const PassCost& c = block(j, pb, backward).steps[s].cost;
         if (i > 0) st_[j].need = in;
-        compute(j, step_time(c, i), (backward ? c.dgrad_flops : c.forward_flops) / cp, pass,
+        compute(j, step_time(c, i), (backward ? c.dgrad_flops : c.forward_flops) / steps, pass,
                 lb.compute, part(i));
-        if (i + 1 == cp) break;
+        if (i + 1 == steps) break;
         const TaskId x = g_.add_p2p_group(cp_pairs_[a], bytes, kCpSend, kCpRecv, {cat_cp_, lb.cp},
                                           cp_copies_[a]);
         if (i > 0) g_.add_dependency(in, x);
@@ -684,17 +688,17 @@ void Lowering::cp_ring(const PlacedBlock& pb, size_t s, int pass, const Labels& 
     for (int t = 0; t < l_.tp; ++t) {
       auto local = [&](int q) { return t + l_.tp * (q + cp * dp_i); };
       if (slot_[local(0)] < 0) continue;  // a mirrored replica
-      for (int i = 0; i < cp; ++i) {
+      for (int i = 0; i < steps; ++i) {
         for (int q = 0; q < cp; ++q) {
           const int j = local(q);
           const PassCost& c = block(j, pb, backward).steps[s].cost;
           if (i > 0) st_[j].need = arrived[q];
-          compute(j, step_time(c, i), (backward ? c.dgrad_flops : c.forward_flops) / cp, pass,
+          compute(j, step_time(c, i), (backward ? c.dgrad_flops : c.forward_flops) / steps, pass,
                   lb.compute, part(i));
         }
-        if (i + 1 == cp) break;
+        if (i + 1 == steps) break;
         for (int q = 0; q < cp; ++q) {
-          const int to = (q + 1) % cp;
+          const int to = (q + stride) % cp;
           const TaskId x =
               g_.add_p2p(rank(t, q, dp_i, stage_), rank(t, to, dp_i, stage_), bytes, kCpSend,
                          kCpRecv, {cat_cp_, lb.cp}, cp_edge_copies_[local(q)]);
@@ -825,17 +829,19 @@ void Lowering::run_work(const PlacedBlock& pb, size_t s, int pass, const Labels&
       // it. step.bytes is one rank's K,V chunk.
       if (gather)
         collective(CollectiveKind::kAllGather, step.bytes * l_.cp, {cat_cp_, lb.cp}, cp_groups_);
-      // A2A CP (--cp-comm-type a2a): forward, Q, K, V all-to-all'd before the attention and
-      // its output after; backward, the output and its gradient before and dQ, dK, dV after;
-      // each blocking the compute after it (Transformer Engine waits for them).
-      const bool a2a = cp_step && l_.cp_comm == CpComm::kA2A;
+      // A2A CP (--cp-comm-type a2a, and the a2a level of a2a+p2p): forward, Q, K, V
+      // all-to-all'd before the attention and its output after; backward, the output and
+      // its gradient before and dQ, dK, dV after; each blocking the compute after it
+      // (Transformer Engine waits for them).
+      const bool a2a = cp_step && l_.cp_heads_split() > 1;
+      const Bytes qkv = step.query_bytes + step.bytes;
       auto cp_all_to_all = [&](Bytes bytes) {
         collective(CollectiveKind::kAllToAll, bytes, {cat_cp_, lb.cp}, cp_groups_);
       };
       // Selective recompute, unless the step re-ran in its block's replay (mlp_replay()).
       // Under a2a CP the re-run attention exchanges Q, K, V and its output again.
       if (backward && step.cost.recompute > Time::zero() && !replays(pb).mlp.covers(step)) {
-        if (a2a) cp_all_to_all(step.bytes);
+        if (a2a) cp_all_to_all(qkv);
         const sim::KernelListId k = kernels(pb, s, true, Use::kRecompute);
         for (int j : actives_) {
           const PassCost& c = block(j, pb, true).steps[s].cost;
@@ -843,8 +849,12 @@ void Lowering::run_work(const PlacedBlock& pb, size_t s, int pass, const Labels&
         }
         if (a2a) cp_all_to_all(step.out_bytes);
       }
-      if (a2a) cp_all_to_all(backward ? step.out_bytes * 2 : step.bytes);
-      if (cp_step && !gather && !a2a) return cp_ring(pb, s, pass, lb);
+      if (a2a) cp_all_to_all(backward ? step.out_bytes * 2 : qkv);
+      if (cp_step && l_.cp_ring() > 1) {
+        cp_ring(pb, s, pass, lb);
+        if (a2a) cp_all_to_all(backward ? qkv : step.out_bytes);
+        return;
+      }
       if (step.ring_exchange && (step.overlaps_tp_exit || !backward))
         return ring_linear(pb, s, pass, lb);
       if (backward && step.overlaps_tp_entry && !split_w_) return linear_backward(pb, s, lb);
@@ -869,7 +879,7 @@ void Lowering::run_work(const PlacedBlock& pb, size_t s, int pass, const Labels&
       if (gather && backward)
         collective(CollectiveKind::kReduceScatter, step.bytes * l_.cp, {cat_cp_, lb.cp},
                    cp_groups_);
-      if (a2a) cp_all_to_all(backward ? step.bytes : step.out_bytes);
+      if (a2a) cp_all_to_all(backward ? qkv : step.out_bytes);
       return;
     }
     case StepKind::kTpEntry: {
@@ -1487,14 +1497,18 @@ void Lowering::build_stage() {
   }
   make_groups(ep_node_groups_, node_locals);
   make_groups(ep_rail_groups_, rail_locals);
-  // CP groups (all-gather and a2a CP): the cp ranks of one dp replica with one tp rank.
+  // CP groups (all-gather and a2a CP): the cp ranks of one dp replica with one tp rank;
+  // a2a+p2p's a2a level: cp_a2a adjacent ones of them (Megatron's first hierarchical level).
   locals.clear();
-  if (l_.cp > 1 && l_.cp_comm != CpComm::kP2P)
+  if (l_.cp > 1 && l_.cp_comm != CpComm::kP2P) {
+    const int span = l_.cp_comm == CpComm::kAllGather ? l_.cp : l_.cp_heads_split();
     for (int d = 0; d < l_.dp; ++d)
-      for (int t = 0; t < l_.tp; ++t) {
-        locals.emplace_back();
-        for (int q = 0; q < l_.cp; ++q) locals.back().push_back(t + l_.tp * (q + l_.cp * d));
-      }
+      for (int t = 0; t < l_.tp; ++t)
+        for (int q0 = 0; q0 < l_.cp; q0 += span) {
+          locals.emplace_back();
+          for (int q = q0; q < q0 + span; ++q) locals.back().push_back(t + l_.tp * (q + l_.cp * d));
+        }
+  }
   make_groups(cp_groups_, locals);
   // DP: the dp x cp ranks with one tp rank; expert DP: those with one ep position too.
   const int cpdp = l_.cp * l_.dp;
@@ -1519,12 +1533,16 @@ void Lowering::build_stage() {
     for (int j = 0; j < n; ++j) locals.back()[j] = j;
   }
   make_groups(amax_groups_, locals);
-  // CP ring: each representative's send (0 -> 1 of tp 0 in its replica) and receive
-  // (cp-1 -> 0); every other edge of the rings of the replicas it stands for is a copy.
+  // CP ring: each representative's send (0 -> stride of tp 0 in its replica) and receive
+  // (cp-stride -> 0); every other edge of the rings of the replicas it stands for is a copy
+  // (stride: cp_a2a under a2a+p2p, whose rings join the cp ranks that far apart, else 1).
   cp_pairs_.assign(actives_.size(), GroupId());
   cp_copies_.assign(actives_.size(), GroupId());
   cp_edge_copies_.assign(n, GroupId());
-  if (reduced_ && l_.cp > 1 && whole_replicas()) {
+  const int stride = l_.cp_heads_split();
+  if (l_.cp_ring() <= 1) {
+    // No ring: all-gather or a2a CP.
+  } else if (reduced_ && l_.cp > 1 && whole_replicas()) {
     const int block = l_.tp * l_.cp;
     for (int d0 = 0; d0 < l_.dp; ++d0) {
       if (owner_[d0 * block] != d0 * block) continue;  // not a representative replica
@@ -1534,7 +1552,7 @@ void Lowering::build_stage() {
           for (int d = 0; d < l_.dp; ++d)
             if (d != d0 && owner_[d * block] == d0 * block) {
               members_.push_back(rank(t, q, d, stage_));
-              members_.push_back(rank(t, (q + 1) % l_.cp, d, stage_));
+              members_.push_back(rank(t, (q + stride) % l_.cp, d, stage_));
             }
           if (!members_.empty())
             cp_edge_copies_[t + l_.tp * (q + l_.cp * d0)] = g_.add_group(members_);
@@ -1545,8 +1563,8 @@ void Lowering::build_stage() {
     for (size_t a = 0; a < actives_.size(); ++a) {
       const int d0 = actives_[a] / block;
       HETPAR_CHECK(actives_[a] % block == 0, "CP ring: representatives must be replica leaders");
-      const RankId r0 = rank(0, 0, d0, stage_), r1 = rank(0, 1, d0, stage_),
-                   rl = rank(0, l_.cp - 1, d0, stage_);
+      const RankId r0 = rank(0, 0, d0, stage_), r1 = rank(0, stride, d0, stage_),
+                   rl = rank(0, l_.cp - stride, d0, stage_);
       const RankId pairs[] = {r0, r1, rl, r0};
       cp_pairs_[a] = g_.add_group(pairs);
       members_.clear();
@@ -1554,9 +1572,9 @@ void Lowering::build_stage() {
         if (owner_[dp_i * block] != actives_[a]) continue;
         for (int t = 0; t < l_.tp; ++t)
           for (int q = 0; q < l_.cp; ++q) {
-            if (dp_i == d0 && t == 0 && (q == 0 || q == l_.cp - 1)) continue;
+            if (dp_i == d0 && t == 0 && (q == 0 || q == l_.cp - stride)) continue;
             members_.push_back(rank(t, q, dp_i, stage_));
-            members_.push_back(rank(t, (q + 1) % l_.cp, dp_i, stage_));
+            members_.push_back(rank(t, (q + stride) % l_.cp, dp_i, stage_));
           }
       }
       if (!members_.empty()) cp_copies_[a] = g_.add_group(members_);

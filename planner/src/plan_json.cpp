@@ -33,7 +33,7 @@ std::optional<Fp8Recipe> parse_fp8_recipe(std::string_view s) {
 }
 
 std::optional<CpComm> parse_cp_comm(std::string_view s) {
-  for (CpComm c : {CpComm::kP2P, CpComm::kAllGather, CpComm::kA2A})
+  for (CpComm c : {CpComm::kP2P, CpComm::kAllGather, CpComm::kA2A, CpComm::kA2AP2P})
     if (to_string(c) == s) return c;
   return std::nullopt;
 }
@@ -96,7 +96,9 @@ Layout parse_layout(JsonReader& r) {
   l.tp = static_cast<int>(r.optional_int("tp", 1, 1, kMaxDegree));
   l.sequence_parallel = r.optional_bool("sp", false);
   l.cp = static_cast<int>(r.optional_int("cp", 1, 1, kMaxDegree));
-  l.cp_comm = *parse_cp_comm(r.optional_enum("cp_comm", "p2p", {"p2p", "all_gather", "a2a"}));
+  l.cp_comm =
+      *parse_cp_comm(r.optional_enum("cp_comm", "p2p", {"p2p", "all_gather", "a2a", "a2a+p2p"}));
+  l.cp_a2a = static_cast<int>(r.optional_int("cp_a2a", 0, 0, kMaxDegree));
   l.pp = static_cast<int>(r.optional_int("pp", 1, 1, kMaxDegree));
   l.vpp = static_cast<int>(r.optional_int("vpp", 1, 1, kMaxDegree));
   l.dp = static_cast<int>(r.optional_int("dp", 1, 1, kMaxDegree));
@@ -204,6 +206,7 @@ nlohmann::json layout_to_json(const Layout& l) {
   if (!l.pipeline_layout.empty()) j["pipeline_layout"] = l.pipeline_layout;
   if (l.fp8_recipe != Fp8Recipe::kDelayed) j["fp8_recipe"] = to_string(l.fp8_recipe);
   if (l.cp_comm != CpComm::kP2P) j["cp_comm"] = to_string(l.cp_comm);
+  if (l.cp_a2a > 0) j["cp_a2a"] = l.cp_a2a;
   if (l.fp8_param_gather) j["fp8_param_gather"] = true;
   if (l.nccl_ub) j["nccl_ub"] = true;
   if (!l.gradient_accumulation_fusion) j["gradient_accumulation_fusion"] = false;

@@ -110,10 +110,12 @@ LayoutFix parse_layout_fix(JsonReader& r) {
     f.attention_kernel = hardware::parse_attention_kernel(
         r.optional_enum("attention_kernel", "default", {"default", "cudnn", "flash2", "flash3"}));
   if (r.has("cp_comm")) {
-    const std::string c = r.optional_enum("cp_comm", "p2p", {"p2p", "all_gather", "a2a", "any"});
+    const std::string c =
+        r.optional_enum("cp_comm", "p2p", {"p2p", "all_gather", "a2a", "a2a+p2p", "any"});
     f.any_cp_comm = c == "any";
     if (!f.any_cp_comm) f.cp_comm = parse_cp_comm(c);
   }
+  if (r.has("cp_a2a")) f.cp_a2a = static_cast<int>(r.optional_int("cp_a2a", 2, 2, 1 << 20));
   bool_or_any(r, "fsdp", f.fsdp, f.any_fsdp);
   if (r.has("fsdp_implementation")) {
     const std::string impl = r.optional_enum("fsdp_implementation", "megatron_fsdp",

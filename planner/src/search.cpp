@@ -659,7 +659,9 @@ std::string describe_layout(const Layout& l, bool llm) {
     out += fmt::format(" cp{}{}", l.cp,
                        l.cp_comm == CpComm::kAllGather ? " ag"
                        : l.cp_comm == CpComm::kA2A     ? " a2a"
-                                                       : "");
+                       : l.cp_comm == CpComm::kA2AP2P
+                           ? fmt::format(" a2a{}xp2p{}", l.cp_a2a, l.cp_ring())
+                           : "");
   if (l.pp > 1) out += fmt::format(" pp{}", l.pp);
   if (l.vpp > 1) out += fmt::format(" vpp{}", l.vpp);
   if (l.microbatch_group > 0) out += fmt::format(" group{}", l.microbatch_group);
@@ -1153,13 +1155,18 @@ class Searcher {
               eps.push_back(*fx.ep);  // a fixed non-power-of-two: infeasibility() judges it
           }
           std::vector<CpComm> comms{a2a_cp_only_ && cp > 1 ? CpComm::kA2A : CpComm::kP2P};
+          // a2a+p2p: its a2a level the widest that splits the heads inside a node, under
+          // cp (fixed by search.llm.cp_a2a).
+          const int inner = fx.cp_a2a.value_or(hierarchical_a2a(tp, cp));
           if (cp > 1 && fx.any_cp_comm && !a2a_cp_only_) {
             comms.push_back(CpComm::kAllGather);
             if (a2a_splits(tp, cp)) comms.push_back(CpComm::kA2A);
+            if (inner > 1) comms.push_back(CpComm::kA2AP2P);
           }
           if (cp > 1 && fx.cp_comm) comms = {*fx.cp_comm};
           for (CpComm comm : comms) {
             l.cp_comm = comm;
+            l.cp_a2a = comm == CpComm::kA2AP2P ? inner : 0;
             for (int ep : eps) {
               if (!fixed_ok(fx.ep, ep)) continue;
               l.ep = ep;
@@ -1499,6 +1506,15 @@ class Searcher {
   bool a2a_splits(int tp, int cp) const {
     const int64_t ranks = int64_t{tp} * cp;
     return heads_ % ranks == 0 && kv_heads_ % ranks == 0;
+  }
+  // The a2a level a searched a2a+p2p layout takes: the largest power of two below cp whose
+  // ranks split the heads and, with TP, fit in a node (NVLink, as the hierarchy intends);
+  // 1 where none does.
+  int hierarchical_a2a(int tp, int cp) const {
+    int best = 1;
+    for (int a = 2; a < cp; a *= 2)
+      if (cp % a == 0 && a2a_splits(tp, a) && tp * a <= gpn_) best = a;
+    return best;
   }
 
   const Scenario& s_;

@@ -102,6 +102,28 @@ TEST(ExportMegatronBridge, SlidingWindowsWriteTheirWindow) {
       0u);
 }
 
+// Context parallelism over the heads: gpt-oss's only CP (a2a), and the hierarchical one
+// with its two levels' sizes, the a2a level first as Megatron-Core reads them.
+TEST(ExportMegatronBridge, A2AContextParallelismWritesItsLevels) {
+  const planner::Scenario s = scenario("gpt-oss-120b", 8, 4096, 1280);
+  Plan p = gpt_oss_ep8_plan();
+  p.layout.cp = 2;
+  p.layout.dp /= 2;
+  p.layout.cp_comm = planner::CpComm::kA2A;
+  ASSERT_EQ(planner::infeasibility(s, p), "");
+  const auto y = bridge(s, p);
+  EXPECT_EQ(y.at("model.cp_comm_type"), "\"a2a\"");
+  EXPECT_EQ(y.count("model.hierarchical_context_parallel_sizes"), 0u);
+  Plan h = mixtral_ep8_plan();
+  h.layout.cp = 4;
+  h.layout.dp = 2;
+  h.layout.cp_comm = planner::CpComm::kA2AP2P;
+  h.layout.cp_a2a = 2;
+  const auto z = bridge(scenario("mixtral-8x7b", 8, 4096, 256), h);
+  EXPECT_EQ(z.at("model.cp_comm_type"), "\"a2a+p2p\"");
+  EXPECT_EQ(z.at("model.hierarchical_context_parallel_sizes"), "[2, 2]");
+}
+
 // Megatron-Core's gradient-reduction alignment (default: nothing written; off,
 // dist.align_grad_reduce false) and the deferred output-layer wgrad
 // (comm_overlap.defer_embedding_wgrad_compute with its limit).

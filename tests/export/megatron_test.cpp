@@ -411,6 +411,14 @@ TEST(ExportMegatron, MixtureOfExpertsAndPrecisions) {
   a2a.layout.cp_comm = planner::CpComm::kA2A;
   EXPECT_EQ(all_flags(exported(s, a2a, Target::kMegatron).at("launch.sh")).at("--cp-comm-type"),
             "a2a");
+  Plan hier = gather;
+  hier.layout.cp = 4;
+  hier.layout.dp = 2;
+  hier.layout.cp_comm = planner::CpComm::kA2AP2P;
+  hier.layout.cp_a2a = 2;
+  const auto h = all_flags(exported(s, hier, Target::kMegatron).at("launch.sh"));
+  EXPECT_EQ(h.at("--cp-comm-type"), "a2a+p2p");
+  EXPECT_EQ(h.at("--hierarchical-context-parallel-sizes"), "2 2");
   Plan current = p;
   current.layout.fp8_recipe = planner::Fp8Recipe::kTensorwise;
   EXPECT_EQ(all_flags(exported(s, current, Target::kMegatron).at("launch.sh")).at("--fp8-recipe"),

@@ -822,6 +822,39 @@ TEST(CostModel, A2AContextParallelAttentionRunsTheWholeSequenceOnFewerHeads) {
   EXPECT_EQ(k.dgrad[1].bytes, bwd.count());
 }
 
+// Hierarchical CP (cp_comm a2a+p2p, cp 4 over an a2a level of 2): the ring of the 2 ranks
+// cp_a2a apart with the heads split over the a2a level, the attention of a p2p ring of 2
+// at tp 16; its memory passes the a2a's layout copies and the ring's corrections.
+TEST(CostModel, HierarchicalContextParallelRingsOverTheA2ALevel) {
+  Fixture f = gpt();
+  Layout l;
+  l.tp = 8;
+  l.cp = 4;
+  l.cp_comm = CpComm::kA2AP2P;
+  l.cp_a2a = 2;
+  ASSERT_EQ(l.cp_heads_split(), 2);
+  ASSERT_EQ(l.cp_ring(), 2);
+  const models::Op& attn = op_named(f.g, "attention");
+  const PassCost c = op_cost(attn, f.g, l, true, f.dev, hardware::Precision::kBf16);
+  Layout ring;
+  ring.tp = 16;
+  ring.cp = 2;
+  const PassCost r = op_cost(attn, f.g, ring, true, f.dev, hardware::Precision::kBf16);
+  EXPECT_EQ(c.forward_flops, r.forward_flops);
+  EXPECT_EQ(c.ring_diagonal_forward, r.ring_diagonal_forward);
+  EXPECT_EQ(c.ring_diagonal_dgrad, r.ring_diagonal_dgrad);
+  EXPECT_GT(c.forward, r.forward);                          // the all-to-alls' layout copies
+  const double n = 512.0 * 12 * 128, lse = 512.0 * 12 * 4;  // a tensor's local elements
+  const int64_t a2a_fwd = static_cast<int64_t>(2 * 4 * (3 * n + n));
+  const int64_t ring_fwd = static_cast<int64_t>(2 * (4 * n + 4.25 * n) + 7.75 * lse);
+  const OpKernels k = op_kernels(attn, f.g, l, true, hardware::Precision::kBf16);
+  ASSERT_EQ(k.forward.size(), 2u);
+  EXPECT_EQ(k.forward[0].heads, 6);
+  EXPECT_EQ(k.forward[0].seq_q, 1024);
+  EXPECT_EQ(k.forward[0].seq_kv, 2048);
+  EXPECT_EQ(k.forward[1].bytes, a2a_fwd + ring_fwd);
+}
+
 TEST(CostModel, SelectiveRecomputeRerunsTheAttentionCore) {
   Fixture f = gpt();
   Layout l;

@@ -880,6 +880,47 @@ TEST(Lower, A2AContextParallelExchangesHeadsForTheSequence) {
   EXPECT_NE(infeasibility(s, p).find("cp_comm a2a needs flash_attention"), std::string::npos);
 }
 
+// Hierarchical CP (a2a+p2p, cp 4 as an a2a level of 2 under a ring of 2): the all-to-alls
+// of A2A CP over pairs of adjacent cp ranks, and around the attention the ring's transfers
+// between ranks 2 cp positions (4 ranks) apart, its K,V chunk as large as cp 4's.
+TEST(Lower, HierarchicalContextParallelRingsBetweenA2AGroups) {
+  Scenario s = make(4, 4, 2);
+  Plan p = plan(2, 1, 2, Schedule::k1F1B, 1, 4);
+  p.layout.cp_comm = CpComm::kA2AP2P;
+  p.layout.cp_a2a = 2;
+  ASSERT_EQ(infeasibility(s, p), "");
+  LoweredPlan lp = lowered(s, p, {.full_ranks = true});
+  std::map<int64_t, int> all_to_all;
+  int p2p = 0;
+  const Bytes chunk(512 * 4 * 128 * 2);  // 512 local tokens x 4 kv heads x (64 + 64) x 2 B
+  for (const sim::Task* task : tasks_in(lp, "cp_comm")) {
+    if (task->kind == sim::TaskKind::kP2P) {
+      ++p2p;
+      EXPECT_EQ(std::abs(task->dst.value() - task->src.value()) % 8, 4);
+      EXPECT_TRUE(task->bytes == chunk || task->bytes == chunk * 2);  // backward: dK,dV too
+      continue;
+    }
+    EXPECT_EQ(task->collective, sim::CollectiveKind::kAllToAll);
+    EXPECT_EQ(lp.graph.group(task->group).size(), 2u);
+    ++all_to_all[task->bytes.count()];
+  }
+  const int layers_mbs = 4 * 2;  // 4 layers x 2 micro-batches
+  const int pairs = 2 * 2 * 2;   // tp x dp x (cp / cp_a2a) all-to-all groups
+  const int64_t qkv = 512 * 16 * 64 * 2;
+  EXPECT_EQ(all_to_all[qkv], 3 * pairs * layers_mbs);
+  EXPECT_EQ(all_to_all[qkv / 2], pairs * layers_mbs);
+  // Each pass: one ring step after the first, one send per cp rank of each tp x dp.
+  EXPECT_EQ(p2p, 2 * 4 * 2 * 2 * layers_mbs);
+  auto r = evaluate(s, p);
+  ASSERT_TRUE(r.is_ok() && r->feasible);
+  Plan flat = p;
+  flat.layout.cp_a2a = 4;
+  EXPECT_NE(infeasibility(s, flat).find("a divisor of cp 4 between 2 and cp / 2"),
+            std::string::npos);
+  flat.layout.cp_comm = CpComm::kP2P;
+  EXPECT_EQ(infeasibility(s, flat), "cp_a2a 4 needs cp_comm a2a+p2p, not p2p");
+}
+
 // One reduction per bucket per iteration, carrying every local gradient once: 4 bytes
 // each, 2 with bf16 gradients (grad_reduce_dtype).
 TEST(Lower, DataParallelReducesEachBucketOnce) {

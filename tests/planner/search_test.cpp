@@ -1175,6 +1175,35 @@ TEST(Search, SearchesTheCpExchangeTheSectionAsksFor) {
                       a2a.top[0].metrics.iteration_time}));
 }
 
+// Hierarchical CP searched: its a2a level the widest power of two under cp that splits the
+// heads inside a node (2 of cp 4 here), or the one the section fixes.
+TEST(Search, SearchesHierarchicalContextParallelism) {
+  auto scenario = [](const std::string& llm) {
+    auto s = parse_scenario_text(
+        R"({"model": {"name": "tiny", "modules": [{"name": "llm", "kind": "llm", "spec": {
+          "layers": 4, "hidden": 1024, "ffn_hidden": 4096, "heads": 16, "kv_heads": 8,
+          "vocab": 128, "activation": "swiglu", "norm": "rmsnorm"}}]},
+        "workload": {"seq_len": 8192, "global_batch": 8},
+        "cluster": {"profile": "dgx-h100", "nodes": 1},
+        "search": {"llm": {"tp": 2, "cp": 4, "micro_batch": 1, "cp_comm": "a2a+p2p")" +
+            llm + "}}}",
+        "hier.json");
+    EXPECT_TRUE(s.is_ok()) << s.status().to_string();
+    return *s;
+  };
+  const SearchResult hier = run(scenario(""), threads(2));
+  ASSERT_FALSE(hier.top.empty());
+  for (const RankedPlan& p : hier.top) {
+    EXPECT_EQ(p.plan.layout.cp_comm, CpComm::kA2AP2P);
+    EXPECT_EQ(p.plan.layout.cp_a2a, 2);
+  }
+  EXPECT_NE(describe(hier.top[0].plan).find("cp4 a2a2xp2p2"), std::string::npos);
+  const SearchResult wide = run(scenario(R"(, "cp_a2a": 4)"), threads(2));
+  EXPECT_TRUE(wide.top.empty());
+  ASSERT_FALSE(wide.rejections.empty());
+  EXPECT_NE(wide.rejections.front().example.find("between 2 and cp / 2"), std::string::npos);
+}
+
 TEST(Search, PipelinesANonColocatedEncoder) {
   // The encoder's pipeline depth is searched on its own ranks; here it is fixed to 2.
   const Scenario s = tiny(R"({"modules": {"vision": {"pp": 2}},

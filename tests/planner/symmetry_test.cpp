@@ -102,6 +102,16 @@ std::vector<Case> cases() {
     a.layout.cp_comm = CpComm::kA2A;
     out.push_back(
         {"dgx-h100 tp2 cp2 pp2 dp4 a2a CP, selective recompute", make("dgx-h100", 4, 32, 8), a});
+    Plan h = plan(2, 4, 2, 2);
+    h.layout.cp_comm = CpComm::kA2AP2P;
+    h.layout.cp_a2a = 2;
+    out.push_back({"dgx-h100 tp2 cp4 (a2a 2 x p2p 2) pp2 dp2", make("dgx-h100", 4, 32, 4), h});
+    Plan x = plan(8, 4, 2, 2);
+    x.layout.cp_comm = CpComm::kA2AP2P;
+    x.layout.cp_a2a = 2;
+    Scenario wide = make("dgx-h100", 16, 32, 4);
+    std::get<models::LlmSpec>(wide.model.modules[0].spec).block.kv_heads = 16;  // 2 a tp rank
+    out.push_back({"dgx-h100 tp8 cp4 (a2a 2 x p2p 2) pp2 dp2, both levels across nodes", wide, x});
   }
   {
     Plan p = plan(4, 1, 2, 2, Schedule::kGpipe);

@@ -41,7 +41,8 @@
 // Engine's ring runs around its attention calls); with cp_comm all_gather, two calls per
 // rank (one per local chunk) against the gathered keys, and TE's reorder copies; with a2a,
 // all-to-alls of Q, K, V and of the output around one call over the whole sequence with
-// heads / cp, and TE's layout copies around each.
+// heads / cp, and TE's layout copies around each; with a2a+p2p, those all-to-alls over
+// groups of cp_a2a ranks around a ring over cp / cp_a2a of them.
 #pragma once
 
 #include <cstdint>
@@ -87,8 +88,8 @@ struct WorkStep {
   PassCost cost;  // kCompute, kCpAttention
   /// Communication size: TP: the full activation (nccl-tests all-reduce buffer /
   /// all-gather total); all-to-all: one rank's send buffer; CP: the K,V chunk one ring
-  /// step sends forward (backward sends K,V and their gradients: twice that); a2a CP: one
-  /// rank's Q, K, V (forward, before the attention; their gradients after its backward).
+  /// step sends forward (backward sends K,V and their gradients: twice that; a2a+p2p: the
+  /// chunk after the all-to-all, the same size); a2a CP: one rank's K,V.
   Bytes bytes;
   /// kTpEntry: what its SP all-gathers (forward, and the backward re-gather of
   /// overlaps_tp_entry) move: `bytes`, or half of it where the linear after the entry is a
@@ -97,8 +98,11 @@ struct WorkStep {
   /// kCompute, kCpAttention: the graph's ops (indices into OpGraph::ops, forward order)
   /// whose work this step is, for their kernels (kernels.h).
   std::vector<int32_t> ops;
-  /// kCpAttention under a2a CP: one rank's attention output, all-to-all'd after the
-  /// forward; before the backward the output and its gradient go back (twice this).
+  /// kCpAttention under a2a and a2a+p2p CP: one rank's Q (all-to-all'd with `bytes` of K,V
+  /// before the attention, their gradients after its backward) and its attention output
+  /// (all-to-all'd after the forward; before the backward the output and its gradient go,
+  /// twice this).
+  Bytes query_bytes = Bytes(0);
   Bytes out_bytes = Bytes(0);
   /// kCompute: this step is one column-parallel linear (qkv, fc1, logits) right after a
   /// TP entry, alone in its step. Its backward runs as Megatron's

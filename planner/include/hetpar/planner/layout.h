@@ -53,8 +53,12 @@ enum class CpComm {
   kA2A,        // DeepSpeed Ulysses: all-to-alls trade the sequence split for a split of the
                // heads, one attention over the whole sequence with heads / cp each, and
                // back (exposed; Transformer Engine's AttnFuncWithCPAndQKVOA2A)
+  kA2AP2P,     // hierarchical: a2a over groups of Layout::cp_a2a adjacent cp ranks (heads /
+               // cp_a2a each), then a ring over cp / cp_a2a of them (Transformer Engine's
+               // AttnFuncWithCPAndKVP2P with two groups; Megatron's
+               // --hierarchical-context-parallel-sizes cp_a2a cp/cp_a2a)
 };
-std::string_view to_string(CpComm c);  // "p2p", "all_gather", "a2a"
+std::string_view to_string(CpComm c);  // "p2p", "all_gather", "a2a", "a2a+p2p"
 
 /// The dtype of the gradient buffer the backward accumulates into and the data-parallel
 /// reduction runs in (Megatron's main_grad buffer). The trainers' default keeps fp32 for
@@ -124,6 +128,9 @@ struct Layout {
   bool sequence_parallel = false;  // SP: all-gather + reduce-scatter instead of all-reduce
   int cp = 1;
   CpComm cp_comm = CpComm::kP2P;  // meaningful when cp > 1
+  /// cp_comm a2a+p2p: the ranks of the a2a level (adjacent in the cp group), a divisor of cp
+  /// between 1 and cp; 0 otherwise.
+  int cp_a2a = 0;
   int pp = 1;
   int vpp = 1;  // virtual pipeline stages per rank (interleaved schedule); 1 = none
   /// Interleaved schedule: the contiguous micro-batches each virtual stage runs before the
@@ -140,6 +147,17 @@ struct Layout {
   /// expert-DP (rank = a + etp * (e + ep * d)).
   int etp = 0;
   int expert_tp() const { return etp > 0 ? etp : tp; }
+  /// Context parallelism's two exchanges: the ranks an all-to-all over the heads spans (a2a:
+  /// cp; a2a+p2p: cp_a2a; otherwise 1) and the K,V ring's length (p2p: cp; a2a+p2p:
+  /// cp / cp_a2a; otherwise 1). Their product is cp wherever a ring or all-to-all runs.
+  int cp_heads_split() const {
+    if (cp_comm == CpComm::kA2AP2P) return cp_a2a > 0 ? cp_a2a : 1;
+    return cp_comm == CpComm::kA2A ? cp : 1;
+  }
+  int cp_ring() const {
+    if (cp_comm == CpComm::kA2AP2P) return cp / cp_heads_split();
+    return cp_comm == CpComm::kP2P ? cp : 1;
+  }
   /// The ranks of a pipeline stage the experts' EP x expert-DP groups tile: tp / expert_tp()
   /// x dp x cp (with ep: expert-DP = expert_ranks() / ep).
   int expert_ranks() const { return tp / expert_tp() * dp * cp; }

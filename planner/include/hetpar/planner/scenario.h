@@ -101,9 +101,12 @@ struct LayoutFix {
   std::optional<bool> moe_shared_expert_overlap;
   bool any_moe_shared_expert_overlap = false;
   /// How CP exchanges K,V in layouts with cp > 1; unset: the ring (p2p) only, which the
-  /// simulator rates at least as fast wherever the ring's steps hide their transfers;
-  /// `any_cp_comm`: both (more plans to simulate: +50% search time on the 1024-GPU example).
+  /// simulator rates at least as fast wherever the ring's steps hide their transfers, or
+  /// a2a for an LLM with sliding windows or attention sinks (its only CP); `any_cp_comm`:
+  /// each that applies (more plans to simulate). a2a+p2p takes `cp_a2a` ranks for its a2a
+  /// level, or the widest power of two under cp that splits the heads inside a node.
   std::optional<CpComm> cp_comm;
+  std::optional<int> cp_a2a;
   bool any_cp_comm = false;
   /// Fully sharded data parallelism (Layout::fsdp) in homogeneous layouts with dp·cp > 1:
   /// unset or false, never (the default); true, always; `any_fsdp`, both.
