@@ -1,6 +1,7 @@
 #include "hetpar/sim/max_min.h"
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 
 #include "hetpar/core/check.h"
@@ -64,28 +65,68 @@ void MaxMinSolver::solve() {
 
   // Progressive filling: the link with the smallest fair share among its unfixed flows
   // saturates first; its flows get that share, which is taken from their other links.
-  while (true) {
-    int32_t bottleneck = -1;
-    double share = std::numeric_limits<double>::infinity();
-    for (int32_t l = 0; l < nl; ++l) {
-      if (unfixed_[l] == 0) continue;
-      double s = std::max(remaining_[l], 0.0) / load_[l];
-      if (s < share) {
-        share = s;
-        bottleneck = l;
-      }
-    }
-    if (bottleneck < 0) break;
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  auto share_of = [&](int32_t l) { return std::max(remaining_[l], 0.0) / load_[l]; };
+  // Fixes the bottleneck's unfixed flows at `share`; with `touched`, records each other link
+  // whose share that changes.
+  auto saturate = [&](int32_t bottleneck, double share, bool touched) {
     for (int32_t i = link_begin_[bottleneck]; i < link_begin_[bottleneck + 1]; ++i) {
       int32_t f = link_flows_[i];
       if (rate_[f] != kUnfixed) continue;
       rate_[f] = share;
       for (int32_t j = flow_begin_[f]; j < flow_begin_[f + 1]; ++j) {
+        const int32_t l = flow_links_[j];
         const double w = flow_weights_[j];
-        remaining_[flow_links_[j]] -= w == 1.0 ? share : w * share;
-        load_[flow_links_[j]] -= w;
-        --unfixed_[flow_links_[j]];
+        remaining_[l] -= w == 1.0 ? share : w * share;
+        load_[l] -= w;
+        --unfixed_[l];
+        if (touched && !is_touched_[l]) {
+          is_touched_[l] = 1;
+          touched_.push_back(l);
+        }
       }
+    }
+  };
+  if (nl <= kScanLinks) {
+    while (true) {
+      int32_t bottleneck = -1;
+      double share = kInf;
+      for (int32_t l = 0; l < nl; ++l) {
+        if (unfixed_[l] == 0) continue;
+        double s = share_of(l);
+        if (s < share) {
+          share = s;
+          bottleneck = l;
+        }
+      }
+      if (bottleneck < 0) break;
+      saturate(bottleneck, share, false);
+    }
+    return;
+  }
+  // Many links: a min-heap of (share, link), an entry stale once its link's share moved
+  // (each change pushes the new one) or its flows are all fixed. Links of infinite share
+  // never saturate, as in the scan.
+  const auto later = std::greater<std::pair<double, int32_t>>();
+  heap_.clear();
+  for (int32_t l = 0; l < nl; ++l)
+    if (unfixed_[l] > 0 && share_of(l) < kInf) heap_.emplace_back(share_of(l), l);
+  std::make_heap(heap_.begin(), heap_.end(), later);
+  is_touched_.assign(nl, 0);
+  while (!heap_.empty()) {
+    std::pop_heap(heap_.begin(), heap_.end(), later);
+    const auto [share, bottleneck] = heap_.back();
+    heap_.pop_back();
+    if (unfixed_[bottleneck] == 0 || share_of(bottleneck) != share) continue;  // stale
+    touched_.clear();
+    saturate(bottleneck, share, true);
+    for (int32_t l : touched_) {
+      is_touched_[l] = 0;
+      if (unfixed_[l] == 0) continue;
+      const double s = share_of(l);
+      if (s == kInf) continue;
+      heap_.emplace_back(s, l);
+      std::push_heap(heap_.begin(), heap_.end(), later);
     }
   }
 }
