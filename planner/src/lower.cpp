@@ -443,8 +443,8 @@ sim::KernelListId Lowering::kernels(const PlacedBlock& pb, size_t s, bool backwa
   const bool cp_split = cp_split_[pb.module];
   std::vector<sim::Kernel> list;
   // One ring step's share of an attention kernel (the local queries against one rank's K,V
-  // chunk, 1/cp of the keys) or of a memory pass (1/cp of its bytes); false for a GEMM,
-  // which each use below sizes itself.
+  // chunk, 1/cp_ring() of the keys) or of a memory pass (1/cp_ring() of its bytes); false
+  // for a GEMM, which each use below sizes itself.
   const int ring_steps = l_.cp_ring();
   auto ring_share = [&](sim::Kernel& k) {
     if (k.kind == sim::KernelKind::kGemm) return false;

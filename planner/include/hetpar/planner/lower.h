@@ -19,7 +19,8 @@
 //   before its backward, dK,dV reduce-scattered after it, all blocking (comm stream 0).
 //   cp_comm a2a: all-to-alls over the cp group of Q, K, V before the attention and of its
 //   output after; backward, of the output and its gradient before and of dQ, dK, dV after;
-//   all blocking (comm stream 0).
+//   all blocking (comm stream 0). cp_comm a2a+p2p: those all-to-alls over groups of cp_a2a
+//   adjacent cp ranks around the ring over the cp / cp_a2a ranks cp_a2a apart.
 //   EP with Layout::moe_dispatcher deepep over nodes: each all-to-all is one over the EP
 //   group's GPUs of each node, beside one between its GPUs of one local index across the
 //   nodes (each token once per other node holding one of its experts; comm stream 11), the
