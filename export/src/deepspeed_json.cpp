@@ -95,7 +95,12 @@ Result<std::vector<ExportFile>> write_deepspeed(const Context& c) {
   j["data_types"] = {{"grad_accum_dtype", grads}};
   j["zero_optimization"] = {{"stage", l.fsdp ? 3 : l.distributed_optimizer ? 1 : 0}};
   if (l.tp > 1) j["tensor_parallel"] = {{"autotp_size", l.tp}};
-  if (l.cp > 1) j["sequence_parallel_size"] = l.cp;
+  if (l.cp > 1) {
+    // Ulysses's ranks reduce gradients in their own dtype setting, fp32 unless set: the
+    // plan's gradient dtype, spelled out as for the data-parallel reduction.
+    j["sequence_parallel_size"] = l.cp;
+    j["seq_parallel_communication_data_type"] = grads;
+  }
   if (l.ep > 1) j["expert_parallel"] = {{"enabled", true}, {"autoep_size", l.ep}};
   j["pipeline"] = {
       {"activation_checkpoint_interval", l.recompute == models::Recompute::kFull ? 1 : 0}};
