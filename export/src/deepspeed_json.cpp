@@ -127,6 +127,9 @@ Result<std::vector<ExportFile>> write_deepspeed(const Context& c) {
         "# Not verified: that AutoTP training composes with PipelineModule in this DeepSpeed.\n";
   if (l.fsdp && l.ep > 1)
     script += "# Not verified: that AutoEP composes with ZeRO stage 3 in this DeepSpeed.\n";
+  if (l.cp > 1 && (l.tp > 1 || l.pp > 1))
+    script +=
+        "# Not verified: that Ulysses composes with AutoTP or PipelineModule in this DeepSpeed.\n";
   if (std::string n = unfused_accumulation_note(c, "DeepSpeed"); !n.empty())
     script += "# " + n + "\n";
   if (l.torch_fsdp2())

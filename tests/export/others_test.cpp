@@ -194,6 +194,7 @@ TEST(ExportDeepspeed, WritesA2AContextParallelismAsUlysses) {
   EXPECT_EQ(j.at("sequence_parallel_size"), 2);
   EXPECT_EQ(j.at("seq_parallel_communication_data_type"), j.at("communication_data_type"));
   EXPECT_NE(files.at("launch.sh").find("DistributedAttention"), std::string::npos);
+  EXPECT_NE(files.at("launch.sh").find("that Ulysses composes with AutoTP"), std::string::npos);
   EXPECT_NE(files.at("launch.sh").find("x sequence_parallel_size) is implied"), std::string::npos);
   p.layout.fsdp = true;
   p.layout.pp = 1;
