@@ -173,8 +173,11 @@ Time collective_time(sim::CollectiveKind kind, Bytes bytes, int n, Bandwidth lin
   return Time::seconds(bytes.as_double() * factor / link.bytes_per_s());
 }
 
-BlockTime block_time(const Block& b, const Layout& l, Bandwidth link, bool frozen,
-                     const TpRamp& ramp) {
+// `cp_link`: at least the fastest all-to-all bandwidth a CP group can reach (the TP link, or
+// the profile's intra-node all_to_all where faster), so that a2a CP's blocking all-to-alls
+// count no more than the simulation gives them.
+BlockTime block_time(const Block& b, const Layout& l, Bandwidth link, Bandwidth cp_link,
+                     bool frozen, const TpRamp& ramp) {
   using CK = sim::CollectiveKind;
   const bool sp = l.sequence_parallel;
   auto tp_collective = [&](CK kind, Bytes bytes) {
@@ -185,12 +188,25 @@ BlockTime block_time(const Block& b, const Layout& l, Bandwidth link, bool froze
     const WorkStep& st = b.steps[i];
     switch (st.kind) {
       case StepKind::kCompute:
-      case StepKind::kCpAttention:
+      case StepKind::kCpAttention: {
         t.f += st.cost.forward;
         t.f_compute += st.cost.forward;
         t.b += st.cost.dgrad + st.cost.wgrad + st.cost.recompute;
         t.b_input += st.cost.dgrad + st.cost.recompute;
+        if (st.kind == StepKind::kCpAttention && l.cp_heads_split() > 1) {
+          // a2a CP: forward Q,K,V and the output, backward the output and its gradient and
+          // dQ,dK,dV, each all-to-all blocking the compute after it (lower.h).
+          auto a2a = [&](Bytes bytes) {
+            return collective_time(CK::kAllToAll, bytes, l.cp_heads_split(), cp_link, TpRamp{});
+          };
+          const Bytes qkv = st.query_bytes + st.bytes;
+          t.f += a2a(qkv) + a2a(st.out_bytes);
+          const Time bwd = a2a(st.out_bytes * 2) + a2a(qkv);
+          t.b += bwd;
+          t.b_input += bwd;
+        }
         break;
+      }
       case StepKind::kTpEntry: {  // fwd: SP all-gather; bwd: SP reduce-scatter / all-reduce
         // Userbuffers run the forward all-gather beside the (chunked) linear after it.
         const bool ring = i + 1 < b.steps.size() && b.steps[i + 1].ring_exchange;
@@ -270,6 +286,12 @@ class CostCache {
             group.profile
                 .collective(hardware::CollectiveScope::kIntraNode, hardware::Collective::kAllGather)
                 .bus_bandwidth(group.profile.gpus_per_node);
+      Bandwidth cp_link = link;
+      if (group.profile.gpus_per_node > 1 && l.cp > 1 && l.cp_heads_split() > 1)
+        cp_link = std::max(cp_link, group.profile
+                                        .collective(hardware::CollectiveScope::kIntraNode,
+                                                    hardware::Collective::kAllToAll)
+                                        .bus_bandwidth(l.cp_heads_split()));
       ModuleTime& t = times.emplace_back();
       // The simulation's size scales on this group's nodes (collective_config); a TP group
       // inside one node pays the intra-node ones, one that may span nodes the inter-node ones.
@@ -278,14 +300,14 @@ class CostCache {
       const TpRamp ramp =
           tp_in_node ? TpRamp{&curves.intra_node_size_scale, &curves.intra_node_group_scale}
                      : TpRamp{&curves.inter_node_size_scale, nullptr};
-      t.pre = block_time(mc.pre, l, link, frozen, ramp);
+      t.pre = block_time(mc.pre, l, link, cp_link, frozen, ramp);
       for (int k = 0; k < 4; ++k) {
-        t.kind[k] = block_time(mc.kind_block(k), l, link, frozen, ramp);
+        t.kind[k] = block_time(mc.kind_block(k), l, link, cp_link, frozen, ramp);
         t.kind_params[k] = mc.kind_block(k).dense.all;
       }
       t.kinds = mc.kinds;
-      t.post = block_time(mc.post, l, link, frozen, ramp);
-      t.mtp = block_time(mc.mtp, l, link, frozen, ramp);
+      t.post = block_time(mc.post, l, link, cp_link, frozen, ramp);
+      t.mtp = block_time(mc.mtp, l, link, cp_link, frozen, ramp);
       t.mtp_params = mc.mtp.dense.all;
       t.layers = mc.layers;
 

@@ -642,6 +642,42 @@ TEST(Search, TheBoundHoldsWithSlidingWindows) {
   expect_bound_below_plans("gpt-oss-120b-64xh100-compare.json");
 }
 
+// a2a CP's blocking all-to-alls in the bound: it stays below gpt-oss's 64K plans over a2a
+// (their infeasible ones aside) and the long-context example under each CP exchange, the
+// a2a groups inside a node and, at cp 4, across two.
+TEST(Search, TheBoundHoldsWithA2AContextParallelism) {
+  auto oss = load_scenario(std::string(HETPAR_SOURCE_DIR) +
+                           "/examples/gpt-oss-120b-64k-64xh100-compare.json");
+  ASSERT_TRUE(oss.is_ok()) << oss.status().to_string();
+  int feasible = 0;
+  for (const auto& [name, plan] : oss->plans) {
+    auto m = evaluate(*oss, plan);
+    ASSERT_TRUE(m.is_ok()) << name;
+    if (!m->feasible) continue;
+    ++feasible;
+    EXPECT_LE(lower_bound(*oss, plan), m->iteration_time) << name;
+  }
+  EXPECT_EQ(feasible, 4);
+  auto lc =
+      load_scenario(std::string(HETPAR_SOURCE_DIR) + "/examples/long-context-16xh100-compare.json");
+  ASSERT_TRUE(lc.is_ok()) << lc.status().to_string();
+  const auto named = std::find_if(lc->plans.begin(), lc->plans.end(),
+                                  [](const auto& np) { return np.first == "homogeneous"; });
+  ASSERT_NE(named, lc->plans.end());
+  Plan p = named->second;
+  for (const auto& [cp, comm, inner] :
+       {std::tuple{2, CpComm::kA2A, 0}, std::tuple{4, CpComm::kA2A, 0},
+        std::tuple{4, CpComm::kA2AP2P, 2}}) {
+    p.layout.cp = cp;
+    p.layout.dp = 4 / cp;
+    p.layout.cp_comm = comm;
+    p.layout.cp_a2a = inner;
+    auto m = evaluate(*lc, p);
+    ASSERT_TRUE(m.is_ok() && m->feasible) << cp;
+    EXPECT_LE(lower_bound(*lc, p), m->iteration_time) << cp << " " << to_string(comm);
+  }
+}
+
 // Dense and MoE layers alternating (MoeSpec::layer_pattern, Llama 4 Maverick's): the bound
 // counts each virtual stage's layers by kind and stays below every plan the search keeps,
 // the fast search finding what the exhaustive one does.
