@@ -110,7 +110,7 @@ TEST(Kernels, HomogeneousLayoutsMatchTaskFlops) {
 // On an H100 (unmasked attention faster than masked) a causal ring's steps differ: the
 // diagonal one runs the masked call, the others unmasked calls against half the arrived
 // chunk, and each step's kernels still add up to its time; with selective recompute the
-// re-run ring too.
+// re-run ring too; and the a2a and hierarchical exchanges likewise.
 TEST(Kernels, ARingsMaskedAndUnmaskedStepsMatchTheirTimes) {
   auto s = parse_scenario_text(R"({"name": "ring", "model": {"name": "small",
       "modules": [{"name": "llm", "kind": "llm", "spec": {"layers": 2, "hidden": 1024,
@@ -124,6 +124,19 @@ TEST(Kernels, ARingsMaskedAndUnmaskedStepsMatchTheirTimes) {
     Plan p;
     p.layout = layout(1, cp, 1, 8 / cp);
     SCOPED_TRACE(fmt::format("cp {}", cp));
+    expect_kernels_match(*s, p);
+    p.layout.recompute = models::Recompute::kSelective;
+    expect_kernels_match(*s, p);
+  }
+  // CP over the heads: one call over the whole sequence (a2a), or the ring over the a2a
+  // groups (a2a+p2p), each with its all-to-alls' layout copies.
+  for (auto [comm, inner] : {std::pair{CpComm::kA2A, 0}, std::pair{CpComm::kA2AP2P, 2}}) {
+    Plan p;
+    p.layout = layout(1, 4, 1, 2);
+    p.layout.cp_comm = comm;
+    p.layout.cp_a2a = inner;
+    SCOPED_TRACE(to_string(comm));
+    ASSERT_EQ(infeasibility(*s, p), "");
     expect_kernels_match(*s, p);
     p.layout.recompute = models::Recompute::kSelective;
     expect_kernels_match(*s, p);
