@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <unordered_map>
 
 #include "hetpar/core/check.h"
 #include "hetpar/core/format.h"
@@ -13,17 +14,26 @@ namespace {
 // Group members per node, nodes in order of first appearance, members in group order.
 std::vector<std::vector<RankId>> members_by_node(std::span<const RankId> group,
                                                  const Network& net) {
+  // Nodes in order of their first member. A group over many nodes looks its nodes up in a
+  // hash map (a linear search made a DP group over 65536 nodes quadratic).
   std::vector<NodeId> node_ids;
+  std::unordered_map<int32_t, size_t> index;
+  const bool hashed = group.size() > 64;
   std::vector<std::vector<RankId>> out;
   for (RankId r : group) {
-    NodeId node = net.node_of(r);
-    auto it = std::find(node_ids.begin(), node_ids.end(), node);
-    if (it == node_ids.end()) {
+    const NodeId node = net.node_of(r);
+    size_t at = node_ids.size();
+    if (hashed) {
+      at = index.try_emplace(node.value(), node_ids.size()).first->second;
+    } else {
+      at =
+          static_cast<size_t>(std::find(node_ids.begin(), node_ids.end(), node) - node_ids.begin());
+    }
+    if (at == node_ids.size()) {
       node_ids.push_back(node);
       out.emplace_back();
-      it = node_ids.end() - 1;
     }
-    out[it - node_ids.begin()].push_back(r);
+    out[at].push_back(r);
   }
   return out;
 }
