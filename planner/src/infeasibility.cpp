@@ -301,6 +301,11 @@ std::string tensor_size_infeasibility(const Scenario& s, const Plan& p) {
 
 }  // namespace
 
+bool heads_split(const models::TransformerSpec& block, int tp, int ranks) {
+  const int64_t over = int64_t{tp} * ranks;
+  return block.heads % over == 0 && (block.mla ? block.heads : block.kv_heads) % over == 0;
+}
+
 std::string infeasibility(const Scenario& s, const Plan& p) {
   const Layout& l = p.layout;
   if (l.tp < 1 || l.cp < 1 || l.pp < 1 || l.vpp < 1 || l.dp < 1 || l.ep < 1 || l.micro_batch < 1)
@@ -529,15 +534,14 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
     // Transformer Engine's all-to-alls split each TP rank's query and key / value heads over
     // the ranks of the a2a level, in its fused or flash attention only.
     const int split = l.cp_heads_split();
-    const int64_t heads = llm.block.heads / l.tp;
-    const int64_t kv_heads = (llm.block.mla ? llm.block.heads : llm.block.kv_heads) / l.tp;
     const std::string level =
         l.cp_comm == CpComm::kA2A ? fmt::format("cp {}", l.cp) : fmt::format("cp_a2a {}", split);
-    if (heads % split != 0 || kv_heads % split != 0)
+    if (!heads_split(llm.block, l.tp, split))
       return fmt::format(
           "cp_comm {}: the {} query and {} key/value heads per tp rank (tp {}) must each "
           "divide by {}",
-          to_string(l.cp_comm), heads, kv_heads, l.tp, level);
+          to_string(l.cp_comm), llm.block.heads / l.tp,
+          (llm.block.mla ? llm.block.heads : llm.block.kv_heads) / l.tp, l.tp, level);
     if (!l.flash_attention)
       return fmt::format(
           "cp_comm {} needs flash_attention (Transformer Engine runs context parallelism in "

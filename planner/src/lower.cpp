@@ -1540,9 +1540,8 @@ void Lowering::build_stage() {
   cp_copies_.assign(actives_.size(), GroupId());
   cp_edge_copies_.assign(n, GroupId());
   const int stride = l_.cp_heads_split();
-  if (l_.cp_ring() <= 1) {
-    // No ring: all-gather or a2a CP.
-  } else if (reduced_ && l_.cp > 1 && whole_replicas()) {
+  const bool ring = l_.cp_ring() > 1;  // not under all-gather or a2a CP
+  if (reduced_ && ring && whole_replicas()) {
     const int block = l_.tp * l_.cp;
     for (int d0 = 0; d0 < l_.dp; ++d0) {
       if (owner_[d0 * block] != d0 * block) continue;  // not a representative replica
@@ -1558,7 +1557,7 @@ void Lowering::build_stage() {
             cp_edge_copies_[t + l_.tp * (q + l_.cp * d0)] = g_.add_group(members_);
         }
     }
-  } else if (reduced_ && l_.cp > 1) {
+  } else if (reduced_ && ring) {
     const int block = l_.tp * l_.cp;
     for (size_t a = 0; a < actives_.size(); ++a) {
       const int d0 = actives_[a] / block;

@@ -310,7 +310,6 @@ class CostCache {
       t.mtp = block_time(mc.mtp, l, link, cp_link, frozen, ramp);
       t.mtp_params = mc.mtp.dense.all;
       t.layers = mc.layers;
-
       t.pre_params = mc.pre.dense.all;
       t.post_params = mc.post.dense.all;
       t.boundary = mc.boundary_bytes;
@@ -874,8 +873,7 @@ class Searcher {
     shared_experts_ = llm.moe && llm.moe->shared_experts > 0;
     latent_attention_ = llm.block.mla.has_value();
     a2a_cp_only_ = llm.block.sliding_window.has_value() || llm.block.attention_sinks;
-    heads_ = llm.block.heads;
-    kv_heads_ = llm.block.mla ? llm.block.heads : llm.block.kv_heads;
+    block_ = llm.block;
     dense_mlps_ = llm.moe && llm.moe->dense_layer_count(llm.block.layers) > 0;
     top_k_ = o.top_k > 0 ? o.top_k : spec_.top_k;
     exhaustive_ = o.exhaustive;
@@ -1179,7 +1177,8 @@ class Searcher {
           std::vector<CpComm> comms{a2a_cp_only_ && cp > 1 ? CpComm::kA2A : CpComm::kP2P};
           // a2a+p2p: its a2a level the widest that splits the heads inside a node, under
           // cp (fixed by search.llm.cp_a2a).
-          const int inner = fx.cp_a2a.value_or(hierarchical_a2a(tp, cp));
+          const bool hierarchical = cp > 1 && (fx.any_cp_comm || fx.cp_comm == CpComm::kA2AP2P);
+          const int inner = hierarchical ? fx.cp_a2a.value_or(hierarchical_a2a(tp, cp)) : 0;
           if (cp > 1 && fx.any_cp_comm && !a2a_cp_only_) {
             comms.push_back(CpComm::kAllGather);
             if (a2a_splits(tp, cp)) comms.push_back(CpComm::kA2A);
@@ -1525,10 +1524,7 @@ class Searcher {
   }
 
   // Whether a2a CP can split each TP rank's query and key/value heads over cp.
-  bool a2a_splits(int tp, int cp) const {
-    const int64_t ranks = int64_t{tp} * cp;
-    return heads_ % ranks == 0 && kv_heads_ % ranks == 0;
-  }
+  bool a2a_splits(int tp, int cp) const { return heads_split(block_, tp, cp); }
   // The a2a level a searched a2a+p2p layout takes: the largest power of two below cp whose
   // ranks split the heads and, with TP, fit in a node (NVLink, as the hierarchy intends);
   // 1 where none does.
@@ -1547,8 +1543,8 @@ class Searcher {
   bool latent_attention_ = false;  // models::MlaSpec: the mla_up_proj module is tried too
   // Sliding windows or attention sinks: CP layouts run a2a only (infeasibility()).
   bool a2a_cp_only_ = false;
-  int64_t heads_ = 1, kv_heads_ = 1;  // the LLM's query and key/value heads
-  bool dense_mlps_ = false;           // an MoE LLM's dense MLP layers: the mlp module is tried too
+  models::TransformerSpec block_;  // the LLM's layers: its heads for a2a CP
+  bool dense_mlps_ = false;        // an MoE LLM's dense MLP layers: the mlp module is tried too
   bool exhaustive_ = false;
   // Module times per node group for sized_to_work() (enumeration is single-threaded).
   mutable CostCache speed_;

@@ -14,25 +14,13 @@ namespace {
 // Group members per node, nodes in order of first appearance, members in group order.
 std::vector<std::vector<RankId>> members_by_node(std::span<const RankId> group,
                                                  const Network& net) {
-  // Nodes in order of their first member. A group over many nodes looks its nodes up in a
-  // hash map (a linear search made a DP group over 65536 nodes quadratic).
-  std::vector<NodeId> node_ids;
+  // Nodes in order of their first member, looked up in a hash map (a linear search over
+  // the nodes seen made a DP group over 65536 nodes quadratic).
   std::unordered_map<int32_t, size_t> index;
-  const bool hashed = group.size() > 64;
   std::vector<std::vector<RankId>> out;
   for (RankId r : group) {
-    const NodeId node = net.node_of(r);
-    size_t at = node_ids.size();
-    if (hashed) {
-      at = index.try_emplace(node.value(), node_ids.size()).first->second;
-    } else {
-      at =
-          static_cast<size_t>(std::find(node_ids.begin(), node_ids.end(), node) - node_ids.begin());
-    }
-    if (at == node_ids.size()) {
-      node_ids.push_back(node);
-      out.emplace_back();
-    }
+    const size_t at = index.try_emplace(net.node_of(r).value(), out.size()).first->second;
+    if (at == out.size()) out.emplace_back();
     out[at].push_back(r);
   }
   return out;

@@ -129,7 +129,7 @@ struct Layout {
   int cp = 1;
   CpComm cp_comm = CpComm::kP2P;  // meaningful when cp > 1
   /// cp_comm a2a+p2p: the ranks of the a2a level (adjacent in the cp group), a divisor of cp
-  /// between 1 and cp; 0 otherwise.
+  /// between 2 and cp / 2; 0 otherwise.
   int cp_a2a = 0;
   int pp = 1;
   int vpp = 1;  // virtual pipeline stages per rank (interleaved schedule); 1 = none

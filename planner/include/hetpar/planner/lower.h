@@ -221,6 +221,10 @@ struct LoweredPlan {
 /// encoder tp x dp = world; non-colocated: rank ranges tile the world, first
 /// ranks aligned to tp, LLM cp = 1.
 std::string infeasibility(const Scenario& s, const Plan& p);
+/// Whether each TP rank's query and key/value heads of `block` (latent attention: every
+/// head its own key and value) divide over `ranks`, as an all-to-all over the heads needs
+/// (cp_comm a2a, a2a+p2p; Transformer Engine asserts it).
+bool heads_split(const models::TransformerSpec& block, int tp, int ranks);
 /// The most elements infeasibility() lets one tensor of a micro-batch have (4 TiB in fp32,
 /// more than any GPU holds): past it, counts of bytes in int64 could overflow.
 inline constexpr int64_t kMaxTensorElements = int64_t{1} << 40;
