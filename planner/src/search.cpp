@@ -173,18 +173,38 @@ Time collective_time(sim::CollectiveKind kind, Bytes bytes, int n, Bandwidth lin
   return Time::seconds(bytes.as_double() * factor / link.bytes_per_s());
 }
 
+// The fastest an EP group's all-to-all can run (block_time): inside a node at the TP link's
+// rate or the profile's intra-node all_to_all where faster; across nodes, the part of a
+// rank's buffer bound for other nodes through its NIC (the network's link, before NCCL's
+// ramps, which only slow it), the rank sharing its node with at most `members_per_node`
+// of the group.
+struct EpLinks {
+  Bandwidth nvlink = Bandwidth::bytes_per_s(1e30);
+  Bandwidth nic = Bandwidth::bytes_per_s(1e30);
+  int members_per_node = 1;
+  Time all_to_all(Bytes bytes, int ep) const {
+    if (ep <= 1 || bytes.count() == 0) return Time::zero();
+    if (members_per_node >= ep)
+      return collective_time(sim::CollectiveKind::kAllToAll, bytes, ep, nvlink, TpRamp{});
+    return Time::seconds(bytes.as_double() * (ep - members_per_node) / ep / nic.bytes_per_s());
+  }
+};
+
 // `cp_link`: at least the fastest all-to-all bandwidth a CP group can reach (the TP link, or
 // the profile's intra-node all_to_all where faster), so that a2a CP's blocking all-to-alls
-// count no more than the simulation gives them.
+// count no more than the simulation gives them; `ep_links` the same for EP's. [begin, end):
+// the steps counted (default all).
 BlockTime block_time(const Block& b, const Layout& l, Bandwidth link, Bandwidth cp_link,
-                     bool frozen, const TpRamp& ramp) {
+                     const EpLinks& ep_links, bool frozen, const TpRamp& ramp, size_t begin = 0,
+                     size_t end = SIZE_MAX) {
   using CK = sim::CollectiveKind;
   const bool sp = l.sequence_parallel;
   auto tp_collective = [&](CK kind, Bytes bytes) {
     return collective_time(kind, bytes, l.tp, link, ramp);
   };
   BlockTime t;
-  for (size_t i = 0; i < b.steps.size(); ++i) {
+  end = std::min(end, b.steps.size());
+  for (size_t i = begin; i < end; ++i) {
     const WorkStep& st = b.steps[i];
     switch (st.kind) {
       case StepKind::kCompute:
@@ -242,8 +262,28 @@ BlockTime block_time(const Block& b, const Layout& l, Bandwidth link, Bandwidth 
       case StepKind::kTpLossAllGather:
         t.f += tp_collective(CK::kAllGather, st.bytes);
         break;
-      case StepKind::kEpAllToAll:
+      case StepKind::kEpAllToAll: {
+        // The dispatch's and the combine's all-to-alls (with the routing probabilities'),
+        // forward and backward, which the compute after them waits for. Under the shared
+        // experts' overlap the run of shared-expert steps after it (backward: its backward)
+        // goes beside it: the pair takes at least the longer of the two, and the run's own
+        // time is counted where its steps are. Not under the EP overlap (another micro-batch's
+        // compute beside it) or DeepEP (its transfers across nodes are another model).
+        if (l.ep <= 1 || l.ep_comm_overlap || l.moe_dispatcher != MoeDispatcher::kAllToAll) break;
+        const Time a2a =
+            ep_links.all_to_all(st.bytes, l.ep) + ep_links.all_to_all(st.probs_bytes, l.ep);
+        BlockTime beside;
+        if (l.overlaps_shared_experts()) {
+          size_t run_end = i + 1;
+          while (run_end < b.steps.size() && b.steps[run_end].beside_all_to_all) ++run_end;
+          beside = block_time(b, l, link, cp_link, ep_links, false, ramp, i + 1, run_end);
+        }
+        auto exposed = [&](Time hidden) { return a2a - std::min(a2a, hidden); };
+        t.f += exposed(beside.f);
+        t.b += exposed(beside.b);
+        t.b_input += exposed(beside.b_input);
         break;
+      }
     }
   }
   if (frozen) t.b = t.b_input = t.tp_hidden = Time::zero();
@@ -266,12 +306,13 @@ class CostCache {
   // search fixes for all its layouts (the cross-entropy fusion, the MoE capacity factor).
   const std::vector<ModuleTime>& per_group(size_t module, const Layout& l, bool context_parallel,
                                            bool frozen) {
-    auto key =
-        std::make_tuple(module, l.tp, l.cp, l.sequence_parallel, l.micro_batch, recompute_key(l),
-                        l.flash_attention, l.fused_projections, l.repeat_kv, l.fused_activation,
-                        l.tp_backward_overlap, l.pp_scatter_gather, l.tp_comm_overlap, l.ep,
-                        l.expert_tp(), static_cast<int>(l.fp8_recipe), static_cast<int>(l.cp_comm),
-                        static_cast<int>(l.attention_kernel), context_parallel, frozen);
+    auto key = std::make_tuple(
+        module, l.tp, l.cp, l.sequence_parallel, l.micro_batch, recompute_key(l), l.flash_attention,
+        l.fused_projections, l.repeat_kv, l.fused_activation, l.tp_backward_overlap,
+        l.pp_scatter_gather, l.tp_comm_overlap, l.ep, l.expert_tp(), static_cast<int>(l.fp8_recipe),
+        static_cast<int>(l.cp_comm), static_cast<int>(l.attention_kernel), l.cp_a2a,
+        l.ep_comm_overlap, l.moe_shared_expert_overlap, static_cast<int>(l.moe_dispatcher),
+        context_parallel, frozen);
     auto it = memo_.find(key);
     if (it != memo_.end()) return it->second;
     const models::OpGraph g = module_graph(s_, module, l);
@@ -292,6 +333,27 @@ class CostCache {
                                         .collective(hardware::CollectiveScope::kIntraNode,
                                                     hardware::Collective::kAllToAll)
                                         .bus_bandwidth(l.cp_heads_split()));
+      EpLinks ep_links;
+      if (l.ep > 1) {
+        ep_links.nvlink = link;
+        if (group.profile.gpus_per_node > 1)
+          ep_links.nvlink =
+              std::max(link, group.profile
+                                 .collective(hardware::CollectiveScope::kIntraNode,
+                                             hardware::Collective::kAllToAll)
+                                 .bus_bandwidth(std::min(l.ep, group.profile.gpus_per_node)));
+        // The network's per-NIC link (network_builder.cpp); a group member every expert_tp
+        // ranks, so at most ceil(gpus_per_node / expert_tp) on one node.
+        const int nodes = s_.cluster.num_nodes();
+        if (nodes > 1)
+          ep_links.nic = group.profile
+                             .collective(hardware::CollectiveScope::kInterNode,
+                                         hardware::Collective::kAllReduce)
+                             .bus_bandwidth(nodes) *
+                         (1.0 / std::max(group.profile.inter_node.nics_per_node, 1));
+        const int etp = l.expert_tp();
+        ep_links.members_per_node = std::min(l.ep, (group.profile.gpus_per_node + etp - 1) / etp);
+      }
       ModuleTime& t = times.emplace_back();
       // The simulation's size scales on this group's nodes (collective_config); a TP group
       // inside one node pays the intra-node ones, one that may span nodes the inter-node ones.
@@ -300,14 +362,14 @@ class CostCache {
       const TpRamp ramp =
           tp_in_node ? TpRamp{&curves.intra_node_size_scale, &curves.intra_node_group_scale}
                      : TpRamp{&curves.inter_node_size_scale, nullptr};
-      t.pre = block_time(mc.pre, l, link, cp_link, frozen, ramp);
+      t.pre = block_time(mc.pre, l, link, cp_link, ep_links, frozen, ramp);
       for (int k = 0; k < 4; ++k) {
-        t.kind[k] = block_time(mc.kind_block(k), l, link, cp_link, frozen, ramp);
+        t.kind[k] = block_time(mc.kind_block(k), l, link, cp_link, ep_links, frozen, ramp);
         t.kind_params[k] = mc.kind_block(k).dense.all;
       }
       t.kinds = mc.kinds;
-      t.post = block_time(mc.post, l, link, cp_link, frozen, ramp);
-      t.mtp = block_time(mc.mtp, l, link, cp_link, frozen, ramp);
+      t.post = block_time(mc.post, l, link, cp_link, ep_links, frozen, ramp);
+      t.mtp = block_time(mc.mtp, l, link, cp_link, ep_links, frozen, ramp);
       t.mtp_params = mc.mtp.dense.all;
       t.layers = mc.layers;
       t.pre_params = mc.pre.dense.all;
@@ -343,7 +405,7 @@ class CostCache {
   const Scenario& s_;
   const sim::CollectiveConfig collectives_;  // what simulate() gets: its size scales
   std::map<std::tuple<size_t, int, int, bool, int, int, bool, bool, bool, bool, bool, bool, bool,
-                      int, int, int, int, int, bool, bool>,
+                      int, int, int, int, int, int, bool, bool, int, bool, bool>,
            std::vector<ModuleTime>>
       memo_;
 };

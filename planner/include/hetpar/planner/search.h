@@ -137,7 +137,12 @@ Result<SearchResult> search(const Scenario& s, const SearchOptions& o = {});
 /// (forward and backward of the first / last micro-batch on the stages before it), and for
 /// heterogeneous plans the encoder's work (colocated: on the same GPUs; non-colocated: its
 /// own ranks, and the first step's forward and the last step's backward around the LLM's
-/// pipeline). Ignores DP, CP, EP and pipeline transfers, the optimizer step and
+/// pipeline). The all-to-alls that block the compute after them count at the fastest rate
+/// their group can reach (inside a node the TP link or the profile's intra-node all_to_all;
+/// an EP group across nodes, the share of each rank's buffer bound for other nodes through
+/// its NIC): a2a CP's, and the EP dispatch's and combine's, beside the shared experts under
+/// Layout::moe_shared_expert_overlap the longer of the two; not under ep_comm_overlap or
+/// DeepEP. Ignores DP, the CP ring and pipeline transfers, the optimizer step and
 /// contention, so it is below the simulated time (tests/planner/search_test.cpp checks it).
 /// With one node type, the bound is also at least each of two communication floors: the
 /// LLM's pipeline transfers leaving a node (every micro-batch's activation and gradient at
