@@ -1,7 +1,10 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <tuple>
 
+#include "hetpar/core/attention_mask.h"
 #include "hetpar/core/check.h"
 #include "hetpar/core/file_io.h"
 #include "hetpar/core/format.h"
@@ -13,6 +16,27 @@
 
 namespace hetpar {
 namespace {
+
+// A rectangular causal call's continuous pair count: the square one where it is square,
+// q·d + q²/2 without a window, q·w when every query sees a whole window, and a midpoint sum
+// of min(x + d, w) over the queries otherwise.
+TEST(AttentionMask, RectangularCallsCountTheirBand) {
+  EXPECT_EQ(causal_score_pairs(512, 512, 64), causal_score_pairs(512, 64));
+  EXPECT_EQ(causal_score_pairs(512, 512, 0), causal_score_pairs(512));
+  EXPECT_DOUBLE_EQ(causal_score_pairs(64, 192, 0), 64.0 * 128 + 64.0 * 64 / 2);
+  EXPECT_DOUBLE_EQ(causal_score_pairs(64, 192, 500), causal_score_pairs(64, 192, 0));
+  EXPECT_DOUBLE_EQ(causal_score_pairs(64, 96, 32), 64.0 * 32);
+  for (auto [q, kv, w] : {std::tuple{64, 128, 160}, {64, 192, 160}, {100, 130, 50}}) {
+    const double d = kv - q;
+    double sum = 0;
+    const int steps = 1 << 16;
+    for (int i = 0; i < steps; ++i) {
+      const double x = (i + 0.5) * q / steps;
+      sum += std::min(x + d, static_cast<double>(w)) * q / steps;
+    }
+    EXPECT_NEAR(causal_score_pairs(q, kv, w), sum, 1e-6 * sum) << q << " " << kv << " " << w;
+  }
+}
 
 TEST(Time, IsExactIntegerPicoseconds) {
   EXPECT_EQ(Time::us(1).count_ps(), 1'000'000);

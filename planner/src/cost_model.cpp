@@ -1,6 +1,7 @@
 #include "hetpar/planner/cost_model.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <iterator>
 #include <map>
@@ -9,6 +10,7 @@
 #include <tuple>
 #include <utility>
 
+#include "hetpar/core/attention_mask.h"
 #include "hetpar/core/check.h"
 #include "hetpar/planner/kernels.h"
 #include "hetpar/planner/memory.h"
@@ -121,6 +123,18 @@ Precision attention_precision(Precision p) {
 // window: `seq_kv`.
 int64_t rate_seq_kv(int64_t seq_kv, bool windowed, int64_t window) {
   return windowed ? std::min(seq_kv, 2 * window) : seq_kv;
+}
+
+// All-gather CP under a sliding window: Transformer Engine's AttnFuncWithCPAndKVAllGather
+// calls each local chunk's s / (2 cp) queries against the gathered keys from `window` before
+// the chunk to its end (get_kv_seq_info_after_all_gather), causal with the window. The
+// key lengths of the two calls of the busiest rank, cp - 1 (chunks cp - 1 and cp, which no
+// sequence start clips while the window is under half the sequence): load balancing evens
+// the causal prefixes out, not the windows, which rank 0's first chunk cannot fill.
+std::array<int64_t, 2> windowed_gather_keys(const models::AttentionShape& a, int64_t cp) {
+  const int64_t chunk = a.seq_q / (2 * cp);
+  auto keys = [&](int64_t k) { return std::min((k + 1) * chunk, chunk + a.window); };
+  return {keys(cp - 1), keys(cp)};
 }
 int activation_bytes(const models::OpGraph& g, Precision p) {
   return p == Precision::kFp8 ? std::max(2, g.dtype_bytes) : g.dtype_bytes;
@@ -356,7 +370,8 @@ MoeKernels moe_kernels(const models::Op& op, const models::OpGraph& g, const Lay
 // back in sequence order (index_select: 4 Nkv), the two calls' outputs copied into place
 // (2 Nq). Backward: K,V gathered and reordered again (4 Nkv), the bf16 dK,dV buffers
 // zero-filled (2 Nkv) and accumulated over the two calls' key ranges ((2 cp + 1) / (2 cp)
-// of the sequence: 4 (1 + 1/(2 cp)) Nkv), put back in load-balanced order before the
+// of the sequence: 4 (1 + 1/(2 cp)) Nkv; under a window the busiest rank's ranges,
+// windowed_gather_keys), put back in load-balanced order before the
 // reduce-scatter (4 Nkv), dq copied into place (2 Nq).
 struct CpBytes {
   int64_t forward = 0, backward = 0;
@@ -374,7 +389,14 @@ CpBytes cp_attention_bytes(const models::AttentionShape& a, const Layout& l, int
   };
   if (l.cp_comm == CpComm::kAllGather) {
     const double nkv = tokens * kv_width, nq = tokens / cp * q_width;  // nkv: gathered
-    return out(ed * (4 * nkv + 2 * nq), ed * ((14 + 2 / cp) * nkv + 2 * nq));
+    // The two calls' key ranges as a share of the sequence: causal (2 cp + 1) / (2 cp),
+    // windowed the busiest rank's (windowed_gather_keys).
+    double ranges = 1 + 1 / (2 * cp);
+    if (a.windowed()) {
+      const std::array<int64_t, 2> keys = windowed_gather_keys(a, l.cp);
+      ranges = static_cast<double>(keys[0] + keys[1]) / static_cast<double>(a.seq_kv);
+    }
+    return out(ed * (4 * nkv + 2 * nq), ed * ((10 + 4 * ranges) * nkv + 2 * nq));
   }
   // Per rank the same element counts before and after an all-to-all over the heads, so the
   // ring's below take the rank's b·(s/cp) tokens at the TP rank's widths either way.
@@ -602,6 +624,31 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
         const int64_t seq_kv = ceil_div(a.seq_kv, gather ? 2 : ring_steps);
         const double per_call = static_cast<double>(calls);
         const hardware::AttentionRates* rates = dev.attention_rates(l.attention_kernel);
+        if (gather && a.windowed()) {
+          // Windowed all-gather CP: the busiest rank's two calls (windowed_gather_keys), each
+          // at the rate of its own keys under the window, their FLOPs its share of the band.
+          const std::array<int64_t, 2> keys = windowed_gather_keys(a, cp);
+          const int64_t chunk = a.seq_q / (2 * cp);
+          const double band = causal_score_pairs(a.seq_q, a.window);
+          c.forward = c.dgrad = Time::zero();
+          Flops forward, dgrad;
+          for (int64_t kv : keys) {
+            const double share = causal_score_pairs(chunk, kv, a.window) / band;
+            const Flops f = op.forward * (share / static_cast<double>(l.tp));
+            const Flops d = op.dgrad * (share / static_cast<double>(l.tp));
+            const int64_t rate_kv = rate_seq_kv(kv, true, a.window);
+            c.forward += dev.attention_time(f, ap, false, rate_kv, rates, true, a.score_width());
+            c.dgrad += dev.attention_time(d, ap, true, rate_kv, rates, true, a.score_width());
+            forward += f;
+            dgrad += d;
+          }
+          c.forward_flops = forward;
+          c.dgrad_flops = dgrad;
+          const CpBytes x = cp_attention_bytes(a, l, activation_bytes(g, p));
+          c.forward += dev.memory_kernel_time(Bytes(x.forward));
+          c.dgrad += dev.memory_kernel_time(Bytes(x.backward));
+          break;
+        }
         // A call's mask sets its rate. All-gather CP's calls hold a causal block each. The
         // ring's causal attention (Transformer Engine's load-balanced
         // AttnFuncWithCPAndKVP2P) masks only its diagonal step; each other step, of as many
@@ -611,7 +658,8 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
         // call, the slowest; the ring, whose next layer waits for each rank's keys, runs at
         // its pace.
         const bool ring = ring_steps > 1 && a.causal;
-        // (Sliding windows run under CP only with a2a, whose call sees the whole window.)
+        // (Sliding windows run under CP with a2a, whose call sees the whole window, or with
+        // all_gather, above.)
         const int64_t rate_kv = rate_seq_kv(seq_kv, a.windowed(), a.window);
         auto time = [&](Flops f, bool backward, Time& diagonal_extra) {
           const Flops one = f / per_call;
@@ -1106,7 +1154,7 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
         // steps). All-gather CP: two calls per rank, one per local chunk, a chunk's
         // s / (2 cp) queries against the keys before it; causal within its own block only,
         // so as FLOPs a non-causal product against s / 2 keys, the mean over the ranks and
-        // both chunks.
+        // both chunks; under a window the busiest rank's calls (windowed_gather_keys).
         // A2A CP: one call over the whole sequence with the rank's heads / cp; A2A+P2P: the
         // ring's kernel over cp / cp_a2a ranks with heads / cp_a2a.
         const bool gather = cp > 1 && l.cp_comm == CpComm::kAllGather;
@@ -1124,8 +1172,15 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
                       .v_head_dim = a.v_head_dim,
                       .window = a.window};
         k.forward.assign(gather ? 2 : 1, f);
-        f.kind = sim::KernelKind::kAttentionBackward;
-        k.dgrad.assign(gather ? 2 : 1, f);
+        if (gather && a.windowed()) {  // the busiest rank's two calls, causal with the window
+          const std::array<int64_t, 2> keys = windowed_gather_keys(a, cp);
+          for (size_t i = 0; i < keys.size(); ++i) {
+            k.forward[i].causal = true;
+            k.forward[i].seq_kv = keys[i];
+          }
+        }
+        k.dgrad = k.forward;
+        for (sim::Kernel& b : k.dgrad) b.kind = sim::KernelKind::kAttentionBackward;
         if (cp > 1) {
           const CpBytes x = cp_attention_bytes(a, l, activation_bytes(g, p));
           k.forward.push_back(sim::memory_kernel(x.forward));

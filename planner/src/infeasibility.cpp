@@ -393,13 +393,14 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
         "cp {} with attention_sinks needs cp_comm a2a, not {}: Transformer Engine takes a "
         "learnable softmax offset under CP only with its a2a communication",
         l.cp, to_string(l.cp_comm));
-  // Transformer Engine's ring (AttnFuncWithCPAndKVP2P) refuses a window; its all_gather
-  // path takes one, which the cost model does not split into windowed chunk calls; a2a
-  // runs each head's attention over the whole sequence, the window as without CP.
-  if (llm.block.sliding_window && l.cp > 1 && l.cp_comm != CpComm::kA2A)
+  // Transformer Engine's ring (AttnFuncWithCPAndKVP2P, also a2a+p2p's) refuses a window;
+  // its all_gather path calls each chunk against the keys of its window, and a2a runs each
+  // head's attention over the whole sequence, the window as without CP.
+  if (llm.block.sliding_window && l.cp > 1 && l.cp_comm != CpComm::kA2A &&
+      l.cp_comm != CpComm::kAllGather)
     return fmt::format(
-        "cp {} with sliding_window needs cp_comm a2a, not {}: Transformer Engine's p2p ring "
-        "refuses a window, and all_gather's windowed chunks are not modelled",
+        "cp {} with sliding_window needs cp_comm a2a or all_gather, not {}: Transformer "
+        "Engine's p2p ring refuses a window",
         l.cp, to_string(l.cp_comm));
   // Megatron-Core's TransformerConfig refuses it: the MoE layer's re-run dispatches again,
   // which the overlap's split schedule of that layer cannot hold.

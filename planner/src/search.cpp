@@ -934,7 +934,8 @@ class Searcher {
     moe_experts_ = llm.moe ? static_cast<int>(llm.moe->experts) : 0;
     shared_experts_ = llm.moe && llm.moe->shared_experts > 0;
     latent_attention_ = llm.block.mla.has_value();
-    a2a_cp_only_ = llm.block.sliding_window.has_value() || llm.block.attention_sinks;
+    a2a_cp_only_ = llm.block.attention_sinks;
+    windowed_ = llm.block.sliding_window.has_value();
     block_ = llm.block;
     dense_mlps_ = llm.moe && llm.moe->dense_layer_count(llm.block.layers) > 0;
     top_k_ = o.top_k > 0 ? o.top_k : spec_.top_k;
@@ -1196,8 +1197,8 @@ class Searcher {
       for (int cp = 1; tp * cp <= world; cp *= 2) {
         if (!fixed_ok(fx.cp, cp)) continue;
         if (cp > 1 && (!allow_cp || seq % (2 * cp) != 0 || seq / cp < 1024)) continue;
-        // Sliding windows and sinks run under CP with a2a only, whose heads must split over
-        // cp (infeasibility()); a fixed cp still gets the reason.
+        // Sinks run under CP with a2a only, whose heads must split over cp (infeasibility());
+        // a fixed cp still gets the reason.
         if (cp > 1 && a2a_cp_only_ && !a2a_splits(tp, cp) && !fx.cp) continue;
         if (world % (tp * cp) != 0) continue;
         for (int pp : divisors(world / (tp * cp))) {
@@ -1236,12 +1237,21 @@ class Searcher {
                 ep_ranks % *fx.ep == 0)
               eps.push_back(*fx.ep);  // a fixed non-power-of-two: infeasibility() judges it
           }
-          std::vector<CpComm> comms{a2a_cp_only_ && cp > 1 ? CpComm::kA2A : CpComm::kP2P};
+          // The CP exchanges tried: p2p (Megatron's default), and under cp_comm any the
+          // others. With sinks a2a alone; with a window a2a where the heads split, else
+          // all_gather, and both under any.
+          std::vector<CpComm> comms{CpComm::kP2P};
+          if (cp > 1 && (a2a_cp_only_ || windowed_)) {
+            comms.clear();
+            if (a2a_cp_only_ || a2a_splits(tp, cp)) comms.push_back(CpComm::kA2A);
+            if (!a2a_cp_only_ && (comms.empty() || fx.any_cp_comm))
+              comms.push_back(CpComm::kAllGather);
+          }
           // a2a+p2p: its a2a level the widest that splits the heads inside a node, under
           // cp (fixed by search.llm.cp_a2a).
           const bool hierarchical = cp > 1 && (fx.any_cp_comm || fx.cp_comm == CpComm::kA2AP2P);
           const int inner = hierarchical ? fx.cp_a2a.value_or(hierarchical_a2a(tp, cp)) : 0;
-          if (cp > 1 && fx.any_cp_comm && !a2a_cp_only_) {
+          if (cp > 1 && fx.any_cp_comm && !a2a_cp_only_ && !windowed_) {
             comms.push_back(CpComm::kAllGather);
             if (a2a_splits(tp, cp)) comms.push_back(CpComm::kA2A);
             if (inner > 1) comms.push_back(CpComm::kA2AP2P);
@@ -1603,8 +1613,10 @@ class Searcher {
   int gpn_ = 1, world_ = 1, layers_ = 1, moe_experts_ = 0, top_k_ = 5;
   bool shared_experts_ = false;
   bool latent_attention_ = false;  // models::MlaSpec: the mla_up_proj module is tried too
-  // Sliding windows or attention sinks: CP layouts run a2a only (infeasibility()).
+  // Attention sinks: CP layouts run a2a only; sliding windows a2a or all_gather
+  // (infeasibility()).
   bool a2a_cp_only_ = false;
+  bool windowed_ = false;
   models::TransformerSpec block_;  // the LLM's layers: its heads for a2a CP
   bool dense_mlps_ = false;        // an MoE LLM's dense MLP layers: the mlp module is tried too
   bool exhaustive_ = false;

@@ -212,14 +212,21 @@ TEST(Kernels, LatentAttentionPlansMatchTaskFlops) {
 // its own kind's kernels (a windowed kernel's FLOPs and time are its band's, as its task's),
 // and a windowed layer's tasks do less than a full one's.
 TEST(Kernels, SlidingWindowPlansMatchTaskFlops) {
-  auto s = parse_scenario_text(R"({"model": {"name": "tiny-oss", "modules": [{"name": "llm",
-      "kind": "llm", "spec": {"layers": 4, "hidden": 256, "ffn_hidden": 512, "heads": 4,
-      "kv_heads": 2, "vocab": 512, "activation": "swiglu", "norm": "rmsnorm",
-      "qkv_bias": true, "linear_bias": true, "sliding_window": {"size": 32, "full_every": 2},
-      "moe": {"experts": 8, "top_k": 2, "expert_ffn_hidden": 128, "dense_layers": 1}}}]},
-      "workload": {"seq_len": 256, "global_batch": 8},
-      "cluster": {"profile": "dgx-h100", "nodes": 1}})",
+  // A gpt-oss-shaped LLM of `layers` layers, the first dense, with `window`.
+  auto oss = [](int layers, const std::string& window) {
+    return parse_scenario_text(R"({"model": {"name": "tiny-oss", "modules": [{"name": "llm",
+        "kind": "llm", "spec": {"layers": )" +
+                                   std::to_string(layers) +
+                                   R"(, "hidden": 256, "ffn_hidden": 512, "heads": 4,
+        "kv_heads": 2, "vocab": 512, "activation": "swiglu", "norm": "rmsnorm",
+        "qkv_bias": true, "linear_bias": true, "sliding_window": )" +
+                                   window + R"(,
+        "moe": {"experts": 8, "top_k": 2, "expert_ffn_hidden": 128, "dense_layers": 1}}}]},
+        "workload": {"seq_len": 256, "global_batch": 8},
+        "cluster": {"profile": "dgx-h100", "nodes": 1}})",
                                "oss.json");
+  };
+  auto s = oss(4, R"({"size": 32, "full_every": 2})");
   ASSERT_TRUE(s.is_ok()) << s.status().to_string();
   Plan p;
   p.layout = layout(2, 1, 2, 2);
@@ -228,6 +235,22 @@ TEST(Kernels, SlidingWindowPlansMatchTaskFlops) {
   expect_kernels_match(*s, p);
   p.layout.recompute = models::Recompute::kSelective;
   expect_kernels_match(*s, p);
+  // All-gather CP, every layer windowed: the busiest rank's two calls per layer, each a
+  // chunk's queries against the keys of its window (64 queries and 96 keys under a window
+  // of 32; under one of 160, over half the 256 tokens, 128 and 192 keys, reaching back to the
+  // sequence's start). (The full layers' calls under all_gather are timed at the causal rate
+  // over half the sequence where their kernels are unmasked products: not compared here.)
+  for (const char* window : {R"({"size": 32})", R"({"size": 160})"}) {
+    auto all = oss(2, window);
+    ASSERT_TRUE(all.is_ok()) << all.status().to_string();
+    Plan gather;
+    gather.layout = layout(2, 2, 1, 2);
+    gather.layout.sequence_parallel = true;
+    gather.layout.ep = 2;
+    gather.layout.cp_comm = CpComm::kAllGather;
+    SCOPED_TRACE(window);
+    expect_kernels_match(*all, gather);
+  }
   // A windowed layer's forward does less than a full one's: the trace tells them apart.
   LowerOptions o;
   o.full_ranks = true;

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "hetpar/models/totals.h"
+#include "hetpar/planner/cost_model.h"
 #include "hetpar/planner/deepep.h"
 #include "hetpar/planner/evaluate.h"
 #include "hetpar/planner/memory.h"
@@ -2502,8 +2503,11 @@ TEST(Lower, MlaUpProjRecomputeDropsTheAttentionsInputs) {
 
 // Sliding windows (every other layer over 256 of the 2048 tokens) shorten the iteration by
 // what the windowed layers' attention saves, and nothing else moves; context parallelism
-// with them runs a2a only (Transformer Engine's ring refuses a window), and saves there too.
-TEST(Lower, SlidingWindowsShortenTheIterationAndRunContextParallelismA2AOnly) {
+// with them runs a2a or all_gather (Transformer Engine's ring refuses a window), and saves
+// there too: under all_gather a windowed layer's calls are each a chunk's 512 queries against
+// the 768 keys of its window, the busiest rank's, so that rank does its share of the band
+// and the rest of the windows of the two chunks.
+TEST(Lower, SlidingWindowsShortenTheIterationAndRunContextParallelismA2AOrAllGather) {
   const Scenario full = make(4, 16, 1);
   const Scenario windowed =
       make(4, 16, 1, "dgx-h100", "", R"(, "sliding_window": {"size": 256, "full_every": 2})");
@@ -2515,13 +2519,34 @@ TEST(Lower, SlidingWindowsShortenTheIterationAndRunContextParallelismA2AOnly) {
   EXPECT_EQ(b->memory.peak, a->memory.peak);  // flash attention keeps the same either way
   const Plan cp = plan(2, 2, 1, Schedule::k1F1B, 1, 2);
   EXPECT_TRUE(infeasibility(full, cp).empty());
-  EXPECT_NE(infeasibility(windowed, cp).find("cp 2 with sliding_window needs cp_comm a2a"),
-            std::string::npos);
+  EXPECT_NE(
+      infeasibility(windowed, cp).find("cp 2 with sliding_window needs cp_comm a2a or all_gather"),
+      std::string::npos);
   Plan a2a = cp;
   a2a.layout.cp_comm = CpComm::kA2A;
   auto wa = evaluate(windowed, a2a), fa = evaluate(full, a2a);
   ASSERT_TRUE(wa.is_ok() && wa->feasible && fa.is_ok() && fa->feasible);
   EXPECT_LT(wa->iteration_time, fa->iteration_time);
+  Plan gather = cp;
+  gather.layout.cp_comm = CpComm::kAllGather;
+  auto wg = evaluate(windowed, gather), fg = evaluate(full, gather);
+  ASSERT_TRUE(wg.is_ok() && wg->feasible && fg.is_ok() && fg->feasible);
+  EXPECT_LT(wg->iteration_time, fg->iteration_time);
+  {
+    const models::OpGraph g = module_graph(windowed, windowed.model.llm_index(), gather.layout);
+    const hardware::DeviceProfile& dev = windowed.cluster.groups()[0].profile.gpu;
+    for (const models::Op& op : g.ops) {
+      if (op.kind != models::OpKind::kAttention || !op.attention->windowed()) continue;
+      const PassCost c = op_cost(op, g, gather.layout, true, dev, windowed.workload.precision);
+      // 2 calls of 512 x 768 under a window of 256 (every query a whole window), of the
+      // band over 2048 tokens, on this TP rank's half of the heads.
+      const double band = 2048.0 * 256 - 256.0 * 256 / 2;
+      EXPECT_NEAR(c.forward_flops.count(), op.forward.count() / 2 * (2 * 512.0 * 256) / band,
+                  1e-9 * op.forward.count());
+      EXPECT_GT(c.forward_flops.count(), op.forward.count() / 4);  // above the mean rank's
+      break;
+    }
+  }
   // Attention sinks: their parameter per head, split over TP as the heads are, and a kernel
   // that takes them (not FlashAttention), without CP.
   const Scenario sinks = make(4, 16, 1, "dgx-h100", "", R"(, "attention_sinks": true)");

@@ -767,20 +767,21 @@ TEST(Search, TheBoundHoldsWithALayerPattern) {
     EXPECT_LE(lower_bound(*s, p.plan), p.metrics.iteration_time) << describe(p.plan);
 }
 
-// With sliding windows the search's CP layouts run a2a (infeasibility() refuses the
-// others): none is rejected for the window; a fixed p2p is still tried and refused with the
-// reason.
-TEST(Search, RunsContextParallelismA2AWithSlidingWindows) {
-  auto scenario = [](const std::string& llm) {
+// With sliding windows the search's CP layouts run a2a where the heads split, all_gather
+// where they do not, and both under cp_comm any (infeasibility() refuses the ring): none is
+// rejected for the window; a fixed p2p is still tried and refused with the reason.
+TEST(Search, RunsContextParallelismA2AOrAllGatherWithSlidingWindows) {
+  auto scenario = [](const std::string& llm, int kv_heads = 8, const std::string& top_k = "5") {
     auto s = parse_scenario_text(
         R"({"model": {"name": "tiny", "modules": [{"name": "llm", "kind": "llm", "spec": {
-          "layers": 4, "hidden": 1024, "ffn_hidden": 4096, "heads": 16, "kv_heads": 8,
+          "layers": 4, "hidden": 1024, "ffn_hidden": 4096, "heads": 16, "kv_heads": )" +
+            std::to_string(kv_heads) + R"(,
           "vocab": 128, "activation": "swiglu", "norm": "rmsnorm",
           "sliding_window": {"size": 256, "full_every": 2}}}]},
         "workload": {"seq_len": 4096, "global_batch": 16},
         "cluster": {"profile": "dgx-h100", "nodes": 1},
-        "search": {"llm": {"tp": 1, "micro_batch": 1)" +
-            llm + "}}}",
+        "search": {"top_k": )" +
+            top_k + R"(, "llm": {"tp": 1, "micro_batch": 1)" + llm + "}}}",
         "window.json");
     EXPECT_TRUE(s.is_ok()) << s.status().to_string();
     return *s;
@@ -802,6 +803,14 @@ TEST(Search, RunsContextParallelismA2AWithSlidingWindows) {
   ASSERT_FALSE(fixed.rejections.empty());
   EXPECT_NE(fixed.rejections.front().example.find("cp 2 with sliding_window needs cp_comm a2a"),
             std::string::npos);
+  // cp 4 does not split 2 key/value heads: all_gather.
+  const SearchResult wide = run(scenario(R"(, "cp": 4)", 2), threads(2));
+  ASSERT_FALSE(wide.top.empty());
+  for (const RankedPlan& p : wide.top) EXPECT_EQ(p.plan.layout.cp_comm, CpComm::kAllGather);
+  std::set<CpComm> tried;
+  const SearchResult any = run(scenario(R"(, "cp": 2, "cp_comm": "any")", 8, "50"), threads(2));
+  for (const RankedPlan& p : any.top) tried.insert(p.plan.layout.cp_comm);
+  EXPECT_EQ(tried, (std::set<CpComm>{CpComm::kA2A, CpComm::kAllGather}));
 }
 
 // A multi-token-prediction depth (LlmSpec::mtp_layers) on the last stage: the bound counts
