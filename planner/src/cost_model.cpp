@@ -630,8 +630,7 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
           const std::array<int64_t, 2> keys = windowed_gather_keys(a, cp);
           const int64_t chunk = a.seq_q / (2 * cp);
           const double band = causal_score_pairs(a.seq_q, a.window);
-          c.forward = c.dgrad = Time::zero();
-          Flops forward, dgrad;
+          c.forward_flops = c.dgrad_flops = Flops(0);
           for (int64_t kv : keys) {
             const double share = causal_score_pairs(chunk, kv, a.window) / band;
             const Flops f = op.forward * (share / static_cast<double>(l.tp));
@@ -639,43 +638,38 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
             const int64_t rate_kv = rate_seq_kv(kv, true, a.window);
             c.forward += dev.attention_time(f, ap, false, rate_kv, rates, true, a.score_width());
             c.dgrad += dev.attention_time(d, ap, true, rate_kv, rates, true, a.score_width());
-            forward += f;
-            dgrad += d;
+            c.forward_flops += f;
+            c.dgrad_flops += d;
           }
-          c.forward_flops = forward;
-          c.dgrad_flops = dgrad;
-          const CpBytes x = cp_attention_bytes(a, l, activation_bytes(g, p));
-          c.forward += dev.memory_kernel_time(Bytes(x.forward));
-          c.dgrad += dev.memory_kernel_time(Bytes(x.backward));
-          break;
+        } else {
+          // A call's mask sets its rate. All-gather CP's calls hold a causal block each. The
+          // ring's causal attention (Transformer Engine's load-balanced
+          // AttnFuncWithCPAndKVP2P) masks only its diagonal step; each other step, of as many
+          // FLOPs, runs unmasked: the local queries against the first half of the chunk
+          // arrived (from a rank before) or the later half of the queries against all of it
+          // (from a rank after). The last rank's are all of the first kind, half the keys per
+          // call, the slowest; the ring, whose next layer waits for each rank's keys, runs at
+          // its pace.
+          const bool ring = ring_steps > 1 && a.causal;
+          // (Sliding windows run under CP with a2a, whose call sees the whole window, or with
+          // all_gather, above.)
+          const int64_t rate_kv = rate_seq_kv(seq_kv, a.windowed(), a.window);
+          auto time = [&](Flops f, bool backward, Time& diagonal_extra) {
+            const Flops one = f / per_call;
+            if (!ring)
+              return dev.attention_time(one, ap, backward, rate_kv, rates, a.causal,
+                                        a.score_width()) *
+                     calls;
+            const Time masked =
+                dev.attention_time(one, ap, backward, seq_kv, rates, true, a.score_width());
+            const Time unmasked = dev.attention_time(one, ap, backward, ceil_div(seq_kv, 2), rates,
+                                                     false, a.score_width());
+            diagonal_extra = masked - unmasked;
+            return masked + unmasked * (calls - 1);
+          };
+          c.forward = time(c.forward_flops, false, c.ring_diagonal_forward);
+          c.dgrad = time(c.dgrad_flops, true, c.ring_diagonal_dgrad);
         }
-        // A call's mask sets its rate. All-gather CP's calls hold a causal block each. The
-        // ring's causal attention (Transformer Engine's load-balanced
-        // AttnFuncWithCPAndKVP2P) masks only its diagonal step; each other step, of as many
-        // FLOPs, runs unmasked: the local queries against the first half of the chunk
-        // arrived (from a rank before) or the later half of the queries against all of it
-        // (from a rank after). The last rank's are all of the first kind, half the keys per
-        // call, the slowest; the ring, whose next layer waits for each rank's keys, runs at
-        // its pace.
-        const bool ring = ring_steps > 1 && a.causal;
-        // (Sliding windows run under CP with a2a, whose call sees the whole window, or with
-        // all_gather, above.)
-        const int64_t rate_kv = rate_seq_kv(seq_kv, a.windowed(), a.window);
-        auto time = [&](Flops f, bool backward, Time& diagonal_extra) {
-          const Flops one = f / per_call;
-          if (!ring)
-            return dev.attention_time(one, ap, backward, rate_kv, rates, a.causal,
-                                      a.score_width()) *
-                   calls;
-          const Time masked =
-              dev.attention_time(one, ap, backward, seq_kv, rates, true, a.score_width());
-          const Time unmasked = dev.attention_time(one, ap, backward, ceil_div(seq_kv, 2), rates,
-                                                   false, a.score_width());
-          diagonal_extra = masked - unmasked;
-          return masked + unmasked * (calls - 1);
-        };
-        c.forward = time(c.forward_flops, false, c.ring_diagonal_forward);
-        c.dgrad = time(c.dgrad_flops, true, c.ring_diagonal_dgrad);
         if (cp > 1) {
           // The ring runs its memory passes once per step (lower() splits them into its
           // steps, each a kernel of its own); all-gather and a2a CP once.

@@ -327,21 +327,20 @@ class CostCache {
             group.profile
                 .collective(hardware::CollectiveScope::kIntraNode, hardware::Collective::kAllGather)
                 .bus_bandwidth(group.profile.gpus_per_node);
-      Bandwidth cp_link = link;
-      if (group.profile.gpus_per_node > 1 && l.cp > 1 && l.cp_heads_split() > 1)
-        cp_link = std::max(cp_link, group.profile
-                                        .collective(hardware::CollectiveScope::kIntraNode,
-                                                    hardware::Collective::kAllToAll)
-                                        .bus_bandwidth(l.cp_heads_split()));
+      // The fastest an all-to-all over n ranks inside a node can run: the TP link, or the
+      // profile's intra-node all_to_all where faster.
+      auto intra_all_to_all = [&](int n) {
+        if (group.profile.gpus_per_node <= 1) return link;
+        return std::max(link, group.profile
+                                  .collective(hardware::CollectiveScope::kIntraNode,
+                                              hardware::Collective::kAllToAll)
+                                  .bus_bandwidth(n));
+      };
+      const Bandwidth cp_link =
+          l.cp > 1 && l.cp_heads_split() > 1 ? intra_all_to_all(l.cp_heads_split()) : link;
       EpLinks ep_links;
       if (l.ep > 1) {
-        ep_links.nvlink = link;
-        if (group.profile.gpus_per_node > 1)
-          ep_links.nvlink =
-              std::max(link, group.profile
-                                 .collective(hardware::CollectiveScope::kIntraNode,
-                                             hardware::Collective::kAllToAll)
-                                 .bus_bandwidth(std::min(l.ep, group.profile.gpus_per_node)));
+        ep_links.nvlink = intra_all_to_all(std::min(l.ep, group.profile.gpus_per_node));
         // The network's per-NIC link (network_builder.cpp); a group member every expert_tp
         // ranks, so at most ceil(gpus_per_node / expert_tp) on one node.
         const int nodes = s_.cluster.num_nodes();
