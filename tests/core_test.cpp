@@ -19,13 +19,17 @@ namespace {
 
 // A rectangular causal call's continuous pair count: the square one where it is square,
 // q·d + q²/2 without a window, q·w when every query sees a whole window, and a midpoint sum
-// of min(x + d, w) over the queries otherwise.
+// of min(x + d, w) over the queries otherwise; with more queries than keys, the square call
+// of the queries that see any.
 TEST(AttentionMask, RectangularCallsCountTheirBand) {
   EXPECT_EQ(causal_score_pairs(512, 512, 64), causal_score_pairs(512, 64));
   EXPECT_EQ(causal_score_pairs(512, 512, 0), causal_score_pairs(512));
   EXPECT_DOUBLE_EQ(causal_score_pairs(64, 192, 0), 64.0 * 128 + 64.0 * 64 / 2);
   EXPECT_DOUBLE_EQ(causal_score_pairs(64, 192, 500), causal_score_pairs(64, 192, 0));
   EXPECT_DOUBLE_EQ(causal_score_pairs(64, 96, 32), 64.0 * 32);
+  // Fewer keys than queries: the first 128 queries see none, the last 64 a square call.
+  EXPECT_EQ(causal_score_pairs(192, 64, 0), causal_score_pairs(64));
+  EXPECT_EQ(causal_score_pairs(192, 64, 16), causal_score_pairs(64, 16));
   for (auto [q, kv, w] : {std::tuple{64, 128, 160}, {64, 192, 160}, {100, 130, 50}}) {
     const double d = kv - q;
     double sum = 0;

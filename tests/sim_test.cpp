@@ -15,6 +15,7 @@
 #include "hetpar/sim/collective.h"
 #include "hetpar/sim/event_queue.h"
 #include "hetpar/sim/flow_network.h"
+#include "hetpar/sim/kernel.h"
 #include "hetpar/sim/max_min.h"
 #include "hetpar/sim/network.h"
 #include "hetpar/sim/simulate.h"
@@ -30,6 +31,27 @@ struct Recorder final : EventSource {
   std::vector<std::pair<int64_t, uint32_t>> seen;  // (time in ps, tag)
   void on_event(Time now, uint32_t tag) override { seen.emplace_back(now.count_ps(), tag); }
 };
+
+// An attention kernel's model FLOPs: 2·b·h·(d + dv) per scored pair, backward twice that;
+// a causal call bottom-right aligned, so a chunk's queries against the keys up to it count
+// the rectangle before the chunk and the triangle of its own block.
+TEST(KernelTest, CausalAttentionCountsItsBottomRightPairs) {
+  Kernel k{.kind = KernelKind::kAttentionForward,
+           .batch = 2,
+           .heads = 4,
+           .seq_q = 64,
+           .seq_kv = 64,
+           .head_dim = 32,
+           .causal = true};
+  const double per_pair = 2.0 * 2 * 4 * 64;
+  EXPECT_DOUBLE_EQ(k.flops(), per_pair * 64 * 64 / 2);
+  k.seq_kv = 192;
+  EXPECT_DOUBLE_EQ(k.flops(), per_pair * (64 * 128 + 64 * 64 / 2));
+  k.causal = false;
+  EXPECT_DOUBLE_EQ(k.flops(), per_pair * 64 * 192);
+  k.kind = KernelKind::kAttentionBackward;
+  EXPECT_DOUBLE_EQ(k.flops(), 2 * per_pair * 64 * 192);
+}
 
 TEST(EventQueueTest, EqualTimesRunInScheduleOrder) {
   EventQueue q;

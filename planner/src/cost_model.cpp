@@ -125,15 +125,20 @@ int64_t rate_seq_kv(int64_t seq_kv, bool windowed, int64_t window) {
   return windowed ? std::min(seq_kv, 2 * window) : seq_kv;
 }
 
-// All-gather CP under a sliding window: Transformer Engine's AttnFuncWithCPAndKVAllGather
-// calls each local chunk's s / (2 cp) queries against the gathered keys from `window` before
-// the chunk to its end (get_kv_seq_info_after_all_gather), causal with the window. The
-// key lengths of the two calls of the busiest rank, cp - 1 (chunks cp - 1 and cp, which no
-// sequence start clips while the window is under half the sequence): load balancing evens
-// the causal prefixes out, not the windows, which rank 0's first chunk cannot fill.
-std::array<int64_t, 2> windowed_gather_keys(const models::AttentionShape& a, int64_t cp) {
+// All-gather CP: Transformer Engine's AttnFuncWithCPAndKVAllGather calls each of a rank's two
+// local chunks (s / (2 cp) queries) against the gathered keys it sees
+// (get_kv_seq_info_after_all_gather): causal, from `window` before the chunk (the sequence's
+// start without one) to the chunk's end, bottom-right aligned; bidirectional, all of them.
+// The key lengths of the two calls of the busiest rank, cp - 1 (chunks cp - 1 and cp, which
+// no sequence start clips while a window is under half the sequence): load balancing evens
+// the causal prefixes out (without a window every rank scores the mean), not the windows,
+// which rank 0's first chunk cannot fill.
+std::array<int64_t, 2> gather_keys(const models::AttentionShape& a, int64_t cp) {
+  if (!a.causal) return {a.seq_kv, a.seq_kv};
   const int64_t chunk = a.seq_q / (2 * cp);
-  auto keys = [&](int64_t k) { return std::min((k + 1) * chunk, chunk + a.window); };
+  auto keys = [&](int64_t k) {
+    return a.windowed() ? std::min((k + 1) * chunk, chunk + a.window) : (k + 1) * chunk;
+  };
   return {keys(cp - 1), keys(cp)};
 }
 int activation_bytes(const models::OpGraph& g, Precision p) {
@@ -369,10 +374,10 @@ MoeKernels moe_kernels(const models::Op& op, const models::OpGraph& g, const Lay
 // gathered K (or V), Nq = b·(s/cp)·h_q·d local queries. Forward: the gathered K and V put
 // back in sequence order (index_select: 4 Nkv), the two calls' outputs copied into place
 // (2 Nq). Backward: K,V gathered and reordered again (4 Nkv), the bf16 dK,dV buffers
-// zero-filled (2 Nkv) and accumulated over the two calls' key ranges ((2 cp + 1) / (2 cp)
-// of the sequence: 4 (1 + 1/(2 cp)) Nkv; under a window the busiest rank's ranges,
-// windowed_gather_keys), put back in load-balanced order before the
-// reduce-scatter (4 Nkv), dq copied into place (2 Nq).
+// zero-filled (2 Nkv) and accumulated over the two calls' key ranges (gather_keys: causal,
+// (2 cp + 1) / (2 cp) of the sequence, 4 (1 + 1/(2 cp)) Nkv; under a window the busiest
+// rank's ranges), put back in load-balanced order before the reduce-scatter (4 Nkv), dq
+// copied into place (2 Nq).
 struct CpBytes {
   int64_t forward = 0, backward = 0;
 };
@@ -389,13 +394,10 @@ CpBytes cp_attention_bytes(const models::AttentionShape& a, const Layout& l, int
   };
   if (l.cp_comm == CpComm::kAllGather) {
     const double nkv = tokens * kv_width, nq = tokens / cp * q_width;  // nkv: gathered
-    // The two calls' key ranges as a share of the sequence: causal (2 cp + 1) / (2 cp),
-    // windowed the busiest rank's (windowed_gather_keys).
-    double ranges = 1 + 1 / (2 * cp);
-    if (a.windowed()) {
-      const std::array<int64_t, 2> keys = windowed_gather_keys(a, l.cp);
-      ranges = static_cast<double>(keys[0] + keys[1]) / static_cast<double>(a.seq_kv);
-    }
+    // The two calls' key ranges as a share of the sequence (gather_keys): causal
+    // (2 cp + 1) / (2 cp), under a window the busiest rank's.
+    const std::array<int64_t, 2> keys = gather_keys(a, l.cp);
+    const double ranges = static_cast<double>(keys[0] + keys[1]) / static_cast<double>(a.seq_kv);
     return out(ed * (4 * nkv + 2 * nq), ed * ((10 + 4 * ranges) * nkv + 2 * nq));
   }
   // Per rank the same element counts before and after an all-to-all over the heads, so the
@@ -614,43 +616,45 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
       if (op.read.count() <= qkv * g.dtype_bytes) {  // flash attention: one fused kernel
         // The kernel's rate depends on the key/value length of one call. Ring CP: each of
         // the cp ring steps is its own call, against this rank's s_kv / cp chunk. All-gather
-        // CP: one call per local chunk (two, load-balanced), its queries against the keys up
-        // to it, half the sequence on average (op_kernels).
-        // A2A CP: one call over the whole sequence with heads / cp. A2A+P2P: the ring's
-        // steps over cp / cp_a2a ranks, each with heads / cp_a2a.
+        // CP: one call per local chunk (two, load-balanced), its queries against the keys it
+        // sees (gather_keys). A2A CP: one call over the whole sequence with heads / cp.
+        // A2A+P2P: the ring's steps over cp / cp_a2a ranks, each with heads / cp_a2a.
         const bool gather = cp > 1 && l.cp_comm == CpComm::kAllGather;
-        const int64_t ring_steps = cp > 1 ? l.cp_ring() : 1;
-        const int64_t calls = gather ? 2 : ring_steps;
-        const int64_t seq_kv = ceil_div(a.seq_kv, gather ? 2 : ring_steps);
+        const int64_t calls = cp > 1 ? l.cp_ring() : 1;
+        const int64_t seq_kv = ceil_div(a.seq_kv, calls);
         const double per_call = static_cast<double>(calls);
         const hardware::AttentionRates* rates = dev.attention_rates(l.attention_kernel);
-        if (gather && a.windowed()) {
-          // Windowed all-gather CP: the busiest rank's two calls (windowed_gather_keys), each
-          // at the rate of its own keys under the window, their FLOPs its share of the band.
-          const std::array<int64_t, 2> keys = windowed_gather_keys(a, cp);
+        if (gather) {
+          // All-gather CP: the busiest rank's two calls (gather_keys), each at the rate of
+          // its own keys (under a window, the window's), their FLOPs its share of the
+          // sequence's pairs.
+          const std::array<int64_t, 2> keys = gather_keys(a, cp);
           const int64_t chunk = a.seq_q / (2 * cp);
-          const double band = causal_score_pairs(a.seq_q, a.window);
+          auto pairs = [&](int64_t q, int64_t kv) {
+            return a.causal ? causal_score_pairs(q, kv, a.window)
+                            : static_cast<double>(q) * static_cast<double>(kv);
+          };
+          const double all = pairs(a.seq_q, a.seq_kv);
           c.forward_flops = c.dgrad_flops = Flops(0);
           for (int64_t kv : keys) {
-            const double share = causal_score_pairs(chunk, kv, a.window) / band;
-            const Flops f = op.forward * (share / static_cast<double>(l.tp));
-            const Flops d = op.dgrad * (share / static_cast<double>(l.tp));
-            const int64_t rate_kv = rate_seq_kv(kv, true, a.window);
-            c.forward += dev.attention_time(f, ap, false, rate_kv, rates, true, a.score_width());
-            c.dgrad += dev.attention_time(d, ap, true, rate_kv, rates, true, a.score_width());
+            const double share = pairs(chunk, kv) / all / static_cast<double>(l.tp);
+            const Flops f = op.forward * share, d = op.dgrad * share;
+            const int64_t rate_kv = rate_seq_kv(kv, a.windowed(), a.window);
+            c.forward +=
+                dev.attention_time(f, ap, false, rate_kv, rates, a.causal, a.score_width());
+            c.dgrad += dev.attention_time(d, ap, true, rate_kv, rates, a.causal, a.score_width());
             c.forward_flops += f;
             c.dgrad_flops += d;
           }
         } else {
-          // A call's mask sets its rate. All-gather CP's calls hold a causal block each. The
-          // ring's causal attention (Transformer Engine's load-balanced
-          // AttnFuncWithCPAndKVP2P) masks only its diagonal step; each other step, of as many
-          // FLOPs, runs unmasked: the local queries against the first half of the chunk
-          // arrived (from a rank before) or the later half of the queries against all of it
-          // (from a rank after). The last rank's are all of the first kind, half the keys per
-          // call, the slowest; the ring, whose next layer waits for each rank's keys, runs at
-          // its pace.
-          const bool ring = ring_steps > 1 && a.causal;
+          // A call's mask sets its rate. The ring's causal attention (Transformer Engine's
+          // load-balanced AttnFuncWithCPAndKVP2P) masks only its diagonal step; each other
+          // step, of as many FLOPs, runs unmasked: the local queries against the first half
+          // of the chunk arrived (from a rank before) or the later half of the queries
+          // against all of it (from a rank after). The last rank's are all of the first
+          // kind, half the keys per call, the slowest; the ring, whose next layer waits for
+          // each rank's keys, runs at its pace.
+          const bool ring = calls > 1 && a.causal;
           // (Sliding windows run under CP with a2a, whose call sees the whole window, or with
           // all_gather, above.)
           const int64_t rate_kv = rate_seq_kv(seq_kv, a.windowed(), a.window);
@@ -674,9 +678,8 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
           // The ring runs its memory passes once per step (lower() splits them into its
           // steps, each a kernel of its own); all-gather and a2a CP once.
           const CpBytes x = cp_attention_bytes(a, l, activation_bytes(g, p));
-          const int64_t passes = gather ? 1 : ring_steps;
-          c.forward += dev.memory_kernel_time(Bytes(x.forward / passes)) * passes;
-          c.dgrad += dev.memory_kernel_time(Bytes(x.backward / passes)) * passes;
+          c.forward += dev.memory_kernel_time(Bytes(x.forward / calls)) * calls;
+          c.dgrad += dev.memory_kernel_time(Bytes(x.backward / calls)) * calls;
         }
         break;
       }
@@ -1145,10 +1148,8 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
       const int64_t qkv = a.qkv_elements();
       if (op.read.count() <= qkv * g.dtype_bytes) {  // flash attention: one fused kernel
         // Ring CP: one kernel of the rank's whole work (lower() splits it into the cp ring
-        // steps). All-gather CP: two calls per rank, one per local chunk, a chunk's
-        // s / (2 cp) queries against the keys before it; causal within its own block only,
-        // so as FLOPs a non-causal product against s / 2 keys, the mean over the ranks and
-        // both chunks; under a window the busiest rank's calls (windowed_gather_keys).
+        // steps). All-gather CP: the busiest rank's two calls, one per local chunk, a chunk's
+        // s / (2 cp) queries against the keys it sees (gather_keys), bottom-right aligned.
         // A2A CP: one call over the whole sequence with the rank's heads / cp; A2A+P2P: the
         // ring's kernel over cp / cp_a2a ranks with heads / cp_a2a.
         const bool gather = cp > 1 && l.cp_comm == CpComm::kAllGather;
@@ -1159,19 +1160,16 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
                       .heads = ceil_div(a.heads, heads_over),
                       .kv_heads = ceil_div(a.kv_heads, heads_over),
                       .seq_q = ceil_div(a.seq_q, q_split),
-                      .seq_kv = gather ? ceil_div(a.seq_kv, 2) : a.seq_kv,
+                      .seq_kv = a.seq_kv,
                       .head_dim = a.head_dim,
-                      .causal = !gather && a.causal,
+                      .causal = a.causal,
                       .element_bytes = elem(ap),
                       .v_head_dim = a.v_head_dim,
                       .window = a.window};
         k.forward.assign(gather ? 2 : 1, f);
-        if (gather && a.windowed()) {  // the busiest rank's two calls, causal with the window
-          const std::array<int64_t, 2> keys = windowed_gather_keys(a, cp);
-          for (size_t i = 0; i < keys.size(); ++i) {
-            k.forward[i].causal = true;
-            k.forward[i].seq_kv = keys[i];
-          }
+        if (gather) {
+          const std::array<int64_t, 2> keys = gather_keys(a, cp);
+          for (size_t i = 0; i < keys.size(); ++i) k.forward[i].seq_kv = keys[i];
         }
         k.dgrad = k.forward;
         for (sim::Kernel& b : k.dgrad) b.kind = sim::KernelKind::kAttentionBackward;

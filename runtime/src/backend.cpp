@@ -49,11 +49,9 @@ Result<DType> parse_dtype(std::string_view s) {
 }
 
 double AttentionDesc::forward_flops() const {
-  if (causal && window > 0)
-    return 4.0 * static_cast<double>(batch) * heads * head_dim *
-           causal_score_pairs(seq_q, seq_kv, window);
-  double f = 4.0 * static_cast<double>(batch) * heads * seq_q * seq_kv * head_dim;
-  return causal ? f / 2 : f;
+  const double pairs = causal ? causal_score_pairs(seq_q, seq_kv, window)
+                              : static_cast<double>(seq_q) * static_cast<double>(seq_kv);
+  return 4.0 * static_cast<double>(batch) * heads * head_dim * pairs;
 }
 
 Buffer Buffer::slice(Bytes offset, Bytes size) const {

@@ -29,10 +29,8 @@ double Kernel::flops() const {
     case KernelKind::kAttentionBackward: {
       const double per_pair = 2.0 * static_cast<double>(batch) * static_cast<double>(heads) *
                               static_cast<double>(head_dim + value_dim());
-      double f = causal && window > 0
-                     ? per_pair * causal_score_pairs(seq_q, seq_kv, window)
-                     : per_pair * static_cast<double>(seq_q) * static_cast<double>(seq_kv);
-      if (causal && window <= 0) f /= 2;
+      const double f = causal ? per_pair * causal_score_pairs(seq_q, seq_kv, window)
+                              : per_pair * static_cast<double>(seq_q) * static_cast<double>(seq_kv);
       return kind == KernelKind::kAttentionBackward ? 2 * f : f;
     }
     case KernelKind::kMemory:

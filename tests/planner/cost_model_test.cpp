@@ -753,8 +753,10 @@ TEST(CostModel, CrossEntropyFusionSetsTheLossTraffic) {
 }
 
 // All-gather CP (cp_comm all_gather, TE's AttnFuncWithCPAndKVAllGather): two calls per rank,
-// one per local chunk, against half the keys on average, plus the gathered K,V reorders and
-// the dK,dV accumulation; the same FLOPs as the ring.
+// one per local chunk, against the keys up to the chunk (the busiest rank's, cp - 1: 512
+// queries against 1024 and 1536 keys of 2048, bottom-right causal, 3/16 and 5/16 of the
+// sequence's pairs), plus the gathered K,V reorders and the dK,dV accumulation; the same
+// FLOPs as the ring, each call timed at its own keys.
 TEST(CostModel, AllGatherContextParallelAttentionIsTwoCallsPerRank) {
   Fixture f = gpt();
   Layout l;
@@ -766,21 +768,25 @@ TEST(CostModel, AllGatherContextParallelAttentionIsTwoCallsPerRank) {
   Layout ring = l;
   ring.cp_comm = CpComm::kP2P;
   const PassCost r = op_cost(attn, f.g, ring, true, f.dev, hardware::Precision::kBf16);
-  EXPECT_EQ(c.forward_flops, r.forward_flops);
+  EXPECT_DOUBLE_EQ(c.forward_flops.count(), r.forward_flops.count());
   const double nkv = 2048.0 * 12 * 128, nq = 1024.0 * 12 * 128;
   const Bytes fwd(static_cast<int64_t>(2 * (4 * nkv + 2 * nq)));
   const Bytes bwd(static_cast<int64_t>(2 * (15 * nkv + 2 * nq)));
-  EXPECT_EQ(
-      c.forward,
-      f.dev.attention_time(c.forward_flops / 2.0, hardware::Precision::kBf16, false, 1024) * 2 +
-          f.dev.memory_kernel_time(fwd));
-  EXPECT_EQ(c.dgrad,
-            f.dev.attention_time(c.dgrad_flops / 2.0, hardware::Precision::kBf16, true, 1024) * 2 +
-                f.dev.memory_kernel_time(bwd));
+  auto calls = [&](Flops all, bool backward) {
+    const Flops per_tp = all / 8.0;
+    return f.dev.attention_time(per_tp * (3.0 / 16), hardware::Precision::kBf16, backward, 1024) +
+           f.dev.attention_time(per_tp * (5.0 / 16), hardware::Precision::kBf16, backward, 1536);
+  };
+  EXPECT_EQ(c.forward, calls(attn.forward, false) + f.dev.memory_kernel_time(fwd));
+  EXPECT_EQ(c.dgrad, calls(attn.dgrad, true) + f.dev.memory_kernel_time(bwd));
   const OpKernels k = op_kernels(attn, f.g, l, true, hardware::Precision::kBf16);
   ASSERT_EQ(k.forward.size(), 3u);
   EXPECT_DOUBLE_EQ(k.forward[0].flops() + k.forward[1].flops(), c.forward_flops.count());
+  EXPECT_DOUBLE_EQ(k.forward[0].flops(), c.forward_flops.count() * 3 / 8);
+  EXPECT_EQ(k.forward[0].seq_q, 512);
   EXPECT_EQ(k.forward[0].seq_kv, 1024);
+  EXPECT_EQ(k.forward[1].seq_kv, 1536);
+  EXPECT_TRUE(k.forward[0].causal && k.forward[1].causal);
   EXPECT_EQ(k.forward[2].bytes, fwd.count());
   ASSERT_EQ(k.dgrad.size(), 3u);
   EXPECT_EQ(k.dgrad[2].bytes, bwd.count());

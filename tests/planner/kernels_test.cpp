@@ -129,8 +129,10 @@ TEST(Kernels, ARingsMaskedAndUnmaskedStepsMatchTheirTimes) {
     expect_kernels_match(*s, p);
   }
   // CP over the heads: one call over the whole sequence (a2a), or the ring over the a2a
-  // groups (a2a+p2p), each with its all-to-alls' layout copies.
-  for (auto [comm, inner] : {std::pair{CpComm::kA2A, 0}, std::pair{CpComm::kA2AP2P, 2}}) {
+  // groups (a2a+p2p), each with its all-to-alls' layout copies; and all_gather's two calls
+  // per rank, each its chunk against the keys up to it.
+  for (auto [comm, inner] : {std::pair{CpComm::kA2A, 0}, std::pair{CpComm::kA2AP2P, 2},
+                             std::pair{CpComm::kAllGather, 0}}) {
     Plan p;
     p.layout = layout(1, 4, 1, 2);
     p.layout.cp_comm = comm;
@@ -235,12 +237,12 @@ TEST(Kernels, SlidingWindowPlansMatchTaskFlops) {
   expect_kernels_match(*s, p);
   p.layout.recompute = models::Recompute::kSelective;
   expect_kernels_match(*s, p);
-  // All-gather CP, every layer windowed: the busiest rank's two calls per layer, each a
-  // chunk's queries against the keys of its window (64 queries and 96 keys under a window
-  // of 32; under one of 160, over half the 256 tokens, 128 and 192 keys, reaching back to the
-  // sequence's start). (The full layers' calls under all_gather are timed at the causal rate
-  // over half the sequence where their kernels are unmasked products: not compared here.)
-  for (const char* window : {R"({"size": 32})", R"({"size": 160})"}) {
+  // All-gather CP: the busiest rank's two calls per layer, each a chunk's queries against
+  // the keys it sees (64 queries and 96 keys under a window of 32; under one of 160, over
+  // half the 256 tokens, 128 and 192 keys, reaching back to the sequence's start, as a full
+  // layer's calls do), bottom-right causal; every layer windowed, then every other one.
+  for (const char* window :
+       {R"({"size": 32})", R"({"size": 160})", R"({"size": 32, "full_every": 2})"}) {
     auto all = oss(2, window);
     ASSERT_TRUE(all.is_ok()) << all.status().to_string();
     Plan gather;

@@ -17,14 +17,15 @@ inline double causal_score_pairs(int64_t seq, int64_t window = 0) {
   return s * w - w * w / 2;
 }
 
-/// A causal call of `seq_q` queries against `seq_kv` >= seq_q keys, bottom-right aligned
-/// (query i sees keys through i + seq_kv - seq_q, as FlashAttention and the runtime), each
-/// seeing itself and at most `window` keys before it (0: no window): the continuous count
-/// of the integral over x in [0, seq_q) of min(x + d, window), d = seq_kv - seq_q. Transformer
-/// Engine's all-gather CP calls a chunk's queries against the keys from `window` before it.
-/// With seq_q == seq_kv, causal_score_pairs(seq, window).
+/// A causal call of `seq_q` queries against `seq_kv` keys, bottom-right aligned (query i
+/// sees keys through i + seq_kv - seq_q, as FlashAttention and the runtime), each seeing
+/// itself and at most `window` keys before it (0: no window): the continuous count of the
+/// integral over x in [0, seq_q) of min(x + d, window), d = seq_kv - seq_q. Transformer
+/// Engine's all-gather CP calls a chunk's queries against the keys up to its end. With
+/// seq_q == seq_kv, causal_score_pairs(seq, window); with fewer keys than queries the first
+/// seq_q - seq_kv queries see none and the rest make a square call.
 inline double causal_score_pairs(int64_t seq_q, int64_t seq_kv, int64_t window) {
-  if (seq_q == seq_kv) return causal_score_pairs(seq_q, window);
+  if (seq_q >= seq_kv) return causal_score_pairs(seq_kv, window);
   const auto q = static_cast<double>(seq_q);
   const auto d = static_cast<double>(seq_kv - seq_q);
   if (window <= 0 || window >= seq_kv) return q * d + q * q / 2;

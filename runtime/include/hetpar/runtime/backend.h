@@ -131,8 +131,8 @@ struct AttentionDesc {
   /// through i + seq_kv - seq_q (itself and the `window` keys before it); 0: none.
   int64_t window = 0;
   DType dtype = DType::kBf16;
-  /// 4*b*h*sq*skv*d, half when causal; causal with a window set, over
-  /// causal_score_pairs(sq, skv, window) (core/attention_mask.h).
+  /// 4*b*h*d per scored pair: sq*skv of them, causal causal_score_pairs(sq, skv, window)
+  /// (core/attention_mask.h; sq*skv / 2 for a square call).
   double forward_flops() const;
 };
 

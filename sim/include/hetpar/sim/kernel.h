@@ -49,9 +49,9 @@ struct Kernel {
   int64_t score_width() const { return (head_dim + value_dim()) / 2; }
 
   /// The model-FLOP convention of models/op_graph.h: GEMM 2mnk·batch; attention forward
-  /// 2·b·h·sq·skv·(d + value_dim) (half when causal; causal with a window set, over its
-  /// causal_score_pairs(seq_q, seq_kv, window), core/attention_mask.h, bottom-right aligned
-  /// even where the window spans every key), backward twice that; memory 0.
+  /// 2·b·h·(d + value_dim) per scored pair, sq·skv of them, causal its
+  /// causal_score_pairs(seq_q, seq_kv, window) (core/attention_mask.h: bottom-right aligned,
+  /// sq·skv / 2 for a square call), backward twice that; memory 0.
   double flops() const;
   bool operator==(const Kernel&) const = default;
 };
