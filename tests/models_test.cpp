@@ -124,6 +124,13 @@ TEST(Zoo, ParameterCountsMatchPublished) {
                          (llm.moe->experts + llm.moe->shared_experts) * expert)
         << name;
   }
+  // Gemma 3 27B's language model: 25,600M non-embedding parameters (the Gemma 3 technical
+  // report, arXiv 2503.19786, Table 1), the two post-norms a layer (0.7M) left out.
+  {
+    const ParamCounts p = count_params(zoo_model("gemma-3-27b"));
+    EXPECT_LT(rel_err(static_cast<double>(p.non_embedding()), 25.6e9), 0.001) << p.total;
+    EXPECT_EQ(p.embedding, int64_t{262208} * 5376);  // tied: one table
+  }
   // Qwen1.5-MoE-A2.7B: "2.7B activated" (model card): 4 routed experts and the shared ones.
   EXPECT_LT(
       rel_err(static_cast<double>(count_params(zoo_model("qwen1.5-moe-a2.7b")).active), 2.7e9),
