@@ -102,15 +102,19 @@ std::vector<EncoderInfo> fed_encoders(const Scenario& s) {
 // recompute) and the part of the backward that cannot be deferred (ZB-H1 defers wgrad).
 // tp_hidden: the TP entries' backward collectives the next linear's wgrad may hide
 // (WorkStep::overlaps_tp_entry), left out of b; a ZB-H1 schedule, which defers that wgrad,
-// exposes them (b_input keeps them).
+// exposes them (b_input keeps them). ep_overlapped: under the EP all-to-all overlap, the
+// dispatch's and the combine's all-to-alls forward and backward, which another
+// micro-batch's compute may hide but which share the rank's links: a floor of a stage's
+// time per micro-batch beside f + b.
 struct BlockTime {
-  Time f, f_compute, b, b_input, tp_hidden;
+  Time f, f_compute, b, b_input, tp_hidden, ep_overlapped;
   BlockTime& add(const BlockTime& o, int64_t times = 1) {
     f += o.f * times;
     f_compute += o.f_compute * times;
     b += o.b * times;
     b_input += o.b_input * times;
     tp_hidden += o.tp_hidden * times;
+    ep_overlapped += o.ep_overlapped * times;
     return *this;
   }
 };
@@ -267,11 +271,16 @@ BlockTime block_time(const Block& b, const Layout& l, Bandwidth link, Bandwidth 
         // forward and backward, which the compute after them waits for. Under the shared
         // experts' overlap the run of shared-expert steps after it (backward: its backward)
         // goes beside it: the pair takes at least the longer of the two, and the run's own
-        // time is counted where its steps are. Not under the EP overlap (another micro-batch's
-        // compute beside it) or DeepEP (its transfers across nodes are another model).
-        if (l.ep <= 1 || l.ep_comm_overlap || l.moe_dispatcher != MoeDispatcher::kAllToAll) break;
+        // time is counted where its steps are. Under the EP overlap (another micro-batch's
+        // compute beside it) apart, in ep_overlapped; not under DeepEP (its transfers across
+        // nodes are another model).
+        if (l.ep <= 1 || l.moe_dispatcher != MoeDispatcher::kAllToAll) break;
         const Time a2a =
             ep_links.all_to_all(st.bytes, l.ep) + ep_links.all_to_all(st.probs_bytes, l.ep);
+        if (l.ep_comm_overlap) {
+          t.ep_overlapped += a2a * 2;
+          break;
+        }
         BlockTime beside;
         if (l.overlaps_shared_experts()) {
           size_t run_end = i + 1;
@@ -286,7 +295,7 @@ BlockTime block_time(const Block& b, const Layout& l, Bandwidth link, Bandwidth 
       }
     }
   }
-  if (frozen) t.b = t.b_input = t.tp_hidden = Time::zero();
+  if (frozen) t.b = t.b_input = t.tp_hidden = t.ep_overlapped = Time::zero();
   return t;
 }
 
@@ -440,6 +449,7 @@ Time llm_pipeline_bound(CostCache& cache, const Scenario& s, const Plan& p,
     a.f += b.f;
     a.b += backward(b);
     a.b_input += b.b_input;
+    a.ep_overlapped += b.ep_overlapped;
   };
   // The groups the LLM's ranks lie on; per group of them, per virtual stage: its forward and
   // backward per micro-batch (v[(gi - llm.begin) * vstages + i]).
@@ -459,6 +469,7 @@ Time llm_pipeline_bound(CostCache& cache, const Scenario& s, const Plan& p,
         g[i].f += mt.kind[k].f * c[k];
         g[i].b += backward(mt.kind[k]) * c[k];
         g[i].b_input += mt.kind[k].b_input * c[k];
+        g[i].ep_overlapped += mt.kind[k].ep_overlapped * c[k];
       }
       first_layer += n;
     }
@@ -474,9 +485,14 @@ Time llm_pipeline_bound(CostCache& cache, const Scenario& s, const Plan& p,
     Time work, step;
     for (size_t gi = on.begin; gi < on.end; ++gi) {
       const BlockTime* g = &v[(gi - llm.begin) * vstages];
-      Time w;
-      for (int c = 0; c < l.vpp; ++c) w += (g[c * l.pp + st].f + g[c * l.pp + st].b) * m;
-      work = std::max(work, w);
+      // Each micro-batch's passes, and apart its overlapped all-to-alls on the rank's links
+      // (which one virtual stage's may run beside another's compute).
+      Time w, links;
+      for (int c = 0; c < l.vpp; ++c) {
+        w += (g[c * l.pp + st].f + g[c * l.pp + st].b) * m;
+        links += g[c * l.pp + st].ep_overlapped * m;
+      }
+      work = std::max({work, w, links});
       // ZB-H1 may leave up to `st` weight-gradient passes to the end of stage st, in
       // parallel with the earlier stages' last backwards: no drain counted.
       const Time f = g[st].f + (zb ? Time::zero() : g[st].b);

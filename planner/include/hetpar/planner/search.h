@@ -141,8 +141,9 @@ Result<SearchResult> search(const Scenario& s, const SearchOptions& o = {});
 /// their group can reach (inside a node the TP link or the profile's intra-node all_to_all;
 /// an EP group across nodes, the share of each rank's buffer bound for other nodes through
 /// its NIC): a2a CP's, and the EP dispatch's and combine's, beside the shared experts under
-/// Layout::moe_shared_expert_overlap the longer of the two; not under ep_comm_overlap or
-/// DeepEP. Ignores DP, the CP ring and pipeline transfers, the optimizer step and
+/// Layout::moe_shared_expert_overlap the longer of the two; under ep_comm_overlap, where
+/// another micro-batch's compute may hide them, apart: a stage's work is at least its
+/// micro-batches' all-to-alls on the rank's links; not under DeepEP. Ignores DP, the CP ring and pipeline transfers, the optimizer step and
 /// contention, so it is below the simulated time (tests/planner/search_test.cpp checks it).
 /// With one node type, the bound is also at least each of two communication floors: the
 /// LLM's pipeline transfers leaving a node (every micro-batch's activation and gradient at
