@@ -70,6 +70,16 @@ int64_t rdma_bytes(const DeepEpConfigs& c, int send, int64_t hidden_bytes) {
 
 }  // namespace
 
+double deepep_rail_share(int64_t experts, int64_t top_k, int64_t nodes) {
+  if (nodes <= 1) return 0;
+  const auto e = static_cast<double>(experts);
+  const double elsewhere = e - e / static_cast<double>(nodes);
+  double miss = 1.0;
+  for (int64_t i = 0; i < top_k; ++i)
+    miss *= std::max(0.0, elsewhere - static_cast<double>(i)) / (e - static_cast<double>(i));
+  return (1.0 - miss) / static_cast<double>(top_k) * static_cast<double>(nodes);
+}
+
 bool deepep_supports(int ranks) {
   return find(ranks) != nullptr;
 }

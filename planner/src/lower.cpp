@@ -1482,18 +1482,8 @@ void Lowering::build_stage() {
     }
   deepep_rail_per_byte_ = 0;
   if (nodes > 1) {
-    // A token's top_k experts, drawn evenly from the EP group's experts, fall on a given
-    // other node (experts / nodes of them) unless all miss it: C(E - E/G, k) / C(E, k). It
-    // goes there once, of its top_k copies in the buffer; the buffer holds one part per node.
     const auto& moe = *std::get<models::LlmSpec>(s_.model.modules[s_.model.llm_index()].spec).moe;
-    const double experts = static_cast<double>(moe.experts);
-    const double elsewhere = experts - experts / static_cast<double>(nodes);
-    double miss = 1.0;
-    for (int64_t i = 0; i < moe.top_k; ++i)
-      miss *=
-          std::max(0.0, elsewhere - static_cast<double>(i)) / (experts - static_cast<double>(i));
-    deepep_rail_per_byte_ =
-        (1.0 - miss) / static_cast<double>(moe.top_k) * static_cast<double>(nodes);
+    deepep_rail_per_byte_ = deepep_rail_share(moe.experts, moe.top_k, static_cast<int64_t>(nodes));
   }
   make_groups(ep_node_groups_, node_locals);
   make_groups(ep_rail_groups_, rail_locals);

@@ -182,15 +182,26 @@ Time collective_time(sim::CollectiveKind kind, Bytes bytes, int n, Bandwidth lin
 // rank's buffer bound for other nodes through its NIC (the network's link, before NCCL's
 // ramps, which only slow it), the rank sharing its node with at most `members_per_node`
 // of the group.
+// DeepEP across nodes (`rail_share` > 0, deepep_rail_share()): the NVLink all-to-all over
+// the rank's node and, beside it, each token once to each other node holding one of its
+// experts, through the NIC: the longer of the two.
 struct EpLinks {
   Bandwidth nvlink = Bandwidth::bytes_per_s(1e30);
   Bandwidth nic = Bandwidth::bytes_per_s(1e30);
   int members_per_node = 1;
+  double rail_share = 0;
   Time all_to_all(Bytes bytes, int ep) const {
     if (ep <= 1 || bytes.count() == 0) return Time::zero();
     if (members_per_node >= ep)
       return collective_time(sim::CollectiveKind::kAllToAll, bytes, ep, nvlink, TpRamp{});
     return Time::seconds(bytes.as_double() * (ep - members_per_node) / ep / nic.bytes_per_s());
+  }
+  Time deepep(Bytes bytes, int ep) const {
+    const int nodes = ep / members_per_node;
+    const Time nvl = all_to_all(bytes, members_per_node);
+    const Time rail =
+        Time::seconds(bytes.as_double() * rail_share * (nodes - 1) / nodes / nic.bytes_per_s());
+    return std::max(nvl, rail);
   }
 };
 
@@ -272,11 +283,15 @@ BlockTime block_time(const Block& b, const Layout& l, Bandwidth link, Bandwidth 
         // experts' overlap the run of shared-expert steps after it (backward: its backward)
         // goes beside it: the pair takes at least the longer of the two, and the run's own
         // time is counted where its steps are. Under the EP overlap (another micro-batch's
-        // compute beside it) apart, in ep_overlapped; not under DeepEP (its transfers across
-        // nodes are another model).
-        if (l.ep <= 1 || l.moe_dispatcher != MoeDispatcher::kAllToAll) break;
+        // compute beside it) apart, in ep_overlapped. DeepEP across nodes: its two parts
+        // side by side (EpLinks::deepep); not under the EP overlap, where each part has a
+        // stream of its own.
+        if (l.ep <= 1) break;
+        const bool rails = l.moe_dispatcher == MoeDispatcher::kDeepEp && ep_links.rail_share > 0;
+        if (rails && l.ep_comm_overlap) break;
         const Time a2a =
-            ep_links.all_to_all(st.bytes, l.ep) + ep_links.all_to_all(st.probs_bytes, l.ep);
+            rails ? ep_links.deepep(st.bytes + st.probs_bytes, l.ep)
+                  : ep_links.all_to_all(st.bytes, l.ep) + ep_links.all_to_all(st.probs_bytes, l.ep);
         if (l.ep_comm_overlap) {
           t.ep_overlapped += a2a * 2;
           break;
@@ -361,6 +376,12 @@ class CostCache {
                          (1.0 / std::max(group.profile.inter_node.nics_per_node, 1));
         const int etp = l.expert_tp();
         ep_links.members_per_node = std::min(l.ep, (group.profile.gpus_per_node + etp - 1) / etp);
+        // DeepEP's groups take whole nodes (infeasibility()).
+        const int ep_nodes = l.ep / ep_links.members_per_node;
+        const auto* llm = std::get_if<models::LlmSpec>(&s_.model.modules[module].spec);
+        if (l.moe_dispatcher == MoeDispatcher::kDeepEp && ep_nodes > 1 &&
+            l.ep % ep_links.members_per_node == 0 && llm && llm->moe)
+          ep_links.rail_share = deepep_rail_share(llm->moe->experts, llm->moe->top_k, ep_nodes);
       }
       ModuleTime& t = times.emplace_back();
       // The simulation's size scales on this group's nodes (collective_config); a TP group

@@ -27,6 +27,13 @@ inline constexpr int kDeepEpSms = 20;
 /// (any other size fails its assertion "Unsupported number of EP ranks").
 bool deepep_supports(int ranks);
 
+/// The bytes DeepEP sends across nodes per byte of the plain all-to-all's buffer, for an
+/// EP group spanning `nodes` > 1 nodes: a token's `top_k` experts, drawn evenly from the
+/// group's `experts`, fall on a given other node unless all miss it (C(E - E/nodes, k) /
+/// C(E, k)); it goes there once, of its top_k copies in the buffer, which holds one part
+/// per node. 0 for one node.
+double deepep_rail_share(int64_t experts, int64_t top_k, int64_t nodes);
+
 /// Device memory one rank of an EP group of `ranks` holds for DeepEP: the NVLink buffer
 /// (cudaMalloc, mapped by its node's peers), the RDMA buffer (NVSHMEM's symmetric heap,
 /// groups over nodes only), each the larger of the dispatch and combine configurations'
