@@ -104,10 +104,11 @@ std::vector<EncoderInfo> fed_encoders(const Scenario& s) {
 // (WorkStep::overlaps_tp_entry), left out of b; a ZB-H1 schedule, which defers that wgrad,
 // exposes them (b_input keeps them). ep_overlapped: under the EP all-to-all overlap, the
 // dispatch's and the combine's all-to-alls forward and backward, which another
-// micro-batch's compute may hide but which share the rank's links: a floor of a stage's
-// time per micro-batch beside f + b.
+// micro-batch's compute may hide but which one stream serialises: a floor of a stage's
+// time per micro-batch beside f + b; ep_rail_overlapped the same for DeepEP's transfers
+// across nodes, on a stream of their own.
 struct BlockTime {
-  Time f, f_compute, b, b_input, tp_hidden, ep_overlapped;
+  Time f, f_compute, b, b_input, tp_hidden, ep_overlapped, ep_rail_overlapped;
   BlockTime& add(const BlockTime& o, int64_t times = 1) {
     f += o.f * times;
     f_compute += o.f_compute * times;
@@ -115,6 +116,7 @@ struct BlockTime {
     b_input += o.b_input * times;
     tp_hidden += o.tp_hidden * times;
     ep_overlapped += o.ep_overlapped * times;
+    ep_rail_overlapped += o.ep_rail_overlapped * times;
     return *this;
   }
 };
@@ -196,12 +198,11 @@ struct EpLinks {
       return collective_time(sim::CollectiveKind::kAllToAll, bytes, ep, nvlink, TpRamp{});
     return Time::seconds(bytes.as_double() * (ep - members_per_node) / ep / nic.bytes_per_s());
   }
-  Time deepep(Bytes bytes, int ep) const {
+  // DeepEP's parts: over NVLink inside the node, and through the NIC.
+  Time deepep_nvlink(Bytes bytes) const { return all_to_all(bytes, members_per_node); }
+  Time deepep_rail(Bytes bytes, int ep) const {
     const int nodes = ep / members_per_node;
-    const Time nvl = all_to_all(bytes, members_per_node);
-    const Time rail =
-        Time::seconds(bytes.as_double() * rail_share * (nodes - 1) / nodes / nic.bytes_per_s());
-    return std::max(nvl, rail);
+    return Time::seconds(bytes.as_double() * rail_share * (nodes - 1) / nodes / nic.bytes_per_s());
   }
 };
 
@@ -284,16 +285,17 @@ BlockTime block_time(const Block& b, const Layout& l, Bandwidth link, Bandwidth 
         // goes beside it: the pair takes at least the longer of the two, and the run's own
         // time is counted where its steps are. Under the EP overlap (another micro-batch's
         // compute beside it) apart, in ep_overlapped. DeepEP across nodes: its two parts
-        // side by side (EpLinks::deepep); not under the EP overlap, where each part has a
-        // stream of its own.
+        // side by side, the longer of the two; under the EP overlap each on its stream.
         if (l.ep <= 1) break;
         const bool rails = l.moe_dispatcher == MoeDispatcher::kDeepEp && ep_links.rail_share > 0;
-        if (rails && l.ep_comm_overlap) break;
+        const Bytes copies = st.bytes + st.probs_bytes;
         const Time a2a =
-            rails ? ep_links.deepep(st.bytes + st.probs_bytes, l.ep)
+            rails ? ep_links.deepep_nvlink(copies)
                   : ep_links.all_to_all(st.bytes, l.ep) + ep_links.all_to_all(st.probs_bytes, l.ep);
+        const Time rail = rails ? ep_links.deepep_rail(copies, l.ep) : Time::zero();
         if (l.ep_comm_overlap) {
           t.ep_overlapped += a2a * 2;
+          t.ep_rail_overlapped += rail * 2;
           break;
         }
         BlockTime beside;
@@ -302,7 +304,8 @@ BlockTime block_time(const Block& b, const Layout& l, Bandwidth link, Bandwidth 
           while (run_end < b.steps.size() && b.steps[run_end].beside_all_to_all) ++run_end;
           beside = block_time(b, l, link, cp_link, ep_links, false, ramp, i + 1, run_end);
         }
-        auto exposed = [&](Time hidden) { return a2a - std::min(a2a, hidden); };
+        const Time longer = std::max(a2a, rail);
+        auto exposed = [&](Time hidden) { return longer - std::min(longer, hidden); };
         t.f += exposed(beside.f);
         t.b += exposed(beside.b);
         t.b_input += exposed(beside.b_input);
@@ -310,7 +313,7 @@ BlockTime block_time(const Block& b, const Layout& l, Bandwidth link, Bandwidth 
       }
     }
   }
-  if (frozen) t.b = t.b_input = t.tp_hidden = t.ep_overlapped = Time::zero();
+  if (frozen) t.b = t.b_input = t.tp_hidden = t.ep_overlapped = t.ep_rail_overlapped = Time::zero();
   return t;
 }
 
@@ -471,6 +474,7 @@ Time llm_pipeline_bound(CostCache& cache, const Scenario& s, const Plan& p,
     a.b += backward(b);
     a.b_input += b.b_input;
     a.ep_overlapped += b.ep_overlapped;
+    a.ep_rail_overlapped += b.ep_rail_overlapped;
   };
   // The groups the LLM's ranks lie on; per group of them, per virtual stage: its forward and
   // backward per micro-batch (v[(gi - llm.begin) * vstages + i]).
@@ -491,6 +495,7 @@ Time llm_pipeline_bound(CostCache& cache, const Scenario& s, const Plan& p,
         g[i].b += backward(mt.kind[k]) * c[k];
         g[i].b_input += mt.kind[k].b_input * c[k];
         g[i].ep_overlapped += mt.kind[k].ep_overlapped * c[k];
+        g[i].ep_rail_overlapped += mt.kind[k].ep_rail_overlapped * c[k];
       }
       first_layer += n;
     }
@@ -506,14 +511,15 @@ Time llm_pipeline_bound(CostCache& cache, const Scenario& s, const Plan& p,
     Time work, step;
     for (size_t gi = on.begin; gi < on.end; ++gi) {
       const BlockTime* g = &v[(gi - llm.begin) * vstages];
-      // Each micro-batch's passes, and apart its overlapped all-to-alls on the rank's links
+      // Each micro-batch's passes, and apart its overlapped all-to-alls on their streams
       // (which one virtual stage's may run beside another's compute).
-      Time w, links;
+      Time w, a2a, rail;
       for (int c = 0; c < l.vpp; ++c) {
         w += (g[c * l.pp + st].f + g[c * l.pp + st].b) * m;
-        links += g[c * l.pp + st].ep_overlapped * m;
+        a2a += g[c * l.pp + st].ep_overlapped * m;
+        rail += g[c * l.pp + st].ep_rail_overlapped * m;
       }
-      work = std::max({work, w, links});
+      work = std::max({work, w, a2a, rail});
       // ZB-H1 may leave up to `st` weight-gradient passes to the end of stage st, in
       // parallel with the earlier stages' last backwards: no drain counted.
       const Time f = g[st].f + (zb ? Time::zero() : g[st].b);

@@ -143,8 +143,9 @@ Result<SearchResult> search(const Scenario& s, const SearchOptions& o = {});
 /// its NIC): a2a CP's, and the EP dispatch's and combine's, beside the shared experts under
 /// Layout::moe_shared_expert_overlap the longer of the two; under ep_comm_overlap, where
 /// another micro-batch's compute may hide them, apart: a stage's work is at least its
-/// micro-batches' all-to-alls on the rank's links; DeepEP's across nodes the longer of its
-/// NVLink all-to-all and its transfers through the NIC (not under ep_comm_overlap). Ignores DP, the CP ring and pipeline transfers, the optimizer step and
+/// micro-batches' all-to-alls on their stream; DeepEP's across nodes the longer of its
+/// NVLink all-to-all and its transfers through the NIC (under ep_comm_overlap each part's
+/// sum on its own stream). Ignores DP, the CP ring and pipeline transfers, the optimizer step and
 /// contention, so it is below the simulated time (tests/planner/search_test.cpp checks it).
 /// With one node type, the bound is also at least each of two communication floors: the
 /// LLM's pipeline transfers leaving a node (every micro-batch's activation and gradient at
