@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -863,6 +864,35 @@ TEST(OpGraph, QkNormNormalisesEachHeadsQueryAndKey) {
   EXPECT_EQ(count_params(qwen).total - count_params(plain).total, 48 * 2 * 128);
 }
 
+// Gemma 3's post-norms: an RMSNorm on the attention's output projection and on the MLP's
+// second linear, each before its residual add, saving its input; h-wide weights, two per
+// layer in the parameter count.
+TEST(OpGraph, PostNormsFollowTheAttentionAndTheMlp) {
+  const ModuleSpec gemma = zoo_module("gemma-3-27b");
+  OpGraph g = build_op_graph(gemma, input(1, 4096));
+  std::vector<std::string> order;
+  for (const Op& op : g.ops)
+    if (op.layer == 0) order.push_back(op.name);
+  auto after = [&](std::string_view name) {
+    const auto it = std::find(order.begin(), order.end(), name);
+    return it == order.end() || it + 1 == order.end() ? std::string() : *(it + 1);
+  };
+  EXPECT_EQ(after("attn_out"), "attn_post_norm");
+  EXPECT_EQ(after("attn_post_norm"), "attn_residual");
+  EXPECT_EQ(after("mlp_fc2"), "mlp_post_norm");
+  EXPECT_EQ(after("mlp_post_norm"), "mlp_residual");
+  for (const Op& op : g.ops) {
+    if (op.layer != 0 || !op.name.ends_with("_post_norm")) continue;
+    EXPECT_EQ(op.kind, OpKind::kNorm);
+    EXPECT_EQ(op.saved.count(), 4096 * 5376 * 2);
+    EXPECT_EQ(op.params, 5376);
+  }
+  ModuleSpec plain = gemma;
+  std::get<LlmSpec>(plain).block.post_norms = false;
+  EXPECT_EQ(count_params(gemma).total - count_params(plain).total, 62 * 2 * 5376);
+  EXPECT_EQ(build_op_graph(plain, input(1, 4096)).ops.size() + 62 * 2, g.ops.size());
+}
+
 // Korthikanti et al. 2022, sec. 4.1: 34sbh + 5as^2b bytes per layer (bf16, dropout, GeLU
 // MLP of 4h, no tensor parallelism); flash attention keeps 4asb bytes of softmax stats
 // instead of the 5as^2b. Selective recompute leaves 34sbh; full keeps the 2sbh layer input.
@@ -1081,6 +1111,9 @@ TEST(Json, BadInputsNameTheirPath) {
       {R"({"name": "m", "modules": [{"name": "v", "kind": "vision_encoder", "spec": {"layers": 1, "hidden": 64, "ffn_hidden": 64, "heads": 2, "patch_size": 14, "image_size": 336, "activation": "gelu", "norm": "layernorm", "attention_sinks": true}}, {"name": "llm", "kind": "llm", "spec": {)" +
            llm + "}}]}",
        "model.modules[0].spec.attention_sinks", "an llm's only"},
+      {R"({"name": "m", "modules": [{"name": "v", "kind": "vision_encoder", "spec": {"layers": 1, "hidden": 64, "ffn_hidden": 64, "heads": 2, "patch_size": 14, "image_size": 336, "activation": "gelu", "norm": "layernorm", "post_norms": true}}, {"name": "llm", "kind": "llm", "spec": {)" +
+           llm + "}}]}",
+       "model.modules[0].spec.post_norms", "an llm's only"},
       {one(llm + R"(, "moe": {"experts": 4, "top_k": 1, "expert_ffn_hidden": 64, "layer_pattern": [0, 2]})"),
        "model.modules[0].spec.moe.layer_pattern", "entry 1 must be 0 (a dense layer) or 1"},
       {one(llm + R"(, "moe": {"experts": 4, "top_k": 1, "expert_ffn_hidden": 64, "layer_pattern": [0, 0]})"),

@@ -302,6 +302,14 @@ void refuse_attention_sinks(const Context& c, Refusals& r) {
                     c.target_name()));
 }
 
+void refuse_post_norms(const Context& c, Refusals& r) {
+  if (c.llm.block.post_norms)
+    r.add(fmt::format(
+        "post_norms: {} has no setting for norms after the attention and the MLP (Gemma 2 / "
+        "3's; Megatron-Bridge builds them in its Gemma providers' layer spec)",
+        c.target_name()));
+}
+
 void refuse_a2a_context_parallel(const Context& c, Refusals& r) {
   const planner::Layout& l = c.layout();
   if (l.cp > 1 && l.cp_heads_split() > 1)

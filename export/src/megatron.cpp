@@ -222,6 +222,7 @@ std::string transformer_config_fields(const Layout& l) {
 }
 
 void refuse_megatron_model(const Context& c, Refusals& r) {
+  refuse_post_norms(c, r);
   const models::TransformerSpec& b = c.llm.block;
   if (b.linear_bias && !b.qkv_bias)
     r.add(

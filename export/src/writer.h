@@ -108,6 +108,8 @@ void refuse_sliding_window(const Context& c, Refusals& r);
 /// Attention sinks (models::TransformerSpec::attention_sinks): Megatron-LM's and
 /// Megatron-Bridge's.
 void refuse_attention_sinks(const Context& c, Refusals& r);
+/// Refuses a model with TransformerSpec::post_norms: no trainer's generic model takes them.
+void refuse_post_norms(const Context& c, Refusals& r);
 /// Context parallelism by all-to-alls over the heads (Layout cp_comm a2a, a2a+p2p).
 void refuse_a2a_context_parallel(const Context& c, Refusals& r);
 /// Refuses a Layout::cross_entropy_fusion other than those the target runs: Megatron's fused

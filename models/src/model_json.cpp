@@ -107,6 +107,7 @@ TransformerSpec read_block(JsonReader& r) {
   t.linear_bias = r.optional_bool("linear_bias", false);
   t.dropout = r.optional_bool("dropout", false);
   t.qk_norm = r.optional_bool("qk_norm", false);
+  t.post_norms = r.optional_bool("post_norms", false);
   t.attention_sinks = r.optional_bool("attention_sinks", false);
   if (r.has("mla")) {
     JsonReader m = r.object("mla");

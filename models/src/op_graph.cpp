@@ -391,6 +391,7 @@ void add_layer(Builder& b, const TransformerSpec& t, const std::optional<MoeSpec
         .params = t.attention_sinks ? a : 0;  // a sink logit per head
     b.gemm("attn_out", layer, {{tokens, h, a * d}}, t.linear_bias, T * a * d);
   }
+  if (t.post_norms) b.norm("attn_post_norm", layer, t.norm, T, h);
   b.residual("attn_residual", layer, T, h, t.dropout);
   b.norm("mlp_norm", layer, t.norm, T, h);
   if (!moe) {
@@ -430,6 +431,7 @@ void add_layer(Builder& b, const TransformerSpec& t, const std::optional<MoeSpec
       b.mlp("shared_expert_", layer, {{tokens, 1}}, h, moe->shared_experts * moe->expert_ffn_hidden,
             h, t.activation, t.linear_bias);
   }
+  if (t.post_norms) b.norm("mlp_post_norm", layer, t.norm, T, h);
   b.residual("mlp_residual", layer, T, h, t.dropout);
 }
 

@@ -211,6 +211,7 @@ void check(Checker& c, const VisionEncoderSpec& s) {
   if (s.block.mla) c.fail("mla", "multi-head latent attention is an llm's only");
   if (s.block.sliding_window) c.fail("sliding_window", "sliding-window attention is an llm's only");
   if (s.block.attention_sinks) c.fail("attention_sinks", "attention sinks are an llm's only");
+  if (s.block.post_norms) c.fail("post_norms", "norms after attention and MLP are an llm's only");
   c.size("patch_size", s.patch_size, kMaxInputSide);
   c.size("image_size", s.image_size, kMaxInputSide);
   c.size("channels", s.channels, kMaxInputSide);
@@ -224,6 +225,7 @@ void check(Checker& c, const AudioEncoderSpec& s) {
   if (s.block.mla) c.fail("mla", "multi-head latent attention is an llm's only");
   if (s.block.sliding_window) c.fail("sliding_window", "sliding-window attention is an llm's only");
   if (s.block.attention_sinks) c.fail("attention_sinks", "attention sinks are an llm's only");
+  if (s.block.post_norms) c.fail("post_norms", "norms after attention and MLP are an llm's only");
   c.size("mel_bins", s.mel_bins, kMaxInputSide);
   c.size("frames", s.frames, kMaxInputSide);
   if (s.frames % 2 != 0)

@@ -34,7 +34,7 @@ int64_t attention_params(const TransformerSpec& t) {
 // One layer of `t`: a MoE layer when `moe` is set; `active` as one token sees it.
 ParamCounts layer_params(const TransformerSpec& t, const std::optional<MoeSpec>& moe) {
   const int64_t h = t.hidden;
-  const int64_t common = attention_params(t) + 2 * norm_params(t.norm, h) +
+  const int64_t common = attention_params(t) + (t.post_norms ? 4 : 2) * norm_params(t.norm, h) +
                          (t.qk_norm ? 2 * norm_params(t.norm, t.head_dim()) : 0);
   ParamCounts c;
   if (!moe) {

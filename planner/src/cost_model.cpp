@@ -960,10 +960,16 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
   // all-gather and reduce-scatter are Megatron's mappings, in 16 bits.
   const bool shared_beside = l.overlaps_shared_experts() && shared;
   // Whether the layer's TP exit comes right before `op` (the residual add after attention,
-  // and after a dense MLP or shared experts), and so right after the op before it.
+  // and after a dense MLP or shared experts; with post-norms the norm before that add,
+  // which runs on the reduced output), and so right after the op before it.
+  auto exit_at = [&](const models::Op& op, std::string_view attn, std::string_view mlp) {
+    return op.name == attn || (op.name == mlp && (!in_moe_sp(op) || shared_sp));
+  };
   auto exit_before = [&](const models::Op& op) {
-    return op.name == "attn_residual" ||
-           (op.name == "mlp_residual" && (!in_moe_sp(op) || shared_sp));
+    const auto i = &op - g.ops.data();
+    const bool after_post_norm = i > 0 && g.ops[i - 1].name.ends_with("_post_norm");
+    return exit_at(op, "attn_post_norm", "mlp_post_norm") ||
+           (!after_post_norm && exit_at(op, "attn_residual", "mlp_residual"));
   };
   auto exit_follows = [&](int32_t i) {
     return static_cast<size_t>(i) + 1 < g.ops.size() && exit_before(g.ops[i + 1]);

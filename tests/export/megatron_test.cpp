@@ -320,6 +320,22 @@ TEST(ExportMegatron, SlidingWindowsWriteTheirWindow) {
   }
 }
 
+// Gemma 3's norms after attention and after the MLP (post_norms): no trainer's generic
+// model has them, so every target refuses the plan with the field's name.
+TEST(ExportMegatron, PostNormsAreRefusedEverywhere) {
+  const planner::Scenario s = scenario("gemma-3-27b", 4, 4096, 64);
+  Plan p;
+  p.layout.tp = 8;
+  p.layout.pp = 2;
+  p.layout.dp = 2;
+  p.layout.sequence_parallel = true;
+  p.layout.distributed_optimizer = true;
+  ASSERT_EQ(planner::infeasibility(s, p), "");
+  for (Target t : {Target::kMegatron, Target::kMegatronBridge, Target::kTorchtitan,
+                   Target::kDeepspeed, Target::kNanotron})
+    EXPECT_NE(refusal(s, p, t).find("post_norms: "), std::string::npos) << static_cast<int>(t);
+}
+
 // Dense and MoE layers alternating (Llama 4 Maverick's layer pattern): --moe-layer-freq
 // repeats the pattern, --ffn-hidden-size is the dense layers' width.
 TEST(ExportMegatron, LayerPatternSetsTheMoeLayerFrequency) {

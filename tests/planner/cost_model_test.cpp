@@ -147,6 +147,36 @@ TEST(CostModel, GroupedExpertGemmsRunFourAtATime) {
 // A MoE layer under TP with SP: the attention keeps its entry and exit; the MLP's give way
 // to Megatron-Core's dispatcher collectives: the permuted tokens (top_k per token, of every TP
 // rank) all-gathered after the EP all-to-all and reduce-scattered before the one back, the
+// Gemma's post-norms (TransformerSpec::post_norms) normalise the row-parallel linear's
+// reduced output: under TP the exit comes between the linear and its norm, with SP or
+// without, and each norm step runs on the TP rank's slice with SP (1/tp of the time).
+TEST(CostModel, PostNormsRunAfterTheTpExit) {
+  const models::OpGraph g = zoo_graph("gemma-3-27b", 4096);
+  const hardware::DeviceProfile dev = hardware::load_profile("dgx-h100")->gpu;
+  for (bool sp : {false, true}) {
+    Layout l;
+    l.tp = 4;
+    l.sequence_parallel = sp;
+    const ModuleCost m = module_cost(g, l, true, dev, hardware::Precision::kBf16);
+    // The layer's step kinds, each compute step named by its first op.
+    std::vector<std::string> seq;
+    for (const WorkStep& s : m.layer.steps)
+      seq.push_back(s.kind == StepKind::kTpExit    ? "exit"
+                    : s.kind == StepKind::kTpEntry ? "entry"
+                    : s.ops.empty()                ? "?"
+                                                   : g.ops[s.ops[0]].name);
+    int exits = 0;
+    for (size_t i = 0; i < seq.size(); ++i) {
+      if (seq[i] != "exit") continue;
+      ++exits;
+      ASSERT_LT(i + 1, seq.size());
+      EXPECT_TRUE(seq[i + 1] == "attn_post_norm" || seq[i + 1] == "mlp_post_norm")
+          << sp << " " << seq[i + 1];
+    }
+    EXPECT_EQ(exits, 2) << sp;
+  }
+}
+
 // first expert GEMM not overlapping its entry. Mixtral-sized: 8 experts, top 2, h 4096.
 TEST(CostModel, MoeLayerUnderSequenceParallelGathersThePermutedTokens) {
   const models::OpGraph g = zoo_graph("mixtral-8x7b", 4096);

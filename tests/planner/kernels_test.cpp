@@ -287,6 +287,26 @@ TEST(Kernels, SlidingWindowPlansMatchTaskFlops) {
   EXPECT_GT(l2, 0);
 }
 
+// Post-norms (Gemma's) after the TP exits, with and without SP and with a window.
+TEST(Kernels, PostNormPlansMatchTaskFlops) {
+  auto s = parse_scenario_text(R"({"model": {"name": "tiny-gemma", "modules": [{"name": "llm",
+      "kind": "llm", "spec": {"layers": 4, "hidden": 256, "ffn_hidden": 512, "heads": 4,
+        "kv_heads": 2, "head_dim": 64, "vocab": 512, "activation": "swiglu", "norm": "rmsnorm",
+        "qk_norm": true, "post_norms": true, "tied_embeddings": true,
+        "sliding_window": {"size": 32, "full_every": 2}}}]},
+      "workload": {"seq_len": 256, "global_batch": 8},
+      "cluster": {"profile": "dgx-h100", "nodes": 1}})",
+                               "gemma.json");
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  for (bool sp : {false, true}) {
+    Plan p;
+    p.layout = layout(2, 1, 2, 2);
+    p.layout.sequence_parallel = sp;
+    SCOPED_TRACE(sp);
+    expect_kernels_match(*s, p);
+  }
+}
+
 TEST(Kernels, HeterogeneousPlansMatchTaskFlops) {
   const Scenario s = tiny(4);
   Plan co;

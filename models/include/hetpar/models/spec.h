@@ -67,6 +67,11 @@ struct TransformerSpec {
   /// A norm (of `norm`'s kind, over head_dim, weights shared by the heads) on every head's
   /// query and key after the QKV projection (Qwen3, OLMo 2; Megatron-LM's --qk-layernorm).
   bool qk_norm = false;
+  /// Norms after the attention's output projection and after the MLP too, each before its
+  /// residual add (Gemma 2 / 3's post_attention_layernorm and post_feedforward_layernorm;
+  /// Megatron-Bridge's Gemma providers put them on the output of the row-parallel linear,
+  /// so under TP they run on the reduced, sequence-sliced output).
+  bool post_norms = false;
   /// Multi-head latent attention instead of the Q, K, V projections (an LLM's only).
   std::optional<MlaSpec> mla;
   /// Sliding-window attention in some or all layers (an LLM's only).
