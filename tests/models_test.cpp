@@ -394,6 +394,18 @@ TEST(Activations, RecomputeModuleMlpKeepsOnlyTheDenseMlpsInput) {
   EXPECT_EQ(activation_bytes(g, mlp).count(),
             activation_bytes(g, attn).count() - static_cast<int64_t>(dropped));
   EXPECT_DOUBLE_EQ(recompute_flops(g, mlp).count(), recompute_flops(g, attn).count() + rerun_flops);
+  // A post-norm (Gemma's) is inside the checkpointed MLP: re-run, its input not kept.
+  const OpGraph gemma = build_op_graph(zoo_module("gemma-3-27b"), input(1, 4096));
+  int post = 0;
+  for (const Op& op : gemma.ops) {
+    if (op.name != "mlp_post_norm") continue;
+    ++post;
+    EXPECT_TRUE(is_dense_mlp_op(op));
+    EXPECT_DOUBLE_EQ(recompute_share(op, mlp), 1);
+    EXPECT_DOUBLE_EQ(kept_bytes(op, mlp, gemma.dtype_bytes), 0);
+    EXPECT_GT(kept_bytes(op, attn, gemma.dtype_bytes), 0);
+  }
+  EXPECT_EQ(post, 62);
 }
 
 TEST(Activations, RecomputeModuleSharedExpertsKeepsOnlyTheirInput) {

@@ -101,7 +101,8 @@ bool is_moe_block_op(const Op& op) {
 bool is_dense_mlp_op(const Op& op) {
   if (op.layer < 0) return false;
   const std::string_view n = op.name;
-  return n == "mlp_norm" || n == "mlp_fc1" || n == "mlp_act" || n == "mlp_fc2";
+  return n == "mlp_norm" || n == "mlp_fc1" || n == "mlp_act" || n == "mlp_fc2" ||
+         n == "mlp_post_norm";
 }
 
 bool is_latent_up_op(const Op& op) {

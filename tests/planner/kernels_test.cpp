@@ -304,6 +304,10 @@ TEST(Kernels, PostNormPlansMatchTaskFlops) {
     p.layout.sequence_parallel = sp;
     SCOPED_TRACE(sp);
     expect_kernels_match(*s, p);
+    // The checkpointed MLP re-runs its post-norm too.
+    p.layout.recompute = models::Recompute::kSelective;
+    p.layout.recompute_modules = models::kRecomputeCoreAttn | models::kRecomputeMlp;
+    expect_kernels_match(*s, p);
   }
 }
 

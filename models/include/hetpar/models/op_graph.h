@@ -236,7 +236,8 @@ bool is_latent_up_op(const Op& op);
 /// what the "moe" recompute module re-runs.
 bool is_moe_block_op(const Op& op);
 /// Whether op is part of a dense layer's MLP block (its norm, first linear, activation and
-/// second linear): what the "mlp" recompute module re-runs. A MoE layer's pre-MLP norm has
+/// second linear, and a post-norm, which Megatron-Bridge's Gemma layers build into that
+/// linear): what the "mlp" recompute module re-runs. A MoE layer's pre-MLP norm has
 /// the same name: in an MoE LLM with dense layers (the only MoE graphs the planner lets
 /// "mlp" run on) it re-runs too, one norm's memory pass a MoE layer that Megatron-Core does
 /// not spend.
