@@ -44,6 +44,14 @@ ModuleInput input(int64_t micro_batch, int64_t seq_len, bool flash = true) {
   return in;
 }
 
+// The names of layer `layer`'s ops, in graph order.
+std::vector<std::string> layer_op_names(const OpGraph& g, int layer) {
+  std::vector<std::string> names;
+  for (const Op& op : g.ops)
+    if (op.layer == layer) names.push_back(op.name);
+  return names;
+}
+
 double rel_err(double got, double want) {
   return std::fabs(got - want) / std::fabs(want);
 }
@@ -856,9 +864,7 @@ TEST(OpGraph, SeparateProjectionsAndRepeatedKeysAsTorchtitanRunsThem) {
 TEST(OpGraph, QkNormNormalisesEachHeadsQueryAndKey) {
   const ModuleSpec qwen = zoo_module("qwen3-30b-a3b");
   OpGraph g = build_op_graph(qwen, input(1, 4096));
-  std::vector<std::string> order;
-  for (const Op& op : g.ops)
-    if (op.layer == 0) order.push_back(op.name);
+  const std::vector<std::string> order = layer_op_names(g, 0);
   ASSERT_GE(order.size(), 3u);
   EXPECT_EQ(order[1], "qkv");
   EXPECT_EQ(order[2], "qk_norm");
@@ -882,9 +888,7 @@ TEST(OpGraph, QkNormNormalisesEachHeadsQueryAndKey) {
 TEST(OpGraph, PostNormsFollowTheAttentionAndTheMlp) {
   const ModuleSpec gemma = zoo_module("gemma-3-27b");
   OpGraph g = build_op_graph(gemma, input(1, 4096));
-  std::vector<std::string> order;
-  for (const Op& op : g.ops)
-    if (op.layer == 0) order.push_back(op.name);
+  const std::vector<std::string> order = layer_op_names(g, 0);
   auto after = [&](std::string_view name) {
     const auto it = std::find(order.begin(), order.end(), name);
     return it == order.end() || it + 1 == order.end() ? std::string() : *(it + 1);

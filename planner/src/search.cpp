@@ -184,13 +184,14 @@ Time collective_time(sim::CollectiveKind kind, Bytes bytes, int n, Bandwidth lin
 // rank's buffer bound for other nodes through its NIC (the network's link, before NCCL's
 // ramps, which only slow it), the rank sharing its node with at most `members_per_node`
 // of the group.
-// DeepEP across nodes (`rail_share` > 0, deepep_rail_share()): the NVLink all-to-all over
-// the rank's node and, beside it, each token once to each other node holding one of its
-// experts, through the NIC: the longer of the two.
+// DeepEP across nodes (`rail_share` > 0, deepep_rail_share() over `rail_nodes`): the NVLink
+// all-to-all over the rank's node and, beside it, each token once to each other node
+// holding one of its experts, through the NIC: the longer of the two.
 struct EpLinks {
   Bandwidth nvlink = Bandwidth::bytes_per_s(1e30);
   Bandwidth nic = Bandwidth::bytes_per_s(1e30);
   int members_per_node = 1;
+  int rail_nodes = 1;
   double rail_share = 0;
   Time all_to_all(Bytes bytes, int ep) const {
     if (ep <= 1 || bytes.count() == 0) return Time::zero();
@@ -200,9 +201,9 @@ struct EpLinks {
   }
   // DeepEP's parts: over NVLink inside the node, and through the NIC.
   Time deepep_nvlink(Bytes bytes) const { return all_to_all(bytes, members_per_node); }
-  Time deepep_rail(Bytes bytes, int ep) const {
-    const int nodes = ep / members_per_node;
-    return Time::seconds(bytes.as_double() * rail_share * (nodes - 1) / nodes / nic.bytes_per_s());
+  Time deepep_rail(Bytes bytes) const {
+    return Time::seconds(bytes.as_double() * rail_share * (rail_nodes - 1) / rail_nodes /
+                         nic.bytes_per_s());
   }
 };
 
@@ -287,12 +288,12 @@ BlockTime block_time(const Block& b, const Layout& l, Bandwidth link, Bandwidth 
         // compute beside it) apart, in ep_overlapped. DeepEP across nodes: its two parts
         // side by side, the longer of the two; under the EP overlap each on its stream.
         if (l.ep <= 1) break;
-        const bool rails = l.moe_dispatcher == MoeDispatcher::kDeepEp && ep_links.rail_share > 0;
+        const bool rails = ep_links.rail_share > 0;  // set for DeepEP across nodes alone
         const Bytes copies = st.bytes + st.probs_bytes;
         const Time a2a =
             rails ? ep_links.deepep_nvlink(copies)
                   : ep_links.all_to_all(st.bytes, l.ep) + ep_links.all_to_all(st.probs_bytes, l.ep);
-        const Time rail = rails ? ep_links.deepep_rail(copies, l.ep) : Time::zero();
+        const Time rail = rails ? ep_links.deepep_rail(copies) : Time::zero();
         if (l.ep_comm_overlap) {
           t.ep_overlapped += a2a * 2;
           t.ep_rail_overlapped += rail * 2;
@@ -380,11 +381,13 @@ class CostCache {
         const int etp = l.expert_tp();
         ep_links.members_per_node = std::min(l.ep, (group.profile.gpus_per_node + etp - 1) / etp);
         // DeepEP's groups take whole nodes (infeasibility()).
-        const int ep_nodes = l.ep / ep_links.members_per_node;
         const auto* llm = std::get_if<models::LlmSpec>(&s_.model.modules[module].spec);
-        if (l.moe_dispatcher == MoeDispatcher::kDeepEp && ep_nodes > 1 &&
-            l.ep % ep_links.members_per_node == 0 && llm && llm->moe)
-          ep_links.rail_share = deepep_rail_share(llm->moe->experts, llm->moe->top_k, ep_nodes);
+        if (l.moe_dispatcher == MoeDispatcher::kDeepEp && l.ep % ep_links.members_per_node == 0 &&
+            llm && llm->moe) {
+          ep_links.rail_nodes = l.ep / ep_links.members_per_node;
+          ep_links.rail_share =
+              deepep_rail_share(llm->moe->experts, llm->moe->top_k, ep_links.rail_nodes);
+        }
       }
       ModuleTime& t = times.emplace_back();
       // The simulation's size scales on this group's nodes (collective_config); a TP group
