@@ -103,8 +103,8 @@ TEST_F(Cuda, GemmsMatchTheCpuBackend) {
 }
 
 TEST_F(Cuda, AttentionMatchesTheCpuBackend) {
-  // Unmasked, causal, and causal with a 16-key sliding window.
-  for (int mask : {0, 1, 2}) {
+  // Unmasked, causal, causal with a 16-key sliding window, and that with attention sinks.
+  for (int mask : {0, 1, 2, 3}) {
     AttentionDesc d{.batch = 2,
                     .heads = 4,
                     .kv_heads = 2,
@@ -112,7 +112,8 @@ TEST_F(Cuda, AttentionMatchesTheCpuBackend) {
                     .seq_kv = 64,
                     .head_dim = 32,
                     .causal = mask > 0,
-                    .window = mask == 2 ? 16 : 0,
+                    .window = mask >= 2 ? 16 : 0,
+                    .sinks = mask == 3,
                     .dtype = DType::kBf16};
     const int64_t nq = d.batch * d.seq_q * d.heads * d.head_dim;
     const int64_t nkv = d.batch * d.seq_kv * d.kv_heads * d.head_dim;
@@ -123,8 +124,11 @@ TEST_F(Cuda, AttentionMatchesTheCpuBackend) {
     auto [cdo, gdo] = both(d.dtype, nq, 4);
     Buffer co = testing::zeros(*cpu_, d.dtype, nq), go = testing::zeros(*gpu_, d.dtype, nq);
     Buffer cs = testing::zeros(*cpu_, DType::kF32, ns), gs = testing::zeros(*gpu_, DType::kF32, ns);
-    ASSERT_TRUE(cpu_->attention_forward(kComputeStream, d, cq, ck, cv, co, cs).is_ok());
-    Status st = gpu_->attention_forward(kComputeStream, d, gq, gk, gv, go, gs);
+    auto [csk, gsk] = both(DType::kF32, d.heads, 5, 2.0f);
+    const Buffer* cs_in = d.sinks ? &csk : nullptr;
+    const Buffer* gs_in = d.sinks ? &gsk : nullptr;
+    ASSERT_TRUE(cpu_->attention_forward(kComputeStream, d, cq, ck, cv, cs_in, co, cs).is_ok());
+    Status st = gpu_->attention_forward(kComputeStream, d, gq, gk, gv, gs_in, go, gs);
     ASSERT_TRUE(st.is_ok()) << st.to_string();
     expect_close(co, go, d.dtype, nq, 2e-3f, "out");
     auto lse_c = download(*cpu_, cs, DType::kF32, ns), lse_g = download(*gpu_, gs, DType::kF32, ns);
@@ -138,13 +142,19 @@ TEST_F(Cuda, AttentionMatchesTheCpuBackend) {
     Buffer cdq = testing::zeros(*cpu_, d.dtype, nq), gdq = testing::zeros(*gpu_, d.dtype, nq);
     Buffer cdk = testing::zeros(*cpu_, d.dtype, nkv), gdk = testing::zeros(*gpu_, d.dtype, nkv);
     Buffer cdv = testing::zeros(*cpu_, d.dtype, nkv), gdv = testing::zeros(*gpu_, d.dtype, nkv);
-    ASSERT_TRUE(cpu_->attention_backward(kComputeStream, d, cq, ck, cv, co, cdo, cs, cdq, cdk, cdv)
+    Buffer cds = testing::zeros(*cpu_, DType::kF32, d.heads),
+           gds = testing::zeros(*gpu_, DType::kF32, d.heads);
+    ASSERT_TRUE(cpu_->attention_backward(kComputeStream, d, cq, ck, cv, cs_in, co, cdo, cs, cdq,
+                                         cdk, cdv, d.sinks ? &cds : nullptr)
                     .is_ok());
-    st = gpu_->attention_backward(kComputeStream, d, gq, gk, gv, go, gdo, gs, gdq, gdk, gdv);
+    st = gpu_->attention_backward(kComputeStream, d, gq, gk, gv, gs_in, go, gdo, gs, gdq, gdk, gdv,
+                                  d.sinks ? &gds : nullptr);
     ASSERT_TRUE(st.is_ok()) << st.to_string();
     expect_close(cdq, gdq, d.dtype, nq, 1e-2f, "dq");
     expect_close(cdk, gdk, d.dtype, nkv, 1e-2f, "dk");
     expect_close(cdv, gdv, d.dtype, nkv, 1e-2f, "dv");
+    // A head's sink gradient sums b * seq_q rows: tolerance to match.
+    if (d.sinks) expect_close(cds, gds, DType::kF32, d.heads, 5e-2f, "d_sinks");
   }
 }
 

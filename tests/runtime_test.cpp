@@ -173,7 +173,7 @@ TEST(CpuBackend, UndersizedBuffersAndBadShapesAreInvalidArguments) {
   EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
   EXPECT_NE(st.message().find("gemm A"), std::string::npos) << st.message();
   AttentionDesc a{.heads = 3, .kv_heads = 2, .seq_q = 2, .seq_kv = 2, .head_dim = 2};
-  st = be->attention_forward(kComputeStream, a, big, big, big, big, big);
+  st = be->attention_forward(kComputeStream, a, big, big, big, nullptr, big, big);
   EXPECT_NE(st.message().find("kv_heads 2 must divide heads 3"), std::string::npos);
   ElementwiseDesc e{.op = ElementwiseOp::kAdd, .elements = 4};
   const Buffer* one[] = {&big};

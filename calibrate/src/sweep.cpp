@@ -375,16 +375,17 @@ class Runner {
       tick("attention");
       HETPAR_ASSIGN_OR_RETURN(
           auto fwd,
-          time_local([&] { return b_.attention_forward(kComputeStream, d, q, k, v, out, stats); },
-                     true));
+          time_local(
+              [&] { return b_.attention_forward(kComputeStream, d, q, k, v, nullptr, out, stats); },
+              true));
       HETPAR_ASSIGN_OR_RETURN(TimingStats fs, pooled(fwd));
       s_.attention.push_back({d, false, fs});
       tick("attention");
       HETPAR_ASSIGN_OR_RETURN(auto bwd, time_local(
                                             [&] {
-                                              return b_.attention_backward(kComputeStream, d, q, k,
-                                                                           v, out, d_out, stats, dq,
-                                                                           dk, dv);
+                                              return b_.attention_backward(
+                                                  kComputeStream, d, q, k, v, nullptr, out, d_out,
+                                                  stats, dq, dk, dv, nullptr);
                                             },
                                             true));
       HETPAR_ASSIGN_OR_RETURN(TimingStats bs, pooled(bwd));

@@ -73,7 +73,25 @@ DType kernel_dtype(const Kernel& k) {
 }
 
 // Buffer roles of the compute stream.
-enum Slot : int { kA, kB, kC, kQ, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kIn, kOut, kSlots };
+enum Slot : int {
+  kA,
+  kB,
+  kC,
+  kQ,
+  kK,
+  kV,
+  kO,
+  kStats,
+  kDO,
+  kDQ,
+  kDK,
+  kDV,
+  kSinks,
+  kDSinks,
+  kIn,
+  kOut,
+  kSlots
+};
 
 // How a communication task runs on this rank.
 struct CommShape {
@@ -220,11 +238,13 @@ Status Runner::prepare() {
             need(kV, kv);
             need(kO, q);
             need(kStats, k.batch * k.heads * k.seq_q * 4);
+            if (k.sinks) need(kSinks, k.heads * 4);  // fp32 logits
             if (k.kind == KernelKind::kAttentionBackward) {
               need(kDO, q);
               need(kDQ, q);
               need(kDK, kv);
               need(kDV, kv);
+              if (k.sinks) need(kDSinks, k.heads * 4);
             }
             break;
           }
@@ -293,13 +313,15 @@ Status Runner::run_kernel(Stream s, const Kernel& k) {
       d.head_dim = run_head_dim(k);
       d.causal = k.causal;
       d.window = k.window;
+      d.sinks = k.sinks;
       d.dtype = t;
+      const Buffer* sinks = k.sinks ? &slots_[kSinks] : nullptr;
       if (k.kind == KernelKind::kAttentionForward)
-        return b_.attention_forward(s, d, slots_[kQ], slots_[kK], slots_[kV], slots_[kO],
+        return b_.attention_forward(s, d, slots_[kQ], slots_[kK], slots_[kV], sinks, slots_[kO],
                                     slots_[kStats]);
-      return b_.attention_backward(s, d, slots_[kQ], slots_[kK], slots_[kV], slots_[kO],
+      return b_.attention_backward(s, d, slots_[kQ], slots_[kK], slots_[kV], sinks, slots_[kO],
                                    slots_[kDO], slots_[kStats], slots_[kDQ], slots_[kDK],
-                                   slots_[kDV]);
+                                   slots_[kDV], k.sinks ? &slots_[kDSinks] : nullptr);
     }
     case KernelKind::kMemory: {
       // Read bytes/2 and write bytes/2: a copy of bytes/4 bf16 elements.

@@ -357,8 +357,9 @@ void add_latent_attention(Builder& b, const TransformerSpec& t, const MlaSpec& m
          T * m.kv_lora_rank);
   const double rope = T * (a + 1) * m.rope_head_dim;
   b.pointwise("rope", OpKind::kElementwise, layer, rope, rope, kRopeFlops, 0);
-  b.attention(layer, {batch, a, a, seq, seq, dq, causal, m.v_head_dim, window}, t.dropout).params =
-      t.attention_sinks ? a : 0;  // a sink logit per head
+  b.attention(layer, {batch, a, a, seq, seq, dq, causal, m.v_head_dim, window, t.attention_sinks},
+              t.dropout)
+      .params = t.attention_sinks ? a : 0;  // a sink logit per head
   b.gemm("attn_out", layer, {{tokens, h, a * m.v_head_dim}}, t.linear_bias, T * a * m.v_head_dim);
 }
 
@@ -388,7 +389,9 @@ void add_layer(Builder& b, const TransformerSpec& t, const std::optional<MoeSpec
     const bool expand = b.repeat_kv() && g < a;
     if (expand)
       b.pointwise("repeat_kv", OpKind::kElementwise, layer, T * 2 * g * d, T * 2 * a * d, 0, 0);
-    b.attention(layer, {batch, a, expand ? a : g, seq, seq, d, causal, 0, window}, t.dropout)
+    b.attention(layer,
+                {batch, a, expand ? a : g, seq, seq, d, causal, 0, window, t.attention_sinks},
+                t.dropout)
         .params = t.attention_sinks ? a : 0;  // a sink logit per head
     b.gemm("attn_out", layer, {{tokens, h, a * d}}, t.linear_bias, T * a * d);
   }

@@ -1171,7 +1171,8 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
                       .causal = a.causal,
                       .element_bytes = elem(ap),
                       .v_head_dim = a.v_head_dim,
-                      .window = a.window};
+                      .window = a.window,
+                      .sinks = a.sinks};
         k.forward.assign(gather ? 2 : 1, f);
         if (gather) {
           const std::array<int64_t, 2> keys = gather_keys(a, cp);

@@ -56,11 +56,24 @@ Status check_attention_shape(const AttentionDesc& d) {
   }
   return Status::ok();
 }
+
+Status check_sinks(const char* what, const AttentionDesc& d, const Buffer* sinks) {
+  if (!d.sinks) {
+    if (sinks != nullptr)
+      return Status::invalid_argument(
+          fmt::format("attention: {} given for a desc without sinks", what));
+    return Status::ok();
+  }
+  if (sinks == nullptr)
+    return Status::invalid_argument(fmt::format("attention: sinks set but {} is null", what));
+  return check_buffer(fmt::format("attention {}", what), *sinks, d.heads, DType::kF32);
+}
 }  // namespace
 
 Status check_attention(const AttentionDesc& d, const Buffer& q, const Buffer& k, const Buffer& v,
-                       const Buffer& out, const Buffer& stats) {
+                       const Buffer* sinks, const Buffer& out, const Buffer& stats) {
   HETPAR_RETURN_IF_ERROR(check_attention_shape(d));
+  HETPAR_RETURN_IF_ERROR(check_sinks("sinks", d, sinks));
   HETPAR_RETURN_IF_ERROR(check_buffer("attention q", q, attention_q_elements(d), d.dtype));
   HETPAR_RETURN_IF_ERROR(check_buffer("attention k", k, attention_kv_elements(d), d.dtype));
   HETPAR_RETURN_IF_ERROR(check_buffer("attention v", v, attention_kv_elements(d), d.dtype));
@@ -69,10 +82,11 @@ Status check_attention(const AttentionDesc& d, const Buffer& q, const Buffer& k,
 }
 
 Status check_attention_backward(const AttentionDesc& d, const Buffer& q, const Buffer& k,
-                                const Buffer& v, const Buffer& out, const Buffer& d_out,
-                                const Buffer& stats, const Buffer& d_q, const Buffer& d_k,
-                                const Buffer& d_v) {
-  HETPAR_RETURN_IF_ERROR(check_attention(d, q, k, v, out, stats));
+                                const Buffer& v, const Buffer* sinks, const Buffer& out,
+                                const Buffer& d_out, const Buffer& stats, const Buffer& d_q,
+                                const Buffer& d_k, const Buffer& d_v, const Buffer* d_sinks) {
+  HETPAR_RETURN_IF_ERROR(check_attention(d, q, k, v, sinks, out, stats));
+  HETPAR_RETURN_IF_ERROR(check_sinks("d_sinks", d, d_sinks));
   HETPAR_RETURN_IF_ERROR(check_buffer("attention d_out", d_out, attention_q_elements(d), d.dtype));
   HETPAR_RETURN_IF_ERROR(check_buffer("attention d_q", d_q, attention_q_elements(d), d.dtype));
   HETPAR_RETURN_IF_ERROR(check_buffer("attention d_k", d_k, attention_kv_elements(d), d.dtype));

@@ -13,12 +13,13 @@ namespace hetpar::runtime {
 /// `b` holds at least `elements` values of `t`; the message names `what`.
 Status check_buffer(std::string_view what, const Buffer& b, int64_t elements, DType t);
 Status check_gemm(const GemmDesc& d, const Buffer& a, const Buffer& b, const Buffer& c);
+/// The attention buffers' sizes and dtypes; `sinks` / `d_sinks` present exactly when d.sinks.
 Status check_attention(const AttentionDesc& d, const Buffer& q, const Buffer& k, const Buffer& v,
-                       const Buffer& out, const Buffer& stats);
+                       const Buffer* sinks, const Buffer& out, const Buffer& stats);
 Status check_attention_backward(const AttentionDesc& d, const Buffer& q, const Buffer& k,
-                                const Buffer& v, const Buffer& out, const Buffer& d_out,
-                                const Buffer& stats, const Buffer& d_q, const Buffer& d_k,
-                                const Buffer& d_v);
+                                const Buffer& v, const Buffer* sinks, const Buffer& out,
+                                const Buffer& d_out, const Buffer& stats, const Buffer& d_q,
+                                const Buffer& d_k, const Buffer& d_v, const Buffer* d_sinks);
 Status check_elementwise(const ElementwiseDesc& d, std::span<const Buffer* const> inputs,
                          const Buffer& out);
 /// `ranks` are distinct world ranks of a world of `world` processes.

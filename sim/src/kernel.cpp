@@ -53,9 +53,10 @@ std::string describe(const Kernel& k) {
                          k.launches > 1 ? fmt::format(" in {} launches", k.launches) : "");
     case KernelKind::kAttentionForward:
     case KernelKind::kAttentionBackward:
-      return fmt::format("{} b{} h{}/{} {}x{} d{}{}{}", to_string(k.kind), k.batch, k.heads,
+      return fmt::format("{} b{} h{}/{} {}x{} d{}{}{}{}", to_string(k.kind), k.batch, k.heads,
                          k.kv_heads, k.seq_q, k.seq_kv, k.head_dim, k.causal ? " causal" : "",
-                         k.windowed() ? fmt::format(" window {}", k.window) : "");
+                         k.windowed() ? fmt::format(" window {}", k.window) : "",
+                         k.sinks ? " sinks" : "");
     case KernelKind::kMemory:
       return k.bytes > 0 ? fmt::format("mem {} B", k.bytes) : std::string("host call");
   }

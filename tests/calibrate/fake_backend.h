@@ -109,15 +109,16 @@ class FakeBackend : public runtime::Backend {
     return Status::ok();
   }
   Status attention_forward(runtime::Stream, const runtime::AttentionDesc& d, const runtime::Buffer&,
-                           const runtime::Buffer&, const runtime::Buffer&, runtime::Buffer&,
-                           runtime::Buffer&) override {
+                           const runtime::Buffer&, const runtime::Buffer&, const runtime::Buffer*,
+                           runtime::Buffer&, runtime::Buffer&) override {
     advance(model_.attention_s(d.forward_flops(), d.seq_kv, d.causal, d.head_dim));
     return Status::ok();
   }
   Status attention_backward(runtime::Stream, const runtime::AttentionDesc& d,
                             const runtime::Buffer&, const runtime::Buffer&, const runtime::Buffer&,
-                            const runtime::Buffer&, const runtime::Buffer&, const runtime::Buffer&,
-                            runtime::Buffer&, runtime::Buffer&, runtime::Buffer&) override {
+                            const runtime::Buffer*, const runtime::Buffer&, const runtime::Buffer&,
+                            const runtime::Buffer&, runtime::Buffer&, runtime::Buffer&,
+                            runtime::Buffer&, runtime::Buffer*) override {
     advance(model_.attention_s(2 * d.forward_flops(), d.seq_kv, d.causal, d.head_dim, true));
     return Status::ok();
   }

@@ -2556,6 +2556,24 @@ TEST(Lower, SlidingWindowsShortenTheIterationAndRunContextParallelismA2AOrAllGat
   EXPECT_NEAR(c->iteration_time.to_seconds(), a->iteration_time.to_seconds(),
               1e-6 * a->iteration_time.to_seconds());
   EXPECT_GT(c->memory.peak, a->memory.peak);
+  // The kernels the executor runs take them: every attention call of the sinks model, none
+  // of the plain one's.
+  for (const bool with : {false, true}) {
+    const LoweredPlan lp = lowered(with ? sinks : full, p, {.kernels = true});
+    int attention = 0;
+    for (int t = 0; t < lp.graph.num_tasks(); ++t) {
+      const sim::Task& task = lp.graph.task(TaskId(t));
+      if (!task.kernels.valid()) continue;
+      for (const sim::Kernel& k : lp.graph.kernels(task.kernels)) {
+        if (k.kind != sim::KernelKind::kAttentionForward &&
+            k.kind != sim::KernelKind::kAttentionBackward)
+          continue;
+        ++attention;
+        EXPECT_EQ(k.sinks, with) << sim::describe(k);
+      }
+    }
+    EXPECT_GT(attention, 0);
+  }
   EXPECT_NE(infeasibility(sinks, cp).find("cp 2 with attention_sinks needs cp_comm a2a"),
             std::string::npos);
   EXPECT_EQ(infeasibility(sinks, a2a), "");

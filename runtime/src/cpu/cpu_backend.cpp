@@ -168,27 +168,30 @@ class CpuBackend final : public Backend {
   }
 
   Status attention_forward(Stream s, const AttentionDesc& d, const Buffer& q, const Buffer& k,
-                           const Buffer& v, Buffer& out, Buffer& softmax_stats) override {
+                           const Buffer& v, const Buffer* sinks, Buffer& out,
+                           Buffer& softmax_stats) override {
     HETPAR_RETURN_IF_ERROR(check_stream(s));
-    HETPAR_RETURN_IF_ERROR(check_attention(d, q, k, v, out, softmax_stats));
+    HETPAR_RETURN_IF_ERROR(check_attention(d, q, k, v, sinks, out, softmax_stats));
     std::vector<float> sq, sk, sv;
     const int64_t nq = attention_q_elements(d), nkv = attention_kv_elements(d);
     const float* fq = as_f32(d.dtype, q.data(), nq, sq);
     const float* fk = as_f32(d.dtype, k.data(), nkv, sk);
     const float* fv = as_f32(d.dtype, v.data(), nkv, sv);
     std::vector<float> o(static_cast<size_t>(nq));
-    cpu::attention_forward(d, fq, fk, fv, o.data(), static_cast<float*>(softmax_stats.data()));
+    cpu::attention_forward(d, fq, fk, fv,
+                           sinks ? static_cast<const float*>(sinks->data()) : nullptr, o.data(),
+                           static_cast<float*>(softmax_stats.data()));
     from_float(d.dtype, o.data(), out.data(), nq);
     return Status::ok();
   }
 
   Status attention_backward(Stream s, const AttentionDesc& d, const Buffer& q, const Buffer& k,
-                            const Buffer& v, const Buffer& out, const Buffer& d_out,
-                            const Buffer& softmax_stats, Buffer& d_q, Buffer& d_k,
-                            Buffer& d_v) override {
+                            const Buffer& v, const Buffer* sinks, const Buffer& out,
+                            const Buffer& d_out, const Buffer& softmax_stats, Buffer& d_q,
+                            Buffer& d_k, Buffer& d_v, Buffer* d_sinks) override {
     HETPAR_RETURN_IF_ERROR(check_stream(s));
-    HETPAR_RETURN_IF_ERROR(
-        check_attention_backward(d, q, k, v, out, d_out, softmax_stats, d_q, d_k, d_v));
+    HETPAR_RETURN_IF_ERROR(check_attention_backward(d, q, k, v, sinks, out, d_out, softmax_stats,
+                                                    d_q, d_k, d_v, d_sinks));
     std::vector<float> sq, sk, sv, so, sdo;
     const int64_t nq = attention_q_elements(d), nkv = attention_kv_elements(d);
     const float* fq = as_f32(d.dtype, q.data(), nq, sq);
@@ -198,8 +201,10 @@ class CpuBackend final : public Backend {
     const float* fdo = as_f32(d.dtype, d_out.data(), nq, sdo);
     std::vector<float> dq(static_cast<size_t>(nq)), dk(static_cast<size_t>(nkv), 0.0f),
         dv(static_cast<size_t>(nkv), 0.0f);
-    cpu::attention_backward(d, fq, fk, fv, fo, fdo, static_cast<const float*>(softmax_stats.data()),
-                            dq.data(), dk.data(), dv.data());
+    cpu::attention_backward(d, fq, fk, fv,
+                            sinks ? static_cast<const float*>(sinks->data()) : nullptr, fo, fdo,
+                            static_cast<const float*>(softmax_stats.data()), dq.data(), dk.data(),
+                            dv.data(), d_sinks ? static_cast<float*>(d_sinks->data()) : nullptr);
     from_float(d.dtype, dq.data(), d_q.data(), nq);
     from_float(d.dtype, dk.data(), d_k.data(), nkv);
     from_float(d.dtype, dv.data(), d_v.data(), nkv);

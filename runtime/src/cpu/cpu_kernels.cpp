@@ -1,6 +1,7 @@
 #include "cpu_kernels.h"
 
 #include <Eigen/Dense>
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -61,7 +62,7 @@ float gelu_grad(float x) {
 }  // namespace
 
 void attention_forward(const AttentionDesc& d, const float* q, const float* k, const float* v,
-                       float* out, float* lse) {
+                       const float* sinks, float* out, float* lse) {
   const Slices sl{d};
   RowMat s(d.seq_q, d.seq_kv);
   for (int64_t b = 0; b < d.batch; ++b) {
@@ -72,19 +73,21 @@ void attention_forward(const AttentionDesc& d, const float* q, const float* k, c
       auto O = sl.q(out, b, h);
       s.noalias() = sl.scale() * Q * K.transpose();
       float* stats = lse + (b * d.heads + h) * d.seq_q;
+      // The sink joins each row's softmax as one more logit with no value.
+      const float sink = sinks ? sinks[h] : -std::numeric_limits<float>::infinity();
       for (int64_t i = 0; i < d.seq_q; ++i) {
         const int64_t n = sl.visible(i), lo = sl.first(i);
         auto row = s.row(i);
         row.tail(d.seq_kv - n).setZero();
         row.head(lo).setZero();
         if (n == lo) {
-          stats[i] = -std::numeric_limits<float>::infinity();
+          stats[i] = sink;
           continue;
         }
         auto seen = row.segment(lo, n - lo);
-        const float mx = seen.maxCoeff();
+        const float mx = std::max(seen.maxCoeff(), sink);
         seen = (seen.array() - mx).exp().matrix();
-        const float sum = seen.sum();
+        const float sum = seen.sum() + std::exp(sink - mx);
         stats[i] = mx + std::log(sum);
         seen /= sum;
       }
@@ -94,9 +97,10 @@ void attention_forward(const AttentionDesc& d, const float* q, const float* k, c
 }
 
 void attention_backward(const AttentionDesc& d, const float* q, const float* k, const float* v,
-                        const float* out, const float* d_out, const float* lse, float* dq,
-                        float* dk, float* dv) {
+                        const float* sinks, const float* out, const float* d_out, const float* lse,
+                        float* dq, float* dk, float* dv, float* d_sinks) {
   const Slices sl{d};
+  if (d_sinks != nullptr) std::fill(d_sinks, d_sinks + d.heads, 0.0f);
   RowMat p(d.seq_q, d.seq_kv), ds(d.seq_q, d.seq_kv);
   for (int64_t b = 0; b < d.batch; ++b) {
     for (int64_t h = 0; h < d.heads; ++h) {
@@ -119,12 +123,16 @@ void attention_backward(const AttentionDesc& d, const float* q, const float* k, 
         if (n > lo)
           row.segment(lo, n - lo) = (row.segment(lo, n - lo).array() - stats[i]).exp().matrix();
       }
-      // dS = P o (dP - rowsum(dO o O)), dP = dO V^T.
+      // dS = P o (dP - rowsum(dO o O)), dP = dO V^T. The sink's dP is 0 (it has no value),
+      // so its logit's gradient is -P_sink * delta.
       ds.noalias() = dO * V.transpose();
+      double d_sink = 0;
       for (int64_t i = 0; i < d.seq_q; ++i) {
         const float delta = dO.row(i).dot(O.row(i));
         ds.row(i) = (p.row(i).array() * (ds.row(i).array() - delta)).matrix();
+        if (sinks != nullptr) d_sink -= std::exp(sinks[h] - stats[i]) * delta;
       }
+      if (d_sinks != nullptr) d_sinks[h] += static_cast<float>(d_sink);
       dQ.noalias() = sl.scale() * ds * K;
       dK.noalias() += sl.scale() * ds.transpose() * Q;
       dV.noalias() += p.transpose() * dO;

@@ -265,9 +265,10 @@ class CudaBackend final : public Backend {
   }
 
   Status attention_forward(Stream s, const AttentionDesc& d, const Buffer& q, const Buffer& k,
-                           const Buffer& v, Buffer& out, Buffer& softmax_stats) override {
+                           const Buffer& v, const Buffer* sinks, Buffer& out,
+                           Buffer& softmax_stats) override {
     HETPAR_ASSIGN_OR_RETURN(cudaStream_t st, stream(s));
-    HETPAR_RETURN_IF_ERROR(check_attention(d, q, k, v, out, softmax_stats));
+    HETPAR_RETURN_IF_ERROR(check_attention(d, q, k, v, sinks, out, softmax_stats));
     const Layout L(d);
     const int64_t chunk = L.chunk(4 + L.es);
     // Workspace: 6 pointer arrays, then the scores (fp32) and probabilities (dtype).
@@ -293,9 +294,10 @@ class CudaBackend final : public Backend {
           batched(st, d.dtype, n,
                   {true, false, d.seq_kv, d.seq_q, d.head_dim, L.scale, ptrs(1), L.kv_ld, ptrs(0),
                    L.q_ld, mut(ptrs(4)), CUDA_R_32F, d.seq_kv}));
-      HP_CUDA(cuda::launch_softmax_forward(st, reinterpret_cast<const float*>(scores), probs,
-                                           lse + first * d.seq_q, code(d.dtype), n * d.seq_q,
-                                           d.seq_q, d.seq_kv, d.causal, d.window));
+      HP_CUDA(cuda::launch_softmax_forward(
+          st, reinterpret_cast<const float*>(scores), probs, lse + first * d.seq_q, code(d.dtype),
+          n * d.seq_q, d.seq_q, d.seq_kv, d.causal, d.window,
+          sinks ? static_cast<const float*>(sinks->data()) : nullptr, first, d.heads));
       // O^T (d x seq_q) = V^T P^T, i.e. O = P V.
       HETPAR_RETURN_IF_ERROR(
           batched(st, d.dtype, n,
@@ -306,12 +308,12 @@ class CudaBackend final : public Backend {
   }
 
   Status attention_backward(Stream s, const AttentionDesc& d, const Buffer& q, const Buffer& k,
-                            const Buffer& v, const Buffer& out, const Buffer& d_out,
-                            const Buffer& softmax_stats, Buffer& d_q, Buffer& d_k,
-                            Buffer& d_v) override {
+                            const Buffer& v, const Buffer* sinks, const Buffer& out,
+                            const Buffer& d_out, const Buffer& softmax_stats, Buffer& d_q,
+                            Buffer& d_k, Buffer& d_v, Buffer* d_sinks) override {
     HETPAR_ASSIGN_OR_RETURN(cudaStream_t st, stream(s));
-    HETPAR_RETURN_IF_ERROR(
-        check_attention_backward(d, q, k, v, out, d_out, softmax_stats, d_q, d_k, d_v));
+    HETPAR_RETURN_IF_ERROR(check_attention_backward(d, q, k, v, sinks, out, d_out, softmax_stats,
+                                                    d_q, d_k, d_v, d_sinks));
     const Layout L(d);
     const int64_t chunk = L.chunk(2 * (4 + L.es));
     // Workspace: 11 pointer arrays, delta (pairs x seq_q), the per-query-head dK and dV
@@ -337,6 +339,10 @@ class CudaBackend final : public Backend {
     const float* lse = static_cast<const float*>(softmax_stats.data());
     HP_CUDA(cuda::launch_attention_delta(st, out.data(), d_out.data(), delta, code(d.dtype),
                                          d.batch, d.seq_q, d.heads, d.head_dim));
+    if (sinks != nullptr)
+      HP_CUDA(cuda::launch_sink_grad(st, static_cast<const float*>(sinks->data()), lse, delta,
+                                     static_cast<float*>(d_sinks->data()), d.batch, d.heads,
+                                     d.seq_q));
     for (int64_t first = 0; first < L.pairs; first += chunk) {
       const int64_t n = std::min(chunk, L.pairs - first);
       HETPAR_RETURN_IF_ERROR(L.q_pointers(st, ptrs(0), q.data(), first, n));

@@ -194,21 +194,26 @@ __device__ __forceinline__ int64_t first_key(int64_t i, int64_t seq_q, int64_t s
   return f < 0 ? 0 : (f > n ? n : f);
 }
 
+// Row `row` of the chunk is query row % seq_q of (batch, head) pair first_pair + row / seq_q;
+// with `sinks` its head's logit joins the softmax with no value.
 template <class T>
 __global__ void softmax_forward_kernel(const float* scores, T* probs, float* lse, int64_t seq_q,
-                                       int64_t seq_kv, bool causal, int64_t window) {
+                                       int64_t seq_kv, bool causal, int64_t window,
+                                       const float* sinks, int64_t first_pair, int64_t heads) {
   const int64_t row = blockIdx.x;
   const int64_t n = visible_keys(row % seq_q, seq_q, seq_kv, causal);
   const int64_t lo = first_key(row % seq_q, seq_q, seq_kv, causal, window);
   const float* s = scores + row * seq_kv;
   T* p = probs + row * seq_kv;
+  const float sink = sinks ? sinks[(first_pair + row / seq_q) % heads] : -INFINITY;
   float mx = -INFINITY;
   for (int64_t j = lo + threadIdx.x; j < n; j += blockDim.x) mx = fmaxf(mx, s[j]);
-  mx = block_reduce(mx, true);
+  mx = fmaxf(block_reduce(mx, true), sink);
   float sum = 0;
   for (int64_t j = lo + threadIdx.x; j < n; j += blockDim.x) sum += expf(s[j] - mx);
   sum = block_reduce(sum, false);
-  const float l = n > lo ? mx + logf(sum) : -INFINITY;
+  if (sinks) sum += expf(sink - mx);
+  const float l = n > lo || sinks ? mx + logf(sum) : -INFINITY;
   for (int64_t j = threadIdx.x; j < seq_kv; j += blockDim.x) {
     store(p + j, j >= lo && j < n ? expf(s[j] - l) : 0.0f);
   }
@@ -241,6 +246,19 @@ __global__ void delta_kernel(const T* out, const T* d_out, float* delta, int64_t
     for (int64_t x = 0; x < head_dim; ++x) acc += load(out + base + x) * load(d_out + base + x);
     delta[r] = acc;
   }
+}
+
+// One block per head h: d_sinks[h] = -sum over (b, i) of exp(sinks[h] - lse) * delta.
+__global__ void sink_grad_kernel(const float* sinks, const float* lse, const float* delta,
+                                 float* d_sinks, int64_t batch, int64_t heads, int64_t seq_q) {
+  const int64_t h = blockIdx.x;
+  float acc = 0;
+  for (int64_t t = threadIdx.x; t < batch * seq_q; t += blockDim.x) {
+    const int64_t r = ((t / seq_q) * heads + h) * seq_q + t % seq_q;
+    acc += expf(sinks[h] - lse[r]) * delta[r];
+  }
+  acc = block_reduce(acc, false);
+  if (threadIdx.x == 0) d_sinks[h] = -acc;
 }
 
 template <class T>
@@ -295,12 +313,22 @@ cudaError_t launch_pair_pointers(cudaStream_t s, const void** out, const void* b
 
 cudaError_t launch_softmax_forward(cudaStream_t s, const float* scores, void* probs, float* lse,
                                    int dtype, int64_t rows, int64_t seq_q, int64_t seq_kv,
-                                   bool causal, int64_t window) {
+                                   bool causal, int64_t window, const float* sinks,
+                                   int64_t first_pair, int64_t heads) {
   return dispatch(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     softmax_forward_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(
-        scores, static_cast<T*>(probs), lse, seq_q, seq_kv, causal, window);
+        scores, static_cast<T*>(probs), lse, seq_q, seq_kv, causal, window, sinks, first_pair,
+        heads);
   });
+}
+
+cudaError_t launch_sink_grad(cudaStream_t s, const float* sinks, const float* lse,
+                             const float* delta, float* d_sinks, int64_t batch, int64_t heads,
+                             int64_t seq_q) {
+  sink_grad_kernel<<<static_cast<unsigned>(heads), kThreads, 0, s>>>(sinks, lse, delta, d_sinks,
+                                                                     batch, heads, seq_q);
+  return cudaGetLastError();
 }
 
 cudaError_t launch_softmax_backward(cudaStream_t s, const float* scores, const float* d_probs,

@@ -27,12 +27,20 @@ cudaError_t launch_pair_pointers(cudaStream_t s, const void** out, const void* b
                                  int64_t h_stride);
 
 /// Row-wise softmax of scaled scores `scores` (rows x seq_kv fp32, row r is query
-/// r % seq_q), causal bottom-right mask (with `window` > 0 also hiding the keys more than
-/// `window` before a query): probabilities to `probs` (dtype), log-sum-exps to `lse` (rows
-/// floats, -inf where a query sees no key).
+/// r % seq_q of (batch, head) pair first_pair + r / seq_q), causal bottom-right mask (with
+/// `window` > 0 also hiding the keys more than `window` before a query): probabilities to
+/// `probs` (dtype), log-sum-exps to `lse` (rows floats, -inf where a query sees no key).
+/// `sinks` (null: none): per head fp32 logits that join each row's sum with no value
+/// (AttentionDesc::sinks); pair p's head is p % heads.
 cudaError_t launch_softmax_forward(cudaStream_t s, const float* scores, void* probs, float* lse,
                                    int dtype, int64_t rows, int64_t seq_q, int64_t seq_kv,
-                                   bool causal, int64_t window);
+                                   bool causal, int64_t window, const float* sinks,
+                                   int64_t first_pair, int64_t heads);
+
+/// d_sinks[h] = -sum over b, i of exp(sinks[h] - lse[b, h, i]) * delta[b, h, i] (fp32).
+cudaError_t launch_sink_grad(cudaStream_t s, const float* sinks, const float* lse,
+                             const float* delta, float* d_sinks, int64_t batch, int64_t heads,
+                             int64_t seq_q);
 
 /// From the scores again: probs = exp(scores - lse) (masked; dtype) and
 /// d_scores = probs * (d_probs - delta[row]) (dtype).

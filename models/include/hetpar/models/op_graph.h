@@ -61,6 +61,9 @@ struct AttentionShape {
   /// Causal sliding-window attention (SlidingWindow): each query sees itself and the
   /// `window` keys before it; 0: the whole causal prefix.
   int64_t window = 0;
+  /// A learned softmax logit per head with no value (TransformerSpec::attention_sinks); its
+  /// one more term per row is not costed.
+  bool sinks = false;
   /// Whether the window leaves out keys a causal call would see.
   bool windowed() const { return causal && window > 0 && window < seq_kv; }
   int64_t value_dim() const { return v_head_dim > 0 ? v_head_dim : head_dim; }

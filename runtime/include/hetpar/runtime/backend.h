@@ -124,12 +124,19 @@ struct GemmDesc {
 /// Forward writes `out` and the softmax statistics (batch x heads x seq_q fp32 log-sum-exps,
 /// of the scaled scores, -inf for a query that sees no key) that backward needs. Backward
 /// writes d_q, d_k, d_v (overwrites them). dtype fp32, bf16 or fp16 (no fp8 attention).
+/// With `sinks` (Megatron-Core's softmax_type learnable, GPT-OSS) each query head h has a
+/// learned logit s_h that joins every row's softmax with no value: p_ij = exp(x_ij - lse_i),
+/// lse_i = log(exp(s_h) + sum_j exp(x_ij)), so a row's probabilities sum to below one (a
+/// query that sees no key outputs 0 with lse s_h). The sinks buffer holds the `heads` fp32
+/// logits; backward writes their gradient, -sum over b, i of exp(s_h - lse_i) * delta_i with
+/// delta_i = dO_i . O_i, into d_sinks (overwrites it). Both are null without sinks.
 struct AttentionDesc {
   int64_t batch = 1, heads = 1, kv_heads = 1, seq_q = 0, seq_kv = 0, head_dim = 0;
   bool causal = false;
   /// Causal only, > 0: a sliding window, query i seeing keys i + seq_kv - seq_q - window
   /// through i + seq_kv - seq_q (itself and the `window` keys before it); 0: none.
   int64_t window = 0;
+  bool sinks = false;
   DType dtype = DType::kBf16;
   /// 4*b*h*d per scored pair: sq*skv of them, causal causal_score_pairs(sq, skv, window)
   /// (core/attention_mask.h; sq*skv / 2 for a square call).
@@ -192,13 +199,15 @@ class Backend {
 
   // Compute.
   virtual Status gemm(Stream s, const GemmDesc& d, const Buffer& a, const Buffer& b, Buffer& c) = 0;
+  // `sinks` / `d_sinks`: non-null exactly when d.sinks (AttentionDesc).
   virtual Status attention_forward(Stream s, const AttentionDesc& d, const Buffer& q,
-                                   const Buffer& k, const Buffer& v, Buffer& out,
-                                   Buffer& softmax_stats) = 0;
+                                   const Buffer& k, const Buffer& v, const Buffer* sinks,
+                                   Buffer& out, Buffer& softmax_stats) = 0;
   virtual Status attention_backward(Stream s, const AttentionDesc& d, const Buffer& q,
-                                    const Buffer& k, const Buffer& v, const Buffer& out,
-                                    const Buffer& d_out, const Buffer& softmax_stats, Buffer& d_q,
-                                    Buffer& d_k, Buffer& d_v) = 0;
+                                    const Buffer& k, const Buffer& v, const Buffer* sinks,
+                                    const Buffer& out, const Buffer& d_out,
+                                    const Buffer& softmax_stats, Buffer& d_q, Buffer& d_k,
+                                    Buffer& d_v, Buffer* d_sinks) = 0;
   virtual Status elementwise(Stream s, const ElementwiseDesc& d,
                              std::span<const Buffer* const> inputs, Buffer& out) = 0;
   /// Evicts the L2 cache (writes a buffer larger than it) so that timed kernels start cold.

@@ -45,6 +45,9 @@ struct Kernel {
   // before it (models::AttentionShape::window); 0: none.
   int64_t window = 0;
   bool windowed() const { return causal && window > 0 && window < seq_kv; }
+  // attention: a learned softmax logit per head (models::AttentionShape::sinks); the
+  // executor runs it, its time is the call's without.
+  bool sinks = false;
   // As models::AttentionShape::score_width(): the mean of the two widths.
   int64_t score_width() const { return (head_dim + value_dim()) / 2; }
 
