@@ -969,35 +969,64 @@ TEST(Json, InlineModelWithDownsamplingProjector) {
   EXPECT_EQ(proj.ops[1].gemms[0].k, 4 * 3200);
 }
 
+// A one-layer LLM (hidden 256, ffn 1024) with activation `act` and norm `norm`, and one of
+// its ops over a 128-token sequence.
+Result<ModelSpec> one_layer_llm(const std::string& act, const std::string& norm) {
+  return model_from_json_text(
+      R"({"name": "m", "modules": [{"name": "llm", "kind": "llm", "spec": {"layers": 1,
+      "hidden": 256, "ffn_hidden": 1024, "heads": 4, "vocab": 100, "activation": ")" +
+          act + R"(", "norm": ")" + norm + R"("}}]})",
+      "test");
+}
+Op op_named(const ModelSpec& m, const std::string& name) {
+  OpGraph g = build_op_graph(m.modules[0].spec, module_input(m, 0, input(1, 128)));
+  for (const Op& o : g.ops)
+    if (o.name == name) return o;
+  ADD_FAILURE() << name;
+  return Op{};
+}
+
 // Squared ReLU (Nemotron-4) is an ungated MLP: fc1 h -> f, one activation pass over f,
 // fc2 f -> h; the same bytes as GELU, fewer FLOPs per element.
 TEST(Json, SquaredReluIsAnUngatedMlp) {
-  auto model = [](const std::string& act) {
-    return model_from_json_text(
-        R"({"name": "m", "modules": [{"name": "llm", "kind": "llm", "spec": {"layers": 1,
-        "hidden": 256, "ffn_hidden": 1024, "heads": 4, "vocab": 100, "activation": ")" +
-            act + R"(", "norm": "layernorm"}}]})",
-        "test");
-  };
-  auto relu2 = model("squared_relu"), gelu = model("gelu");
+  auto relu2 = one_layer_llm("squared_relu", "layernorm");
+  auto gelu = one_layer_llm("gelu", "layernorm");
   ASSERT_TRUE(relu2.is_ok()) << relu2.status().message();
   ASSERT_TRUE(gelu.is_ok()) << gelu.status().message();
   const auto& block = std::get<LlmSpec>(relu2->modules[0].spec).block;
   EXPECT_EQ(block.activation, Activation::kSquaredRelu);
   EXPECT_EQ(to_string(block.activation), "squared_relu");
   EXPECT_EQ(count_params(*relu2).total, count_params(*gelu).total);
-  auto op = [](const ModelSpec& m, const std::string& name) {
-    OpGraph g = build_op_graph(m.modules[0].spec, module_input(m, 0, input(1, 128)));
-    for (const Op& o : g.ops)
-      if (o.name == name) return o;
-    ADD_FAILURE() << name;
-    return Op{};
-  };
+  const auto op = op_named;
   EXPECT_EQ(op(*relu2, "mlp_fc1").gemms[0].n, 1024);
   const Op a = op(*relu2, "mlp_act"), g = op(*gelu, "mlp_act");
   EXPECT_EQ(a.read, g.read);
   EXPECT_EQ(a.written, g.written);
   EXPECT_LT(a.forward.count(), g.forward.count());
+}
+
+// GeGLU (Gemma) is gated as SwiGLU is: fc1 h -> 2f, the same parameters and bytes, a GELU's
+// FLOPs per element in its activation.
+TEST(Json, GegluIsAGatedMlp) {
+  auto model = [](const std::string& act) { return one_layer_llm(act, "rmsnorm"); };
+  auto geglu = model("geglu"), swiglu = model("swiglu");
+  ASSERT_TRUE(geglu.is_ok()) << geglu.status().message();
+  ASSERT_TRUE(swiglu.is_ok()) << swiglu.status().message();
+  const auto& block = std::get<LlmSpec>(geglu->modules[0].spec).block;
+  EXPECT_EQ(block.activation, Activation::kGeglu);
+  EXPECT_EQ(to_string(block.activation), "geglu");
+  EXPECT_TRUE(is_gated(Activation::kGeglu) && is_gated(Activation::kSwiglu));
+  EXPECT_FALSE(is_gated(Activation::kGelu) || is_gated(Activation::kSquaredRelu));
+  EXPECT_EQ(count_params(*geglu).total, count_params(*swiglu).total);
+  const auto op = op_named;
+  EXPECT_EQ(op(*geglu, "mlp_fc1").gemms[0].n, 2048);
+  const Op a = op(*geglu, "mlp_act"), s = op(*swiglu, "mlp_act");
+  EXPECT_EQ(a.read, s.read);
+  EXPECT_EQ(a.written, s.written);
+  EXPECT_GT(a.forward.count(), s.forward.count());
+  auto bad = model("reglu");
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("geglu"), std::string::npos) << bad.status().message();
 }
 
 struct GraphTotals {

@@ -166,6 +166,15 @@ std::string python_string_list(uint8_t modules) {
   return fmt::format("[{}]", fmt::join(quoted, ", "));
 }
 
+// Megatron-LM's arguments gate the MLP with SiLU (--swiglu) or the sigmoid approximation
+// of GELU (--quick-geglu: x * sigmoid(1.702 x)); a GELU-gated unit needs a model provider.
+void refuse_geglu(const Context& c, Refusals& r) {
+  if (c.llm.block.activation == models::Activation::kGeglu)
+    r.add(
+        "activation geglu: Megatron-LM's arguments have no GELU-gated MLP (--swiglu gates with "
+        "SiLU, --quick-geglu with x * sigmoid(1.702 x))");
+}
+
 }  // namespace
 
 std::vector<Flag> megatron_recompute_flags(const Layout& l) {
@@ -326,6 +335,7 @@ Result<std::vector<ExportFile>> write_megatron(const Context& c) {
   refuse_mixed_node_sizes(c, r);
   refuse_heterogeneous(c, r);
   refuse_megatron_model(c, r);
+  refuse_geglu(c, r);
   refuse_selective_op(c, r);
   refuse_megatron_cross_entropy(c, r);
   refuse_schedule(c, r, /*interleaving_ok=*/true);
@@ -400,6 +410,7 @@ Result<std::vector<ExportFile>> write_megatron_mimo(const Context& c) {
   Refusals r;
   refuse_mixed_node_sizes(c, r);
   refuse_megatron_model(c, r);
+  refuse_geglu(c, r);
   refuse_selective_op(c, r);
   refuse_megatron_cross_entropy(c, r);
   refuse_schedule(c, r, /*interleaving_ok=*/false);

@@ -90,8 +90,8 @@ void add_model_shape(std::vector<Setting>& s, const Context& c) {
   } else {
     s.push_back({"model.ffn_hidden_size", num(b.ffn_hidden)});
   }
-  s.push_back({"model.gated_linear_unit", yaml_bool(b.activation == models::Activation::kSwiglu)});
-  if (b.activation == models::Activation::kSwiglu && !c.layout().fused_activation)
+  s.push_back({"model.gated_linear_unit", yaml_bool(models::is_gated(b.activation))});
+  if (models::is_gated(b.activation) && !c.layout().fused_activation)
     s.push_back({"model.bias_activation_fusion", yaml_bool(false)});
   s.push_back({"model.normalization",
                yaml_string(b.norm == models::Norm::kRmsNorm ? "RMSNorm" : "LayerNorm")});
@@ -283,6 +283,7 @@ Result<std::vector<ExportFile>> write_megatron_bridge(const Context& c) {
         "# ({}) is the provider's activation_func.\n",
         l.dp,
         c.llm.block.activation == models::Activation::kSwiglu        ? "SwiGLU: silu"
+        : c.llm.block.activation == models::Activation::kGeglu       ? "GeGLU: gelu"
         : c.llm.block.activation == models::Activation::kSquaredRelu ? "squared ReLU"
                                                                      : "GELU");
     if (c.multimodal())
@@ -290,12 +291,12 @@ Result<std::vector<ExportFile>> write_megatron_bridge(const Context& c) {
     if (l.torch_fsdp2())
       for (const std::string& n : fsdp2_notes(c, "Megatron-Core", /*wraps_like_torchtitan=*/false))
         text += "# " + n + "\n";
-    // Its SwiGLU as the plan says (model.bias_activation_fusion); the Nemotron provider's
-    // squared ReLU is torch.pow(relu(x), 2), separate PyTorch ops.
+    // Its gated units as the plan says (model.bias_activation_fusion: Megatron-Core's
+    // bias_swiglu / bias_geglu); the Nemotron provider's squared ReLU is
+    // torch.pow(relu(x), 2), separate PyTorch ops.
     const models::Activation act = c.llm.block.activation;
-    const bool fused_act = act == models::Activation::kSwiglu
-                               ? l.fused_activation
-                               : act != models::Activation::kSquaredRelu;
+    const bool fused_act =
+        models::is_gated(act) ? l.fused_activation : act != models::Activation::kSquaredRelu;
     if (std::string n = layer_code_note(c, "Megatron-Bridge", {.fused_activation = fused_act});
         !n.empty())
       text += "# " + n + "\n";

@@ -76,11 +76,13 @@ ZooEntry read_metadata(JsonReader& r, std::string_view name) {
 Activation activation_named(const std::string& name) {
   return name == "swiglu"         ? Activation::kSwiglu
          : name == "squared_relu" ? Activation::kSquaredRelu
+         : name == "geglu"        ? Activation::kGeglu
                                   : Activation::kGelu;
 }
 
 Activation read_activation(JsonReader& r) {
-  return activation_named(r.required_enum("activation", {"gelu", "swiglu", "squared_relu"}));
+  return activation_named(
+      r.required_enum("activation", {"gelu", "swiglu", "squared_relu", "geglu"}));
 }
 
 PositionEmbedding read_positions(JsonReader& r, std::string fallback) {
@@ -179,8 +181,8 @@ ModuleSpec read_fields(std::string_view kind, JsonReader& r) {
   s.output_hidden = r.required_int("output_hidden");
   s.layers = r.optional_int("layers", 2);
   s.ffn_hidden = r.optional_int("ffn_hidden", s.output_hidden);
-  s.activation =
-      activation_named(r.optional_enum("activation", "gelu", {"gelu", "swiglu", "squared_relu"}));
+  s.activation = activation_named(
+      r.optional_enum("activation", "gelu", {"gelu", "swiglu", "squared_relu", "geglu"}));
   s.downsample = r.optional_int("downsample", 1);
   return s;
 }

@@ -175,6 +175,7 @@ namespace {
 constexpr double kNormFlops = 5;
 constexpr double kGeluFlops = 8;
 constexpr double kSwigluFlops = 5;
+constexpr double kGegluFlops = kGeluFlops + 1;  // the GELU and the gating product
 constexpr double kSquaredReluFlops = 2;
 constexpr double kAddFlops = 1;
 constexpr double kRopeFlops = 3;
@@ -263,7 +264,7 @@ class Builder {
            int64_t out, Activation act, bool bias) {
     // Gated units: gate and up are one GEMM of 2f outputs (Megatron's linear_fc1 is
     // 2 x ffn_hidden wide for gated linear units), so one kernel reads the input once.
-    const int64_t branches = act == Activation::kSwiglu ? 2 : 1;
+    const int64_t branches = is_gated(act) ? 2 : 1;
     std::vector<GemmShape> fc1, fc2;
     double tokens = 0;
     for (auto [m, batch] : groups) {
@@ -276,6 +277,7 @@ class Builder {
     if (prefix == "mlp_") separate(first);  // dense layers only
     pointwise(prefix + "act", OpKind::kElementwise, layer, branches * tokens * f, tokens * f,
               act == Activation::kSwiglu        ? kSwigluFlops
+              : act == Activation::kGeglu       ? kGegluFlops
               : act == Activation::kSquaredRelu ? kSquaredReluFlops
                                                 : kGeluFlops,
               branches * tokens * f)

@@ -46,6 +46,8 @@ std::string_view to_string(Activation a) {
       return "swiglu";
     case Activation::kSquaredRelu:
       return "squared_relu";
+    case Activation::kGeglu:
+      return "geglu";
   }
   return "?";
 }

@@ -9,7 +9,7 @@ int64_t norm_params(Norm n, int64_t h) {
 }
 
 int64_t mlp_params(int64_t in, int64_t f, int64_t out, Activation act, bool bias) {
-  int64_t branches = act == Activation::kSwiglu ? 2 : 1;
+  int64_t branches = is_gated(act) ? 2 : 1;
   return branches * in * f + f * out + (bias ? branches * f + out : 0);
 }
 

@@ -514,7 +514,9 @@ int64_t backward_passes(const models::Op& op) {
 // each kernel eager autograd launches, in element passes over the op's output (its written
 // bytes), forward and backward. SwiGLU as Megatron's glu (torch.chunk, F.silu(x0) * x1):
 // silu (read 1, write 1), mul (2, 1); backward the mul's two gradients (2, 1 each),
-// silu_backward (2, 1) and the chunk's backward concatenating both halves (2, 2). Squared
+// silu_backward (2, 1) and the chunk's backward concatenating both halves (2, 2); GeGLU
+// the same kernels with a GELU (Megatron-Bridge's Gemma runs a jit-scripted tanh GELU,
+// one kernel each way). Squared
 // ReLU, torch.pow(relu(x), 2): relu (1, 1), pow (1, 1); backward PyTorch's pow_backward,
 // grad * (2 * r.pow(1)) (a copy, a scalar mul, a mul: 1 + 1, 1 + 1, 2 + 1), and relu's
 // threshold_backward (2, 1) (torch/csrc/autograd/FunctionsManual.cpp pow_backward,
@@ -524,12 +526,13 @@ struct ActivationPasses {
   std::span<const int64_t> forward, backward;
 };
 std::optional<ActivationPasses> unfused_activation(const models::Op& op, const Layout& l) {
-  static constexpr int64_t kSwigluForward[] = {2, 3}, kSwigluBackward[] = {3, 3, 3, 4};
+  static constexpr int64_t kGatedForward[] = {2, 3}, kGatedBackward[] = {3, 3, 3, 4};
   static constexpr int64_t kReluSqForward[] = {2, 2}, kReluSqBackward[] = {2, 2, 3, 3};
   if (l.fused_activation || !op.activation) return std::nullopt;
   switch (*op.activation) {
     case models::Activation::kSwiglu:
-      return ActivationPasses{kSwigluForward, kSwigluBackward};
+    case models::Activation::kGeglu:
+      return ActivationPasses{kGatedForward, kGatedBackward};
     case models::Activation::kSquaredRelu:
       return ActivationPasses{kReluSqForward, kReluSqBackward};
     case models::Activation::kGelu:

@@ -320,6 +320,28 @@ TEST(ExportMegatron, SlidingWindowsWriteTheirWindow) {
   }
 }
 
+// A GELU-gated MLP (activation geglu, as Gemma's): Megatron-Bridge gates fc1 with the
+// provider's GELU and fuses it as the plan says; Megatron-LM's arguments have no such
+// unit (--swiglu gates with SiLU) and nanotron's Llama is SwiGLU, so both refuse it.
+TEST(ExportMegatron, GegluGatesInMegatronBridgeAndIsRefusedWhereNoFlagSaysIt) {
+  planner::Scenario s = scenario("llama-3.1-8b", 1, 4096, 64);
+  std::get<models::LlmSpec>(s.model.modules[s.model.llm_index()].spec).block.activation =
+      models::Activation::kGeglu;
+  Plan p;
+  p.layout = layout(8, 1, 1);
+  ASSERT_EQ(planner::infeasibility(s, p), "");
+  auto bridge = [&] { return exported(s, p, Target::kMegatronBridge).at("megatron_bridge.yaml"); };
+  EXPECT_EQ(yaml_settings(bridge()).at("model.gated_linear_unit"), "true");
+  EXPECT_NE(bridge().find("GeGLU: gelu"), std::string::npos);
+  EXPECT_EQ(yaml_settings(bridge()).count("model.bias_activation_fusion"), 0u);
+  p.layout.fused_activation = false;
+  EXPECT_EQ(yaml_settings(bridge()).at("model.bias_activation_fusion"), "false");
+  for (Target t : {Target::kMegatron, Target::kMegatronMimo})
+    EXPECT_NE(refusal(s, p, t).find("activation geglu: "), std::string::npos)
+        << static_cast<int>(t);
+  EXPECT_NE(refusal(s, p, Target::kNanotron).find("geglu"), std::string::npos);
+}
+
 // Gemma 3's norms after attention and after the MLP (post_norms): no trainer's generic
 // model has them, so every target refuses the plan with the field's name.
 TEST(ExportMegatron, PostNormsAreRefusedEverywhere) {

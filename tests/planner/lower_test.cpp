@@ -2583,6 +2583,27 @@ TEST(Lower, SlidingWindowsShortenTheIterationAndRunContextParallelismA2AOrAllGat
             std::string::npos);
 }
 
+// GeGLU runs the kernels SwiGLU does, a GELU for the SiLU: fused (Megatron-Core's
+// bias_geglu) or as separate ops (Megatron's glu, as Megatron-Bridge's Gemma runs it), the
+// same memory-bound time either way; unfused it pays glu's extra passes as SwiGLU does.
+TEST(Lower, GegluIsTimedAsSwiglu) {
+  const Scenario swiglu = make(4, 16, 1);
+  const Scenario geglu = make(4, 16, 1, "dgx-h100", "", R"(, "activation": "geglu")");
+  std::optional<Time> fused;
+  for (const bool f : {true, false}) {
+    Plan p = plan(2, 1, 4);
+    p.layout.fused_activation = f;
+    auto a = evaluate(swiglu, p), b = evaluate(geglu, p);
+    ASSERT_TRUE(a.is_ok() && a->feasible && b.is_ok() && b->feasible);
+    EXPECT_NEAR(b->iteration_time.to_seconds(), a->iteration_time.to_seconds(),
+                1e-9 * a->iteration_time.to_seconds());
+    if (f)
+      fused = b->iteration_time;
+    else
+      EXPECT_GT(b->iteration_time, *fused);
+  }
+}
+
 // Megatron-Core's combined 1F1B (Layout::ep_comm_overlap): the same tasks, the
 // all-to-alls on a stream of their own, a backward's tasks interleaved with the next
 // micro-batch's forward on the compute stream, and the exposed all-to-all time falls.

@@ -17,8 +17,14 @@
 
 namespace hetpar::models {
 
-/// kSquaredRelu: relu(x)^2, ungated (Nemotron-4; Megatron-LM `--squared-relu`).
-enum class Activation { kGelu, kSwiglu, kSquaredRelu };
+/// kSquaredRelu: relu(x)^2, ungated (Nemotron-4; Megatron-LM `--squared-relu`). kGeglu:
+/// GELU-gated, gelu(x W_gate) * (x W_up) (Gemma; Megatron-Core's gated_linear_unit with
+/// a GELU activation_func).
+enum class Activation { kGelu, kSwiglu, kSquaredRelu, kGeglu };
+/// Whether fc1 is two branches, gate and up (SwiGLU, GeGLU).
+constexpr bool is_gated(Activation a) {
+  return a == Activation::kSwiglu || a == Activation::kGeglu;
+}
 enum class Norm { kLayerNorm, kRmsNorm };
 enum class PositionEmbedding { kRope, kLearned, kSinusoidal };
 
@@ -178,7 +184,7 @@ ModuleKind kind_of(const ModuleSpec& spec);
 bool is_encoder(ModuleKind kind);
 /// The JSON spellings: "llm", "vision_encoder", "audio_encoder", "projector".
 std::string_view to_string(ModuleKind kind);
-std::string_view to_string(Activation a);         // "gelu", "swiglu", "squared_relu"
+std::string_view to_string(Activation a);         // "gelu", "swiglu", "squared_relu", "geglu"
 std::string_view to_string(Norm n);               // "layernorm", "rmsnorm"
 std::string_view to_string(PositionEmbedding p);  // "rope", "learned", "sinusoidal"
 /// The transformer block of an LLM or encoder; null for a projector.
