@@ -1029,6 +1029,40 @@ TEST(Json, GegluIsAGatedMlp) {
   EXPECT_NE(bad.status().message().find("geglu"), std::string::npos) << bad.status().message();
 }
 
+// Quick GeGLU (gpt-oss) is gated; Megatron-Core's clamp and linear offset ride on the
+// activation op (they run as kernels of their own when unfused) and need a gated unit.
+TEST(Json, QuickGegluCarriesItsClampAndOffset) {
+  auto model = [](const std::string& act, const std::string& extra) {
+    return model_from_json_text(
+        R"({"name": "m", "modules": [{"name": "llm", "kind": "llm", "spec": {"layers": 1,
+        "hidden": 256, "ffn_hidden": 1024, "heads": 4, "vocab": 100, "activation": ")" +
+            act + R"(", "norm": "rmsnorm")" + extra + "}}]}",
+        "test");
+  };
+  auto oss = model("quick_geglu", R"(, "activation_clamp": 7, "glu_linear_offset": 1)");
+  ASSERT_TRUE(oss.is_ok()) << oss.status().message();
+  const auto& block = std::get<LlmSpec>(oss->modules[0].spec).block;
+  EXPECT_EQ(to_string(block.activation), "quick_geglu");
+  EXPECT_EQ(block.activation_clamp, 7);
+  EXPECT_EQ(block.glu_linear_offset, 1);
+  EXPECT_EQ(count_params(*oss).total, count_params(*one_layer_llm("swiglu", "rmsnorm")).total);
+  const Op act = op_named(*oss, "mlp_act");
+  ASSERT_TRUE(act.activation.has_value());
+  EXPECT_EQ(*act.activation, (MlpActivation{Activation::kQuickGeglu, true, true}));
+  EXPECT_EQ(op_named(*model("quick_geglu", ""), "mlp_act").activation,
+            (MlpActivation{Activation::kQuickGeglu, false, false}));
+  auto ungated = model("gelu", R"(, "activation_clamp": 7)");
+  ASSERT_FALSE(ungated.is_ok());
+  EXPECT_NE(ungated.status().message().find("activation_clamp"), std::string::npos)
+      << ungated.status().message();
+  auto offset = model("squared_relu", R"(, "glu_linear_offset": 1)");
+  ASSERT_FALSE(offset.is_ok());
+  EXPECT_NE(offset.status().message().find("glu_linear_offset"), std::string::npos);
+  auto negative = model("swiglu", R"(, "activation_clamp": -1)");
+  ASSERT_FALSE(negative.is_ok());
+  EXPECT_NE(negative.status().message().find("activation_clamp"), std::string::npos);
+}
+
 struct GraphTotals {
   double forward, backward;
   int64_t activations, params;

@@ -310,6 +310,20 @@ void refuse_post_norms(const Context& c, Refusals& r) {
         c.target_name()));
 }
 
+void refuse_glu_extras(const Context& c, Refusals& r) {
+  const models::TransformerSpec& b = c.llm.block;
+  if (b.activation_clamp > 0)
+    r.add(
+        fmt::format("activation_clamp {}: {} has no setting for a clamped gated MLP "
+                    "(Megatron-Core's activation_func_clamp_value)",
+                    b.activation_clamp, c.target_name()));
+  if (b.glu_linear_offset != 0)
+    r.add(
+        fmt::format("glu_linear_offset {}: {} has no setting for an offset gated MLP "
+                    "(Megatron-Core's glu_linear_offset)",
+                    b.glu_linear_offset, c.target_name()));
+}
+
 void refuse_a2a_context_parallel(const Context& c, Refusals& r) {
   const planner::Layout& l = c.layout();
   if (l.cp > 1 && l.cp_heads_split() > 1)

@@ -315,8 +315,17 @@ std::vector<Flag> megatron_model_flags(const Context& c) {
   f.push_back({"--normalization", b.norm == models::Norm::kRmsNorm ? "RMSNorm" : "LayerNorm"});
   if (b.activation == models::Activation::kSwiglu) f.push_back({"--swiglu", ""});
   if (b.activation == models::Activation::kSquaredRelu) f.push_back({"--squared-relu", ""});
+  if (b.activation == models::Activation::kQuickGeglu) f.push_back({"--quick-geglu", ""});
+  if (b.glu_linear_offset != 0)
+    f.push_back({"--glu-linear-offset", fmt::format("{}", b.glu_linear_offset)});
+  if (b.activation_clamp > 0)
+    f.push_back({"--activation-func-clamp-value", fmt::format("{}", b.activation_clamp)});
+  // Megatron-LM fuses SwiGLU by --bias-swiglu-fusion and every other activation by
+  // --bias-gelu-fusion (its quick GeGLU: Megatron-Core's bias_geglu fusions).
   if (b.activation == models::Activation::kSwiglu && !c.layout().fused_activation)
     f.push_back({"--no-bias-swiglu-fusion", ""});
+  if (b.activation == models::Activation::kQuickGeglu && !c.layout().fused_activation)
+    f.push_back({"--no-bias-gelu-fusion", ""});
   if (!b.linear_bias) {
     f.push_back({"--disable-bias-linear", ""});
     if (b.qkv_bias) f.push_back({"--add-qkv-bias", ""});
@@ -374,9 +383,10 @@ Result<std::vector<ExportFile>> write_megatron(const Context& c) {
       notes.push_back(std::move(n));
   // Megatron-Core: linear_qkv and linear_fc1 fused, Transformer Engine reading the kv heads;
   // its squared ReLU always jit-fused, its SwiGLU as the plan says (--no-bias-swiglu-fusion).
-  const bool swiglu = c.llm.block.activation == models::Activation::kSwiglu;
-  if (std::string n = layer_code_note(c, "Megatron-LM",
-                                      {.fused_activation = !swiglu || c.layout().fused_activation});
+  const models::Activation act = c.llm.block.activation;
+  const bool by_flag = act == models::Activation::kSwiglu || act == models::Activation::kQuickGeglu;
+  if (std::string n = layer_code_note(
+          c, "Megatron-LM", {.fused_activation = !by_flag || c.layout().fused_activation});
       !n.empty())
     notes.push_back(std::move(n));
   std::string entry = "pretrain_gpt.py";

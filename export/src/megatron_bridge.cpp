@@ -93,6 +93,10 @@ void add_model_shape(std::vector<Setting>& s, const Context& c) {
   s.push_back({"model.gated_linear_unit", yaml_bool(models::is_gated(b.activation))});
   if (models::is_gated(b.activation) && !c.layout().fused_activation)
     s.push_back({"model.bias_activation_fusion", yaml_bool(false)});
+  if (b.glu_linear_offset != 0)
+    s.push_back({"model.glu_linear_offset", fmt::format("{}", b.glu_linear_offset)});
+  if (b.activation_clamp > 0)
+    s.push_back({"model.activation_func_clamp_value", fmt::format("{}", b.activation_clamp)});
   s.push_back({"model.normalization",
                yaml_string(b.norm == models::Norm::kRmsNorm ? "RMSNorm" : "LayerNorm")});
   s.push_back({"model.position_embedding_type",
@@ -284,6 +288,7 @@ Result<std::vector<ExportFile>> write_megatron_bridge(const Context& c) {
         l.dp,
         c.llm.block.activation == models::Activation::kSwiglu        ? "SwiGLU: silu"
         : c.llm.block.activation == models::Activation::kGeglu       ? "GeGLU: gelu"
+        : c.llm.block.activation == models::Activation::kQuickGeglu  ? "quick GeGLU: quick_gelu"
         : c.llm.block.activation == models::Activation::kSquaredRelu ? "squared ReLU"
                                                                      : "GELU");
     if (c.multimodal())

@@ -110,6 +110,9 @@ void refuse_sliding_window(const Context& c, Refusals& r);
 void refuse_attention_sinks(const Context& c, Refusals& r);
 /// Refuses a model with TransformerSpec::post_norms: no trainer's generic model takes them.
 void refuse_post_norms(const Context& c, Refusals& r);
+/// TransformerSpec::activation_clamp and glu_linear_offset, which only Megatron's targets
+/// write.
+void refuse_glu_extras(const Context& c, Refusals& r);
 /// Context parallelism by all-to-alls over the heads (Layout cp_comm a2a, a2a+p2p).
 void refuse_a2a_context_parallel(const Context& c, Refusals& r);
 /// Refuses a Layout::cross_entropy_fusion other than those the target runs: Megatron's fused

@@ -77,12 +77,13 @@ Activation activation_named(const std::string& name) {
   return name == "swiglu"         ? Activation::kSwiglu
          : name == "squared_relu" ? Activation::kSquaredRelu
          : name == "geglu"        ? Activation::kGeglu
+         : name == "quick_geglu"  ? Activation::kQuickGeglu
                                   : Activation::kGelu;
 }
 
 Activation read_activation(JsonReader& r) {
   return activation_named(
-      r.required_enum("activation", {"gelu", "swiglu", "squared_relu", "geglu"}));
+      r.required_enum("activation", {"gelu", "swiglu", "squared_relu", "geglu", "quick_geglu"}));
 }
 
 PositionEmbedding read_positions(JsonReader& r, std::string fallback) {
@@ -103,6 +104,8 @@ TransformerSpec read_block(JsonReader& r) {
   t.kv_heads = r.optional_int("kv_heads", t.heads);
   t.head_size = r.optional_int("head_dim", 0);
   t.activation = read_activation(r);
+  t.activation_clamp = r.optional_double("activation_clamp", 0, 0, 1e6);
+  t.glu_linear_offset = r.optional_double("glu_linear_offset", 0, -1e6, 1e6);
   t.norm = r.required_enum("norm", {"layernorm", "rmsnorm"}) == "rmsnorm" ? Norm::kRmsNorm
                                                                           : Norm::kLayerNorm;
   t.qkv_bias = r.optional_bool("qkv_bias", false);
@@ -181,8 +184,8 @@ ModuleSpec read_fields(std::string_view kind, JsonReader& r) {
   s.output_hidden = r.required_int("output_hidden");
   s.layers = r.optional_int("layers", 2);
   s.ffn_hidden = r.optional_int("ffn_hidden", s.output_hidden);
-  s.activation = activation_named(
-      r.optional_enum("activation", "gelu", {"gelu", "swiglu", "squared_relu", "geglu"}));
+  s.activation = activation_named(r.optional_enum(
+      "activation", "gelu", {"gelu", "swiglu", "squared_relu", "geglu", "quick_geglu"}));
   s.downsample = r.optional_int("downsample", 1);
   return s;
 }

@@ -176,10 +176,15 @@ constexpr double kNormFlops = 5;
 constexpr double kGeluFlops = 8;
 constexpr double kSwigluFlops = 5;
 constexpr double kGegluFlops = kGeluFlops + 1;  // the GELU and the gating product
+constexpr double kQuickGegluFlops = 7;          // 1.702 g, sigmoid, two products
 constexpr double kSquaredReluFlops = 2;
 constexpr double kAddFlops = 1;
 constexpr double kRopeFlops = 3;
 constexpr double kLossFlops = 5;
+
+MlpActivation mlp_activation(const TransformerSpec& t) {
+  return {t.activation, t.activation_clamp > 0, t.glu_linear_offset != 0};
+}
 
 int64_t norm_params(Norm n, int64_t h) {
   return n == Norm::kLayerNorm ? 2 * h : h;
@@ -261,7 +266,8 @@ class Builder {
   /// two for routed experts: batch experts with m tokens each).
   void mlp(const std::string& prefix, int layer,
            const std::vector<std::pair<int64_t, int64_t>>& groups, int64_t h, int64_t f,
-           int64_t out, Activation act, bool bias) {
+           int64_t out, MlpActivation activation, bool bias) {
+    const Activation act = activation.kind;
     // Gated units: gate and up are one GEMM of 2f outputs (Megatron's linear_fc1 is
     // 2 x ffn_hidden wide for gated linear units), so one kernel reads the input once.
     const int64_t branches = is_gated(act) ? 2 : 1;
@@ -278,10 +284,11 @@ class Builder {
     pointwise(prefix + "act", OpKind::kElementwise, layer, branches * tokens * f, tokens * f,
               act == Activation::kSwiglu        ? kSwigluFlops
               : act == Activation::kGeglu       ? kGegluFlops
+              : act == Activation::kQuickGeglu  ? kQuickGegluFlops
               : act == Activation::kSquaredRelu ? kSquaredReluFlops
                                                 : kGeluFlops,
               branches * tokens * f)
-        .activation = act;
+        .activation = activation;
     gemm(prefix + "fc2", layer, std::move(fc2), bias, tokens * f);
   }
 
@@ -401,7 +408,7 @@ void add_layer(Builder& b, const TransformerSpec& t, const std::optional<MoeSpec
   b.residual("attn_residual", layer, T, h, t.dropout);
   b.norm("mlp_norm", layer, t.norm, T, h);
   if (!moe) {
-    b.mlp("mlp_", layer, {{tokens, 1}}, h, t.ffn_hidden, h, t.activation, t.linear_bias);
+    b.mlp("mlp_", layer, {{tokens, 1}}, h, t.ffn_hidden, h, mlp_activation(t), t.linear_bias);
   } else {
     const int64_t E = moe->experts, k = moe->top_k;
     // Routed token copies: all T·k dropless; with token dropping every expert's capacity
@@ -430,12 +437,12 @@ void add_layer(Builder& b, const TransformerSpec& t, const std::optional<MoeSpec
     std::vector<std::pair<int64_t, int64_t>> groups;
     if (r > 0) groups.emplace_back(q + 1, r);
     if (q > 0) groups.emplace_back(q, E - r);
-    b.mlp("expert_", layer, groups, h, moe->expert_ffn_hidden, h, t.activation, t.linear_bias);
+    b.mlp("expert_", layer, groups, h, moe->expert_ffn_hidden, h, mlp_activation(t), t.linear_bias);
     b.pointwise("moe_unsort", OpKind::kElementwise, layer, H * h, H * h, 0, 0);
     b.pointwise("moe_combine", OpKind::kElementwise, layer, R * h, T * h, 2.0 * k, R * h);
     if (moe->shared_experts > 0)
       b.mlp("shared_expert_", layer, {{tokens, 1}}, h, moe->shared_experts * moe->expert_ffn_hidden,
-            h, t.activation, t.linear_bias);
+            h, mlp_activation(t), t.linear_bias);
   }
   if (t.post_norms) b.norm("mlp_post_norm", layer, t.norm, T, h);
   b.residual("mlp_residual", layer, T, h, t.dropout);
@@ -540,7 +547,7 @@ void build(Builder& b, OpGraph& g, const ProjectorSpec& s, const ModuleInput& in
     b.gemm("fc1", -1, {{tokens, s.output_hidden, width}}, true,
            static_cast<double>(tokens * width));
   else
-    b.mlp("", -1, {{tokens, 1}}, width, s.ffn_hidden, s.output_hidden, s.activation, true);
+    b.mlp("", -1, {{tokens, 1}}, width, s.ffn_hidden, s.output_hidden, {s.activation}, true);
 }
 
 }  // namespace

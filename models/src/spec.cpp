@@ -48,6 +48,8 @@ std::string_view to_string(Activation a) {
       return "squared_relu";
     case Activation::kGeglu:
       return "geglu";
+    case Activation::kQuickGeglu:
+      return "quick_geglu";
   }
   return "?";
 }
@@ -131,6 +133,15 @@ void check_block(Checker& c, const TransformerSpec& t, bool moe = false, bool de
            "unused with moe and no moe.dense_layers (experts take moe.expert_ffn_hidden)");
   c.size("heads", t.heads, kMaxWidth);
   c.size("kv_heads", t.kv_heads, kMaxWidth);
+  if (!is_gated(t.activation)) {
+    if (t.activation_clamp != 0)
+      c.fail("activation_clamp", fmt::format("clamps a gated unit's halves: activation {} has none",
+                                             to_string(t.activation)));
+    if (t.glu_linear_offset != 0)
+      c.fail("glu_linear_offset", fmt::format("offsets a gated unit's linear half: activation {} "
+                                              "has none",
+                                              to_string(t.activation)));
+  }
   if (t.mla) {  // its own widths (check_mla)
     if (t.head_size != 0) c.fail("head_dim", "unused with mla (mla.qk_head_dim, mla.v_head_dim)");
     if (t.kv_heads != t.heads)

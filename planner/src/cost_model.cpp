@@ -9,6 +9,7 @@
 #include <span>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "hetpar/core/attention_mask.h"
 #include "hetpar/core/check.h"
@@ -516,29 +517,43 @@ int64_t backward_passes(const models::Op& op) {
 // silu (read 1, write 1), mul (2, 1); backward the mul's two gradients (2, 1 each),
 // silu_backward (2, 1) and the chunk's backward concatenating both halves (2, 2); GeGLU
 // the same kernels with a GELU (Megatron-Bridge's Gemma runs a jit-scripted tanh GELU,
-// one kernel each way). Squared
-// ReLU, torch.pow(relu(x), 2): relu (1, 1), pow (1, 1); backward PyTorch's pow_backward,
-// grad * (2 * r.pow(1)) (a copy, a scalar mul, a mul: 1 + 1, 1 + 1, 2 + 1), and relu's
-// threshold_backward (2, 1) (torch/csrc/autograd/FunctionsManual.cpp pow_backward,
-// aten/src/ATen/native/Pow.cpp: pow to the scalar 1 copies). GELU (F.gelu, gelu_backward)
-// is one kernel each way as fused; the fused ones keep the generic pointwise charge.
+// one kernel each way). Quick GeGLU, quick_gelu(x0) = x0 * sigmoid(1.702 x0): the scale,
+// the sigmoid (1, 1 each) and the product (2, 1) for the one GELU kernel; backward the
+// product's two gradients, sigmoid_backward (2, 1 each), the scale's (1, 1) and the sum
+// of x0's two gradients (2, 1). Megatron-Core's GLU extras: each clamp (of the gate and of
+// the linear half) a kernel (1, 1) and its backward (2, 1), the offset a kernel (1, 1)
+// whose backward is the gradient itself. Squared ReLU, torch.pow(relu(x), 2): relu (1, 1),
+// pow (1, 1); backward PyTorch's pow_backward, grad * (2 * r.pow(1)) (a copy, a scalar mul,
+// a mul: 1 + 1, 1 + 1, 2 + 1), and relu's threshold_backward (2, 1)
+// (torch/csrc/autograd/FunctionsManual.cpp pow_backward, aten/src/ATen/native/Pow.cpp: pow
+// to the scalar 1 copies). GELU (F.gelu, gelu_backward) is one kernel each way as fused;
+// the fused ones keep the generic pointwise charge.
 struct ActivationPasses {
-  std::span<const int64_t> forward, backward;
+  std::vector<int64_t> forward, backward;
 };
 std::optional<ActivationPasses> unfused_activation(const models::Op& op, const Layout& l) {
-  static constexpr int64_t kGatedForward[] = {2, 3}, kGatedBackward[] = {3, 3, 3, 4};
-  static constexpr int64_t kReluSqForward[] = {2, 2}, kReluSqBackward[] = {2, 2, 3, 3};
   if (l.fused_activation || !op.activation) return std::nullopt;
-  switch (*op.activation) {
+  const models::MlpActivation& a = *op.activation;
+  ActivationPasses p;
+  switch (a.kind) {
     case models::Activation::kSwiglu:
     case models::Activation::kGeglu:
-      return ActivationPasses{kGatedForward, kGatedBackward};
+      p = {{2, 3}, {3, 3, 3, 4}};
+      break;
+    case models::Activation::kQuickGeglu:
+      p = {{2, 2, 3, 3}, {3, 3, 3, 3, 3, 2, 3, 4}};
+      break;
     case models::Activation::kSquaredRelu:
-      return ActivationPasses{kReluSqForward, kReluSqBackward};
+      return ActivationPasses{{2, 2}, {2, 2, 3, 3}};
     case models::Activation::kGelu:
       return std::nullopt;
   }
-  return std::nullopt;
+  if (a.clamped) {
+    p.forward.insert(p.forward.end(), {2, 2});
+    p.backward.insert(p.backward.end(), {3, 3});
+  }
+  if (a.offset) p.forward.push_back(2);
+  return p;
 }
 
 // Transformer Engine's GroupedLinear, which Megatron-Core's grouped experts run, issues one

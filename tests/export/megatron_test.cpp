@@ -342,6 +342,36 @@ TEST(ExportMegatron, GegluGatesInMegatronBridgeAndIsRefusedWhereNoFlagSaysIt) {
   EXPECT_NE(refusal(s, p, Target::kNanotron).find("geglu"), std::string::npos);
 }
 
+// gpt-oss's MLP: quick GeGLU with its clamp and linear offset, as Megatron-LM's flags and
+// Megatron-Bridge's fields say it (unfused: --no-bias-gelu-fusion, which governs every
+// activation but SwiGLU); the targets without such settings refuse the extras.
+TEST(ExportMegatron, QuickGegluWritesItsClampAndOffset) {
+  const planner::Scenario s = scenario("gpt-oss-120b", 8, 4096, 1280);
+  Plan p = gpt_oss_ep8_plan();
+  ASSERT_EQ(planner::infeasibility(s, p), "");
+  auto flags = [&] { return all_flags(exported(s, p, Target::kMegatron).at("launch.sh")); };
+  auto f = flags();
+  EXPECT_EQ(f.count("--quick-geglu"), 1u);
+  EXPECT_EQ(f.count("--swiglu"), 0u);
+  EXPECT_EQ(f.at("--glu-linear-offset"), "1");
+  EXPECT_EQ(f.at("--activation-func-clamp-value"), "7");
+  EXPECT_EQ(f.count("--no-bias-gelu-fusion"), 0u);
+  const auto y = yaml_settings(exported(s, p, Target::kMegatronBridge).at("megatron_bridge.yaml"));
+  EXPECT_EQ(y.at("model.gated_linear_unit"), "true");
+  EXPECT_EQ(y.at("model.glu_linear_offset"), "1");
+  EXPECT_EQ(y.at("model.activation_func_clamp_value"), "7");
+  p.layout.fused_activation = false;
+  f = flags();
+  EXPECT_EQ(f.count("--no-bias-gelu-fusion"), 1u);
+  EXPECT_EQ(f.count("--no-bias-swiglu-fusion"), 0u);
+  for (Target t : {Target::kTorchtitan, Target::kDeepspeed, Target::kNanotron}) {
+    EXPECT_NE(refusal(s, p, t).find("activation_clamp 7: "), std::string::npos)
+        << static_cast<int>(t);
+    EXPECT_NE(refusal(s, p, t).find("glu_linear_offset 1: "), std::string::npos)
+        << static_cast<int>(t);
+  }
+}
+
 // Gemma 3's norms after attention and after the MLP (post_norms): no trainer's generic
 // model has them, so every target refuses the plan with the field's name.
 TEST(ExportMegatron, PostNormsAreRefusedEverywhere) {

@@ -2604,6 +2604,27 @@ TEST(Lower, GegluIsTimedAsSwiglu) {
   }
 }
 
+// Quick GeGLU fused (gpt-oss's provider fuses it with its clamp and offset) costs what a
+// fused SwiGLU does; unfused, its scale and sigmoid and each clamp and the offset are
+// kernels of their own, so each adds time.
+TEST(Lower, QuickGegluExtrasRunAsKernelsUnfused) {
+  const Scenario swiglu = make(4, 16, 1);
+  const Scenario plain = make(4, 16, 1, "dgx-h100", "", R"(, "activation": "quick_geglu")");
+  const Scenario oss = make(4, 16, 1, "dgx-h100", "",
+                            R"(, "activation": "quick_geglu", "activation_clamp": 7, )"
+                            R"("glu_linear_offset": 1)");
+  auto time = [](const Scenario& s, bool fused) {
+    Plan p = plan(2, 1, 4);
+    p.layout.fused_activation = fused;
+    auto r = evaluate(s, p);
+    EXPECT_TRUE(r.is_ok() && r->feasible);
+    return r->iteration_time;
+  };
+  EXPECT_EQ(time(oss, true), time(swiglu, true));
+  EXPECT_GT(time(plain, false), time(swiglu, false));
+  EXPECT_GT(time(oss, false), time(plain, false));
+}
+
 // Megatron-Core's combined 1F1B (Layout::ep_comm_overlap): the same tasks, the
 // all-to-alls on a stream of their own, a backward's tasks interleaved with the next
 // micro-batch's forward on the compute stream, and the exposed all-to-all time falls.

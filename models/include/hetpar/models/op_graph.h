@@ -48,6 +48,16 @@ struct GemmShape {
   double flops() const { return 2.0 * m * n * k * batch; }
 };
 
+/// An activation op's function: its kind and whether Megatron-Core's GLU extras
+/// (TransformerSpec::activation_clamp, glu_linear_offset) run, each a kernel of its own
+/// when the activation is not fused.
+struct MlpActivation {
+  Activation kind = Activation::kGelu;
+  bool clamped = false;
+  bool offset = false;
+  bool operator==(const MlpActivation&) const = default;
+};
+
 struct AttentionShape {
   int64_t batch = 0;
   int64_t heads = 0;
@@ -99,7 +109,7 @@ struct Op {
   bool separate_parts = false;
   std::optional<AttentionShape> attention;
   /// The MLP activation an activation op applies (mlp_act, expert_act); unset elsewhere.
-  std::optional<Activation> activation;
+  std::optional<MlpActivation> activation;
   /// Part of a multi-token-prediction depth (LlmSpec::mtp_layers), on the last pipeline
   /// stage. Its layer's ops, with the norms and projection before it and the norm after it
   /// (the region Megatron-Core checkpoints), carry layer index layers + depth; its embedding

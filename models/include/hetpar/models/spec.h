@@ -19,11 +19,12 @@ namespace hetpar::models {
 
 /// kSquaredRelu: relu(x)^2, ungated (Nemotron-4; Megatron-LM `--squared-relu`). kGeglu:
 /// GELU-gated, gelu(x W_gate) * (x W_up) (Gemma; Megatron-Core's gated_linear_unit with
-/// a GELU activation_func).
-enum class Activation { kGelu, kSwiglu, kSquaredRelu, kGeglu };
-/// Whether fc1 is two branches, gate and up (SwiGLU, GeGLU).
+/// a GELU activation_func). kQuickGeglu: gated by GELU's sigmoid approximation,
+/// g * sigmoid(1.702 g) with g = x W_gate (gpt-oss; Megatron-LM `--quick-geglu`).
+enum class Activation { kGelu, kSwiglu, kSquaredRelu, kGeglu, kQuickGeglu };
+/// Whether fc1 is two branches, gate and up (SwiGLU, GeGLU, quick GeGLU).
 constexpr bool is_gated(Activation a) {
-  return a == Activation::kSwiglu || a == Activation::kGeglu;
+  return a == Activation::kSwiglu || a == Activation::kGeglu || a == Activation::kQuickGeglu;
 }
 enum class Norm { kLayerNorm, kRmsNorm };
 enum class PositionEmbedding { kRope, kLearned, kSinusoidal };
@@ -62,6 +63,12 @@ struct TransformerSpec {
   int64_t heads = 0;
   int64_t kv_heads = 0;  // == heads without grouped-query attention
   Activation activation = Activation::kGelu;
+  /// A gated activation's extras, Megatron-Core's: the gate clamped above at
+  /// `activation_clamp` and the linear half to +-activation_clamp before the product
+  /// (activation_func_clamp_value; 0: no clamp), and `glu_linear_offset` added to the
+  /// linear half (gpt-oss: 7 and 1).
+  double activation_clamp = 0;
+  double glu_linear_offset = 0;
   Norm norm = Norm::kLayerNorm;
   bool qkv_bias = false;     // biases on the Q, K, V projections
   bool linear_bias = false;  // biases on the attention output projection and MLP linears
@@ -184,7 +191,8 @@ ModuleKind kind_of(const ModuleSpec& spec);
 bool is_encoder(ModuleKind kind);
 /// The JSON spellings: "llm", "vision_encoder", "audio_encoder", "projector".
 std::string_view to_string(ModuleKind kind);
-std::string_view to_string(Activation a);         // "gelu", "swiglu", "squared_relu", "geglu"
+// "gelu", "swiglu", "squared_relu", "geglu", "quick_geglu"
+std::string_view to_string(Activation a);
 std::string_view to_string(Norm n);               // "layernorm", "rmsnorm"
 std::string_view to_string(PositionEmbedding p);  // "rope", "learned", "sinusoidal"
 /// The transformer block of an LLM or encoder; null for a projector.
