@@ -1063,6 +1063,30 @@ TEST(Json, QuickGegluCarriesItsClampAndOffset) {
   EXPECT_NE(negative.status().message().find("activation_clamp"), std::string::npos);
 }
 
+// RoPE's base and Llama 3.1's scaling factor: an llm's, with RoPE positions only.
+TEST(Json, RopeBaseAndScalingNeedRopePositions) {
+  auto model = [](const std::string& extra) {
+    return model_from_json_text(
+        R"({"name": "m", "modules": [{"name": "llm", "kind": "llm", "spec": {"layers": 1,
+        "hidden": 256, "ffn_hidden": 1024, "heads": 4, "vocab": 100, "activation": "swiglu",
+        "norm": "rmsnorm")" + extra + "}}]}",
+        "test");
+  };
+  auto l31 = model(R"(, "rope_base": 500000, "rope_scaling_factor": 8)");
+  ASSERT_TRUE(l31.is_ok()) << l31.status().message();
+  EXPECT_EQ(std::get<LlmSpec>(l31->modules[0].spec).rope_base, 500000);
+  EXPECT_EQ(std::get<LlmSpec>(l31->modules[0].spec).rope_scaling_factor, 8);
+  EXPECT_EQ(std::get<LlmSpec>(model("")->modules[0].spec).rope_base, 0);  // the trainer's
+  auto learned = model(R"(, "position_embedding": "learned", "max_positions": 2048, )"
+                       R"("rope_base": 10000)");
+  ASSERT_FALSE(learned.is_ok());
+  EXPECT_NE(learned.status().message().find("rope_base"), std::string::npos)
+      << learned.status().message();
+  auto shrink = model(R"(, "rope_scaling_factor": 0.5)");
+  ASSERT_FALSE(shrink.is_ok());
+  EXPECT_NE(shrink.status().message().find("rope_scaling_factor"), std::string::npos);
+}
+
 struct GraphTotals {
   double forward, backward;
   int64_t activations, params;

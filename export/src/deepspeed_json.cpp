@@ -134,6 +134,8 @@ Result<std::vector<ExportFile>> write_deepspeed(const Context& c) {
         "# Not verified: that Ulysses composes with AutoTP or PipelineModule in this DeepSpeed.\n";
   if (std::string n = unfused_accumulation_note(c, "DeepSpeed"); !n.empty())
     script += "# " + n + "\n";
+  if (std::string n = rope_note(c.llm); !n.empty())
+    script += fmt::format("# The training script's model: {}.\n", n);
   if (l.torch_fsdp2())
     script +=
         "# The plan times FSDP as PyTorch FSDP2 (a copy-out after each all-gather, [final norm,\n"

@@ -612,6 +612,14 @@ std::string unfused_accumulation_note(const Context& c, std::string_view trainer
       trainer);
 }
 
+std::string rope_note(const models::LlmSpec& llm) {
+  std::vector<std::string> parts;
+  if (llm.rope_base > 0) parts.push_back(fmt::format("RoPE base {}", llm.rope_base));
+  if (llm.rope_scaling_factor > 0)
+    parts.push_back(fmt::format("Llama 3.1 scaling by {}", llm.rope_scaling_factor));
+  return fmt::format("{}", fmt::join(parts, ", "));
+}
+
 std::string layer_code_note(const Context& c, std::string_view trainer, LayerCode code) {
   const planner::Layout& l = c.layout();
   std::vector<std::string> differ;

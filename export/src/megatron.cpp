@@ -312,6 +312,11 @@ std::vector<Flag> megatron_model_flags(const Context& c) {
   f.push_back({"--max-position-embeddings",
                num(learned && llm.max_positions > 0 ? llm.max_positions : c.s.workload.seq_len)});
   f.push_back({"--position-embedding-type", learned ? "learned_absolute" : "rope"});
+  if (llm.rope_base > 0) f.push_back({"--rotary-base", fmt::format("{}", llm.rope_base)});
+  if (llm.rope_scaling_factor > 0) {
+    f.push_back({"--use-rope-scaling", ""});
+    f.push_back({"--rope-scaling-factor", fmt::format("{}", llm.rope_scaling_factor)});
+  }
   f.push_back({"--normalization", b.norm == models::Norm::kRmsNorm ? "RMSNorm" : "LayerNorm"});
   if (b.activation == models::Activation::kSwiglu) f.push_back({"--swiglu", ""});
   if (b.activation == models::Activation::kSquaredRelu) f.push_back({"--squared-relu", ""});

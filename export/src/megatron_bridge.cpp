@@ -102,6 +102,11 @@ void add_model_shape(std::vector<Setting>& s, const Context& c) {
   s.push_back({"model.position_embedding_type",
                yaml_string(llm.positions == models::PositionEmbedding::kLearned ? "learned_absolute"
                                                                                 : "rope")});
+  if (llm.rope_base > 0) s.push_back({"model.rotary_base", fmt::format("{}", llm.rope_base)});
+  if (llm.rope_scaling_factor > 0) {
+    s.push_back({"model.rope_scaling", yaml_bool(true)});
+    s.push_back({"model.rope_scaling_factor", fmt::format("{}", llm.rope_scaling_factor)});
+  }
   s.push_back({"model.share_embeddings_and_output_weights", yaml_bool(llm.tied_embeddings)});
   s.push_back({"model.add_bias_linear", yaml_bool(b.linear_bias)});
   s.push_back({"model.add_qkv_bias", yaml_bool(b.qkv_bias)});

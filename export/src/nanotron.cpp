@@ -98,6 +98,9 @@ Result<std::vector<ExportFile>> write_nanotron(const Context& c) {
       {"model.model_config.max_position_embeddings", num(c.s.workload.seq_len)},
       {"model.model_config.vocab_size", num(c.llm.vocab)},
       {"model.model_config.tie_word_embeddings", yaml_bool(c.llm.tied_embeddings)},
+      // LlamaConfig's rope_theta (its default 10000 where the model gives none).
+      {"model.model_config.rope_theta",
+       c.llm.rope_base > 0 ? fmt::format("{}", c.llm.rope_base) : "10000"},
       {"tokens.sequence_length", num(c.s.workload.seq_len)},
       {"tokens.micro_batch_size", num(l.micro_batch)},
       {"tokens.batch_accumulation_per_replica", num(c.micro_batches)},
@@ -131,6 +134,11 @@ Result<std::vector<ExportFile>> write_nanotron(const Context& c) {
         "to false to time it so.\n";
   // nanotron's Llama: qkv_proj and gate_up_proj fused, flash-attn reading the kv heads.
   if (std::string n = layer_code_note(c, "nanotron", {}); !n.empty()) script += "# " + n + "\n";
+  if (c.llm.rope_scaling_factor > 0)
+    script += fmt::format(
+        "# Not written: the model's Llama 3.1 RoPE scaling by {} (LlamaConfig's rope_scaling, a\n"
+        "# Hugging Face dict: copy the model's config.json rope_scaling into it).\n",
+        c.llm.rope_scaling_factor);
   script += launcher_environment(c);
   script +=
       "\ntorchrun --nnodes \"$NNODES\" --nproc-per-node \"$GPUS_PER_NODE\" --node-rank "

@@ -198,10 +198,11 @@ Result<std::vector<ExportFile>> write_torchtitan(const Context& c) {
   std::vector<std::string> notes = {
       "torchtitan reads a Python config function (--module / --config); the overrides below set "
       "the plan on top of it.",
-      fmt::format("In that function: the model flavour of {}; activation checkpointing {}; "
+      fmt::format("In that function: the model flavour of {}{}; activation checkpointing {}; "
                   "attention {}.",
-                  c.s.model.name, checkpointing,
-                  l.flash_attention ? "flash (SDPA)" : "without flash attention")};
+                  c.s.model.name,
+                  rope_note(c.llm).empty() ? "" : fmt::format(" ({})", rope_note(c.llm)),
+                  checkpointing, l.flash_attention ? "flash (SDPA)" : "without flash attention")};
   if (!even_split) notes.push_back(torchtitan_model_parts(split));
   if (fp8)
     notes.push_back(fmt::format(

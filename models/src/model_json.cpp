@@ -139,6 +139,8 @@ ModuleSpec read_fields(std::string_view kind, JsonReader& r) {
     s.tied_embeddings = r.optional_bool("tied_embeddings", false);
     s.positions = read_positions(r, "rope");
     s.max_positions = r.optional_int("max_positions", 0);
+    s.rope_base = r.optional_double("rope_base", 0, 0, 1e12);
+    s.rope_scaling_factor = r.optional_double("rope_scaling_factor", 0, 0, 1e6);
     s.mtp_layers = r.optional_int("mtp_layers", 0);
     if (r.has("moe")) {
       JsonReader m = r.object("moe");

@@ -191,6 +191,13 @@ void check(Checker& c, const LlmSpec& s) {
     c.fail("position_embedding", "an llm takes rope or learned positions");
   if (s.positions == PositionEmbedding::kLearned)
     c.size("max_positions", s.max_positions, int64_t{1} << 24);  // workload.seq_len's bound
+  if (s.positions != PositionEmbedding::kRope) {
+    if (s.rope_base != 0) c.fail("rope_base", "needs position_embedding rope");
+    if (s.rope_scaling_factor != 0) c.fail("rope_scaling_factor", "needs position_embedding rope");
+  }
+  if (s.rope_scaling_factor != 0 && s.rope_scaling_factor < 1)
+    c.fail("rope_scaling_factor", fmt::format("stretches the low frequencies: must be >= 1, got {}",
+                                              s.rope_scaling_factor));
   if (s.mtp_layers < 0 || s.mtp_layers > kMaxMtpLayers)
     c.fail("mtp_layers", fmt::format("must be in [0, {}], got {}", kMaxMtpLayers, s.mtp_layers));
   if (!s.moe) return;

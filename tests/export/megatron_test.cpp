@@ -372,6 +372,52 @@ TEST(ExportMegatron, QuickGegluWritesItsClampAndOffset) {
   }
 }
 
+// RoPE's base and Llama 3.1's scaling are the model's, not the trainer's defaults (Megatron's
+// rotary base is 10000): the Megatron targets write them, nanotron writes the base as its
+// rope_theta and notes the scaling it does not write, and the targets whose model code the
+// user brings say them.
+TEST(ExportMegatron, RopeBaseAndLlama31ScalingAreWritten) {
+  Plan p;
+  p.layout = layout(8, 1, 1);
+  const planner::Scenario l31 = scenario("llama-3.1-8b", 1, 4096, 64);
+  const planner::Scenario l2 = scenario("llama-2-7b", 1, 4096, 64);
+  ASSERT_EQ(planner::infeasibility(l31, p), "");
+  auto flags = [&](const planner::Scenario& s) {
+    return all_flags(exported(s, p, Target::kMegatron).at("launch.sh"));
+  };
+  const auto f31 = flags(l31), f2 = flags(l2);
+  EXPECT_EQ(f31.at("--rotary-base"), "500000");
+  EXPECT_EQ(f31.count("--use-rope-scaling"), 1u);
+  EXPECT_EQ(f31.at("--rope-scaling-factor"), "8");
+  EXPECT_EQ(f2.at("--rotary-base"), "10000");
+  EXPECT_EQ(f2.count("--use-rope-scaling") + f2.count("--rope-scaling-factor"), 0u);
+  EXPECT_EQ(flags(scenario("gpt3-1.3b", 1, 2048, 64)).count("--rotary-base"), 0u);  // learned
+  const auto y =
+      yaml_settings(exported(l31, p, Target::kMegatronBridge).at("megatron_bridge.yaml"));
+  EXPECT_EQ(y.at("model.rotary_base"), "500000");
+  EXPECT_EQ(y.at("model.rope_scaling"), "true");
+  EXPECT_EQ(y.at("model.rope_scaling_factor"), "8");
+  EXPECT_NE(exported(l31, p, Target::kNanotron).at("launch.sh").find("Llama 3.1 RoPE scaling by 8"),
+            std::string::npos);
+  EXPECT_EQ(yaml_settings(exported(l2, p, Target::kNanotron).at("nanotron.yaml"))
+                .at("model.model_config.rope_theta"),
+            "10000");
+  Plan sharded;  // FSDP2, as torchtitan shards
+  sharded.layout = layout(1, 1, 8);
+  sharded.layout.fsdp = true;
+  sharded.layout.fsdp_implementation = planner::FsdpImplementation::kTorchFsdp2;
+  sharded.layout.gradient_accumulation_fusion = false;
+  ASSERT_EQ(planner::infeasibility(l31, sharded), "");
+  for (Target t : {Target::kTorchtitan, Target::kDeepspeed}) {
+    Plan q = sharded;
+    q.layout.overlap_grad_reduce = t == Target::kTorchtitan;  // DeepSpeed's engine reduces after
+    std::string all;
+    for (const auto& [name, text] : exported(l31, q, t)) all += text;
+    EXPECT_NE(all.find("RoPE base 500000, Llama 3.1 scaling by 8"), std::string::npos)
+        << static_cast<int>(t);
+  }
+}
+
 // Gemma 3's norms after attention and after the MLP (post_norms): no trainer's generic
 // model has them, so every target refuses the plan with the field's name.
 TEST(ExportMegatron, PostNormsAreRefusedEverywhere) {

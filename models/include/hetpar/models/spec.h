@@ -139,6 +139,12 @@ struct LlmSpec {
   bool tied_embeddings = false;
   PositionEmbedding positions = PositionEmbedding::kRope;  // rope or learned
   int64_t max_positions = 0;                               // learned positions only
+  /// RoPE's base (rope_theta; Llama 3: 500000); 0: unset, the trainer's default. Its
+  /// frequencies cost nothing; the exports write it (a trainer's default is another model).
+  double rope_base = 0;
+  /// Llama 3.1's RoPE scaling (the low-frequency bands stretched by this factor; Megatron-LM
+  /// --use-rope-scaling --rope-scaling-factor); 0: none.
+  double rope_scaling_factor = 0;
   std::optional<MoeSpec> moe;
   /// Multi-token prediction depths (DeepSeek-V3's MTP modules, Megatron-LM's
   /// --mtp-num-layers), after the last layer: each embeds the next token (the shared table),
