@@ -98,9 +98,9 @@ Result<std::vector<ExportFile>> write_nanotron(const Context& c) {
       {"model.model_config.max_position_embeddings", num(c.s.workload.seq_len)},
       {"model.model_config.vocab_size", num(c.llm.vocab)},
       {"model.model_config.tie_word_embeddings", yaml_bool(c.llm.tied_embeddings)},
-      // LlamaConfig's rope_theta (its default 10000 where the model gives none).
+      // LlamaConfig's rope_theta, a float (its default 10000.0 where the model gives none).
       {"model.model_config.rope_theta",
-       c.llm.rope_base > 0 ? fmt::format("{}", c.llm.rope_base) : "10000"},
+       fmt::format("{:.1f}", c.llm.rope_base > 0 ? c.llm.rope_base : 10000.0)},
       {"tokens.sequence_length", num(c.s.workload.seq_len)},
       {"tokens.micro_batch_size", num(l.micro_batch)},
       {"tokens.batch_accumulation_per_replica", num(c.micro_batches)},

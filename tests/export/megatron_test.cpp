@@ -401,7 +401,7 @@ TEST(ExportMegatron, RopeBaseAndLlama31ScalingAreWritten) {
             std::string::npos);
   EXPECT_EQ(yaml_settings(exported(l2, p, Target::kNanotron).at("nanotron.yaml"))
                 .at("model.model_config.rope_theta"),
-            "10000");
+            "10000.0");
   Plan sharded;  // FSDP2, as torchtitan shards
   sharded.layout = layout(1, 1, 8);
   sharded.layout.fsdp = true;
