@@ -969,13 +969,14 @@ TEST(Json, InlineModelWithDownsamplingProjector) {
   EXPECT_EQ(proj.ops[1].gemms[0].k, 4 * 3200);
 }
 
-// A one-layer LLM (hidden 256, ffn 1024) with activation `act` and norm `norm`, and one of
-// its ops over a 128-token sequence.
-Result<ModelSpec> one_layer_llm(const std::string& act, const std::string& norm) {
+// A one-layer LLM (hidden 256, ffn 1024) with activation `act`, norm `norm` and the spec's
+// `extra` fields (", \"key\": value" ...), and one of its ops over a 128-token sequence.
+Result<ModelSpec> one_layer_llm(const std::string& act, const std::string& norm,
+                                const std::string& extra = "") {
   return model_from_json_text(
       R"({"name": "m", "modules": [{"name": "llm", "kind": "llm", "spec": {"layers": 1,
       "hidden": 256, "ffn_hidden": 1024, "heads": 4, "vocab": 100, "activation": ")" +
-          act + R"(", "norm": ")" + norm + R"("}}]})",
+          act + R"(", "norm": ")" + norm + R"(")" + extra + "}}]}",
       "test");
 }
 Op op_named(const ModelSpec& m, const std::string& name) {
@@ -1003,6 +1004,16 @@ TEST(Json, SquaredReluIsAnUngatedMlp) {
   EXPECT_EQ(a.read, g.read);
   EXPECT_EQ(a.written, g.written);
   EXPECT_LT(a.forward.count(), g.forward.count());
+}
+
+// Every activation parses from its own name (to_string), and only those names parse.
+TEST(Json, EveryActivationParsesFromItsName) {
+  for (Activation a : kActivations) {
+    auto m = one_layer_llm(std::string(to_string(a)), "rmsnorm");
+    ASSERT_TRUE(m.is_ok()) << to_string(a) << ": " << m.status().message();
+    EXPECT_EQ(std::get<LlmSpec>(m->modules[0].spec).block.activation, a);
+  }
+  EXPECT_FALSE(one_layer_llm("relu", "rmsnorm").is_ok());
 }
 
 // GeGLU (Gemma) is gated as SwiGLU is: fc1 h -> 2f, the same parameters and bytes, a GELU's
@@ -1033,11 +1044,7 @@ TEST(Json, GegluIsAGatedMlp) {
 // activation op (they run as kernels of their own when unfused) and need a gated unit.
 TEST(Json, QuickGegluCarriesItsClampAndOffset) {
   auto model = [](const std::string& act, const std::string& extra) {
-    return model_from_json_text(
-        R"({"name": "m", "modules": [{"name": "llm", "kind": "llm", "spec": {"layers": 1,
-        "hidden": 256, "ffn_hidden": 1024, "heads": 4, "vocab": 100, "activation": ")" +
-            act + R"(", "norm": "rmsnorm")" + extra + "}}]}",
-        "test");
+    return one_layer_llm(act, "rmsnorm", extra);
   };
   auto oss = model("quick_geglu", R"(, "activation_clamp": 7, "glu_linear_offset": 1)");
   ASSERT_TRUE(oss.is_ok()) << oss.status().message();
@@ -1065,13 +1072,7 @@ TEST(Json, QuickGegluCarriesItsClampAndOffset) {
 
 // RoPE's base and Llama 3.1's scaling factor: an llm's, with RoPE positions only.
 TEST(Json, RopeBaseAndScalingNeedRopePositions) {
-  auto model = [](const std::string& extra) {
-    return model_from_json_text(
-        R"({"name": "m", "modules": [{"name": "llm", "kind": "llm", "spec": {"layers": 1,
-        "hidden": 256, "ffn_hidden": 1024, "heads": 4, "vocab": 100, "activation": "swiglu",
-        "norm": "rmsnorm")" + extra + "}}]}",
-        "test");
-  };
+  auto model = [](const std::string& extra) { return one_layer_llm("swiglu", "rmsnorm", extra); };
   auto l31 = model(R"(, "rope_base": 500000, "rope_scaling_factor": 8)");
   ASSERT_TRUE(l31.is_ok()) << l31.status().message();
   EXPECT_EQ(std::get<LlmSpec>(l31->modules[0].spec).rope_base, 500000);

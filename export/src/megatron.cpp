@@ -136,7 +136,7 @@ std::vector<Flag> training_flags(const Context& c) {
   }
   if (l.tp_comm_overlap) f.push_back({"--tp-comm-overlap", ""});  // TE userbuffers
   if (l.moe_capacity_factor > 0) {  // token dropping, padded to capacity
-    f.push_back({"--moe-expert-capacity-factor", fmt::format("{}", l.moe_capacity_factor)});
+    f.push_back({"--moe-expert-capacity-factor", decimal(l.moe_capacity_factor)});
     f.push_back({"--moe-pad-expert-input-to-capacity", ""});
   }
   if (l.ep_comm_overlap) {  // combined 1F1B; the weight gradients beside the all-to-alls
@@ -312,19 +312,18 @@ std::vector<Flag> megatron_model_flags(const Context& c) {
   f.push_back({"--max-position-embeddings",
                num(learned && llm.max_positions > 0 ? llm.max_positions : c.s.workload.seq_len)});
   f.push_back({"--position-embedding-type", learned ? "learned_absolute" : "rope"});
-  if (llm.rope_base > 0) f.push_back({"--rotary-base", fmt::format("{}", llm.rope_base)});
+  if (llm.rope_base > 0) f.push_back({"--rotary-base", decimal(llm.rope_base)});
   if (llm.rope_scaling_factor > 0) {
     f.push_back({"--use-rope-scaling", ""});
-    f.push_back({"--rope-scaling-factor", fmt::format("{}", llm.rope_scaling_factor)});
+    f.push_back({"--rope-scaling-factor", decimal(llm.rope_scaling_factor)});
   }
   f.push_back({"--normalization", b.norm == models::Norm::kRmsNorm ? "RMSNorm" : "LayerNorm"});
   if (b.activation == models::Activation::kSwiglu) f.push_back({"--swiglu", ""});
   if (b.activation == models::Activation::kSquaredRelu) f.push_back({"--squared-relu", ""});
   if (b.activation == models::Activation::kQuickGeglu) f.push_back({"--quick-geglu", ""});
-  if (b.glu_linear_offset != 0)
-    f.push_back({"--glu-linear-offset", fmt::format("{}", b.glu_linear_offset)});
+  if (b.glu_linear_offset != 0) f.push_back({"--glu-linear-offset", decimal(b.glu_linear_offset)});
   if (b.activation_clamp > 0)
-    f.push_back({"--activation-func-clamp-value", fmt::format("{}", b.activation_clamp)});
+    f.push_back({"--activation-func-clamp-value", decimal(b.activation_clamp)});
   // Megatron-LM fuses SwiGLU by --bias-swiglu-fusion and every other activation by
   // --bias-gelu-fusion (its quick GeGLU: Megatron-Core's bias_geglu fusions).
   if (b.activation == models::Activation::kSwiglu && !c.layout().fused_activation)

@@ -94,18 +94,18 @@ void add_model_shape(std::vector<Setting>& s, const Context& c) {
   if (models::is_gated(b.activation) && !c.layout().fused_activation)
     s.push_back({"model.bias_activation_fusion", yaml_bool(false)});
   if (b.glu_linear_offset != 0)
-    s.push_back({"model.glu_linear_offset", fmt::format("{}", b.glu_linear_offset)});
+    s.push_back({"model.glu_linear_offset", decimal(b.glu_linear_offset)});
   if (b.activation_clamp > 0)
-    s.push_back({"model.activation_func_clamp_value", fmt::format("{}", b.activation_clamp)});
+    s.push_back({"model.activation_func_clamp_value", decimal(b.activation_clamp)});
   s.push_back({"model.normalization",
                yaml_string(b.norm == models::Norm::kRmsNorm ? "RMSNorm" : "LayerNorm")});
   s.push_back({"model.position_embedding_type",
                yaml_string(llm.positions == models::PositionEmbedding::kLearned ? "learned_absolute"
                                                                                 : "rope")});
-  if (llm.rope_base > 0) s.push_back({"model.rotary_base", fmt::format("{}", llm.rope_base)});
+  if (llm.rope_base > 0) s.push_back({"model.rotary_base", decimal(llm.rope_base)});
   if (llm.rope_scaling_factor > 0) {
     s.push_back({"model.rope_scaling", yaml_bool(true)});
-    s.push_back({"model.rope_scaling_factor", fmt::format("{}", llm.rope_scaling_factor)});
+    s.push_back({"model.rope_scaling_factor", decimal(llm.rope_scaling_factor)});
   }
   s.push_back({"model.share_embeddings_and_output_weights", yaml_bool(llm.tied_embeddings)});
   s.push_back({"model.add_bias_linear", yaml_bool(b.linear_bias)});
@@ -153,7 +153,7 @@ void add_training(std::vector<Setting>& s, const Context& c) {
   }
   if (l.moe_capacity_factor >
       0) {  // token dropping, as the performance scripts' token-drop presets
-    s.push_back({"model.moe_expert_capacity_factor", fmt::format("{}", l.moe_capacity_factor)});
+    s.push_back({"model.moe_expert_capacity_factor", decimal(l.moe_capacity_factor)});
     s.push_back({"model.moe_pad_expert_input_to_capacity", "true"});
   }
   if (l.ep_comm_overlap) {  // combined 1F1B, as the performance scripts' moe_a2a_overlap sets

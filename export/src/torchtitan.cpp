@@ -195,14 +195,14 @@ Result<std::vector<ExportFile>> write_torchtitan(const Context& c) {
   if (l.recompute == models::Recompute::kFull) checkpointing = "full (the full-AC config class)";
   if (l.recompute == models::Recompute::kSelectiveOp)
     checkpointing = "selective per op (mode \"selective\", selective_ac_option \"op\")";
+  const std::string rope = rope_note(c.llm);
   std::vector<std::string> notes = {
       "torchtitan reads a Python config function (--module / --config); the overrides below set "
       "the plan on top of it.",
       fmt::format("In that function: the model flavour of {}{}; activation checkpointing {}; "
                   "attention {}.",
-                  c.s.model.name,
-                  rope_note(c.llm).empty() ? "" : fmt::format(" ({})", rope_note(c.llm)),
-                  checkpointing, l.flash_attention ? "flash (SDPA)" : "without flash attention")};
+                  c.s.model.name, rope.empty() ? "" : fmt::format(" ({})", rope), checkpointing,
+                  l.flash_attention ? "flash (SDPA)" : "without flash attention")};
   if (!even_split) notes.push_back(torchtitan_model_parts(split));
   if (fp8)
     notes.push_back(fmt::format(

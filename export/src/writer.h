@@ -4,6 +4,8 @@
 // they render anything.
 #pragma once
 
+#include <fmt/format.h>
+
 #include <initializer_list>
 #include <string>
 #include <string_view>
@@ -136,6 +138,10 @@ void refuse_mimo_ddp_mismatch(const Context& c, const planner::ModulePlan& m,
 
 inline std::string num(int64_t v) {
   return std::to_string(v);
+}
+/// A real-valued flag or setting, shortest round-trip ("8", "0.5", "500000").
+inline std::string decimal(double v) {
+  return fmt::format("{}", v);
 }
 /// The comment block every file opens with: tool, target, scenario, plan, world. Each line
 /// starts with `comment` ("# ").

@@ -73,17 +73,19 @@ ZooEntry read_metadata(JsonReader& r, std::string_view name) {
   return e;
 }
 
-Activation activation_named(const std::string& name) {
-  return name == "swiglu"         ? Activation::kSwiglu
-         : name == "squared_relu" ? Activation::kSquaredRelu
-         : name == "geglu"        ? Activation::kGeglu
-         : name == "quick_geglu"  ? Activation::kQuickGeglu
-                                  : Activation::kGelu;
+// The spellings `activation` takes: to_string(Activation) of each of kActivations.
+const std::initializer_list<std::string_view> kActivationNames = {"gelu", "swiglu", "squared_relu",
+                                                                  "geglu", "quick_geglu"};
+
+// `name` is one of kActivationNames (the reader checked it).
+Activation activation_named(std::string_view name) {
+  for (Activation a : kActivations)
+    if (to_string(a) == name) return a;
+  return Activation::kGelu;
 }
 
 Activation read_activation(JsonReader& r) {
-  return activation_named(
-      r.required_enum("activation", {"gelu", "swiglu", "squared_relu", "geglu", "quick_geglu"}));
+  return activation_named(r.required_enum("activation", kActivationNames));
 }
 
 PositionEmbedding read_positions(JsonReader& r, std::string fallback) {
@@ -186,8 +188,7 @@ ModuleSpec read_fields(std::string_view kind, JsonReader& r) {
   s.output_hidden = r.required_int("output_hidden");
   s.layers = r.optional_int("layers", 2);
   s.ffn_hidden = r.optional_int("ffn_hidden", s.output_hidden);
-  s.activation = activation_named(r.optional_enum(
-      "activation", "gelu", {"gelu", "swiglu", "squared_relu", "geglu", "quick_geglu"}));
+  s.activation = activation_named(r.optional_enum("activation", "gelu", kActivationNames));
   s.downsample = r.optional_int("downsample", 1);
   return s;
 }

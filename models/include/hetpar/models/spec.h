@@ -5,6 +5,7 @@
 // same checks as parsed ones. Every transformer block is pre-norm.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -22,6 +23,9 @@ namespace hetpar::models {
 /// a GELU activation_func). kQuickGeglu: gated by GELU's sigmoid approximation,
 /// g * sigmoid(1.702 g) with g = x W_gate (gpt-oss; Megatron-LM `--quick-geglu`).
 enum class Activation { kGelu, kSwiglu, kSquaredRelu, kGeglu, kQuickGeglu };
+inline constexpr std::array<Activation, 5> kActivations = {
+    Activation::kGelu, Activation::kSwiglu, Activation::kSquaredRelu, Activation::kGeglu,
+    Activation::kQuickGeglu};
 /// Whether fc1 is two branches, gate and up (SwiGLU, GeGLU, quick GeGLU).
 constexpr bool is_gated(Activation a) {
   return a == Activation::kSwiglu || a == Activation::kGeglu || a == Activation::kQuickGeglu;
