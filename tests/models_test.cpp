@@ -1088,6 +1088,58 @@ TEST(Json, RopeBaseAndScalingNeedRopePositions) {
   EXPECT_NE(shrink.status().message().find("rope_scaling_factor"), std::string::npos);
 }
 
+// YaRN (gpt-oss's, DeepSeek-V3's): an llm's, with RoPE positions, instead of Llama 3.1's
+// scaling; its concentration get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)
+// marks the RoPE op scaled where it is not 1. rotary_percent: the RoPE op rotates that share
+// of each head (its FLOPs) and reads and writes all of it.
+TEST(Json, YarnAndRotaryPercent) {
+  auto model = [](const std::string& extra) { return one_layer_llm("swiglu", "rmsnorm", extra); };
+  auto oss = model(R"(, "yarn": {"factor": 32, "original_max_positions": 4096, )"
+                   R"("truncate": false})");
+  ASSERT_TRUE(oss.is_ok()) << oss.status().message();
+  const Yarn& y = *std::get<LlmSpec>(oss->modules[0].spec).yarn;
+  EXPECT_EQ(y.factor, 32);
+  EXPECT_EQ(y.original_max_positions, 4096);
+  EXPECT_EQ(y.beta_fast, 32);  // Megatron-Core's and Hugging Face's defaults
+  EXPECT_EQ(y.beta_slow, 1);
+  EXPECT_FALSE(y.truncate);
+  EXPECT_NEAR(y.concentration(), 0.1 * std::log(32.0) + 1, 1e-12);
+  EXPECT_TRUE(op_named(*oss, "rope").rope->scaled);
+  auto ds = model(R"(, "yarn": {"factor": 40, "original_max_positions": 4096, "mscale": 1, )"
+                  R"("mscale_all_dim": 1})");
+  ASSERT_TRUE(ds.is_ok()) << ds.status().message();
+  EXPECT_EQ(std::get<LlmSpec>(ds->modules[0].spec).yarn->concentration(), 1);
+  EXPECT_FALSE(op_named(*ds, "rope").rope->scaled);
+  EXPECT_FALSE(op_named(*model(""), "rope").rope->scaled);
+  const auto refused = [&](const std::string& extra, const std::string& field) {
+    auto m = model(extra);
+    ASSERT_FALSE(m.is_ok()) << extra;
+    EXPECT_NE(m.status().message().find(field), std::string::npos) << m.status().message();
+  };
+  refused(R"(, "yarn": {"factor": 0.5, "original_max_positions": 4096})", "yarn.factor");
+  refused(R"(, "yarn": {"factor": 4})", "original_max_positions");
+  refused(R"(, "yarn": {"factor": 4, "original_max_positions": 4096, "beta_fast": 1, )"
+          R"("beta_slow": 2})",
+          "yarn.beta_fast");
+  refused(R"(, "yarn": {"factor": 4, "original_max_positions": 4096}, )"
+          R"("rope_scaling_factor": 8)",
+          "yarn");
+  refused(R"(, "position_embedding": "learned", "max_positions": 2048, )"
+          R"("yarn": {"factor": 4, "original_max_positions": 4096})",
+          "yarn");
+  auto half = model(R"(, "rotary_percent": 0.5)");
+  ASSERT_TRUE(half.is_ok()) << half.status().message();
+  const Op r = op_named(*half, "rope"), full = op_named(*model(""), "rope");
+  EXPECT_EQ(r.rope->rotated, 0.5);
+  EXPECT_EQ(r.rope->head_dim, 64);
+  EXPECT_EQ(r.read, full.read);
+  EXPECT_EQ(r.written, full.written);
+  EXPECT_EQ(r.forward.count() * 2, full.forward.count());
+  refused(R"(, "rotary_percent": 0.3)", "rotary_percent");  // 19.2 of 64 channels
+  refused(R"(, "rotary_percent": 1.5)", "rotary_percent");
+  refused(R"(, "rotary_percent": 0)", "rotary_percent");
+}
+
 struct GraphTotals {
   double forward, backward;
   int64_t activations, params;

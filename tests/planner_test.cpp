@@ -84,6 +84,7 @@ TEST(PlanJson, RoundTripsEveryLayoutSwitch) {
   p.layout.fused_projections = false;
   p.layout.repeat_kv = true;
   p.layout.fused_activation = false;
+  p.layout.fused_rope = false;
   p.layout.align_grad_reduce = false;
   p.layout.defer_embedding_wgrad = true;
   p.layout.wgrad_deferral_limit = 22;

@@ -617,6 +617,14 @@ std::string rope_note(const models::LlmSpec& llm) {
   if (llm.rope_base > 0) parts.push_back(fmt::format("RoPE base {}", llm.rope_base));
   if (llm.rope_scaling_factor > 0)
     parts.push_back(fmt::format("Llama 3.1 scaling by {}", llm.rope_scaling_factor));
+  if (llm.yarn)
+    parts.push_back(fmt::format(
+        "YaRN by {} over {} positions (beta_fast {}, beta_slow {}, mscale {}, mscale_all_dim {}{})",
+        llm.yarn->factor, llm.yarn->original_max_positions, llm.yarn->beta_fast,
+        llm.yarn->beta_slow, llm.yarn->mscale, llm.yarn->mscale_all_dim,
+        llm.yarn->truncate ? "" : ", the ramp not rounded"));
+  if (llm.rotary_percent != 1)
+    parts.push_back(fmt::format("rotating {} of each head", llm.rotary_percent));
   return fmt::format("{}", fmt::join(parts, ", "));
 }
 

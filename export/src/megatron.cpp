@@ -233,6 +233,16 @@ std::string transformer_config_fields(const Layout& l) {
 void refuse_megatron_model(const Context& c, Refusals& r) {
   refuse_post_norms(c, r);
   const models::TransformerSpec& b = c.llm.block;
+  // MLATransformerConfig's YaRN ramp: original_max_position_embeddings 4096, beta_fast 32,
+  // beta_slow 1, rounded; Megatron-LM's --yarn-* flags set GPT attention's only.
+  if (const auto& y = c.llm.yarn; y && b.mla &&
+                                  (y->original_max_positions != 4096 || y->beta_fast != 32 ||
+                                   y->beta_slow != 1 || !y->truncate))
+    r.add(fmt::format(
+        "yarn with mla: Megatron-LM's multi-latent attention keeps MLATransformerConfig's YaRN "
+        "ramp (original_max_positions 4096, beta_fast 32, beta_slow 1, truncate true); the "
+        "model has {}, {}, {}, {}",
+        y->original_max_positions, y->beta_fast, y->beta_slow, y->truncate));
   if (b.linear_bias && !b.qkv_bias)
     r.add(
         "linear biases without QKV biases: Megatron-LM's bias switch (--disable-bias-linear) "
@@ -311,12 +321,34 @@ std::vector<Flag> megatron_model_flags(const Context& c) {
   const bool learned = llm.positions == models::PositionEmbedding::kLearned;
   f.push_back({"--max-position-embeddings",
                num(learned && llm.max_positions > 0 ? llm.max_positions : c.s.workload.seq_len)});
-  f.push_back({"--position-embedding-type", learned ? "learned_absolute" : "rope"});
+  // YaRN: GPT attention's by --position-embedding-type yarn and its --yarn-* flags; MLA's
+  // by --rope-type (MLATransformerConfig's, whose ramp and original length keep their
+  // defaults: refuse_megatron_model), both scaled by --rotary-scaling-factor and --mscale.
+  const bool gpt_yarn = llm.yarn && !b.mla;
+  f.push_back(
+      {"--position-embedding-type", learned ? "learned_absolute" : (gpt_yarn ? "yarn" : "rope")});
   if (llm.rope_base > 0) f.push_back({"--rotary-base", decimal(llm.rope_base)});
+  if (llm.rotary_percent != 1) f.push_back({"--rotary-percent", decimal(llm.rotary_percent)});
   if (llm.rope_scaling_factor > 0) {
     f.push_back({"--use-rope-scaling", ""});
     f.push_back({"--rope-scaling-factor", decimal(llm.rope_scaling_factor)});
   }
+  if (b.mla && !learned) f.push_back({"--rope-type", llm.yarn ? "yarn" : "rope"});
+  if (llm.yarn) {
+    const models::Yarn& y = *llm.yarn;
+    f.push_back({"--rotary-scaling-factor", decimal(y.factor)});
+    if (gpt_yarn) {
+      f.push_back({"--yarn-original-max-position-embeddings", num(y.original_max_positions)});
+      f.push_back({"--yarn-beta-fast", decimal(y.beta_fast)});
+      f.push_back({"--yarn-beta-slow", decimal(y.beta_slow)});
+      f.push_back({y.truncate ? "--yarn-correction-range-round-to-int"
+                              : "--no-yarn-correction-range-round-to-int",
+                   ""});
+    }
+    f.push_back({"--mscale", decimal(y.mscale)});
+    f.push_back({"--mscale-all-dim", decimal(y.mscale_all_dim)});
+  }
+  if (!c.layout().fused_rope && !learned) f.push_back({"--no-rope-fusion", ""});
   f.push_back({"--normalization", b.norm == models::Norm::kRmsNorm ? "RMSNorm" : "LayerNorm"});
   if (b.activation == models::Activation::kSwiglu) f.push_back({"--swiglu", ""});
   if (b.activation == models::Activation::kSquaredRelu) f.push_back({"--squared-relu", ""});

@@ -99,14 +99,27 @@ void add_model_shape(std::vector<Setting>& s, const Context& c) {
     s.push_back({"model.activation_func_clamp_value", decimal(b.activation_clamp)});
   s.push_back({"model.normalization",
                yaml_string(b.norm == models::Norm::kRmsNorm ? "RMSNorm" : "LayerNorm")});
-  s.push_back({"model.position_embedding_type",
-               yaml_string(llm.positions == models::PositionEmbedding::kLearned ? "learned_absolute"
-                                                                                : "rope")});
+  const bool learned = llm.positions == models::PositionEmbedding::kLearned;
+  s.push_back({"model.position_embedding_type", yaml_string(learned    ? "learned_absolute"
+                                                            : llm.yarn ? "yarn"
+                                                                       : "rope")});
   if (llm.rope_base > 0) s.push_back({"model.rotary_base", decimal(llm.rope_base)});
+  if (llm.rotary_percent != 1) s.push_back({"model.rotary_percent", decimal(llm.rotary_percent)});
   if (llm.rope_scaling_factor > 0) {
     s.push_back({"model.rope_scaling", yaml_bool(true)});
     s.push_back({"model.rope_scaling_factor", decimal(llm.rope_scaling_factor)});
   }
+  if (llm.yarn) {  // GPTModelProvider's yarn_* fields (multi-latent attention is refused)
+    const models::Yarn& y = *llm.yarn;
+    s.push_back({"model.yarn_rotary_scaling_factor", decimal(y.factor)});
+    s.push_back({"model.yarn_original_max_position_embeddings", num(y.original_max_positions)});
+    s.push_back({"model.yarn_beta_fast", decimal(y.beta_fast)});
+    s.push_back({"model.yarn_beta_slow", decimal(y.beta_slow)});
+    s.push_back({"model.yarn_mscale", decimal(y.mscale)});
+    s.push_back({"model.yarn_mscale_all_dim", decimal(y.mscale_all_dim)});
+    s.push_back({"model.yarn_correction_range_round_to_int", yaml_bool(y.truncate)});
+  }
+  if (!learned) s.push_back({"model.apply_rope_fusion", yaml_bool(c.layout().fused_rope)});
   s.push_back({"model.share_embeddings_and_output_weights", yaml_bool(llm.tied_embeddings)});
   s.push_back({"model.add_bias_linear", yaml_bool(b.linear_bias)});
   s.push_back({"model.add_qkv_bias", yaml_bool(b.qkv_bias)});

@@ -49,6 +49,9 @@ Result<std::vector<ExportFile>> write_nanotron(const Context& c) {
           ": nanotron recomputes whole layers (parallelism.recompute_layer)");
   if (c.llm.moe) r.add("a mixture-of-experts LLM: nanotron's Llama model is dense");
   if (l.fsdp) r.add("fsdp: nanotron shards the optimizer state at most (optimizer.zero_stage 1)");
+  if (c.llm.rotary_percent != 1)
+    r.add(fmt::format("rotary_percent {}: nanotron's Llama rotates every channel of a head",
+                      c.llm.rotary_percent));
   if (b.head_size > 0 && b.head_size * b.heads != b.hidden)
     r.add(
         fmt::format("head_dim {} with {} heads of hidden {}: nanotron's Llama derives the head "
@@ -134,11 +137,12 @@ Result<std::vector<ExportFile>> write_nanotron(const Context& c) {
         "to false to time it so.\n";
   // nanotron's Llama: qkv_proj and gate_up_proj fused, flash-attn reading the kv heads.
   if (std::string n = layer_code_note(c, "nanotron", {}); !n.empty()) script += "# " + n + "\n";
-  if (c.llm.rope_scaling_factor > 0)
+  if (c.llm.rope_scaling_factor > 0 || c.llm.yarn)
     script += fmt::format(
-        "# Not written: the model's Llama 3.1 RoPE scaling by {} (LlamaConfig's rope_scaling, a\n"
+        "# Not written: the model's {} (LlamaConfig's rope_scaling, a\n"
         "# Hugging Face dict: copy the model's config.json rope_scaling into it).\n",
-        c.llm.rope_scaling_factor);
+        c.llm.yarn ? fmt::format("YaRN RoPE by {}", c.llm.yarn->factor)
+                   : fmt::format("Llama 3.1 RoPE scaling by {}", c.llm.rope_scaling_factor));
   script += launcher_environment(c);
   script +=
       "\ntorchrun --nnodes \"$NNODES\" --nproc-per-node \"$GPUS_PER_NODE\" --node-rank "

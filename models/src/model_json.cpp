@@ -143,6 +143,21 @@ ModuleSpec read_fields(std::string_view kind, JsonReader& r) {
     s.max_positions = r.optional_int("max_positions", 0);
     s.rope_base = r.optional_double("rope_base", 0, 0, 1e12);
     s.rope_scaling_factor = r.optional_double("rope_scaling_factor", 0, 0, 1e6);
+    if (r.has("yarn")) {  // Hugging Face's rope_scaling of rope_type yarn, by its names
+      JsonReader y = r.object("yarn");
+      Yarn v;
+      v.factor = y.required_double("factor");
+      v.original_max_positions = y.required_int("original_max_positions");
+      v.beta_fast = y.optional_double("beta_fast", v.beta_fast, 0, 1e6);
+      v.beta_slow = y.optional_double("beta_slow", v.beta_slow, 0, 1e6);
+      v.mscale = y.optional_double("mscale", v.mscale, 0, 1e6);
+      v.mscale_all_dim = y.optional_double("mscale_all_dim", v.mscale_all_dim, 0, 1e6);
+      v.truncate = y.optional_bool("truncate", v.truncate);
+      s.yarn = v;
+      y.finish();
+      r.merge(y.status());
+    }
+    s.rotary_percent = r.optional_double("rotary_percent", 1, 0, 1);
     s.mtp_layers = r.optional_int("mtp_layers", 0);
     if (r.has("moe")) {
       JsonReader m = r.object("moe");

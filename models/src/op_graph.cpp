@@ -182,6 +182,12 @@ constexpr double kAddFlops = 1;
 constexpr double kRopeFlops = 3;
 constexpr double kLossFlops = 5;
 
+// An LLM's RoPE, unset without RoPE positions.
+std::optional<RopeApply> rope_apply(const LlmSpec& s) {
+  if (s.positions != PositionEmbedding::kRope) return std::nullopt;
+  return RopeApply{s.block.head_dim(), s.rotary_percent, s.yarn && s.yarn->concentration() != 1};
+}
+
 MlpActivation mlp_activation(const TransformerSpec& t) {
   return {t.activation, t.activation_clamp > 0, t.glu_linear_offset != 0};
 }
@@ -237,6 +243,18 @@ class Builder {
   }
 
   /// A pointwise op over `in` input and `out` output elements.
+  // RoPE over T tokens of the tensors `widths` wide per token (queries, keys): the fused
+  // kernel reads and writes every channel, rotating the `a.rotated` share of them.
+  Op& rope(int layer, double T, std::vector<int64_t> widths, RopeApply a) {
+    double width = 0;
+    for (int64_t w : widths) width += static_cast<double>(w);
+    Op& op = pointwise("rope", OpKind::kElementwise, layer, T * width, T * width,
+                       kRopeFlops * a.rotated, 0);
+    op.parts = std::move(widths);
+    op.rope = a;
+    return op;
+  }
+
   Op& pointwise(std::string name, OpKind kind, int layer, double in, double out,
                 double flops_per_out, double saved_elems, int64_t params = 0) {
     Op op = make(std::move(name), kind, layer);
@@ -347,7 +365,8 @@ struct MoeRouting {
 // the output projection. The query and latent projections read the same normalised input,
 // saved once.
 void add_latent_attention(Builder& b, const TransformerSpec& t, const MlaSpec& m, int layer,
-                          int64_t batch, int64_t seq, bool causal, int64_t window) {
+                          int64_t batch, int64_t seq, bool causal, int64_t window,
+                          const std::optional<RopeApply>& rope) {
   const int64_t h = t.hidden, a = t.heads, tokens = batch * seq;
   const double T = static_cast<double>(tokens);
   const int64_t dq = m.qk_head_dim + m.rope_head_dim;
@@ -364,8 +383,8 @@ void add_latent_attention(Builder& b, const TransformerSpec& t, const MlaSpec& m
     b.gemm("q_proj", layer, {{tokens, a * dq, h}}, false, T * h);
   b.gemm("kv_up", layer, {{tokens, a * (m.qk_head_dim + m.v_head_dim), m.kv_lora_rank}}, false,
          T * m.kv_lora_rank);
-  const double rope = T * (a + 1) * m.rope_head_dim;
-  b.pointwise("rope", OpKind::kElementwise, layer, rope, rope, kRopeFlops, 0);
+  // Megatron-Core's MLA RoPE kernel (fused_mla_yarn_rope_apply) takes YaRN's scale itself.
+  if (rope) b.rope(layer, T, {a * m.rope_head_dim, m.rope_head_dim}, {m.rope_head_dim, 1, false});
   b.attention(layer, {batch, a, a, seq, seq, dq, causal, m.v_head_dim, window, t.attention_sinks},
               t.dropout)
       .params = t.attention_sinks ? a : 0;  // a sink logit per head
@@ -375,14 +394,14 @@ void add_latent_attention(Builder& b, const TransformerSpec& t, const MlaSpec& m
 // One pre-norm transformer layer over `batch` sequences of `seq` tokens; `window` > 0: its
 // attention's sliding window (AttentionShape::window).
 void add_layer(Builder& b, const TransformerSpec& t, const std::optional<MoeSpec>& moe, int layer,
-               int64_t batch, int64_t seq, bool causal, bool rope, MoeRouting routing,
-               int64_t window = 0) {
+               int64_t batch, int64_t seq, bool causal, const std::optional<RopeApply>& rope,
+               MoeRouting routing, int64_t window = 0) {
   const int64_t h = t.hidden, a = t.heads, g = t.kv_heads, d = t.head_dim();
   const int64_t tokens = batch * seq;
   const double T = static_cast<double>(tokens);
   b.norm("attn_norm", layer, t.norm, T, h);
   if (t.mla) {
-    add_latent_attention(b, t, *t.mla, layer, batch, seq, causal, window);
+    add_latent_attention(b, t, *t.mla, layer, batch, seq, causal, window, rope);
   } else {
     Op& qkv = b.gemm("qkv", layer, {{tokens, (a + 2 * g) * d, h}}, t.qkv_bias, T * h);
     qkv.parts = {a * d, g * d, g * d};
@@ -391,9 +410,7 @@ void add_layer(Builder& b, const TransformerSpec& t, const std::optional<MoeSpec
     if (t.qk_norm)
       b.pointwise("qk_norm", OpKind::kElementwise, layer, T * (a + g) * d, T * (a + g) * d,
                   kNormFlops, T * (a + g) * d, 2 * norm_params(t.norm, d));
-    if (rope)
-      b.pointwise("rope", OpKind::kElementwise, layer, T * (a + g) * d, T * (a + g) * d, kRopeFlops,
-                  0);
+    if (rope) b.rope(layer, T, {a * d, g * d}, {d, rope->rotated, rope->scaled});
     // repeat_kv (ModuleInput::repeat_kv): K and V written out at the query heads' width.
     const bool expand = b.repeat_kv() && g < a;
     if (expand)
@@ -449,7 +466,8 @@ void add_layer(Builder& b, const TransformerSpec& t, const std::optional<MoeSpec
 }
 
 void add_layers(Builder& b, OpGraph& g, const TransformerSpec& t, const std::optional<MoeSpec>& moe,
-                int64_t batch, int64_t seq, bool causal, bool rope, MoeRouting routing = {}) {
+                int64_t batch, int64_t seq, bool causal, const std::optional<RopeApply>& rope,
+                MoeRouting routing = {}) {
   g.layers = t.layers;
   g.kinds = {t.layers, moe ? moe->dense_layers : 0,
              moe ? moe->layer_pattern : std::vector<int64_t>(), t.sliding_window};
@@ -472,8 +490,8 @@ void build(Builder& b, OpGraph& g, const LlmSpec& s, const ModuleInput& in) {
   emb.dgrad = Flops(0);
   emb.wgrad = Flops(T * h);  // scatter-add into the table
   if (t.dropout) emb.saved = Bytes(tokens * h);
-  add_layers(b, g, t, s.moe, in.micro_batch, in.seq_len, true,
-             s.positions == PositionEmbedding::kRope,
+  const std::optional<RopeApply> rope = rope_apply(s);
+  add_layers(b, g, t, s.moe, in.micro_batch, in.seq_len, true, rope,
              {in.moe_capacity_factor, in.moe_load_imbalance});
   auto head = [&](const std::string& prefix, bool owns_weights) {
     b.gemm(prefix + "logits", -1, {{tokens, s.vocab, h}}, false, T * h, owns_weights);
@@ -496,8 +514,7 @@ void build(Builder& b, OpGraph& g, const LlmSpec& s, const ModuleInput& in) {
     b.norm("mtp_enorm", layer, t.norm, T, h);
     b.norm("mtp_hnorm", layer, t.norm, T, h);
     b.gemm("mtp_eh_proj", layer, {{tokens, h, 2 * h}}, false, 2 * T * h);
-    add_layer(b, t, s.moe, layer, in.micro_batch, in.seq_len, true,
-              s.positions == PositionEmbedding::kRope,
+    add_layer(b, t, s.moe, layer, in.micro_batch, in.seq_len, true, rope,
               {in.moe_capacity_factor, in.moe_load_imbalance});
     b.norm("mtp_final_norm", layer, t.norm, T, h);
     head("mtp_", false);
@@ -515,7 +532,7 @@ void build(Builder& b, OpGraph& g, const VisionEncoderSpec& s, const ModuleInput
   const double seq_elems = static_cast<double>(images * s.seq_len() * h);
   b.pointwise("pos_embed", OpKind::kElementwise, -1, seq_elems, seq_elems, kAddFlops, 0,
               s.seq_len() * h + (s.class_token ? h : 0));
-  add_layers(b, g, t, std::nullopt, images, s.seq_len(), false, false);
+  add_layers(b, g, t, std::nullopt, images, s.seq_len(), false, std::nullopt);
 }
 
 void build(Builder& b, OpGraph& g, const AudioEncoderSpec& s, const ModuleInput& in) {
@@ -529,7 +546,7 @@ void build(Builder& b, OpGraph& g, const AudioEncoderSpec& s, const ModuleInput&
   b.pointwise("conv2_act", OpKind::kElementwise, -1, S * h, S * h, kGeluFlops, S * h);
   b.pointwise("pos_embed", OpKind::kElementwise, -1, S * h, S * h, kAddFlops, 0,
               s.positions == PositionEmbedding::kLearned ? s.seq_len() * h : 0);
-  add_layers(b, g, t, std::nullopt, clips, s.seq_len(), false, false);
+  add_layers(b, g, t, std::nullopt, clips, s.seq_len(), false, std::nullopt);
 }
 
 void build(Builder& b, OpGraph& g, const ProjectorSpec& s, const ModuleInput& in) {

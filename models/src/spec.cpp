@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <type_traits>
 
 #include "hetpar/core/check.h"
@@ -18,6 +19,17 @@ const TransformerSpec* transformer_of(const ModuleSpec& spec) {
   if (const auto* s = std::get_if<VisionEncoderSpec>(&spec)) return &s->block;
   if (const auto* s = std::get_if<AudioEncoderSpec>(&spec)) return &s->block;
   return nullptr;
+}
+
+namespace {
+// YaRN's attention factor: 1 at no stretch (Megatron-Core's _yarn_get_mscale).
+double yarn_mscale(double factor, double m) {
+  return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0;
+}
+}  // namespace
+
+double Yarn::concentration() const {
+  return yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim);
 }
 
 bool is_encoder(ModuleKind kind) {
@@ -167,6 +179,54 @@ void check_mla(Checker& c, const MlaSpec& m) {
   c.size("mla.v_head_dim", m.v_head_dim, kMaxWidth);
 }
 
+void check_yarn(Checker& c, const Yarn& y) {
+  if (!(y.factor >= 1 && y.factor <= 1e6))
+    c.fail("yarn.factor",
+           fmt::format("stretches the context: must be in [1, 1e6], got {}", y.factor));
+  c.size("yarn.original_max_positions", y.original_max_positions, int64_t{1} << 24);
+  if (!(y.beta_slow > 0 && y.beta_fast > y.beta_slow))
+    c.fail("yarn.beta_fast", fmt::format("the ramp's bands need beta_fast > beta_slow > 0, got "
+                                         "beta_fast {} and beta_slow {}",
+                                         y.beta_fast, y.beta_slow));
+  if (y.mscale < 0) c.fail("yarn.mscale", fmt::format("must be >= 0, got {}", y.mscale));
+  if (y.mscale_all_dim < 0)
+    c.fail("yarn.mscale_all_dim", fmt::format("must be >= 0, got {}", y.mscale_all_dim));
+}
+
+// RoPE's fields: on RoPE positions only; one extension; a rotated share of whole channel
+// pairs of a head (Megatron-Core's rotary_dim = int(head_dim * rotary_percent)).
+void check_rope(Checker& c, const LlmSpec& s) {
+  if (s.positions != PositionEmbedding::kRope) {
+    if (s.rope_base != 0) c.fail("rope_base", "needs position_embedding rope");
+    if (s.rope_scaling_factor != 0) c.fail("rope_scaling_factor", "needs position_embedding rope");
+    if (s.yarn) c.fail("yarn", "needs position_embedding rope");
+    if (s.rotary_percent != 1) c.fail("rotary_percent", "needs position_embedding rope");
+    return;
+  }
+  if (s.rope_scaling_factor != 0 && s.rope_scaling_factor < 1)
+    c.fail("rope_scaling_factor", fmt::format("stretches the low frequencies: must be >= 1, got {}",
+                                              s.rope_scaling_factor));
+  if (s.yarn) {
+    check_yarn(c, *s.yarn);
+    if (s.rope_scaling_factor != 0)
+      c.fail("yarn",
+             "and rope_scaling_factor (Llama 3.1's scaling) extend one RoPE two ways: "
+             "give one");
+  }
+  if (s.rotary_percent == 1) return;
+  if (s.block.mla) {
+    c.fail("rotary_percent", "unused with mla (mla.rope_head_dim is its rotated width)");
+    return;
+  }
+  const double rotated = s.rotary_percent * static_cast<double>(s.block.head_dim());
+  if (!(s.rotary_percent > 0 && s.rotary_percent < 1) || rotated < 2 ||
+      std::floor(rotated) != rotated || static_cast<int64_t>(rotated) % 2 != 0)
+    c.fail("rotary_percent",
+           fmt::format("must be in (0, 1] and rotate whole channel pairs of a head: {} of "
+                       "head_dim {} is {} channels",
+                       s.rotary_percent, s.block.head_dim(), rotated));
+}
+
 void check_window(Checker& c, const SlidingWindow& w, int64_t layers) {
   c.size("sliding_window.size", w.size, int64_t{1} << 24);  // workload.seq_len's bound
   if (w.full_every < 0 || w.full_every > std::max<int64_t>(layers, 1))
@@ -191,13 +251,7 @@ void check(Checker& c, const LlmSpec& s) {
     c.fail("position_embedding", "an llm takes rope or learned positions");
   if (s.positions == PositionEmbedding::kLearned)
     c.size("max_positions", s.max_positions, int64_t{1} << 24);  // workload.seq_len's bound
-  if (s.positions != PositionEmbedding::kRope) {
-    if (s.rope_base != 0) c.fail("rope_base", "needs position_embedding rope");
-    if (s.rope_scaling_factor != 0) c.fail("rope_scaling_factor", "needs position_embedding rope");
-  }
-  if (s.rope_scaling_factor != 0 && s.rope_scaling_factor < 1)
-    c.fail("rope_scaling_factor", fmt::format("stretches the low frequencies: must be >= 1, got {}",
-                                              s.rope_scaling_factor));
+  check_rope(c, s);
   if (s.mtp_layers < 0 || s.mtp_layers > kMaxMtpLayers)
     c.fail("mtp_layers", fmt::format("must be in [0, {}], got {}", kMaxMtpLayers, s.mtp_layers));
   if (!s.moe) return;

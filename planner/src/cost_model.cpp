@@ -556,6 +556,44 @@ std::optional<ActivationPasses> unfused_activation(const models::Op& op, const L
   return p;
 }
 
+// RoPE run as Megatron-Core's _apply_rotary_pos_emb_bshd (rope_utils.py), eager PyTorch ops
+// on each tensor (queries, then keys; models::Op::parts): cos and sin of the rank's fp32
+// frequencies, each scaled and cast (cos, mul, to: six small kernels); then, over the
+// rotated share f of the tensor, t * cos (read 1, write 1), _rotate_half's negation of one
+// half (0.5, 0.5) and concatenation (1, 1), the product with sin (1, 1) and the sum (2, 1),
+// and the concatenation with the channels passed through (1, 1 over the whole tensor).
+// Backward: the two products' gradients (2f each), the negation's (f) and the chunk's
+// (a concatenation, 2f), their sum (3f); then each slice's gradient, zeros over the whole
+// tensor (1) and a copy of its part (2f; 2(1 - f)), and the two summed (3). The fused kernel
+// (Layout::fused_rope) is one pass each way per tensor, charged as the op's generic one.
+struct EagerKernels {
+  std::vector<int64_t> forward, backward;  // bytes
+};
+std::optional<EagerKernels> unfused_rope(const models::Op& op, const models::OpGraph& g,
+                                         const Layout& l, Bytes written, int64_t cp) {
+  if (!op.rope || (l.fused_rope && !op.rope->scaled) || op.parts.empty()) return std::nullopt;
+  const double f = op.rope->rotated;
+  int64_t width = 0;
+  for (int64_t w : op.parts) width += w;
+  EagerKernels k;
+  for (int64_t w : op.parts) {
+    const double t =
+        static_cast<double>(written.count()) * static_cast<double>(w) / static_cast<double>(width);
+    auto bytes = [&](double passes) { return static_cast<int64_t>(std::llround(t * passes)); };
+    // The frequencies: the rank's tokens x the rotated channels of a head, fp32 in and out.
+    const double tokens =
+        static_cast<double>(op.written.count()) / static_cast<double>(width * g.dtype_bytes * cp);
+    const int64_t freqs = 8 * std::llround(tokens * f * static_cast<double>(op.rope->head_dim));
+    for (int i = 0; i < 6; ++i) k.forward.push_back(freqs);
+    for (double x : {2 * f, f, 2 * f, 2 * f, 3 * f, 2.0}) k.forward.push_back(bytes(x));
+    for (double x : {2 * f, 2 * f, f, 2 * f, 3 * f, 1.0, 2 * f, 1.0})
+      k.backward.push_back(bytes(x));
+    if (f < 1) k.backward.push_back(bytes(2 * (1 - f)));
+    k.backward.push_back(bytes(3));
+  }
+  return k;
+}
+
 // Transformer Engine's GroupedLinear, which Megatron-Core's grouped experts run, issues one
 // cuBLAS GEMM per local expert, round-robin on its compute streams
 // (transformer_engine/common/gemm/cublaslt_gemm.cu multi_stream_cublas_gemm, GEMM i on
@@ -749,6 +787,11 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
         const Bytes pass = op.written * scale / shard;
         for (int64_t x : eager->forward) c.forward += dev.memory_kernel_time(pass * x);
         for (int64_t x : eager->backward) c.dgrad += dev.memory_kernel_time(pass * x);
+        break;
+      }
+      if (const auto eager = unfused_rope(op, g, l, op.written * scale / shard, cp)) {
+        for (int64_t b : eager->forward) c.forward += dev.memory_kernel_time(Bytes(b));
+        for (int64_t b : eager->backward) c.dgrad += dev.memory_kernel_time(Bytes(b));
         break;
       }
       const Bytes traffic = (op.read + op.written) * scale / shard;
@@ -1244,6 +1287,11 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
         const int64_t pass = (op.written * scale / shard).count();
         for (int64_t x : eager->forward) k.forward.push_back(sim::memory_kernel(pass * x));
         for (int64_t x : eager->backward) k.dgrad.push_back(sim::memory_kernel(pass * x));
+        break;
+      }
+      if (const auto eager = unfused_rope(op, g, l, op.written * scale / shard, cp)) {
+        for (int64_t b : eager->forward) k.forward.push_back(sim::memory_kernel(b));
+        for (int64_t b : eager->backward) k.dgrad.push_back(sim::memory_kernel(b));
         break;
       }
       const int64_t traffic = ((op.read + op.written) * scale / shard).count();

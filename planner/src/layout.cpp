@@ -198,6 +198,7 @@ std::string describe_in_words(const Layout& l, hardware::Precision workload) {
   if (!l.fused_projections) out += ", separate projections";
   if (l.repeat_kv) out += ", repeat_kv";
   if (!l.fused_activation) out += ", unfused activation";
+  if (!l.fused_rope) out += ", unfused RoPE";
   if (!l.align_grad_reduce) out += ", unaligned gradient reduction";
   if (l.defer_embedding_wgrad)
     out += l.wgrad_deferral_limit > 0

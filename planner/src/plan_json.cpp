@@ -124,6 +124,7 @@ Layout parse_layout(JsonReader& r) {
   l.fused_projections = r.optional_bool("fused_projections", true);
   l.repeat_kv = r.optional_bool("repeat_kv", false);
   l.fused_activation = r.optional_bool("fused_activation", true);
+  l.fused_rope = r.optional_bool("fused_rope", true);
   l.tp_backward_overlap = r.optional_bool("tp_backward_overlap", true);
   l.pp_scatter_gather = r.optional_bool("pp_scatter_gather", false);
   l.pp_blocking_p2p = r.optional_bool("pp_blocking_p2p", false);
@@ -220,6 +221,7 @@ nlohmann::json layout_to_json(const Layout& l) {
   if (!l.fused_projections) j["fused_projections"] = false;
   if (l.repeat_kv) j["repeat_kv"] = true;
   if (!l.fused_activation) j["fused_activation"] = false;
+  if (!l.fused_rope) j["fused_rope"] = false;
   if (!l.align_grad_reduce) j["align_grad_reduce"] = false;
   if (!l.tp_backward_overlap) j["tp_backward_overlap"] = false;
   if (l.pp_scatter_gather) j["pp_scatter_gather"] = true;

@@ -131,6 +131,7 @@ LayoutFix parse_layout_fix(JsonReader& r) {
   if (r.has("fused_projections")) f.fused_projections = r.optional_bool("fused_projections", true);
   if (r.has("repeat_kv")) f.repeat_kv = r.optional_bool("repeat_kv", false);
   if (r.has("fused_activation")) f.fused_activation = r.optional_bool("fused_activation", true);
+  if (r.has("fused_rope")) f.fused_rope = r.optional_bool("fused_rope", true);
   if (r.has("moe_capacity_factor"))
     f.moe_capacity_factor = r.optional_double("moe_capacity_factor", 0, 0, 64);
   if (r.has("moe_load_imbalance"))

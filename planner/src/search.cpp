@@ -336,7 +336,7 @@ class CostCache {
                                            bool frozen) {
     auto key = std::make_tuple(
         module, l.tp, l.cp, l.sequence_parallel, l.micro_batch, recompute_key(l), l.flash_attention,
-        l.fused_projections, l.repeat_kv, l.fused_activation, l.tp_backward_overlap,
+        l.fused_projections, l.repeat_kv, l.fused_activation, l.fused_rope, l.tp_backward_overlap,
         l.pp_scatter_gather, l.tp_comm_overlap, l.ep, l.expert_tp(), static_cast<int>(l.fp8_recipe),
         static_cast<int>(l.cp_comm), static_cast<int>(l.attention_kernel), l.cp_a2a,
         l.ep_comm_overlap, l.moe_shared_expert_overlap, static_cast<int>(l.moe_dispatcher),
@@ -440,7 +440,7 @@ class CostCache {
   const Scenario& s_;
   const sim::CollectiveConfig collectives_;  // what simulate() gets: its size scales
   std::map<std::tuple<size_t, int, int, bool, int, int, bool, bool, bool, bool, bool, bool, bool,
-                      int, int, int, int, int, int, bool, bool, int, bool, bool>,
+                      bool, int, int, int, int, int, int, bool, bool, int, bool, bool>,
            std::vector<ModuleTime>>
       memo_;
 };
@@ -714,6 +714,7 @@ std::vector<int> layout_key(const Layout& l) {
                      l.fused_projections,
                      l.repeat_kv,
                      l.fused_activation,
+                     l.fused_rope,
                      l.tp_backward_overlap,
                      l.pp_scatter_gather,
                      l.pp_blocking_p2p,
@@ -820,6 +821,7 @@ std::string describe_layout(const Layout& l, bool llm) {
   if (!l.fused_projections) out += " separate-proj";
   if (l.repeat_kv) out += " repeat-kv";
   if (!l.fused_activation) out += " unfused-act";
+  if (!l.fused_rope) out += " unfused-rope";
   if (llm && (l.first_stage_layers > 0 || l.last_stage_layers > 0))
     out += fmt::format(" first/last {}/{}", l.first_stage_layers, l.last_stage_layers);
   if (llm && !l.pipeline_layout.empty()) out += " layers " + pipeline_layout_text(l);
@@ -1265,6 +1267,7 @@ class Searcher {
           l.fused_projections = fx.fused_projections.value_or(true);
           l.repeat_kv = fx.repeat_kv.value_or(false);
           l.fused_activation = fx.fused_activation.value_or(true);
+          l.fused_rope = fx.fused_rope.value_or(true);
           l.moe_capacity_factor = fx.moe_capacity_factor.value_or(0);
           l.moe_load_imbalance = fx.moe_load_imbalance.value_or(1);
           l.tp_comm_overlap = fx.tp_comm_overlap.value_or(false) && tp > 1 && l.sequence_parallel;
@@ -1628,6 +1631,7 @@ class Searcher {
               mp.layout.fused_projections = fx.fused_projections.value_or(llm.fused_projections);
               mp.layout.repeat_kv = fx.repeat_kv.value_or(llm.repeat_kv);
               mp.layout.fused_activation = fx.fused_activation.value_or(llm.fused_activation);
+              mp.layout.fused_rope = fx.fused_rope.value_or(llm.fused_rope);
               // Userbuffers for an encoder when its own fix asks (it needs TP with SP).
               mp.layout.tp_comm_overlap =
                   fx.tp_comm_overlap.value_or(false) && tp > 1 && mp.layout.sequence_parallel;

@@ -64,6 +64,17 @@ planner::Plan glm45_ep32_plan() {
   return folded_ep32_plan(2, 4, 32);
 }
 
+planner::Plan deepseek_v3_plan() {
+  planner::Plan p;
+  p.layout = layout(2, 8, 64);
+  p.layout.sequence_parallel = true;
+  p.layout.ep = 64;
+  p.layout.etp = 1;
+  p.layout.recompute = models::Recompute::kFull;
+  p.layout.pipeline_layout = {8, 8, 8, 8, 8, 8, 8, 5};
+  return p;
+}
+
 planner::Plan gpt_oss_ep8_plan() {
   planner::Plan p;
   p.layout = layout(1, 4, 16);

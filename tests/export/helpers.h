@@ -28,6 +28,9 @@ planner::Plan mixtral_ep8_plan();
 planner::Plan glm45_ep32_plan();
 /// gpt-oss-120b on 64 GPUs as Megatron-Bridge's H100 recipe lays it out: PP 4, EP 8.
 planner::Plan gpt_oss_ep8_plan();
+/// DeepSeek-V3 on 128 DGX nodes: TP 2 with SP, PP 8 (8|8|8|8|8|8|8|5), EP 64, etp 1, full
+/// recompute.
+planner::Plan deepseek_v3_plan();
 /// Llama 4 Maverick on 128 GPUs: TP 4 with SP, PP 4, EP 32 folded, full recompute.
 planner::Plan maverick_plan();
 /// `p` with the LLM's gradient buffer in `d`.

@@ -277,13 +277,7 @@ TEST(ExportMegatron, DenseLayersFirstSetTheLayerPattern) {
 // and head widths, no GQA flags; the other trainers refuse it.
 TEST(ExportMegatron, LatentAttentionWritesItsWidths) {
   const planner::Scenario s = scenario("deepseek-v3", 128, 4096, 8192);
-  Plan p;
-  p.layout = layout(2, 8, 64);
-  p.layout.sequence_parallel = true;
-  p.layout.ep = 64;
-  p.layout.etp = 1;
-  p.layout.recompute = models::Recompute::kFull;
-  p.layout.pipeline_layout = {8, 8, 8, 8, 8, 8, 8, 5};
+  const Plan p = deepseek_v3_plan();
   ASSERT_EQ(planner::infeasibility(s, p), "");
   const auto f = all_flags(exported(s, p, Target::kMegatron).at("launch.sh"));
   EXPECT_EQ(f.count("--multi-latent-attention"), 1u);
@@ -416,6 +410,89 @@ TEST(ExportMegatron, RopeBaseAndLlama31ScalingAreWritten) {
     EXPECT_NE(all.find("RoPE base 500000, Llama 3.1 scaling by 8"), std::string::npos)
         << static_cast<int>(t);
   }
+}
+
+// YaRN, partial rotary and unfused RoPE. gpt-oss: GPT attention's YaRN (Megatron-LM's
+// --position-embedding-type yarn and its --yarn-* flags, Megatron-Bridge's yarn_* fields);
+// DeepSeek-V3: MLA's (--rope-type yarn, the scale and mscales; its ramp is
+// MLATransformerConfig's, and a model with another is refused); GLM-4.5: --rotary-percent.
+// An unfused-RoPE plan writes --no-rope-fusion / apply_rope_fusion false; nanotron refuses a
+// partial rotary and notes YaRN; torchtitan's note names both.
+TEST(ExportMegatron, YarnPartialRotaryAndRopeFusionAreWritten) {
+  const planner::Scenario oss = scenario("gpt-oss-120b", 8, 4096, 1280);
+  Plan p = gpt_oss_ep8_plan();
+  ASSERT_EQ(planner::infeasibility(oss, p), "");
+  auto f = all_flags(exported(oss, p, Target::kMegatron).at("launch.sh"));
+  EXPECT_EQ(f.at("--position-embedding-type"), "yarn");
+  EXPECT_EQ(f.at("--rotary-base"), "150000");
+  EXPECT_EQ(f.at("--rotary-scaling-factor"), "32");
+  EXPECT_EQ(f.at("--yarn-original-max-position-embeddings"), "4096");
+  EXPECT_EQ(f.at("--yarn-beta-fast"), "32");
+  EXPECT_EQ(f.at("--yarn-beta-slow"), "1");
+  EXPECT_EQ(f.count("--no-yarn-correction-range-round-to-int"), 1u);
+  EXPECT_EQ(f.at("--mscale"), "1");
+  EXPECT_EQ(f.at("--mscale-all-dim"), "0");
+  EXPECT_EQ(f.count("--rope-type") + f.count("--no-rope-fusion") + f.count("--rotary-percent"), 0u);
+  auto y = yaml_settings(exported(oss, p, Target::kMegatronBridge).at("megatron_bridge.yaml"));
+  EXPECT_EQ(y.at("model.position_embedding_type"), "\"yarn\"");
+  EXPECT_EQ(y.at("model.yarn_rotary_scaling_factor"), "32");
+  EXPECT_EQ(y.at("model.yarn_original_max_position_embeddings"), "4096");
+  EXPECT_EQ(y.at("model.yarn_correction_range_round_to_int"), "false");
+  EXPECT_EQ(y.at("model.yarn_mscale_all_dim"), "0");
+  EXPECT_EQ(y.at("model.apply_rope_fusion"), "true");
+  p.layout.fused_rope = false;
+  EXPECT_EQ(
+      all_flags(exported(oss, p, Target::kMegatron).at("launch.sh")).count("--no-rope-fusion"), 1u);
+  EXPECT_EQ(yaml_settings(exported(oss, p, Target::kMegatronBridge).at("megatron_bridge.yaml"))
+                .at("model.apply_rope_fusion"),
+            "false");
+
+  planner::Scenario ds = scenario("deepseek-v3", 128, 4096, 8192);
+  const Plan q = deepseek_v3_plan();
+  ASSERT_EQ(planner::infeasibility(ds, q), "");
+  f = all_flags(exported(ds, q, Target::kMegatron).at("launch.sh"));
+  EXPECT_EQ(f.at("--position-embedding-type"), "rope");
+  EXPECT_EQ(f.at("--rope-type"), "yarn");
+  EXPECT_EQ(f.at("--rotary-scaling-factor"), "40");
+  EXPECT_EQ(f.at("--mscale"), "1");
+  EXPECT_EQ(f.at("--mscale-all-dim"), "1");
+  EXPECT_EQ(f.count("--yarn-original-max-position-embeddings"), 0u);
+  std::get<models::LlmSpec>(ds.model.modules[ds.model.llm_index()].spec).yarn->beta_fast = 16;
+  EXPECT_NE(refusal(ds, q, Target::kMegatron).find("yarn with mla: "), std::string::npos);
+
+  const planner::Scenario glm = scenario("glm-4.5", 32, 4096, 1024);
+  ASSERT_EQ(planner::infeasibility(glm, glm45_ep32_plan()), "");
+  EXPECT_EQ(all_flags(exported(glm, glm45_ep32_plan(), Target::kMegatron).at("launch.sh"))
+                .at("--rotary-percent"),
+            "0.5");
+  EXPECT_EQ(
+      yaml_settings(
+          exported(glm, glm45_ep32_plan(), Target::kMegatronBridge).at("megatron_bridge.yaml"))
+          .at("model.rotary_percent"),
+      "0.5");
+
+  // nanotron: Llama-shaped models only; a copy of Llama 3.1 8B with the two RoPE extras.
+  planner::Scenario l = scenario("llama-3.1-8b", 1, 4096, 64);
+  auto& llm = std::get<models::LlmSpec>(l.model.modules[l.model.llm_index()].spec);
+  llm.rope_scaling_factor = 0;
+  llm.yarn = models::Yarn{.factor = 4, .original_max_positions = 8192};
+  Plan r;
+  r.layout = layout(8, 1, 1);
+  ASSERT_EQ(planner::infeasibility(l, r), "");
+  EXPECT_NE(exported(l, r, Target::kNanotron).at("launch.sh").find("YaRN RoPE by 4"),
+            std::string::npos);
+  llm.rotary_percent = 0.5;
+  EXPECT_NE(refusal(l, r, Target::kNanotron).find("rotary_percent 0.5: "), std::string::npos);
+  Plan sharded;  // FSDP2, as torchtitan shards
+  sharded.layout = layout(1, 1, 8);
+  sharded.layout.fsdp = true;
+  sharded.layout.fsdp_implementation = planner::FsdpImplementation::kTorchFsdp2;
+  sharded.layout.gradient_accumulation_fusion = false;
+  sharded.layout.overlap_grad_reduce = true;
+  std::string all;
+  for (const auto& [name, text] : exported(l, sharded, Target::kTorchtitan)) all += text;
+  EXPECT_NE(all.find("YaRN by 4 over 8192 positions"), std::string::npos);
+  EXPECT_NE(all.find("rotating 0.5 of each head"), std::string::npos);
 }
 
 // Gemma 3's norms after attention and after the MLP (post_norms): no trainer's generic

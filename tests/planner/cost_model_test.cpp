@@ -443,6 +443,87 @@ TEST(CostModel, UnfusedActivationRunsEagerKernels) {
             op_cost(act, g, fused, true, dev, hardware::Precision::kBf16).forward);
 }
 
+// Unfused RoPE (Layout::fused_rope false, or YaRN's scaled cos and sin, which Transformer
+// Engine's fused kernel cannot take) runs Megatron-Core's _apply_rotary_pos_emb_bshd on the
+// queries, then the keys: six small kernels on the fp32 frequencies (tokens x rotated
+// channels, 8 bytes each), then passes over the rotated share f of the tensor t (t * cos 2,
+// the negation 1, rotate_half's cat 2, * sin 2, the sum 3) and the cat with the rest (2);
+// backward the products' gradients (2, 2), the negation's (1), the chunk's cat (2), their
+// sum (3), each slice's zeros (1) and copy (2f; 2(1 - f) where f < 1) and the sum (3).
+TEST(CostModel, UnfusedRopeRunsEagerKernels) {
+  const auto dev = hardware::load_profile("dgx-h100")->gpu;
+  const auto bytes = [](const std::vector<sim::Kernel>& ks) {
+    std::vector<int64_t> out;
+    for (const sim::Kernel& k : ks) out.push_back(k.bytes);
+    return out;
+  };
+  // The kernels of rope under `l` on a rank holding 4096 tokens of q and k heads of width d
+  // (bf16), rotating f of each: checked against op_kernels and returned.
+  struct Expected {
+    std::vector<int64_t> fwd, bwd;
+  };
+  const auto check = [&](const models::OpGraph& g, const Layout& l, int64_t d, double f, int64_t q,
+                         int64_t k) {
+    Expected e;
+    for (int64_t heads : {q, k}) {
+      const double t = 4096.0 * static_cast<double>(heads * d * 2);
+      auto of = [&](double x) { return static_cast<int64_t>(t * x); };
+      for (int i = 0; i < 6; ++i) e.fwd.push_back(8 * static_cast<int64_t>(4096.0 * d * f));
+      for (double x : {2 * f, f, 2 * f, 2 * f, 3 * f, 2.0}) e.fwd.push_back(of(x));
+      for (double x : {2 * f, 2 * f, f, 2 * f, 3 * f, 1.0, 2 * f, 1.0}) e.bwd.push_back(of(x));
+      if (f < 1) e.bwd.push_back(of(2 * (1 - f)));
+      e.bwd.push_back(of(3));
+    }
+    const OpKernels got = op_kernels(op_named(g, "rope"), g, l, true, hardware::Precision::kBf16);
+    EXPECT_EQ(bytes(got.forward), e.fwd);
+    EXPECT_EQ(bytes(got.dgrad), e.bwd);
+    return e;
+  };
+  Layout fused, eager;
+  eager.fused_rope = false;
+  // Llama 3.1 8B (32 query heads, 8 key heads of 128), 4096 tokens on one rank: the fused
+  // kernel unless the plan unfuses it; op_cost times the same kernels.
+  {
+    const models::OpGraph g = zoo_graph("llama-3.1-8b", 4096);
+    const models::Op& rope = op_named(g, "rope");
+    ASSERT_TRUE(rope.rope.has_value());
+    EXPECT_FALSE(rope.rope->scaled);
+    EXPECT_EQ(op_kernels(rope, g, fused, true, hardware::Precision::kBf16).forward.size(), 1u);
+    const Expected e = check(g, eager, 128, 1, 32, 8);
+    Time t_fwd, t_bwd;
+    for (int64_t b : e.fwd) t_fwd += dev.memory_kernel_time(Bytes(b));
+    for (int64_t b : e.bwd) t_bwd += dev.memory_kernel_time(Bytes(b));
+    const PassCost c = op_cost(rope, g, eager, true, dev, hardware::Precision::kBf16);
+    EXPECT_EQ(c.forward, t_fwd);
+    EXPECT_EQ(c.dgrad, t_bwd);
+    const PassCost one = op_cost(rope, g, fused, true, dev, hardware::Precision::kBf16);
+    EXPECT_GT(c.forward, one.forward * 3);
+    EXPECT_GT(c.dgrad, one.dgrad * 3);
+  }
+  // Nemotron-4 15B rotates half of each head (48 query, 8 key heads of 128), tp 2: the rotated
+  // share's passes halve, the whole-tensor ones stay.
+  Layout half = eager;
+  half.tp = 2;
+  check(zoo_graph("nemotron-4-15b", 4096), half, 128, 0.5, 24, 4);
+  // gpt-oss's YaRN scales cos and sin by 1.35: unfused even where the plan fuses RoPE.
+  {
+    const models::OpGraph g = zoo_graph("gpt-oss-120b", 4096);
+    ASSERT_TRUE(op_named(g, "rope").rope.has_value());
+    EXPECT_TRUE(op_named(g, "rope").rope->scaled);
+    check(g, fused, 64, 1, 64, 8);
+  }
+  // DeepSeek-V3's YaRN leaves cos and sin unscaled (mscale = mscale_all_dim), and MLA's own
+  // kernel would scale them anyway: fused.
+  {
+    const models::OpGraph g = zoo_graph("deepseek-v3", 4096);
+    const models::Op& rope = op_named(g, "rope");
+    ASSERT_TRUE(rope.rope.has_value());
+    EXPECT_FALSE(rope.rope->scaled);
+    EXPECT_EQ(rope.parts, (std::vector<int64_t>{128 * 64, 64}));
+    EXPECT_EQ(op_kernels(rope, g, fused, true, hardware::Precision::kBf16).forward.size(), 1u);
+  }
+}
+
 // FP8 current scaling (tensorwise) quantises each tensor with three kernels (amax, scale,
 // cast + transpose) where delayed scaling runs the cast alone. Per Linear GEMM: forward, the
 // cast the norm can no longer fuse in front of qkv / fc1 (4 bytes per element of the local

@@ -2625,6 +2625,24 @@ TEST(Lower, QuickGegluExtrasRunAsKernelsUnfused) {
   EXPECT_GT(time(oss, false), time(plain, false));
 }
 
+// RoPE as Megatron-Core's unfused ops (Layout::fused_rope false) adds their kernels' time;
+// YaRN that scales cos and sin runs them whatever the plan says, and costs nothing else.
+TEST(Lower, UnfusedRopeAddsTimeAndScaledYarnRunsIt) {
+  const Scenario plain = make(4, 16, 1);
+  const Scenario yarn =
+      make(4, 16, 1, "dgx-h100", "", R"(, "yarn": {"factor": 32, "original_max_positions": 4096})");
+  auto time = [](const Scenario& s, bool fused) {
+    Plan p = plan(2, 1, 4);
+    p.layout.fused_rope = fused;
+    auto r = evaluate(s, p);
+    EXPECT_TRUE(r.is_ok() && r->feasible);
+    return r->iteration_time;
+  };
+  EXPECT_GT(time(plain, false), time(plain, true));
+  EXPECT_EQ(time(yarn, true), time(plain, false));
+  EXPECT_EQ(time(yarn, false), time(plain, false));
+}
+
 // Megatron-Core's combined 1F1B (Layout::ep_comm_overlap): the same tasks, the
 // all-to-alls on a stream of their own, a backward's tasks interleaved with the next
 // micro-batch's forward on the compute stream, and the exposed all-to-all time falls.

@@ -58,6 +58,17 @@ struct MlpActivation {
   bool operator==(const MlpActivation&) const = default;
 };
 
+/// A RoPE op's application: the width of the heads it applies to, the share of each it
+/// rotates (LlmSpec::rotary_percent) and whether it scales cos and sin (YaRN's
+/// concentration != 1 outside multi-head latent attention), which Transformer Engine's fused
+/// RoPE cannot: Megatron-Core then runs its unfused RoPE even where the trainer fuses it.
+struct RopeApply {
+  int64_t head_dim = 0;
+  double rotated = 1;
+  bool scaled = false;
+  bool operator==(const RopeApply&) const = default;
+};
+
 struct AttentionShape {
   int64_t batch = 0;
   int64_t heads = 0;
@@ -103,6 +114,8 @@ struct Op {
   std::vector<GemmShape> gemms;
   /// A GEMM fusing several products of one input (qkv: the q, k and v projections; a gated
   /// fc1: gate and up), their output widths in order, summing to the GEMM's n; empty: one.
+  /// On a RoPE op: the widths per token of the tensors it rotates (queries, keys), which
+  /// unfused RoPE applies to one at a time.
   std::vector<int64_t> parts;
   /// The parts run as GEMMs of their own (ModuleInput::fused_projections false): gemms[i]
   /// is part i, all of one input.
@@ -110,6 +123,8 @@ struct Op {
   std::optional<AttentionShape> attention;
   /// The MLP activation an activation op applies (mlp_act, expert_act); unset elsewhere.
   std::optional<MlpActivation> activation;
+  /// What a RoPE op (rope) applies; unset elsewhere.
+  std::optional<RopeApply> rope;
   /// Part of a multi-token-prediction depth (LlmSpec::mtp_layers), on the last pipeline
   /// stage. Its layer's ops, with the norms and projection before it and the norm after it
   /// (the region Megatron-Core checkpoints), carry layer index layers + depth; its embedding

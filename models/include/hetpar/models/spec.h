@@ -137,6 +137,27 @@ struct MoeSpec {
   }
 };
 
+/// YaRN (Peng et al. 2023; Megatron-Core's YarnRotaryEmbedding, Hugging Face's rope_scaling
+/// of rope_type "yarn"): RoPE extended past `original_max_positions` by blending, band by
+/// band, the base frequencies with ones interpolated by `factor`, the blend ramping between
+/// the bands that turn beta_fast and beta_slow times over the original context (the ramp's
+/// ends rounded to whole bands when `truncate`: Megatron-Core's
+/// correction_range_round_to_int); cos and sin are scaled by the concentration factor
+/// get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim), with get_mscale(s, m) =
+/// 0.1 m ln(s) + 1. The frequencies cost nothing; the concentration does where it is not 1:
+/// Transformer Engine's fused RoPE cannot scale, so Megatron-Core runs its unfused RoPE.
+struct Yarn {
+  double factor = 0;
+  int64_t original_max_positions = 0;
+  double beta_fast = 32;
+  double beta_slow = 1;
+  double mscale = 1;
+  double mscale_all_dim = 0;
+  bool truncate = true;
+  /// The factor cos and sin are scaled by.
+  double concentration() const;
+};
+
 struct LlmSpec {
   TransformerSpec block;
   int64_t vocab = 0;
@@ -149,6 +170,13 @@ struct LlmSpec {
   /// Llama 3.1's RoPE scaling (the low-frequency bands stretched by this factor; Megatron-LM
   /// --use-rope-scaling --rope-scaling-factor); 0: none.
   double rope_scaling_factor = 0;
+  /// YaRN's extension of RoPE (gpt-oss, DeepSeek-V3), instead of Llama 3.1's scaling.
+  std::optional<Yarn> yarn;
+  /// The share of each query and key head RoPE rotates (GLM-4.5 and Nemotron-4: 0.5;
+  /// Megatron's rotary_percent), the leading rotary_percent * head_dim channels; the rest
+  /// pass through. Transformer Engine's fused kernel still reads and writes the whole head
+  /// (it copies the rest), so only the rotation's FLOPs shrink.
+  double rotary_percent = 1;
   std::optional<MoeSpec> moe;
   /// Multi-token prediction depths (DeepSeek-V3's MTP modules, Megatron-LM's
   /// --mtp-num-layers), after the last layer: each embeds the next token (the shared table),

@@ -230,6 +230,12 @@ struct Layout {
   /// torch.pow(relu(x), 2); Megatron's --no-bias-swiglu-fusion glu; torchtitan without
   /// compile). GELU is one kernel each way either way.
   bool fused_activation = true;
+  /// RoPE as Transformer Engine's fused kernel, one each way per query and key tensor
+  /// (default: Megatron-Core's apply_rope_fusion), or false as Megatron-Core's unfused
+  /// _apply_rotary_pos_emb_bshd, eager PyTorch ops (Megatron-LM's --no-rope-fusion). A
+  /// model whose YaRN scales cos and sin runs the unfused ops either way
+  /// (models::RopeApply::scaled).
+  bool fused_rope = true;
   /// The backward of a column-parallel linear overlaps the TP collective of its input
   /// gradient with its wgrad GEMM (and, under SP, re-gathers its input beside the dgrad
   /// GEMM), as Megatron-LM's LinearWithGradAccumulationAndAsyncCommunication and

@@ -71,9 +71,9 @@ struct LayoutFix {
   /// profile's own. Not searched: it is the trainer's kernel choice.
   std::optional<hardware::AttentionKernel> attention_kernel;
   /// The trainer's model code (Layout::fused_projections, Layout::repeat_kv,
-  /// Layout::fused_activation) in every searched layout; default Megatron's (fused, no
-  /// repeat, fused activation). Not searched: it is the code.
-  std::optional<bool> fused_projections, repeat_kv, fused_activation;
+  /// Layout::fused_activation, Layout::fused_rope) in every searched layout; default
+  /// Megatron's (fused, no repeat, fused activation and RoPE). Not searched: it is the code.
+  std::optional<bool> fused_projections, repeat_kv, fused_activation, fused_rope;
   /// MoE token dropping (Layout::moe_capacity_factor) in every searched LLM layout; default
   /// dropless. Not searched: dropping tokens changes what is trained.
   std::optional<double> moe_capacity_factor;
