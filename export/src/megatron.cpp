@@ -421,8 +421,9 @@ Result<std::vector<ExportFile>> write_megatron(const Context& c) {
   // its squared ReLU always jit-fused, its SwiGLU as the plan says (--no-bias-swiglu-fusion).
   const models::Activation act = c.llm.block.activation;
   const bool by_flag = act == models::Activation::kSwiglu || act == models::Activation::kQuickGeglu;
-  if (std::string n = layer_code_note(
-          c, "Megatron-LM", {.fused_activation = !by_flag || c.layout().fused_activation});
+  if (std::string n = layer_code_note(c, "Megatron-LM",
+                                      {.fused_activation = !by_flag || c.layout().fused_activation,
+                                       .fused_rope = c.layout().fused_rope});
       !n.empty())
     notes.push_back(std::move(n));
   std::string entry = "pretrain_gpt.py";

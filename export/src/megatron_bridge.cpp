@@ -320,7 +320,8 @@ Result<std::vector<ExportFile>> write_megatron_bridge(const Context& c) {
     const models::Activation act = c.llm.block.activation;
     const bool fused_act =
         models::is_gated(act) ? l.fused_activation : act != models::Activation::kSquaredRelu;
-    if (std::string n = layer_code_note(c, "Megatron-Bridge", {.fused_activation = fused_act});
+    if (std::string n = layer_code_note(
+            c, "Megatron-Bridge", {.fused_activation = fused_act, .fused_rope = l.fused_rope});
         !n.empty())
       text += "# " + n + "\n";
     s.push_back({"model.tensor_model_parallel_size", num(l.tp)});

@@ -135,7 +135,8 @@ Result<std::vector<ExportFile>> write_nanotron(const Context& c) {
         "after\n# the first reduce after the schedule); nanotron's DDP reduces each bucket as "
         "it becomes\n# ready in every stage's last backward: set the plan's align_grad_reduce "
         "to false to time it so.\n";
-  // nanotron's Llama: qkv_proj and gate_up_proj fused, flash-attn reading the kv heads.
+  // nanotron's Llama: qkv_proj and gate_up_proj fused, flash-attn reading the kv heads, its
+  // training forward rotating with flash-attn's fused rotary kernel (flash_rotary_embedding).
   if (std::string n = layer_code_note(c, "nanotron", {}); !n.empty()) script += "# " + n + "\n";
   if (c.llm.rope_scaling_factor > 0 || c.llm.yarn)
     script += fmt::format(

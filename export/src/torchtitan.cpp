@@ -219,7 +219,8 @@ Result<std::vector<ExportFile>> write_torchtitan(const Context& c) {
         "loss): the plan times the loss as compiled, the blocks as their per-op kernels.");
   if (std::string n = unfused_accumulation_note(c, "torchtitan"); !n.empty())
     notes.push_back(std::move(n));
-  // torchtitan's Llama: wq, wk, wv, w1, w3 apart, repeat_kv before SDPA.
+  // torchtitan's Llama: wq, wk, wv, w1, w3 apart, repeat_kv before SDPA; its RoPE's complex
+  // product compiled into one kernel each way, as the plan times its activation.
   if (std::string n = layer_code_note(c, "torchtitan", {false, true}); !n.empty())
     notes.push_back(std::move(n));
   for (std::string& n : fsdp2_notes(c, "torchtitan", /*wraps_like_torchtitan=*/true))

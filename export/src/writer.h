@@ -199,10 +199,12 @@ struct LayerCode {
   bool fused_projections = true;
   bool repeat_kv = false;
   bool fused_activation = true;  // compared only for SwiGLU and squared ReLU (GELU: one kernel)
+  /// Compared only for RoPE whose cos and sin are unscaled (a scaling YaRN runs unfused).
+  bool fused_rope = true;
 };
 /// The note that the plan timed the LLM's layer otherwise than `trainer`'s model code runs
-/// it (Layout::fused_projections, Layout::repeat_kv, Layout::fused_activation); "" when they
-/// agree.
+/// it (Layout::fused_projections, Layout::repeat_kv, Layout::fused_activation,
+/// Layout::fused_rope); "" when they agree.
 std::string layer_code_note(const Context& c, std::string_view trainer, LayerCode code);
 /// "RoPE base 500000, Llama 3.1 scaling by 8": the model's own RoPE (its base, scaling or
 /// YaRN, rotated share), for targets whose model code the user supplies; "" where the model

@@ -493,6 +493,20 @@ TEST(ExportMegatron, YarnPartialRotaryAndRopeFusionAreWritten) {
   for (const auto& [name, text] : exported(l, sharded, Target::kTorchtitan)) all += text;
   EXPECT_NE(all.find("YaRN by 4 over 8192 positions"), std::string::npos);
   EXPECT_NE(all.find("rotating 0.5 of each head"), std::string::npos);
+  // A plan timing unfused RoPE: torchtitan (compiled) and nanotron (flash-attn's rotary
+  // kernel) fuse it, so their exports say so; Megatron-LM writes --no-rope-fusion instead.
+  llm.yarn.reset();
+  llm.rotary_percent = 1;
+  sharded.layout.fused_rope = false;
+  all.clear();
+  for (const auto& [name, text] : exported(l, sharded, Target::kTorchtitan)) all += text;
+  EXPECT_NE(all.find("runs RoPE as one fused kernel each way (fused_rope true)"),
+            std::string::npos);
+  r.layout.fused_rope = false;
+  EXPECT_NE(exported(l, r, Target::kNanotron).at("launch.sh").find("(fused_rope true)"),
+            std::string::npos);
+  EXPECT_EQ(exported(l, r, Target::kMegatron).at("launch.sh").find("fused_rope"),
+            std::string::npos);
 }
 
 // Gemma 3's norms after attention and after the MLP (post_norms): no trainer's generic
