@@ -207,6 +207,20 @@ TEST(Cli, SimulateTakesAValidationRunFile) {
   EXPECT_NE(b.err.find("measured: expected an object"), std::string::npos) << b.err;
 }
 
+// A model whose YaRN scales cos and sin is timed with unfused RoPE even where the plan fuses
+// it: the text summary says why; a plain RoPE model's says nothing.
+TEST(Cli, SimulateSaysWhyYarnRunsUnfusedRope) {
+  CliRun r =
+      run("simulate " + std::string(HETPAR_SOURCE_DIR) + "/tests/data/executor/tiny-oss-2.json");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("RoPE       unfused: the model's YaRN scales cos and sin by 1.14"),
+            std::string::npos)
+      << r.out;
+  CliRun plain = run("simulate " + write_temp("plain_rope.json", kSmallPlan));
+  EXPECT_EQ(plain.exit_code, 0) << plain.err;
+  EXPECT_EQ(plain.out.find("RoPE "), std::string::npos) << plain.out;
+}
+
 // `validation` summarises per source document: two runs of one paper, one of another.
 TEST(Cli, ValidationSummarisesEachSource) {
   const std::string runs = std::string(HETPAR_SOURCE_DIR) + "/validation/runs/";

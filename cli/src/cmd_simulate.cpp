@@ -43,6 +43,13 @@ void print_text(const planner::Scenario& s, const planner::Plan& p, const planne
   fmt::print("Scenario   {} on {} GPUs\n", s.name, s.cluster.total_gpus());
   fmt::print("Plan       {}, {} schedule\n", planner::describe_in_words(l, s.workload.precision),
              planner::to_string(p.schedule));
+  // Why a plan that fuses RoPE is timed unfused (models::RopeApply::scaled).
+  const auto& llm = std::get<models::LlmSpec>(s.model.modules[s.model.llm_index()].spec);
+  if (l.fused_rope && llm.yarn && !llm.block.mla && llm.yarn->concentration() != 1)
+    fmt::print(
+        "RoPE       unfused: the model's YaRN scales cos and sin by {:.3g}, which Transformer "
+        "Engine's fused kernel cannot (Megatron-Core falls back)\n",
+        llm.yarn->concentration());
   if (!m.feasible) {
     fmt::print("Infeasible: {}\n", m.infeasible_reason);
     // A plan the memory model refuses: every stage's breakdown, and by how much it is over.

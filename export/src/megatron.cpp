@@ -241,7 +241,7 @@ void refuse_megatron_model(const Context& c, Refusals& r) {
     r.add(fmt::format(
         "yarn with mla: Megatron-LM's multi-latent attention keeps MLATransformerConfig's YaRN "
         "ramp (original_max_positions 4096, beta_fast 32, beta_slow 1, truncate true); the "
-        "model has {}, {}, {}, {}",
+        "model has original_max_positions {}, beta_fast {}, beta_slow {}, truncate {}",
         y->original_max_positions, y->beta_fast, y->beta_slow, y->truncate));
   if (b.linear_bias && !b.qkv_bias)
     r.add(

@@ -242,9 +242,8 @@ class Builder {
     op.separate_parts = true;
   }
 
-  /// A pointwise op over `in` input and `out` output elements.
-  // RoPE over T tokens of the tensors `widths` wide per token (queries, keys): the fused
-  // kernel reads and writes every channel, rotating the `a.rotated` share of them.
+  /// RoPE over T tokens of the tensors `widths` wide per token (queries, keys): the fused
+  /// kernel reads and writes every channel, rotating the `a.rotated` share of them.
   Op& rope(int layer, double T, std::vector<int64_t> widths, RopeApply a) {
     double width = 0;
     for (int64_t w : widths) width += static_cast<double>(w);
@@ -255,6 +254,7 @@ class Builder {
     return op;
   }
 
+  /// A pointwise op over `in` input and `out` output elements.
   Op& pointwise(std::string name, OpKind kind, int layer, double in, double out,
                 double flops_per_out, double saved_elems, int64_t params = 0) {
     Op op = make(std::move(name), kind, layer);

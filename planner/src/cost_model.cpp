@@ -575,15 +575,15 @@ std::optional<EagerKernels> unfused_rope(const models::Op& op, const models::OpG
   const double f = op.rope->rotated;
   int64_t width = 0;
   for (int64_t w : op.parts) width += w;
+  // The frequencies: the rank's tokens x the rotated channels of a head, fp32 in and out.
+  const double tokens =
+      static_cast<double>(op.written.count()) / static_cast<double>(width * g.dtype_bytes * cp);
+  const int64_t freqs = 8 * std::llround(tokens * f * static_cast<double>(op.rope->head_dim));
   EagerKernels k;
   for (int64_t w : op.parts) {
     const double t =
         static_cast<double>(written.count()) * static_cast<double>(w) / static_cast<double>(width);
     auto bytes = [&](double passes) { return static_cast<int64_t>(std::llround(t * passes)); };
-    // The frequencies: the rank's tokens x the rotated channels of a head, fp32 in and out.
-    const double tokens =
-        static_cast<double>(op.written.count()) / static_cast<double>(width * g.dtype_bytes * cp);
-    const int64_t freqs = 8 * std::llround(tokens * f * static_cast<double>(op.rope->head_dim));
     for (int i = 0; i < 6; ++i) k.forward.push_back(freqs);
     for (double x : {2 * f, f, 2 * f, 2 * f, 3 * f, 2.0}) k.forward.push_back(bytes(x));
     for (double x : {2 * f, 2 * f, f, 2 * f, 3 * f, 1.0, 2 * f, 1.0})
