@@ -1140,6 +1140,21 @@ TEST(Json, YarnAndRotaryPercent) {
   refused(R"(, "rotary_percent": 0)", "rotary_percent");
 }
 
+// Norms scaled by 1 + gamma: a flag of the block, false unless given, costing nothing.
+TEST(Json, ZeroCenteredGammaIsAFlagOfTheBlock) {
+  auto centred = one_layer_llm("swiglu", "rmsnorm", R"(, "zero_centered_gamma": true)");
+  auto plain = one_layer_llm("swiglu", "rmsnorm");
+  ASSERT_TRUE(centred.is_ok()) << centred.status().message();
+  ASSERT_TRUE(plain.is_ok());
+  EXPECT_TRUE(std::get<LlmSpec>(centred->modules[0].spec).block.zero_centered_gamma);
+  EXPECT_FALSE(std::get<LlmSpec>(plain->modules[0].spec).block.zero_centered_gamma);
+  EXPECT_EQ(count_params(*centred).total, count_params(*plain).total);
+  EXPECT_EQ(op_named(*centred, "attn_norm").read, op_named(*plain, "attn_norm").read);
+  auto bad = one_layer_llm("swiglu", "rmsnorm", R"(, "zero_centered_gamma": 1)");
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("zero_centered_gamma"), std::string::npos);
+}
+
 struct GraphTotals {
   double forward, backward;
   int64_t activations, params;

@@ -23,6 +23,7 @@ Result<std::vector<ExportFile>> write_deepspeed(const Context& c) {
   refuse_attention_sinks(c, r);
   refuse_post_norms(c, r);
   refuse_glu_extras(c, r);
+  refuse_zero_centered_gamma(c, r);
   refuse_selective_op(c, r);
   refuse_cross_entropy_unless(c, r, {planner::CrossEntropy::kUnfused});
   refuse_mixed_node_sizes(c, r);

@@ -324,6 +324,14 @@ void refuse_glu_extras(const Context& c, Refusals& r) {
                     b.glu_linear_offset, c.target_name()));
 }
 
+void refuse_zero_centered_gamma(const Context& c, Refusals& r) {
+  if (c.llm.block.zero_centered_gamma)
+    r.add(
+        fmt::format("zero_centered_gamma: {} has no setting for norms scaled by 1 + gamma "
+                    "(Megatron-Core's layernorm_zero_centered_gamma)",
+                    c.target_name()));
+}
+
 void refuse_a2a_context_parallel(const Context& c, Refusals& r) {
   const planner::Layout& l = c.layout();
   if (l.cp > 1 && l.cp_heads_split() > 1)

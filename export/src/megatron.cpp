@@ -350,6 +350,7 @@ std::vector<Flag> megatron_model_flags(const Context& c) {
   }
   if (!c.layout().fused_rope && !learned) f.push_back({"--no-rope-fusion", ""});
   f.push_back({"--normalization", b.norm == models::Norm::kRmsNorm ? "RMSNorm" : "LayerNorm"});
+  if (b.zero_centered_gamma) f.push_back({"--apply-layernorm-1p", ""});
   if (b.activation == models::Activation::kSwiglu) f.push_back({"--swiglu", ""});
   if (b.activation == models::Activation::kSquaredRelu) f.push_back({"--squared-relu", ""});
   if (b.activation == models::Activation::kQuickGeglu) f.push_back({"--quick-geglu", ""});

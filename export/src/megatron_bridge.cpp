@@ -99,6 +99,7 @@ void add_model_shape(std::vector<Setting>& s, const Context& c) {
     s.push_back({"model.activation_func_clamp_value", decimal(b.activation_clamp)});
   s.push_back({"model.normalization",
                yaml_string(b.norm == models::Norm::kRmsNorm ? "RMSNorm" : "LayerNorm")});
+  s.push_back({"model.layernorm_zero_centered_gamma", yaml_bool(b.zero_centered_gamma)});
   const bool learned = llm.positions == models::PositionEmbedding::kLearned;
   s.push_back({"model.position_embedding_type", yaml_string(learned    ? "learned_absolute"
                                                             : llm.yarn ? "yarn"

@@ -65,6 +65,7 @@ Result<std::vector<ExportFile>> write_torchtitan(const Context& c) {
   refuse_attention_sinks(c, r);
   refuse_post_norms(c, r);
   refuse_glu_extras(c, r);
+  refuse_zero_centered_gamma(c, r);
   refuse_a2a_context_parallel(c, r);
   // The eager loss times as Megatron's unfused one; the compiled loss is torch.compile's.
   refuse_cross_entropy_unless(c, r,

@@ -115,6 +115,9 @@ void refuse_post_norms(const Context& c, Refusals& r);
 /// TransformerSpec::activation_clamp and glu_linear_offset, which only Megatron's targets
 /// write.
 void refuse_glu_extras(const Context& c, Refusals& r);
+/// Norms scaled by 1 + gamma (TransformerSpec::zero_centered_gamma), for a target whose
+/// model code has none.
+void refuse_zero_centered_gamma(const Context& c, Refusals& r);
 /// Context parallelism by all-to-alls over the heads (Layout cp_comm a2a, a2a+p2p).
 void refuse_a2a_context_parallel(const Context& c, Refusals& r);
 /// Refuses a Layout::cross_entropy_fusion other than those the target runs: Megatron's fused

@@ -110,6 +110,7 @@ TransformerSpec read_block(JsonReader& r) {
   t.glu_linear_offset = r.optional_double("glu_linear_offset", 0, -1e6, 1e6);
   t.norm = r.required_enum("norm", {"layernorm", "rmsnorm"}) == "rmsnorm" ? Norm::kRmsNorm
                                                                           : Norm::kLayerNorm;
+  t.zero_centered_gamma = r.optional_bool("zero_centered_gamma", false);
   t.qkv_bias = r.optional_bool("qkv_bias", false);
   t.linear_bias = r.optional_bool("linear_bias", false);
   t.dropout = r.optional_bool("dropout", false);

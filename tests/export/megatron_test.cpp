@@ -509,6 +509,36 @@ TEST(ExportMegatron, YarnPartialRotaryAndRopeFusionAreWritten) {
             std::string::npos);
 }
 
+// Norms scaled by 1 + gamma (Nemotron-4's layernorm1p): Megatron-LM's --apply-layernorm-1p,
+// Megatron-Bridge's layernorm_zero_centered_gamma (written either way); torchtitan,
+// DeepSpeed and nanotron have no such norm and refuse it by name.
+TEST(ExportMegatron, ZeroCenteredGammaIsWrittenOrRefused) {
+  Plan p;
+  p.layout = layout(2, 1, 8);
+  p.layout.sequence_parallel = true;
+  const planner::Scenario nemotron = scenario("nemotron-4-15b", 2, 4096, 64);
+  const planner::Scenario llama = scenario("llama-3.1-8b", 2, 4096, 64);
+  ASSERT_EQ(planner::infeasibility(nemotron, p), "");
+  auto flags = [&](const planner::Scenario& s) {
+    return all_flags(exported(s, p, Target::kMegatron).at("launch.sh"));
+  };
+  auto bridge = [&](const planner::Scenario& s) {
+    return yaml_settings(exported(s, p, Target::kMegatronBridge).at("megatron_bridge.yaml"));
+  };
+  EXPECT_EQ(flags(nemotron).count("--apply-layernorm-1p"), 1u);
+  EXPECT_EQ(flags(llama).count("--apply-layernorm-1p"), 0u);
+  EXPECT_EQ(bridge(nemotron).at("model.layernorm_zero_centered_gamma"), "true");
+  EXPECT_EQ(bridge(llama).at("model.layernorm_zero_centered_gamma"), "false");
+  planner::Scenario centred = scenario("llama-3.1-8b", 1, 4096, 64);
+  std::get<models::LlmSpec>(centred.model.modules[centred.model.llm_index()].spec)
+      .block.zero_centered_gamma = true;
+  Plan dp;
+  dp.layout = layout(1, 1, 8);
+  for (Target t : {Target::kTorchtitan, Target::kDeepspeed, Target::kNanotron})
+    EXPECT_NE(refusal(centred, dp, t).find("zero_centered_gamma: "), std::string::npos)
+        << static_cast<int>(t);
+}
+
 // Gemma 3's norms after attention and after the MLP (post_norms): no trainer's generic
 // model has them, so every target refuses the plan with the field's name.
 TEST(ExportMegatron, PostNormsAreRefusedEverywhere) {

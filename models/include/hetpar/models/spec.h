@@ -74,6 +74,11 @@ struct TransformerSpec {
   double activation_clamp = 0;
   double glu_linear_offset = 0;
   Norm norm = Norm::kLayerNorm;
+  /// Every norm scales by 1 + gamma, its weights centred on zero (Megatron-Core's
+  /// layernorm_zero_centered_gamma, Megatron-LM's --apply-layernorm-1p: Nemotron-4's
+  /// layernorm1p, Gemma's RMSNorm x * (1 + w)). The same kernel and cost; the exports write it,
+  /// since a trainer without it trains another parameterisation.
+  bool zero_centered_gamma = false;
   bool qkv_bias = false;     // biases on the Q, K, V projections
   bool linear_bias = false;  // biases on the attention output projection and MLP linears
   bool dropout = false;      // training with dropout: its masks are saved for backward
