@@ -1140,6 +1140,43 @@ TEST(Json, YarnAndRotaryPercent) {
   refused(R"(, "rotary_percent": 0)", "rotary_percent");
 }
 
+// The MoE router's semantics (DeepSeek-V3's: sigmoid scores, expert bias, weights scaled by
+// 2.5, 4 of 8 expert groups): parsed, costing what a softmax router does, and grouped only
+// where whole groups can hold top_k experts.
+TEST(Json, MoeRouterFieldsParseAndCheckTheirGroups) {
+  auto model = [](const std::string& router) {
+    return model_from_json_text(
+        R"({"name": "m", "modules": [{"name": "llm", "kind": "llm", "spec": {"layers": 1,
+        "hidden": 256, "heads": 4, "vocab": 100, "activation": "swiglu", "norm": "rmsnorm",
+        "moe": {"experts": 16, "top_k": 4, "expert_ffn_hidden": 64)" +
+            router + "}}}]}",
+        "test");
+  };
+  auto ds = model(R"(, "score_function": "sigmoid", "expert_bias": true, "topk_scaling": 2.5, )"
+                  R"("groups": 8, "group_topk": 4)");
+  ASSERT_TRUE(ds.is_ok()) << ds.status().message();
+  const MoeSpec& m = *std::get<LlmSpec>(ds->modules[0].spec).moe;
+  EXPECT_TRUE(m.sigmoid_router);
+  EXPECT_TRUE(m.expert_bias);
+  EXPECT_EQ(m.topk_scaling, 2.5);
+  EXPECT_EQ(m.groups, 8);
+  EXPECT_EQ(m.group_topk, 4);
+  auto plain = model("");
+  ASSERT_TRUE(plain.is_ok()) << plain.status().message();
+  EXPECT_FALSE(std::get<LlmSpec>(plain->modules[0].spec).moe->sigmoid_router);
+  EXPECT_EQ(count_params(*ds).total, count_params(*plain).total);
+  const auto refused = [&](const std::string& router, const std::string& field) {
+    auto r = model(router);
+    ASSERT_FALSE(r.is_ok()) << router;
+    EXPECT_NE(r.status().message().find(field), std::string::npos) << r.status().message();
+  };
+  refused(R"(, "score_function": "tanh")", "score_function");
+  refused(R"(, "groups": 3, "group_topk": 1)", "moe.groups");      // 3 does not divide 16
+  refused(R"(, "groups": 8, "group_topk": 1)", "moe.groups");      // 2 experts < top_k 4
+  refused(R"(, "groups": 8, "group_topk": 9)", "moe.groups");      // more than the groups
+  refused(R"(, "group_topk": 2)", "moe.group_topk");               // no groups
+}
+
 // Norms scaled by 1 + gamma: a flag of the block, false unless given, costing nothing.
 TEST(Json, ZeroCenteredGammaIsAFlagOfTheBlock) {
   auto centred = one_layer_llm("swiglu", "rmsnorm", R"(, "zero_centered_gamma": true)");

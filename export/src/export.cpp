@@ -633,6 +633,15 @@ std::string rope_note(const models::LlmSpec& llm) {
         llm.yarn->truncate ? "" : ", the ramp not rounded"));
   if (llm.rotary_percent != 1)
     parts.push_back(fmt::format("rotating {} of each head", llm.rotary_percent));
+  if (const auto& m = llm.moe;
+      m && (m->sigmoid_router || m->expert_bias || m->topk_scaling > 0 || m->groups > 0)) {
+    std::string router = fmt::format("a {} router", m->sigmoid_router ? "sigmoid" : "softmax");
+    if (m->expert_bias) router += " with expert bias";
+    if (m->topk_scaling > 0) router += fmt::format(", its weights scaled by {}", m->topk_scaling);
+    if (m->groups > 0)
+      router += fmt::format(", the experts of {} of {} groups", m->group_topk, m->groups);
+    parts.push_back(router);
+  }
   return fmt::format("{}", fmt::join(parts, ", "));
 }
 

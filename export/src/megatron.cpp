@@ -296,6 +296,16 @@ std::vector<Flag> megatron_model_flags(const Context& c) {
     f.push_back({"--num-experts", num(llm.moe->experts)});
     f.push_back({"--moe-router-topk", num(llm.moe->top_k)});
     f.push_back({"--moe-ffn-hidden-size", num(llm.moe->expert_ffn_hidden)});
+    // The model's router (Megatron's default: softmax scores, no bias, scaling or groups).
+    const models::MoeSpec& m = *llm.moe;
+    if (m.sigmoid_router) f.push_back({"--moe-router-score-function", "sigmoid"});
+    if (m.expert_bias) f.push_back({"--moe-router-enable-expert-bias", ""});
+    if (m.topk_scaling > 0)
+      f.push_back({"--moe-router-topk-scaling-factor", decimal(m.topk_scaling)});
+    if (m.groups > 0) {
+      f.push_back({"--moe-router-num-groups", num(m.groups)});
+      f.push_back({"--moe-router-group-topk", num(m.group_topk)});
+    }
     if (llm.moe->shared_experts > 0)
       f.push_back({"--moe-shared-expert-intermediate-size",
                    num(llm.moe->shared_experts * llm.moe->expert_ffn_hidden)});

@@ -73,6 +73,15 @@ void add_model_shape(std::vector<Setting>& s, const Context& c) {
     s.push_back({"model.num_moe_experts", num(llm.moe->experts)});
     s.push_back({"model.moe_router_topk", num(llm.moe->top_k)});
     s.push_back({"model.moe_ffn_hidden_size", num(llm.moe->expert_ffn_hidden)});
+    // The model's router, written either way (Megatron-Bridge's MoE providers set their own).
+    const models::MoeSpec& m = *llm.moe;
+    s.push_back(
+        {"model.moe_router_score_function", yaml_string(m.sigmoid_router ? "sigmoid" : "softmax")});
+    s.push_back({"model.moe_router_enable_expert_bias", yaml_bool(m.expert_bias)});
+    s.push_back({"model.moe_router_topk_scaling_factor",
+                 m.topk_scaling > 0 ? decimal(m.topk_scaling) : "null"});
+    s.push_back({"model.moe_router_num_groups", m.groups > 0 ? num(m.groups) : "null"});
+    s.push_back({"model.moe_router_group_topk", m.groups > 0 ? num(m.group_topk) : "null"});
     if (llm.moe->shared_experts > 0)
       s.push_back({"model.moe_shared_expert_intermediate_size",
                    num(llm.moe->shared_experts * llm.moe->expert_ffn_hidden)});

@@ -210,8 +210,8 @@ struct LayerCode {
 /// Layout::fused_rope); "" when they agree.
 std::string layer_code_note(const Context& c, std::string_view trainer, LayerCode code);
 /// "RoPE base 500000, Llama 3.1 scaling by 8": the model's own RoPE (its base, scaling or
-/// YaRN, rotated share), for targets whose model code the user supplies; "" where the model
-/// leaves it unset.
+/// YaRN, rotated share) and MoE router where it is not softmax top-k, for targets whose
+/// model code the user supplies; "" where the model leaves them unset.
 std::string rope_note(const models::LlmSpec& llm);
 /// For a trainer that runs PyTorch FSDP2 (`wraps_like_torchtitan`: with torchtitan's units,
 /// else Megatron-Core's, which reshard the output layer like the layers): the notes on what

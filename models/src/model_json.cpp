@@ -165,6 +165,12 @@ ModuleSpec read_fields(std::string_view kind, JsonReader& r) {
       s.moe = MoeSpec{m.required_int("experts"),           m.required_int("top_k"),
                       m.required_int("expert_ffn_hidden"), m.optional_int("shared_experts", 0),
                       m.optional_int("dense_layers", 0),   {}};
+      s.moe->sigmoid_router =
+          m.optional_enum("score_function", "softmax", {"softmax", "sigmoid"}) == "sigmoid";
+      s.moe->expert_bias = m.optional_bool("expert_bias", false);
+      s.moe->topk_scaling = m.optional_double("topk_scaling", 0, 0, 1e6);
+      s.moe->groups = m.optional_int("groups", 0);
+      s.moe->group_topk = m.optional_int("group_topk", 0);
       const json& pattern = m.array("layer_pattern", false);
       for (size_t i = 0; i < pattern.size(); ++i) {
         if (!pattern[i].is_number_integer() ||

@@ -278,6 +278,19 @@ void check(Checker& c, const LlmSpec& s) {
   if (s.moe->top_k > s.moe->experts)
     c.fail("moe.top_k",
            fmt::format("must be <= experts ({}), got {}", s.moe->experts, s.moe->top_k));
+  // Grouped routing: whole groups of experts, enough of them chosen to hold top_k experts.
+  const MoeSpec& m = *s.moe;
+  if (m.groups < 0 || m.group_topk < 0)
+    c.fail(m.groups < 0 ? "moe.groups" : "moe.group_topk", "must be >= 0");
+  else if (m.groups == 0 && m.group_topk != 0)
+    c.fail("moe.group_topk", "needs moe.groups");
+  else if (m.groups > 0 &&
+           (m.experts % m.groups != 0 || m.group_topk < 1 || m.group_topk > m.groups ||
+            m.group_topk * (m.experts / m.groups) < m.top_k))
+    c.fail("moe.groups",
+           fmt::format("{} groups must divide experts ({}), and group_topk (1..groups, got {}) "
+                       "groups must hold top_k ({}) experts",
+                       m.groups, m.experts, m.group_topk, m.top_k));
 }
 
 void check(Checker& c, const VisionEncoderSpec& s) {

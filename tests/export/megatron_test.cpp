@@ -509,6 +509,33 @@ TEST(ExportMegatron, YarnPartialRotaryAndRopeFusionAreWritten) {
             std::string::npos);
 }
 
+// The MoE router: DeepSeek-V3's sigmoid scores, expert bias, scaling and groups as
+// Megatron-LM's flags (none for Mixtral's softmax router, Megatron's default); GLM-4.5's as
+// Megatron-Bridge's fields, written either way.
+TEST(ExportMegatron, MoeRouterIsWritten) {
+  const auto f = all_flags(
+      exported(scenario("deepseek-v3", 128, 4096, 8192), deepseek_v3_plan(), Target::kMegatron)
+          .at("launch.sh"));
+  EXPECT_EQ(f.at("--moe-router-score-function"), "sigmoid");
+  EXPECT_EQ(f.count("--moe-router-enable-expert-bias"), 1u);
+  EXPECT_EQ(f.at("--moe-router-topk-scaling-factor"), "2.5");
+  EXPECT_EQ(f.at("--moe-router-num-groups"), "8");
+  EXPECT_EQ(f.at("--moe-router-group-topk"), "4");
+  const auto m = all_flags(
+      exported(scenario("mixtral-8x7b", 8, 4096, 256), mixtral_ep8_plan(), Target::kMegatron)
+          .at("launch.sh"));
+  EXPECT_EQ(m.count("--moe-router-score-function") + m.count("--moe-router-enable-expert-bias") +
+                m.count("--moe-router-topk-scaling-factor") + m.count("--moe-router-num-groups"),
+            0u);
+  const auto y = yaml_settings(
+      exported(scenario("glm-4.5", 32, 4096, 1024), glm45_ep32_plan(), Target::kMegatronBridge)
+          .at("megatron_bridge.yaml"));
+  EXPECT_EQ(y.at("model.moe_router_score_function"), "\"sigmoid\"");
+  EXPECT_EQ(y.at("model.moe_router_enable_expert_bias"), "true");
+  EXPECT_EQ(y.at("model.moe_router_topk_scaling_factor"), "2.5");
+  EXPECT_EQ(y.at("model.moe_router_num_groups"), "null");
+}
+
 // Norms scaled by 1 + gamma (Nemotron-4's layernorm1p): Megatron-LM's --apply-layernorm-1p,
 // Megatron-Bridge's layernorm_zero_centered_gamma (written either way); torchtitan,
 // DeepSpeed and nanotron have no such norm and refuse it by name.

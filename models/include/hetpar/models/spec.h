@@ -130,6 +130,18 @@ struct MoeSpec {
   int64_t shared_experts = 0;
   int64_t dense_layers = 0;
   std::vector<int64_t> layer_pattern;
+  /// The router (Megatron-Core's TopKRouter), which decides what is trained, not its cost
+  /// (its kernels read and write the T x E scores either way): scores by softmax (Mixtral,
+  /// Qwen, gpt-oss) or sigmoid (DeepSeek-V3, GLM-4.5, Llama 4; --moe-router-score-function),
+  /// a learned per-expert bias steering the choice without an aux loss
+  /// (--moe-router-enable-expert-bias), the chosen weights scaled by topk_scaling (0: not;
+  /// --moe-router-topk-scaling-factor), and each token's experts from group_topk of
+  /// `groups` expert groups (0: no grouping; --moe-router-num-groups, --moe-router-group-topk).
+  bool sigmoid_router = false;
+  bool expert_bias = false;
+  double topk_scaling = 0;
+  int64_t groups = 0;
+  int64_t group_topk = 0;
   /// Whether layer `i` (0-based) of `layers` keeps a dense MLP.
   bool dense_layer(int64_t i, int64_t layers) const {
     return is_dense_layer(i, layers, dense_layers, layer_pattern);
