@@ -45,7 +45,7 @@ void print_text(const planner::Scenario& s, const planner::Plan& p, const planne
              planner::to_string(p.schedule));
   // Why a plan that fuses RoPE is timed unfused (models::RopeApply::scaled).
   const auto& llm = std::get<models::LlmSpec>(s.model.modules[s.model.llm_index()].spec);
-  if (l.fused_rope && llm.yarn && !llm.block.mla && llm.yarn->concentration() != 1)
+  if (l.fused_rope && llm.yarn_scales_rope())
     fmt::print(
         "RoPE       unfused: the model's YaRN scales cos and sin by {:.3g}, which Transformer "
         "Engine's fused kernel cannot (Megatron-Core falls back)\n",

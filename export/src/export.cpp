@@ -663,9 +663,8 @@ std::string layer_code_note(const Context& c, std::string_view trainer, LayerCod
                                              "(fused_activation true)"
                                            : "runs the MLP activation as separate PyTorch ops "
                                              "(fused_activation false)");
-  const bool scaled_yarn = c.llm.yarn && !c.llm.block.mla && c.llm.yarn->concentration() != 1;
   if (l.fused_rope != code.fused_rope && c.llm.positions == models::PositionEmbedding::kRope &&
-      !scaled_yarn)
+      !c.llm.yarn_scales_rope())
     differ.push_back(code.fused_rope ? "runs RoPE as one fused kernel each way (fused_rope true)"
                                      : "runs RoPE as separate PyTorch ops (fused_rope false)");
   if (differ.empty()) return "";

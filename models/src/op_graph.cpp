@@ -185,7 +185,7 @@ constexpr double kLossFlops = 5;
 // An LLM's RoPE, unset without RoPE positions.
 std::optional<RopeApply> rope_apply(const LlmSpec& s) {
   if (s.positions != PositionEmbedding::kRope) return std::nullopt;
-  return RopeApply{s.block.head_dim(), s.rotary_percent, s.yarn && s.yarn->concentration() != 1};
+  return RopeApply{s.block.head_dim(), s.rotary_percent, s.yarn_scales_rope()};
 }
 
 MlpActivation mlp_activation(const TransformerSpec& t) {

@@ -594,6 +594,20 @@ std::optional<EagerKernels> unfused_rope(const models::Op& op, const models::OpG
   return k;
 }
 
+// The kernels a pointwise op runs as eager PyTorch ops instead of its one fused kernel each
+// way (an unfused activation or RoPE), as bytes on this rank (`written`: its output's), or
+// none where it runs fused.
+std::optional<EagerKernels> eager_kernels(const models::Op& op, const models::OpGraph& g,
+                                          const Layout& l, Bytes written, int64_t cp) {
+  if (const auto a = unfused_activation(op, l)) {
+    EagerKernels k;
+    for (int64_t x : a->forward) k.forward.push_back((written * x).count());
+    for (int64_t x : a->backward) k.backward.push_back((written * x).count());
+    return k;
+  }
+  return unfused_rope(op, g, l, written, cp);
+}
+
 // Transformer Engine's GroupedLinear, which Megatron-Core's grouped experts run, issues one
 // cuBLAS GEMM per local expert, round-robin on its compute streams
 // (transformer_engine/common/gemm/cublaslt_gemm.cu multi_stream_cublas_gemm, GEMM i on
@@ -783,13 +797,7 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
       int64_t shard = cp;
       if (pointwise_tp_sharded(op, l, g.kind)) shard *= l.tp;
       const int64_t scale = activation_bytes(g, p) / g.dtype_bytes;
-      if (const auto eager = unfused_activation(op, l)) {
-        const Bytes pass = op.written * scale / shard;
-        for (int64_t x : eager->forward) c.forward += dev.memory_kernel_time(pass * x);
-        for (int64_t x : eager->backward) c.dgrad += dev.memory_kernel_time(pass * x);
-        break;
-      }
-      if (const auto eager = unfused_rope(op, g, l, op.written * scale / shard, cp)) {
+      if (const auto eager = eager_kernels(op, g, l, op.written * scale / shard, cp)) {
         for (int64_t b : eager->forward) c.forward += dev.memory_kernel_time(Bytes(b));
         for (int64_t b : eager->backward) c.dgrad += dev.memory_kernel_time(Bytes(b));
         break;
@@ -1283,13 +1291,7 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
       int64_t shard = cp;
       if (pointwise_tp_sharded(op, l, g.kind)) shard *= l.tp;
       const int64_t scale = activation_bytes(g, p) / g.dtype_bytes;
-      if (const auto eager = unfused_activation(op, l)) {
-        const int64_t pass = (op.written * scale / shard).count();
-        for (int64_t x : eager->forward) k.forward.push_back(sim::memory_kernel(pass * x));
-        for (int64_t x : eager->backward) k.dgrad.push_back(sim::memory_kernel(pass * x));
-        break;
-      }
-      if (const auto eager = unfused_rope(op, g, l, op.written * scale / shard, cp)) {
+      if (const auto eager = eager_kernels(op, g, l, op.written * scale / shard, cp)) {
         for (int64_t b : eager->forward) k.forward.push_back(sim::memory_kernel(b));
         for (int64_t b : eager->backward) k.dgrad.push_back(sim::memory_kernel(b));
         break;

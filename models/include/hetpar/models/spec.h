@@ -194,6 +194,10 @@ struct LlmSpec {
   /// pass through. Transformer Engine's fused kernel still reads and writes the whole head
   /// (it copies the rest), so only the rotation's FLOPs shrink.
   double rotary_percent = 1;
+  /// Whether YaRN scales cos and sin (concentration != 1) in RoPE that Transformer Engine's
+  /// fused kernel would run: Megatron-Core then runs its unfused RoPE. MLA's own kernel
+  /// takes the scale.
+  bool yarn_scales_rope() const { return yarn && !block.mla && yarn->concentration() != 1; }
   std::optional<MoeSpec> moe;
   /// Multi-token prediction depths (DeepSeek-V3's MTP modules, Megatron-LM's
   /// --mtp-num-layers), after the last layer: each embeds the next token (the shared table),
