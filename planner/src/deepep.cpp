@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
+#include <vector>
 
 #include "hetpar/core/check.h"
 
@@ -70,13 +72,54 @@ int64_t rdma_bytes(const DeepEpConfigs& c, int send, int64_t hidden_bytes) {
 
 }  // namespace
 
-double deepep_rail_share(int64_t experts, int64_t top_k, int64_t nodes) {
+double deepep_rail_share(const models::MoeSpec& moe, int64_t nodes) {
   if (nodes <= 1) return 0;
-  const auto e = static_cast<double>(experts);
-  const double elsewhere = e - e / static_cast<double>(nodes);
-  double miss = 1.0;
-  for (int64_t i = 0; i < top_k; ++i)
-    miss *= std::max(0.0, elsewhere - static_cast<double>(i)) / (e - static_cast<double>(i));
+  const int64_t experts = moe.experts, top_k = moe.top_k;
+  HETPAR_CHECK(experts % nodes == 0 && top_k >= 1, "{} experts over {} nodes", experts, nodes);
+  const int64_t groups = moe.groups > 0 ? moe.groups : 1;
+  const int64_t chosen = moe.groups > 0 ? moe.group_topk : 1;
+  const int64_t per_group = experts / groups, per_node = experts / nodes;
+  const int64_t pool = chosen * per_group;  // the experts a token's groups hold
+  // C(pool - s, k) / C(pool, k): none of the token's top_k experts among s of the pool.
+  auto none_of = [&](int64_t s) {
+    double p = 1.0;
+    for (int64_t i = 0; i < top_k; ++i)
+      p *= std::max(0.0, static_cast<double>(pool - s - i)) / static_cast<double>(pool - i);
+    return p;
+  };
+  auto log_choose = [](int64_t n, int64_t k) {
+    return std::lgamma(n + 1.0) - std::lgamma(k + 1.0) - std::lgamma(n - k + 1.0);
+  };
+  std::vector<double> misses;
+  for (int64_t node = 0; node < nodes; ++node) {
+    // The node's experts in each group it overlaps.
+    const int64_t lo = node * per_node, hi = lo + per_node;
+    std::vector<int64_t> overlap;
+    for (int64_t g = lo / per_group; g * per_group < hi; ++g)
+      overlap.push_back(std::min(hi, (g + 1) * per_group) - std::max(lo, g * per_group));
+    const auto n = static_cast<int64_t>(overlap.size());
+    // ways[m][s]: subsets of the overlapping groups, m of them holding s of the node's experts.
+    std::vector<std::vector<double>> ways(n + 1, std::vector<double>(per_node + 1, 0.0));
+    ways[0][0] = 1;
+    for (int64_t c : overlap)
+      for (int64_t m = n - 1; m >= 0; --m)
+        for (int64_t s = per_node - c; s >= 0; --s) ways[m + 1][s + c] += ways[m][s];
+    double miss = 0;
+    for (int64_t m = 0; m <= std::min(n, chosen); ++m) {
+      if (chosen - m > groups - n) continue;
+      // P(exactly these m of the overlapping groups among the chosen ones)
+      const double pick = std::exp(log_choose(groups - n, chosen - m) - log_choose(groups, chosen));
+      for (int64_t s = 0; s <= per_node; ++s)
+        if (ways[m][s] > 0) miss += ways[m][s] * pick * none_of(s);
+    }
+    misses.push_back(miss);
+  }
+  // Nodes alike (groups and nodes aligned, or no groups): one node's miss, as a closed form.
+  double miss = misses.front();
+  if (std::any_of(misses.begin(), misses.end(), [&](double x) { return x != miss; })) {
+    miss = 0;
+    for (double x : misses) miss += x / static_cast<double>(nodes);
+  }
   return (1.0 - miss) / static_cast<double>(top_k) * static_cast<double>(nodes);
 }
 

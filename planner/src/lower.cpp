@@ -1483,7 +1483,7 @@ void Lowering::build_stage() {
   deepep_rail_per_byte_ = 0;
   if (nodes > 1) {
     const auto& moe = *std::get<models::LlmSpec>(s_.model.modules[s_.model.llm_index()].spec).moe;
-    deepep_rail_per_byte_ = deepep_rail_share(moe.experts, moe.top_k, static_cast<int64_t>(nodes));
+    deepep_rail_per_byte_ = deepep_rail_share(moe, static_cast<int64_t>(nodes));
   }
   make_groups(ep_node_groups_, node_locals);
   make_groups(ep_rail_groups_, rail_locals);

@@ -385,8 +385,7 @@ class CostCache {
         if (l.moe_dispatcher == MoeDispatcher::kDeepEp && l.ep % ep_links.members_per_node == 0 &&
             llm && llm->moe) {
           ep_links.rail_nodes = l.ep / ep_links.members_per_node;
-          ep_links.rail_share =
-              deepep_rail_share(llm->moe->experts, llm->moe->top_k, ep_links.rail_nodes);
+          ep_links.rail_share = deepep_rail_share(*llm->moe, ep_links.rail_nodes);
         }
       }
       ModuleTime& t = times.emplace_back();

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -2021,6 +2023,77 @@ TEST(Lower, DeepEpSendsEachTokenOnceToEachOtherNodeOfItsExperts) {
            R"(, "ffn_hidden": 0, "moe": {"experts": 16, "top_k": 2, "expert_ffn_hidden": 2048})");
   EXPECT_EQ(infeasibility(fours, p), "");
   EXPECT_NE(infeasibility(fours, deepep).find("whole nodes of 8 GPUs"), std::string::npos);
+}
+
+// deepep_rail_share against an enumeration of every routing a token can take: each choice
+// of group_topk of the contiguous groups (or all experts), then each top_k set of the chosen
+// groups' experts, all equally likely; the share is the nodes reached per copy. Without
+// groups it is the closed form 1 - C(E - E/N, k) / C(E, k) per node; with DeepSeek-V3's 4 of
+// 8 groups on 8 nodes (a group a node) a token reaches at most 4 nodes, where ungrouped it
+// would reach 5.25 on average.
+double enumerated_rail_share(const models::MoeSpec& moe, int64_t nodes) {
+  const int64_t g_all = moe.groups > 0 ? moe.groups : 1;
+  const int64_t g_pick = moe.groups > 0 ? moe.group_topk : 1;
+  const int64_t per_group = moe.experts / g_all, per_node = moe.experts / nodes;
+  double reached = 0, routings = 0;
+  for (uint32_t gs = 0; gs < (1u << g_all); ++gs) {
+    if (std::popcount(gs) != g_pick) continue;
+    std::vector<int64_t> pool;
+    for (int64_t g = 0; g < g_all; ++g)
+      if (gs >> g & 1)
+        for (int64_t e = g * per_group; e < (g + 1) * per_group; ++e) pool.push_back(e);
+    for (uint32_t es = 0; es < (1u << pool.size()); ++es) {
+      if (std::popcount(es) != moe.top_k) continue;
+      std::set<int64_t> hit;
+      for (size_t i = 0; i < pool.size(); ++i)
+        if (es >> i & 1) hit.insert(pool[i] / per_node);
+      // A token's routings weigh equally within its group choice; group choices alike.
+      const double w = 1.0 / std::tgamma(pool.size() + 1.0) *
+                       std::tgamma(moe.top_k + 1.0) * std::tgamma(pool.size() - moe.top_k + 1.0);
+      reached += w * static_cast<double>(hit.size());
+      routings += w;
+    }
+  }
+  return reached / routings / static_cast<double>(moe.top_k);
+}
+
+TEST(DeepEp, RailShareCountsTheNodesATokensExpertsReach) {
+  models::MoeSpec moe;
+  moe.experts = 16;
+  moe.top_k = 2;
+  EXPECT_DOUBLE_EQ(deepep_rail_share(moe, 1), 0.0);
+  EXPECT_DOUBLE_EQ(deepep_rail_share(moe, 2), (1.0 - 28.0 / 120.0) / 2 * 2);
+  EXPECT_NEAR(deepep_rail_share(moe, 4), enumerated_rail_share(moe, 4), 1e-12);
+  // Groups a node each, two to a node, half a node each, and across node boundaries.
+  struct Case {
+    int64_t experts, top_k, groups, group_topk, nodes;
+  };
+  for (const Case& c : {Case{16, 3, 8, 3, 4}, Case{16, 2, 4, 2, 4}, Case{16, 2, 2, 1, 4},
+                        Case{12, 2, 2, 1, 3}, Case{12, 3, 4, 2, 3}, Case{18, 2, 3, 2, 2}}) {
+    moe.experts = c.experts;
+    moe.top_k = c.top_k;
+    moe.groups = c.groups;
+    moe.group_topk = c.group_topk;
+    EXPECT_NEAR(deepep_rail_share(moe, c.nodes), enumerated_rail_share(moe, c.nodes), 1e-12)
+        << c.experts << " experts, " << c.groups << " groups, " << c.nodes << " nodes";
+  }
+  // DeepSeek-V3 on EP 64 (8 nodes): a chosen group is a node, reached unless all 8 experts
+  // miss its 32 of the 128 the token's 4 groups hold.
+  moe.experts = 256;
+  moe.top_k = 8;
+  moe.groups = 8;
+  moe.group_topk = 4;
+  double none = 1.0, ungrouped_none = 1.0;
+  for (int i = 0; i < 8; ++i) {
+    none *= (96.0 - i) / (128.0 - i);
+    ungrouped_none *= (224.0 - i) / (256.0 - i);
+  }
+  const double grouped = deepep_rail_share(moe, 8);
+  EXPECT_NEAR(grouped * 8, 8 * 0.5 * (1 - none), 1e-12);  // nodes a token reaches
+  EXPECT_LE(grouped * 8, 4.0);
+  moe.groups = moe.group_topk = 0;
+  EXPECT_NEAR(deepep_rail_share(moe, 8) * 8, 8 * (1 - ungrouped_none), 1e-12);
+  EXPECT_GT(deepep_rail_share(moe, 8) * 8, 5.2);
 }
 
 // DeepEP's buffers (planner/deepep.h), from its size hints at hidden 1024 (2048 bytes a

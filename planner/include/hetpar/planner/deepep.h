@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "hetpar/core/units.h"
+#include "hetpar/models/spec.h"
 
 namespace hetpar::planner {
 
@@ -28,11 +29,15 @@ inline constexpr int kDeepEpSms = 20;
 bool deepep_supports(int ranks);
 
 /// The bytes DeepEP sends across nodes per byte of the plain all-to-all's buffer, for an
-/// EP group spanning `nodes` > 1 nodes: a token's `top_k` experts, drawn evenly from the
-/// group's `experts`, fall on a given other node unless all miss it (C(E - E/nodes, k) /
-/// C(E, k)); it goes there once, of its top_k copies in the buffer, which holds one part
-/// per node. 0 for one node.
-double deepep_rail_share(int64_t experts, int64_t top_k, int64_t nodes);
+/// EP group spanning `nodes` > 1 nodes, each holding its contiguous experts/nodes of the
+/// model's experts (Megatron-Core numbers experts by EP rank): a token goes once to each node
+/// holding one of its top_k experts, where the buffer holds top_k copies, so the share is the
+/// nodes a token reaches over top_k. Its experts are drawn evenly from the experts, or, with
+/// grouped routing (MoeSpec::groups: DeepSeek-V3's node-limited routing), from the experts of
+/// group_topk groups drawn evenly from the contiguous groups: a node misses a token unless a
+/// chosen group overlaps it and one of the token's experts falls in the overlap. 0 for one
+/// node. REQUIRES experts % nodes == 0.
+double deepep_rail_share(const models::MoeSpec& moe, int64_t nodes);
 
 /// Device memory one rank of an EP group of `ranks` holds for DeepEP: the NVLink buffer
 /// (cudaMalloc, mapped by its node's peers), the RDMA buffer (NVSHMEM's symmetric heap,
