@@ -1140,6 +1140,24 @@ TEST(Json, YarnAndRotaryPercent) {
   refused(R"(, "rotary_percent": 0)", "rotary_percent");
 }
 
+// no_rope_every: Llama 4's NoPE layers (every 4th by its 1-based number), on RoPE positions
+// only, every layer-th layer at most (Megatron-Core expands the integer over whole repeats),
+// not with mla, whose decoupled RoPE runs in every layer.
+TEST(Json, NoRopeEveryIsLlama4sAndChecked) {
+  EXPECT_EQ(zoo_llm("llama-4-maverick").no_rope_every, 4);
+  EXPECT_EQ(zoo_llm("llama-3.1-8b").no_rope_every, 0);
+  auto model = [](const std::string& extra) { return one_layer_llm("swiglu", "rmsnorm", extra); };
+  const auto refused = [&](const std::string& extra, const std::string& what) {
+    auto m = model(extra);
+    ASSERT_FALSE(m.is_ok()) << extra;
+    EXPECT_NE(m.status().message().find(what), std::string::npos) << m.status().message();
+  };
+  refused(R"(, "no_rope_every": 2)", "divide layers (1)");
+  refused(R"(, "no_rope_every": 1)", "1 would drop RoPE from every layer");
+  refused(R"(, "position_embedding": "learned", "max_positions": 2048, "no_rope_every": 2)",
+          "no_rope_every: needs position_embedding rope");
+}
+
 // The MoE router's semantics (DeepSeek-V3's: sigmoid scores, expert bias, weights scaled by
 // 2.5, 4 of 8 expert groups): parsed, costing what a softmax router does, and grouped only
 // where whole groups can hold top_k experts.

@@ -633,6 +633,9 @@ std::string rope_note(const models::LlmSpec& llm) {
         llm.yarn->truncate ? "" : ", the ramp not rounded"));
   if (llm.rotary_percent != 1)
     parts.push_back(fmt::format("rotating {} of each head", llm.rotary_percent));
+  if (llm.no_rope_every > 0)
+    parts.push_back(fmt::format("no RoPE in the layers numbered (from 1) in multiples of {}",
+                                llm.no_rope_every));
   if (const auto& m = llm.moe;
       m && (m->sigmoid_router || m->expert_bias || m->topk_scaling > 0 || m->groups > 0)) {
     std::string router = fmt::format("a {} router", m->sigmoid_router ? "sigmoid" : "softmax");

@@ -339,6 +339,7 @@ std::vector<Flag> megatron_model_flags(const Context& c) {
       {"--position-embedding-type", learned ? "learned_absolute" : (gpt_yarn ? "yarn" : "rope")});
   if (llm.rope_base > 0) f.push_back({"--rotary-base", decimal(llm.rope_base)});
   if (llm.rotary_percent != 1) f.push_back({"--rotary-percent", decimal(llm.rotary_percent)});
+  if (llm.no_rope_every > 0) f.push_back({"--no-rope-freq", num(llm.no_rope_every)});
   if (llm.rope_scaling_factor > 0) {
     f.push_back({"--use-rope-scaling", ""});
     f.push_back({"--rope-scaling-factor", decimal(llm.rope_scaling_factor)});

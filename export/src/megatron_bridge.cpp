@@ -115,6 +115,7 @@ void add_model_shape(std::vector<Setting>& s, const Context& c) {
                                                                        : "rope")});
   if (llm.rope_base > 0) s.push_back({"model.rotary_base", decimal(llm.rope_base)});
   if (llm.rotary_percent != 1) s.push_back({"model.rotary_percent", decimal(llm.rotary_percent)});
+  if (llm.no_rope_every > 0) s.push_back({"model.no_rope_freq", num(llm.no_rope_every)});
   if (llm.rope_scaling_factor > 0) {
     s.push_back({"model.rope_scaling", yaml_bool(true)});
     s.push_back({"model.rope_scaling_factor", decimal(llm.rope_scaling_factor)});

@@ -53,6 +53,9 @@ Result<std::vector<ExportFile>> write_nanotron(const Context& c) {
   if (c.llm.rotary_percent != 1)
     r.add(fmt::format("rotary_percent {}: nanotron's Llama rotates every channel of a head",
                       c.llm.rotary_percent));
+  if (c.llm.no_rope_every > 0)
+    r.add(fmt::format("no_rope_every {}: nanotron's Llama applies RoPE in every layer",
+                      c.llm.no_rope_every));
   if (b.head_size > 0 && b.head_size * b.heads != b.hidden)
     r.add(
         fmt::format("head_dim {} with {} heads of hidden {}: nanotron's Llama derives the head "

@@ -159,6 +159,7 @@ ModuleSpec read_fields(std::string_view kind, JsonReader& r) {
       r.merge(y.status());
     }
     s.rotary_percent = r.optional_double("rotary_percent", 1, 0, 1);
+    s.no_rope_every = r.optional_int("no_rope_every", 0);
     s.mtp_layers = r.optional_int("mtp_layers", 0);
     if (r.has("moe")) {
       JsonReader m = r.object("moe");

@@ -201,7 +201,18 @@ void check_rope(Checker& c, const LlmSpec& s) {
     if (s.rope_scaling_factor != 0) c.fail("rope_scaling_factor", "needs position_embedding rope");
     if (s.yarn) c.fail("yarn", "needs position_embedding rope");
     if (s.rotary_percent != 1) c.fail("rotary_percent", "needs position_embedding rope");
+    if (s.no_rope_every != 0) c.fail("no_rope_every", "needs position_embedding rope");
     return;
+  }
+  // Megatron-Core expands an integer no_rope_freq to its pattern over whole repeats.
+  if (s.no_rope_every != 0) {
+    if (s.block.mla)
+      c.fail("no_rope_every", "unused with mla (its decoupled RoPE runs in every layer)");
+    else if (s.no_rope_every < 2 || s.block.layers % s.no_rope_every != 0)
+      c.fail("no_rope_every",
+             fmt::format("must be >= 2 (1 would drop RoPE from every layer) and divide layers "
+                         "({}), got {}",
+                         s.block.layers, s.no_rope_every));
   }
   if (s.rope_scaling_factor != 0 && s.rope_scaling_factor < 1)
     c.fail("rope_scaling_factor", fmt::format("stretches the low frequencies: must be >= 1, got {}",

@@ -483,6 +483,14 @@ TEST(ExportMegatron, YarnPartialRotaryAndRopeFusionAreWritten) {
             std::string::npos);
   llm.rotary_percent = 0.5;
   EXPECT_NE(refusal(l, r, Target::kNanotron).find("rotary_percent 0.5: "), std::string::npos);
+  // NoPE layers (Llama 4's): Megatron-LM and Megatron-Bridge write Megatron-Core's
+  // no_rope_freq, nanotron's Llama cannot, torchtitan's note names them.
+  llm.no_rope_every = 4;
+  EXPECT_EQ(all_flags(exported(l, r, Target::kMegatron).at("launch.sh")).at("--no-rope-freq"), "4");
+  EXPECT_EQ(yaml_settings(exported(l, r, Target::kMegatronBridge).at("megatron_bridge.yaml"))
+                .at("model.no_rope_freq"),
+            "4");
+  EXPECT_NE(refusal(l, r, Target::kNanotron).find("no_rope_every 4: "), std::string::npos);
   Plan sharded;  // FSDP2, as torchtitan shards
   sharded.layout = layout(1, 1, 8);
   sharded.layout.fsdp = true;
@@ -493,6 +501,9 @@ TEST(ExportMegatron, YarnPartialRotaryAndRopeFusionAreWritten) {
   for (const auto& [name, text] : exported(l, sharded, Target::kTorchtitan)) all += text;
   EXPECT_NE(all.find("YaRN by 4 over 8192 positions"), std::string::npos);
   EXPECT_NE(all.find("rotating 0.5 of each head"), std::string::npos);
+  EXPECT_NE(all.find("no RoPE in the layers numbered (from 1) in multiples of 4"),
+            std::string::npos);
+  llm.no_rope_every = 0;
   // A plan timing unfused RoPE: torchtitan (compiled) and nanotron (flash-attn's rotary
   // kernel) fuse it, so their exports say so; Megatron-LM writes --no-rope-fusion instead.
   llm.yarn.reset();

@@ -194,6 +194,11 @@ struct LlmSpec {
   /// pass through. Transformer Engine's fused kernel still reads and writes the whole head
   /// (it copies the rest), so only the rotation's FLOPs shrink.
   double rotary_percent = 1;
+  /// Every no_rope_every-th layer by its 1-based number (N, 2N, ...) skips RoPE, attending
+  /// without positions (Llama 4's NoPE layers, no_rope_layer_interval 4; Megatron-Core's
+  /// no_rope_freq); 0: RoPE in every layer. Not costed apart: those layers are timed with
+  /// their fused RoPE pass over the queries and keys (under 1% of a layer's time).
+  int64_t no_rope_every = 0;
   /// Whether YaRN scales cos and sin (concentration != 1) in RoPE that Transformer Engine's
   /// fused kernel would run: Megatron-Core then runs its unfused RoPE. MLA's own kernel
   /// takes the scale.
