@@ -1140,6 +1140,39 @@ TEST(Json, YarnAndRotaryPercent) {
   refused(R"(, "rotary_percent": 0)", "rotary_percent");
 }
 
+// moe.probs_on_input: Llama 4's top-1 routing scaling the expert's input, an op of its own
+// before the experts over the received copies (kept for the probabilities' gradient); only
+// with top_k 1, as Megatron-Core asserts.
+TEST(Json, ProbsOnInputIsTopOneAndAnOpBeforeTheExperts) {
+  EXPECT_TRUE(zoo_llm("llama-4-maverick").moe->probs_on_input);
+  EXPECT_FALSE(zoo_llm("mixtral-8x7b").moe->probs_on_input);
+  auto model = [](int top_k) {
+    return model_from_json_text(
+        R"({"name": "m", "modules": [{"name": "llm", "kind": "llm", "spec": {"layers": 1,
+        "hidden": 256, "heads": 4, "vocab": 100, "activation": "swiglu", "norm": "rmsnorm",
+        "moe": {"experts": 8, "top_k": )" +
+            std::to_string(top_k) + R"(, "expert_ffn_hidden": 512, "probs_on_input": true}}}]})",
+        "test");
+  };
+  auto one = model(1);
+  ASSERT_TRUE(one.is_ok()) << one.status().message();
+  ModuleInput in;
+  in.seq_len = 64;
+  const OpGraph g = build_op_graph(one->modules[0].spec, in);
+  const auto at = [&](std::string_view name) {
+    return std::find_if(g.ops.begin(), g.ops.end(), [&](const Op& o) { return o.name == name; });
+  };
+  ASSERT_NE(at("moe_probs_in"), g.ops.end());
+  EXPECT_EQ(at("moe_probs_in") + 1, at("expert_fc1"));
+  EXPECT_EQ(at("moe_probs_in")->written, Bytes(64 * 256 * 2));  // 64 copies of 256, bf16
+  EXPECT_EQ(at("moe_probs_in")->saved, Bytes(64 * 256 * 2));
+  auto two = model(2);
+  ASSERT_FALSE(two.is_ok());
+  EXPECT_NE(two.status().message().find("moe.probs_on_input: needs top_k 1, got 2"),
+            std::string::npos)
+      << two.status().message();
+}
+
 // no_rope_every: Llama 4's NoPE layers (every 4th by its 1-based number), on RoPE positions
 // only, every layer-th layer at most (Megatron-Core expands the integer over whole repeats),
 // not with mla, whose decoupled RoPE runs in every layer.

@@ -300,6 +300,7 @@ std::vector<Flag> megatron_model_flags(const Context& c) {
     const models::MoeSpec& m = *llm.moe;
     if (m.sigmoid_router) f.push_back({"--moe-router-score-function", "sigmoid"});
     if (m.expert_bias) f.push_back({"--moe-router-enable-expert-bias", ""});
+    if (m.probs_on_input) f.push_back({"--moe-apply-probs-on-input", ""});
     if (m.topk_scaling > 0)
       f.push_back({"--moe-router-topk-scaling-factor", decimal(m.topk_scaling)});
     if (m.groups > 0) {

@@ -454,6 +454,15 @@ void add_layer(Builder& b, const TransformerSpec& t, const std::optional<MoeSpec
     std::vector<std::pair<int64_t, int64_t>> groups;
     if (r > 0) groups.emplace_back(q + 1, r);
     if (q > 0) groups.emplace_back(q, E - r);
+    // Llama 4's top-1 routing scales the expert's input (Megatron-Core's
+    // moe_apply_probs_on_input, in its expert MLPs): the received copies times their fp32
+    // probabilities, kept for the probabilities' gradient (the planner's cost model times
+    // its kernels).
+    if (moe->probs_on_input) {
+      Op& p =
+          b.pointwise("moe_probs_in", OpKind::kElementwise, layer, H * h + 2 * H, H * h, 1, H * h);
+      p.dgrad = Flops(2 * H * h);
+    }
     b.mlp("expert_", layer, groups, h, moe->expert_ffn_hidden, h, mlp_activation(t), t.linear_bias);
     b.pointwise("moe_unsort", OpKind::kElementwise, layer, H * h, H * h, 0, 0);
     b.pointwise("moe_combine", OpKind::kElementwise, layer, R * h, T * h, 2.0 * k, R * h);

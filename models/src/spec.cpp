@@ -291,6 +291,8 @@ void check(Checker& c, const LlmSpec& s) {
            fmt::format("must be <= experts ({}), got {}", s.moe->experts, s.moe->top_k));
   // Grouped routing: whole groups of experts, enough of them chosen to hold top_k experts.
   const MoeSpec& m = *s.moe;
+  if (m.probs_on_input && m.top_k != 1)  // Megatron-Core asserts it in its expert MLPs
+    c.fail("moe.probs_on_input", fmt::format("needs top_k 1, got {}", m.top_k));
   if (m.groups < 0 || m.group_topk < 0)
     c.fail(m.groups < 0 ? "moe.groups" : "moe.group_topk", "must be >= 0");
   else if (m.groups == 0 && m.group_topk != 0)

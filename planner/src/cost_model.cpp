@@ -597,6 +597,25 @@ std::optional<EagerKernels> unfused_rope(const models::Op& op, const models::OpG
 // The kernels a pointwise op runs as eager PyTorch ops instead of its one fused kernel each
 // way (an unfused activation or RoPE), as bytes on this rank (`written`: its output's), or
 // none where it runs fused.
+// Megatron-Core's moe_apply_probs_on_input (Llama 4's top-1 routing) in its expert MLP:
+// (probs.unsqueeze(-1) * x).to(x.dtype), a product in fp32 (the probabilities are), then
+// the probabilities reset by ones_like. Backward (autograd): the cast's (to fp32), the
+// input's gradient (times the probabilities in fp32, cast back to the input's dtype) and
+// the probabilities' (times the input in fp32, summed over the width). Bytes per kernel over
+// the copies this rank's experts receive: after the EP all-to-all, this rank's sequence
+// slice under SP with whole experts, its TP group's when the experts split over TP.
+// `written`: the copies' bytes as the generic pointwise path shards them (SP: / tp).
+std::optional<EagerKernels> probs_on_input(const models::Op& op, const models::OpGraph& g,
+                                           const Layout& l, Bytes written, int64_t cp) {
+  const int64_t slice = l.sequence_parallel && l.expert_tp() == 1 ? l.tp : 1;
+  const int64_t n = op.written.count() / g.dtype_bytes / (cp * slice);  // elements
+  if (n == 0) return EagerKernels{};
+  const int64_t x = written.count() * (l.sequence_parallel ? l.tp : 1) / slice;  // n·e
+  const int64_t f32 = 4 * n, rows = 4 * (n / g.hidden);                          // bytes
+  return EagerKernels{.forward = {x + rows + f32, f32 + x, rows},
+                      .backward = {x + f32, 2 * f32 + rows, f32 + x, 2 * f32 + x, f32 + rows}};
+}
+
 std::optional<EagerKernels> eager_kernels(const models::Op& op, const models::OpGraph& g,
                                           const Layout& l, Bytes written, int64_t cp) {
   if (const auto a = unfused_activation(op, l)) {
@@ -605,6 +624,7 @@ std::optional<EagerKernels> eager_kernels(const models::Op& op, const models::Op
     for (int64_t x : a->backward) k.backward.push_back((written * x).count());
     return k;
   }
+  if (op.name == "moe_probs_in") return probs_on_input(op, g, l, written, cp);
   return unfused_rope(op, g, l, written, cp);
 }
 

@@ -85,6 +85,8 @@ TEST(ExportMegatronBridge, LayerPatternListsEveryLayer) {
   for (int i = 1; i < 24; ++i) freq += ", 0, 1";
   EXPECT_EQ(y.at("model.moe_layer_freq"), freq + "]");
   EXPECT_EQ(y.at("model.ffn_hidden_size"), "16384");
+  EXPECT_EQ(y.at("model.moe_apply_probs_on_input"), "true");
+  EXPECT_EQ(y.at("model.no_rope_freq"), "4");
 }
 
 // Sliding windows: TransformerConfig's window_size and window_attn_skip_freq, as the

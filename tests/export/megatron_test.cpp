@@ -603,6 +603,13 @@ TEST(ExportMegatron, LayerPatternSetsTheMoeLayerFrequency) {
   EXPECT_EQ(f.at("--moe-layer-freq"), "'([0,1]*24)'");
   EXPECT_EQ(f.at("--ffn-hidden-size"), "16384");
   EXPECT_EQ(f.at("--moe-ffn-hidden-size"), "8192");
+  // Its top-1 router scaling the expert's input, and its NoPE layers.
+  EXPECT_EQ(f.count("--moe-apply-probs-on-input"), 1u);
+  EXPECT_EQ(f.at("--no-rope-freq"), "4");
+  const auto m = all_flags(
+      exported(scenario("mixtral-8x7b", 8, 4096, 256), mixtral_ep8_plan(), Target::kMegatron)
+          .at("launch.sh"));
+  EXPECT_EQ(m.count("--moe-apply-probs-on-input") + m.count("--no-rope-freq"), 0u);
 }
 
 TEST(ExportMegatron, MixtureOfExpertsAndPrecisions) {

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -522,6 +523,50 @@ TEST(CostModel, UnfusedRopeRunsEagerKernels) {
     EXPECT_EQ(rope.parts, (std::vector<int64_t>{128 * 64, 64}));
     EXPECT_EQ(op_kernels(rope, g, fused, true, hardware::Precision::kBf16).forward.size(), 1u);
   }
+}
+
+// Llama 4's top-1 routing scales each expert's input by its probability (Megatron-Core's
+// moe_apply_probs_on_input): forward the fp32 product, its cast back to bf16 and the
+// probabilities reset to ones; backward the cast's, the input's gradient and its cast back,
+// the probabilities' gradient and its sum over the width. Over the copies the rank's experts
+// receive: 4096 on one rank, the sequence slice under SP with whole experts, the TP group's
+// when the experts split over TP. op_cost times the same kernels.
+TEST(CostModel, ProbsOnInputScalesEachExpertInput) {
+  const auto dev = hardware::load_profile("dgx-h100")->gpu;
+  const models::OpGraph g = zoo_graph("llama-4-maverick", 4096);
+  const auto it = std::find_if(g.ops.begin(), g.ops.end(),
+                               [](const models::Op& o) { return o.name == "moe_probs_in"; });
+  ASSERT_NE(it, g.ops.end());
+  const models::Op& op = *it;
+  EXPECT_EQ(op.layer, 1);  // the first MoE layer (layer_pattern [0, 1])
+  const auto check = [&](const Layout& l, int64_t tokens) {
+    const int64_t x = tokens * 5120 * 2, f = tokens * 5120 * 4, rows = tokens * 4;
+    const OpKernels k = op_kernels(op, g, l, true, hardware::Precision::kBf16);
+    std::vector<int64_t> fwd, bwd;
+    for (const sim::Kernel& kn : k.forward) fwd.push_back(kn.bytes);
+    for (const sim::Kernel& kn : k.dgrad) bwd.push_back(kn.bytes);
+    EXPECT_EQ(fwd, (std::vector<int64_t>{x + rows + f, f + x, rows}));
+    EXPECT_EQ(bwd, (std::vector<int64_t>{x + f, 2 * f + rows, f + x, 2 * f + x, f + rows}));
+    Time t_fwd, t_bwd;
+    for (int64_t b : fwd) t_fwd += dev.memory_kernel_time(Bytes(b));
+    for (int64_t b : bwd) t_bwd += dev.memory_kernel_time(Bytes(b));
+    const PassCost c = op_cost(op, g, l, true, dev, hardware::Precision::kBf16);
+    EXPECT_EQ(c.forward, t_fwd);
+    EXPECT_EQ(c.dgrad, t_bwd);
+  };
+  check(Layout{}, 4096);
+  Layout sp;
+  sp.tp = 4;
+  sp.sequence_parallel = true;
+  sp.dp = 2;
+  sp.ep = 8;
+  sp.etp = 1;
+  check(sp, 1024);
+  sp.etp = 0;  // the experts split over TP: the TP group's tokens, gathered
+  sp.ep = 2;
+  check(sp, 4096);
+  // Without the field: no such op.
+  for (const models::Op& o : zoo_graph("mixtral-8x7b", 4096).ops) EXPECT_NE(o.name, "moe_probs_in");
 }
 
 // FP8 current scaling (tensorwise) quantises each tensor with three kernels (amax, scale,

@@ -142,6 +142,10 @@ struct MoeSpec {
   double topk_scaling = 0;
   int64_t groups = 0;
   int64_t group_topk = 0;
+  /// Top-1 routing that scales each expert's input by its probability instead of its output
+  /// (Llama 4; Megatron-Core's moe_apply_probs_on_input): another function, and one more
+  /// elementwise product (op moe_probs_in) before the experts.
+  bool probs_on_input = false;
   /// Whether layer `i` (0-based) of `layers` keeps a dense MLP.
   bool dense_layer(int64_t i, int64_t layers) const {
     return is_dense_layer(i, layers, dense_layers, layer_pattern);
