@@ -979,6 +979,14 @@ Result<ModelSpec> one_layer_llm(const std::string& act, const std::string& norm,
           act + R"(", "norm": ")" + norm + R"(")" + extra + "}}]}",
       "test");
 }
+// A one-layer MoE LLM (hidden 256, 4 heads) whose "moe" object holds the fields `moe`.
+Result<ModelSpec> one_layer_moe(const std::string& moe) {
+  return model_from_json_text(
+      R"({"name": "m", "modules": [{"name": "llm", "kind": "llm", "spec": {"layers": 1,
+      "hidden": 256, "heads": 4, "vocab": 100, "activation": "swiglu", "norm": "rmsnorm",
+      "moe": {)" + moe + "}}}]}",
+      "test");
+}
 Op op_named(const ModelSpec& m, const std::string& name) {
   OpGraph g = build_op_graph(m.modules[0].spec, module_input(m, 0, input(1, 128)));
   for (const Op& o : g.ops)
@@ -1147,12 +1155,8 @@ TEST(Json, ProbsOnInputIsTopOneAndAnOpBeforeTheExperts) {
   EXPECT_TRUE(zoo_llm("llama-4-maverick").moe->probs_on_input);
   EXPECT_FALSE(zoo_llm("mixtral-8x7b").moe->probs_on_input);
   auto model = [](int top_k) {
-    return model_from_json_text(
-        R"({"name": "m", "modules": [{"name": "llm", "kind": "llm", "spec": {"layers": 1,
-        "hidden": 256, "heads": 4, "vocab": 100, "activation": "swiglu", "norm": "rmsnorm",
-        "moe": {"experts": 8, "top_k": )" +
-            std::to_string(top_k) + R"(, "expert_ffn_hidden": 512, "probs_on_input": true}}}]})",
-        "test");
+    return one_layer_moe(R"("experts": 8, "top_k": )" + std::to_string(top_k) +
+                         R"(, "expert_ffn_hidden": 512, "probs_on_input": true)");
   };
   auto one = model(1);
   ASSERT_TRUE(one.is_ok()) << one.status().message();
@@ -1171,6 +1175,37 @@ TEST(Json, ProbsOnInputIsTopOneAndAnOpBeforeTheExperts) {
   EXPECT_NE(two.status().message().find("moe.probs_on_input: needs top_k 1, got 2"),
             std::string::npos)
       << two.status().message();
+}
+
+// Qwen1.5-MoE's router: the softmax before the top-k (softmax scores only) and the sigmoid
+// gate on its shared experts' output (shared experts needed), h parameters a layer, an op
+// after the shared experts.
+TEST(Json, PreSoftmaxAndSharedExpertGate) {
+  const LlmSpec q = zoo_llm("qwen1.5-moe-a2.7b");
+  EXPECT_TRUE(q.moe->pre_softmax && q.moe->shared_expert_gate);
+  LlmSpec ungated = q;
+  ungated.moe->shared_expert_gate = false;
+  EXPECT_EQ(count_params(ModuleSpec(q)).total - count_params(ModuleSpec(ungated)).total, 24 * 2048);
+  const OpGraph g = build_op_graph(ModuleSpec(q), input(1, 4096));
+  int gates = 0;
+  for (size_t i = 0; i < g.ops.size(); ++i) {
+    if (g.ops[i].name != "shared_expert_gate") continue;
+    ++gates;
+    EXPECT_EQ(g.ops[i - 1].name, "shared_expert_fc2");
+    EXPECT_EQ(g.ops[i].params, 2048);
+  }
+  EXPECT_EQ(gates, 24);
+  auto model = [](const std::string& moe) {
+    return one_layer_moe(R"("experts": 8, "top_k": 2, "expert_ffn_hidden": 512)" + moe);
+  };
+  auto sigmoid = model(R"(, "score_function": "sigmoid", "pre_softmax": true)");
+  ASSERT_FALSE(sigmoid.is_ok());
+  EXPECT_NE(sigmoid.status().message().find("moe.pre_softmax: needs score_function softmax"),
+            std::string::npos);
+  auto alone = model(R"(, "shared_expert_gate": true)");
+  ASSERT_FALSE(alone.is_ok());
+  EXPECT_NE(alone.status().message().find("moe.shared_expert_gate: needs moe.shared_experts"),
+            std::string::npos);
 }
 
 // no_rope_every: Llama 4's NoPE layers (every 4th by its 1-based number), on RoPE positions
@@ -1196,12 +1231,7 @@ TEST(Json, NoRopeEveryIsLlama4sAndChecked) {
 // where whole groups can hold top_k experts.
 TEST(Json, MoeRouterFieldsParseAndCheckTheirGroups) {
   auto model = [](const std::string& router) {
-    return model_from_json_text(
-        R"({"name": "m", "modules": [{"name": "llm", "kind": "llm", "spec": {"layers": 1,
-        "hidden": 256, "heads": 4, "vocab": 100, "activation": "swiglu", "norm": "rmsnorm",
-        "moe": {"experts": 16, "top_k": 4, "expert_ffn_hidden": 64)" +
-            router + "}}}]}",
-        "test");
+    return one_layer_moe(R"("experts": 16, "top_k": 4, "expert_ffn_hidden": 64)" + router);
   };
   auto ds = model(R"(, "score_function": "sigmoid", "expert_bias": true, "topk_scaling": 2.5, )"
                   R"("groups": 8, "group_topk": 4)");

@@ -301,6 +301,8 @@ std::vector<Flag> megatron_model_flags(const Context& c) {
     if (m.sigmoid_router) f.push_back({"--moe-router-score-function", "sigmoid"});
     if (m.expert_bias) f.push_back({"--moe-router-enable-expert-bias", ""});
     if (m.probs_on_input) f.push_back({"--moe-apply-probs-on-input", ""});
+    if (m.pre_softmax) f.push_back({"--moe-router-pre-softmax", ""});
+    if (m.shared_expert_gate) f.push_back({"--moe-shared-expert-gate", ""});
     if (m.topk_scaling > 0)
       f.push_back({"--moe-router-topk-scaling-factor", decimal(m.topk_scaling)});
     if (m.groups > 0) {

@@ -79,6 +79,9 @@ void add_model_shape(std::vector<Setting>& s, const Context& c) {
         {"model.moe_router_score_function", yaml_string(m.sigmoid_router ? "sigmoid" : "softmax")});
     s.push_back({"model.moe_router_enable_expert_bias", yaml_bool(m.expert_bias)});
     s.push_back({"model.moe_apply_probs_on_input", yaml_bool(m.probs_on_input)});
+    s.push_back({"model.moe_router_pre_softmax", yaml_bool(m.pre_softmax)});
+    if (m.shared_experts > 0)
+      s.push_back({"model.moe_shared_expert_gate", yaml_bool(m.shared_expert_gate)});
     s.push_back({"model.moe_router_topk_scaling_factor",
                  m.topk_scaling > 0 ? decimal(m.topk_scaling) : "null"});
     s.push_back({"model.moe_router_num_groups", m.groups > 0 ? num(m.groups) : "null"});

@@ -170,6 +170,8 @@ ModuleSpec read_fields(std::string_view kind, JsonReader& r) {
           m.optional_enum("score_function", "softmax", {"softmax", "sigmoid"}) == "sigmoid";
       s.moe->expert_bias = m.optional_bool("expert_bias", false);
       s.moe->probs_on_input = m.optional_bool("probs_on_input", false);
+      s.moe->pre_softmax = m.optional_bool("pre_softmax", false);
+      s.moe->shared_expert_gate = m.optional_bool("shared_expert_gate", false);
       s.moe->topk_scaling = m.optional_double("topk_scaling", 0, 0, 1e6);
       s.moe->groups = m.optional_int("groups", 0);
       s.moe->group_topk = m.optional_int("group_topk", 0);

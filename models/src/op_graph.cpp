@@ -469,6 +469,12 @@ void add_layer(Builder& b, const TransformerSpec& t, const std::optional<MoeSpec
     if (moe->shared_experts > 0)
       b.mlp("shared_expert_", layer, {{tokens, 1}}, h, moe->shared_experts * moe->expert_ffn_hidden,
             h, mlp_activation(t), t.linear_bias);
+    // Qwen2-MoE's gate on the shared experts' output (Megatron-Core's SharedExpertMLP with
+    // moe_shared_expert_gate): sigmoid(x · w) times the output, on the layer's input x;
+    // keeps the output and the gate's scores for its backward.
+    if (moe->shared_expert_gate)
+      b.pointwise("shared_expert_gate", OpKind::kElementwise, layer, 2 * T * h, T * h, 3, T * h + T,
+                  h);
   }
   if (t.post_norms) b.norm("mlp_post_norm", layer, t.norm, T, h);
   b.residual("mlp_residual", layer, T, h, t.dropout);

@@ -293,6 +293,10 @@ void check(Checker& c, const LlmSpec& s) {
   const MoeSpec& m = *s.moe;
   if (m.probs_on_input && m.top_k != 1)  // Megatron-Core asserts it in its expert MLPs
     c.fail("moe.probs_on_input", fmt::format("needs top_k 1, got {}", m.top_k));
+  if (m.pre_softmax && m.sigmoid_router)
+    c.fail("moe.pre_softmax", "needs score_function softmax (a softmax before the top-k)");
+  if (m.shared_expert_gate && m.shared_experts == 0)
+    c.fail("moe.shared_expert_gate", "needs moe.shared_experts > 0 (it gates their output)");
   if (m.groups < 0 || m.group_topk < 0)
     c.fail(m.groups < 0 ? "moe.groups" : "moe.group_topk", "must be >= 0");
   else if (m.groups == 0 && m.group_topk != 0)

@@ -45,7 +45,8 @@ ParamCounts layer_params(const TransformerSpec& t, const std::optional<MoeSpec>&
   c.total = common + h * moe->experts + moe->experts * expert +
             (moe->shared_experts > 0 ? mlp_params(h, moe->shared_experts * moe->expert_ffn_hidden,
                                                   h, t.activation, t.linear_bias)
-                                     : 0);
+                                     : 0) +
+            (moe->shared_expert_gate ? h : 0);
   c.active = c.total - (moe->experts - moe->top_k) * expert;
   return c;
 }

@@ -1076,8 +1076,8 @@ ModuleCost module_cost(const models::OpGraph& g, const Layout& l, bool context_p
     const bool expert = op.kind == models::OpKind::kGemm && is_expert(op);
     const int64_t params = local_params(op, g, l);
     (expert ? block.expert : block.dense) += {params, is_fp8_linear(op) ? params : 0};
-    const bool sp_replicated =
-        op.kind == models::OpKind::kNorm || op.name == "router" || is_latent_down_projection(op);
+    const bool sp_replicated = op.kind == models::OpKind::kNorm || op.name == "router" ||
+                               op.name == "shared_expert_gate" || is_latent_down_projection(op);
     if (tp && (op.name == "qk_norm" || (l.sequence_parallel && sp_replicated)))
       block.tp_synced += params;
 

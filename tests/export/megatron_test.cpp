@@ -545,6 +545,20 @@ TEST(ExportMegatron, MoeRouterIsWritten) {
   EXPECT_EQ(y.at("model.moe_router_enable_expert_bias"), "true");
   EXPECT_EQ(y.at("model.moe_router_topk_scaling_factor"), "2.5");
   EXPECT_EQ(y.at("model.moe_router_num_groups"), "null");
+  EXPECT_EQ(y.at("model.moe_router_pre_softmax"), "false");
+  // Qwen1.5-MoE's softmax before the top-k and its gated shared expert.
+  const planner::Scenario qwen = scenario("qwen1.5-moe-a2.7b", 2, 4096, 64);
+  Plan q;
+  q.layout = layout(1, 1, 16);
+  q.layout.ep = 4;
+  ASSERT_EQ(planner::infeasibility(qwen, q), "");
+  const auto qf = all_flags(exported(qwen, q, Target::kMegatron).at("launch.sh"));
+  EXPECT_EQ(qf.count("--moe-router-pre-softmax") + qf.count("--moe-shared-expert-gate"), 2u);
+  EXPECT_EQ(m.count("--moe-router-pre-softmax") + m.count("--moe-shared-expert-gate"), 0u);
+  const auto qy =
+      yaml_settings(exported(qwen, q, Target::kMegatronBridge).at("megatron_bridge.yaml"));
+  EXPECT_EQ(qy.at("model.moe_router_pre_softmax"), "true");
+  EXPECT_EQ(qy.at("model.moe_shared_expert_gate"), "true");
 }
 
 // Norms scaled by 1 + gamma (Nemotron-4's layernorm1p): Megatron-LM's --apply-layernorm-1p,

@@ -146,6 +146,14 @@ struct MoeSpec {
   /// (Llama 4; Megatron-Core's moe_apply_probs_on_input): another function, and one more
   /// elementwise product (op moe_probs_in) before the experts.
   bool probs_on_input = false;
+  /// The softmax over all experts before the top-k, its weights not renormalised over the
+  /// chosen (Qwen1.5 / Qwen2-MoE's norm_topk_prob false; --moe-router-pre-softmax), where
+  /// Megatron-Core's default takes the softmax of the top-k scores. Softmax scores only.
+  bool pre_softmax = false;
+  /// A sigmoid gate scaling the shared experts' output, one weight per hidden channel
+  /// (Qwen1.5 / Qwen2-MoE's shared_expert_gate; --moe-shared-expert-gate): op
+  /// shared_expert_gate after the shared experts. Needs shared experts.
+  bool shared_expert_gate = false;
   /// Whether layer `i` (0-based) of `layers` keeps a dense MLP.
   bool dense_layer(int64_t i, int64_t layers) const {
     return is_dense_layer(i, layers, dense_layers, layer_pattern);
