@@ -221,6 +221,40 @@ TEST(Cli, SimulateSaysWhyYarnRunsUnfusedRope) {
   EXPECT_EQ(plain.out.find("RoPE "), std::string::npos) << plain.out;
 }
 
+// DeepEP over two nodes: the summary says how many nodes a token reaches, 2 (1 - C(8, 2) /
+// C(16, 2)) = 1.53 for 16 experts top-2 drawn evenly, exactly one when grouped routing keeps
+// its experts in 1 of 2 groups (a node each); no line for the plain all-to-all.
+TEST(Cli, SimulateSaysHowManyNodesDeepEpReaches) {
+  const std::string file =
+      std::string(HETPAR_SOURCE_DIR) + "/tests/data/executor/tiny-moe-deepep-16.json";
+  CliRun r = run("simulate " + file);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("DeepEP     each token to 1.53 of the EP group's 2 nodes on average"),
+            std::string::npos)
+      << r.out;
+  std::string text = slurp(file);
+  // The copies sit elsewhere: the profile by its full path.
+  const std::string profile = R"("cpu-host-8.json")";
+  ASSERT_NE(text.find(profile), std::string::npos);
+  text.replace(text.find(profile), profile.size(),
+               "\"" + std::string(HETPAR_SOURCE_DIR) + "/tests/data/executor/cpu-host-8.json\"");
+  const std::string moe = R"("expert_ffn_hidden": 128)";
+  ASSERT_NE(text.find(moe), std::string::npos);
+  std::string grouped = text;
+  grouped.replace(grouped.find(moe), moe.size(), moe + R"(, "groups": 2, "group_topk": 1)");
+  CliRun g = run("simulate " + write_temp("deepep_grouped.json", grouped));
+  EXPECT_EQ(g.exit_code, 0) << g.err;
+  EXPECT_NE(g.out.find("each token to 1.00 of the EP group's 2 nodes on average (once per node, "
+                       "for its 2 routed copies): its experts in 1 of 2 groups"),
+            std::string::npos)
+      << g.out;
+  std::string plain = text;
+  plain.replace(plain.find(R"("deepep")"), 8, R"("alltoall")");
+  CliRun a = run("simulate " + write_temp("deepep_plain.json", plain));
+  EXPECT_EQ(a.exit_code, 0) << a.err;
+  EXPECT_EQ(a.out.find("DeepEP "), std::string::npos) << a.out;
+}
+
 // `validation` summarises per source document: two runs of one paper, one of another.
 TEST(Cli, ValidationSummarisesEachSource) {
   const std::string runs = std::string(HETPAR_SOURCE_DIR) + "/validation/runs/";
