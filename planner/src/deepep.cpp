@@ -123,6 +123,10 @@ double deepep_rail_share(const models::MoeSpec& moe, int64_t nodes) {
   return (1.0 - miss) / static_cast<double>(top_k) * static_cast<double>(nodes);
 }
 
+double deepep_nvlink_share(const models::MoeSpec& moe, int64_t ep) {
+  return ep <= 1 ? 1.0 : deepep_rail_share(moe, ep);
+}
+
 bool deepep_supports(int ranks) {
   return find(ranks) != nullptr;
 }

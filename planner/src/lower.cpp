@@ -949,14 +949,14 @@ void Lowering::run_work(const PlacedBlock& pb, size_t s, int pass, const Labels&
         // DeepEP across nodes (Layout::moe_dispatcher): one kernel pipelines the transfers
         // across nodes (each token once to each other node holding one of its experts, with
         // its routing, to the GPU of the sender's local index there) with the NVLink
-        // all-to-all that forwards them and moves the node's own tokens; each GPU's NVLink
-        // sends then add up to the plain all-to-all's buffer. As two collectives side by
-        // side, both waited for.
+        // all-to-all that forwards them and moves the node's own tokens, once to each rank
+        // holding one of its experts. As two collectives side by side, both waited for.
         const Bytes copies = step.bytes + step.probs_bytes;
         const Bytes rail(std::llround(copies.as_double() * deepep_rail_per_byte_));
+        const Bytes nvlink(std::llround(copies.as_double() * deepep_nvlink_per_byte_));
         // The NVLink part after the rank's last task; `beside` holds that task until the
         // part across nodes, which starts after it too, takes its place.
-        group_collectives(ep_node_groups_, CollectiveKind::kAllToAll, copies, a2a_stream,
+        group_collectives(ep_node_groups_, CollectiveKind::kAllToAll, nvlink, a2a_stream,
                           {cat_ep_, lb.ep}, [&](int j, TaskId c) {
                             RankState& rs = st_[j];
                             if (rs.last.valid()) g_.add_dependency(rs.last, c);
@@ -973,10 +973,15 @@ void Lowering::run_work(const PlacedBlock& pb, size_t s, int pass, const Labels&
                             rs.beside = c;
                           });
       } else {
-        collective(CollectiveKind::kAllToAll, step.bytes, {cat_ep_, lb.ep}, ep_groups_, a2a_stream);
+        // DeepEP inside a node: each token once to each rank of its experts (1 otherwise).
+        auto sent = [&](Bytes b) {
+          return Bytes(std::llround(b.as_double() * deepep_nvlink_per_byte_));
+        };
+        collective(CollectiveKind::kAllToAll, sent(step.bytes), {cat_ep_, lb.ep}, ep_groups_,
+                   a2a_stream);
         if (step.probs_bytes > Bytes(0))  // the routing probabilities, a call of their own
-          collective(CollectiveKind::kAllToAll, step.probs_bytes, {cat_ep_, lb.ep}, ep_groups_,
-                     a2a_stream);
+          collective(CollectiveKind::kAllToAll, sent(step.probs_bytes), {cat_ep_, lb.ep},
+                     ep_groups_, a2a_stream);
       }
       if (backward && delays_wgrad(pb, s + 1)) {  // the wgrads held back for it, beside it
         const sim::KernelListId kw = kernels(pb, s + 1, true, Use::kStepWgrad);
@@ -1481,9 +1486,11 @@ void Lowering::build_stage() {
       for (std::vector<int>& members : by_node) node_locals.push_back(std::move(members));
     }
   deepep_rail_per_byte_ = 0;
-  if (nodes > 1) {
+  deepep_nvlink_per_byte_ = 1;
+  if (l_.moe_dispatcher == MoeDispatcher::kDeepEp) {
     const auto& moe = *std::get<models::LlmSpec>(s_.model.modules[s_.model.llm_index()].spec).moe;
-    deepep_rail_per_byte_ = deepep_rail_share(moe, static_cast<int64_t>(nodes));
+    deepep_nvlink_per_byte_ = deepep_nvlink_share(moe, l_.ep);
+    if (nodes > 1) deepep_rail_per_byte_ = deepep_rail_share(moe, static_cast<int64_t>(nodes));
   }
   make_groups(ep_node_groups_, node_locals);
   make_groups(ep_rail_groups_, rail_locals);

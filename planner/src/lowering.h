@@ -570,9 +570,12 @@ class Lowering {
   // moe_dispatcher deepep with EP groups across nodes: each EP group's members on one node
   // (NVLink all-to-all), and its members of one local index, one per node (the transfers
   // across nodes); deepep_rail_per_byte_: the across-node all-to-all's bytes per byte of the
-  // plain all-to-all's buffer (see run_step). Empty / 0 otherwise.
+  // plain all-to-all's buffer (see run_step). Empty / 0 otherwise. deepep_nvlink_per_byte_:
+  // with DeepEP, inside a node or across, the NVLink all-to-all's (deepep_nvlink_share);
+  // 1 otherwise.
   GroupSet ep_node_groups_, ep_rail_groups_;
   double deepep_rail_per_byte_ = 0;
+  double deepep_nvlink_per_byte_ = 1;
   // Per active rank (reduced, leaders only): its ring step's pairs, the other edges it
   // stands for.
   std::vector<GroupId> cp_pairs_, cp_copies_;

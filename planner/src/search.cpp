@@ -186,13 +186,16 @@ Time collective_time(sim::CollectiveKind kind, Bytes bytes, int n, Bandwidth lin
 // of the group.
 // DeepEP across nodes (`rail_share` > 0, deepep_rail_share() over `rail_nodes`): the NVLink
 // all-to-all over the rank's node and, beside it, each token once to each other node
-// holding one of its experts, through the NIC: the longer of the two.
+// holding one of its experts, through the NIC: the longer of the two. DeepEP's NVLink
+// bytes, inside a node or across, are the buffer's times `nvlink_share` (each token once per
+// rank of its experts, deepep_nvlink_share()).
 struct EpLinks {
   Bandwidth nvlink = Bandwidth::bytes_per_s(1e30);
   Bandwidth nic = Bandwidth::bytes_per_s(1e30);
   int members_per_node = 1;
   int rail_nodes = 1;
   double rail_share = 0;
+  double nvlink_share = 1;  // DeepEP's NVLink bytes per byte of the buffer (deepep.h)
   Time all_to_all(Bytes bytes, int ep) const {
     if (ep <= 1 || bytes.count() == 0) return Time::zero();
     if (members_per_node >= ep)
@@ -200,7 +203,8 @@ struct EpLinks {
     return Time::seconds(bytes.as_double() * (ep - members_per_node) / ep / nic.bytes_per_s());
   }
   // DeepEP's parts: over NVLink inside the node, and through the NIC.
-  Time deepep_nvlink(Bytes bytes) const { return all_to_all(bytes, members_per_node); }
+  Bytes sent(Bytes bytes) const { return Bytes(std::llround(bytes.as_double() * nvlink_share)); }
+  Time deepep_nvlink(Bytes bytes) const { return all_to_all(sent(bytes), members_per_node); }
   Time deepep_rail(Bytes bytes) const {
     return Time::seconds(bytes.as_double() * rail_share * (rail_nodes - 1) / rail_nodes /
                          nic.bytes_per_s());
@@ -290,9 +294,9 @@ BlockTime block_time(const Block& b, const Layout& l, Bandwidth link, Bandwidth 
         if (l.ep <= 1) break;
         const bool rails = ep_links.rail_share > 0;  // set for DeepEP across nodes alone
         const Bytes copies = st.bytes + st.probs_bytes;
-        const Time a2a =
-            rails ? ep_links.deepep_nvlink(copies)
-                  : ep_links.all_to_all(st.bytes, l.ep) + ep_links.all_to_all(st.probs_bytes, l.ep);
+        const Time a2a = rails ? ep_links.deepep_nvlink(copies)
+                               : ep_links.all_to_all(ep_links.sent(st.bytes), l.ep) +
+                                     ep_links.all_to_all(ep_links.sent(st.probs_bytes), l.ep);
         const Time rail = rails ? ep_links.deepep_rail(copies) : Time::zero();
         if (l.ep_comm_overlap) {
           t.ep_overlapped += a2a * 2;
@@ -382,6 +386,8 @@ class CostCache {
         ep_links.members_per_node = std::min(l.ep, (group.profile.gpus_per_node + etp - 1) / etp);
         // DeepEP's groups take whole nodes (infeasibility()).
         const auto* llm = std::get_if<models::LlmSpec>(&s_.model.modules[module].spec);
+        if (l.moe_dispatcher == MoeDispatcher::kDeepEp && llm && llm->moe)
+          ep_links.nvlink_share = deepep_nvlink_share(*llm->moe, l.ep);
         if (l.moe_dispatcher == MoeDispatcher::kDeepEp && l.ep % ep_links.members_per_node == 0 &&
             llm && llm->moe) {
           ep_links.rail_nodes = l.ep / ep_links.members_per_node;

@@ -1937,7 +1937,7 @@ TEST(Lower, MixtureOfExpertsAllToAllOverTheEpGroup) {
 // across nodes between the GPUs of one local index: each token once to the other node when
 // one of its 2 experts is there, 1 - C(8, 2) / C(16, 2) of the time. Fewer bytes cross the
 // network, so the iteration is shorter; representatives predict every rank; inside one node
-// it is the plain all-to-all.
+// each token goes once to each rank of its experts.
 TEST(Lower, DeepEpSendsEachTokenOnceToEachOtherNodeOfItsExperts) {
   Scenario moe = tiny_moe(4, 32, 2, 16);
   Plan p = plan(1, 1, 16);
@@ -1984,13 +1984,33 @@ TEST(Lower, DeepEpSendsEachTokenOnceToEachOtherNodeOfItsExperts) {
   const Time fast = time(deepep, false);
   EXPECT_LT(fast, time(p, false));
   EXPECT_EQ(fast, time(deepep, true));
-  // Inside one node: the plain all-to-all, to the picosecond.
+  // Inside one node: the all-to-all, each token once to each rank of its experts: with 2 of
+  // 8 experts on each of 4 ranks, 4 (1 - C(6, 2) / C(8, 2)) = 13/7 ranks for its 2 copies,
+  // 13/14 of the plain all-to-all's bytes (tokens and probabilities alike), so faster. (With
+  // one expert a rank, above, a token's ranks are its copies: the NVLink bytes as plain.)
   Scenario one = tiny_moe(4, 16, 1, 8);
   Plan in_node = plan(1, 1, 8);
   in_node.layout.ep = 4;
   Plan in_node_deepep = in_node;
   in_node_deepep.layout.moe_dispatcher = MoeDispatcher::kDeepEp;
-  EXPECT_EQ(evaluate(one, in_node_deepep)->iteration_time, evaluate(one, in_node)->iteration_time);
+  {
+    const LoweredPlan in = lowered(one, in_node_deepep, {.full_ranks = true});
+    const auto sent = [](int64_t b) {
+      return Bytes(std::llround(static_cast<double>(b) * 13 / 14));
+    };
+    int a2a = 0;
+    for (int t = 0; t < in.graph.num_tasks(); ++t) {
+      const sim::Task& task = in.graph.task(TaskId(t));
+      if (in.graph.label_text(task.label.category) != "ep_comm" ||
+          task.collective != sim::CollectiveKind::kAllToAll)
+        continue;
+      ++a2a;
+      EXPECT_TRUE(task.bytes == sent(2048LL * 2 * 1024 * 2) || task.bytes == sent(2048LL * 2 * 4))
+          << task.bytes.count();
+    }
+    EXPECT_GT(a2a, 0);
+  }
+  EXPECT_LT(evaluate(one, in_node_deepep)->iteration_time, evaluate(one, in_node)->iteration_time);
   // What Megatron-Core's flex dispatcher takes, and what hetpar models of it.
   Plan dense = plan(1, 1, 16);
   dense.layout.moe_dispatcher = MoeDispatcher::kDeepEp;
@@ -2048,8 +2068,8 @@ double enumerated_rail_share(const models::MoeSpec& moe, int64_t nodes) {
       for (size_t i = 0; i < pool.size(); ++i)
         if (es >> i & 1) hit.insert(pool[i] / per_node);
       // A token's routings weigh equally within its group choice; group choices alike.
-      const double w = 1.0 / std::tgamma(pool.size() + 1.0) *
-                       std::tgamma(moe.top_k + 1.0) * std::tgamma(pool.size() - moe.top_k + 1.0);
+      const double w = 1.0 / std::tgamma(pool.size() + 1.0) * std::tgamma(moe.top_k + 1.0) *
+                       std::tgamma(pool.size() - moe.top_k + 1.0);
       reached += w * static_cast<double>(hit.size());
       routings += w;
     }
@@ -2094,6 +2114,15 @@ TEST(DeepEp, RailShareCountsTheNodesATokensExpertsReach) {
   moe.groups = moe.group_topk = 0;
   EXPECT_NEAR(deepep_rail_share(moe, 8) * 8, 8 * (1 - ungrouped_none), 1e-12);
   EXPECT_GT(deepep_rail_share(moe, 8) * 8, 5.2);
+  // Over NVLink, once per rank: with one expert a rank, every copy; with two of 8 on each of
+  // 4 ranks, 13/7 ranks for 2 copies; one rank, no exchange to share.
+  models::MoeSpec small;
+  small.experts = 16;
+  small.top_k = 2;
+  EXPECT_DOUBLE_EQ(deepep_nvlink_share(small, 16), 1.0);
+  EXPECT_DOUBLE_EQ(deepep_nvlink_share(small, 1), 1.0);
+  small.experts = 8;
+  EXPECT_NEAR(deepep_nvlink_share(small, 4), 13.0 / 14, 1e-12);
 }
 
 // DeepEP's buffers (planner/deepep.h), from its size hints at hidden 1024 (2048 bytes a

@@ -39,6 +39,14 @@ bool deepep_supports(int ranks);
 /// node. REQUIRES experts % nodes == 0.
 double deepep_rail_share(const models::MoeSpec& moe, int64_t nodes);
 
+/// The bytes DeepEP moves over NVLink per byte of the plain all-to-all's buffer, for an EP
+/// group of `ep` ranks: its kernels send a token once to each rank holding one of its
+/// experts (get_dispatch_layout's is_token_in_rank), and the combine returns one sum per
+/// token and rank, where the all-to-all dispatcher moves a copy per expert; the ranks a token
+/// reaches over top_k, deepep_rail_share() with ranks for nodes (1 for one rank).
+/// REQUIRES experts % ep == 0.
+double deepep_nvlink_share(const models::MoeSpec& moe, int64_t ep);
+
 /// Device memory one rank of an EP group of `ranks` holds for DeepEP: the NVLink buffer
 /// (cudaMalloc, mapped by its node's peers), the RDMA buffer (NVSHMEM's symmetric heap,
 /// groups over nodes only), each the larger of the dispatch and combine configurations'
