@@ -2050,7 +2050,7 @@ TEST(Lower, DeepEpSendsEachTokenOnceToEachOtherNodeOfItsExperts) {
 // groups' experts, all equally likely; the share is the nodes reached per copy. Without
 // groups it is the closed form 1 - C(E - E/N, k) / C(E, k) per node; with DeepSeek-V3's 4 of
 // 8 groups on 8 nodes (a group a node) a token reaches at most 4 nodes, where ungrouped it
-// would reach 5.25 on average.
+// would reach 5.29 on average.
 double enumerated_rail_share(const models::MoeSpec& moe, int64_t nodes) {
   const int64_t g_all = moe.groups > 0 ? moe.groups : 1;
   const int64_t g_pick = moe.groups > 0 ? moe.group_topk : 1;
