@@ -594,9 +594,6 @@ std::optional<EagerKernels> unfused_rope(const models::Op& op, const models::OpG
   return k;
 }
 
-// The kernels a pointwise op runs as eager PyTorch ops instead of its one fused kernel each
-// way (an unfused activation or RoPE), as bytes on this rank (`written`: its output's), or
-// none where it runs fused.
 // Megatron-Core's moe_apply_probs_on_input (Llama 4's top-1 routing) in its expert MLP:
 // (probs.unsqueeze(-1) * x).to(x.dtype), a product in fp32 (the probabilities are), then
 // the probabilities reset by ones_like. Backward (autograd): the cast's (to fp32), the
@@ -616,6 +613,9 @@ std::optional<EagerKernels> probs_on_input(const models::Op& op, const models::O
                       .backward = {x + f32, 2 * f32 + rows, f32 + x, 2 * f32 + x, f32 + rows}};
 }
 
+// The kernels a pointwise op runs as eager PyTorch ops instead of its one fused kernel each
+// way (an unfused activation or RoPE, the product of moe_apply_probs_on_input), as bytes on
+// this rank (`written`: its output's), or none where it runs fused.
 std::optional<EagerKernels> eager_kernels(const models::Op& op, const models::OpGraph& g,
                                           const Layout& l, Bytes written, int64_t cp) {
   if (const auto a = unfused_activation(op, l)) {
