@@ -636,10 +636,8 @@ std::string rope_note(const models::LlmSpec& llm) {
   if (llm.no_rope_every > 0)
     parts.push_back(fmt::format("no RoPE in the layers numbered (from 1) in multiples of {}",
                                 llm.no_rope_every));
-  if (const auto& m = llm.moe;
-      m && (m->sigmoid_router || m->expert_bias || m->topk_scaling > 0 || m->groups > 0 ||
-            m->probs_on_input || m->pre_softmax || m->shared_expert_gate)) {
-    std::string router = fmt::format("a {} router", m->sigmoid_router ? "sigmoid" : "softmax");
+  if (const auto& m = llm.moe) {  // named where it is not Megatron's default softmax router
+    std::string router;
     if (m->expert_bias) router += " with expert bias";
     if (m->topk_scaling > 0) router += fmt::format(", its weights scaled by {}", m->topk_scaling);
     if (m->groups > 0)
@@ -647,7 +645,9 @@ std::string rope_note(const models::LlmSpec& llm) {
     if (m->probs_on_input) router += ", its probability scaling the expert's input";
     if (m->pre_softmax) router += ", its softmax over all experts before the top-k";
     if (m->shared_expert_gate) router += ", a sigmoid gate on the shared experts' output";
-    parts.push_back(router);
+    if (m->sigmoid_router || !router.empty())
+      parts.push_back(
+          fmt::format("a {} router{}", m->sigmoid_router ? "sigmoid" : "softmax", router));
   }
   return fmt::format("{}", fmt::join(parts, ", "));
 }

@@ -90,8 +90,11 @@ double deepep_rail_share(const models::MoeSpec& moe, int64_t nodes) {
   auto log_choose = [](int64_t n, int64_t k) {
     return std::lgamma(n + 1.0) - std::lgamma(k + 1.0) - std::lgamma(n - k + 1.0);
   };
+  // Groups aligned with nodes (or none): every node alike, node 0 stands for all; it runs on
+  // the search's path, once per layout.
+  const bool alike = per_node % per_group == 0 || per_group % per_node == 0;
   std::vector<double> misses;
-  for (int64_t node = 0; node < nodes; ++node) {
+  for (int64_t node = 0; node < (alike ? 1 : nodes); ++node) {
     // The node's experts in each group it overlaps.
     const int64_t lo = node * per_node, hi = lo + per_node;
     std::vector<int64_t> overlap;
@@ -114,9 +117,9 @@ double deepep_rail_share(const models::MoeSpec& moe, int64_t nodes) {
     }
     misses.push_back(miss);
   }
-  // Nodes alike (groups and nodes aligned, or no groups): one node's miss, as a closed form.
+  // Nodes alike: node 0's miss; otherwise the mean over the nodes.
   double miss = misses.front();
-  if (std::any_of(misses.begin(), misses.end(), [&](double x) { return x != miss; })) {
+  if (!alike) {
     miss = 0;
     for (double x : misses) miss += x / static_cast<double>(nodes);
   }

@@ -945,6 +945,10 @@ void Lowering::run_work(const PlacedBlock& pb, size_t s, int pass, const Labels&
       // another communicator, another stream.
       const int32_t a2a_stream =
           l_.ep_comm_overlap || l_.overlaps_shared_experts() ? kEpStream : kTpStream;
+      // DeepEP's NVLink bytes: each token once to each rank of its experts (1 otherwise).
+      auto sent = [&](Bytes b) {
+        return Bytes(std::llround(b.as_double() * deepep_nvlink_per_byte_));
+      };
       if (!ep_rail_groups_.ids.empty()) {
         // DeepEP across nodes (Layout::moe_dispatcher): one kernel pipelines the transfers
         // across nodes (each token once to each other node holding one of its experts, with
@@ -953,10 +957,9 @@ void Lowering::run_work(const PlacedBlock& pb, size_t s, int pass, const Labels&
         // holding one of its experts. As two collectives side by side, both waited for.
         const Bytes copies = step.bytes + step.probs_bytes;
         const Bytes rail(std::llround(copies.as_double() * deepep_rail_per_byte_));
-        const Bytes nvlink(std::llround(copies.as_double() * deepep_nvlink_per_byte_));
         // The NVLink part after the rank's last task; `beside` holds that task until the
         // part across nodes, which starts after it too, takes its place.
-        group_collectives(ep_node_groups_, CollectiveKind::kAllToAll, nvlink, a2a_stream,
+        group_collectives(ep_node_groups_, CollectiveKind::kAllToAll, sent(copies), a2a_stream,
                           {cat_ep_, lb.ep}, [&](int j, TaskId c) {
                             RankState& rs = st_[j];
                             if (rs.last.valid()) g_.add_dependency(rs.last, c);
@@ -973,10 +976,6 @@ void Lowering::run_work(const PlacedBlock& pb, size_t s, int pass, const Labels&
                             rs.beside = c;
                           });
       } else {
-        // DeepEP inside a node: each token once to each rank of its experts (1 otherwise).
-        auto sent = [&](Bytes b) {
-          return Bytes(std::llround(b.as_double() * deepep_nvlink_per_byte_));
-        };
         collective(CollectiveKind::kAllToAll, sent(step.bytes), {cat_ep_, lb.ep}, ep_groups_,
                    a2a_stream);
         if (step.probs_bytes > Bytes(0))  // the routing probabilities, a call of their own
