@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from device_timing import median, median_call_s
+from device_timing import median, median_call_s, sustained_call_s
 
 SUSTAIN_S = 2.0
 
@@ -31,18 +31,7 @@ def timed_burst(fn, reps=20):
 
 
 def timed_sustained(fn, reps=20):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < SUSTAIN_S:
-        for _ in range(10):
-            fn()
-        torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(reps):
-        fn()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) * 1e-3 / reps
+    return sustained_call_s(fn, SUSTAIN_S, reps)
 
 
 def attention_rows(backend, name, shapes):

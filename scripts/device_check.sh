@@ -4,7 +4,8 @@
 # files scripts/device_bundle.sh put in .device/debs, build hetpar with its cuda backend,
 # run the gpu-labelled tests, then calibrate the GPU at the GEMM shapes of the validation
 # runs (hetpar calibrate --backend cuda --shapes-from), and time fused attention and GEMMs
-# through PyTorch burst and sustained (scripts/device_attention.py), so a miss can be told
+# through PyTorch burst and sustained (scripts/device_attention.py), and a MoE layer's expert
+# GEMMs as Transformer Engine issues them (scripts/device_experts.py), so a miss can be told
 # apart here: kernel rate or the rest of the model. Everything it writes lands in $OUT
 # (default build-device/out): logs, calibrated profiles, the attention table.
 #
@@ -23,7 +24,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-build-device/out}
 mkdir -p "$out"
-runs=${HETPAR_DEVICE_RUNS:-"nemo-24.07-llama3-8b-8xh100-fp8 nemo-24.07-gpt3-175b-128xh100-fp8 llama3-405b-16384xh100"}
+runs=${HETPAR_DEVICE_RUNS:-"nemo-24.07-llama3-8b-8xh100-fp8 nemo-24.07-gpt3-175b-128xh100-fp8 llama3-405b-16384xh100 mbridge-26.02-gpt-oss-120b-64xh100-bf16"}
 base=${HETPAR_DEVICE_BASE:-dgx-h200}
 arch=${HETPAR_DEVICE_ARCH:-90}
 sustain=${HETPAR_DEVICE_SUSTAIN:-0.5}  # seconds each GEMM runs back to back before timing
@@ -94,6 +95,21 @@ fi
 if [ "${HETPAR_DEVICE_PYTORCH:-1}" != 0 ] &&
   LD_LIBRARY_PATH=$machine_ld PYTHONUNBUFFERED=1 step attention python3 scripts/device_attention.py --json "$out/attention.json"; then
   tail -n 25 "$out/attention.log" >>"$out/summary.txt"
+fi
+
+# 4b. A MoE layer's expert GEMMs as Transformer Engine issues them (one per local expert on
+# 4 streams) against one stream, a grouped kernel and one dense GEMM, at the suite's MoE
+# rows' per-rank shapes; beside them the cost model's expert ops for the same rows (the
+# built-in profiles; the H100's GEMM rates are the H200's, docs/validation.md).
+if [ "${HETPAR_DEVICE_PYTORCH:-1}" != 0 ] &&
+  LD_LIBRARY_PATH=$machine_ld PYTHONUNBUFFERED=1 step experts python3 scripts/device_experts.py --fp8 --json "$out/experts.json"; then
+  cat "$out/experts.log" >>"$out/summary.txt"
+  for r in mbridge-26.02-gpt-oss-120b-64xh100-bf16 mbridge-25.09-qwen3-30b-a3b-16xh100-fp8-tokendrop \
+    moezoo-qwen3-235b-a22b-256xh100-bf16-tp4-ep8-deepep moezoo-qwen3-235b-a22b-256xh100-bf16-ep32-deepep; do
+    if build-device/cli/hetpar simulate "validation/runs/$r.json" --ops >"$out/ops-$r.log" 2>&1; then
+      grep -E '^Plan|expert_fc' "$out/ops-$r.log" | sed "s/^/  model $r: /" >>"$out/summary.txt"
+    fi
+  done
 fi
 
 # 5. Calibrate at each run's own GEMMs. Compare here: `hetpar simulate RUN --ops` with the
