@@ -96,13 +96,18 @@ int64_t routed_experts(const models::OpGraph& g, int layer) {
 // local expert (sort_chunks_by_idxs runs only then). The tokens are those after the EP
 // all-to-all: this rank's sequence slice under SP with whole experts, all its TP group's
 // when the experts are split over TP (gathered first). Elements, or 0 when it does not run.
+// Only the all-to-all dispatcher runs it: its all-to-all delivers (source rank, expert)
+// chunks. DeepEP's flex dispatcher receives each token once per rank and permutes the
+// received tokens straight into expert order (Megatron-Core's _DeepepManager:
+// get_permuted_hidden_states_by_experts, one permute; the restore one unpermute), the
+// graph's moe_dispatch and moe_combine.
 bool is_expert_reorder(const models::Op& op) {
   return op.name == "moe_sort" || op.name == "moe_unsort";
 }
 int64_t expert_reorder_elements(const models::Op& op, const models::OpGraph& g, const Layout& l,
                                 int64_t cp) {
   const int64_t experts = routed_experts(g, op.layer);
-  if (l.ep <= 1 || experts / l.ep <= 1) return 0;
+  if (l.ep <= 1 || experts / l.ep <= 1 || l.moe_dispatcher != MoeDispatcher::kAllToAll) return 0;
   const int64_t slice = l.sequence_parallel && l.expert_tp() == 1 ? l.tp : 1;
   return op.read.count() / g.dtype_bytes / (cp * slice);
 }

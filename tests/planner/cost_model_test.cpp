@@ -847,7 +847,8 @@ TEST(CostModel, TheRouterRunsOnTheSequenceSlice) {
 
 // Megatron's all-to-all dispatcher reorders the tokens it receives by local expert and back
 // before the combine (sort_chunks_by_idxs): a copy of the routed tokens each way, forward and
-// backward, only under expert parallelism with several local experts. Mixtral 8x7B (top 2).
+// backward, only under expert parallelism with several local experts, and not with DeepEP.
+// Mixtral 8x7B (top 2).
 TEST(CostModel, ExpertParallelDispatcherReordersTheReceivedTokens) {
   const models::OpGraph g = zoo_graph("mixtral-8x7b", 4096);
   const hardware::DeviceProfile dev = hardware::load_profile("dgx-h100")->gpu;
@@ -878,6 +879,13 @@ TEST(CostModel, ExpertParallelDispatcherReordersTheReceivedTokens) {
       EXPECT_TRUE(op_kernels(op, g, o, true, hardware::Precision::kBf16).forward.empty()) << ep;
       EXPECT_EQ(op_cost(op, g, o, true, dev, hardware::Precision::kBf16).forward, Time::zero());
     }
+    // DeepEP's flex dispatcher permutes what it receives straight into expert order.
+    Layout deepep = l;
+    deepep.moe_dispatcher = MoeDispatcher::kDeepEp;
+    const OpKernels kd = op_kernels(op, g, deepep, true, hardware::Precision::kBf16);
+    EXPECT_TRUE(kd.forward.empty() && kd.dgrad.empty()) << name;
+    const PassCost cd = op_cost(op, g, deepep, true, dev, hardware::Precision::kBf16);
+    EXPECT_EQ(cd.forward + cd.dgrad, Time::zero()) << name;
   }
 }
 
