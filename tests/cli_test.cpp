@@ -248,6 +248,13 @@ TEST(Cli, SimulateSaysHowManyNodesDeepEpReaches) {
                        "for its 2 routed copies): its experts in 1 of 2 groups"),
             std::string::npos)
       << g.out;
+  std::string hybrid = text;  // HybridEP takes the same routes
+  hybrid.replace(hybrid.find(R"("deepep")"), 8, R"("hybridep")");
+  CliRun h = run("simulate " + write_temp("deepep_hybrid.json", hybrid));
+  EXPECT_EQ(h.exit_code, 0) << h.err;
+  EXPECT_NE(h.out.find("HybridEP   each token to 1.53 of the EP group's 2 nodes"),
+            std::string::npos)
+      << h.out;
   std::string plain = text;
   plain.replace(plain.find(R"("deepep")"), 8, R"("alltoall")");
   CliRun a = run("simulate " + write_temp("deepep_plain.json", plain));

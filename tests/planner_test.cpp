@@ -99,6 +99,7 @@ TEST(PlanJson, RoundTripsEveryLayoutSwitch) {
   p.layout.fsdp_implementation = FsdpImplementation::kMegatron;
   p.layout.fsdp_root_unit = false;
   p.layout.tp_backward_overlap = true;
+  p.layout.moe_dispatcher = MoeDispatcher::kHybridEp;
   back = parse_plan(plan_to_json(p), "plan");
   ASSERT_TRUE(back.is_ok());
   EXPECT_EQ(*back, p);

@@ -52,17 +52,17 @@ void print_text(const planner::Scenario& s, const planner::Plan& p, const planne
         "RoPE       unfused: the model's YaRN scales cos and sin by {:.3g}, which Transformer "
         "Engine's fused kernel cannot (Megatron-Core falls back)\n",
         llm.yarn->concentration());
-  // Where DeepEP's EP group spans nodes: how many a token reaches (planner/deepep.h), which
-  // grouped routing bounds.
+  // Where the flex dispatcher's EP group spans nodes: how many a token reaches
+  // (planner/deepep.h), which grouped routing bounds.
   const int per_node = std::min(l.ep, s.cluster.gpus_per_node_of(0) / std::max(l.expert_tp(), 1));
-  if (llm.moe && l.moe_dispatcher == planner::MoeDispatcher::kDeepEp && per_node > 0 &&
-      l.ep > per_node && l.ep % per_node == 0) {
+  if (llm.moe && l.flex_dispatcher() && per_node > 0 && l.ep > per_node && l.ep % per_node == 0) {
     const int64_t nodes = l.ep / per_node;
     const double reached = planner::deepep_rail_share(*llm.moe, nodes) * llm.moe->top_k;
     fmt::print(
-        "DeepEP     each token to {:.2f} of the EP group's {} nodes on average (once per "
+        "{:<10} each token to {:.2f} of the EP group's {} nodes on average (once per "
         "node, for its {} routed copies){}\n",
-        reached, nodes, llm.moe->top_k,
+        l.moe_dispatcher == planner::MoeDispatcher::kDeepEp ? "DeepEP" : "HybridEP", reached, nodes,
+        llm.moe->top_k,
         llm.moe->groups > 0
             ? fmt::format(": its experts in {} of {} groups", llm.moe->group_topk, llm.moe->groups)
             : "");

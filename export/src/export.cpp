@@ -270,12 +270,15 @@ void refuse_selective_op(const Context& c, Refusals& r) {
         c.target_name()));
 }
 
-void refuse_deepep(const Context& c, Refusals& r) {
-  if (c.layout().moe_dispatcher == planner::MoeDispatcher::kDeepEp)
-    r.add(
-        fmt::format("moe_dispatcher deepep: {} has no DeepEP token dispatcher (Megatron-Core's "
-                    "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep)",
-                    c.target_name()));
+void refuse_flex_dispatcher(const Context& c, Refusals& r) {
+  if (c.layout().flex_dispatcher()) {
+    const std::string_view d = planner::to_string(c.layout().moe_dispatcher);
+    r.add(fmt::format(
+        "moe_dispatcher {}: {} has no {} token dispatcher (Megatron-Core's "
+        "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend {})",
+        d, c.target_name(),
+        c.layout().moe_dispatcher == planner::MoeDispatcher::kDeepEp ? "DeepEP" : "HybridEP", d));
+  }
 }
 
 void refuse_mla(const Context& c, Refusals& r) {
@@ -711,16 +714,27 @@ std::vector<std::string> fsdp2_notes(const Context& c, std::string_view trainer,
 
 std::string megatron_environment(const Context& c, bool any_tp_or_cp) {
   const planner::Layout& l = c.layout();
+  // HybridEP must be told its NVLink domain's size (Megatron-Core's MoE guide: a mismatch
+  // costs performance and can cost correctness): a node's GPUs, or the EP group inside one.
+  const std::string hybrid = l.moe_dispatcher == planner::MoeDispatcher::kHybridEp
+                                 ? fmt::format(
+                                       "# HybridEP: the EP group's ranks per NVLink domain.\n"
+                                       "export NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN={}\n",
+                                       c.gpus_per_node > 0 ? std::min(l.ep, c.gpus_per_node) : l.ep)
+                                 : "";
   if (l.fsdp)
-    return "# FSDP: Megatron-LM asserts more than one hardware queue.\n"
+    return hybrid +
+           "# FSDP: Megatron-LM asserts more than one hardware queue.\n"
            "unset CUDA_DEVICE_MAX_CONNECTIONS\n";
   if (l.ep_comm_overlap)
-    return "# EP all-to-all overlap: more hardware queues, so the all-to-alls run beside the "
+    return hybrid +
+           "# EP all-to-all overlap: more hardware queues, so the all-to-alls run beside the "
            "compute (Megatron-LM warns that before Blackwell TP / CP want 1 and the overlap more; "
            "the Megatron-Core MoE team's launch scripts set 32 with it).\n"
            "export CUDA_DEVICE_MAX_CONNECTIONS=32\n";
-  if (!any_tp_or_cp) return "";
-  return "# TP / CP: Megatron-LM asserts one hardware queue before Blackwell (collectives in "
+  if (!any_tp_or_cp) return hybrid;
+  return hybrid +
+         "# TP / CP: Megatron-LM asserts one hardware queue before Blackwell (collectives in "
          "issue order).\n"
          "export CUDA_DEVICE_MAX_CONNECTIONS=1\n";
 }

@@ -313,11 +313,12 @@ std::vector<Flag> megatron_model_flags(const Context& c) {
       f.push_back({"--moe-shared-expert-intermediate-size",
                    num(llm.moe->shared_experts * llm.moe->expert_ffn_hidden)});
     // The MoE layer hetpar models (cost_model.cpp): the all-to-all dispatcher (Megatron's
-    // default is allgather) or the flex one with DeepEP, grouped expert GEMMs, the fused
-    // permutation and router.
-    if (c.layout().moe_dispatcher == planner::MoeDispatcher::kDeepEp) {
+    // default is allgather) or the flex one with DeepEP or HybridEP, grouped expert GEMMs,
+    // the fused permutation and router.
+    if (c.layout().flex_dispatcher()) {
       f.push_back({"--moe-token-dispatcher-type", "flex"});
-      f.push_back({"--moe-flex-dispatcher-backend", "deepep"});
+      f.push_back({"--moe-flex-dispatcher-backend",
+                   std::string(planner::to_string(c.layout().moe_dispatcher))});
     } else {
       f.push_back({"--moe-token-dispatcher-type", "alltoall"});
     }

@@ -90,9 +90,10 @@ void add_model_shape(std::vector<Setting>& s, const Context& c) {
       s.push_back({"model.moe_shared_expert_intermediate_size",
                    num(llm.moe->shared_experts * llm.moe->expert_ffn_hidden)});
     // The MoE layer hetpar models, as Megatron-Bridge's performance configurations run it.
-    if (c.layout().moe_dispatcher == planner::MoeDispatcher::kDeepEp) {
+    if (c.layout().flex_dispatcher()) {
       s.push_back({"model.moe_token_dispatcher_type", yaml_string("flex")});
-      s.push_back({"model.moe_flex_dispatcher_backend", yaml_string("deepep")});
+      s.push_back({"model.moe_flex_dispatcher_backend",
+                   yaml_string(planner::to_string(c.layout().moe_dispatcher))});
     } else {
       s.push_back({"model.moe_token_dispatcher_type", yaml_string("alltoall")});
     }

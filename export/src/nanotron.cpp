@@ -15,7 +15,7 @@ Result<std::vector<ExportFile>> write_nanotron(const Context& c) {
   Refusals r;
   refuse_megatron_comm_overlaps(c, r);
   refuse_token_dropping(c, r);
-  refuse_deepep(c, r);
+  refuse_flex_dispatcher(c, r);
   refuse_mtp(c, r);
   refuse_mla(c, r);
   refuse_sliding_window(c, r);

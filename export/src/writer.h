@@ -100,7 +100,7 @@ std::string selective_recompute(const planner::Layout& l);
 /// Refuses Layout::moe_capacity_factor (token dropping padded to capacity: Megatron's alone).
 void refuse_token_dropping(const Context& c, Refusals& r);
 /// Refuses Layout::moe_dispatcher deepep (Megatron-Core's flex dispatcher alone).
-void refuse_deepep(const Context& c, Refusals& r);
+void refuse_flex_dispatcher(const Context& c, Refusals& r);
 /// Multi-token prediction depths (models::LlmSpec::mtp_layers), Megatron-Core's alone.
 void refuse_mtp(const Context& c, Refusals& r);
 /// Multi-head latent attention (models::MlaSpec): the Megatron-LM script's alone.

@@ -112,6 +112,17 @@ int64_t expert_reorder_elements(const models::Op& op, const models::OpGraph& g, 
   return op.read.count() / g.dtype_bytes / (cp * slice);
 }
 
+// HybridEP permutes the tokens into expert order inside its dispatch kernel and back inside
+// its combine (Megatron-Core's _HybridEPManager: hybrid_ep_dispatch "permute + dispatch a2a
+// + permute", hybrid_ep_combine the reverse; get_permuted_hidden_states_by_experts returns
+// what the dispatch delivered), each the other's backward: the graph's moe_dispatch and
+// moe_combine move no bytes of their own. Their small kernels (moe_kernels) stay, for
+// HybridEP's own routing-map preprocessing.
+bool permuted_in_dispatch(const models::Op& op, const Layout& l) {
+  return l.ep > 1 && l.moe_dispatcher == MoeDispatcher::kHybridEp &&
+         (op.name == "moe_dispatch" || op.name == "moe_combine");
+}
+
 // FP8 training (Transformer Engine, delayed or current scaling) runs only the GEMMs of its
 // Linear modules in fp8: activations, norms, residuals, the loss and the TP/PP/CP traffic
 // stay bf16, and dot-product attention runs in bf16 (TE's `fp8_dpa` is off by default; NeMo
@@ -819,6 +830,7 @@ PassCost op_cost(const models::Op& op, const models::OpGraph& g, const Layout& l
         c.forward = c.dgrad = dev.memory_kernel_time(copy);
         break;
       }
+      if (permuted_in_dispatch(op, l)) break;
       int64_t shard = cp;
       if (pointwise_tp_sharded(op, l, g.kind)) shard *= l.tp;
       const int64_t scale = activation_bytes(g, p) / g.dtype_bytes;
@@ -1313,6 +1325,7 @@ OpKernels op_kernels(const models::Op& op, const models::OpGraph& g, const Layou
         if (copy > 0) k.forward = k.dgrad = {sim::memory_kernel(copy)};
         break;
       }
+      if (permuted_in_dispatch(op, l)) break;
       int64_t shard = cp;
       if (pointwise_tp_sharded(op, l, g.kind)) shard *= l.tp;
       const int64_t scale = activation_bytes(g, p) / g.dtype_bytes;

@@ -430,29 +430,34 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
         "moe_load_imbalance {} with moe_capacity_factor {}: token dropping pads every expert to "
         "its capacity, so no rank is hotter than another; drop one of the two",
         l.moe_load_imbalance, l.moe_capacity_factor);
-  if (l.moe_dispatcher == MoeDispatcher::kDeepEp) {
+  if (l.flex_dispatcher()) {
+    const std::string_view name = to_string(l.moe_dispatcher);
     if (!llm.moe || l.ep < 2)
-      return "moe_dispatcher deepep needs a mixture-of-experts llm with ep > 1 (Megatron-Core's "
-             "flex dispatcher requires EP > 1)";
+      return fmt::format(
+          "moe_dispatcher {} needs a mixture-of-experts llm with ep > 1 (Megatron-Core's flex "
+          "dispatcher requires EP > 1)",
+          name);
     if (l.expert_tp() != 1)
       return fmt::format(
-          "moe_dispatcher deepep with expert tensor parallelism {} is not modelled (the flex "
+          "moe_dispatcher {} with expert tensor parallelism {} is not modelled (the flex "
           "dispatcher then spans TP x EP); set etp 1",
-          l.expert_tp());
-    if (l.moe_capacity_factor > 0)
+          name, l.expert_tp());
+    // HybridEP takes token dropping (its drop-and-pad mode: static sizes, no sync); DeepEP
+    // does not.
+    if (l.moe_dispatcher == MoeDispatcher::kDeepEp && l.moe_capacity_factor > 0)
       return fmt::format(
           "moe_dispatcher deepep with moe_capacity_factor {}: Megatron-Core's flex dispatcher "
-          "does not support --moe-pad-expert-input-to-capacity",
+          "with DeepEP does not support --moe-pad-expert-input-to-capacity",
           l.moe_capacity_factor);
-    if (!deepep_supports(l.ep))
+    if (l.moe_dispatcher == MoeDispatcher::kDeepEp && !deepep_supports(l.ep))
       return fmt::format(
           "moe_dispatcher deepep with ep {}: DeepEP configures EP groups of 2, 4, 8, 16, 24, "
           "32, 64, 128, 144 or 160 ranks only (Buffer.get_dispatch_config)",
           l.ep);
-    // With etp 1 an EP group is ep consecutive ranks of a stage. DeepEP's kernels across
-    // nodes pair each GPU with the GPUs of its local index on the other nodes, NVLink
-    // reaching kDeepEpNvlPeers of them: a group that leaves its node must take whole nodes
-    // of exactly that many GPUs.
+    // With etp 1 an EP group is ep consecutive ranks of a stage. Across nodes both pair each
+    // GPU with the GPUs of its local index on the other nodes, NVLink reaching
+    // kDeepEpNvlPeers of them (DeepEP's NUM_MAX_NVL_PEERS; HybridEP's ranks per NVLink
+    // domain, one DGX): a group that leaves its node must take whole nodes of that many GPUs.
     const int first = p.placement == Placement::kNonColocated ? p.llm_first_rank : 0;
     const int stage_ranks = l.tp * l.cp * l.dp;
     for (int st = 0; st < l.pp; ++st)
@@ -465,10 +470,10 @@ std::string infeasibility(const Scenario& s, const Plan& p) {
         for (int r = r0; whole && r <= r1; r += gpn) whole = s.cluster.gpus_per_node_of(r) == gpn;
         if (!whole)
           return fmt::format(
-              "moe_dispatcher deepep: the EP group of ranks {}-{} spans nodes without taking "
-              "whole nodes of {} GPUs (DeepEP pairs each GPU with those of its local index on "
+              "moe_dispatcher {}: the EP group of ranks {}-{} spans nodes without taking "
+              "whole nodes of {} GPUs (it pairs each GPU with those of its local index on "
               "the other nodes, {} NVLink peers per node)",
-              r0, r1, gpn, gpn);
+              name, r0, r1, gpn, gpn);
       }
   }
   if (l.expert_tp() != l.tp && !l.sequence_parallel)

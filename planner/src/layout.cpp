@@ -77,6 +77,8 @@ std::string_view to_string(MoeDispatcher d) {
       return "alltoall";
     case MoeDispatcher::kDeepEp:
       return "deepep";
+    case MoeDispatcher::kHybridEp:
+      return "hybridep";
   }
   return "?";
 }

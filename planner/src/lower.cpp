@@ -167,7 +167,7 @@ void Lowering::setup() {
       {kFsdpGather, "fsdp parameter gathers"},
       {kEpStream, "ep all-to-alls"},
       {kEmbeddingStream, "tied embedding gradient all-reduce"},
-      {kEpRailStream, "ep deepep transfers across nodes"}};
+      {kEpRailStream, "ep flex dispatcher transfers across nodes"}};
   for (const auto& [index, what] : streams)
     g_.set_stream_name(sim::StreamKind::kComm, index, fmt::format("{}{}", role_.prefix, what));
   m_ = s_.workload.global_batch / (static_cast<int64_t>(l_.micro_batch) * l_.dp);
@@ -945,18 +945,19 @@ void Lowering::run_work(const PlacedBlock& pb, size_t s, int pass, const Labels&
       // another communicator, another stream.
       const int32_t a2a_stream =
           l_.ep_comm_overlap || l_.overlaps_shared_experts() ? kEpStream : kTpStream;
-      // DeepEP's NVLink bytes: each token once to each rank of its experts (1 otherwise).
+      // The flex dispatcher's NVLink bytes (DeepEP, HybridEP): each token once to each rank
+      // of its experts (1 otherwise).
       auto sent = [&](Bytes b) {
-        return Bytes(std::llround(b.as_double() * deepep_nvlink_per_byte_));
+        return Bytes(std::llround(b.as_double() * flex_nvlink_per_byte_));
       };
       if (!ep_rail_groups_.ids.empty()) {
-        // DeepEP across nodes (Layout::moe_dispatcher): one kernel pipelines the transfers
-        // across nodes (each token once to each other node holding one of its experts, with
-        // its routing, to the GPU of the sender's local index there) with the NVLink
-        // all-to-all that forwards them and moves the node's own tokens, once to each rank
-        // holding one of its experts. As two collectives side by side, both waited for.
+        // DeepEP or HybridEP across nodes (Layout::moe_dispatcher): one kernel pipelines the
+        // transfers across nodes (each token once to each other node holding one of its
+        // experts, with its routing, to the GPU of the sender's local index there) with the
+        // NVLink all-to-all that forwards them and moves the node's own tokens, once to each
+        // rank holding one of its experts. As two collectives side by side, both waited for.
         const Bytes copies = step.bytes + step.probs_bytes;
-        const Bytes rail(std::llround(copies.as_double() * deepep_rail_per_byte_));
+        const Bytes rail(std::llround(copies.as_double() * flex_rail_per_byte_));
         // The NVLink part after the rank's last task; `beside` holds that task until the
         // part across nodes, which starts after it too, takes its place.
         group_collectives(ep_node_groups_, CollectiveKind::kAllToAll, sent(copies), a2a_stream,
@@ -1458,11 +1459,11 @@ void Lowering::build_stage() {
         for (int e = 0; e < l_.ep; ++e) locals.back().push_back(expert_rank(a, e, d));
       }
   make_groups(ep_groups_, locals);
-  // DeepEP across nodes: each EP group takes whole nodes of equal size (infeasibility());
-  // its members by node, and by local index across its nodes.
+  // DeepEP and HybridEP (the flex dispatcher) across nodes: each EP group takes whole nodes
+  // of equal size (infeasibility()); its members by node, and by local index across them.
   std::vector<std::vector<int>> node_locals, rail_locals;
   size_t nodes = 0;  // that each EP group spans (infeasibility(): all alike)
-  if (l_.moe_dispatcher == MoeDispatcher::kDeepEp)
+  if (l_.flex_dispatcher())
     for (const std::vector<int>& group : locals) {
       std::vector<std::vector<int>> by_node;
       NodeId node;
@@ -1477,19 +1478,19 @@ void Lowering::build_stage() {
       for (size_t i = 0; i < per_node; ++i) {
         rail_locals.emplace_back();
         for (const std::vector<int>& members : by_node) {
-          HETPAR_CHECK(members.size() == per_node, "a DeepEP group with unequal nodes");
+          HETPAR_CHECK(members.size() == per_node, "a flex dispatcher's group with unequal nodes");
           rail_locals.back().push_back(members[i]);
         }
       }
       nodes = by_node.size();
       for (std::vector<int>& members : by_node) node_locals.push_back(std::move(members));
     }
-  deepep_rail_per_byte_ = 0;
-  deepep_nvlink_per_byte_ = 1;
-  if (l_.moe_dispatcher == MoeDispatcher::kDeepEp) {
+  flex_rail_per_byte_ = 0;
+  flex_nvlink_per_byte_ = 1;
+  if (l_.flex_dispatcher()) {
     const auto& moe = *std::get<models::LlmSpec>(s_.model.modules[s_.model.llm_index()].spec).moe;
-    deepep_nvlink_per_byte_ = deepep_nvlink_share(moe, l_.ep);
-    if (nodes > 1) deepep_rail_per_byte_ = deepep_rail_share(moe, static_cast<int64_t>(nodes));
+    flex_nvlink_per_byte_ = deepep_nvlink_share(moe, l_.ep);
+    if (nodes > 1) flex_rail_per_byte_ = deepep_rail_share(moe, static_cast<int64_t>(nodes));
   }
   make_groups(ep_node_groups_, node_locals);
   make_groups(ep_rail_groups_, rail_locals);

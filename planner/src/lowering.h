@@ -44,7 +44,7 @@ constexpr int32_t kDpStreamBase = 7;
 constexpr int32_t kFsdpGatherStreamBase = 8;  // FSDP's parameter all-gathers
 constexpr int32_t kEpStreamBase = 9;          // EP all-to-alls under ep_comm_overlap
 constexpr int32_t kEmbeddingStreamBase = 10;  // the tied table's first / last stage all-reduce
-constexpr int32_t kEpRailStreamBase = 11;     // DeepEP's transfers across nodes (moe_dispatcher)
+constexpr int32_t kEpRailStreamBase = 11;     // the flex dispatcher's transfers across nodes
 constexpr int32_t kCommStreams = 12;          // a role's comm streams (Role::stream_offset)
 
 enum Pass : int { kF = 0, kB = 1, kW = 2, kR = 3 };  // forward, backward, weight, recompute
@@ -567,15 +567,17 @@ class Lowering {
   std::vector<ParamSync> param_syncs_;
   std::vector<RankId> members_;
   GroupSet tp_groups_, ep_groups_, cp_groups_, dp_groups_, edp_groups_, amax_groups_;
-  // moe_dispatcher deepep with EP groups across nodes: each EP group's members on one node
+  // The flex dispatcher (moe_dispatcher deepep or hybridep) with EP groups across nodes:
+  // each EP group's members on one node
   // (NVLink all-to-all), and its members of one local index, one per node (the transfers
-  // across nodes); deepep_rail_per_byte_: the across-node all-to-all's bytes per byte of the
-  // plain all-to-all's buffer (see run_step). Empty / 0 otherwise. deepep_nvlink_per_byte_:
-  // with DeepEP, inside a node or across, the NVLink all-to-all's (deepep_nvlink_share);
+  // across nodes); flex_rail_per_byte_: the across-node all-to-all's bytes per byte of the
+  // plain all-to-all's buffer (see run_step). Empty / 0 otherwise. flex_nvlink_per_byte_:
+  // with the flex dispatcher, inside a node or across, the NVLink all-to-all's
+  // (deepep_nvlink_share);
   // 1 otherwise.
   GroupSet ep_node_groups_, ep_rail_groups_;
-  double deepep_rail_per_byte_ = 0;
-  double deepep_nvlink_per_byte_ = 1;
+  double flex_rail_per_byte_ = 0;
+  double flex_nvlink_per_byte_ = 1;
   // Per active rank (reduced, leaders only): its ring step's pairs, the other edges it
   // stands for.
   std::vector<GroupId> cp_pairs_, cp_copies_;

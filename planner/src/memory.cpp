@@ -306,6 +306,7 @@ class Estimator {
       for (Tally& t : stages_) t.p2p += 10 * layer_input;
     // Layout::moe_dispatcher deepep: the one DeepEP Buffer of every rank with a MoE layer,
     // allocated at its first dispatch (Megatron-Core's fused_a2a.get_buffer) and kept.
+    // HybridEP's buffers (sized by its own configuration) are not counted.
     if (llm && l_.ep > 1 && l_.moe_dispatcher == MoeDispatcher::kDeepEp && deepep_supports(l_.ep))
       for (size_t st = 0; st < stages_.size(); ++st)
         if (dispatches[st]) stages_[st].p2p += deepep_buffer_bytes(l_.ep, g.hidden).as_double();

@@ -46,7 +46,8 @@ std::optional<CrossEntropy> parse_cross_entropy(std::string_view s) {
 }
 
 std::optional<MoeDispatcher> parse_moe_dispatcher(std::string_view s) {
-  for (MoeDispatcher d : {MoeDispatcher::kAllToAll, MoeDispatcher::kDeepEp})
+  for (MoeDispatcher d :
+       {MoeDispatcher::kAllToAll, MoeDispatcher::kDeepEp, MoeDispatcher::kHybridEp})
     if (to_string(d) == s) return d;
   return std::nullopt;
 }
@@ -134,8 +135,8 @@ Layout parse_layout(JsonReader& r) {
   l.moe_shared_expert_overlap = r.optional_bool("moe_shared_expert_overlap", false);
   l.moe_capacity_factor = r.optional_double("moe_capacity_factor", 0, 0, 64);
   l.moe_load_imbalance = r.optional_double("moe_load_imbalance", 1, 1, 64);
-  l.moe_dispatcher =
-      *parse_moe_dispatcher(r.optional_enum("moe_dispatcher", "alltoall", {"alltoall", "deepep"}));
+  l.moe_dispatcher = *parse_moe_dispatcher(
+      r.optional_enum("moe_dispatcher", "alltoall", {"alltoall", "deepep", "hybridep"}));
   l.fp8_recipe =
       *parse_fp8_recipe(r.optional_enum("fp8_recipe", "delayed", {"delayed", "tensorwise"}));
   l.fp8_param_gather = r.optional_bool("fp8_param_gather", false);

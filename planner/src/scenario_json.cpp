@@ -138,7 +138,7 @@ LayoutFix parse_layout_fix(JsonReader& r) {
     f.moe_load_imbalance = r.optional_double("moe_load_imbalance", 1, 1, 64);
   if (r.has("moe_dispatcher")) {
     const std::string d =
-        r.optional_enum("moe_dispatcher", "alltoall", {"alltoall", "deepep", "any"});
+        r.optional_enum("moe_dispatcher", "alltoall", {"alltoall", "deepep", "hybridep", "any"});
     f.any_moe_dispatcher = d == "any";
     if (!f.any_moe_dispatcher) f.moe_dispatcher = parse_moe_dispatcher(d);
   }

@@ -384,12 +384,11 @@ class CostCache {
                          (1.0 / std::max(group.profile.inter_node.nics_per_node, 1));
         const int etp = l.expert_tp();
         ep_links.members_per_node = std::min(l.ep, (group.profile.gpus_per_node + etp - 1) / etp);
-        // DeepEP's groups take whole nodes (infeasibility()).
+        // The flex dispatcher's groups take whole nodes (infeasibility()).
         const auto* llm = std::get_if<models::LlmSpec>(&s_.model.modules[module].spec);
-        if (l.moe_dispatcher == MoeDispatcher::kDeepEp && llm && llm->moe)
+        if (l.flex_dispatcher() && llm && llm->moe)
           ep_links.nvlink_share = deepep_nvlink_share(*llm->moe, l.ep);
-        if (l.moe_dispatcher == MoeDispatcher::kDeepEp && l.ep % ep_links.members_per_node == 0 &&
-            llm && llm->moe) {
+        if (l.flex_dispatcher() && l.ep % ep_links.members_per_node == 0 && llm && llm->moe) {
           ep_links.rail_nodes = l.ep / ep_links.members_per_node;
           ep_links.rail_share = deepep_rail_share(*llm->moe, ep_links.rail_nodes);
         }
@@ -1475,16 +1474,21 @@ class Searcher {
         b.plan.layout.tp_comm_overlap = true;
         ep_overlaps(std::move(b));
       }
-      // search.llm.moe_dispatcher "any": each of these with DeepEP too, where it applies
-      // (ep > 1 of a size DeepEP configures, whole experts, dropless). Groups across nodes
-      // that do not take whole nodes depend on the placement: infeasibility() rejects them.
-      if (fx.any_moe_dispatcher && lay.ep > 1 && deepep_supports(lay.ep) && lay.expert_tp() == 1 &&
-          lay.moe_capacity_factor <= 0)
+      // search.llm.moe_dispatcher "any": each of these with the flex dispatcher too, where
+      // it applies: HybridEP with whole experts, DeepEP also at a size it configures and
+      // dropless. Groups across nodes that do not take whole nodes depend on the placement:
+      // infeasibility() rejects them.
+      if (fx.any_moe_dispatcher && lay.ep > 1 && lay.expert_tp() == 1) {
+        const bool deepep = deepep_supports(lay.ep) && lay.moe_capacity_factor <= 0;
         for (size_t i = from, to = out.size(); i < to; ++i) {
-          Base d = out[i];
-          d.plan.layout.moe_dispatcher = MoeDispatcher::kDeepEp;
-          out.push_back(std::move(d));
+          for (MoeDispatcher m : {MoeDispatcher::kHybridEp, MoeDispatcher::kDeepEp}) {
+            if (m == MoeDispatcher::kDeepEp && !deepep) continue;
+            Base d = out[i];
+            d.plan.layout.moe_dispatcher = m;
+            out.push_back(std::move(d));
+          }
         }
+      }
     };
     if (fixed_ok(fx.vpp, 1)) {
       l.vpp = 1;

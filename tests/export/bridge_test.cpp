@@ -55,6 +55,12 @@ TEST(ExportMegatronBridge, MixtureOfExpertsRunsTheModelledDispatcher) {
   EXPECT_EQ(ye.at("model.moe_token_dispatcher_type"), "\"flex\"");
   EXPECT_EQ(ye.at("model.moe_flex_dispatcher_backend"), "\"deepep\"");
   EXPECT_EQ(y.count("model.moe_flex_dispatcher_backend"), 0u);
+  Plan hybrid = deepep;  // or with HybridEP
+  hybrid.layout.moe_dispatcher = planner::MoeDispatcher::kHybridEp;
+  ASSERT_EQ(planner::infeasibility(s, hybrid), "");
+  const auto yh = bridge(s, hybrid);
+  EXPECT_EQ(yh.at("model.moe_token_dispatcher_type"), "\"flex\"");
+  EXPECT_EQ(yh.at("model.moe_flex_dispatcher_backend"), "\"hybridep\"");
 }
 
 // Dense layers first (GLM-4.5: 3 of 92): ffn_hidden_size is theirs, moe_layer_freq one

@@ -656,6 +656,16 @@ TEST(ExportMegatron, MixtureOfExpertsAndPrecisions) {
   EXPECT_EQ(fe.at("--moe-token-dispatcher-type"), "flex");
   EXPECT_EQ(fe.at("--moe-flex-dispatcher-backend"), "deepep");
   EXPECT_EQ(f.count("--moe-flex-dispatcher-backend"), 0u);
+  Plan hybrid = folded;  // and with HybridEP, told its NVLink domain (EP 8 in one node)
+  hybrid.layout.moe_dispatcher = planner::MoeDispatcher::kHybridEp;
+  const std::string hybrid_launch = exported(s, hybrid, Target::kMegatron).at("launch.sh");
+  const auto fh = all_flags(hybrid_launch);
+  EXPECT_EQ(fh.at("--moe-token-dispatcher-type"), "flex");
+  EXPECT_EQ(fh.at("--moe-flex-dispatcher-backend"), "hybridep");
+  EXPECT_NE(hybrid_launch.find("export NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN=8\n"),
+            std::string::npos);
+  EXPECT_EQ(exported(s, deepep, Target::kMegatron).at("launch.sh").find("HYBRID_EP"),
+            std::string::npos);
   Plan modules = p;  // selective recompute of the pre-MLP norm and the experts' activation
   modules.layout.recompute = models::Recompute::kSelective;
   modules.layout.recompute_modules = models::kRecomputeLayernorm | models::kRecomputeMoeAct;

@@ -326,17 +326,20 @@ TEST(ExportOthers, RefuseTokenDropping) {
         << static_cast<int>(t);
 }
 
-// DeepEP is Megatron-Core's flex dispatcher: the other trainers refuse it.
-TEST(ExportOthers, RefuseDeepEp) {
+// DeepEP and HybridEP are Megatron-Core's flex dispatcher: the other trainers refuse them.
+TEST(ExportOthers, RefuseTheFlexDispatcher) {
   Plan p;
   p.layout = layout(1, 1, 8);
   p.layout.ep = 8;
-  p.layout.moe_dispatcher = planner::MoeDispatcher::kDeepEp;
   const planner::Scenario s = scenario("mixtral-8x7b", 1, 4096, 64);
-  ASSERT_EQ(planner::infeasibility(s, p), "");
-  for (Target t : {Target::kTorchtitan, Target::kDeepspeed, Target::kNanotron})
-    EXPECT_NE(refusal(s, p, t).find("moe_dispatcher deepep"), std::string::npos)
-        << static_cast<int>(t);
+  for (planner::MoeDispatcher d :
+       {planner::MoeDispatcher::kDeepEp, planner::MoeDispatcher::kHybridEp}) {
+    p.layout.moe_dispatcher = d;
+    ASSERT_EQ(planner::infeasibility(s, p), "");
+    const std::string name = fmt::format("moe_dispatcher {}: ", planner::to_string(d));
+    for (Target t : {Target::kTorchtitan, Target::kDeepspeed, Target::kNanotron})
+      EXPECT_NE(refusal(s, p, t).find(name), std::string::npos) << static_cast<int>(t);
+  }
 }
 
 // Multi-token prediction is Megatron-Core's: the other trainers refuse it.

@@ -889,6 +889,45 @@ TEST(CostModel, ExpertParallelDispatcherReordersTheReceivedTokens) {
   }
 }
 
+// HybridEP permutes into expert order inside its dispatch kernel and back inside its
+// combine (Megatron-Core's _HybridEPManager): the permute and unpermute (the graph's
+// moe_dispatch and moe_combine) keep their small routing-map kernels but move no tokens of
+// their own, where DeepEP's flex dispatcher runs them as passes over the routed tokens.
+TEST(CostModel, HybridEpPermutesInsideItsKernels) {
+  const models::OpGraph g = zoo_graph("mixtral-8x7b", 4096);
+  const hardware::DeviceProfile dev = hardware::load_profile("dgx-h100")->gpu;
+  Layout deepep;
+  deepep.ep = 2;
+  deepep.dp = 2;
+  deepep.moe_dispatcher = MoeDispatcher::kDeepEp;
+  Layout hybrid = deepep;
+  hybrid.moe_dispatcher = MoeDispatcher::kHybridEp;
+  const int64_t routed = 4096 * 2 * 4096 * 2;  // tokens x top 2 x h, bf16
+  for (std::string_view name : {"moe_dispatch", "moe_combine"}) {
+    const models::Op& op = op_named(g, name);
+    // Forward (backward, the dispatch's op also adds the MoE input's two gradient branches).
+    auto largest = [&](const Layout& l) {
+      int64_t most = 0;
+      for (const sim::Kernel& k : op_kernels(op, g, l, true, hardware::Precision::kBf16).forward)
+        most = std::max(most, k.bytes);
+      return most;
+    };
+    EXPECT_GE(largest(deepep), routed) << name;
+    EXPECT_LT(largest(hybrid), routed / 4) << name;
+    const PassCost d = op_cost(op, g, deepep, true, dev, hardware::Precision::kBf16);
+    const PassCost h = op_cost(op, g, hybrid, true, dev, hardware::Precision::kBf16);
+    EXPECT_LT(h.forward + h.dgrad, d.forward + d.dgrad) << name;
+    // Without EP there is no dispatch to fuse into: the same as the all-to-all's.
+    Layout one = hybrid;
+    one.ep = 1;
+    Layout plain = one;
+    plain.moe_dispatcher = MoeDispatcher::kAllToAll;
+    EXPECT_EQ(op_cost(op, g, one, true, dev, hardware::Precision::kBf16).forward,
+              op_cost(op, g, plain, true, dev, hardware::Precision::kBf16).forward)
+        << name;
+  }
+}
+
 // The loss by Layout::cross_entropy_fusion, bytes per logit forward / backward: Megatron's
 // unfused fp32 passes 38 / 14, Megatron-Core's fused kernel 26 / 14, Transformer Engine's
 // two Triton passes over the bf16 logits 6 / 4, torch.compile's online softmax over them and

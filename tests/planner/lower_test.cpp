@@ -2045,6 +2045,65 @@ TEST(Lower, DeepEpSendsEachTokenOnceToEachOtherNodeOfItsExperts) {
   EXPECT_NE(infeasibility(fours, deepep).find("whole nodes of 8 GPUs"), std::string::npos);
 }
 
+// HybridEP (Layout::moe_dispatcher hybridep) takes DeepEP's routes: across two nodes the
+// same NVLink all-to-alls beside the same transfers between the GPUs of one local index, the
+// same bytes. It permutes inside its dispatch and combine kernels, so the graph's reorders
+// run no kernels of their own and the iteration is shorter than DeepEP's. Megatron-Core
+// takes it with token dropping and at any EP size; its groups across nodes take whole nodes.
+TEST(Lower, HybridEpTakesDeepEpsRoutesAndPermutesInItsKernels) {
+  Scenario moe = tiny_moe(4, 32, 2, 16);
+  Plan deepep = plan(1, 1, 16);
+  deepep.layout.ep = 16;
+  deepep.layout.moe_dispatcher = MoeDispatcher::kDeepEp;
+  Plan hybrid = deepep;
+  hybrid.layout.moe_dispatcher = MoeDispatcher::kHybridEp;
+  ASSERT_EQ(infeasibility(moe, hybrid), "");
+  // The EP all-to-alls of each plan: group size and bytes, in graph order.
+  auto exchanges = [&](const Plan& q) {
+    const LoweredPlan lp = lowered(moe, q, {.full_ranks = true, .kernels = true});
+    std::vector<std::pair<size_t, int64_t>> out;
+    int64_t memory = 0;  // the memory-bound kernels' bytes
+    for (int t = 0; t < lp.graph.num_tasks(); ++t) {
+      const sim::Task& task = lp.graph.task(TaskId(t));
+      if (lp.graph.label_text(task.label.category) == "ep_comm" &&
+          task.collective == sim::CollectiveKind::kAllToAll)
+        out.emplace_back(lp.graph.group(task.group).size(), task.bytes.count());
+      if (task.kind == sim::TaskKind::kCompute)
+        for (const sim::Kernel& k : lp.graph.kernels(task.kernels))
+          memory += k.kind == sim::KernelKind::kMemory ? k.bytes : 0;
+    }
+    return std::pair(out, memory);
+  };
+  const auto [d_a2a, d_bytes] = exchanges(deepep);
+  const auto [h_a2a, h_bytes] = exchanges(hybrid);
+  EXPECT_EQ(d_a2a, h_a2a);
+  EXPECT_FALSE(h_a2a.empty());
+  EXPECT_LT(h_bytes, d_bytes);  // no permute and unpermute passes of their own
+  EXPECT_LT(evaluate(moe, hybrid)->iteration_time, evaluate(moe, deepep)->iteration_time);
+  // Token dropping and EP sizes DeepEP does not configure; not etp > 1, nor a group that
+  // leaves its node without taking whole nodes.
+  Plan drop = hybrid;
+  drop.layout.moe_capacity_factor = 1.0;
+  EXPECT_EQ(infeasibility(moe, drop), "");
+  Plan forty = plan(1, 1, 40);
+  forty.layout.ep = 40;
+  forty.layout.moe_dispatcher = MoeDispatcher::kHybridEp;
+  EXPECT_EQ(infeasibility(tiny_moe(4, 40, 5, 40), forty), "");
+  Plan bad = hybrid;
+  bad.layout.tp = 2;
+  bad.layout.dp = 8;
+  bad.layout.ep = 8;
+  bad.layout.sequence_parallel = true;
+  EXPECT_NE(
+      infeasibility(moe, bad).find("moe_dispatcher hybridep with expert tensor parallelism 2"),
+      std::string::npos);
+  const Scenario fours =
+      make(4, 32, 4, HETPAR_SOURCE_DIR "/tests/data/executor/cpu-host-4.json", "",
+           R"(, "ffn_hidden": 0, "moe": {"experts": 16, "top_k": 2, "expert_ffn_hidden": 2048})");
+  EXPECT_NE(infeasibility(fours, hybrid).find("moe_dispatcher hybridep: the EP group"),
+            std::string::npos);
+}
+
 // deepep_rail_share against an enumeration of every routing a token can take: each choice
 // of group_topk of the contiguous groups (or all experts), then each top_k set of the chosen
 // groups' experts, all equally likely; the share is the nodes reached per copy. Without

@@ -989,10 +989,12 @@ TEST(Search, OverlapsTheSharedExpertsWhereTheyAreNotCheckpointedAlone) {
   EXPECT_LT(on.top.front().metrics.iteration_time, off.top.front().metrics.iteration_time);
 }
 
-// search.llm.moe_dispatcher: "any" tries DeepEP beside the all-to-all where it applies; over
-// two nodes with EP across them it moves fewer bytes over the network and wins; "deepep"
-// puts it in every layout (those it does not apply to are rejected with the reason).
-TEST(Search, TriesDeepEpWhereTheSectionAsks) {
+// search.llm.moe_dispatcher: "any" tries the flex dispatcher's backends beside the
+// all-to-all where they apply; over two nodes with EP across them they move fewer bytes over
+// the network, and HybridEP, which permutes inside its kernels, wins; "deepep" and
+// "hybridep" put one in every layout (those it does not apply to are rejected with the
+// reason).
+TEST(Search, TriesTheFlexDispatcherWhereTheSectionAsks) {
   auto moe = [](const std::string& dispatcher) {
     return moe_search(
         16, 2, 32,
@@ -1000,18 +1002,18 @@ TEST(Search, TriesDeepEpWhereTheSectionAsks) {
   };
   const SearchResult any = run(moe("any"), threads(2));
   ASSERT_FALSE(any.top.empty());
-  EXPECT_EQ(any.top.front().plan.layout.moe_dispatcher, MoeDispatcher::kDeepEp)
+  EXPECT_EQ(any.top.front().plan.layout.moe_dispatcher, MoeDispatcher::kHybridEp)
       << describe(any.top.front().plan);
-  bool alltoall = false;
-  for (const RankedPlan& p : any.top)
-    alltoall |= p.plan.layout.moe_dispatcher == MoeDispatcher::kAllToAll;
-  EXPECT_TRUE(alltoall);
-  EXPECT_NE(describe(any.top.front().plan).find(" deepep"), std::string::npos);
+  bool seen[3] = {};
+  for (const RankedPlan& p : any.top) seen[static_cast<int>(p.plan.layout.moe_dispatcher)] = true;
+  EXPECT_TRUE(seen[0] && seen[1] && seen[2]);
+  EXPECT_NE(describe(any.top.front().plan).find(" hybridep"), std::string::npos);
   const SearchResult plain = run(moe("alltoall"), threads(2));
   ASSERT_FALSE(plain.top.empty());
   EXPECT_LT(any.top.front().metrics.iteration_time, plain.top.front().metrics.iteration_time);
-  for (const RankedPlan& p : run(moe("deepep"), threads(2)).top)
-    EXPECT_EQ(p.plan.layout.moe_dispatcher, MoeDispatcher::kDeepEp);
+  for (MoeDispatcher d : {MoeDispatcher::kDeepEp, MoeDispatcher::kHybridEp})
+    for (const RankedPlan& p : run(moe(std::string(to_string(d))), threads(2)).top)
+      EXPECT_EQ(p.plan.layout.moe_dispatcher, d);
 }
 
 // A MoE LLM's selective recompute is searched with Megatron-Core's output-discarding
@@ -1100,7 +1102,9 @@ TEST(Search, TriesTheMoeRecomputeModulesUnderSelective) {
 
 // A fixed EP that is not a power of two is searched (as a fixed tp is), and "any" offers
 // DeepEP only for EP sizes DeepEP has a configuration for: EP 12 (three nodes, pp 2, dp 12)
-// gets no DeepEP candidates, where "deepep" alone has each rejected for its size.
+// gets no DeepEP candidates, where "deepep" alone has each rejected for its size. HybridEP
+// takes any size: "any" offers it, and its groups of 12 across nodes of 8 are rejected for
+// not taking whole nodes.
 TEST(Search, OffersDeepEpOnlyForGroupSizesItConfigures) {
   auto moe = [](const std::string& dispatcher) {
     return moe_search(12, 3, 24,
@@ -1108,21 +1112,22 @@ TEST(Search, OffersDeepEpOnlyForGroupSizesItConfigures) {
                       R"("moe_dispatcher": ")" +
                           dispatcher + "\"");
   };
-  auto rejected_for_deepep = [](const SearchResult& r) {
+  auto rejected_for = [](const SearchResult& r, std::string_view what) {
     int64_t n = 0;
     for (const RejectionReason& rr : r.rejections)
-      if (rr.example.find("moe_dispatcher deepep") != std::string::npos) n += rr.count;
+      if (rr.example.find(what) != std::string::npos) n += rr.count;
     return n;
   };
   const SearchResult any = run(moe("any"), threads(2));
   ASSERT_FALSE(any.top.empty());
   for (const RankedPlan& p : any.top)
     EXPECT_EQ(p.plan.layout.moe_dispatcher, MoeDispatcher::kAllToAll) << describe(p.plan);
-  EXPECT_EQ(rejected_for_deepep(any), 0);
+  EXPECT_EQ(rejected_for(any, "moe_dispatcher deepep"), 0);
+  EXPECT_GT(rejected_for(any, "moe_dispatcher hybridep: the EP group"), 0);
   const SearchResult deepep = run(moe("deepep"), threads(2));
   EXPECT_TRUE(deepep.top.empty());
-  EXPECT_GT(rejected_for_deepep(deepep), 0);
-  EXPECT_EQ(any.counts.considered, run(moe("alltoall"), threads(2)).counts.considered);
+  EXPECT_GT(rejected_for(deepep, "moe_dispatcher deepep"), 0);
+  EXPECT_EQ(any.counts.considered, 2 * run(moe("alltoall"), threads(2)).counts.considered);
 }
 
 // FSDP in heterogeneous placements: search.llm.fsdp shards every LLM layout with dp > 1 (so

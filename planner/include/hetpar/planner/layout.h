@@ -101,8 +101,14 @@ enum class MoeDispatcher {
   /// index there (RDMA), which forwards it over NVLink to the node's GPUs that need it;
   /// combine the reverse. Inside one node a plain NVLink all-to-all.
   kDeepEp,
+  /// flex with HybridEP (--moe-flex-dispatcher-backend hybridep; DeepEP's hybrid-ep
+  /// branch): the same routes (RDMA to the same local index, then NVLink; each token once
+  /// per node and rank that holds one of its experts), with the permutation into expert
+  /// order fused into its dispatch kernel and the unpermutation into its combine
+  /// (dispatch_with_permute / combine_with_unpermute): no reorder passes of their own.
+  kHybridEp,
 };
-std::string_view to_string(MoeDispatcher d);  // "alltoall", "deepep"
+std::string_view to_string(MoeDispatcher d);  // "alltoall", "deepep", "hybridep"
 
 /// Which FSDP runs a plan with Layout::fsdp (Megatron-LM --use-megatron-fsdp /
 /// --use-torch-fsdp2; torchtitan always runs PyTorch's FSDP2).
@@ -317,6 +323,9 @@ struct Layout {
   /// The load the hottest EP rank's experts and all-to-alls run at, over the mean.
   double moe_rank_load() const { return ep > 1 ? std::max(1.0, moe_load_imbalance) : 1.0; }
   MoeDispatcher moe_dispatcher = MoeDispatcher::kAllToAll;
+  /// Megatron-Core's flex dispatcher (DeepEP or HybridEP): each token once per node and rank
+  /// of its experts, over NVLink and, across nodes, the GPUs of one local index.
+  bool flex_dispatcher() const { return moe_dispatcher != MoeDispatcher::kAllToAll; }
   Fp8Recipe fp8_recipe = Fp8Recipe::kDelayed;  // meaningful for fp8 workloads only
   GradReduceDtype grad_reduce_dtype = GradReduceDtype::kDefault;
   CrossEntropy cross_entropy_fusion = CrossEntropy::kUnfused;

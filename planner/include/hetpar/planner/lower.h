@@ -21,11 +21,11 @@
 //   output after; backward, of the output and its gradient before and of dQ, dK, dV after;
 //   all blocking (comm stream 0). cp_comm a2a+p2p: those all-to-alls over groups of cp_a2a
 //   adjacent cp ranks around the ring over the cp / cp_a2a ranks cp_a2a apart.
-//   EP with Layout::moe_dispatcher deepep over nodes: each all-to-all is one over the EP
-//   group's GPUs of each node, beside one between its GPUs of one local index across the
-//   nodes (each token once per other node holding one of its experts; comm stream 11), the
-//   next compute waiting for both. DeepEP's own limits (deepep.h: its EP sizes, 8 GPUs
-//   per node) are infeasibilities.
+//   EP with Layout::moe_dispatcher deepep or hybridep over nodes: each all-to-all is one
+//   over the EP group's GPUs of each node, beside one between its GPUs of one local index
+//   across the nodes (each token once per other node holding one of its experts; comm
+//   stream 11), the next compute waiting for both. Their limits (deepep.h: DeepEP's EP
+//   sizes; whole nodes of 8 GPUs for either) are infeasibilities.
 // - PP: after a chunk's forward (backward) each TP x CP rank sends s·b·h/cp to its peer
 //   on the next (previous) virtual stage ("pp_comm", comm streams 3-6: one per direction
 //   and side, so sends and receives keep each sender's order).

@@ -81,7 +81,8 @@ struct LayoutFix {
   /// searched LLM layout; default 1. Not searched: it is the router's and the data's.
   std::optional<double> moe_load_imbalance;
   /// MoE token dispatcher (Layout::moe_dispatcher) in every searched LLM layout; default the
-  /// all-to-all; `any_moe_dispatcher`: DeepEP too, where it applies (ep > 1, etp 1, dropless).
+  /// all-to-all; `any_moe_dispatcher`: HybridEP and DeepEP too, where they apply (ep > 1,
+  /// etp 1; DeepEP also dropless at a size it configures).
   std::optional<MoeDispatcher> moe_dispatcher;
   bool any_moe_dispatcher = false;
   /// Userbuffers TP overlap (Layout::tp_comm_overlap) in every searched LLM layout with
