@@ -25,6 +25,27 @@ Flops convention_flops(const Scenario& s, FlopConvention c) {
       double n = static_cast<double>(models::count_params(s.model).total);
       return Flops((6.0 * n + 12.0 * l * h * seq) * B * seq);
     }
+    case FlopConvention::kMegatronCore: {
+      const models::TransformerSpec& b = llm.block;
+      const double glu = models::is_gated(b.activation) ? 1.5 : 1.0;
+      const double mtp = static_cast<double>(llm.mtp_layers), layers = l + mtp;
+      // Megatron counts MTP depths as layers of the last layer's kind.
+      double moe_layers = 0, mlp = 0;
+      if (llm.moe) {
+        const models::MoeSpec& m = *llm.moe;
+        moe_layers = static_cast<double>(b.layers - m.dense_layer_count(b.layers));
+        if (!m.dense_layer(b.layers - 1, b.layers)) moe_layers += mtp;
+        mlp = static_cast<double>(m.expert_ffn_hidden * (m.top_k + m.shared_experts)) * glu *
+              moe_layers / layers;
+      }
+      mlp += static_cast<double>(b.ffn_hidden) * glu * (layers - moe_layers) / layers;
+      const double a = static_cast<double>(b.heads), g = static_cast<double>(b.kv_heads);
+      const double q_ratio = a * static_cast<double>(b.head_dim()) / h;
+      const double attention = 12.0 * layers * h * h * (1 + g / a + seq / h / 2) * q_ratio;
+      const double mtp_proj = 6.0 * mtp * (3 * h + 2 * h * h);
+      return Flops(B * seq *
+                   (12.0 * layers * h * mlp + attention + mtp_proj + 6.0 * h * V * (mtp + 1)));
+    }
     case FlopConvention::kNone:
       break;
   }

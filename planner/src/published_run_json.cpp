@@ -17,7 +17,8 @@ Result<Measurement> parse_measurement(const nlohmann::json& j) {
       "metric", {"iteration_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu"});
   m.value = r.required_double("value", 1e-12);
   std::string conv = r.optional_enum(
-      "convention", "none", {"none", "tokens", "megatron-2021", "korthikanti-2022", "palm"});
+      "convention", "none",
+      {"none", "tokens", "megatron-2021", "korthikanti-2022", "palm", "megatron-core"});
   m.source = r.required_string("source");
   m.where = r.optional_string("where", "");
   m.notes = r.optional_string("notes", "");
@@ -31,12 +32,13 @@ Result<Measurement> parse_measurement(const nlohmann::json& j) {
   m.convention = conv == "megatron-2021"      ? FlopConvention::kMegatron2021
                  : conv == "korthikanti-2022" ? FlopConvention::kKorthikanti2022
                  : conv == "palm"             ? FlopConvention::kPalm
+                 : conv == "megatron-core"    ? FlopConvention::kMegatronCore
                                               : FlopConvention::kNone;
   bool needs_flops = m.metric == MeasuredMetric::kTflopsPerGpu || m.metric == MeasuredMetric::kMfu;
   if (needs_flops && m.convention == FlopConvention::kNone)
     return Status::invalid_argument(
         fmt::format("measured.convention: metric \"{}\" needs a FLOP convention (megatron-2021, "
-                    "korthikanti-2022 or palm)",
+                    "korthikanti-2022, palm or megatron-core)",
                     metric));
   return m;
 }
@@ -60,6 +62,13 @@ Result<PublishedRun> load_published_run(const std::string& path) {
       parse_scenario(scenario, path, std::filesystem::path(path).parent_path().string()));
   if (!run.scenario.plan)
     return Status::invalid_argument(fmt::format("{}: plan: missing required object", path));
+  if (m->convention == FlopConvention::kMegatronCore &&
+      std::get<models::LlmSpec>(run.scenario.model.modules[run.scenario.model.llm_index()].spec)
+          .block.mla)
+    return Status::invalid_argument(fmt::format(
+        "{}: measured.convention: megatron-core is modelled for GPT and MoE LLMs without "
+        "multi-latent attention (Megatron counts its projections another way)",
+        path));
   run.measured = *m;
   return run;
 }

@@ -8,15 +8,17 @@
 namespace hetpar::planner {
 namespace {
 
-// A run file with `measured` as its measured block, loaded and removed again.
-Result<PublishedRun> load_run(const std::string& measured) {
-  const std::string path = fmt::format("{}/run_{}.json", ::testing::TempDir(), ::getpid());
-  std::ofstream(path) << R"({"name": "r", "model": "gpt3-175b",
+// GPT-3 175B on 1024 A100: a run file's fields but `measured`, without braces.
+constexpr const char* kGpt3Run = R"("name": "r", "model": "gpt3-175b",
     "workload": {"seq_len": 2048, "global_batch": 1536},
     "cluster": {"profile": "dgx-a100-80gb", "nodes": 128},
-    "plan": {"tp": 8, "pp": 8, "dp": 16, "micro_batch": 1},
-    "measured": )" << measured
-                      << "}";
+    "plan": {"tp": 8, "pp": 8, "dp": 16, "micro_batch": 1})";
+
+// A run file of `run_fields` with `measured` as its measured block, loaded and removed again.
+Result<PublishedRun> load_run(const std::string& measured,
+                              const std::string& run_fields = kGpt3Run) {
+  const std::string path = fmt::format("{}/run_{}.json", ::testing::TempDir(), ::getpid());
+  std::ofstream(path) << "{" << run_fields << R"(, "measured": )" << measured << "}";
   Result<PublishedRun> run = load_published_run(path);
   std::filesystem::remove(path);
   return run;
@@ -41,6 +43,43 @@ TEST(PublishedRun, MegatronTflopsUseTheRecomputeFormula) {
   // Korthikanti's model FLOPs are 3/4 of the recompute count up to the logits term.
   double k = convention_flops(run->scenario, FlopConvention::kKorthikanti2022).count();
   EXPECT_NEAR(k / f, 0.75, 0.01);
+}
+
+// Megatron-Core's count (what Megatron-LM logs as TFLOP/s/GPU): for a dense GPT it is
+// Korthikanti's with causal attention as half (s/12h for s/6h); for Qwen3-30B-A3B it counts
+// the 8 routed experts' gated MLPs, grouped-query attention with its 128-wide heads (32 x 128
+// = 2h) and the untied logits: 23.0 GFLOP a token.
+TEST(PublishedRun, MegatronCoreCountsRoutedExpertsGqaAndCausalAttention) {
+  auto gpt = load_run(
+      R"({"metric": "tflops_per_gpu", "value": 150, "convention": "megatron-core", "source": "x"})");
+  ASSERT_TRUE(gpt.is_ok()) << gpt.status().to_string();
+  const double B = 1536, s = 2048, l = 96, h = 12288, V = 51200;
+  EXPECT_NEAR(convention_flops(gpt->scenario, FlopConvention::kMegatronCore).count() /
+                  (72 * B * s * l * h * h * (1 + s / (12 * h) + V / (12 * l * h))),
+              1.0, 1e-12);
+  auto qwen = load_run(
+      R"({"metric": "tflops_per_gpu", "value": 234.1, "convention": "megatron-core",
+          "source": "x"})",
+      R"("name": "q", "model": "qwen3-30b-a3b", "workload": {"seq_len": 4096,
+         "global_batch": 256, "precision": "bf16"}, "cluster": {"profile": "dgx-h100",
+         "nodes": 4}, "plan": {"tp": 1, "pp": 1, "dp": 32, "ep": 8, "micro_batch": 1})");
+  ASSERT_TRUE(qwen.is_ok()) << qwen.status().to_string();
+  const double per_token = 12.0 * 48 * 2048 * (768 * 8 * 1.5) +
+                           12.0 * 48 * 2048 * 2048 * (1 + 4.0 / 32 + 4096.0 / 2048 / 2) * 2 +
+                           6.0 * 2048 * 151936;
+  EXPECT_NEAR(convention_flops(qwen->scenario, FlopConvention::kMegatronCore).count() /
+                  (256.0 * 4096 * per_token),
+              1.0, 1e-12);
+  EXPECT_NEAR(per_token, 23.0e9, 0.05e9);
+  // Not for latent attention, whose projections Megatron counts otherwise.
+  auto mla = load_run(
+      R"({"metric": "tflops_per_gpu", "value": 300, "convention": "megatron-core", "source": "x"})",
+      R"("name": "d", "model": "deepseek-v3", "workload": {"seq_len": 4096,
+         "global_batch": 1024}, "cluster": {"profile": "dgx-h100", "nodes": 128},
+         "plan": {"tp": 1, "pp": 16, "dp": 64, "ep": 64, "micro_batch": 1})");
+  ASSERT_FALSE(mla.is_ok());
+  EXPECT_NE(mla.status().message().find("measured.convention: megatron-core"), std::string::npos)
+      << mla.status().message();
 }
 
 TEST(PublishedRun, MfuNeedsAConventionAndNamesTheField) {

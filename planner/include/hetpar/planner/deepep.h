@@ -6,7 +6,8 @@
 // Buffer a rank keeps from those hints with hidden_bytes = hidden x max(element size, 2).
 // This is DeepEP V1's (NVSHMEM) Buffer, the one Megatron-Core's flex dispatcher runs with
 // --moe-flex-dispatcher-backend deepep; DeepEP V2's ElasticBuffer (backend deepepv2) sizes
-// its buffers and SMs otherwise and is not modelled.
+// its buffers and SMs otherwise and is not modelled. HybridEP (backend hybridep) takes the
+// same routes, so the shares below are its too; its sizes and buffers are its own.
 #pragma once
 
 #include <cstdint>

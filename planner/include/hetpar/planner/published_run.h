@@ -23,6 +23,12 @@ enum class FlopConvention {
   kMegatron2021,  // Narayanan et al. 2021 eq. 3: 96·B·s·l·h²·(1 + s/6h + V/16lh), full recompute
   kKorthikanti2022,  // Korthikanti et al. 2022: 72·B·s·l·h²·(1 + s/6h + V/12lh), model FLOPs
   kPalm,             // Chowdhery et al. 2022 (PaLM) app. B: (6·N + 12·l·h·s) per token
+  /// Megatron-Core's num_floating_point_operations (megatron/training/training.py,
+  /// transformer_flops) for a GPT or MoE LLM without latent attention, per token:
+  /// 12·l·h·(dense MLP + top_k routed and shared experts, x1.5 gated, by their layers' share)
+  /// + 12·l·h²·(1 + g/a + s/(2h))·(a·d/h) + 6·h·V·(mtp + 1) + 6·mtp·(3h + 2h²): causal
+  /// attention as half, GQA, MTP; what Megatron-LM logs as TFLOP/s/GPU.
+  kMegatronCore,
 };
 
 struct Measurement {
