@@ -271,14 +271,20 @@ void refuse_selective_op(const Context& c, Refusals& r) {
 }
 
 void refuse_flex_dispatcher(const Context& c, Refusals& r) {
-  if (c.layout().flex_dispatcher()) {
-    const std::string_view d = planner::to_string(c.layout().moe_dispatcher);
-    r.add(fmt::format(
-        "moe_dispatcher {}: {} has no {} token dispatcher (Megatron-Core's "
-        "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend {})",
-        d, c.target_name(),
-        c.layout().moe_dispatcher == planner::MoeDispatcher::kDeepEp ? "DeepEP" : "HybridEP", d));
-  }
+  if (!c.layout().flex_dispatcher()) return;
+  const std::string_view d = planner::to_string(c.layout().moe_dispatcher);
+  const std::string_view name =
+      c.layout().moe_dispatcher == planner::MoeDispatcher::kDeepEp ? "DeepEP" : "HybridEP";
+  // torchtitan has backends of both names (its MoE comm backend), with its own dispatcher
+  // code around them, which hetpar does not time.
+  r.add(c.target == Target::kTorchtitan
+            ? fmt::format("moe_dispatcher {}: hetpar times Megatron-Core's flex dispatcher "
+                          "with {} (--moe-flex-dispatcher-backend {}); torchtitan's own {} "
+                          "backend is not modelled",
+                          d, name, d, name)
+            : fmt::format("moe_dispatcher {}: {} has no {} token dispatcher (Megatron-Core's "
+                          "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend {})",
+                          d, c.target_name(), name, d));
 }
 
 void refuse_mla(const Context& c, Refusals& r) {
