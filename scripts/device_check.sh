@@ -104,7 +104,8 @@ fi
 if [ "${HETPAR_DEVICE_PYTORCH:-1}" != 0 ] &&
   LD_LIBRARY_PATH=$machine_ld PYTHONUNBUFFERED=1 step experts python3 scripts/device_experts.py --fp8 --json "$out/experts.json"; then
   cat "$out/experts.log" >>"$out/summary.txt"
-  for r in mbridge-26.02-gpt-oss-120b-64xh100-bf16 mbridge-25.09-qwen3-30b-a3b-16xh100-fp8-tokendrop \
+  for r in mbridge-26.02-gpt-oss-120b-64xh100-bf16 mlm-recipes-qwen3-30b-a3b-32xh100-bf16 \
+    mbridge-25.09-qwen3-30b-a3b-16xh100-fp8-tokendrop \
     moezoo-qwen3-235b-a22b-256xh100-bf16-tp4-ep8-deepep moezoo-qwen3-235b-a22b-256xh100-bf16-ep32-deepep; do
     if build-device/cli/hetpar simulate "validation/runs/$r.json" --ops >"$out/ops-$r.log" 2>&1; then
       grep -E '^Plan|expert_fc' "$out/ops-$r.log" | sed "s/^/  model $r: /" >>"$out/summary.txt"

@@ -38,8 +38,8 @@ CASES = [
     # 128 experts top-4 over EP 8, 4096 tokens a micro-batch, forced balance.
     ("gpt-oss-120b ep8 mbs1 (26.02 H100)", 16, 1024, 2880, 2880, False),
     ("gpt-oss-120b ep8 mbs4 (B200 rows)", 16, 4096, 2880, 2880, False),
-    # 128 experts top-8 over EP 8: micro-batch 2 (the 25.09 / 25.11 FP8 rows), 1 (PR 5728's
-    # BF16 recipe).
+    # 128 experts top-8 over EP 8: micro-batch 2 (the 25.09 / 25.11 FP8 rows), 1 (Megatron-LM's
+    # BF16 recipe, the mlm-recipes row).
     ("qwen3-30b ep8 mbs2", 16, 4096, 2048, 768, True),
     ("qwen3-30b ep8 mbs1", 16, 2048, 2048, 768, True),
     # Megatron-MoE-ModelZoo: TP 4 / EP 8 (512 rows an expert at the mean, 1.6x at the
