@@ -112,16 +112,22 @@ def case_rows(name, experts, rows, hidden, ffn, dtype, sustain):
                                ("wgrad", (n_out, k_in, rows))):
             flops = 2.0 * m * n * k * experts
             row = {"case": name, "dtype": dtype, "linear": linear, "pass": pas,
-                   "experts": experts, "gemm": [m, n, k], "tflops": {}, "us": {}}
+                   "experts": experts, "gemm": [m, n, k], "tflops": {}, "us": {},
+                   "errors": {}}
             try:
-                for v, fn in variants(experts, m, n, k, dtype).items():
-                    tb = median_call_s(fn, 3, 20)
-                    ts = sustained_call_s(fn, sustain, 20) if sustain > 0 else tb
-                    row["us"][v] = {"burst": tb * 1e6, "sustained": ts * 1e6}
-                    row["tflops"][v] = {"burst": flops / tb / 1e12,
-                                        "sustained": flops / ts / 1e12}
+                fns = variants(experts, m, n, k, dtype)
             except Exception as e:  # noqa: BLE001 (reported, the other passes go on)
                 row["error"] = str(e)[:160]
+                fns = {}
+            for v, fn in fns.items():  # a variant that fails leaves the others' timings
+                try:
+                    tb = median_call_s(fn, 3, 20)
+                    ts = sustained_call_s(fn, sustain, 20) if sustain > 0 else tb
+                except Exception as e:  # noqa: BLE001
+                    row["errors"][v] = str(e)[:160]
+                    continue
+                row["us"][v] = {"burst": tb * 1e6, "sustained": ts * 1e6}
+                row["tflops"][v] = {"burst": flops / tb / 1e12, "sustained": flops / ts / 1e12}
             out.append(row)
             torch.cuda.empty_cache()
     return out
@@ -154,8 +160,10 @@ def main():
         for v in names:
             t = r["tflops"].get(v)
             cells.append(f"{t['sustained']:6.1f} {r['us'][v]['sustained']:7.1f}" if t else
-                         f"{'-':>15}")
+                         "error" if v in r["errors"] else "-")
         print(head + " " + " ".join(f"{c:>15}" for c in cells))
+        for v, e in r["errors"].items():
+            print(f"  {v}: {e}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
