@@ -61,8 +61,7 @@ void print_text(const planner::Scenario& s, const planner::Plan& p, const planne
     fmt::print(
         "{:<10} each token to {:.2f} of the EP group's {} nodes on average (once per "
         "node, for its {} routed copies){}\n",
-        l.moe_dispatcher == planner::MoeDispatcher::kDeepEp ? "DeepEP" : "HybridEP", reached, nodes,
-        llm.moe->top_k,
+        planner::display_name(l.moe_dispatcher), reached, nodes, llm.moe->top_k,
         llm.moe->groups > 0
             ? fmt::format(": its experts in {} of {} groups", llm.moe->group_topk, llm.moe->groups)
             : "");

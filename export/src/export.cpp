@@ -273,8 +273,7 @@ void refuse_selective_op(const Context& c, Refusals& r) {
 void refuse_flex_dispatcher(const Context& c, Refusals& r) {
   if (!c.layout().flex_dispatcher()) return;
   const std::string_view d = planner::to_string(c.layout().moe_dispatcher);
-  const std::string_view name =
-      c.layout().moe_dispatcher == planner::MoeDispatcher::kDeepEp ? "DeepEP" : "HybridEP";
+  const std::string_view name = planner::display_name(c.layout().moe_dispatcher);
   // torchtitan has backends of both names (its MoE comm backend), with its own dispatcher
   // code around them, which hetpar does not time.
   r.add(c.target == Target::kTorchtitan
@@ -718,31 +717,37 @@ std::vector<std::string> fsdp2_notes(const Context& c, std::string_view trainer,
   return notes;
 }
 
-std::string megatron_environment(const Context& c, bool any_tp_or_cp) {
-  const planner::Layout& l = c.layout();
-  // HybridEP must be told its NVLink domain's size (Megatron-Core's MoE guide: a mismatch
-  // costs performance and can cost correctness): a node's GPUs, or the EP group inside one.
-  const std::string hybrid = l.moe_dispatcher == planner::MoeDispatcher::kHybridEp
-                                 ? fmt::format(
-                                       "# HybridEP: the EP group's ranks per NVLink domain.\n"
-                                       "export NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN={}\n",
-                                       c.gpus_per_node > 0 ? std::min(l.ep, c.gpus_per_node) : l.ep)
-                                 : "";
+namespace {
+
+// CUDA_DEVICE_MAX_CONNECTIONS as Megatron-LM asserts or wants it for the plan.
+std::string_view hardware_queues(const planner::Layout& l, bool any_tp_or_cp) {
   if (l.fsdp)
-    return hybrid +
-           "# FSDP: Megatron-LM asserts more than one hardware queue.\n"
+    return "# FSDP: Megatron-LM asserts more than one hardware queue.\n"
            "unset CUDA_DEVICE_MAX_CONNECTIONS\n";
   if (l.ep_comm_overlap)
-    return hybrid +
-           "# EP all-to-all overlap: more hardware queues, so the all-to-alls run beside the "
+    return "# EP all-to-all overlap: more hardware queues, so the all-to-alls run beside the "
            "compute (Megatron-LM warns that before Blackwell TP / CP want 1 and the overlap more; "
            "the Megatron-Core MoE team's launch scripts set 32 with it).\n"
            "export CUDA_DEVICE_MAX_CONNECTIONS=32\n";
-  if (!any_tp_or_cp) return hybrid;
-  return hybrid +
-         "# TP / CP: Megatron-LM asserts one hardware queue before Blackwell (collectives in "
+  if (!any_tp_or_cp) return "";
+  return "# TP / CP: Megatron-LM asserts one hardware queue before Blackwell (collectives in "
          "issue order).\n"
          "export CUDA_DEVICE_MAX_CONNECTIONS=1\n";
+}
+
+}  // namespace
+
+std::string megatron_environment(const Context& c, bool any_tp_or_cp) {
+  const planner::Layout& l = c.layout();
+  std::string env;
+  // HybridEP must be told its NVLink domain's size (Megatron-Core's MoE guide: a mismatch
+  // costs performance and can cost correctness): a node's GPUs, or the EP group inside one.
+  if (l.moe_dispatcher == planner::MoeDispatcher::kHybridEp)
+    env = fmt::format(
+        "# HybridEP: the EP group's ranks per NVLink domain.\n"
+        "export NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN={}\n",
+        c.gpus_per_node > 0 ? std::min(l.ep, c.gpus_per_node) : l.ep);
+  return env + std::string(hardware_queues(l, any_tp_or_cp));
 }
 
 std::string torchrun_script(const Context& c, const std::vector<std::string>& notes,

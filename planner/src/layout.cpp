@@ -83,6 +83,18 @@ std::string_view to_string(MoeDispatcher d) {
   return "?";
 }
 
+std::string_view display_name(MoeDispatcher d) {
+  switch (d) {
+    case MoeDispatcher::kAllToAll:
+      return "all-to-all";
+    case MoeDispatcher::kDeepEp:
+      return "DeepEP";
+    case MoeDispatcher::kHybridEp:
+      return "HybridEP";
+  }
+  return "?";
+}
+
 std::string_view to_string(CrossEntropy c) {
   switch (c) {
     case CrossEntropy::kUnfused:

@@ -109,6 +109,9 @@ enum class MoeDispatcher {
   kHybridEp,
 };
 std::string_view to_string(MoeDispatcher d);  // "alltoall", "deepep", "hybridep"
+/// The dispatcher's (or its backend's) own name for messages: "all-to-all", "DeepEP",
+/// "HybridEP".
+std::string_view display_name(MoeDispatcher d);
 
 /// Which FSDP runs a plan with Layout::fsdp (Megatron-LM --use-megatron-fsdp /
 /// --use-torch-fsdp2; torchtitan always runs PyTorch's FSDP2).
