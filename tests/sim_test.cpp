@@ -274,22 +274,62 @@ TEST(FlowNetworkTest, IdleTransferTakesLatencyPlusBytesOverBandwidthExactly) {
   EXPECT_EQ(flows.active(), 0);
 }
 
+// Flows on a single switch of `ranks` ranks, 100 GB/s links, no latency.
+struct SwitchFlows {
+  explicit SwitchFlows(int ranks)
+      : net(single_switch_network(ranks, Bandwidth::GBps(100), Time::zero())), flows(q, net, log) {}
+  void start(int src, int dst, Bytes bytes, uint32_t cookie, double weight = 1.0) {
+    net.route(RankId(src), RankId(dst), route);
+    const std::vector<double> weights(route.size(), weight);
+    flows.start(route, weights, bytes, Time::zero(), cookie);
+  }
+  Network net;
+  EventQueue q;
+  DoneLog log;
+  FlowNetwork flows;
+  std::vector<LinkId> route;
+};
+
 TEST(FlowNetworkTest, ConcurrentFlowsShareAndAFinishedFlowFreesItsShare) {
   // Both leave rank 0's up link (100 GB/s): 50 GB/s each. The 0.5 GB flow is done at
   // 10 ms; the 1 GB flow then has 0.5 GB left at 100 GB/s: done at 15 ms.
-  Network net = single_switch_network(3, Bandwidth::GBps(100), Time::zero());
-  EventQueue q;
-  DoneLog log;
-  FlowNetwork flows(q, net, log);
-  std::vector<LinkId> route;
-  net.route(RankId(0), RankId(1), route);
-  flows.start(route, Bytes::GB(1), Time::zero(), 1);
-  net.route(RankId(0), RankId(2), route);
-  flows.start(route, Bytes::GB(0.5), Time::zero(), 2);
-  q.run();
-  ASSERT_EQ(log.done.size(), 2u);
-  EXPECT_EQ(log.done[0], (std::pair<uint32_t, Time>{2, Time::ms(10)}));
-  EXPECT_EQ(log.done[1], (std::pair<uint32_t, Time>{1, Time::ms(15)}));
+  SwitchFlows s(3);
+  s.start(0, 1, Bytes::GB(1), 1);
+  s.start(0, 2, Bytes::GB(0.5), 2);
+  s.q.run();
+  ASSERT_EQ(s.log.done.size(), 2u);
+  EXPECT_EQ(s.log.done[0], (std::pair<uint32_t, Time>{2, Time::ms(10)}));
+  EXPECT_EQ(s.log.done[1], (std::pair<uint32_t, Time>{1, Time::ms(15)}));
+}
+
+TEST(FlowNetworkTest, FlowsOnDisjointRoutesEachRunAtTheirNarrowestLinkOverItsWeight) {
+  // Started in the same instant, 0 -> 1 and 2 -> 3 share no link: the first runs at
+  // 100 GB/s, the second weighs 4 on its links (four alike flows): 25 GB/s.
+  SwitchFlows s(4);
+  s.start(0, 1, Bytes::GB(1), 1);
+  s.start(2, 3, Bytes::GB(1), 2, 4.0);
+  s.q.run();
+  ASSERT_EQ(s.log.done.size(), 2u);
+  EXPECT_EQ(s.log.done[0], (std::pair<uint32_t, Time>{1, Time::ms(10)}));
+  EXPECT_EQ(s.log.done[1], (std::pair<uint32_t, Time>{2, Time::ms(40)}));
+}
+
+TEST(FlowNetworkTest, FlowsLeavingFromTheMiddleOfALinksFlowsFreeTheirSharesOnly) {
+  // Four flows leave rank 0 (100 GB/s, 25 each), started A, B, C, D. B (second) drains
+  // first, at 0.1 / 25 = 4 ms; then D (now where B was) at 4 + 0.4 / 33.3 = 16 ms; A and C
+  // go on at 50, A done at 16 + 0.5 / 50 = 26 ms, then C alone at 100: 26 + 1.0 / 100 =
+  // 36 ms. Each flow must leave the link's list from wherever it sits then.
+  SwitchFlows s(5);
+  const double gb[] = {1, 0.1, 2, 0.5};
+  for (int i = 0; i < 4; ++i) s.start(0, i + 1, Bytes::GB(gb[i]), static_cast<uint32_t>(i));
+  s.q.run();
+  ASSERT_EQ(s.log.done.size(), 4u);
+  const std::pair<uint32_t, double> expected[] = {{1, 0.004}, {3, 0.016}, {0, 0.026}, {2, 0.036}};
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(s.log.done[i].first, expected[i].first) << i;
+    EXPECT_NEAR(s.log.done[i].second.to_seconds(), expected[i].second, 1e-12) << i;
+  }
+  EXPECT_EQ(s.flows.active(), 0);
 }
 
 // ---------------------------------------------------------------- TaskGraph

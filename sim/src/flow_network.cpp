@@ -1,6 +1,7 @@
 #include "hetpar/sim/flow_network.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "hetpar/core/check.h"
 
@@ -42,8 +43,11 @@ void FlowNetwork::start(std::span<const LinkId> route, std::span<const double> w
     queue_.schedule_in(latency, *this, 2 * f + 1);
     return;
   }
-  for (int32_t l : fl.links) {
-    on_link_[l].push_back(f);
+  fl.slot.resize(fl.links.size());
+  for (size_t i = 0; i < fl.links.size(); ++i) {
+    const int32_t l = fl.links[i];
+    fl.slot[i] = static_cast<int32_t>(on_link_[l].size());
+    on_link_[l].push_back({f, static_cast<int32_t>(i)});
     mark_dirty(l);
   }
 }
@@ -74,9 +78,12 @@ void FlowNetwork::on_event(Time now, uint32_t tag) {
 
 void FlowNetwork::drain(Time now, int32_t f) {
   Flow& fl = flows_[f];
-  for (int32_t l : fl.links) {
+  for (size_t i = 0; i < fl.links.size(); ++i) {
+    const int32_t l = fl.links[i];
     auto& v = on_link_[l];
-    *std::find(v.begin(), v.end(), f) = v.back();
+    const OnLink moved = v.back();
+    v[fl.slot[i]] = moved;
+    flows_[moved.flow].slot[moved.route_index] = fl.slot[i];
     v.pop_back();
     mark_dirty(l);
   }
@@ -96,8 +103,11 @@ void FlowNetwork::commit(Time now) {
     comp_links_.push_back(l);
   }
   dirty_.clear();
+  bool shared = false;  // some link carries two flows or more
   for (size_t i = 0; i < comp_links_.size(); ++i) {
-    for (int32_t f : on_link_[comp_links_[i]]) {
+    shared |= on_link_[comp_links_[i]].size() > 1;
+    for (const OnLink& on : on_link_[comp_links_[i]]) {
+      const int32_t f = on.flow;
       if (flow_mark_[f] == epoch_) continue;
       flow_mark_[f] = epoch_;
       comp_flows_.push_back(f);
@@ -110,18 +120,32 @@ void FlowNetwork::commit(Time now) {
   }
   if (comp_flows_.empty()) return;
 
-  solver_.clear();
-  for (int32_t l : comp_links_) local_[l] = solver_.add_link(capacity_[l]);
-  for (int32_t f : comp_flows_) {
-    local_route_.clear();
-    for (int32_t l : flows_[f].links) local_route_.push_back(local_[l]);
-    solver_.add_flow(local_route_, flows_[f].weights);
+  rates_.clear();
+  if (!shared) {
+    // Flows that share no link (a TP pair's two directions): each runs at its route's
+    // narrowest capacity over its weight there, which is what the solver would find.
+    for (int32_t f : comp_flows_) {
+      const Flow& fl = flows_[f];
+      double rate = std::numeric_limits<double>::infinity();
+      for (size_t i = 0; i < fl.links.size(); ++i)
+        rate = std::min(rate, capacity_[fl.links[i]] / (fl.weights.empty() ? 1.0 : fl.weights[i]));
+      rates_.push_back(rate);
+    }
+  } else {
+    solver_.clear();
+    for (int32_t l : comp_links_) local_[l] = solver_.add_link(capacity_[l]);
+    for (int32_t f : comp_flows_) {
+      local_route_.clear();
+      for (int32_t l : flows_[f].links) local_route_.push_back(local_[l]);
+      solver_.add_flow(local_route_, flows_[f].weights);
+    }
+    solver_.solve();
+    for (int32_t i = 0; i < solver_.num_flows(); ++i) rates_.push_back(solver_.rate(i));
   }
-  solver_.solve();
 
   for (size_t i = 0; i < comp_flows_.size(); ++i) {
     Flow& fl = flows_[comp_flows_[i]];
-    double rate = solver_.rate(static_cast<int32_t>(i));
+    const double rate = rates_[i];
     if (rate == fl.rate) continue;
     fl.remaining = std::max(0.0, fl.remaining - fl.rate * (now - fl.since).to_seconds());
     fl.since = now;

@@ -87,20 +87,42 @@ void MaxMinSolver::solve() {
       }
     }
   };
+  is_touched_.assign(nl, 0);
   if (nl <= kScanLinks) {
+    // Each level scans the links that still carry unfixed flows for the smallest cached
+    // share; only the links the level's saturation touched recompute theirs (a share is a
+    // function of its link's remaining capacity and load alone, so the cache is exact).
+    share_.resize(nl);
+    active_.clear();
+    for (int32_t l = 0; l < nl; ++l) {
+      if (unfixed_[l] == 0) continue;
+      share_[l] = share_of(l);
+      active_.push_back(l);
+    }
     while (true) {
       int32_t bottleneck = -1;
       double share = kInf;
-      for (int32_t l = 0; l < nl; ++l) {
-        if (unfixed_[l] == 0) continue;
-        double s = share_of(l);
-        if (s < share) {
+      for (size_t i = 0; i < active_.size();) {
+        const int32_t l = active_[i];
+        if (unfixed_[l] == 0) {  // all its flows fixed: drop it (order does not matter)
+          active_[i] = active_.back();
+          active_.pop_back();
+          continue;
+        }
+        const double s = share_[l];
+        if (s < share || (s == share && l < bottleneck)) {
           share = s;
           bottleneck = l;
         }
+        ++i;
       }
       if (bottleneck < 0) break;
-      saturate(bottleneck, share, false);
+      touched_.clear();
+      saturate(bottleneck, share, true);
+      for (int32_t l : touched_) {
+        is_touched_[l] = 0;
+        if (unfixed_[l] > 0) share_[l] = share_of(l);
+      }
     }
     return;
   }
@@ -112,7 +134,6 @@ void MaxMinSolver::solve() {
   for (int32_t l = 0; l < nl; ++l)
     if (unfixed_[l] > 0 && share_of(l) < kInf) heap_.emplace_back(share_of(l), l);
   std::make_heap(heap_.begin(), heap_.end(), later);
-  is_touched_.assign(nl, 0);
   while (!heap_.empty()) {
     std::pop_heap(heap_.begin(), heap_.end(), later);
     const auto [share, bottleneck] = heap_.back();

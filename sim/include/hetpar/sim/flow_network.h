@@ -55,6 +55,7 @@ class FlowNetwork final : public EventSource {
   struct Flow {
     std::vector<int32_t> links;   // kept across reuse of the slot: no allocation when warm
     std::vector<double> weights;  // parallel to links, or empty (all 1)
+    std::vector<int32_t> slot;    // parallel to links: where it sits in on_link_[links[i]]
     double remaining = 0;         // bytes left at time `since`
     double rate = 0;              // bytes/s since `since` (0: not yet solved)
     Time since;
@@ -70,8 +71,12 @@ class FlowNetwork final : public EventSource {
 
   EventQueue& queue_;
   Observer& observer_;
-  std::vector<double> capacity_;               // per link, bytes/s
-  std::vector<std::vector<int32_t>> on_link_;  // per link, the flows draining through it
+  std::vector<double> capacity_;  // per link, bytes/s
+  struct OnLink {
+    int32_t flow;
+    int32_t route_index;  // links[route_index] of that flow is this link
+  };
+  std::vector<std::vector<OnLink>> on_link_;  // per link, the flows draining through it
   std::vector<Flow> flows_;
   std::vector<int32_t> free_;
   std::vector<int32_t> dirty_;
@@ -80,6 +85,7 @@ class FlowNetwork final : public EventSource {
   uint32_t epoch_ = 0;
   std::vector<uint32_t> link_mark_, flow_mark_;
   std::vector<int32_t> local_, comp_links_, comp_flows_, local_route_;
+  std::vector<double> rates_;  // parallel to comp_flows_
   MaxMinSolver solver_;
 };
 
