@@ -85,6 +85,47 @@ TEST(EventQueueTest, EventsScheduledNowRunAfterThoseAlreadyDue) {
   EXPECT_EQ(c.order, (std::vector<uint32_t>{0, 1, 9}));
 }
 
+// Handlers that schedule zero-delay and later events and cancel some run in the order of
+// the contract's reference (the earliest time, then the earliest scheduled), whatever mix
+// of due-now and future events the queue holds.
+TEST(EventQueueTest, ZeroDelayAndLaterEventsRunInTimeThenScheduleOrder) {
+  struct Fanout final : EventSource {
+    EventQueue* q;
+    std::vector<std::pair<int64_t, uint32_t>> seen;
+    // Reference: every scheduled event as (time, sequence, tag, cancelled).
+    std::vector<std::tuple<int64_t, int, uint32_t, bool>> scheduled;
+    std::vector<EventHandle> handles;
+    uint32_t next_tag = 1;
+    void add(Time when) {
+      handles.push_back(q->schedule_at(when, *this, next_tag));
+      scheduled.emplace_back(when.count_ps(), static_cast<int>(scheduled.size()), next_tag++,
+                             false);
+    }
+    void on_event(Time now, uint32_t tag) override {
+      seen.emplace_back(now.count_ps(), tag);
+      if (next_tag > 400) return;
+      const uint32_t h = tag * 2654435761u;
+      for (uint32_t i = 0; i < 1 + h % 3; ++i) add(now + Time::ps((h >> (4 + 2 * i)) % 3));
+      if (h % 5 == 0) {  // cancel the event just scheduled
+        q->cancel(handles.back());
+        std::get<3>(scheduled.back()) = true;
+      }
+    }
+  } f;
+  EventQueue q;
+  f.q = &q;
+  for (int i = 0; i < 4; ++i) f.add(Time::ps(i % 2));
+  q.run();
+  auto want = f.scheduled;
+  std::erase_if(want, [](const auto& e) { return std::get<3>(e); });
+  std::sort(want.begin(), want.end());
+  ASSERT_GT(want.size(), 300u);
+  ASSERT_EQ(f.seen.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i)
+    ASSERT_EQ(f.seen[i], (std::pair<int64_t, uint32_t>{std::get<0>(want[i]), std::get<2>(want[i])}))
+        << i;
+}
+
 TEST(EventQueueTest, CancelledEventsNeverRun) {
   EventQueue q;
   Recorder r;

@@ -7,10 +7,13 @@
 
 namespace hetpar::sim {
 namespace {
-// Heap order: a pops after b when it is later, or equally late and scheduled later.
-bool pops_after(const auto& a, const auto& b) {
-  return a.when != b.when ? a.when > b.when : a.seq > b.seq;
-}
+// Heap order: a pops after b when it is later, or equally late and scheduled later. A
+// function object, not a function pointer, so that the heap's sift loops inline it.
+struct PopsAfter {
+  bool operator()(const auto& a, const auto& b) const {
+    return a.when != b.when ? a.when > b.when : a.seq > b.seq;
+  }
+};
 }  // namespace
 
 EventHandle EventQueue::schedule_at(Time when, EventSource& src, uint32_t tag) {
@@ -24,7 +27,7 @@ EventHandle EventQueue::schedule_at(Time when, EventSource& src, uint32_t tag) {
     free_slots_.pop_back();
   }
   heap_.push_back({when, next_seq_++, &src, tag, slot});
-  std::push_heap(heap_.begin(), heap_.end(), pops_after<Entry, Entry>);
+  std::push_heap(heap_.begin(), heap_.end(), PopsAfter{});
   ++live_;
   return {slot, slots_[slot].gen};
 }
@@ -40,7 +43,7 @@ bool EventQueue::cancel(EventHandle h) {
 
 bool EventQueue::run_next() {
   while (!heap_.empty()) {
-    std::pop_heap(heap_.begin(), heap_.end(), pops_after<Entry, Entry>);
+    std::pop_heap(heap_.begin(), heap_.end(), PopsAfter{});
     Entry e = heap_.back();
     heap_.pop_back();
     Slot& s = slots_[e.slot];
