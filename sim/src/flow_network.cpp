@@ -12,6 +12,7 @@ FlowNetwork::FlowNetwork(EventQueue& queue, const Network& net, Observer& observ
     : queue_(queue),
       observer_(observer),
       on_link_(net.num_links()),
+      dirty_mark_(net.num_links(), UINT32_MAX),
       link_mark_(net.num_links(), 0),
       local_(net.num_links(), -1) {
   capacity_.reserve(net.num_links());
@@ -31,29 +32,31 @@ void FlowNetwork::start(std::span<const LinkId> route, std::span<const double> w
     free_.pop_back();
   }
   Flow& fl = flows_[f];
-  fl.links.clear();
-  for (LinkId l : route) fl.links.push_back(l.value());
-  fl.weights.assign(weights.begin(), weights.end());
+  fl.hops.clear();
+  for (size_t i = 0; i < route.size(); ++i)
+    fl.hops.push_back({route[i].value(), 0, weights.empty() ? 1.0 : weights[i]});
   fl.remaining = bytes.as_double();
   fl.rate = 0;
   fl.since = queue_.now();
   fl.latency = latency;
   fl.cookie = cookie;
-  if (fl.links.empty() || bytes.count() <= 0) {
+  if (fl.hops.empty() || bytes.count() <= 0) {
     queue_.schedule_in(latency, *this, 2 * f + 1);
     return;
   }
-  fl.slot.resize(fl.links.size());
-  for (size_t i = 0; i < fl.links.size(); ++i) {
-    const int32_t l = fl.links[i];
-    fl.slot[i] = static_cast<int32_t>(on_link_[l].size());
-    on_link_[l].push_back({f, static_cast<int32_t>(i)});
-    mark_dirty(l);
+  for (size_t i = 0; i < fl.hops.size(); ++i) {
+    Hop& h = fl.hops[i];
+    h.slot = static_cast<int32_t>(on_link_[h.link].size());
+    on_link_[h.link].push_back({f, static_cast<int32_t>(i)});
+    mark_dirty(h.link);
   }
 }
 
 void FlowNetwork::mark_dirty(int32_t link) {
-  dirty_.push_back(link);
+  if (dirty_mark_[link] != commit_epoch_) {
+    dirty_mark_[link] = commit_epoch_;
+    dirty_.push_back(link);
+  }
   if (!commit_pending_) {
     commit_pending_ = true;
     queue_.schedule_in(Time::zero(), *this, kCommitTag);
@@ -78,14 +81,13 @@ void FlowNetwork::on_event(Time now, uint32_t tag) {
 
 void FlowNetwork::drain(Time now, int32_t f) {
   Flow& fl = flows_[f];
-  for (size_t i = 0; i < fl.links.size(); ++i) {
-    const int32_t l = fl.links[i];
-    auto& v = on_link_[l];
+  for (const Hop& h : fl.hops) {
+    auto& v = on_link_[h.link];
     const OnLink moved = v.back();
-    v[fl.slot[i]] = moved;
-    flows_[moved.flow].slot[moved.route_index] = fl.slot[i];
+    v[h.slot] = moved;
+    flows_[moved.flow].hops[moved.hop].slot = h.slot;
     v.pop_back();
-    mark_dirty(l);
+    mark_dirty(h.link);
   }
   fl.remaining = 0;
   fl.rate = 0;
@@ -97,12 +99,12 @@ void FlowNetwork::commit(Time now) {
   ++epoch_;
   comp_links_.clear();
   comp_flows_.clear();
-  for (int32_t l : dirty_) {
-    if (link_mark_[l] == epoch_) continue;
+  for (int32_t l : dirty_) {  // each once (mark_dirty)
     link_mark_[l] = epoch_;
     comp_links_.push_back(l);
   }
   dirty_.clear();
+  ++commit_epoch_;
   bool shared = false;  // some link carries two flows or more
   for (size_t i = 0; i < comp_links_.size(); ++i) {
     shared |= on_link_[comp_links_[i]].size() > 1;
@@ -111,10 +113,10 @@ void FlowNetwork::commit(Time now) {
       if (flow_mark_[f] == epoch_) continue;
       flow_mark_[f] = epoch_;
       comp_flows_.push_back(f);
-      for (int32_t l : flows_[f].links) {
-        if (link_mark_[l] == epoch_) continue;
-        link_mark_[l] = epoch_;
-        comp_links_.push_back(l);
+      for (const Hop& h : flows_[f].hops) {
+        if (link_mark_[h.link] == epoch_) continue;
+        link_mark_[h.link] = epoch_;
+        comp_links_.push_back(h.link);
       }
     }
   }
@@ -125,10 +127,8 @@ void FlowNetwork::commit(Time now) {
     // Flows that share no link (a TP pair's two directions): each runs at its route's
     // narrowest capacity over its weight there, which is what the solver would find.
     for (int32_t f : comp_flows_) {
-      const Flow& fl = flows_[f];
       double rate = std::numeric_limits<double>::infinity();
-      for (size_t i = 0; i < fl.links.size(); ++i)
-        rate = std::min(rate, capacity_[fl.links[i]] / (fl.weights.empty() ? 1.0 : fl.weights[i]));
+      for (const Hop& h : flows_[f].hops) rate = std::min(rate, capacity_[h.link] / h.weight);
       rates_.push_back(rate);
     }
   } else {
@@ -136,8 +136,12 @@ void FlowNetwork::commit(Time now) {
     for (int32_t l : comp_links_) local_[l] = solver_.add_link(capacity_[l]);
     for (int32_t f : comp_flows_) {
       local_route_.clear();
-      for (int32_t l : flows_[f].links) local_route_.push_back(local_[l]);
-      solver_.add_flow(local_route_, flows_[f].weights);
+      local_weights_.clear();
+      for (const Hop& h : flows_[f].hops) {
+        local_route_.push_back(local_[h.link]);
+        local_weights_.push_back(h.weight);
+      }
+      solver_.add_flow(local_route_, local_weights_);
     }
     solver_.solve();
     for (int32_t i = 0; i < solver_.num_flows(); ++i) rates_.push_back(solver_.rate(i));

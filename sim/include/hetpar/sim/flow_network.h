@@ -52,12 +52,17 @@ class FlowNetwork final : public EventSource {
   void on_event(Time now, uint32_t tag) override;
 
  private:
+  // One link of a flow's route: its weight there, and where the flow sits in the link's
+  // list (on_link_), so that leaving it takes no search.
+  struct Hop {
+    int32_t link;
+    int32_t slot;
+    double weight;
+  };
   struct Flow {
-    std::vector<int32_t> links;   // kept across reuse of the slot: no allocation when warm
-    std::vector<double> weights;  // parallel to links, or empty (all 1)
-    std::vector<int32_t> slot;    // parallel to links: where it sits in on_link_[links[i]]
-    double remaining = 0;         // bytes left at time `since`
-    double rate = 0;              // bytes/s since `since` (0: not yet solved)
+    std::vector<Hop> hops;  // kept across reuse of the slot: no allocation when warm
+    double remaining = 0;   // bytes left at time `since`
+    double rate = 0;        // bytes/s since `since` (0: not yet solved)
     Time since;
     Time latency;
     EventHandle drained;
@@ -74,17 +79,20 @@ class FlowNetwork final : public EventSource {
   std::vector<double> capacity_;  // per link, bytes/s
   struct OnLink {
     int32_t flow;
-    int32_t route_index;  // links[route_index] of that flow is this link
+    int32_t hop;  // hops[hop] of that flow is this link
   };
   std::vector<std::vector<OnLink>> on_link_;  // per link, the flows draining through it
   std::vector<Flow> flows_;
   std::vector<int32_t> free_;
-  std::vector<int32_t> dirty_;
+  std::vector<int32_t> dirty_;        // links whose flows changed since the last commit, each once
+  std::vector<uint32_t> dirty_mark_;  // per link: commit_epoch_ when in dirty_
+  uint32_t commit_epoch_ = 0;
   bool commit_pending_ = false;
   // commit() scratch: epoch marks instead of clearing per-link/per-flow arrays.
   uint32_t epoch_ = 0;
   std::vector<uint32_t> link_mark_, flow_mark_;
   std::vector<int32_t> local_, comp_links_, comp_flows_, local_route_;
+  std::vector<double> local_weights_;
   std::vector<double> rates_;  // parallel to comp_flows_
   MaxMinSolver solver_;
 };
