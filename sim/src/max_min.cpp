@@ -102,20 +102,16 @@ void MaxMinSolver::solve() {
     while (true) {
       int32_t bottleneck = -1;
       double share = kInf;
-      for (size_t i = 0; i < active_.size();) {
-        const int32_t l = active_[i];
-        if (unfixed_[l] == 0) {  // all its flows fixed: drop it (order does not matter)
-          active_[i] = active_.back();
-          active_.pop_back();
-          continue;
-        }
-        const double s = share_[l];
-        if (s < share || (s == share && l < bottleneck)) {
-          share = s;
+      size_t kept = 0;  // compacted in place, in link order: the first smallest wins ties
+      for (const int32_t l : active_) {
+        if (unfixed_[l] == 0) continue;  // all its flows fixed
+        active_[kept++] = l;
+        if (share_[l] < share) {
+          share = share_[l];
           bottleneck = l;
         }
-        ++i;
       }
+      active_.resize(kept);
       if (bottleneck < 0) break;
       touched_.clear();
       saturate(bottleneck, share, true);
