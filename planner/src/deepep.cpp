@@ -145,4 +145,24 @@ Bytes deepep_buffer_bytes(int ranks, int64_t hidden) {
                kWorkspace);
 }
 
+Bytes hybridep_buffer_bytes(int64_t tokens, int64_t hidden, int64_t local_experts,
+                            int64_t ranks_per_node, int64_t nodes) {
+  HETPAR_CHECK(
+      tokens >= 1 && hidden >= 1 && local_experts >= 1 && ranks_per_node >= 1 && nodes >= 1,
+      "hybridep_buffer_bytes({}, {}, {}, {}, {})", tokens, hidden, local_experts, ranks_per_node,
+      nodes);
+  const int64_t t = std::max<int64_t>(tokens, 512);  // HybridEPBuffer's floor
+  const int64_t r = ranks_per_node, n = nodes, e = local_experts;
+  const int64_t token = 2 * hidden;                   // BF16
+  const int64_t probs = 4 * e * r;                    // fp32, the node's experts
+  const int64_t scales = 4 * ((hidden + 127) / 128);  // fp32, one per 128 elements
+  const int64_t m = t * r * n;                        // the group's tokens, all to one rank
+  int64_t bytes = m * (token + probs + scales)        // NVLink: combine = dispatch buffers
+                  + (e * r * n) * (t * r * n);        // the routing map, all-gathered
+  if (n > 1)                                          // RDMA: dispatch and combine staging
+    bytes += t * (token + 4 * e * r * n + scales) + (n - 1) * t * (token + probs + scales) +
+             2 * (n - 1) * t * (token + probs);
+  return Bytes(bytes);
+}
+
 }  // namespace hetpar::planner

@@ -304,12 +304,26 @@ class Estimator {
     if (l_.tp_comm_overlap && l_.sequence_parallel && l_.tp > 1 && g.layers > 0 &&
         (llm || models::is_encoder(kind)))
       for (Tally& t : stages_) t.p2p += 10 * layer_input;
-    // Layout::moe_dispatcher deepep: the one DeepEP Buffer of every rank with a MoE layer,
-    // allocated at its first dispatch (Megatron-Core's fused_a2a.get_buffer) and kept.
-    // HybridEP's buffers (sized by its own configuration) are not counted.
+    // Layout::moe_dispatcher deepep / hybridep: the one buffer of every rank with a MoE
+    // layer, allocated at its first dispatch (Megatron-Core's fused_a2a.get_buffer,
+    // init_hybrid_ep_buffer) and kept. HybridEP's is sized by the tokens a rank dispatches
+    // (its SP and CP share of a micro-batch) over the group's nodes, whose ranks per NVLink
+    // domain are the group's own inside a node and kDeepEpNvlPeers across nodes (infeasibility
+    // takes whole nodes of that many).
     if (llm && l_.ep > 1 && l_.moe_dispatcher == MoeDispatcher::kDeepEp && deepep_supports(l_.ep))
       for (size_t st = 0; st < stages_.size(); ++st)
         if (dispatches[st]) stages_[st].p2p += deepep_buffer_bytes(l_.ep, g.hidden).as_double();
+    if (llm && llm->moe && l_.ep > 1 && l_.moe_dispatcher == MoeDispatcher::kHybridEp) {
+      const int64_t ranks_per_node = std::min(l_.ep, kDeepEpNvlPeers);
+      const double bytes =
+          hybridep_buffer_bytes(
+              std::max<int64_t>(g.layer_tokens / (l_.cp * static_cast<int64_t>(sp)), 1), g.hidden,
+              std::max<int64_t>(llm->moe->experts / l_.ep, 1), ranks_per_node,
+              std::max<int64_t>(l_.ep / ranks_per_node, 1))
+              .as_double();
+      for (size_t st = 0; st < stages_.size(); ++st)
+        if (dispatches[st]) stages_[st].p2p += bytes;
+    }
   }
 
   // Adds `bytes` held by every rank of stage `st` (communication buffers).

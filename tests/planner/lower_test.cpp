@@ -2209,6 +2209,40 @@ TEST(Memory, DeepEpHoldsItsBuffersOnEveryMoeRank) {
   }
 }
 
+// HybridEP's buffer (planner/deepep.h). 4096 tokens of hidden 2048, 16 local experts, one
+// node of 8: M = 32768 tokens, 128 MiB of BF16 tokens, 16 MiB of fp32 probabilities (the
+// node's 128 experts), 2 MiB of scales, a 4 MiB routing map (128 experts x 32768 tokens).
+// Two nodes, 512 tokens of hidden 1024, 4 local experts: M = 8192, NVLink 8192 x (2048 +
+// 128 + 32) and a 64 x 8192 map; RDMA 512 x (2048 + 256 + 32) to send, 512 x 2208 and 2 x
+// 512 x 2176 to stage. Below 512 tokens the buffer holds 512. Every rank of a MoE stage
+// holds one, sized by the tokens it dispatches (SP splits them over TP).
+TEST(Memory, HybridEpHoldsItsBufferOnEveryMoeRank) {
+  EXPECT_EQ(hybridep_buffer_bytes(4096, 2048, 16, 8, 1), Bytes(157286400));
+  EXPECT_EQ(hybridep_buffer_bytes(512, 1024, 4, 8, 2), Bytes(18612224 + 4554752));
+  EXPECT_EQ(hybridep_buffer_bytes(100, 2048, 16, 8, 1), hybridep_buffer_bytes(512, 2048, 16, 8, 1));
+  const Scenario moe = tiny_moe(4, 32, 2, 16);
+  struct Case {
+    int tp, pp, dp, ep;
+    int64_t tokens, nodes;
+  };
+  for (const Case& c :
+       {Case{1, 2, 8, 8, 2048, 1}, Case{2, 2, 4, 8, 1024, 1}, Case{1, 1, 16, 16, 2048, 2}}) {
+    Plan p = plan(c.tp, c.pp, c.dp);
+    p.layout.ep = c.ep;
+    p.layout.sequence_parallel = c.tp > 1;
+    p.layout.etp = 1;
+    Plan hybrid = p;
+    hybrid.layout.moe_dispatcher = MoeDispatcher::kHybridEp;
+    ASSERT_EQ(infeasibility(moe, hybrid), "") << c.tp << " " << c.ep;
+    const MemoryReport a = estimate_memory(moe, p), h = estimate_memory(moe, hybrid);
+    ASSERT_EQ(h.per_stage.size(), static_cast<size_t>(c.pp));
+    for (size_t st = 0; st < h.per_stage.size(); ++st)
+      EXPECT_EQ(h.per_stage[st].communication_buffers - a.per_stage[st].communication_buffers,
+                hybridep_buffer_bytes(c.tokens, 1024, 16 / c.ep, 8, c.nodes))
+          << c.tp << " " << c.ep << " stage " << st;
+  }
+}
+
 // Whether a dense model refuses selective recompute of `modules`, MoE-only modules, for
 // want of MoE layers.
 bool dense_refuses(uint8_t modules) {

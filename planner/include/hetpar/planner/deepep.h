@@ -7,7 +7,8 @@
 // This is DeepEP V1's (NVSHMEM) Buffer, the one Megatron-Core's flex dispatcher runs with
 // --moe-flex-dispatcher-backend deepep; DeepEP V2's ElasticBuffer (backend deepepv2) sizes
 // its buffers and SMs otherwise and is not modelled. HybridEP (backend hybridep) takes the
-// same routes, so the shares below are its too; its sizes and buffers are its own.
+// same routes, so the shares below are its too; its buffers are its own
+// (hybridep_buffer_bytes).
 #pragma once
 
 #include <cstdint>
@@ -53,5 +54,20 @@ double deepep_nvlink_share(const models::MoeSpec& moe, int64_t ep);
 /// groups over nodes only), each the larger of the dispatch and combine configurations'
 /// hints, and the 32 MiB workspace. REQUIRES deepep_supports(ranks), hidden >= 1.
 Bytes deepep_buffer_bytes(int ranks, int64_t hidden);
+
+/// Device memory one rank holds for HybridEP: the one HybridEPBuffer of its process, which
+/// Megatron-Core's flex dispatcher (backend hybridep, fused_a2a.init_hybrid_ep_buffer)
+/// creates at the first dispatch for that call's `tokens` per rank (a micro-batch's tokens
+/// over TP with SP and over CP; the buffer takes at least 512) and keeps for every MoE layer,
+/// BF16 dispatch (Megatron-Core asserts it). Read from DeepEP's hybrid-ep sources
+/// (deepseek-ai/DeepEP 2540b8ab: buffer/intranode.cu's NVLink buffers, which the dispatch
+/// shares with the combine by default, for M = tokens x ranks_per_node x nodes tokens:
+/// M x hidden BF16 tokens, M x local_experts x ranks_per_node fp32 probabilities, M x
+/// ceil(hidden / 128) fp32 scales; extension/allgather.cu's routing map, one byte per token
+/// of the group and expert of the group; buffer/internode.cu's RDMA staging, for groups over
+/// `nodes` > 1). Not counted: flags, queue pairs, a few KiB of scratch.
+/// REQUIRES tokens, hidden, local_experts, ranks_per_node, nodes >= 1.
+Bytes hybridep_buffer_bytes(int64_t tokens, int64_t hidden, int64_t local_experts,
+                            int64_t ranks_per_node, int64_t nodes);
 
 }  // namespace hetpar::planner
