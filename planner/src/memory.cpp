@@ -310,20 +310,20 @@ class Estimator {
     // (its SP and CP share of a micro-batch) over the group's nodes, whose ranks per NVLink
     // domain are the group's own inside a node and kDeepEpNvlPeers across nodes (infeasibility
     // takes whole nodes of that many).
+    double dispatcher_buffer = 0;
     if (llm && l_.ep > 1 && l_.moe_dispatcher == MoeDispatcher::kDeepEp && deepep_supports(l_.ep))
-      for (size_t st = 0; st < stages_.size(); ++st)
-        if (dispatches[st]) stages_[st].p2p += deepep_buffer_bytes(l_.ep, g.hidden).as_double();
+      dispatcher_buffer = deepep_buffer_bytes(l_.ep, g.hidden).as_double();
     if (llm && llm->moe && l_.ep > 1 && l_.moe_dispatcher == MoeDispatcher::kHybridEp) {
       const int64_t ranks_per_node = std::min(l_.ep, kDeepEpNvlPeers);
-      const double bytes =
+      dispatcher_buffer =
           hybridep_buffer_bytes(
               std::max<int64_t>(g.layer_tokens / (l_.cp * static_cast<int64_t>(sp)), 1), g.hidden,
               std::max<int64_t>(llm->moe->experts / l_.ep, 1), ranks_per_node,
-              std::max<int64_t>(l_.ep / ranks_per_node, 1))
+              l_.ep / ranks_per_node)
               .as_double();
-      for (size_t st = 0; st < stages_.size(); ++st)
-        if (dispatches[st]) stages_[st].p2p += bytes;
     }
+    for (size_t st = 0; st < stages_.size(); ++st)
+      if (dispatches[st]) stages_[st].p2p += dispatcher_buffer;
   }
 
   // Adds `bytes` held by every rank of stage `st` (communication buffers).

@@ -12,7 +12,6 @@ FlowNetwork::FlowNetwork(EventQueue& queue, const Network& net, Observer& observ
     : queue_(queue),
       observer_(observer),
       on_link_(net.num_links()),
-      dirty_mark_(net.num_links(), UINT32_MAX),
       link_mark_(net.num_links(), 0),
       local_(net.num_links(), -1) {
   capacity_.reserve(net.num_links());
@@ -53,8 +52,9 @@ void FlowNetwork::start(std::span<const LinkId> route, std::span<const double> w
 }
 
 void FlowNetwork::mark_dirty(int32_t link) {
-  if (dirty_mark_[link] != commit_epoch_) {
-    dirty_mark_[link] = commit_epoch_;
+  // Marked with the next commit's epoch: listed once, and already in that commit's component.
+  if (link_mark_[link] != epoch_ + 1) {
+    link_mark_[link] = epoch_ + 1;
     dirty_.push_back(link);
   }
   if (!commit_pending_) {
@@ -97,14 +97,9 @@ void FlowNetwork::drain(Time now, int32_t f) {
 void FlowNetwork::commit(Time now) {
   // The connected component of the dirty links: links <-> flows draining through them.
   ++epoch_;
-  comp_links_.clear();
-  comp_flows_.clear();
-  for (int32_t l : dirty_) {  // each once (mark_dirty)
-    link_mark_[l] = epoch_;
-    comp_links_.push_back(l);
-  }
+  comp_links_.swap(dirty_);  // marked with this epoch by mark_dirty
   dirty_.clear();
-  ++commit_epoch_;
+  comp_flows_.clear();
   bool shared = false;  // some link carries two flows or more
   for (size_t i = 0; i < comp_links_.size(); ++i) {
     shared |= on_link_[comp_links_[i]].size() > 1;
@@ -122,16 +117,7 @@ void FlowNetwork::commit(Time now) {
   }
   if (comp_flows_.empty()) return;
 
-  rates_.clear();
-  if (!shared) {
-    // Flows that share no link (a TP pair's two directions): each runs at its route's
-    // narrowest capacity over its weight there, which is what the solver would find.
-    for (int32_t f : comp_flows_) {
-      double rate = std::numeric_limits<double>::infinity();
-      for (const Hop& h : flows_[f].hops) rate = std::min(rate, capacity_[h.link] / h.weight);
-      rates_.push_back(rate);
-    }
-  } else {
+  if (shared) {
     solver_.clear();
     for (int32_t l : comp_links_) local_[l] = solver_.add_link(capacity_[l]);
     for (int32_t f : comp_flows_) {
@@ -144,12 +130,18 @@ void FlowNetwork::commit(Time now) {
       solver_.add_flow(local_route_, local_weights_);
     }
     solver_.solve();
-    for (int32_t i = 0; i < solver_.num_flows(); ++i) rates_.push_back(solver_.rate(i));
   }
+  // Flows that share no link (a TP pair's two directions) each run at their route's
+  // narrowest capacity over their weight there, which is what the solver would find.
+  auto narrowest = [&](const Flow& fl) {
+    double rate = std::numeric_limits<double>::infinity();
+    for (const Hop& h : fl.hops) rate = std::min(rate, capacity_[h.link] / h.weight);
+    return rate;
+  };
 
   for (size_t i = 0; i < comp_flows_.size(); ++i) {
     Flow& fl = flows_[comp_flows_[i]];
-    const double rate = rates_[i];
+    const double rate = shared ? solver_.rate(static_cast<int32_t>(i)) : narrowest(fl);
     if (rate == fl.rate) continue;
     fl.remaining = std::max(0.0, fl.remaining - fl.rate * (now - fl.since).to_seconds());
     fl.since = now;

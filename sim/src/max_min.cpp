@@ -67,9 +67,10 @@ void MaxMinSolver::solve() {
   // saturates first; its flows get that share, which is taken from their other links.
   constexpr double kInf = std::numeric_limits<double>::infinity();
   auto share_of = [&](int32_t l) { return std::max(remaining_[l], 0.0) / load_[l]; };
-  // Fixes the bottleneck's unfixed flows at `share`; with `touched`, records each other link
-  // whose share that changes.
-  auto saturate = [&](int32_t bottleneck, double share, bool touched) {
+  // Fixes the bottleneck's unfixed flows at `share`, and lists in touched_ each link whose
+  // share that changes (the caller clears its marks).
+  auto saturate = [&](int32_t bottleneck, double share) {
+    touched_.clear();
     for (int32_t i = link_begin_[bottleneck]; i < link_begin_[bottleneck + 1]; ++i) {
       int32_t f = link_flows_[i];
       if (rate_[f] != kUnfixed) continue;
@@ -80,7 +81,7 @@ void MaxMinSolver::solve() {
         remaining_[l] -= w == 1.0 ? share : w * share;
         load_[l] -= w;
         --unfixed_[l];
-        if (touched && !is_touched_[l]) {
+        if (!is_touched_[l]) {
           is_touched_[l] = 1;
           touched_.push_back(l);
         }
@@ -113,8 +114,7 @@ void MaxMinSolver::solve() {
       }
       active_.resize(kept);
       if (bottleneck < 0) break;
-      touched_.clear();
-      saturate(bottleneck, share, true);
+      saturate(bottleneck, share);
       for (int32_t l : touched_) {
         is_touched_[l] = 0;
         if (unfixed_[l] > 0) share_[l] = share_of(l);
@@ -135,8 +135,7 @@ void MaxMinSolver::solve() {
     const auto [share, bottleneck] = heap_.back();
     heap_.pop_back();
     if (unfixed_[bottleneck] == 0 || share_of(bottleneck) != share) continue;  // stale
-    touched_.clear();
-    saturate(bottleneck, share, true);
+    saturate(bottleneck, share);
     for (int32_t l : touched_) {
       is_touched_[l] = 0;
       if (unfixed_[l] == 0) continue;

@@ -84,16 +84,14 @@ class FlowNetwork final : public EventSource {
   std::vector<std::vector<OnLink>> on_link_;  // per link, the flows draining through it
   std::vector<Flow> flows_;
   std::vector<int32_t> free_;
-  std::vector<int32_t> dirty_;        // links whose flows changed since the last commit, each once
-  std::vector<uint32_t> dirty_mark_;  // per link: commit_epoch_ when in dirty_
-  uint32_t commit_epoch_ = 0;
+  std::vector<int32_t> dirty_;  // links whose flows changed since the last commit, each once
   bool commit_pending_ = false;
-  // commit() scratch: epoch marks instead of clearing per-link/per-flow arrays.
+  // commit() scratch: epoch marks instead of clearing per-link/per-flow arrays. A link of
+  // the component being built holds epoch_, a link in dirty_ epoch_ + 1 (the next commit's).
   uint32_t epoch_ = 0;
   std::vector<uint32_t> link_mark_, flow_mark_;
   std::vector<int32_t> local_, comp_links_, comp_flows_, local_route_;
   std::vector<double> local_weights_;
-  std::vector<double> rates_;  // parallel to comp_flows_
   MaxMinSolver solver_;
 };
 
