@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
@@ -371,6 +372,79 @@ TEST(FlowNetworkTest, FlowsLeavingFromTheMiddleOfALinksFlowsFreeTheirSharesOnly)
     EXPECT_NEAR(s.log.done[i].second.to_seconds(), expected[i].second, 1e-12) << i;
   }
   EXPECT_EQ(s.flows.active(), 0);
+}
+
+// A transfer timed privately while it claims its links, then moved into the shared network
+// when another flow reaches them (what simulate() does with SimOptions::defer_flows).
+struct Claimant final : FlowNetwork::Observer {
+  Claimant(Network& net, FlowNetwork& shared, EventQueue& shared_q)
+      : shared(shared), shared_q(shared_q), own(own_q, net, log) {}
+  void on_flow_done(Time, uint32_t) override {}
+  void on_claim_contended(int32_t owner) override {
+    EXPECT_EQ(owner, 5);
+    shared.release(links, owner);
+    own_q.run_until(shared_q.now() - begin);
+    moved = own.move_to(shared, begin);
+  }
+  FlowNetwork& shared;
+  EventQueue& shared_q;
+  EventQueue own_q;
+  DoneLog log;
+  FlowNetwork own;
+  std::vector<LinkId> links;
+  Time begin;
+  int32_t moved = -1;
+};
+
+struct Forward final : FlowNetwork::Observer {
+  void on_flow_done(Time now, uint32_t cookie) override { log.on_flow_done(now, cookie); }
+  void on_claim_contended(int32_t owner) override { claimant->on_claim_contended(owner); }
+  DoneLog log;
+  Claimant* claimant = nullptr;
+};
+
+TEST(FlowNetworkTest, AClaimedTransferJoinsTheSharedNetworkAsItStandsWhenContended) {
+  // 0 -> 1 (1 GB) starts alone at 1 ms and claims its links; at 5 ms 0 -> 2 (1 GB) reaches
+  // rank 0's up link. The first moved 0.4 GB at 100 GB/s; then both run at 50 GB/s until
+  // it is done at 5 + 0.6 / 50 = 17 ms; the second, 0.6 GB through, ends at 17 + 0.4 /
+  // 100 = 21 ms: as if both had been in the shared network from the start.
+  Network net = single_switch_network(3, Bandwidth::GBps(100), Time::zero());
+  EventQueue q;
+  Forward fwd;
+  FlowNetwork shared(q, net, fwd);
+  Claimant c(net, shared, q);
+  fwd.claimant = &c;
+  std::vector<LinkId> route;
+  net.route(RankId(0), RankId(1), route);
+  c.links = route;
+  struct At final : EventSource {
+    std::function<void()> fn;
+    void on_event(Time, uint32_t) override { fn(); }
+  } at1, at5;
+  at1.fn = [&] {
+    EXPECT_TRUE(shared.idle(route));
+    shared.claim(route, 5);
+    EXPECT_FALSE(shared.idle(route));
+    c.begin = q.now();
+    c.own.start(route, Bytes::GB(1), Time::zero(), 9);
+  };
+  at5.fn = [&] {
+    std::vector<LinkId> other;
+    net.route(RankId(0), RankId(2), other);
+    shared.start(other, Bytes::GB(1), Time::zero(), 2);
+  };
+  q.schedule_at(Time::ms(1), at1);
+  q.schedule_at(Time::ms(5), at5);
+  q.run();
+  EXPECT_EQ(c.moved, 1);
+  EXPECT_TRUE(c.log.done.empty()) << "moved, not delivered privately";
+  EXPECT_EQ(c.own.active(), 0);
+  ASSERT_EQ(fwd.log.done.size(), 2u);
+  EXPECT_EQ(fwd.log.done[0].first, 9u);
+  EXPECT_NEAR(fwd.log.done[0].second.to_seconds(), 0.017, 1e-12);
+  EXPECT_EQ(fwd.log.done[1].first, 2u);
+  EXPECT_NEAR(fwd.log.done[1].second.to_seconds(), 0.021, 1e-12);
+  EXPECT_TRUE(shared.idle(route));
 }
 
 // ---------------------------------------------------------------- TaskGraph
@@ -1477,6 +1551,54 @@ TEST(DeterminismTest, SameInputsGiveIdenticalResultsAcrossRunsAndThreads) {
   t1.join();
   expect_same(first, on_thread[0]);
   expect_same(first, on_thread[1]);
+}
+
+// Deferred transfers (SimOptions::defer_flows) time what the shared network times: random
+// collectives and transfers on overlapping groups and streams, staggered by compute of
+// random length, on two nodes; half of them overlap the transfers after them.
+TEST(DeterminismTest, DeferredTransfersTimeWhatTheSharedNetworkTimes) {
+  const Network net = cluster_network({.nodes = 2, .gpus_per_node = 4});
+  std::mt19937 rng(7);
+  const CollectiveKind kinds[] = {CollectiveKind::kAllReduce, CollectiveKind::kAllGather,
+                                  CollectiveKind::kReduceScatter, CollectiveKind::kAllToAll};
+  for (int trial = 0; trial < 12; ++trial) {
+    TaskGraph g;
+    std::vector<TaskId> last(8);
+    for (int r = 0; r < 8; ++r)
+      last[r] = g.add_compute(RankId(r), 0, Time::us(std::uniform_int_distribution(1, 300)(rng)),
+                              Flops(1e9));
+    for (int step = 0; step < 40; ++step) {
+      std::vector<RankId> grp;
+      for (int r = 0; r < 8; ++r)
+        if (rng() % 2) grp.push_back(RankId(r));
+      const int32_t stream = static_cast<int32_t>(rng() % 3);
+      TaskId x;
+      if (grp.size() < 2) {
+        const int a = static_cast<int>(rng() % 8), b = (a + 1 + static_cast<int>(rng() % 7)) % 8;
+        x = g.add_p2p(RankId(a), RankId(b), Bytes::MiB(std::uniform_int_distribution(1, 64)(rng)),
+                      stream, stream);
+        grp = {RankId(a), RankId(b)};
+      } else {
+        x = g.add_collective({.kind = kinds[rng() % 4],
+                              .group = grp,
+                              .bytes = Bytes::MiB(std::uniform_int_distribution(1, 256)(rng)),
+                              .stream = stream});
+      }
+      for (RankId r : grp) {
+        g.add_dependency(last[r.value()], x);
+        last[r.value()] =
+            g.add_compute(r, 0, Time::us(std::uniform_int_distribution(1, 900)(rng)), Flops(1e9));
+        if (rng() % 2) g.add_dependency(x, last[r.value()]);  // else x runs on beside it
+      }
+    }
+    SimOptions eager;
+    eager.defer_flows = false;
+    const SimResult want = run(g, net, eager);
+    const SimResult got = run(g, net);
+    SCOPED_TRACE(fmt::format("trial {}", trial));
+    expect_same(want, got);
+    EXPECT_EQ(want.flows_started, got.flows_started);
+  }
 }
 
 // A workspace carries only capacity: a smaller graph simulated after a larger one (its

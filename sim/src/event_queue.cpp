@@ -41,23 +41,34 @@ bool EventQueue::cancel(EventHandle h) {
   return true;
 }
 
-bool EventQueue::run_next() {
-  while (!heap_.empty()) {
+void EventQueue::drop_cancelled_head() {
+  while (!heap_.empty() && slots_[heap_.front().slot].cancelled) {
     std::pop_heap(heap_.begin(), heap_.end(), PopsAfter{});
-    Entry e = heap_.back();
-    heap_.pop_back();
-    Slot& s = slots_[e.slot];
-    bool cancelled = s.cancelled;
+    Slot& s = slots_[heap_.back().slot];
     ++s.gen;  // the handle of this event is stale from now on
     s.cancelled = false;
-    free_slots_.push_back(e.slot);
-    if (cancelled) continue;
-    --live_;
-    now_ = e.when;
-    e.src->on_event(e.when, e.tag);
-    return true;
+    free_slots_.push_back(heap_.back().slot);
+    heap_.pop_back();
   }
-  return false;
+}
+
+bool EventQueue::run_next() {
+  drop_cancelled_head();
+  if (heap_.empty()) return false;
+  std::pop_heap(heap_.begin(), heap_.end(), PopsAfter{});
+  const Entry e = heap_.back();
+  heap_.pop_back();
+  ++slots_[e.slot].gen;
+  free_slots_.push_back(e.slot);
+  --live_;
+  now_ = e.when;
+  e.src->on_event(e.when, e.tag);
+  return true;
+}
+
+void EventQueue::run_until(Time until) {
+  for (drop_cancelled_head(); !heap_.empty() && heap_.front().when <= until; drop_cancelled_head())
+    run_next();
 }
 
 }  // namespace hetpar::sim

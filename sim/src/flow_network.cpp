@@ -11,6 +11,7 @@ namespace hetpar::sim {
 FlowNetwork::FlowNetwork(EventQueue& queue, const Network& net, Observer& observer)
     : queue_(queue),
       observer_(observer),
+      claim_(net.num_links(), -1),
       on_link_(net.num_links()),
       link_mark_(net.num_links(), 0),
       local_(net.num_links(), -1) {
@@ -19,17 +20,41 @@ FlowNetwork::FlowNetwork(EventQueue& queue, const Network& net, Observer& observ
     capacity_.push_back(net.link(LinkId(l)).capacity.bytes_per_s());
 }
 
-void FlowNetwork::start(std::span<const LinkId> route, std::span<const double> weights, Bytes bytes,
-                        Time latency, uint32_t cookie) {
-  int32_t f;
+int32_t FlowNetwork::allocate() {
   if (free_.empty()) {
-    f = static_cast<int32_t>(flows_.size());
     flows_.emplace_back();
     flow_mark_.push_back(0);
-  } else {
-    f = free_.back();
-    free_.pop_back();
+    return static_cast<int32_t>(flows_.size() - 1);
   }
+  const int32_t f = free_.back();
+  free_.pop_back();
+  return f;
+}
+
+void FlowNetwork::enter_links(int32_t f) {
+  std::vector<Hop>& hops = flows_[f].hops;
+  for (size_t i = 0; i < hops.size(); ++i) {
+    hops[i].slot = static_cast<int32_t>(on_link_[hops[i].link].size());
+    on_link_[hops[i].link].push_back({f, static_cast<int32_t>(i)});
+  }
+}
+
+void FlowNetwork::deliver_after(int32_t f, Time when) {
+  Flow& fl = flows_[f];
+  fl.phase = Flow::kDelivering;
+  fl.until = when;
+  fl.drained = queue_.schedule_at(when, *this, 2 * f + 1);
+}
+
+void FlowNetwork::start(std::span<const LinkId> route, std::span<const double> weights, Bytes bytes,
+                        Time latency, uint32_t cookie) {
+  // Claimants first: turning one into flows here adds flows (and may move flows_).
+  for (LinkId l : route)
+    if (const int32_t owner = claim_[l.value()]; owner >= 0) {
+      observer_.on_claim_contended(owner);
+      HETPAR_CHECK(claim_[l.value()] < 0, "claim of {} on link {} not released", owner, l.value());
+    }
+  const int32_t f = allocate();
   Flow& fl = flows_[f];
   fl.hops.clear();
   for (size_t i = 0; i < route.size(); ++i)
@@ -40,15 +65,63 @@ void FlowNetwork::start(std::span<const LinkId> route, std::span<const double> w
   fl.latency = latency;
   fl.cookie = cookie;
   if (fl.hops.empty() || bytes.count() <= 0) {
-    queue_.schedule_in(latency, *this, 2 * f + 1);
+    deliver_after(f, queue_.now() + latency);
     return;
   }
-  for (size_t i = 0; i < fl.hops.size(); ++i) {
-    Hop& h = fl.hops[i];
-    h.slot = static_cast<int32_t>(on_link_[h.link].size());
-    on_link_[h.link].push_back({f, static_cast<int32_t>(i)});
-    mark_dirty(h.link);
+  fl.phase = Flow::kDraining;
+  enter_links(f);
+  for (const Hop& h : fl.hops) mark_dirty(h.link);
+}
+
+bool FlowNetwork::idle(std::span<const LinkId> links) const {
+  for (LinkId l : links)
+    if (!on_link_[l.value()].empty() || claim_[l.value()] >= 0) return false;
+  return true;
+}
+
+void FlowNetwork::claim(std::span<const LinkId> links, int32_t owner) {
+  for (LinkId l : links) {
+    HETPAR_CHECK(on_link_[l.value()].empty() && claim_[l.value()] < 0,
+                 "link {} claimed while in use", l.value());
+    claim_[l.value()] = owner;
   }
+}
+
+void FlowNetwork::release(std::span<const LinkId> links, int32_t owner) {
+  for (LinkId l : links)
+    if (claim_[l.value()] == owner) claim_[l.value()] = -1;
+}
+
+int32_t FlowNetwork::move_to(FlowNetwork& dst, Time offset) {
+  HETPAR_CHECK(!commit_pending_ && dirty_.empty(), "move_to with a re-solve pending");
+  int32_t moved = 0;
+  for (size_t i = 0; i < flows_.size(); ++i) {
+    Flow& src = flows_[i];
+    if (src.phase == Flow::kFree) continue;
+    queue_.cancel(src.drained);
+    const int32_t f = dst.allocate();
+    Flow& fl = dst.flows_[f];
+    fl.hops.assign(src.hops.begin(), src.hops.end());
+    fl.remaining = src.remaining;
+    fl.rate = src.rate;
+    fl.since = src.since + offset;
+    fl.latency = src.latency;
+    fl.cookie = src.cookie;
+    if (src.phase == Flow::kDelivering) {
+      dst.deliver_after(f, src.until + offset);
+    } else {
+      HETPAR_CHECK(src.rate > 0, "move_to: flow {} not yet solved", i);
+      fl.phase = Flow::kDraining;
+      fl.until = src.until + offset;
+      fl.drained = dst.queue_.schedule_at(fl.until, dst, static_cast<uint32_t>(2 * f));
+      dst.enter_links(f);
+      for (const Hop& h : src.hops) on_link_[h.link].clear();
+    }
+    src.phase = Flow::kFree;
+    free_.push_back(static_cast<int32_t>(i));
+    ++moved;
+  }
+  return moved;
 }
 
 void FlowNetwork::mark_dirty(int32_t link) {
@@ -75,6 +148,7 @@ void FlowNetwork::on_event(Time now, uint32_t tag) {
     return;
   }
   uint32_t cookie = flows_[f].cookie;
+  flows_[f].phase = Flow::kFree;
   free_.push_back(f);
   observer_.on_flow_done(now, cookie);
 }
@@ -91,7 +165,7 @@ void FlowNetwork::drain(Time now, int32_t f) {
   }
   fl.remaining = 0;
   fl.rate = 0;
-  queue_.schedule_at(now + fl.latency, *this, 2 * f + 1);
+  deliver_after(f, now + fl.latency);
 }
 
 void FlowNetwork::commit(Time now) {
@@ -148,8 +222,8 @@ void FlowNetwork::commit(Time now) {
     fl.rate = rate;
     queue_.cancel(fl.drained);
     HETPAR_CHECK(rate > 0, "flow {} got no bandwidth", comp_flows_[i]);
-    fl.drained = queue_.schedule_at(now + Time::seconds(fl.remaining / rate), *this,
-                                    static_cast<uint32_t>(2 * comp_flows_[i]));
+    fl.until = now + Time::seconds(fl.remaining / rate);
+    fl.drained = queue_.schedule_at(fl.until, *this, static_cast<uint32_t>(2 * comp_flows_[i]));
   }
 }
 

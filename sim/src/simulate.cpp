@@ -22,6 +22,7 @@ struct Plan {
   std::vector<double> share;         // per flow started: the share of S of each member
   std::vector<int32_t> route_begin;  // started flow i's links are links[route_begin[i] .. [i+1])
   std::vector<LinkId> links;
+  std::vector<LinkId> link_set;  // the distinct links of links (what a deferred one claims)
   std::vector<int32_t> members;  // parallel to links: the flows of the bundle crossing it
   std::vector<double> weights;   // parallel to links; empty when all 1
   double seconds_per_byte = 0;
@@ -52,6 +53,12 @@ double wire_bytes_per_byte(const Plan& p, const Task& task) {
     factor = std::min(factor, size * r.node_factor);
   }
   return 1.0 / factor;
+}
+
+std::vector<LinkId> distinct(std::vector<LinkId> links) {
+  std::sort(links.begin(), links.end());
+  links.erase(std::unique(links.begin(), links.end()), links.end());
+  return links;
 }
 
 // What a task pays after its last flow is delivered: a collective's NCCL latency, unless
@@ -102,8 +109,9 @@ struct TaskState {
   Time tail_latency;           // collective: paid after its last flow
   Time fixed = Time::ps(-1);   // comm: its time when it runs alone (find_uncontended), else < 0
   const Plan* plan = nullptr;  // comm: its resolved plan
+  EventHandle deferred_end;    // comm, deferred (SimOptions::defer_flows): its finish
   int32_t waiting = 0;         // dependencies + streams not yet at it
-  int32_t flows_left = 0;      // comm: flows in flight
+  int32_t flows_left = 0;      // comm: flows in flight; kDeferred while timed alone
 };
 
 }  // namespace
@@ -143,6 +151,7 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
       finish(now, static_cast<int32_t>(tag));
   }
   void on_flow_done(Time now, uint32_t task) override;
+  void on_claim_contended(int32_t task) override;
 
  private:
   int32_t stream_of(const StreamRef& s) const {
@@ -152,6 +161,7 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
   // An event's tag: the task that finishes, or with this bit the task whose start waited
   // for its host's issue.
   static constexpr uint32_t kStartTag = 1u << 31;
+  static constexpr int32_t kDeferred = -1;  // TaskState::flows_left of a deferred transfer
   void arrive(int32_t t);
   void start(int32_t t);
   // The host of `rank` issues its next tasks from `now` on, up to and including its next
@@ -686,6 +696,13 @@ void Engine::start(int32_t t) {
       }
       const Plan& p = *state_[t].plan;
       state_[t].tail_latency = tail_latency(p, task);
+      if (opt_.defer_flows && flows_.idle(p.link_set)) {
+        state_[t].flows_left = kDeferred;
+        state_[t].deferred_end = queue_.schedule_in(isolated_time(p, task), *this, t);
+        flows_.claim(p.link_set, t);
+        result_.flows_started += static_cast<int64_t>(p.route_begin.size() - 1);
+        break;
+      }
       state_[t].flows_left = launch(p, task, static_cast<uint32_t>(t), flows_);
       result_.flows_started += state_[t].flows_left;
       if (state_[t].flows_left == 0)
@@ -853,6 +870,7 @@ const Plan& Engine::plan(const Task& task, Algorithm algorithm) {
   }
   if (opt_.bundle_flows) bundle_flows(p);
   weigh(p, task, algorithm);
+  p.link_set = distinct(p.links);
   return p;
 }
 
@@ -877,6 +895,7 @@ const Plan& Engine::p2p_plan(const Task& task) {
     transfer(task.src, task.dst);
   }
   weigh(p, task, Algorithm::kRing);
+  p.link_set = distinct(p.links);
   return p;
 }
 
@@ -1005,7 +1024,24 @@ void Engine::on_flow_done(Time now, uint32_t task) {
     queue_.schedule_in(state_[t].tail_latency, *this, task);
 }
 
+// Task t, deferred, meets another transfer on its links now: its flows as they stand now
+// (replayed alone from its start) join the shared network, which times the rest.
+void Engine::on_claim_contended(int32_t t) {
+  TaskState& st = state_[t];
+  const Plan& p = *st.plan;
+  flows_.release(p.link_set, t);
+  const Time base = iso_queue_.now();
+  launch(p, g_.task(TaskId(t)), static_cast<uint32_t>(t), iso_flows_);
+  iso_queue_.run_until(base + (queue_.now() - st.start));
+  st.flows_left = iso_flows_.move_to(flows_, st.start - base);
+  if (st.flows_left > 0) queue_.cancel(st.deferred_end);  // else only its tail is left
+}
+
 void Engine::finish(Time now, int32_t t) {
+  if (state_[t].flows_left == kDeferred) {
+    flows_.release(state_[t].plan->link_set, t);
+    state_[t].flows_left = 0;
+  }
   ++finished_;
   makespan_ = std::max(makespan_, now);
   const Time span = now - state_[t].start;

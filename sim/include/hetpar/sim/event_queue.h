@@ -55,6 +55,8 @@ class EventQueue {
     while (run_next()) {
     }
   }
+  /// Runs the events due at or before `until`, in order; those after it stay pending.
+  void run_until(Time until);
   /// Time of the event running now, or of the last one run.
   Time now() const { return now_; }
   /// Number of scheduled, not yet run, not cancelled events.
@@ -72,6 +74,8 @@ class EventQueue {
     uint32_t gen = 0;
     bool cancelled = false;
   };
+  void drop_cancelled_head();  // until the earliest pending event is a live one
+
   std::vector<Entry> heap_;
   std::vector<Slot> slots_;
   std::vector<uint32_t> free_slots_;

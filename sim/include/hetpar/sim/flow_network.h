@@ -7,6 +7,12 @@
 // Rates are re-solved when flows start or drain: once per instant (a commit event queued
 // behind the events already due now), over the connected component of the links touched
 // only; a flow whose rate did not change keeps its scheduled completion.
+//
+// A caller may time a transfer itself while its links are idle (a collective alone runs as
+// it did before, in a private FlowNetwork) and claim those links meanwhile: a flow that
+// reaches a claimed link first has the Observer turn the claimant into flows here
+// (on_claim_contended), typically by replaying it privately up to now and moving its
+// flows in (move_to).
 #pragma once
 
 #include <cstdint>
@@ -27,6 +33,9 @@ class FlowNetwork final : public EventSource {
    public:
     /// The flow started with `cookie` has been delivered at `now`.
     virtual void on_flow_done(Time now, uint32_t cookie) = 0;
+    /// A flow is about to use a link that `owner` claimed. ENSURES: the claim is released
+    /// (and the claimant's transfers moved in) on return.
+    virtual void on_claim_contended(int32_t owner) { (void)owner; }
 
    protected:
     ~Observer() = default;
@@ -49,6 +58,21 @@ class FlowNetwork final : public EventSource {
   /// Flows started and not yet delivered.
   int active() const { return static_cast<int>(flows_.size() - free_.size()); }
 
+  /// True when no flow drains through any of `links` and none is claimed.
+  bool idle(std::span<const LinkId> links) const;
+  /// Claims `links` (each once) for `owner` (>= 0), a transfer the caller times itself.
+  /// REQUIRES: idle(links).
+  void claim(std::span<const LinkId> links, int32_t owner);
+  /// Releases those of `links` that `owner` claimed.
+  void release(std::span<const LinkId> links, int32_t owner);
+  /// Moves every flow in flight here (draining, or delivered after its latency) into
+  /// `dst` with its state and cookie, its times shifted by `offset`; this network is left
+  /// empty and its events cancelled. Returns how many flows moved. The moved flows keep
+  /// their rates until `dst` next re-solves their links, so their links there must carry
+  /// nothing else (claimed ones). REQUIRES: no re-solve pending here (run the queue
+  /// through the current instant first).
+  int32_t move_to(FlowNetwork& dst, Time offset);
+
   void on_event(Time now, uint32_t tag) override;
 
  private:
@@ -65,11 +89,16 @@ class FlowNetwork final : public EventSource {
     double rate = 0;        // bytes/s since `since` (0: not yet solved)
     Time since;
     Time latency;
-    EventHandle drained;
+    Time until;           // when it drains (rate > 0) or, drained, is delivered
+    EventHandle drained;  // or, once drained, its delivery
     uint32_t cookie = 0;
+    enum Phase : uint8_t { kFree, kDraining, kDelivering } phase = kFree;
   };
   static constexpr uint32_t kCommitTag = UINT32_MAX;
 
+  int32_t allocate();
+  void enter_links(int32_t f);  // lists flow f on its hops' links
+  void deliver_after(int32_t f, Time when);
   void mark_dirty(int32_t link);
   void commit(Time now);
   void drain(Time now, int32_t f);
@@ -77,6 +106,7 @@ class FlowNetwork final : public EventSource {
   EventQueue& queue_;
   Observer& observer_;
   std::vector<double> capacity_;  // per link, bytes/s
+  std::vector<int32_t> claim_;    // per link, its claimant or -1
   struct OnLink {
     int32_t flow;
     int32_t hop;  // hops[hop] of that flow is this link

@@ -57,6 +57,12 @@ struct SimOptions {
   /// are equal, as in symmetric collectives; an all-to-all then costs 2 flows per source,
   /// not n - 1). false: every flow of the pattern on its own.
   bool bundle_flows = true;
+  /// A transfer that starts on idle links takes its time alone (its isolated run, kept per
+  /// plan and size) and enters the shared flow network only when another transfer reaches
+  /// one of its links, replayed up to that instant: the same times up to the order of
+  /// events within one instant, without re-solving rates for transfers that never meet.
+  /// false: every transfer's flows enter the shared network when it starts.
+  bool defer_flows = true;
   /// Model the host where the graph gives tasks host costs (task_graph.h "Host"); false:
   /// every task is issued in time (a free host, as closed forms assume).
   bool host = true;
