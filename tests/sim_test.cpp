@@ -1561,6 +1561,7 @@ TEST(DeterminismTest, DeferredTransfersTimeWhatTheSharedNetworkTimes) {
   std::mt19937 rng(7);
   const CollectiveKind kinds[] = {CollectiveKind::kAllReduce, CollectiveKind::kAllGather,
                                   CollectiveKind::kReduceScatter, CollectiveKind::kAllToAll};
+  int64_t deferred = 0, contended = 0;
   for (int trial = 0; trial < 12; ++trial) {
     TaskGraph g;
     std::vector<TaskId> last(8);
@@ -1598,7 +1599,13 @@ TEST(DeterminismTest, DeferredTransfersTimeWhatTheSharedNetworkTimes) {
     SCOPED_TRACE(fmt::format("trial {}", trial));
     expect_same(want, got);
     EXPECT_EQ(want.flows_started, got.flows_started);
+    EXPECT_EQ(want.deferred_transfers, 0);
+    deferred += got.deferred_transfers;
+    contended += got.contended_deferrals;
   }
+  // Both paths ran: transfers timed alone throughout, and ones met midway and replayed.
+  EXPECT_GT(contended, 0);
+  EXPECT_GT(deferred, contended);
 }
 
 // A workspace carries only capacity: a smaller graph simulated after a larger one (its

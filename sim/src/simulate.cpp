@@ -701,6 +701,7 @@ void Engine::start(int32_t t) {
         state_[t].deferred_end = queue_.schedule_in(isolated_time(p, task), *this, t);
         flows_.claim(p.link_set, t);
         result_.flows_started += static_cast<int64_t>(p.route_begin.size() - 1);
+        ++result_.deferred_transfers;
         break;
       }
       state_[t].flows_left = launch(p, task, static_cast<uint32_t>(t), flows_);
@@ -1030,6 +1031,7 @@ void Engine::on_claim_contended(int32_t t) {
   TaskState& st = state_[t];
   const Plan& p = *st.plan;
   flows_.release(p.link_set, t);
+  ++result_.contended_deferrals;
   const Time base = iso_queue_.now();
   launch(p, g_.task(TaskId(t)), static_cast<uint32_t>(t), iso_flows_);
   iso_queue_.run_until(base + (queue_.now() - st.start));

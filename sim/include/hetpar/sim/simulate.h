@@ -115,9 +115,14 @@ struct SimResult {
   /// Resolved algorithm per task (kAuto resolved; kRing for non-collectives) when
   /// record_tasks, else empty.
   std::vector<Algorithm> algorithms;
-  /// Flows the shared flow network ran (bundles count once; tasks that ran alone on
-  /// their links, with a fixed time, start none): what the network part of a run costs.
+  /// Flows the transfers started (bundles count once; a deferred transfer counts its flows
+  /// whether or not it met another; tasks that ran alone on their links, with a fixed
+  /// time, start none): what the network part of a run costs.
   int64_t flows_started = 0;
+  /// Transfers that started on idle links and took their isolated time
+  /// (SimOptions::defer_flows), and those of them that another transfer met, which the
+  /// shared flow network then timed: how much of the network part deferral saved.
+  int64_t deferred_transfers = 0, contended_deferrals = 0;
   /// Per SimOptions comm kind, the communication tasks of that kind that ran (empty unless
   /// exposure by kind was measured): which kinds the graph has at all.
   std::vector<int64_t> comm_kind_tasks;
