@@ -555,6 +555,34 @@ TEST(SimulateTest, P2PTakesRouteLatencyPlusBytesOverBandwidth) {
   EXPECT_EQ(r.makespan, Time::us(2) + Bytes::GB(1) / kB);
 }
 
+TEST(SimulateTest, ADeferredTransferMetMidwayOrInItsLatencyEndsAsInTheSharedNetwork) {
+  // 0 -> 1 moves 1 GB at 100 GB/s (10 ms) and is delivered 2 us later; 0 -> 2 (0.5 GB)
+  // leaves rank 0 on another stream after `gap` of compute. At 4 ms it shares rank 0's up
+  // link: 0 -> 2 drains at 4 + 0.5 / 50 = 14 ms, 0 -> 1, 0.1 GB left, at 15 ms. In 0 -> 1's
+  // latency (10.001 ms) it finds the link free and runs alone: 10.001 + 5 ms. Deferred or
+  // not.
+  const Network net = single_switch_network(3, kB, Time::us(1));
+  SimOptions eager;
+  eager.defer_flows = false;
+  const Time first[] = {Time::ms(15) + Time::us(2), Time::ms(10) + Time::us(2)};
+  const Time second[] = {Time::ms(14) + Time::us(2), Time::us(10'001 + 5'000 + 2)};
+  const Time gaps[] = {Time::ms(4), Time::us(10'001)};
+  for (int i = 0; i < 2; ++i) {
+    TaskGraph g;
+    const TaskId a = g.add_p2p(RankId(0), RankId(1), Bytes::GB(1), 0, 0);
+    const TaskId wait = g.add_compute(RankId(0), 0, gaps[i], Flops(1e9));
+    const TaskId b = g.add_p2p(RankId(0), RankId(2), Bytes::GB(0.5), 1, 0);
+    g.add_dependency(wait, b);
+    for (const SimOptions& o : {SimOptions{}, eager}) {
+      const SimResult r = run(g, net, o);
+      SCOPED_TRACE(fmt::format("gap {}, {}", gaps[i], o.defer_flows ? "deferred" : "eager"));
+      EXPECT_EQ(r.tasks[a.value()].end, first[i]);
+      EXPECT_NEAR(r.tasks[b.value()].end.to_seconds(), second[i].to_seconds(), 1e-12);
+      EXPECT_EQ(r.contended_deferrals, o.defer_flows ? 1 : 0);
+    }
+  }
+}
+
 TEST(SimulateTest, ComputeAndCommOnSeparateStreamsOverlap) {
   // 10 ms compute || 5 ms + 2 us transfer: makespan is the max, not the sum; the
   // transfer is hidden (no exposed comm).
