@@ -93,6 +93,7 @@ void FlowNetwork::release(std::span<const LinkId> links, int32_t owner) {
 }
 
 int32_t FlowNetwork::move_to(FlowNetwork& dst, Time offset) {
+  HETPAR_CHECK(&dst != this, "move_to onto itself");
   HETPAR_CHECK(!commit_pending_ && dirty_.empty(), "move_to with a re-solve pending");
   int32_t moved = 0;
   for (size_t i = 0; i < flows_.size(); ++i) {

@@ -66,7 +66,7 @@ class FlowNetwork final : public EventSource {
   /// Releases those of `links` that `owner` claimed.
   void release(std::span<const LinkId> links, int32_t owner);
   /// Moves every flow in flight here (draining, or delivered after its latency) into
-  /// `dst` with its state and cookie, its times shifted by `offset`; this network is left
+  /// another network `dst` with its state and cookie, its times shifted by `offset`; this network is left
   /// empty and its events cancelled. Returns how many flows moved. The moved flows keep
   /// their rates until `dst` next re-solves their links, so their links there must carry
   /// nothing else (claimed ones). REQUIRES: no re-solve pending here (run the queue
