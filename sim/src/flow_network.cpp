@@ -39,11 +39,17 @@ void FlowNetwork::enter_links(int32_t f) {
   }
 }
 
+void FlowNetwork::drain_at(int32_t f, Time when) {
+  Flow& fl = flows_[f];
+  fl.until = when;
+  fl.next = queue_.schedule_at(when, *this, static_cast<uint32_t>(2 * f));
+}
+
 void FlowNetwork::deliver_after(int32_t f, Time when) {
   Flow& fl = flows_[f];
   fl.phase = Flow::kDelivering;
   fl.until = when;
-  fl.drained = queue_.schedule_at(when, *this, 2 * f + 1);
+  fl.next = queue_.schedule_at(when, *this, static_cast<uint32_t>(2 * f + 1));
 }
 
 void FlowNetwork::start(std::span<const LinkId> route, std::span<const double> weights, Bytes bytes,
@@ -99,7 +105,7 @@ int32_t FlowNetwork::move_to(FlowNetwork& dst, Time offset) {
   for (size_t i = 0; i < flows_.size(); ++i) {
     Flow& src = flows_[i];
     if (src.phase == Flow::kFree) continue;
-    queue_.cancel(src.drained);
+    queue_.cancel(src.next);
     const int32_t f = dst.allocate();
     Flow& fl = dst.flows_[f];
     fl.hops.assign(src.hops.begin(), src.hops.end());
@@ -113,8 +119,7 @@ int32_t FlowNetwork::move_to(FlowNetwork& dst, Time offset) {
     } else {
       HETPAR_CHECK(src.rate > 0, "move_to: flow {} not yet solved", i);
       fl.phase = Flow::kDraining;
-      fl.until = src.until + offset;
-      fl.drained = dst.queue_.schedule_at(fl.until, dst, static_cast<uint32_t>(2 * f));
+      dst.drain_at(f, src.until + offset);
       dst.enter_links(f);
       for (const Hop& h : src.hops) on_link_[h.link].clear();
     }
@@ -221,10 +226,9 @@ void FlowNetwork::commit(Time now) {
     fl.remaining = std::max(0.0, fl.remaining - fl.rate * (now - fl.since).to_seconds());
     fl.since = now;
     fl.rate = rate;
-    queue_.cancel(fl.drained);
+    queue_.cancel(fl.next);
     HETPAR_CHECK(rate > 0, "flow {} got no bandwidth", comp_flows_[i]);
-    fl.until = now + Time::seconds(fl.remaining / rate);
-    fl.drained = queue_.schedule_at(fl.until, *this, static_cast<uint32_t>(2 * comp_flows_[i]));
+    drain_at(comp_flows_[i], now + Time::seconds(fl.remaining / rate));
   }
 }
 

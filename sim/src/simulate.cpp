@@ -22,7 +22,7 @@ struct Plan {
   std::vector<double> share;         // per flow started: the share of S of each member
   std::vector<int32_t> route_begin;  // started flow i's links are links[route_begin[i] .. [i+1])
   std::vector<LinkId> links;
-  std::vector<LinkId> link_set;  // the distinct links of links (what a deferred one claims)
+  std::vector<LinkId> link_set;  // the distinct links of links (what it occupies or claims)
   std::vector<int32_t> members;  // parallel to links: the flows of the bundle crossing it
   std::vector<double> weights;   // parallel to links; empty when all 1
   double seconds_per_byte = 0;
@@ -984,7 +984,7 @@ void Engine::find_uncontended() {
     last_plan = &p;
     last_refs = refs;
     const int32_t first = stream_of(refs[0]);
-    for (LinkId l : p.links) {
+    for (LinkId l : p.link_set) {
       int32_t& o = owner[l.value()];
       if (o == -1)
         o = first;
@@ -998,7 +998,7 @@ void Engine::find_uncontended() {
     const Task& task = g_.task(TaskId(t));
     if (p.private_links < 0) {
       p.private_links = 1;
-      for (LinkId l : p.links)
+      for (LinkId l : p.link_set)
         if (owner[l.value()] < 0) p.private_links = 0;
     }
     bool alone = p.private_links == 1;

@@ -66,8 +66,8 @@ class FlowNetwork final : public EventSource {
   /// Releases those of `links` that `owner` claimed.
   void release(std::span<const LinkId> links, int32_t owner);
   /// Moves every flow in flight here (draining, or delivered after its latency) into
-  /// another network `dst` with its state and cookie, its times shifted by `offset`; this network is left
-  /// empty and its events cancelled. Returns how many flows moved. The moved flows keep
+  /// another network `dst` with its state and cookie, its times shifted by `offset`; this network
+  /// is left empty and its events cancelled. Returns how many flows moved. The moved flows keep
   /// their rates until `dst` next re-solves their links, so their links there must carry
   /// nothing else (claimed ones). REQUIRES: no re-solve pending here (run the queue
   /// through the current instant first).
@@ -89,15 +89,16 @@ class FlowNetwork final : public EventSource {
     double rate = 0;        // bytes/s since `since` (0: not yet solved)
     Time since;
     Time latency;
-    Time until;           // when it drains (rate > 0) or, drained, is delivered
-    EventHandle drained;  // or, once drained, its delivery
+    Time until;        // when it drains (rate > 0) or, drained, is delivered
+    EventHandle next;  // that event
     uint32_t cookie = 0;
     enum Phase : uint8_t { kFree, kDraining, kDelivering } phase = kFree;
   };
   static constexpr uint32_t kCommitTag = UINT32_MAX;
 
   int32_t allocate();
-  void enter_links(int32_t f);  // lists flow f on its hops' links
+  void enter_links(int32_t f);          // lists flow f on its hops' links
+  void drain_at(int32_t f, Time when);  // schedules flow f's drain (its rate is set)
   void deliver_after(int32_t f, Time when);
   void mark_dirty(int32_t link);
   void commit(Time now);
