@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "hetpar/core/check.h"
 #include "hetpar/models/op_graph.h"
@@ -195,7 +196,10 @@ class Estimator {
   void add_module(size_t i) {
     const models::ModuleSpec& spec = s_.model.modules[i].spec;
     const models::ModuleKind kind = models::kind_of(spec);
-    const models::OpGraph g = module_graph(s_, i, l_, ExpertLoad::kMean);
+    std::optional<models::OpGraph> own;
+    const models::OpGraph& g = opts_.graphs
+                                   ? opts_.graphs->get(s_, i, l_, ExpertLoad::kMean)
+                                   : own.emplace(module_graph(s_, i, l_, ExpertLoad::kMean));
     const auto* llm = std::get_if<models::LlmSpec>(&spec);
     const double vocab_params =
         llm ? static_cast<double>(llm->vocab) * static_cast<double>(llm->block.hidden) : 0;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "hetpar/core/check.h"
 #include "hetpar/models/totals.h"
 
 namespace hetpar::planner {
@@ -100,14 +101,35 @@ models::ModuleInput module_input(const Scenario& s, size_t index, int64_t micro_
   return in;
 }
 
-models::OpGraph module_graph(const Scenario& s, size_t index, const Layout& l, ExpertLoad load) {
+namespace {
+
+models::ModuleInput graph_input(const Scenario& s, size_t index, const Layout& l, ExpertLoad load) {
   models::ModuleInput in = module_input(s, index, l.micro_batch);
   in.flash_attention = l.flash_attention;
   in.fused_projections = l.fused_projections;
   in.repeat_kv = l.repeat_kv;
   in.moe_capacity_factor = load == ExpertLoad::kRouted ? 0 : l.moe_capacity_factor;
   in.moe_load_imbalance = load == ExpertLoad::kTimed ? l.moe_rank_load() : 1;
-  return models::build_op_graph(s.model.modules[index].spec, in);
+  return in;
+}
+
+}  // namespace
+
+models::OpGraph module_graph(const Scenario& s, size_t index, const Layout& l, ExpertLoad load) {
+  return models::build_op_graph(s.model.modules[index].spec, graph_input(s, index, l, load));
+}
+
+const models::OpGraph& ModuleGraphCache::get(const Scenario& s, size_t index, const Layout& l,
+                                             ExpertLoad load) {
+  HETPAR_CHECK(scenario_ == nullptr || scenario_ == &s, "a ModuleGraphCache serves one scenario");
+  scenario_ = &s;
+  const models::ModuleInput in = graph_input(s, index, l, load);
+  for (const Entry& e : entries_)
+    if (e.index == index && e.input == in) return *e.graph;
+  entries_.push_back({index, in,
+                      std::make_unique<const models::OpGraph>(
+                          models::build_op_graph(s.model.modules[index].spec, in))});
+  return *entries_.back().graph;
 }
 
 }  // namespace hetpar::planner

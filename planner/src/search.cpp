@@ -1069,8 +1069,9 @@ class Searcher {
   }
 
   // Why `p`'s memory does not fit the GPUs or the search's cap ("" when it does).
-  std::string memory_verdict(const Plan& p) const {
-    const MemoryReport mem = estimate_memory(s_, p);
+  // `graphs`: the calling thread's (MemoryOptions::graphs).
+  std::string memory_verdict(const Plan& p, ModuleGraphCache& graphs) const {
+    const MemoryReport mem = estimate_memory(s_, p, {.graphs = &graphs});
     if (!mem.fits())
       return fmt::format("out of memory: pipeline stage {} needs {} per GPU, the GPUs have {}",
                          mem.tightest_stage, mem.tightest(), mem.capacity());
@@ -1798,6 +1799,7 @@ Result<SearchResult> search(const Scenario& s, const SearchOptions& o) {
   eo.exposed_by_kind = true;
   // Each thread refills one graph and one set of simulator arrays, plan after plan.
   tbb::enumerable_thread_specific<Workspace> workspaces;
+  tbb::enumerable_thread_specific<ModuleGraphCache> graph_caches;
   size_t next = 0;
   // A batch is kBatch plans that will run: candidates are admitted in bound order, checked
   // for memory (in parallel, a chunk at a time) and kept when they fit, until the batch is
@@ -1858,7 +1860,7 @@ Result<SearchResult> search(const Scenario& s, const SearchOptions& o) {
                 "is simulated on every rank)",
                 tasks / 1e6, static_cast<double>(s.search.max_sim_tasks) / 1e6);
           else
-            why[i] = searcher.memory_verdict(chunk_plans[i]);
+            why[i] = searcher.memory_verdict(chunk_plans[i], graph_caches.local());
         });
       });
       for (size_t i = 0; i < chunk.size(); ++i) {

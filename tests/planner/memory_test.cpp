@@ -280,6 +280,43 @@ TEST(MemoryModelState, Fsdp2KeepsTheHeadAndTheRootGathered) {
   EXPECT_NEAR(b.weights.as_double(), (params / 8 + head + vocab + 3 * layer) * 2, 1e-9 * params);
 }
 
+// A search thread's estimates take the op graphs from one ModuleGraphCache across its
+// layouts: each estimate equals the one built afresh, and a graph is built once per module
+// and graph input (the micro-batch size, the attention kernel, token dropping, ...).
+TEST(MemoryGraphCache, EstimatesEqualFreshOnesAndEachGraphIsBuiltOnce) {
+  Scenario vlm =
+      scenario(R"("llava-1.5-7b")", 4096, 16, R"({"profile": "dgx-h100", "nodes": 1})", 1);
+  Scenario moe = scenario(R"("mixtral-8x7b")", 4096, 64);
+  std::vector<Layout> layouts;
+  for (int64_t mb : {1, 2})
+    for (bool flash : {true, false})
+      for (double capacity : {0.0, 1.0})
+        layouts.push_back({.tp = 2,
+                           .pp = 2,
+                           .dp = 2,
+                           .micro_batch = static_cast<int>(mb),
+                           .flash_attention = flash,
+                           .moe_capacity_factor = capacity});
+  for (Scenario* s : {&vlm, &moe}) {
+    ModuleGraphCache cache;
+    for (int round = 0; round < 2; ++round)
+      for (Layout l : layouts) {
+        if (s == &moe) l.ep = 2;
+        const MemoryReport fresh = estimate_memory(*s, plan(l));
+        const MemoryReport cached = estimate_memory(*s, plan(l), {.graphs = &cache});
+        EXPECT_EQ(cached.per_stage, fresh.per_stage)
+            << "micro-batch " << l.micro_batch << " flash " << l.flash_attention << " capacity "
+            << l.moe_capacity_factor;
+      }
+    // Two micro-batch sizes x two attention kernels x two capacity factors, per module.
+    EXPECT_EQ(cache.size(), 8 * s->model.modules.size());
+  }
+  ModuleGraphCache cache;
+  const Layout l{.tp = 2, .pp = 2, .dp = 2};
+  EXPECT_EQ(&cache.get(vlm, 0, l, ExpertLoad::kMean), &cache.get(vlm, 0, l, ExpertLoad::kMean));
+  EXPECT_NE(&cache.get(vlm, 0, l, ExpertLoad::kMean), &cache.get(vlm, 1, l, ExpertLoad::kMean));
+}
+
 TEST(MemoryModelState, RoutedExpertsSplitByEp) {
   // Mixtral 8x7B: 32 layers x 8 experts x 3 x 4096 x 14336 expert parameters; EP 8 keeps
   // one expert per layer and rank, whose optimizer state the distributed optimizer shards

@@ -165,6 +165,7 @@ struct ModuleInput {
   // False: the kernel reads the kv heads itself (grouped-query attention in Transformer
   // Engine, FlashAttention, cuDNN).
   bool repeat_kv = false;
+  bool operator==(const ModuleInput&) const = default;
 };
 
 /// Which of a transformer stack's layers differ from the rest, and how: an MoE LLM's dense

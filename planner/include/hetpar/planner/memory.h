@@ -95,6 +95,9 @@ struct MemoryOptions {
   /// activations (the model state lives in contiguous buffers allocated once; activations
   /// are allocated and freed every micro-batch).
   double fragmentation = 0.1;
+  /// Where to take the modules' op graphs from (a search thread's, across its layouts);
+  /// null: built afresh. The estimate does not depend on it.
+  ModuleGraphCache* graphs = nullptr;
 };
 
 /// Per-stage memory of `p` on `s`. Communication buffers: pipeline send and receive

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -198,5 +199,26 @@ enum class ExpertLoad { kTimed, kMean, kRouted };
 /// (Layout::flash_attention), its experts at `load`.
 models::OpGraph module_graph(const Scenario& s, size_t index, const Layout& l,
                              ExpertLoad load = ExpertLoad::kTimed);
+
+/// module_graph()'s results kept per module and graph input, for a caller that asks for
+/// the graphs of many layouts of one scenario (a search thread's memory estimates: tens of
+/// thousands of layouts share a handful of micro-batch sizes). Not thread-safe.
+class ModuleGraphCache {
+ public:
+  /// module_graph(s, index, l, load), built on the first request for its input. REQUIRES:
+  /// the same `s` on every call.
+  const models::OpGraph& get(const Scenario& s, size_t index, const Layout& l, ExpertLoad load);
+  /// Graphs built so far.
+  size_t size() const { return entries_.size(); }
+
+ private:
+  struct Entry {
+    size_t index;
+    models::ModuleInput input;
+    std::unique_ptr<const models::OpGraph> graph;  // a stable address across insertions
+  };
+  const Scenario* scenario_ = nullptr;
+  std::vector<Entry> entries_;
+};
 
 }  // namespace hetpar::planner
