@@ -25,13 +25,17 @@ int run_validation(const ValidationOptions& opts) {
         Status::invalid_argument(fmt::format("{}: no run files (*.json)", opts.dir)));
   std::sort(files.begin(), files.end());
 
-  std::vector<planner::RunComparison> rows;
+  std::vector<planner::PublishedRun> runs;
   for (const std::string& f : files) {
     auto run = planner::load_published_run(f);
     if (!run.is_ok()) return report_error(run.status());
-    auto c = planner::compare(*run);
-    if (!c.is_ok()) return report_error(c.status().with_context(f));
-    rows.push_back(std::move(c).value());
+    runs.push_back(std::move(run).value());
+  }
+  std::vector<planner::RunComparison> rows;
+  std::vector<Result<planner::RunComparison>> compared = planner::compare_all(runs, opts.threads);
+  for (size_t i = 0; i < compared.size(); ++i) {
+    if (!compared[i].is_ok()) return report_error(compared[i].status().with_context(files[i]));
+    rows.push_back(std::move(compared[i]).value());
   }
 
   double sum = 0, worst = 0;

@@ -62,6 +62,7 @@ struct ValidationOptions {
   bool json = false;
   double max_mean_error = 0;  // fractions; 0 = no bound
   double max_error = 0;
+  int threads = 0;  // runs predicted at once; 0 = every core
 };
 /// Exit 4 when a bound is given and missed.
 int run_validation(const ValidationOptions& opts);

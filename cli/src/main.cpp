@@ -95,6 +95,9 @@ int main(int argc, char** argv) {
                              "Fail (exit 4) when the mean |error| exceeds this fraction");
   cmd_validation->add_option("--max-error", validation.max_error,
                              "Fail (exit 4) when any |error| exceeds this fraction");
+  cmd_validation
+      ->add_option("--threads", validation.threads, "Runs predicted at once (default: every core)")
+      ->check(CLI::Range(1, 1024));
 
   ValidateOptions validate;
   auto* cmd_validate = app.add_subcommand(

@@ -1,8 +1,13 @@
 #include "hetpar/planner/published_run.h"
 
+#include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <optional>
+#include <thread>
 
 #include "hetpar/core/check.h"
 #include "hetpar/models/totals.h"
@@ -86,6 +91,20 @@ Result<RunComparison> compare(const PublishedRun& run) {
   HETPAR_ASSIGN_OR_RETURN(c.predicted, evaluate(run.scenario, *run.scenario.plan, o));
   if (c.predicted.feasible) c.error = c.predicted.iteration_time / c.measured - 1.0;
   return c;
+}
+
+std::vector<Result<RunComparison>> compare_all(std::span<const PublishedRun> runs, int threads) {
+  std::vector<std::optional<Result<RunComparison>>> out(runs.size());
+  tbb::task_arena arena(
+      threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  // One run per task: a run's evaluation shares nothing with another's.
+  arena.execute([&] {
+    tbb::parallel_for(size_t{0}, runs.size(), [&](size_t i) { out[i] = compare(runs[i]); });
+  });
+  std::vector<Result<RunComparison>> results;
+  results.reserve(runs.size());
+  for (auto& r : out) results.push_back(std::move(*r));
+  return results;
 }
 
 std::vector<SourceSummary> summarize_by_source(const std::vector<RunComparison>& rows) {

@@ -1,5 +1,6 @@
 #include "hetpar/planner/published_run.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -139,6 +140,32 @@ TEST(PublishedRun, ComparisonCarriesTheSourceDocument) {
   ASSERT_TRUE(c.is_ok()) << c.status().to_string();
   EXPECT_EQ(c->source.find("https://github.com/NVIDIA/NeMo/blob/"), 0u) << c->source;
   EXPECT_EQ(c->source.find("rendered"), std::string::npos) << c->source;
+}
+
+// compare_all() runs the comparisons on threads: each slot holds its own run's comparison,
+// as compare() alone gives it, at any thread count.
+TEST(PublishedRun, CompareAllGivesEachRunItsOwnComparison) {
+  std::vector<PublishedRun> runs;
+  for (const char* name :
+       {"nemo-24.07-llama3-8b-8xh100-fp8", "megatron-2022-gpt-22b-8xa100-full",
+        "torchtitan-2025.06-llama3-8b-32xh200-fp8", "megatron-2022-gpt-22b-8xa100-selective",
+        "dgxc-25.04-llama31-8b-8xh100-bf16"}) {
+    auto run =
+        load_published_run(fmt::format("{}/validation/runs/{}.json", HETPAR_SOURCE_DIR, name));
+    ASSERT_TRUE(run.is_ok()) << run.status().to_string();
+    runs.push_back(std::move(run).value());
+  }
+  for (int threads : {1, 2, 3}) {
+    const auto all = compare_all(runs, threads);
+    ASSERT_EQ(all.size(), runs.size());
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const auto alone = compare(runs[i]);
+      ASSERT_TRUE(alone.is_ok() && all[i].is_ok()) << runs[i].scenario.name;
+      EXPECT_EQ(all[i]->name, runs[i].scenario.name) << threads;
+      EXPECT_EQ(all[i]->predicted.iteration_time, alone->predicted.iteration_time) << i;
+      EXPECT_EQ(all[i]->error, alone->error) << i;
+    }
+  }
 }
 
 }  // namespace

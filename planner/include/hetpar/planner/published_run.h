@@ -5,6 +5,7 @@
 // as time (like with like); see docs/validation.md.
 #pragma once
 
+#include <span>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,9 @@ struct RunComparison {
 };
 
 Result<RunComparison> compare(const PublishedRun& run);
+/// compare() of each run, `threads` of them at a time (0: every core): entry i is what
+/// compare(runs[i]) gives alone, whatever the thread count.
+std::vector<Result<RunComparison>> compare_all(std::span<const PublishedRun> runs, int threads = 0);
 
 /// The error of one source document's runs (only the predicted ones count).
 struct SourceSummary {
