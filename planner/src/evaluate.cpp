@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <thread>
 
 #include "hetpar/core/format.h"
 #include "hetpar/planner/lower.h"
@@ -181,6 +182,11 @@ Result<PlanMetrics> evaluate(const Scenario& s, const Plan& p, const EvaluateOpt
     o.workspace->sim.recycle(std::move(r));
   }
   return m;
+}
+
+int evaluation_threads(int requested) {
+  return requested > 0 ? requested
+                       : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
 }  // namespace hetpar::planner

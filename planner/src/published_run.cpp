@@ -7,7 +7,6 @@
 #include <cmath>
 #include <filesystem>
 #include <optional>
-#include <thread>
 
 #include "hetpar/core/check.h"
 #include "hetpar/models/totals.h"
@@ -95,8 +94,7 @@ Result<RunComparison> compare(const PublishedRun& run) {
 
 std::vector<Result<RunComparison>> compare_all(std::span<const PublishedRun> runs, int threads) {
   std::vector<std::optional<Result<RunComparison>>> out(runs.size());
-  tbb::task_arena arena(
-      threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  tbb::task_arena arena(evaluation_threads(threads));
   // One run per task: a run's evaluation shares nothing with another's.
   arena.execute([&] {
     tbb::parallel_for(size_t{0}, runs.size(), [&](size_t i) { out[i] = compare(runs[i]); });

@@ -11,7 +11,6 @@
 #include <deque>
 #include <map>
 #include <numeric>
-#include <thread>
 #include <tuple>
 
 #include "hetpar/core/format.h"
@@ -329,10 +328,13 @@ using Groups = hardware::ClusterSpec::GroupRange;
 // layer move a layer or two, and each sized layout doubles a pipeline's candidates.
 constexpr double kMinStageGain = 0.01;
 
-// Per-thread memo of module times, keyed by what module_cost depends on.
+// Per-thread memo of module times, keyed by what module_cost depends on, and of the
+// modules' op graphs (which the thread's memory estimates take too).
 class CostCache {
  public:
   explicit CostCache(const Scenario& s) : s_(s), collectives_(collective_config(s.cluster)) {}
+
+  ModuleGraphCache& graphs() { return graphs_; }
 
   // The module's time on each node group (cluster.groups() order). Not keyed by what one
   // search fixes for all its layouts (the cross-entropy fusion, the MoE capacity factor).
@@ -347,7 +349,7 @@ class CostCache {
         context_parallel, frozen);
     auto it = memo_.find(key);
     if (it != memo_.end()) return it->second;
-    const models::OpGraph g = module_graph(s_, module, l);
+    const models::OpGraph& g = graphs_.get(s_, module, l, ExpertLoad::kTimed);
     std::vector<ModuleTime> times;
     for (size_t gi = 0; gi < s_.cluster.groups().size(); ++gi) {
       const hardware::NodeGroup& group = s_.cluster.groups()[gi];
@@ -443,6 +445,7 @@ class CostCache {
  private:
   const Scenario& s_;
   const sim::CollectiveConfig collectives_;  // what simulate() gets: its size scales
+  ModuleGraphCache graphs_;
   std::map<std::tuple<size_t, int, int, bool, int, int, bool, bool, bool, bool, bool, bool, bool,
                       bool, int, int, int, int, int, int, bool, bool, int, bool, bool>,
            std::vector<ModuleTime>>
@@ -1702,8 +1705,7 @@ Result<SearchResult> search(const Scenario& s, const SearchOptions& o) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
   SearchResult res;
-  res.threads = o.threads > 0 ? o.threads
-                              : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  res.threads = evaluation_threads(o.threads);
   tbb::task_arena arena(res.threads);
   Searcher searcher(s, o);
   const int top_k = searcher.top_k();
@@ -1799,7 +1801,6 @@ Result<SearchResult> search(const Scenario& s, const SearchOptions& o) {
   eo.exposed_by_kind = true;
   // Each thread refills one graph and one set of simulator arrays, plan after plan.
   tbb::enumerable_thread_specific<Workspace> workspaces;
-  tbb::enumerable_thread_specific<ModuleGraphCache> graph_caches;
   size_t next = 0;
   // A batch is kBatch plans that will run: candidates are admitted in bound order, checked
   // for memory (in parallel, a chunk at a time) and kept when they fit, until the batch is
@@ -1860,7 +1861,7 @@ Result<SearchResult> search(const Scenario& s, const SearchOptions& o) {
                 "is simulated on every rank)",
                 tasks / 1e6, static_cast<double>(s.search.max_sim_tasks) / 1e6);
           else
-            why[i] = searcher.memory_verdict(chunk_plans[i], graph_caches.local());
+            why[i] = searcher.memory_verdict(chunk_plans[i], caches.local().graphs());
         });
       });
       for (size_t i = 0; i < chunk.size(); ++i) {

@@ -109,4 +109,8 @@ inline constexpr int64_t kMaxSimulatedTasks = 20'000'000;
 /// feasible = false and the reason.
 Result<PlanMetrics> evaluate(const Scenario& s, const Plan& p, const EvaluateOptions& o = {});
 
+/// Threads for evaluating plans in parallel (a search, a validation): `requested` when
+/// > 0, else every core the machine reports (at least 1).
+int evaluation_threads(int requested);
+
 }  // namespace hetpar::planner
