@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <span>
 
 #include "hetpar/core/check.h"
 #include "hetpar/models/op_graph.h"
@@ -89,19 +90,16 @@ Bytes to_bytes(double b) {
   return Bytes(std::llround(b));
 }
 
-bool is_routed_expert(const models::Op& op) {
-  return op.name.starts_with("expert_");
-}
-
 // Parameters of `op` one rank holds. `stem`: an encoder op ahead of its layers (patch
 // embedding, audio convolutions), run on full tensors. `vocab_params`: the LLM's token table.
-double local_params(const models::Op& op, bool stem, const Layout& l, double vocab_params) {
+double local_params(const models::Op& op, const OpNameTraits& t, bool stem, const Layout& l,
+                    double vocab_params) {
   const double all = static_cast<double>(op.params);
   // (A multi-token-prediction depth's lookup owns none: it shares the table.)
   if (op.kind == models::OpKind::kEmbedding && op.params > 0)
     return all - vocab_params + vocab_params / l.tp;
-  if (op.kind != models::OpKind::kGemm || op.name == "router" || stem) return all;
-  return all / (is_routed_expert(op) ? l.expert_tp() * l.ep : l.tp);
+  if (op.kind != models::OpKind::kGemm || t.router || stem) return all;
+  return all / (t.routed_expert ? l.expert_tp() * l.ep : l.tp);
 }
 
 // Share of op's saved activations one rank keeps: CP splits every token; TP splits the
@@ -110,15 +108,11 @@ double local_params(const models::Op& op, bool stem, const Layout& l, double voc
 // whole TP group (cost_model.cpp: gathered after the EP all-to-all), and the overlapped
 // shared experts' first (Layout::moe_shared_expert_overlap: a Linear without parallel mode
 // saves the input Megatron's mapping gathered).
-double activation_share(const models::Op& op, bool stem, const Layout& l) {
-  const bool inside_tp = op.kind == models::OpKind::kAttention ||
-                         op.kind == models::OpKind::kLoss || op.name == "attn_out" ||
-                         op.name == "qk_norm" || op.name.ends_with("act") ||
-                         op.name.ends_with("fc2");
+double activation_share(const models::Op& op, const OpNameTraits& t, bool stem, const Layout& l) {
   const bool gathered_experts =
-      (is_routed_expert(op) && op.name.ends_with("fc1") && l.expert_tp() > 1) ||
-      (l.overlaps_shared_experts() && op.layer >= 0 && op.name == "shared_expert_fc1");
-  const int tp = !stem && !gathered_experts && (l.sequence_parallel || inside_tp) ? l.tp : 1;
+      (t.routed_fc1 && l.expert_tp() > 1) ||
+      (l.overlaps_shared_experts() && op.layer >= 0 && t.shared_expert_fc1);
+  const int tp = !stem && !gathered_experts && (l.sequence_parallel || t.inside_tp) ? l.tp : 1;
   return 1.0 / (static_cast<double>(tp) * l.cp);
 }
 
@@ -128,8 +122,8 @@ double activation_share(const models::Op& op, bool stem, const Layout& l) {
 // element instead of the 16-bit input (transformer_engine/pytorch/module/linear.py,
 // layernorm_linear.py: ctx.save_for_backward(inputmat_t if fp8_wgrad ...)). The output
 // layer is Megatron's own ColumnParallelLinear and keeps its bf16 input.
-double precision_share(const models::Op& op, hardware::Precision p, int dtype_bytes) {
-  return p == hardware::Precision::kFp8 && is_fp8_linear(op) ? 1.0 / dtype_bytes : 1.0;
+double precision_share(const OpNameTraits& t, hardware::Precision p, int dtype_bytes) {
+  return p == hardware::Precision::kFp8 && t.fp8_linear ? 1.0 / dtype_bytes : 1.0;
 }
 
 // Model chunk of each layer: pp * vpp chunks of consecutive layers, as the layout splits
@@ -197,9 +191,20 @@ class Estimator {
     const models::ModuleSpec& spec = s_.model.modules[i].spec;
     const models::ModuleKind kind = models::kind_of(spec);
     std::optional<models::OpGraph> own;
-    const models::OpGraph& g = opts_.graphs
-                                   ? opts_.graphs->get(s_, i, l_, ExpertLoad::kMean)
-                                   : own.emplace(module_graph(s_, i, l_, ExpertLoad::kMean));
+    std::vector<OpNameTraits> own_traits;
+    const models::OpGraph* graph;
+    std::span<const OpNameTraits> traits;
+    if (opts_.graphs) {
+      const ModuleGraphCache::WithTraits c =
+          opts_.graphs->get_with_traits(s_, i, l_, ExpertLoad::kMean);
+      graph = &c.graph;
+      traits = c.traits;
+    } else {
+      graph = &own.emplace(module_graph(s_, i, l_, ExpertLoad::kMean));
+      own_traits = op_name_traits(*graph);
+      traits = own_traits;
+    }
+    const models::OpGraph& g = *graph;
     const auto* llm = std::get_if<models::LlmSpec>(&spec);
     const double vocab_params =
         llm ? static_cast<double>(llm->vocab) * static_cast<double>(llm->block.hidden) : 0;
@@ -219,16 +224,18 @@ class Estimator {
     std::vector<double> unit(static_cast<size_t>(layers) + 2), unit_bytes(unit.size());
     bool before_layers = true;
     std::vector<bool> dispatches(stages_.size());  // stages holding a MoE layer's dispatch
-    for (const models::Op& op : g.ops) {
+    for (size_t oi = 0; oi < g.ops.size(); ++oi) {
+      const models::Op& op = g.ops[oi];
+      const OpNameTraits& tr = traits[oi];
       if (op.layer >= 0) before_layers = false;
-      if (op.layer >= 0 && op.name == "moe_dispatch")
+      if (op.layer >= 0 && tr.moe_dispatch)
         dispatches[static_cast<size_t>(stage_of[op.layer])] = true;
       const bool head = (llm || encoder) && op.layer < 0 && !before_layers;
       const bool stem = before_layers && models::is_encoder(kind);
       const int st = op.layer >= 0 ? stage_of[op.layer] : head ? last : home;
-      const double params = local_params(op, stem, l_, vocab_params);
-      const bool fp8 = is_fp8_linear(op);
-      add_params(st, params, is_routed_expert(op), fp8);
+      const double params = local_params(op, tr, stem, l_, vocab_params);
+      const bool fp8 = tr.fp8_linear;
+      add_params(st, params, tr.routed_expert, fp8);
       const size_t u = op.layer >= 0 ? static_cast<size_t>(op.layer) + 2 : before_layers ? 0 : 1;
       unit[u] += params;
       const double bytes = held_weight_bytes(params, fp8 ? params : 0, s_.workload.precision, l_);
@@ -247,12 +254,12 @@ class Estimator {
                                 l_.cross_entropy_fusion == CrossEntropy::kCompiled;
       const double loss_share =
           op.kind == models::OpKind::kLoss && keeps_logits ? g.dtype_bytes / 4.0 : 1.0;
-      const double share = activation_share(op, stem, l_) *
-                           precision_share(op, s_.workload.precision, g.dtype_bytes) * loss_share;
+      const double share = activation_share(op, tr, stem, l_) *
+                           precision_share(tr, s_.workload.precision, g.dtype_bytes) * loss_share;
       // selective_op keeps outputs, which FP8 does not shrink (precision_share is the FP8
       // input copy Transformer Engine keeps).
       const double kept_share = l_.recompute == models::Recompute::kSelectiveOp && op.layer >= 0
-                                    ? activation_share(op, stem, l_)
+                                    ? activation_share(op, tr, stem, l_)
                                     : share;
       const double kept =
           frozen_ ? 0 : models::kept_bytes(op, l_.recompute_policy(), g.dtype_bytes) * kept_share;

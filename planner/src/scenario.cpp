@@ -4,6 +4,7 @@
 
 #include "hetpar/core/check.h"
 #include "hetpar/models/totals.h"
+#include "hetpar/planner/memory.h"
 
 namespace hetpar::planner {
 
@@ -119,17 +120,50 @@ models::OpGraph module_graph(const Scenario& s, size_t index, const Layout& l, E
   return models::build_op_graph(s.model.modules[index].spec, graph_input(s, index, l, load));
 }
 
-const models::OpGraph& ModuleGraphCache::get(const Scenario& s, size_t index, const Layout& l,
-                                             ExpertLoad load) {
+ModuleGraphCache::Entry& ModuleGraphCache::entry(const Scenario& s, size_t index, const Layout& l,
+                                                 ExpertLoad load) {
   HETPAR_CHECK(scenario_ == nullptr || scenario_ == &s, "a ModuleGraphCache serves one scenario");
   scenario_ = &s;
   const models::ModuleInput in = graph_input(s, index, l, load);
-  for (const Entry& e : entries_)
-    if (e.index == index && e.input == in) return *e.graph;
-  entries_.push_back({index, in,
+  for (Entry& e : entries_)
+    if (e.index == index && e.input == in) return e;
+  entries_.push_back({index,
+                      in,
                       std::make_unique<const models::OpGraph>(
-                          models::build_op_graph(s.model.modules[index].spec, in))});
-  return *entries_.back().graph;
+                          models::build_op_graph(s.model.modules[index].spec, in)),
+                      {}});
+  return entries_.back();
+}
+
+const models::OpGraph& ModuleGraphCache::get(const Scenario& s, size_t index, const Layout& l,
+                                             ExpertLoad load) {
+  return *entry(s, index, l, load).graph;
+}
+
+ModuleGraphCache::WithTraits ModuleGraphCache::get_with_traits(const Scenario& s, size_t index,
+                                                               const Layout& l, ExpertLoad load) {
+  Entry& e = entry(s, index, l, load);
+  if (e.traits.size() != e.graph->ops.size()) e.traits = op_name_traits(*e.graph);
+  return {*e.graph, e.traits};
+}
+
+std::vector<OpNameTraits> op_name_traits(const models::OpGraph& g) {
+  std::vector<OpNameTraits> out;
+  out.reserve(g.ops.size());
+  for (const models::Op& op : g.ops) {
+    OpNameTraits t;
+    t.routed_expert = op.name.starts_with("expert_");
+    t.router = op.name == "router";
+    t.moe_dispatch = op.name == "moe_dispatch";
+    t.fp8_linear = is_fp8_linear(op);
+    t.inside_tp = op.kind == models::OpKind::kAttention || op.kind == models::OpKind::kLoss ||
+                  op.name == "attn_out" || op.name == "qk_norm" || op.name.ends_with("act") ||
+                  op.name.ends_with("fc2");
+    t.routed_fc1 = t.routed_expert && op.name.ends_with("fc1");
+    t.shared_expert_fc1 = op.name == "shared_expert_fc1";
+    out.push_back(t);
+  }
+  return out;
 }
 
 }  // namespace hetpar::planner

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "hetpar/models/totals.h"
 
 namespace hetpar::planner {
@@ -315,6 +317,42 @@ TEST(MemoryGraphCache, EstimatesEqualFreshOnesAndEachGraphIsBuiltOnce) {
   const Layout l{.tp = 2, .pp = 2, .dp = 2};
   EXPECT_EQ(&cache.get(vlm, 0, l, ExpertLoad::kMean), &cache.get(vlm, 0, l, ExpertLoad::kMean));
   EXPECT_NE(&cache.get(vlm, 0, l, ExpertLoad::kMean), &cache.get(vlm, 1, l, ExpertLoad::kMean));
+}
+
+// The traits the memory model reads from each op's name, found once per graph: a MoE layer
+// with a shared expert (GLM-4.5-Air) names its routed experts, router, dispatch, shared
+// expert and the ops inside the TP region; get_with_traits() gives get()'s graph.
+TEST(OpNameTraits, NameTheOpsTheMemoryModelTreatsApart) {
+  Scenario s = scenario(R"("glm-4.5-air")", 4096, 64);
+  ModuleGraphCache cache;
+  const Layout l{.tp = 2, .pp = 2, .dp = 2, .ep = 2};
+  const ModuleGraphCache::WithTraits c = cache.get_with_traits(s, 0, l, ExpertLoad::kMean);
+  EXPECT_EQ(&c.graph, &cache.get(s, 0, l, ExpertLoad::kMean));
+  ASSERT_EQ(c.traits.size(), c.graph.ops.size());
+  std::set<std::string> seen;
+  for (size_t i = 0; i < c.graph.ops.size(); ++i) {
+    const models::Op& op = c.graph.ops[i];
+    const OpNameTraits& t = c.traits[i];
+    if (op.layer < 0 || !seen.insert(op.name).second) continue;
+    SCOPED_TRACE(op.name);
+    EXPECT_EQ(t.routed_expert, op.name.starts_with("expert_"));
+    EXPECT_EQ(t.router, op.name == "router");
+    EXPECT_EQ(t.moe_dispatch, op.name == "moe_dispatch");
+    EXPECT_EQ(t.shared_expert_fc1, op.name == "shared_expert_fc1");
+    EXPECT_EQ(t.routed_fc1, op.name == "expert_fc1");
+    if (op.name == "qkv" || op.name == "expert_fc1" || op.name == "shared_expert_fc1") {
+      EXPECT_TRUE(t.fp8_linear && !t.inside_tp);
+    }
+    if (op.name == "attention" || op.name == "attn_out" || op.name == "expert_fc2") {
+      EXPECT_TRUE(t.inside_tp);
+    }
+    if (op.name == "router") {
+      EXPECT_FALSE(t.fp8_linear);
+    }
+  }
+  for (const char* name : {"qkv", "attention", "attn_out", "router", "moe_dispatch", "expert_fc1",
+                           "expert_fc2", "shared_expert_fc1"})
+    EXPECT_TRUE(seen.contains(name)) << name;
 }
 
 TEST(MemoryModelState, RoutedExpertsSplitByEp) {

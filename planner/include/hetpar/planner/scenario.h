@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -200,6 +201,21 @@ enum class ExpertLoad { kTimed, kMean, kRouted };
 models::OpGraph module_graph(const Scenario& s, size_t index, const Layout& l,
                              ExpertLoad load = ExpertLoad::kTimed);
 
+/// What the memory model (memory.cpp) reads from an op's name, decided once per op graph
+/// rather than compared for every op of every layout a search estimates.
+struct OpNameTraits {
+  bool routed_expert = false;      // "expert_*": a routed expert's op
+  bool router = false;             // "router"
+  bool moe_dispatch = false;       // "moe_dispatch"
+  bool fp8_linear = false;         // is_fp8_linear() (memory.h)
+  bool inside_tp = false;          // TP splits its saved tensors without SP (attention, loss,
+                                   // attn_out, qk_norm, *act, *fc2)
+  bool routed_fc1 = false;         // "expert_*fc1"
+  bool shared_expert_fc1 = false;  // "shared_expert_fc1"
+};
+/// The traits of each op of `g`, in order.
+std::vector<OpNameTraits> op_name_traits(const models::OpGraph& g);
+
 /// module_graph()'s results kept per module and graph input, for a caller that asks for
 /// the graphs of many layouts of one scenario (a search thread's memory estimates: tens of
 /// thousands of layouts share a handful of micro-batch sizes). Not thread-safe.
@@ -208,6 +224,12 @@ class ModuleGraphCache {
   /// module_graph(s, index, l, load), built on the first request for its input. REQUIRES:
   /// the same `s` on every call.
   const models::OpGraph& get(const Scenario& s, size_t index, const Layout& l, ExpertLoad load);
+  /// get()'s graph with op_name_traits() of it, found once per graph.
+  struct WithTraits {
+    const models::OpGraph& graph;
+    std::span<const OpNameTraits> traits;
+  };
+  WithTraits get_with_traits(const Scenario& s, size_t index, const Layout& l, ExpertLoad load);
   /// Graphs built so far.
   size_t size() const { return entries_.size(); }
 
@@ -216,7 +238,9 @@ class ModuleGraphCache {
     size_t index;
     models::ModuleInput input;
     std::unique_ptr<const models::OpGraph> graph;  // a stable address across insertions
+    std::vector<OpNameTraits> traits;              // empty until get_with_traits asks
   };
+  Entry& entry(const Scenario& s, size_t index, const Layout& l, ExpertLoad load);
   const Scenario* scenario_ = nullptr;
   std::vector<Entry> entries_;
 };
