@@ -536,6 +536,22 @@ TEST(TaskGraphTest, LabelsAndGroupsAreInterned) {
   EXPECT_EQ(g.streams(a).size(), 2u);
 }
 
+// validate() counts each rank's streams of each kind as simulate() lays them out: one more
+// than the largest index any of the rank's tasks names, with or without the cycle check.
+TEST(TaskGraphTest, ValidateCountsEachRanksStreams) {
+  TaskGraph g;
+  g.add_compute(RankId(0), 1, Time::us(1), Flops(1));
+  g.add_p2p(RankId(0), RankId(2), Bytes(8), 3, 0);
+  const std::vector<RankId> pair = {RankId(0), RankId(2)};
+  g.add_collective({.group = pair, .bytes = Bytes(1), .stream = 1});
+  for (bool cycles : {false, true}) {
+    StreamCounts counts;
+    ASSERT_TRUE(g.validate(3, cycles, &counts).is_ok());
+    EXPECT_EQ(counts.compute, (std::vector<int32_t>{2, 0, 0}));
+    EXPECT_EQ(counts.comm, (std::vector<int32_t>{4, 0, 2}));
+  }
+}
+
 // ---------------------------------------------------------------- simulate(): streams
 
 const Bandwidth kB = Bandwidth::GBps(100);

@@ -140,8 +140,9 @@ namespace {
 
 class Engine final : public EventSource, public FlowNetwork::Observer {
  public:
+  // `counts`: the graph's streams per rank (TaskGraph::validate).
   Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, TraceSink* sink,
-         SimWorkspace* ws);
+         SimWorkspace* ws, StreamCounts counts);
   Result<SimResult> run();
 
   void on_event(Time now, uint32_t tag) override {
@@ -334,7 +335,7 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
 };
 
 Engine::Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, TraceSink* sink,
-               SimWorkspace* ws)
+               SimWorkspace* ws, StreamCounts counts)
     : g_(g),
       net_(net),
       opt_(opt),
@@ -344,13 +345,11 @@ Engine::Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, Tr
       iso_flows_(iso_queue_, net, iso_) {
   const int nr = net.num_ranks();
   const int nt = g.num_tasks();
-  num_compute_.assign(nr, 0);
-  std::vector<int32_t> num_comm(nr, 0);
-  for (int t = 0; t < nt; ++t)
-    for (const StreamRef& s : g.streams(TaskId(t))) {
-      auto& count = s.kind == StreamKind::kCompute ? num_compute_ : num_comm;
-      count[s.rank.value()] = std::max(count[s.rank.value()], s.index + 1);
-    }
+  HETPAR_CHECK(
+      static_cast<int>(counts.compute.size()) == nr && static_cast<int>(counts.comm.size()) == nr,
+      "stream counts for {} / {} ranks, not {}", counts.compute.size(), counts.comm.size(), nr);
+  num_compute_ = std::move(counts.compute);
+  const std::vector<int32_t>& num_comm = counts.comm;
   stream_base_.assign(nr + 1, 0);
   for (int r = 0; r < nr; ++r)
     stream_base_[r + 1] = stream_base_[r] + num_compute_[r] + num_comm[r];
@@ -1105,8 +1104,9 @@ void Engine::finish(Time now, int32_t t) {
 Result<SimResult> simulate(const TaskGraph& graph, const Network& net, const SimOptions& options,
                            TraceSink* sink, SimWorkspace* workspace) {
   HETPAR_RETURN_IF_ERROR(net.validate());
-  HETPAR_RETURN_IF_ERROR(graph.validate(net.num_ranks(), /*cycles=*/false));
-  Engine engine(graph, net, options, sink, workspace);
+  StreamCounts counts;
+  HETPAR_RETURN_IF_ERROR(graph.validate(net.num_ranks(), /*cycles=*/false, &counts));
+  Engine engine(graph, net, options, sink, workspace, std::move(counts));
   return engine.run();
 }
 

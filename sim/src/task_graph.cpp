@@ -252,7 +252,7 @@ Status TaskGraph::cycle_error(TaskId first, int stuck) const {
       first.value(), to_string(task.kind), label_text(task.label.name), stuck, num_tasks()));
 }
 
-Status TaskGraph::validate(int num_ranks, bool cycles) const {
+Status TaskGraph::validate(int num_ranks, bool cycles, StreamCounts* counts) const {
   const int n = num_tasks();
   auto fail = [&](int t, std::string_view what) {
     std::string_view name = label_text(tasks_[t].label.name);
@@ -346,7 +346,10 @@ Status TaskGraph::validate(int num_ranks, bool cycles) const {
     if (!before.valid() || before.value() >= n || !after.valid() || after.value() >= n)
       return Status::invalid_argument(
           fmt::format("dependency {} -> {}: unknown task (graph has {})", before, after, n));
-  if (!cycles) return Status::ok();
+  if (!cycles) {
+    if (counts) *counts = {std::move(num_compute), std::move(num_comm)};
+    return Status::ok();
+  }
 
   // Edges (CSR): explicit dependencies, then each stream's program order (consecutive
   // tasks on one stream). Streams get dense ids: rank by rank, compute before comm.
@@ -394,6 +397,7 @@ Status TaskGraph::validate(int num_ranks, bool cycles) const {
         std::find_if(indeg.begin(), indeg.end(), [](int32_t d) { return d > 0; }) - indeg.begin());
     return cycle_error(TaskId(t), n - done);
   }
+  if (counts) *counts = {std::move(num_compute), std::move(num_comm)};
   return Status::ok();
 }
 

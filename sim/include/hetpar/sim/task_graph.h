@@ -140,6 +140,12 @@ struct Task {
 };
 static_assert(sizeof(Task) <= 64, "Task should fit one cache line");
 
+/// Per rank, how many compute and comm streams its tasks use (one more than the largest
+/// index any task names).
+struct StreamCounts {
+  std::vector<int32_t> compute, comm;
+};
+
 class TaskGraph {
  public:
   /// Interns `text`; the same text always gives the same id.
@@ -244,8 +250,9 @@ class TaskGraph {
   /// Ok when every id is known, ranks are < num_ranks, sizes and durations are >= 0,
   /// groups have distinct members (root among them), and (with `cycles`) no cycle exists
   /// through dependencies and stream order. simulate() skips the cycle check: its run
-  /// finds the tasks that can never start itself, in the same words.
-  Status validate(int num_ranks, bool cycles = true) const;
+  /// finds the tasks that can never start itself, in the same words. `counts` (may be
+  /// null): on success, each rank's streams of each kind, as simulate() lays them out.
+  Status validate(int num_ranks, bool cycles = true, StreamCounts* counts = nullptr) const;
   /// The error for `stuck` tasks that can never start, `first` of them named: what
   /// validate() and simulate() report for a cycle of dependencies and stream order.
   Status cycle_error(TaskId first, int stuck) const;
