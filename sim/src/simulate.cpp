@@ -1,6 +1,8 @@
 #include "hetpar/sim/simulate.h"
 
 #include <algorithm>
+#include <array>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -68,6 +70,13 @@ Time tail_latency(const Plan& p, const Task& task) {
   return task.kind == TaskKind::kCollective && !task.copy_engine ? p.pattern.latency : Time::zero();
 }
 
+// std::llround for 0 <= x < 2^63 (halves away from zero), inline: the engine rounds every
+// re-timed compute's remaining picoseconds. x - trunc(x) is exact for a double.
+int64_t round_nonnegative(double x) {
+  const auto i = static_cast<int64_t>(x);
+  return i + (x - static_cast<double>(i) >= 0.5 ? 1 : 0);
+}
+
 struct PlanKey {
   int32_t a = 0, b = 0, root = 0, copies = 0;  // collective: a = group; p2p: a = src, b = dst
   uint8_t kind = 0, algorithm = 0, p2p = 0;
@@ -83,6 +92,18 @@ struct PlanKeyHash {
     return static_cast<size_t>(h ^ (h >> 29));
   }
 };
+
+// The key of a collective's plan: its group, root (broadcast, reduce), copies, kind and
+// algorithm.
+PlanKey collective_key(const Task& task, Algorithm algorithm) {
+  const bool rooted =
+      task.collective == CollectiveKind::kBroadcast || task.collective == CollectiveKind::kReduce;
+  return {.a = task.group.value(),
+          .root = rooted ? task.root.value() : -1,
+          .copies = task.copies.valid() ? task.copies.value() : -1,
+          .kind = static_cast<uint8_t>(task.collective),
+          .algorithm = static_cast<uint8_t>(algorithm)};
+}
 
 // Time a rank spends with compute streams busy, comm streams busy, and comm alone:
 // integrated piecewise between the instants its stream occupancy changes.
@@ -260,6 +281,12 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
   SimResult result_;
 
   std::unordered_map<PlanKey, Plan, PlanKeyHash> plans_;  // node-based: stable addresses
+  struct Resolved {  // resolve()'s memo: a collective's key (its own algorithm) -> plan
+    PlanKey key;
+    const Plan* plan = nullptr;
+    Algorithm algorithm = Algorithm::kRing;
+  };
+  std::array<Resolved, 64> resolved_{};
   struct Isolated {
     const Plan* plan = nullptr;
     Bytes bytes;
@@ -296,6 +323,7 @@ class Engine final : public EventSource, public FlowNetwork::Observer {
   // collectives of the class in flight.
   std::vector<double> slowdown_;
   std::vector<int32_t> slowing_active_;
+  std::vector<uint32_t> slowing_classes_;  // per rank: bit c set while class c slows it
   bool registered_figures_ = false;   // SimOptions::registered_collective_compute_slowdown given
   std::vector<int8_t> group_spread_;  // per group: -1 not yet known, else a Spread
   std::vector<double> factor_;
@@ -426,6 +454,7 @@ Engine::Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, Tr
       x[kRegisteredOnePerNodeReduce] = reg.one_per_node_reduce;
     }
     slowing_active_.assign(static_cast<size_t>(nr) * kSlowClasses, 0);
+    slowing_classes_.assign(static_cast<size_t>(nr), 0);
   }
   if (shared) {
     int nodes = 0;
@@ -489,10 +518,10 @@ Engine::Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, Tr
 double Engine::speed_factor(int32_t rank) const {
   double f = 1.0;
   if (!slowdown_.empty()) {  // the largest of the classes in flight, not their sum
-    const size_t base = static_cast<size_t>(rank) * kSlowClasses;
+    const double* slowdown = &slowdown_[static_cast<size_t>(rank) * kSlowClasses];
     double x = 0.0;
-    for (size_t c = base; c < base + kSlowClasses; ++c)
-      if (slowing_active_[c] > 0) x = std::max(x, slowdown_[c]);
+    for (uint32_t m = slowing_classes_[rank]; m != 0; m &= m - 1)
+      x = std::max(x, slowdown[std::countr_zero(m)]);
     f *= 1.0 + x;
   }
   if (!units_.empty()) {
@@ -503,18 +532,24 @@ double Engine::speed_factor(int32_t rank) const {
 }
 
 void Engine::retime(int32_t rank) {
+  // Without compute running there is nothing to re-time: factor_[rank] may go stale, and
+  // start() sets it afresh for the rank's next compute (while one runs, it is kept current).
+  const int32_t first = stream_base_[rank], end = first + num_compute_[rank];
+  int32_t st = first;
+  while (st < end && running_[st].task < 0) ++st;
+  if (st == end) return;
   const double after = speed_factor(rank);
   const double before = factor_[rank];
   if (after == before) return;
   factor_[rank] = after;
   const Time now = queue_.now();
-  for (int32_t st = stream_base_[rank]; st < stream_base_[rank] + num_compute_[rank]; ++st) {
+  for (; st < end; ++st) {
     Running& r = running_[st];
     if (r.task < 0) continue;
     r.left_ps = std::max(0.0, r.left_ps - static_cast<double>((now - r.since).count_ps()) / before);
     r.since = now;
     queue_.cancel(r.end);
-    r.end = queue_.schedule_in(Time::ps(std::llround(r.left_ps * after)), *this,
+    r.end = queue_.schedule_in(Time::ps(round_nonnegative(r.left_ps * after)), *this,
                                static_cast<uint32_t>(r.task));
   }
 }
@@ -663,7 +698,8 @@ void Engine::start(int32_t t) {
   if (task.kind == TaskKind::kCollective && slows_compute(task)) {
     const int32_t c = slow_class(task);
     for (const StreamRef& s : refs) {
-      ++slowing_active_[static_cast<size_t>(s.rank.value()) * kSlowClasses + c];
+      if (++slowing_active_[static_cast<size_t>(s.rank.value()) * kSlowClasses + c] == 1)
+        slowing_classes_[s.rank.value()] |= 1u << c;
       retime(s.rank.value());
     }
   }
@@ -683,7 +719,7 @@ void Engine::start(int32_t t) {
       factor_[rank] = speed_factor(rank);
       Running& r = running_[stream_of(ref)];
       r = {t, {}, static_cast<double>(task.duration.count_ps()), now};
-      r.end = queue_.schedule_in(Time::ps(std::llround(r.left_ps * factor_[rank])), *this,
+      r.end = queue_.schedule_in(Time::ps(round_nonnegative(r.left_ps * factor_[rank])), *this,
                                  static_cast<uint32_t>(t));
       break;
     }
@@ -827,14 +863,7 @@ void Engine::weigh(Plan& p, const Task& task, Algorithm algorithm) {
 }
 
 const Plan& Engine::plan(const Task& task, Algorithm algorithm) {
-  const bool rooted =
-      task.collective == CollectiveKind::kBroadcast || task.collective == CollectiveKind::kReduce;
-  const PlanKey key{.a = task.group.value(),
-                    .root = rooted ? task.root.value() : -1,
-                    .copies = task.copies.valid() ? task.copies.value() : -1,
-                    .kind = static_cast<uint8_t>(task.collective),
-                    .algorithm = static_cast<uint8_t>(algorithm)};
-  auto [it, fresh] = plans_.try_emplace(key);
+  auto [it, fresh] = plans_.try_emplace(collective_key(task, algorithm));
   Plan& p = it->second;
   if (!fresh) return p;
   const CollectivePattern pattern = collective_pattern(
@@ -903,10 +932,21 @@ const Plan& Engine::p2p_plan(const Task& task) {
 const Plan& Engine::resolve(int32_t t) {
   const Task& task = g_.task(TaskId(t));
   if (task.kind == TaskKind::kP2P) return p2p_plan(task);
+  // A graph repeats a few collectives (a TP group's all-gather, ...) a million times: their
+  // plan and algorithm come from a small direct-mapped memo in front of plan()'s map, but
+  // where the algorithm depends on the size (NCCL's tree or ring across nodes).
+  const PlanKey key = collective_key(task, task.algorithm);
+  Resolved& memo = resolved_[PlanKeyHash{}(key) % resolved_.size()];
+  if (memo.plan != nullptr && memo.key == key) {
+    algorithm_[t] = memo.algorithm;
+    return *memo.plan;
+  }
+  bool by_size = false;
   Algorithm algorithm = task.algorithm;
   if (algorithm == Algorithm::kAuto) {
     algorithm = Algorithm::kRing;
     if (auto_considers_tree(task.collective, g_.group(task.group), net_)) {
+      by_size = true;
       auto predicted = [&](const Plan& p) {
         return p.pattern.latency + Time::seconds(task.bytes.as_double() * p.seconds_per_byte *
                                                  wire_bytes_per_byte(p, task));
@@ -916,7 +956,9 @@ const Plan& Engine::resolve(int32_t t) {
     }
   }
   algorithm_[t] = algorithm;
-  return plan(task, algorithm);
+  const Plan& p = plan(task, algorithm);
+  if (!by_size) memo = {key, &p, algorithm};
+  return p;
 }
 
 // Starts the flows of `p` for `task` in `fn`; returns how many.
@@ -1065,7 +1107,8 @@ void Engine::finish(Time now, int32_t t) {
     if (task.kind == TaskKind::kCollective && slows_compute(task)) {
       const int32_t c = slow_class(task);
       for (const StreamRef& s : refs) {
-        --slowing_active_[static_cast<size_t>(s.rank.value()) * kSlowClasses + c];
+        if (--slowing_active_[static_cast<size_t>(s.rank.value()) * kSlowClasses + c] == 0)
+          slowing_classes_[s.rank.value()] &= ~(1u << c);
         retime(s.rank.value());
       }
     }
