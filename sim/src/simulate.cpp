@@ -70,6 +70,16 @@ Time tail_latency(const Plan& p, const Task& task) {
   return task.kind == TaskKind::kCollective && !task.copy_engine ? p.pattern.latency : Time::zero();
 }
 
+// Makes room for `n` elements, with half as much again when `v` must grow (its contents
+// are then dropped): a search thread's workspace serves plans of every size, and an array
+// reallocated to each larger plan's exact size faults all its pages in anew.
+template <class V>
+void reserve_for(V& v, size_t n) {
+  if (v.capacity() >= n) return;
+  v.clear();
+  v.reserve(n + n / 2);
+}
+
 // std::llround for 0 <= x < 2^63 (halves away from zero), inline: the engine rounds every
 // re-timed compute's remaining picoseconds. x - trunc(x) is exact for a double.
 int64_t round_nonnegative(double x) {
@@ -384,6 +394,7 @@ Engine::Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, Tr
   const int ns = stream_base_[nr];
 
   // Program order per stream, and per task the number of things it waits for.
+  reserve_for(state_, static_cast<size_t>(nt));
   state_.assign(nt, TaskState{});
   stream_task_begin_.assign(ns + 1, 0);
   for (int t = 0; t < nt; ++t)
@@ -392,6 +403,7 @@ Engine::Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, Tr
       ++state_[t].waiting;
     }
   for (int s = 0; s < ns; ++s) stream_task_begin_[s + 1] += stream_task_begin_[s];
+  reserve_for(stream_tasks_, static_cast<size_t>(stream_task_begin_[ns]));
   stream_tasks_.resize(stream_task_begin_[ns]);
   stream_head_.assign(stream_task_begin_.begin(), stream_task_begin_.end() - 1);
   for (int t = 0; t < nt; ++t)
@@ -400,24 +412,29 @@ Engine::Engine(const TaskGraph& g, const Network& net, const SimOptions& opt, Tr
   stream_busy_.assign(ns, Time::zero());
   clocks_.assign(nr, RankClock{});
 
+  reserve_for(succ_begin_, static_cast<size_t>(nt) + 1);
   succ_begin_.assign(nt + 1, 0);
   for (auto [before, after] : g.dependencies()) {
     ++succ_begin_[before.value() + 1];
     ++state_[after.value()].waiting;
   }
   for (int t = 0; t < nt; ++t) succ_begin_[t + 1] += succ_begin_[t];
+  reserve_for(succ_, static_cast<size_t>(succ_begin_[nt]));
   succ_.resize(succ_begin_[nt]);
   {
     HugeVector<int32_t>& fill = a_.fill;
+    reserve_for(fill, static_cast<size_t>(nt));
     fill.assign(succ_begin_.begin(), succ_begin_.end() - 1);
     for (auto [before, after] : g.dependencies()) succ_[fill[before.value()]++] = after.value();
   }
+  reserve_for(algorithm_, static_cast<size_t>(nt));
   algorithm_.assign(nt, Algorithm::kRing);
   category_time_.assign(g.num_labels() + 1, Time::zero());  // last slot: no category
   category_tasks_.assign(g.num_labels() + 1, 0);
   flops_.assign(nr, Flops(0));
   if (opt.record_tasks) {
     result_.tasks = std::move(a_.timings);
+    reserve_for(result_.tasks, static_cast<size_t>(nt));
     result_.tasks.assign(nt, TaskTiming{});
   }
   group_spread_.assign(static_cast<size_t>(g.num_groups()), -1);
