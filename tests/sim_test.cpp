@@ -272,6 +272,45 @@ TEST(MaxMinSolverTest, TheHeapOverManyLinksGivesTheScansRates) {
   for (int f = 0; f < nf; ++f) ASSERT_EQ(heap.rate(f), scan.rate(f)) << "flow " << f;
 }
 
+// A flow added hop by hop (add_hop, end_flow) is the flow add_flow adds: the same index and,
+// after a cleared solver is refilled the other way, the same rates.
+TEST(MaxMinSolverTest, FlowsAddedHopByHopEqualAddFlows) {
+  std::mt19937 rng(7);
+  MaxMinSolver s;
+  std::vector<std::vector<int32_t>> routes;
+  std::vector<std::vector<double>> weights;
+  for (int f = 0; f < 300; ++f) {
+    routes.emplace_back();
+    weights.emplace_back();
+    for (int32_t l = 0; l < 40; ++l)
+      if (rng() % 8 == 0) {
+        routes.back().push_back(l);
+        weights.back().push_back(rng() % 3 == 0 ? 3.0 : 1.0);
+      }
+  }
+  auto fill = [&](bool by_hop) {
+    s.clear();
+    for (int l = 0; l < 40; ++l) s.add_link(5.0 + l % 7);
+    for (size_t f = 0; f < routes.size(); ++f) {
+      int32_t id;
+      if (by_hop) {
+        for (size_t i = 0; i < routes[f].size(); ++i) s.add_hop(routes[f][i], weights[f][i]);
+        id = s.end_flow();
+      } else {
+        id = s.add_flow(routes[f], weights[f]);
+      }
+      EXPECT_EQ(id, static_cast<int32_t>(f));
+    }
+    s.solve();
+    std::vector<double> rates;
+    for (int f = 0; f < s.num_flows(); ++f) rates.push_back(s.rate(f));
+    return rates;
+  };
+  const std::vector<double> whole = fill(false);
+  ASSERT_EQ(whole.size(), routes.size());
+  EXPECT_EQ(fill(true), whole);
+}
+
 // ---------------------------------------------------------------- Network, flows
 
 TEST(NetworkTest, BuildersRouteThroughTheExpectedLinks) {

@@ -201,13 +201,8 @@ void FlowNetwork::commit(Time now) {
     solver_.clear();
     for (int32_t l : comp_links_) local_[l] = solver_.add_link(capacity_[l]);
     for (int32_t f : comp_flows_) {
-      local_route_.clear();
-      local_weights_.clear();
-      for (const Hop& h : flows_[f].hops) {
-        local_route_.push_back(local_[h.link]);
-        local_weights_.push_back(h.weight);
-      }
-      solver_.add_flow(local_route_, local_weights_);
+      for (const Hop& h : flows_[f].hops) solver_.add_hop(local_[h.link], h.weight);
+      solver_.end_flow();
     }
     solver_.solve();
   }

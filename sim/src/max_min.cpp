@@ -29,15 +29,25 @@ int32_t MaxMinSolver::add_flow(std::span<const int32_t> links) {
 int32_t MaxMinSolver::add_flow(std::span<const int32_t> links, std::span<const double> weights) {
   HETPAR_CHECK(weights.empty() || weights.size() == links.size(), "{} weights for {} links",
                weights.size(), links.size());
-  for (size_t i = 0; i < links.size(); ++i) {
-    const int32_t l = links[i];
-    HETPAR_CHECK(l >= 0 && l < num_links(), "flow uses unknown link {}", l);
-    flow_links_.push_back(l);
-    const double w = weights.empty() ? 1.0 : weights[i];
-    HETPAR_CHECK(w > 0, "flow weight {} on link {}", w, l);
-    flow_weights_.push_back(w);
-  }
-  flow_begin_.push_back(static_cast<int32_t>(flow_links_.size()));
+  for (size_t i = 0; i < links.size(); ++i) add_hop(links[i], weights.empty() ? 1.0 : weights[i]);
+  return end_flow();
+}
+
+int32_t MaxMinSolver::end_flow() {
+  const size_t begin = static_cast<size_t>(flow_begin_.back()), end = flow_links_.size();
+  // One pass without a branch per hop (a contended MoE commit adds millions of hops); the
+  // hop at fault is named on the slow path.
+  const auto nl = static_cast<uint32_t>(num_links());
+  bool ok = true;
+  for (size_t i = begin; i < end; ++i)
+    ok &= (static_cast<uint32_t>(flow_links_[i]) < nl) & (flow_weights_[i] > 0);
+  if (!ok) [[unlikely]]
+    for (size_t i = begin; i < end; ++i) {
+      const int32_t l = flow_links_[i];
+      HETPAR_CHECK(l >= 0 && l < num_links(), "flow uses unknown link {}", l);
+      HETPAR_CHECK(flow_weights_[i] > 0, "flow weight {} on link {}", flow_weights_[i], l);
+    }
+  flow_begin_.push_back(static_cast<int32_t>(end));
   return num_flows() - 1;
 }
 

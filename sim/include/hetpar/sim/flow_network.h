@@ -121,8 +121,7 @@ class FlowNetwork final : public EventSource {
   // the component being built holds epoch_, a link in dirty_ epoch_ + 1 (the next commit's).
   uint32_t epoch_ = 0;
   std::vector<uint32_t> link_mark_, flow_mark_;
-  std::vector<int32_t> local_, comp_links_, comp_flows_, local_route_;
-  std::vector<double> local_weights_;
+  std::vector<int32_t> local_, comp_links_, comp_flows_;
   MaxMinSolver solver_;
 };
 

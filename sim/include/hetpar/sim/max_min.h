@@ -26,6 +26,14 @@ class MaxMinSolver {
   int32_t add_flow(std::span<const int32_t> links);
   /// As above, with `weights[i]` (> 0) on links[i]; empty weights = all 1.
   int32_t add_flow(std::span<const int32_t> links, std::span<const double> weights);
+  /// The same, hop by hop, for a caller that would otherwise copy a route first: add_hop()
+  /// for each link of the next flow, then end_flow(), which checks them (as add_flow does)
+  /// and returns the flow's index.
+  void add_hop(int32_t link, double weight) {
+    flow_links_.push_back(link);
+    flow_weights_.push_back(weight);
+  }
+  int32_t end_flow();
   /// Computes every flow's rate. Up to kScanLinks links each bottleneck level scans the
   /// links that still carry unfixed flows for the smallest share, recomputing only the
   /// shares the last level changed: O(levels x links + sum of route lengths), with no
