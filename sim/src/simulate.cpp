@@ -1028,20 +1028,28 @@ void Engine::find_uncontended() {
       if (stream_of(s) == stream) return true;
     return false;
   };
-  // A task with the plan and streams of the one before it would mark its links exactly as
-  // that one did (the marks only move from unused to a stream to shared): skipped.
-  const Plan* last_plan = nullptr;
-  std::span<const StreamRef> last_refs;
+  // A task with the plan and streams of one marked before would mark its links as that one
+  // did, whatever ran between: once marked, a link holds that task's first stream, another
+  // of its streams or "shared", and marks only move from unused to a stream to shared. The
+  // tasks marked last, by plan and first stream, sit in a small direct-mapped table.
+  struct Marked {
+    const Plan* plan = nullptr;
+    std::span<const StreamRef> refs;
+  };
+  std::array<Marked, 64> marked{};
   for (int32_t t = 0; t < nt; ++t) {
     if (g_.task(TaskId(t)).kind == TaskKind::kCompute) continue;
     const Plan& p = resolve(t);
     state_[t].plan = &p;
     const std::span<const StreamRef> refs = g_.streams(TaskId(t));
-    if (&p == last_plan && std::equal(refs.begin(), refs.end(), last_refs.begin(), last_refs.end()))
-      continue;
-    last_plan = &p;
-    last_refs = refs;
     const int32_t first = stream_of(refs[0]);
+    const uint64_t h =
+        ((reinterpret_cast<uintptr_t>(&p) >> 4) ^ static_cast<uint64_t>(first) << 32) *
+        0x9E3779B97F4A7C15ull;
+    Marked& m = marked[h >> 58];  // the top 6 bits: 64 slots
+    if (m.plan == &p && std::equal(refs.begin(), refs.end(), m.refs.begin(), m.refs.end()))
+      continue;
+    m = {&p, refs};
     for (LinkId l : p.link_set) {
       int32_t& o = owner[l.value()];
       if (o == -1)
