@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <optional>
 #include <span>
 
 #include "hetpar/core/check.h"
@@ -190,21 +189,10 @@ class Estimator {
   void add_module(size_t i) {
     const models::ModuleSpec& spec = s_.model.modules[i].spec;
     const models::ModuleKind kind = models::kind_of(spec);
-    std::optional<models::OpGraph> own;
-    std::vector<OpNameTraits> own_traits;
-    const models::OpGraph* graph;
-    std::span<const OpNameTraits> traits;
-    if (opts_.graphs) {
-      const ModuleGraphCache::WithTraits c =
-          opts_.graphs->get_with_traits(s_, i, l_, ExpertLoad::kMean);
-      graph = &c.graph;
-      traits = c.traits;
-    } else {
-      graph = &own.emplace(module_graph(s_, i, l_, ExpertLoad::kMean));
-      own_traits = op_name_traits(*graph);
-      traits = own_traits;
-    }
-    const models::OpGraph& g = *graph;
+    const ModuleGraphCache::WithTraits c =
+        (opts_.graphs ? *opts_.graphs : own_graphs_).get_with_traits(s_, i, l_, ExpertLoad::kMean);
+    const models::OpGraph& g = c.graph;
+    const std::span<const OpNameTraits> traits = c.traits;
     const auto* llm = std::get_if<models::LlmSpec>(&spec);
     const double vocab_params =
         llm ? static_cast<double>(llm->vocab) * static_cast<double>(llm->block.hidden) : 0;
@@ -439,6 +427,7 @@ class Estimator {
   const Scenario& s_;
   const Layout l_;
   const MemoryOptions& opts_;
+  ModuleGraphCache own_graphs_;  // where opts_.graphs is null
   const bool frozen_;
   bool plan_layout_ = false;  // the plan's layout (else an encoder's own, its own pipeline)
   std::vector<Tally> stages_;

@@ -120,33 +120,8 @@ models::OpGraph module_graph(const Scenario& s, size_t index, const Layout& l, E
   return models::build_op_graph(s.model.modules[index].spec, graph_input(s, index, l, load));
 }
 
-ModuleGraphCache::Entry& ModuleGraphCache::entry(const Scenario& s, size_t index, const Layout& l,
-                                                 ExpertLoad load) {
-  HETPAR_CHECK(scenario_ == nullptr || scenario_ == &s, "a ModuleGraphCache serves one scenario");
-  scenario_ = &s;
-  const models::ModuleInput in = graph_input(s, index, l, load);
-  for (Entry& e : entries_)
-    if (e.index == index && e.input == in) return e;
-  entries_.push_back({index,
-                      in,
-                      std::make_unique<const models::OpGraph>(
-                          models::build_op_graph(s.model.modules[index].spec, in)),
-                      {}});
-  return entries_.back();
-}
-
-const models::OpGraph& ModuleGraphCache::get(const Scenario& s, size_t index, const Layout& l,
-                                             ExpertLoad load) {
-  return *entry(s, index, l, load).graph;
-}
-
-ModuleGraphCache::WithTraits ModuleGraphCache::get_with_traits(const Scenario& s, size_t index,
-                                                               const Layout& l, ExpertLoad load) {
-  Entry& e = entry(s, index, l, load);
-  if (e.traits.size() != e.graph->ops.size()) e.traits = op_name_traits(*e.graph);
-  return {*e.graph, e.traits};
-}
-
+namespace {
+// What the memory model reads of each op's name (OpNameTraits), in op order.
 std::vector<OpNameTraits> op_name_traits(const models::OpGraph& g) {
   std::vector<OpNameTraits> out;
   out.reserve(g.ops.size());
@@ -164,6 +139,32 @@ std::vector<OpNameTraits> op_name_traits(const models::OpGraph& g) {
     out.push_back(t);
   }
   return out;
+}
+}  // namespace
+
+ModuleGraphCache::Entry& ModuleGraphCache::entry(const Scenario& s, size_t index, const Layout& l,
+                                                 ExpertLoad load) {
+  HETPAR_CHECK(scenario_ == nullptr || scenario_ == &s, "a ModuleGraphCache serves one scenario");
+  scenario_ = &s;
+  const models::ModuleInput in = graph_input(s, index, l, load);
+  for (Entry& e : entries_)
+    if (e.index == index && e.input == in) return e;
+  auto graph = std::make_unique<const models::OpGraph>(
+      models::build_op_graph(s.model.modules[index].spec, in));
+  std::vector<OpNameTraits> traits = op_name_traits(*graph);
+  entries_.push_back({index, in, std::move(graph), std::move(traits)});
+  return entries_.back();
+}
+
+const models::OpGraph& ModuleGraphCache::get(const Scenario& s, size_t index, const Layout& l,
+                                             ExpertLoad load) {
+  return *entry(s, index, l, load).graph;
+}
+
+ModuleGraphCache::WithTraits ModuleGraphCache::get_with_traits(const Scenario& s, size_t index,
+                                                               const Layout& l, ExpertLoad load) {
+  const Entry& e = entry(s, index, l, load);
+  return {*e.graph, e.traits};
 }
 
 }  // namespace hetpar::planner

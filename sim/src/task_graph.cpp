@@ -346,10 +346,8 @@ Status TaskGraph::validate(int num_ranks, bool cycles, StreamCounts* counts) con
     if (!before.valid() || before.value() >= n || !after.valid() || after.value() >= n)
       return Status::invalid_argument(
           fmt::format("dependency {} -> {}: unknown task (graph has {})", before, after, n));
-  if (!cycles) {
-    if (counts) *counts = {std::move(num_compute), std::move(num_comm)};
-    return Status::ok();
-  }
+  if (counts) *counts = {num_compute, num_comm};  // ids, ranks and sizes check out
+  if (!cycles) return Status::ok();
 
   // Edges (CSR): explicit dependencies, then each stream's program order (consecutive
   // tasks on one stream). Streams get dense ids: rank by rank, compute before comm.
@@ -397,7 +395,6 @@ Status TaskGraph::validate(int num_ranks, bool cycles, StreamCounts* counts) con
         std::find_if(indeg.begin(), indeg.end(), [](int32_t d) { return d > 0; }) - indeg.begin());
     return cycle_error(TaskId(t), n - done);
   }
-  if (counts) *counts = {std::move(num_compute), std::move(num_comm)};
   return Status::ok();
 }
 

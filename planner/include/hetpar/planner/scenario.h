@@ -213,8 +213,6 @@ struct OpNameTraits {
   bool routed_fc1 = false;         // "expert_*fc1"
   bool shared_expert_fc1 = false;  // "shared_expert_fc1"
 };
-/// The traits of each op of `g`, in order.
-std::vector<OpNameTraits> op_name_traits(const models::OpGraph& g);
 
 /// module_graph()'s results kept per module and graph input, for a caller that asks for
 /// the graphs of many layouts of one scenario (a search thread's memory estimates: tens of
@@ -224,7 +222,7 @@ class ModuleGraphCache {
   /// module_graph(s, index, l, load), built on the first request for its input. REQUIRES:
   /// the same `s` on every call.
   const models::OpGraph& get(const Scenario& s, size_t index, const Layout& l, ExpertLoad load);
-  /// get()'s graph with op_name_traits() of it, found once per graph.
+  /// get()'s graph with the OpNameTraits of each of its ops, found as the graph is built.
   struct WithTraits {
     const models::OpGraph& graph;
     std::span<const OpNameTraits> traits;
@@ -238,7 +236,7 @@ class ModuleGraphCache {
     size_t index;
     models::ModuleInput input;
     std::unique_ptr<const models::OpGraph> graph;  // a stable address across insertions
-    std::vector<OpNameTraits> traits;              // empty until get_with_traits asks
+    std::vector<OpNameTraits> traits;              // per op of *graph
   };
   Entry& entry(const Scenario& s, size_t index, const Layout& l, ExpertLoad load);
   const Scenario* scenario_ = nullptr;

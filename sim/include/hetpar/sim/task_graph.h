@@ -251,7 +251,8 @@ class TaskGraph {
   /// groups have distinct members (root among them), and (with `cycles`) no cycle exists
   /// through dependencies and stream order. simulate() skips the cycle check: its run
   /// finds the tasks that can never start itself, in the same words. `counts` (may be
-  /// null): on success, each rank's streams of each kind, as simulate() lays them out.
+  /// null): once all but the cycle check pass, each rank's streams of each kind, as
+  /// simulate() lays them out.
   Status validate(int num_ranks, bool cycles = true, StreamCounts* counts = nullptr) const;
   /// The error for `stuck` tasks that can never start, `first` of them named: what
   /// validate() and simulate() report for a cycle of dependencies and stream order.
